@@ -1,0 +1,1 @@
+"""Subcommands of the ``tfdpbnn`` console command (see ``tfdpbnn.cli``)."""
