@@ -21,7 +21,8 @@ def check_per_example_independence(model: tf.keras.layers.Layer) -> None:
 
     Keras ``BatchNormalization`` (and its synchronized variant) normalizes with statistics of the whole
     private batch when trainable; use ``tfdpbnn.layers.PublicBatchNormalization`` (statistics from
-    public data) or freeze the layer (``trainable=False`` runs it in inference mode with fixed moving statistics).
+    public data) or freeze the layer (``trainable=False`` runs it in inference mode with fixed moving
+    statistics).
     """
     bn_types = (tf.keras.layers.BatchNormalization,)
     sync_bn = getattr(tf.keras.layers.experimental, "SyncBatchNormalization", None)
