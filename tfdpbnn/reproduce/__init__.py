@@ -1,0 +1,46 @@
+"""Reproductions of the papers' experiments with sound privacy accounting (``tfdpbnn reproduce <name>``).
+
+Each experiment is a module with ``run(out_dir, seeds=None, smoke=False, data_dir=None, log=print)`` that
+writes CSV/JSON/PNG files and a ``run.json`` record (``tfdpbnn.reproduce.runner.Run``) and returns that record.
+``docs/results.md`` puts the numbers beside the papers' own.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+__all__ = ["EXPERIMENTS", "available_experiments", "run_experiment"]
+
+# name -> (module, one-line description).
+EXPERIMENTS = {
+    "sigma-curve": ("tfdpbnn.reproduce.sigma_curve",
+                    "paper 000 Fig. 3: sigma against epsilon, the papers' AC/zCDP beside sound accountants"),
+    "digits-table": ("tfdpbnn.reproduce.digits_table",
+                     "papers 000/002 Table 1 on DIGITS: DPVD, DPD, SVI/SGLD, DP-SGD at several epsilons"),
+}
+
+
+def available_experiments() -> list[str]:
+    """Names accepted by :func:`run_experiment` and ``tfdpbnn reproduce``."""
+    return list(EXPERIMENTS)
+
+
+def run_experiment(name: str, out_dir: str, seeds: int | None = None, smoke: bool = False,
+                   data_dir: str | None = None, log: Callable[[str], None] | None = print) -> dict:
+    """Run the experiment ``name``, writing its results under ``out_dir``; returns its ``run.json`` record.
+
+    Args:
+      name: one of :func:`available_experiments`.
+      out_dir: output directory (created if missing).
+      seeds: number of seeds (runs per configuration); ``None`` uses the experiment's default.
+      smoke: tiny configuration for tests (seconds, numbers not meaningful).
+      data_dir: TFDS data directory for the MNIST/CIFAR variants (experiments that support them).
+      log: progress printer.
+    """
+    if name not in EXPERIMENTS:
+        raise ValueError(f"name: unknown experiment {name!r}; allowed: {', '.join(EXPERIMENTS)}")
+    if seeds is not None and (int(seeds) != seeds or seeds < 1):
+        raise ValueError(f"seeds: must be an integer >= 1, got {seeds!r}")
+    module = importlib.import_module(EXPERIMENTS[name][0])
+    return module.run(out_dir, seeds=seeds, smoke=smoke, data_dir=data_dir, log=log)
