@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # Subcommand modules, in the order `tfdpbnn --help` lists them.
-COMMAND_MODULES = ("tfdpbnn.commands.privacy",)
+COMMAND_MODULES = ("tfdpbnn.commands.privacy", "tfdpbnn.commands.reproduce")
 
 
 def build_parser() -> argparse.ArgumentParser:
