@@ -13,13 +13,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     listing = "; ".join(f"{name}: {desc}" for name, (_, desc) in EXPERIMENTS.items())
     parser = subparsers.add_parser(
         "reproduce", help="reproduce a paper's experiment with sound privacy accounting",
-        description=f"Run one reproduction experiment and write CSV/JSON/PNG results. Experiments: {listing}.")
+        description="Run one reproduction experiment and write CSV/JSON/PNG results. "
+                    f"Experiments: {listing}.")
     parser.add_argument("name", choices=list(EXPERIMENTS), help="experiment to run")
     parser.add_argument("--out", default=None, help="output directory (default: runs/<name>)")
     parser.add_argument("--seeds", type=int, default=None,
                         help="runs per configuration (default: the experiment's own, >= 5 for tables)")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny configuration that finishes in seconds (for tests; numbers not meaningful)")
+                        help="tiny configuration that finishes in seconds (for tests; numbers meaningless)")
     parser.add_argument("--data-dir", default=None,
                         help="TFDS data directory for the MNIST/CIFAR-10 variants (not needed for DIGITS)")
     parser.set_defaults(func=_run)

@@ -1,7 +1,8 @@
 """Reproductions of the papers' experiments with sound privacy accounting (``tfdpbnn reproduce <name>``).
 
 Each experiment is a module with ``run(out_dir, seeds=None, smoke=False, data_dir=None, log=print)`` that
-writes CSV/JSON/PNG files and a ``run.json`` record (``tfdpbnn.reproduce.runner.Run``) and returns that record.
+writes CSV/JSON/PNG files and a ``run.json`` record (``tfdpbnn.reproduce.runner.Run``) and returns that
+record.
 ``docs/results.md`` puts the numbers beside the papers' own.
 """
 

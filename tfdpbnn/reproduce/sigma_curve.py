@@ -67,7 +67,7 @@ def _plot(rows, path, settings):
     fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings), 4.2), squeeze=False)
     styles = {"paper-ac": ("k", "--"), "paper-zcdp": ("r", "--"), "zcdp": ("r", "-"), "rdp": ("b", "-"),
               "pld": ("g", "-"), "gdp": ("m", ":"), "ac": ("k", "-")}
-    for ax, setting in zip(axes[0], settings):
+    for ax, setting in zip(axes[0], settings, strict=True):
         for curve in CURVES:
             pts = [(r["epsilon"], r["sigma"]) for r in rows
                    if r["setting"] == setting and r["curve"] == curve and math.isfinite(r["sigma"])]
@@ -75,7 +75,7 @@ def _plot(rows, path, settings):
                 continue
             color, ls = styles[curve]
             label = curve + ("" if VALID[curve] == "sound" else f" ({VALID[curve].split(' (')[0]})")
-            ax.plot(*zip(*pts), color=color, linestyle=ls, marker="o", ms=3, label=label)
+            ax.plot(*zip(*pts, strict=True), color=color, linestyle=ls, marker="o", ms=3, label=label)
         s = settings[setting]
         ax.set(xscale="log", yscale="log", xlabel="epsilon (delta = 1e-5)", ylabel="noise multiplier sigma",
                title=f"{setting}: q = {s['sample_rate']}, {s['epochs']} epochs")

@@ -1,0 +1,299 @@
+"""``digits-table``: papers 000/002 Table 1 on DIGITS with sound accounting (Poisson sampling, RDP).
+
+Rows (the papers' methods, all trained by ``tfdpbnn`` optimizers through ``model.compile``/``model.fit``):
+
+- ``dpvd``: DP variational dropout (paper 000): ``DenseVariational`` layers + ``DPVDOptimizer``;
+- ``dpd``: DP dropout (paper 002): dense layers with Gaussian dropout (``MCDropout(gaussian=True)``) +
+  ``DPSGDOptimizer``;
+- ``svi``: SVI without dropout (paper 000's "SVI-zCDP"): Bayes-by-Backprop layers (``DenseBayesByBackprop``)
+  + ``DPSGDOptimizer`` (DP-BBP);
+- ``sgld``: SGLD without dropout (paper 002's "SGLD-zCDP"): dense layers + ``DPSGLDOptimizer``;
+- ``dpsgd``: DP-SGD (Abadi et al. 2016): dense layers + ``DPSGDOptimizer``.
+
+Two configurations:
+
+- ``paper``: the papers' settings (sec. 5 of 000/002): one ReLU hidden layer (1000 units in 000, 500 in 002),
+  expected batch 100, 100 epochs, clip C = 2, eta_t = 0.05 / (1 + epoch). Sigma is calibrated by RDP for the
+  Poisson-subsampled Gaussian (not by the papers' zCDP procedure, which does not give a guarantee).
+- ``tuned``: per method, the candidate with the best accuracy on a validation split carved from the training
+  set (20%, stratified, fixed seed) at epsilon 1; the test set is only used for the final numbers, where the
+  chosen setting is retrained on the whole training set at every epsilon.
+
+Every trained configuration records its privacy statement (``Run.privacy``): epsilon by every sound
+accountant for the sigma, sample rate, steps and Poisson sampling that ran. Outputs: ``digits_table.csv``
+(one row per method, configuration, epsilon and seed), ``digits_summary.csv`` (mean and std over seeds),
+``tuning.csv`` (validation accuracies of the candidates) and ``run.json``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["EPSILONS", "METHODS", "PAPER_TABLE", "Setting", "build_model", "run", "train_and_evaluate"]
+
+EPSILONS = (10.0, 1.0, 0.5, 0.1)
+DELTA = 1e-5
+METHODS = ("dpvd", "dpd", "svi", "sgld", "dpsgd")
+# The papers' DIGITS numbers (000 Table 1 for dpvd/svi/dpsgd at 10/1/0.1; 002 Table 1 for dpd/sgld/dpsgd at
+# 10/1/0.5), obtained with their zCDP procedure (NOTES.md point 2: not a valid guarantee).
+PAPER_TABLE = {
+    ("dpvd", 10.0): 0.9417, ("dpvd", 1.0): 0.9278, ("dpvd", 0.1): 0.9038,
+    ("svi", 10.0): 0.9375, ("svi", 1.0): 0.9107, ("svi", 0.1): 0.8712,
+    ("dpd", 10.0): 0.9518, ("dpd", 1.0): 0.9367, ("dpd", 0.5): 0.9125,
+    ("sgld", 10.0): 0.9403, ("sgld", 1.0): 0.9187, ("sgld", 0.5): 0.8821,
+    ("dpsgd", 10.0): 0.9450, ("dpsgd", 1.0): 0.9265, ("dpsgd", 0.5): 0.9003, ("dpsgd", 0.1): 0.8943,
+}
+
+
+class Setting(dict):
+    """One training configuration (a dict): hidden units (0 = no hidden layer), activation, expected batch
+    size (or ``sample_rate``, which then sets it to round(q n)), epochs, learning rate, ``lr_decay``
+    (eta0 / (1 + epoch) if True), clip, input centering (x - 0.5, data-independent), MC samples at
+    evaluation."""
+
+    def __init__(self, hidden=1000, activation="relu", batch_size=100, epochs=100, learning_rate=0.05,
+                 lr_decay=True, clip=2.0, center=False, momentum=0.0, mc_samples=20, sample_rate=None):
+        super().__init__(hidden=hidden, activation=activation, batch_size=batch_size, sample_rate=sample_rate,
+                         epochs=epochs,
+                         learning_rate=learning_rate, lr_decay=lr_decay, clip=clip, center=center,
+                         momentum=momentum, mc_samples=mc_samples)
+
+
+def paper_setting(method: str) -> Setting:
+    """Papers 000/002's DIGITS setting for ``method`` (000: 1000 hidden units; 002: 500)."""
+    return Setting(hidden=500 if method in ("dpd", "sgld") else 1000)
+
+
+# Candidates for the ``tuned`` configuration (validation split, epsilon 1). Large expected batches and few
+# steps, tanh, centred inputs, no hidden layer or a small one.
+TUNING_CANDIDATES = (
+    Setting(hidden=0, activation="tanh", sample_rate=0.1, epochs=10, learning_rate=1.0, lr_decay=False,
+            clip=1.0, center=True),
+    Setting(hidden=0, activation="tanh", sample_rate=0.2, epochs=20, learning_rate=1.0, lr_decay=False,
+            clip=1.0, center=True),
+    Setting(hidden=64, activation="tanh", sample_rate=0.1, epochs=30, learning_rate=0.3, lr_decay=False,
+            clip=1.0, center=True),
+    Setting(hidden=64, activation="tanh", sample_rate=0.3, epochs=30, learning_rate=1.0, lr_decay=False,
+            clip=1.0, center=True),
+)
+SMOKE_SETTING = Setting(hidden=8, activation="tanh", sample_rate=0.2, epochs=1, learning_rate=0.5,
+                        lr_decay=False, clip=1.0, center=True, mc_samples=2)
+
+
+def _hidden_and_output(method, setting, n):
+    import tensorflow as tf
+
+    from tfdpbnn import layers
+
+    h, act = setting["hidden"], setting["activation"]
+    if method == "dpvd":
+        stack = ([layers.DenseVariational(h, num_examples=n, activation=act)] if h else [])
+        return stack + [layers.DenseVariational(10, num_examples=n)]
+    if method == "svi":
+        stack = ([layers.DenseBayesByBackprop(h, num_examples=n, activation=act)] if h else [])
+        return stack + [layers.DenseBayesByBackprop(10, num_examples=n)]
+    if method == "dpd":
+        # Paper 002 puts the dropout noise on the hidden units; without a hidden layer, on the inputs.
+        if h:
+            return [tf.keras.layers.Dense(h, activation=act), layers.MCDropout(0.5, gaussian=True),
+                    tf.keras.layers.Dense(10)]
+        return [layers.MCDropout(0.2, gaussian=True), tf.keras.layers.Dense(10)]
+    if method in ("sgld", "dpsgd"):
+        return ([tf.keras.layers.Dense(h, activation=act)] if h else []) + [tf.keras.layers.Dense(10)]
+    raise ValueError(f"method: must be one of {METHODS}, got {method!r}")
+
+
+def build_model(method: str, setting: Setting, num_examples: int, seed: int):
+    """The Keras model of ``method`` (64 inputs, optional hidden layer, 10 logits), seeded."""
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(seed)
+    model = tf.keras.Sequential([tf.keras.Input((64,))] + _hidden_and_output(method, setting, num_examples))
+    return model
+
+
+def batch_size_for(setting: Setting, num_examples: int) -> int:
+    """Expected batch size of ``setting`` on ``num_examples`` examples."""
+    if setting.get("sample_rate") is not None:
+        return max(1, int(round(setting["sample_rate"] * num_examples)))
+    return int(setting["batch_size"])
+
+
+def _optimizer(method, setting, noise_multiplier, num_examples, steps_per_epoch):
+    import tensorflow as tf
+
+    from tfdpbnn import optimizers
+
+    lr = setting["learning_rate"]
+    if setting["lr_decay"]:
+        lr = tf.keras.optimizers.schedules.InverseTimeDecay(lr, decay_steps=steps_per_epoch, decay_rate=1.0)
+    common = dict(l2_norm_clip=setting["clip"], noise_multiplier=noise_multiplier, num_examples=num_examples,
+                  batch_size=batch_size_for(setting, num_examples), sampling="poisson", accountant="rdp",
+                  delta=DELTA)
+    if method == "dpvd":
+        return optimizers.DPVDOptimizer(learning_rate=lr, momentum=setting["momentum"], **common)
+    if method == "sgld":
+        return optimizers.DPSGLDOptimizer(learning_rate=lr, **common)
+    return optimizers.DPSGDOptimizer(learning_rate=lr, momentum=setting["momentum"], **common)
+
+
+def _accuracy(model, x, y, mc_samples):
+    """(deterministic accuracy, MC-averaged accuracy) of a classifier with logits output."""
+    import tensorflow as tf
+
+    from tfdpbnn.layers.sampling import mc_sampling
+
+    logits = model(x, training=False)
+    det = float(np.mean(np.argmax(logits, axis=1) == y))
+    probs = 0.0
+    with mc_sampling():
+        for _ in range(max(1, mc_samples)):
+            probs = probs + tf.nn.softmax(model(x, training=False)).numpy()
+    mc = float(np.mean(np.argmax(probs, axis=1) == y))
+    return det, mc
+
+
+def steps_for(setting: Setting, num_examples: int) -> tuple[int, int, float]:
+    """(steps per epoch, total steps, sample rate) for ``setting`` on ``num_examples`` examples."""
+    batch = batch_size_for(setting, num_examples)
+    q = batch / num_examples
+    spe = int(math.ceil(num_examples / batch))
+    return spe, spe * setting["epochs"], q
+
+
+def train_and_evaluate(method: str, setting: Setting, epsilon: float | None, x_train, y_train, x_eval,
+                       y_eval, seed: int) -> dict:
+    """Train ``method`` with ``setting`` at (``epsilon``, 1e-5) under Poisson sampling; evaluate.
+
+    Sigma is calibrated with ``tfdpbnn.privacy.calibrate_noise`` (RDP, Poisson) for exactly the steps run;
+    ``epsilon=None`` trains without noise (sigma = 0, clipping kept: the non-private reference).
+    Returns accuracies, sigma, steps, the optimizer's own privacy statement and wall time.
+    """
+    import tensorflow as tf
+
+    from tfdpbnn import data, privacy
+
+    n = len(x_train)
+    if setting["center"]:
+        x_train, x_eval = x_train - 0.5, x_eval - 0.5
+    spe, steps, q = steps_for(setting, n)
+    sigma = 0.0 if epsilon is None else float(privacy.calibrate_noise(epsilon, DELTA, q, steps,
+                                                                      accountant="rdp", sampling="poisson"))
+    model = build_model(method, setting, n, seed)
+    opt = _optimizer(method, setting, sigma, n, spe)
+    model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    batches = data.poisson_batches(x_train.astype("float32"), y_train.astype("int32"), sample_rate=q,
+                                   seed=seed)
+    start = time.time()
+    model.fit(batches, epochs=setting["epochs"], steps_per_epoch=spe, verbose=0)
+    wall = time.time() - start
+    det, mc = _accuracy(model, x_eval.astype("float32"), y_eval, setting["mc_samples"])
+    result = dict(method=method, epsilon_target=epsilon, seed=seed, sigma=sigma, sample_rate=q, steps=steps,
+                  steps_run=int(opt.iterations.numpy()), accuracy=det, accuracy_mc=mc, train_time_s=wall)
+    if epsilon is not None:
+        result["epsilon_rdp"] = opt.epsilon(delta=DELTA, accountant="rdp")
+    return result
+
+
+def _split_validation(x, y, fraction=0.2, seed=1234):
+    """Stratified train/validation split of the training set (the test set is never touched)."""
+    rng = np.random.default_rng(seed)
+    val = []
+    for c in np.unique(y):
+        idx = np.nonzero(y == c)[0]
+        rng.shuffle(idx)
+        val.extend(idx[: int(round(fraction * len(idx)))])
+    mask = np.zeros(len(y), bool)
+    mask[val] = True
+    return x[~mask], y[~mask], x[mask], y[mask]
+
+
+def _summarize(rows):
+    from tfdpbnn.reproduce.runner import mean_std
+
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["config"], r["method"], r["epsilon_target"]), []).append(r)
+    out = []
+    for (config, method, eps), rs in groups.items():
+        m, s = mean_std([r["accuracy"] for r in rs])
+        mm, ms = mean_std([r["accuracy_mc"] for r in rs])
+        out.append(dict(config=config, method=method, epsilon=eps, seeds=len(rs), accuracy_mean=m,
+                        accuracy_std=s, accuracy_mc_mean=mm, accuracy_mc_std=ms, sigma=rs[0]["sigma"],
+                        sample_rate=rs[0]["sample_rate"], steps=rs[0]["steps"],
+                        epsilon_rdp=rs[0].get("epsilon_rdp", ""),
+                        paper=PAPER_TABLE.get((method, eps), "")))
+    return out
+
+
+def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: str | None = None,
+        log: Callable[[str], None] | None = print, methods=METHODS, configs=("paper", "tuned"),
+        epsilons=EPSILONS) -> dict:
+    """Run the table (both configurations, every method, epsilon and seed); write CSVs and ``run.json``."""
+    from tfdpbnn import data
+    from tfdpbnn.reproduce.runner import Run
+
+    if data_dir is not None:
+        raise ValueError("data_dir: digits-table runs on the bundled DIGITS only; the MNIST variant is not "
+                         "implemented (docs/results.md)")
+    n_seeds = 1 if smoke and seeds is None else (5 if seeds is None else int(seeds))
+    if smoke:
+        epsilons = (1.0,)
+    settings = dict(methods=list(methods), configs=list(configs), epsilons=list(epsilons), delta=DELTA,
+                    sampling="poisson", accountant_for_sigma="rdp", smoke=smoke, validation_fraction=0.2)
+    run_ = Run("digits-table", out_dir, settings, seeds=range(n_seeds), log=log)
+    (x_train, y_train), (x_test, y_test) = data.load_digits()
+    x_train = np.asarray(x_train, np.float32).reshape(len(x_train), -1)
+    x_test = np.asarray(x_test, np.float32).reshape(len(x_test), -1)
+    y_train, y_test = np.asarray(y_train).astype(int).ravel(), np.asarray(y_test).astype(int).ravel()
+    run_.note("data", dict(train=len(x_train), test=len(x_test)))
+
+    chosen = {}
+    for method in methods:
+        if "paper" in configs:
+            chosen[("paper", method)] = SMOKE_SETTING if smoke else paper_setting(method)
+    if "tuned" in configs:
+        xa, ya, xv, yv = _split_validation(x_train, y_train)
+        tuning_rows = []
+        candidates = (SMOKE_SETTING,) if smoke else TUNING_CANDIDATES
+        tune_seeds = 1 if smoke else 2
+        for method in methods:
+            best, best_acc = None, -1.0
+            for i, cand in enumerate(candidates):
+                accs = []
+                for seed in range(tune_seeds):
+                    r = train_and_evaluate(method, cand, 1.0, xa, ya, xv, yv, seed=100 + seed)
+                    accs.append(max(r["accuracy"], r["accuracy_mc"]))
+                acc = float(np.mean(accs))
+                tuning_rows.append(dict(method=method, candidate=i, val_accuracy=acc, **cand))
+                run_.log(f"tune {method} candidate {i}: validation accuracy {acc:.4f}")
+                if acc > best_acc:
+                    best, best_acc = cand, acc
+            chosen[("tuned", method)] = best
+        run_.write_csv("tuning.csv", tuning_rows)
+    run_.note("chosen_settings", {f"{c}/{m}": dict(s) for (c, m), s in chosen.items()})
+
+    rows = []
+    for (config, method), setting in chosen.items():
+        for eps in epsilons:
+            for seed in range(n_seeds):
+                r = train_and_evaluate(method, setting, eps, x_train, y_train, x_test, y_test, seed=seed)
+                r["config"] = config
+                rows.append(r)
+                run_.log(f"{config} {method} eps={eps:g} seed={seed}: acc {r['accuracy']:.4f} "
+                         f"(MC {r['accuracy_mc']:.4f}) sigma {r['sigma']:.2f} steps {r['steps_run']} "
+                         f"{r['train_time_s']:.1f}s")
+            run_.privacy(f"{config}/{method}/eps={eps:g}", r["sigma"], r["sample_rate"], r["steps_run"],
+                         DELTA, sampling="poisson", clip=setting["clip"])
+    run_.write_csv("digits_table.csv", rows)
+    summary = _summarize(rows)
+    run_.write_csv("digits_summary.csv", summary)
+    for s in summary:
+        run_.log(f"{s['config']:6s} {s['method']:6s} eps={s['epsilon']:<4g} acc {s['accuracy_mean']:.4f} "
+                 f"+- {s['accuracy_std']:.4f}  MC {s['accuracy_mc_mean']:.4f}  paper {s['paper']}")
+    return run_.finish()
