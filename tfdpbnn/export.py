@@ -1,0 +1,93 @@
+"""SavedModel export with a deterministic and a Monte Carlo serving signature, plus the privacy statement."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import tensorflow as tf
+
+from tfdpbnn.layers import _checks
+from tfdpbnn.layers.sampling import mc_sampling
+from tfdpbnn.uncertainty.mc import check_task, sample_statistics, summaries
+
+
+def _input_spec(model, input_signature):
+    if input_signature is not None:
+        if not isinstance(input_signature, tf.TensorSpec):
+            raise ValueError(f"input_signature must be a tf.TensorSpec, got {input_signature!r}")
+        return tf.TensorSpec(input_signature.shape, input_signature.dtype, name="x")
+    inputs = getattr(model, "inputs", None)
+    if not inputs:
+        raise ValueError("input_signature: the model has no known inputs (subclassed model): pass "
+                         "input_signature=tf.TensorSpec([None, ...], tf.float32)")
+    if len(inputs) != 1:
+        raise ValueError(f"model: export_saved_model supports single-input models, got {len(inputs)} inputs")
+    return tf.TensorSpec(inputs[0].shape, inputs[0].dtype, name="x")
+
+
+def _privacy_dict(model, privacy):
+    if privacy is None:
+        statement = getattr(getattr(model, "optimizer", None), "privacy_statement", None)
+        if callable(statement):
+            privacy = statement()
+    if privacy is None:
+        return None
+    if not isinstance(privacy, dict):
+        raise ValueError(f"privacy must be a dict (JSON-serializable) or None, got {type(privacy).__name__}")
+    try:
+        return json.dumps(privacy, indent=2, sort_keys=True)
+    except TypeError as err:
+        raise ValueError(f"privacy must be JSON-serializable: {err}") from err
+
+
+def export_saved_model(model, path, num_samples=30, privacy=None, task="classification", from_logits=False,
+                       input_signature=None):
+    """Write ``model`` as a SavedModel at ``path`` with two signatures, reloadable by Keras and TF Serving.
+
+    * ``serving_default(x) -> {"output"}``: deterministic prediction (``training=False``, no sampling).
+    * ``mc_predict(x, num_samples) -> {...}``: Monte Carlo prediction traced inside
+      ``tfdpbnn.layers.mc_sampling()``, so the stochastic layers sample on every call. ``num_samples`` is an
+      int32 scalar >= 1 (a smaller value fails the graph's assertion). Outputs as ``tfdpbnn.uncertainty.mc``:
+      classification: mean, predictive_entropy, mutual_information, expected_entropy; regression: mean,
+      epistemic_variance, aleatoric_variance, variance (float64).
+
+    ``num_samples`` (integer >= 1) is the recommended default, written with the task to
+    ``<path>/assets/mc_predict.json``. The optimizer is not saved (``include_optimizer=False``).
+    If ``privacy`` (a dict) is given, or else ``model.optimizer.privacy_statement()`` exists, that dict is
+    written as JSON to ``<path>/assets/privacy.json``. Returns ``path``.
+    """
+    num_samples = _checks.positive_int("num_samples", num_samples)
+    check_task(task)
+    spec = _input_spec(model, input_signature)
+    privacy_json = _privacy_dict(model, privacy)
+
+    @tf.function(input_signature=[spec])
+    def serving_default(x):
+        return {"output": model(x, training=False)}
+
+    def mc(x, n):
+        tf.debugging.assert_greater_equal(n, 1, message="num_samples must be >= 1")
+        first = sample_statistics(model(x, training=False), task, from_logits)
+
+        def body(i, *sums):
+            stats = sample_statistics(model(x, training=False), task, from_logits)
+            return (i + 1,) + tuple(a + b for a, b in zip(sums, stats, strict=True))
+
+        loop = tf.while_loop(lambda i, *_: i < n, body, (tf.constant(1),) + tuple(first))
+        return summaries(list(loop[1:]), n, task)
+
+    mc_fn = tf.function(mc, input_signature=[spec, tf.TensorSpec([], tf.int32, name="num_samples")])
+    with mc_sampling():  # trace here: the traced graph samples whenever it is called
+        mc_concrete = mc_fn.get_concrete_function()
+    det_concrete = serving_default.get_concrete_function()
+    tf.keras.models.save_model(model, path, save_format="tf", include_optimizer=False,
+                               signatures={"serving_default": det_concrete, "mc_predict": mc_concrete})
+    assets = os.path.join(path, "assets")
+    os.makedirs(assets, exist_ok=True)
+    with open(os.path.join(assets, "mc_predict.json"), "w") as fh:
+        json.dump({"default_num_samples": num_samples, "task": task, "from_logits": bool(from_logits)}, fh)
+    if privacy_json is not None:
+        with open(os.path.join(assets, "privacy.json"), "w") as fh:
+            fh.write(privacy_json + "\n")
+    return path

@@ -1,0 +1,167 @@
+"""Layers with Gaussian-perturbed weights, theta = mu + s * eps (SI-DPSGD, paper 004 Algorithms 1-2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tfdpbnn.layers import _checks
+from tfdpbnn.layers.sampling import select
+
+
+class _NoisyMixin:
+    """Noise variable, weight sampling and config shared by ``NoisyDense`` and ``NoisyConv2D``."""
+
+    def _init_noise(self, noise_stddev, inference_noise, activation, use_bias, kernel_initializer,
+                    bias_initializer):
+        self._initial_noise_stddev = _checks.finite_float("noise_stddev", noise_stddev, low=0.0)
+        self.inference_noise = bool(inference_noise)
+        self.activation = tf.keras.activations.get(activation)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = tf.keras.initializers.get(kernel_initializer)
+        self.bias_initializer = tf.keras.initializers.get(bias_initializer)
+
+    def _add_weights(self, kernel_shape, units):
+        self.kernel = self.add_weight("kernel", shape=kernel_shape, initializer=self.kernel_initializer)
+        self.bias = (self.add_weight("bias", shape=(units,), initializer=self.bias_initializer)
+                     if self.use_bias else None)
+        self.noise_stddev = self.add_weight(
+            "noise_stddev", shape=(), trainable=False,
+            initializer=tf.keras.initializers.Constant(self._initial_noise_stddev))
+
+    def set_noise_stddev(self, value):
+        """Assign the noise std s (>= 0); optimizers may also ``assign`` the ``noise_stddev`` variable."""
+        self.noise_stddev.assign(_checks.finite_float("noise_stddev", value, low=0.0))
+
+    def _noisy(self, var):
+        noise = tf.random.normal(tf.shape(var), dtype=var.dtype)
+        return var + tf.cast(self.noise_stddev, var.dtype) * noise
+
+    def _weights(self, training):
+        """(kernel, bias) used by this call: one noisy sample shared by the batch, or the means."""
+        use_bias = self.use_bias
+
+        def sample():
+            return self._noisy(self.kernel), (self._noisy(self.bias) if use_bias else tf.zeros([0]))
+
+        def mean():
+            return tf.identity(self.kernel), (tf.identity(self.bias) if use_bias else tf.zeros([0]))
+
+        return select(training, sample, sample if self.inference_noise else mean, sample)
+
+    def sample_weights_into_kernel(self):
+        """Replace the means by one noisy sample: kernel <- kernel + s * eps, bias <- bias + s * eps.
+
+        SI-DPSGD (paper 004) releases sampled weights theta_T, not mu_T. Call this once before export in that
+        mode; afterwards deterministic inference serves the sampled weights. ``noise_stddev`` is left as it
+        is (set it to 0 if further MC sampling around the released sample is not wanted).
+        """
+        self.kernel.assign(self._noisy(self.kernel))
+        if self.use_bias:
+            self.bias.assign(self._noisy(self.bias))
+
+    def _finish(self, outputs, bias):
+        if self.use_bias:
+            outputs = tf.nn.bias_add(outputs, bias)
+        return self.activation(outputs) if self.activation is not None else outputs
+
+    def _noise_config(self):
+        ser = tf.keras.initializers.serialize
+        value = (float(self.noise_stddev.numpy()) if getattr(self, "built", False)
+                 and tf.executing_eagerly() else self._initial_noise_stddev)
+        return {"noise_stddev": value, "inference_noise": self.inference_noise,
+                "activation": tf.keras.activations.serialize(self.activation), "use_bias": self.use_bias,
+                "kernel_initializer": ser(self.kernel_initializer), "bias_initializer": ser(self.bias_initializer)}
+
+
+@tf.keras.utils.register_keras_serializable(package="tfdpbnn")
+class NoisyDense(_NoisyMixin, tf.keras.layers.Layer):
+    """Dense layer with noisy weights theta = mu + s * N(0, I) (SI-DPSGD, paper 004 Algorithm 1, line 4).
+
+    Variables (read by the per-example clipping engine): ``kernel`` (= mu, [in, out]), ``bias`` (= mu of the
+    bias, [out]) and ``noise_stddev``, a non-trainable scalar variable s that the optimizer assigns each step.
+    In training one sample of (kernel, bias) is drawn per call and shared by the whole batch (paper 004 draws
+    theta_t once per step); each example's output depends only on its own input and that shared sample.
+    Inference: the means (``inference_noise=False``, default) or a fresh sample per call
+    (``inference_noise=True``); under ``tfdpbnn.layers.mc_sampling()`` always a sample. To serve one
+    released sample as in the paper, call ``sample_weights_into_kernel()`` before export.
+    """
+
+    def __init__(self, units, noise_stddev=0.0, inference_noise=False, activation=None, use_bias=True,
+                 kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs):
+        super().__init__(**kwargs)
+        self.units = _checks.positive_int("units", units)
+        self._init_noise(noise_stddev, inference_noise, activation, use_bias, kernel_initializer,
+                         bias_initializer)
+
+    def build(self, input_shape):
+        in_dim = tf.TensorShape(input_shape)[-1]
+        if in_dim is None:
+            raise ValueError("inputs: the last dimension of the input must be known")
+        self._add_weights((int(in_dim), self.units), self.units)
+        super().build(input_shape)
+
+    def call(self, inputs, training=None):
+        inputs = tf.convert_to_tensor(inputs, dtype=self.kernel.dtype)
+        kernel, bias = self._weights(training)
+        return self._finish(tf.matmul(inputs, kernel), bias)
+
+    def compute_output_shape(self, input_shape):
+        return tf.TensorShape(input_shape)[:-1].concatenate([self.units])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"units": self.units, **self._noise_config()})
+        return config
+
+
+@tf.keras.utils.register_keras_serializable(package="tfdpbnn")
+class NoisyConv2D(_NoisyMixin, tf.keras.layers.Layer):
+    """2-D convolution (NHWC) with noisy weights theta = mu + s * N(0, I) (SI-DPSGD, paper 004).
+
+    Variables: ``kernel`` [kh, kw, in, out], ``bias`` [out], ``noise_stddev`` (non-trainable scalar);
+    sampling rules as in ``NoisyDense``.
+    """
+
+    def __init__(self, filters, kernel_size, strides=1, padding="valid", noise_stddev=0.0,
+                 inference_noise=False, activation=None, use_bias=True, kernel_initializer="glorot_uniform",
+                 bias_initializer="zeros", **kwargs):
+        super().__init__(**kwargs)
+        self.filters = _checks.positive_int("filters", filters)
+        self.kernel_size = _checks.pair("kernel_size", kernel_size)
+        self.strides = _checks.pair("strides", strides)
+        self.padding = _checks.padding(padding)
+        self._init_noise(noise_stddev, inference_noise, activation, use_bias, kernel_initializer,
+                         bias_initializer)
+
+    def build(self, input_shape):
+        input_shape = tf.TensorShape(input_shape)
+        if input_shape.rank != 4 or input_shape[-1] is None:
+            raise ValueError(f"inputs: expected shape [batch, height, width, channels] with known channels, "
+                             f"got {input_shape}")
+        self._add_weights(self.kernel_size + (int(input_shape[-1]), self.filters), self.filters)
+        super().build(input_shape)
+
+    def call(self, inputs, training=None):
+        inputs = tf.convert_to_tensor(inputs, dtype=self.kernel.dtype)
+        kernel, bias = self._weights(training)
+        outputs = tf.nn.conv2d(inputs, kernel, strides=(1,) + self.strides + (1,), padding=self.padding.upper())
+        return self._finish(outputs, bias)
+
+    def compute_output_shape(self, input_shape):
+        input_shape = tf.TensorShape(input_shape).as_list()
+        dims = []
+        for size, k, s in zip(input_shape[1:3], self.kernel_size, self.strides):
+            if size is None:
+                dims.append(None)
+            elif self.padding == "same":
+                dims.append(int(np.ceil(size / s)))
+            else:
+                dims.append(int(np.ceil((size - k + 1) / s)))
+        return tf.TensorShape([input_shape[0]] + dims + [self.filters])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"filters": self.filters, "kernel_size": self.kernel_size, "strides": self.strides,
+                       "padding": self.padding, **self._noise_config()})
+        return config

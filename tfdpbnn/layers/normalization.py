@@ -1,0 +1,231 @@
+"""Batch normalization with statistics from a public batch only (fixes paper 004's BN variant, NOTES.md pt. 1).
+
+Paper 004 (Algorithm 2) normalizes over the public batch X^ concatenated with the private batch, so one
+private example moves every other example's output and per-example clipping no longer bounds sensitivity.
+Here the statistics come from the public examples alone, in training and at inference:
+
+    y = gamma * (x - mean(P)) / sqrt(var(P) + epsilon) + beta,
+
+where P is the public batch's activation at this layer's input, computed with the same weights (and the
+same weight sample for noisy layers) as the private batch. Two ways to supply P:
+
+* stored (first layer, or after fixed preprocessing): ``PublicBatchNormalization(public_batch=x_pub)`` or
+  ``set_public_batch(x_pub)``; P = x_pub.
+* carried (deeper in a network): ``AppendPublicBatch(public_batch=x_pub)`` at the model input concatenates
+  the public examples after the private ones along the batch axis; every layer in between processes rows
+  independently; each ``PublicBatchNormalization(num_public=M, carried=True)`` takes P = the last M rows of
+  its input; ``DropPublicBatch(M)`` before the outputs removes them, so losses and metrics see only the
+  private examples. Layers between must not mix rows (e.g. no Keras ``BatchNormalization``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tfdpbnn.layers import _checks
+
+
+class _PublicBatchStore:
+    """Holds a public batch in a non-trainable variable ``public_batch`` of shape [M, *input_shape[1:]]."""
+
+    def _init_store(self, public_batch, num_public, public_batch_assigned=False):
+        self._pending = None
+        if public_batch is not None:
+            arr = np.asarray(public_batch, dtype=np.float32)
+            if arr.ndim < 1 or arr.shape[0] < 1:
+                raise ValueError(f"public_batch: expected an array of shape [M, ...] with M >= 1, got shape "
+                                 f"{arr.shape}")
+            if num_public is not None and _checks.positive_int("num_public", num_public) != arr.shape[0]:
+                raise ValueError(f"num_public must equal public_batch.shape[0] = {arr.shape[0]}, got {num_public}")
+            num_public = arr.shape[0]
+            self._pending = arr
+        elif num_public is None:
+            raise ValueError("public_batch or num_public must be given (num_public: an integer >= 1)")
+        self.num_public = _checks.positive_int("num_public", num_public)
+        self._public_batch_assigned = bool(public_batch_assigned) or public_batch is not None
+
+    def _check_public(self, arr, feature_shape):
+        expected = (self.num_public,) + tuple(feature_shape)
+        if arr.shape != expected:
+            raise ValueError(f"public_batch: expected shape {expected} ([num_public] + this layer's input "
+                             f"shape without the batch axis), got {arr.shape}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError("public_batch: all values must be finite")
+
+    def _build_store(self, input_shape):
+        feature_shape = tf.TensorShape(input_shape)[1:]
+        if not feature_shape.is_fully_defined():
+            raise ValueError(f"inputs: all dimensions but the batch axis must be known, got {input_shape}")
+        self._feature_shape = tuple(feature_shape.as_list())
+        self.public_batch = self.add_weight("public_batch", shape=(self.num_public,) + self._feature_shape,
+                                            initializer="zeros", trainable=False)
+        if self._pending is not None:
+            self._check_public(self._pending, self._feature_shape)
+            self.public_batch.assign(self._pending)
+            self._pending = None
+
+    def set_public_batch(self, x):
+        """Set the public batch (shape [num_public] + the layer's input shape without the batch axis)."""
+        arr = np.asarray(x, dtype=np.float32)
+        if getattr(self, "public_batch", None) is None:
+            if arr.ndim < 1 or arr.shape[0] != self.num_public:
+                raise ValueError(f"public_batch: expected {self.num_public} examples along axis 0, got shape "
+                                 f"{arr.shape}")
+            self._pending = arr
+        else:
+            self._check_public(arr, self._feature_shape)
+            self.public_batch.assign(arr)
+        self._public_batch_assigned = True
+
+    def _require_assigned(self):
+        if not self._public_batch_assigned:
+            raise ValueError(f"public_batch: layer {self.name!r} has no public batch yet; pass public_batch= "
+                             "to the constructor or call set_public_batch(x) first")
+
+
+@tf.keras.utils.register_keras_serializable(package="tfdpbnn")
+class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
+    """Batch normalization whose mean and variance come only from public examples (see module docstring).
+
+    Args:
+      public_batch: stored mode: the public batch at this layer's input, shape [M, ...]; or None.
+      num_public: M. Required when ``carried=True`` or when the public batch is set later.
+      carried: True if the public examples arrive as the last ``num_public`` rows of the input
+        (``AppendPublicBatch`` at the model input); statistics then track the current weights of all
+        earlier layers.
+      axis: the feature axis (normalized per feature; statistics over all other axes of P).
+    Variables: ``gamma``, ``beta`` (trainable), ``public_batch`` (stored mode, non-trainable). No moving
+    averages: training and inference use the same public statistics, so no private example's output
+    depends on another private example.
+    """
+
+    def __init__(self, public_batch=None, num_public=None, carried=False, axis=-1, epsilon=1e-3, center=True,
+                 scale=True, beta_initializer="zeros", gamma_initializer="ones", public_batch_assigned=False,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.carried = bool(carried)
+        if self.carried and public_batch is not None:
+            raise ValueError("public_batch must be None when carried=True (the public examples arrive as the last "
+                             "num_public rows of the input; set them on AppendPublicBatch)")
+        self._init_store(public_batch, num_public, public_batch_assigned or self.carried)
+        if isinstance(axis, bool) or not isinstance(axis, int):
+            raise ValueError(f"axis must be an integer, got {axis!r}")
+        self.axis = axis
+        self.epsilon = _checks.finite_float("epsilon", epsilon, low=0.0, low_open=True)
+        self.center = bool(center)
+        self.scale = bool(scale)
+        self.beta_initializer = tf.keras.initializers.get(beta_initializer)
+        self.gamma_initializer = tf.keras.initializers.get(gamma_initializer)
+
+    def build(self, input_shape):
+        input_shape = tf.TensorShape(input_shape)
+        rank = input_shape.rank
+        axis = self.axis + rank if self.axis < 0 else self.axis
+        if not 1 <= axis < rank:
+            raise ValueError(f"axis must index a non-batch axis of the {rank}-D input, got {self.axis}")
+        self._axis = axis
+        dim = input_shape[axis]
+        if dim is None:
+            raise ValueError(f"inputs: the normalized axis {self.axis} must have a known size")
+        self._reduce_axes = [a for a in range(rank) if a != axis]
+        param_shape = [1] * rank
+        param_shape[axis] = int(dim)
+        self._param_shape = param_shape
+        self.gamma = self.add_weight("gamma", shape=(int(dim),), initializer=self.gamma_initializer,
+                                     trainable=True) if self.scale else None
+        self.beta = self.add_weight("beta", shape=(int(dim),), initializer=self.beta_initializer,
+                                    trainable=True) if self.center else None
+        if not self.carried:
+            self._build_store(input_shape)
+        super().build(input_shape)
+
+    def set_public_batch(self, x):
+        """Stored mode only: set the public batch at this layer's input."""
+        if self.carried:
+            raise ValueError("set_public_batch: this layer has carried=True; set the public batch on the model's "
+                             "AppendPublicBatch layer instead")
+        super().set_public_batch(x)
+
+    def public_statistics(self, inputs=None):
+        """(mean, variance) of the public batch, shaped to broadcast against the input."""
+        if self.carried:
+            public = inputs[-self.num_public:]
+        else:
+            self._require_assigned()
+            public = tf.cast(self.public_batch, inputs.dtype if inputs is not None else tf.float32)
+        mean, var = tf.nn.moments(public, axes=self._reduce_axes, keepdims=True)
+        return mean, var
+
+    def call(self, inputs, training=None):
+        inputs = tf.convert_to_tensor(inputs)
+        mean, var = self.public_statistics(inputs)
+        outputs = (inputs - mean) * tf.math.rsqrt(var + self.epsilon)
+        if self.scale:
+            outputs = outputs * tf.reshape(tf.cast(self.gamma, inputs.dtype), self._param_shape)
+        if self.center:
+            outputs = outputs + tf.reshape(tf.cast(self.beta, inputs.dtype), self._param_shape)
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        return tf.TensorShape(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        ser = tf.keras.initializers.serialize
+        config.update({"num_public": self.num_public, "carried": self.carried, "axis": self.axis,
+                       "epsilon": self.epsilon, "center": self.center, "scale": self.scale,
+                       "beta_initializer": ser(self.beta_initializer),
+                       "gamma_initializer": ser(self.gamma_initializer),
+                       "public_batch_assigned": self._public_batch_assigned})
+        return config
+
+
+@tf.keras.utils.register_keras_serializable(package="tfdpbnn")
+class AppendPublicBatch(_PublicBatchStore, tf.keras.layers.Layer):
+    """Concatenate a stored public batch after the private rows (input of the carried mode, paper 004 Alg. 2).
+
+    Variable: ``public_batch`` (non-trainable, [num_public, *input_shape[1:]]). Output batch size is
+    batch + num_public; end the network with ``DropPublicBatch(num_public)``.
+    """
+
+    def __init__(self, public_batch=None, num_public=None, public_batch_assigned=False, **kwargs):
+        super().__init__(**kwargs)
+        self._init_store(public_batch, num_public, public_batch_assigned)
+
+    def build(self, input_shape):
+        self._build_store(input_shape)
+        super().build(input_shape)
+
+    def call(self, inputs):
+        inputs = tf.convert_to_tensor(inputs)
+        self._require_assigned()
+        return tf.concat([inputs, tf.cast(self.public_batch, inputs.dtype)], axis=0)
+
+    def compute_output_shape(self, input_shape):
+        return tf.TensorShape(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"num_public": self.num_public, "public_batch_assigned": self._public_batch_assigned})
+        return config
+
+
+@tf.keras.utils.register_keras_serializable(package="tfdpbnn")
+class DropPublicBatch(tf.keras.layers.Layer):
+    """Remove the last ``num_public`` rows (the public examples appended by ``AppendPublicBatch``)."""
+
+    def __init__(self, num_public, **kwargs):
+        super().__init__(**kwargs)
+        self.num_public = _checks.positive_int("num_public", num_public)
+
+    def call(self, inputs):
+        return inputs[:-self.num_public]
+
+    def compute_output_shape(self, input_shape):
+        return tf.TensorShape(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"num_public": self.num_public})
+        return config

@@ -1,0 +1,222 @@
+"""Variational dropout layers with additive noise reparameterization and the log-uniform prior.
+
+Paper 000 (Ermis & Cemgil, DP Variational Dropout), eq. (10): theta_ij = phi_ij + zeta_ij * eps_ij with
+zeta_ij^2 = alpha_ij * phi_ij^2 = sigma_ij^2, trained with the local reparameterization trick (Kingma et al.
+2015) and the KL approximation of Molchanov, Ashukha & Vetrov (2017, "Variational dropout sparsifies deep
+neural networks", eq. 14):
+
+    -KL(q(w | theta, sigma^2) || p_log-uniform(w)) ~= k1 sigmoid(k2 + k3 log alpha) - 0.5 log(1 + 1/alpha) - k1
+    k1 = 0.63576, k2 = 1.87320, k3 = 1.48695.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tfdpbnn.layers import _checks
+from tfdpbnn.layers.sampling import select
+
+K1, K2, K3 = 0.63576, 1.87320, 1.48695
+#: log alpha is clipped to this range, as in Molchanov et al.'s code.
+LOG_ALPHA_RANGE = (-8.0, 8.0)
+
+
+def log_uniform_kl(log_alpha):
+    """KL(N(w | theta, alpha theta^2) || log-uniform prior) per weight, Molchanov et al. 2017 eq. 14.
+
+    Approximation error below 1e-2 over all log alpha (tested against numerical integration); the
+    constant makes the KL vanish as alpha -> infinity.
+    """
+    log_alpha = tf.convert_to_tensor(log_alpha)
+    return K1 - K1 * tf.sigmoid(K2 + K3 * log_alpha) + 0.5 * tf.math.softplus(-log_alpha)
+
+
+class _VariationalMixin:
+    """log alpha, pruning mask and KL shared by the dense and convolutional variants."""
+
+    def _init_common(self, num_examples, threshold, eps, use_bias, activation, theta_initializer,
+                     log_sigma2_initializer, bias_initializer):
+        self.num_examples = _checks.positive_int("num_examples", num_examples)
+        self.threshold = _checks.finite_float("threshold", threshold)
+        self.eps = _checks.finite_float("eps", eps, low=0.0, low_open=True)
+        self.use_bias = bool(use_bias)
+        self.activation = tf.keras.activations.get(activation)
+        self.theta_initializer = tf.keras.initializers.get(theta_initializer)
+        self.log_sigma2_initializer = tf.keras.initializers.get(log_sigma2_initializer)
+        self.bias_initializer = tf.keras.initializers.get(bias_initializer)
+
+    def _add_weights(self, kernel_shape, units):
+        self.theta = self.add_weight("theta", shape=kernel_shape, initializer=self.theta_initializer,
+                                     trainable=True)
+        self.log_sigma2 = self.add_weight("log_sigma2", shape=kernel_shape,
+                                          initializer=self.log_sigma2_initializer, trainable=True)
+        self.bias = (self.add_weight("bias", shape=(units,), initializer=self.bias_initializer, trainable=True)
+                     if self.use_bias else None)
+
+    @property
+    def log_alpha(self):
+        """clip(log_sigma2 - log(theta^2 + eps), -8, 8): the per-weight log dropout rate log(sigma^2/theta^2)."""
+        raw = self.log_sigma2 - tf.math.log(tf.square(self.theta) + self.eps)
+        return tf.clip_by_value(raw, LOG_ALPHA_RANGE[0], LOG_ALPHA_RANGE[1])
+
+    def keep_mask(self):
+        """1.0 for weights kept at inference, 0.0 where ``log_alpha > threshold`` (pruned)."""
+        return tf.cast(self.log_alpha <= self.threshold, self.theta.dtype)
+
+    def kl_divergence(self):
+        """Sum over weights of the KL to the log-uniform prior (unscaled; the layer adds it / num_examples)."""
+        return tf.reduce_sum(log_uniform_kl(self.log_alpha))
+
+    def _finish(self, outputs):
+        self.add_loss(self.kl_divergence() / float(self.num_examples))
+        if self.use_bias:
+            outputs = tf.nn.bias_add(outputs, self.bias)
+        return self.activation(outputs) if self.activation is not None else outputs
+
+    def _reparam(self, mean, var):
+        return mean + tf.sqrt(var + self.eps) * tf.random.normal(tf.shape(mean), dtype=mean.dtype)
+
+    def _common_config(self):
+        return {
+            "num_examples": self.num_examples,
+            "threshold": self.threshold,
+            "eps": self.eps,
+            "use_bias": self.use_bias,
+            "activation": tf.keras.activations.serialize(self.activation),
+            "theta_initializer": tf.keras.initializers.serialize(self.theta_initializer),
+            "log_sigma2_initializer": tf.keras.initializers.serialize(self.log_sigma2_initializer),
+            "bias_initializer": tf.keras.initializers.serialize(self.bias_initializer),
+        }
+
+
+@tf.keras.utils.register_keras_serializable(package="tfdpbnn")
+class DenseVariational(_VariationalMixin, tf.keras.layers.Layer):
+    """Dense layer with variational dropout (paper 000 eq. 10; Molchanov et al. 2017).
+
+    Variables (read by the per-example clipping engine):
+      ``theta``: kernel means, shape [in, out]; ``log_sigma2``: log sigma^2 per weight, [in, out];
+      ``bias``: deterministic bias [out] (absent if ``use_bias=False``). Attributes: ``activation``,
+      ``num_examples`` (the KL is added with ``add_loss`` scaled by 1/num_examples, the per-example ELBO
+      term), ``threshold`` (pruning), ``log_alpha`` (property, clipped to ``LOG_ALPHA_RANGE`` = [-8, 8]).
+
+    Training (local reparameterization, independent noise per example and unit):
+      z = x theta + b + sqrt(x^2 exp(log_sigma2) + eps) * N(0, 1).
+    Inference: z = x (theta * m) + b with m = [log_alpha <= threshold] (pruned weights are exactly 0).
+    MC sampling (``tfdpbnn.layers.mc_sampling()``): local reparameterization with pruned mean and variance,
+      z = x (theta m) + b + sqrt(x^2 (exp(log_sigma2) m) + eps) N(0, 1).
+    """
+
+    def __init__(self, units, num_examples, activation=None, use_bias=True, threshold=3.0, eps=1e-8,
+                 theta_initializer="glorot_uniform", log_sigma2_initializer=None,
+                 bias_initializer="zeros", **kwargs):
+        super().__init__(**kwargs)
+        self.units = _checks.positive_int("units", units)
+        if log_sigma2_initializer is None:
+            log_sigma2_initializer = tf.keras.initializers.Constant(-10.0)
+        self._init_common(num_examples, threshold, eps, use_bias, activation, theta_initializer,
+                          log_sigma2_initializer, bias_initializer)
+
+    def build(self, input_shape):
+        in_dim = tf.TensorShape(input_shape)[-1]
+        if in_dim is None:
+            raise ValueError("inputs: the last dimension of the input must be known")
+        self._add_weights((int(in_dim), self.units), self.units)
+        super().build(input_shape)
+
+    def call(self, inputs, training=None):
+        inputs = tf.convert_to_tensor(inputs, dtype=self.theta.dtype)
+
+        def train():
+            mean = tf.matmul(inputs, self.theta)
+            return self._reparam(mean, tf.matmul(tf.square(inputs), tf.exp(self.log_sigma2)))
+
+        def infer():
+            return tf.matmul(inputs, self.theta * self.keep_mask())
+
+        def mc():
+            mask = self.keep_mask()
+            mean = tf.matmul(inputs, self.theta * mask)
+            return self._reparam(mean, tf.matmul(tf.square(inputs), tf.exp(self.log_sigma2) * mask))
+
+        return self._finish(select(training, train, infer, mc))
+
+    def compute_output_shape(self, input_shape):
+        return tf.TensorShape(input_shape)[:-1].concatenate([self.units])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"units": self.units, **self._common_config()})
+        return config
+
+
+@tf.keras.utils.register_keras_serializable(package="tfdpbnn")
+class Conv2DVariational(_VariationalMixin, tf.keras.layers.Layer):
+    """2-D convolution with variational dropout (paper 000 eq. 10; Molchanov et al. 2017), NHWC.
+
+    Variables: ``theta`` [kh, kw, in, out], ``log_sigma2`` [kh, kw, in, out], ``bias`` [out]; attributes
+    ``activation``, ``num_examples``, ``threshold``, ``log_alpha`` as in ``DenseVariational``.
+    Training (local reparameterization for convolutions):
+      z = conv(x, theta) + b + sqrt(conv(x^2, exp(log_sigma2)) + eps) * N(0, 1)  (independent per output).
+    Inference: conv(x, theta * m) + b with the pruning mask m; MC sampling as in training with theta*m and
+    exp(log_sigma2)*m.
+    """
+
+    def __init__(self, filters, kernel_size, num_examples, strides=1, padding="valid", activation=None,
+                 use_bias=True, threshold=3.0, eps=1e-8, theta_initializer="glorot_uniform",
+                 log_sigma2_initializer=None, bias_initializer="zeros", **kwargs):
+        super().__init__(**kwargs)
+        self.filters = _checks.positive_int("filters", filters)
+        self.kernel_size = _checks.pair("kernel_size", kernel_size)
+        self.strides = _checks.pair("strides", strides)
+        self.padding = _checks.padding(padding)
+        if log_sigma2_initializer is None:
+            log_sigma2_initializer = tf.keras.initializers.Constant(-10.0)
+        self._init_common(num_examples, threshold, eps, use_bias, activation, theta_initializer,
+                          log_sigma2_initializer, bias_initializer)
+
+    def build(self, input_shape):
+        input_shape = tf.TensorShape(input_shape)
+        if input_shape.rank != 4 or input_shape[-1] is None:
+            raise ValueError(f"inputs: expected shape [batch, height, width, channels] with known channels, "
+                             f"got {input_shape}")
+        self._add_weights(self.kernel_size + (int(input_shape[-1]), self.filters), self.filters)
+        super().build(input_shape)
+
+    def _conv(self, x, kernel):
+        return tf.nn.conv2d(x, kernel, strides=(1,) + self.strides + (1,), padding=self.padding.upper())
+
+    def call(self, inputs, training=None):
+        inputs = tf.convert_to_tensor(inputs, dtype=self.theta.dtype)
+
+        def train():
+            return self._reparam(self._conv(inputs, self.theta),
+                                 self._conv(tf.square(inputs), tf.exp(self.log_sigma2)))
+
+        def infer():
+            return self._conv(inputs, self.theta * self.keep_mask())
+
+        def mc():
+            mask = self.keep_mask()
+            return self._reparam(self._conv(inputs, self.theta * mask),
+                                 self._conv(tf.square(inputs), tf.exp(self.log_sigma2) * mask))
+
+        return self._finish(select(training, train, infer, mc))
+
+    def compute_output_shape(self, input_shape):
+        input_shape = tf.TensorShape(input_shape).as_list()
+        dims = []
+        for size, k, s in zip(input_shape[1:3], self.kernel_size, self.strides):
+            if size is None:
+                dims.append(None)
+            elif self.padding == "same":
+                dims.append(int(np.ceil(size / s)))
+            else:
+                dims.append(int(np.ceil((size - k + 1) / s)))
+        return tf.TensorShape([input_shape[0]] + dims + [self.filters])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"filters": self.filters, "kernel_size": self.kernel_size, "strides": self.strides,
+                       "padding": self.padding, **self._common_config()})
+        return config

@@ -1,0 +1,174 @@
+"""Monte Carlo predictive distribution and its uncertainty decomposition.
+
+Classification (Depeweg et al. 2018; Gal 2016 sec. 3.3): with S samples p_s(y | x),
+    predictive mean  p(y|x) = 1/S sum_s p_s,   predictive entropy H[p(y|x)],
+    expected entropy (aleatoric) 1/S sum_s H[p_s],   mutual information (epistemic) = difference (>= 0).
+Regression with a ``HeteroscedasticHead`` (mean mu_s, log-variance log v_s; Kendall & Gal 2017 eq. 9):
+    mean = 1/S sum mu_s,  epistemic variance = 1/S sum mu_s^2 - mean^2,  aleatoric variance = 1/S sum v_s.
+Samples come from the stochastic layers of ``tfdpbnn.layers`` (switched on by ``mc_sampling()``) or from a
+list of weight snapshots (posterior samples, e.g. collected by DP-SGLD, paper 003 sec. 3.1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+import numpy as np
+import tensorflow as tf
+
+from tfdpbnn.layers import _checks
+from tfdpbnn.layers.sampling import mc_sampling
+from tfdpbnn.uncertainty.regression import split_mean_log_variance
+
+TASKS = ("classification", "regression")
+#: outputs of the classification summary / regression summary, in order.
+CLASSIFICATION_KEYS = ("mean", "predictive_entropy", "mutual_information", "expected_entropy")
+REGRESSION_KEYS = ("mean", "epistemic_variance", "aleatoric_variance", "variance")
+
+
+@dataclasses.dataclass
+class MCPrediction:
+    """Result of ``mc_predict``; classification fields or regression fields are None for the other task."""
+
+    mean: np.ndarray
+    num_samples: int
+    predictive_entropy: np.ndarray | None = None
+    mutual_information: np.ndarray | None = None
+    expected_entropy: np.ndarray | None = None
+    epistemic_variance: np.ndarray | None = None
+    aleatoric_variance: np.ndarray | None = None
+    variance: np.ndarray | None = None
+
+    def as_dict(self):
+        """The non-None array fields as a dict."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and k != "num_samples"}
+
+    def __getitem__(self, key):
+        return self.as_dict()[key]
+
+
+def check_task(task):
+    """Return ``task`` if it is one of ``TASKS``, else raise ``ValueError``."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    return task
+
+
+def sample_statistics(outputs, task, from_logits=False):
+    """Per-sample terms whose sums over samples give the summaries (float64 tensors).
+
+    classification: (p, H[p]); regression: (mu, mu^2, exp(log-variance)).
+    """
+    outputs = tf.cast(outputs, tf.float64)
+    if task == "classification":
+        probs = tf.nn.softmax(outputs, axis=-1) if from_logits else outputs
+        entropy = -tf.reduce_sum(tf.math.xlogy(probs, probs), axis=-1)
+        return probs, entropy
+    mean, log_var = split_mean_log_variance(outputs)
+    return mean, tf.square(mean), tf.exp(log_var)
+
+
+def summaries(sums, num_samples, task):
+    """Turn the sums of ``sample_statistics`` over ``num_samples`` samples into the summary dict (tensors)."""
+    s = tf.cast(num_samples, tf.float64)
+    if task == "classification":
+        mean = sums[0] / s
+        expected_entropy = sums[1] / s
+        predictive_entropy = -tf.reduce_sum(tf.math.xlogy(mean, mean), axis=-1)
+        # MI >= 0 mathematically (Jensen); max() only removes float rounding of order 1e-16.
+        mutual_information = tf.maximum(predictive_entropy - expected_entropy, 0.0)
+        return {"mean": mean, "predictive_entropy": predictive_entropy,
+                "mutual_information": mutual_information, "expected_entropy": expected_entropy}
+    mean = sums[0] / s
+    epistemic = tf.maximum(sums[1] / s - tf.square(mean), 0.0)  # rounding only, as above
+    aleatoric = sums[2] / s
+    return {"mean": mean, "epistemic_variance": epistemic, "aleatoric_variance": aleatoric,
+            "variance": epistemic + aleatoric}
+
+
+def _check_classification_outputs(outputs):
+    probs = outputs.numpy()
+    if probs.min() < -1e-6 or probs.max() > 1 + 1e-6 or np.max(np.abs(probs.sum(axis=-1) - 1.0)) > 1e-3:
+        raise ValueError("model outputs: with task='classification' and from_logits=False the model must output "
+                         "probability distributions (non-negative, rows summing to 1); pass from_logits=True "
+                         "for logits")
+
+
+def _num_examples(x):
+    first = tf.nest.flatten(x)[0]
+    return int(np.shape(first)[0])
+
+
+def _slice(x, start, stop):
+    return tf.nest.map_structure(lambda a: a[start:stop], x)
+
+
+def mc_predict(model, x, num_samples=None, batch_size=256, task="classification", from_logits=False,
+               weight_snapshots=None):
+    """Monte Carlo prediction of ``model`` on ``x`` (see the module docstring for the formulas).
+
+    Args:
+      model: a Keras model. With ``weight_snapshots=None`` its stochastic ``tfdpbnn.layers`` are sampled
+        (``mc_sampling()``, ``training=False``); ``num_samples`` defaults to 30.
+      x: inputs (array, tensor, or a nest of them with a common first axis).
+      num_samples: integer >= 1 (must be None or len(weight_snapshots) when snapshots are given).
+      batch_size: examples per forward pass; memory is O(batch_size) for the passes plus the [n, C] results.
+      task: "classification" (outputs are probabilities, or logits with ``from_logits=True``) or
+        "regression" (outputs are ``HeteroscedasticHead`` [mean, log-variance]).
+      weight_snapshots: optional list of weight lists as returned by ``model.get_weights()``; each is one
+        posterior sample evaluated deterministically. The model's weights are restored afterwards.
+    Returns an ``MCPrediction`` (numpy float64 arrays).
+    """
+    check_task(task)
+    batch_size = _checks.positive_int("batch_size", batch_size)
+    if weight_snapshots is not None:
+        if not isinstance(weight_snapshots, (list, tuple)) or not weight_snapshots:
+            raise ValueError("weight_snapshots must be a non-empty list of weight lists (model.get_weights())")
+        if num_samples is not None and num_samples != len(weight_snapshots):
+            raise ValueError(f"num_samples must be None or len(weight_snapshots) = {len(weight_snapshots)}, "
+                             f"got {num_samples!r}")
+        num_samples = len(weight_snapshots)
+    elif num_samples is None:
+        num_samples = 30
+    if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral) or num_samples < 1:
+        raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+    n = _num_examples(x)
+    if n < 1:
+        raise ValueError("x must contain at least one example")
+
+    forward = tf.function(lambda xb: model(xb, training=False), reduce_retracing=True)
+    results = []
+    if weight_snapshots is None:
+        with mc_sampling():  # traced inside the context: the stochastic layers sample
+            for start in range(0, n, batch_size):
+                xb = _slice(x, start, start + batch_size)
+                sums = None
+                for _ in range(num_samples):
+                    out = forward(xb)
+                    if task == "classification" and not from_logits:
+                        _check_classification_outputs(out)
+                    stats = sample_statistics(out, task, from_logits)
+                    sums = stats if sums is None else [a + b for a, b in zip(sums, stats, strict=True)]
+                results.append(summaries(sums, num_samples, task))
+    else:
+        original = model.get_weights()
+        batch_sums = [None] * len(range(0, n, batch_size))
+        try:
+            for snapshot in weight_snapshots:
+                try:
+                    model.set_weights(snapshot)
+                except ValueError as err:
+                    raise ValueError(f"weight_snapshots: a snapshot does not fit the model: {err}") from err
+                for b, start in enumerate(range(0, n, batch_size)):
+                    out = forward(_slice(x, start, start + batch_size))
+                    if task == "classification" and not from_logits:
+                        _check_classification_outputs(out)
+                    stats = sample_statistics(out, task, from_logits)
+                    batch_sums[b] = stats if batch_sums[b] is None else [
+                        a + c for a, c in zip(batch_sums[b], stats, strict=True)]
+        finally:
+            model.set_weights(original)
+        results = [summaries(s, num_samples, task) for s in batch_sums]
+    merged = {k: np.concatenate([r[k].numpy() for r in results], axis=0) for k in results[0]}
+    return MCPrediction(num_samples=int(num_samples), **merged)

@@ -1,0 +1,85 @@
+"""Heteroscedastic Gaussian regression head and its negative log-likelihood (Kendall & Gal 2017, eq. 5)."""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from tfdpbnn.layers import _checks
+
+
+@tf.keras.utils.register_keras_serializable(package="tfdpbnn")
+class HeteroscedasticHead(tf.keras.layers.Layer):
+    """Dense head giving a Gaussian mean and log-variance per target: output [batch, 2 * units].
+
+    The first ``units`` columns are the mean mu(x), the last ``units`` the log-variance log s^2(x)
+    (the layout ``heteroscedastic_nll`` and ``mc_predict(task="regression")`` expect). Variables: ``kernel``
+    [in, 2 units] and ``bias`` [2 units]; it is a plain dense layer, so per-example clipping applies as usual.
+    """
+
+    def __init__(self, units=1, kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs):
+        super().__init__(**kwargs)
+        self.units = _checks.positive_int("units", units)
+        self.kernel_initializer = tf.keras.initializers.get(kernel_initializer)
+        self.bias_initializer = tf.keras.initializers.get(bias_initializer)
+
+    def build(self, input_shape):
+        in_dim = tf.TensorShape(input_shape)[-1]
+        if in_dim is None:
+            raise ValueError("inputs: the last dimension of the input must be known")
+        self.kernel = self.add_weight("kernel", shape=(int(in_dim), 2 * self.units),
+                                      initializer=self.kernel_initializer)
+        self.bias = self.add_weight("bias", shape=(2 * self.units,), initializer=self.bias_initializer)
+        super().build(input_shape)
+
+    def call(self, inputs):
+        return tf.nn.bias_add(tf.matmul(tf.convert_to_tensor(inputs, self.kernel.dtype), self.kernel), self.bias)
+
+    def compute_output_shape(self, input_shape):
+        return tf.TensorShape(input_shape)[:-1].concatenate([2 * self.units])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"units": self.units,
+                       "kernel_initializer": tf.keras.initializers.serialize(self.kernel_initializer),
+                       "bias_initializer": tf.keras.initializers.serialize(self.bias_initializer)})
+        return config
+
+
+def split_mean_log_variance(y_pred):
+    """Split a [..., 2 d] head output into (mean [..., d], log-variance [..., d])."""
+    y_pred = tf.convert_to_tensor(y_pred)
+    width = y_pred.shape[-1]
+    if width is not None and width % 2:
+        raise ValueError(f"y_pred: the last dimension must be even (mean and log-variance), got {width}")
+    mean, log_var = tf.split(y_pred, 2, axis=-1)
+    return mean, log_var
+
+
+def heteroscedastic_nll(y_true, y_pred):
+    """Per-example Gaussian NLL, sum_j 0.5 (log 2 pi + log s_j^2 + (y_j - mu_j)^2 / s_j^2); shape [batch].
+
+    ``y_pred`` is a ``HeteroscedasticHead`` output [batch, 2 d]; ``y_true`` is [batch, d] (or [batch] for d=1).
+    """
+    mean, log_var = split_mean_log_variance(y_pred)
+    y_true = tf.cast(tf.convert_to_tensor(y_true), mean.dtype)
+    if y_true.shape.rank == mean.shape.rank - 1:
+        y_true = tf.expand_dims(y_true, -1)
+    if y_true.shape[-1] is not None and mean.shape[-1] is not None and y_true.shape[-1] != mean.shape[-1]:
+        raise ValueError(f"y_true: expected {mean.shape[-1]} targets per example (half of y_pred's last "
+                         f"dimension), got {y_true.shape[-1]}")
+    nll = 0.5 * (math.log(2.0 * math.pi) + log_var + tf.square(y_true - mean) * tf.exp(-log_var))
+    return tf.reduce_sum(nll, axis=-1)
+
+
+@tf.keras.utils.register_keras_serializable(package="tfdpbnn")
+class HeteroscedasticGaussianNLL(tf.keras.losses.Loss):
+    """Keras loss wrapping ``heteroscedastic_nll``; ``reduction=tf.keras.losses.Reduction.NONE`` gives the
+    per-example vector (what per-example clipping needs)."""
+
+    def __init__(self, reduction=tf.keras.losses.Reduction.AUTO, name="heteroscedastic_gaussian_nll"):
+        super().__init__(reduction=reduction, name=name)
+
+    def call(self, y_true, y_pred):
+        return heteroscedastic_nll(y_true, y_pred)
