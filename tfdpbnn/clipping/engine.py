@@ -1,11 +1,30 @@
-"""Dispatch between per-example clipping engines."""
+"""Dispatch between per-example clipping engines: "ghost" (fast rules) and "jacobian" (reference)."""
 
 from __future__ import annotations
 
+import warnings
+
+from tfdpbnn.clipping.ghost import UnsupportedModelError, ghost_clipped_gradients, plan
+from tfdpbnn.clipping.independence import check_per_example_independence
 from tfdpbnn.clipping.jacobian import jacobian_clipped_gradients
 from tfdpbnn.clipping.result import ClippedGradients
 
-METHODS = ("auto", "jacobian")
+METHODS = ("auto", "ghost", "jacobian")
+
+_WARNED: set = set()
+
+
+def _warn_fallback(model, err: UnsupportedModelError) -> None:
+    key = (id(model), tuple(err.layers))
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(
+        f"tfdpbnn.clipping: {err}; falling back to the jacobian path (per-example gradients materialized: "
+        "correct but much slower).",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_norm_clip, var_list=None,
@@ -19,11 +38,23 @@ def clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_norm_c
       l2_norm_clip: the clip bound C > 0.
       var_list: variables to differentiate; defaults to ``model.trainable_variables``.
       training: forwarded to the model call.
-      method: "auto" (the fastest engine that supports every layer) or "jacobian" (the reference).
+      method: "auto" (the ghost engine when every variable of ``var_list`` is covered by a registered rule,
+        else the jacobian path with one warning naming the uncovered layers), "ghost" (raises
+        ``ValueError`` naming unsupported layers) or "jacobian" (the reference).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    check_per_example_independence(model)
     if var_list is None:
         var_list = model.trainable_variables
+    if method in ("auto", "ghost"):
+        try:
+            entries = plan(model, var_list)
+            return ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_norm_clip,
+                                           var_list, training=training, entries=entries)
+        except UnsupportedModelError as err:
+            if method == "ghost":
+                raise
+            _warn_fallback(model, err)
     return jacobian_clipped_gradients(
         model, x, y, sample_weight, per_example_loss_fn, l2_norm_clip, var_list, training=training)

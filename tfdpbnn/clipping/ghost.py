@@ -1,0 +1,181 @@
+"""Fast per-example clipping: one forward pass, one backward pass to recorded taps, ghost norms, book-keeping.
+
+During the engine's forward pass the ``call`` of every layer covered by a registered rule
+(``tfdpbnn.clipping.registry``) is temporarily replaced by the rule's ``forward``, which runs the layer's own
+``call`` and records its inputs and a "tap" (usually the pre-activation). One ``tape.gradient`` of
+``sum_i L_i`` to all taps gives every example's output gradients (row ``i`` only depends on example ``i``).
+Each rule turns them into per-example squared norms without per-example gradients (Goodfellow 2015; Li et
+al. 2022 ghost clipping), and the clipped sum ``sum_i min(1, C/||g_i||) g_i`` by book-keeping (Bu et al.
+2023): the output gradients are scaled by the clip factors and contracted with the inputs
+(no second backward pass).
+Derivations: docs/fast_clipping.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import tensorflow as tf
+
+from tfdpbnn.clipping.jacobian import _regularization_loss, clip_factors
+from tfdpbnn.clipping.registry import ClippingRule, rule_for
+from tfdpbnn.clipping.result import ClippedGradients
+
+
+class UnsupportedModelError(ValueError):
+    """The ghost engine cannot handle this model; ``layers`` names the layers that need a rule."""
+
+    def __init__(self, message: str, layers: list[str]):
+        super().__init__(message)
+        self.layers = layers
+
+
+@dataclasses.dataclass
+class _Entry:
+    layer: tf.keras.layers.Layer
+    rule: ClippingRule
+    variables: list          # rule.variables(layer)
+    wanted: list             # bool per variable: is it in var_list
+
+
+@dataclasses.dataclass
+class _Record:
+    entry: _Entry
+    taps: list
+    context: object
+
+
+def _walk(model):
+    yield model
+    yield from model._flatten_layers(include_self=False, recursive=True)
+
+
+def plan(model, var_list) -> list[_Entry]:
+    """The covered layers that own variables of ``var_list``; raises ``UnsupportedModelError`` otherwise."""
+    wanted = {v.ref() for v in var_list}
+    covered = set()
+    entries, problems, owners = [], [], {}
+    for layer in _walk(model):
+        for v in layer._trainable_weights:
+            owners.setdefault(v.ref(), layer)
+        rule = rule_for(layer)
+        if rule is None:
+            continue
+        variables = rule.variables(layer)
+        flags = [v.ref() in wanted for v in variables]
+        if not any(flags):
+            continue
+        reason = rule.unsupported_reason(layer)
+        if reason is not None:
+            problems.append(f"{layer.name} ({type(layer).__name__}: {reason})")
+            continue
+        covered.update(v.ref() for v in variables)
+        entries.append(_Entry(layer, rule, variables, flags))
+    uncovered = []
+    for v in var_list:
+        if v.ref() in covered:
+            continue
+        owner = owners.get(v.ref())
+        label = f"{owner.name} ({type(owner).__name__})" if owner is not None else f"variable {v.name}"
+        if label not in uncovered and not any(p.startswith(f"{owner.name} (") for p in problems if owner):
+            uncovered.append(label)
+    names = problems + uncovered
+    if names:
+        raise UnsupportedModelError(
+            "no fast clipping rule for layer(s): " + ", ".join(names)
+            + " (register one with tfdpbnn.clipping.register_rule)", names)
+    return entries
+
+
+@contextlib.contextmanager
+def _recording(entries, records, tape):
+    """Replace each covered layer's ``call`` by its rule's ``forward`` (restored on exit)."""
+    saved = []
+    for entry in entries:
+        layer = entry.layer
+        original = layer.call
+        had_own = "call" in layer.__dict__
+
+        def wrapped(inputs, *args, _entry=entry, _original=original, **kwargs):
+            outputs, taps, context = _entry.rule.forward(_entry.layer, _original, inputs, *args, **kwargs)
+            for t in taps:
+                tape.watch(t)
+            records.append(_Record(_entry, list(taps), context))
+            return outputs
+
+        saved.append((layer, had_own, layer.__dict__.get("call")))
+        object.__setattr__(layer, "call", wrapped)
+    try:
+        yield
+    finally:
+        for layer, had_own, own in saved:
+            if had_own:
+                object.__setattr__(layer, "call", own)
+            else:
+                object.__delattr__(layer, "call")
+
+
+def ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_norm_clip, var_list,
+                            training=True, entries=None) -> ClippedGradients:
+    """The ``ClippedGradients`` of ``clipped_gradients`` by ghost norms and book-keeping.
+
+    Raises ``UnsupportedModelError`` if a variable of ``var_list`` has no rule or a covered layer runs more
+    than once in the forward pass (shared layers).
+    """
+    if entries is None:
+        entries = plan(model, var_list)
+    records: list[_Record] = []
+    with tf.GradientTape(persistent=True) as tape:
+        with _recording(entries, records, tape):
+            y_pred = model(x, training=training)
+        per_example_loss = per_example_loss_fn(y, y_pred, sample_weight)
+        regularization_loss = _regularization_loss(model)
+        total = tf.reduce_sum(per_example_loss)
+    seen = {}
+    for r in records:
+        seen[id(r.entry.layer)] = seen.get(id(r.entry.layer), 0) + 1
+    shared = [r.entry.layer.name for r in records if seen[id(r.entry.layer)] > 1]
+    if shared:
+        names = sorted(set(shared))
+        raise UnsupportedModelError(
+            "layer(s) called more than once per forward pass (shared weights): " + ", ".join(names), names)
+    taps = [t for r in records for t in r.taps]
+    tap_grads = tape.gradient(total, taps, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    if model.losses:
+        regularization_grads = tape.gradient(
+            regularization_loss, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    else:
+        regularization_grads = [tf.zeros_like(v) for v in var_list]
+    del tape
+
+    grads_per_record, k = [], 0
+    for r in records:
+        grads_per_record.append(tap_grads[k:k + len(r.taps)])
+        k += len(r.taps)
+    squared = []
+    for r, grads in zip(records, grads_per_record, strict=True):
+        for flag, sq in zip(r.entry.wanted, r.entry.rule.squared_norms(r.entry.layer, r.context, grads),
+                            strict=True):
+            if flag and sq is not None:
+                squared.append(sq)
+    if squared:
+        norms = tf.sqrt(tf.add_n(squared))
+    else:
+        norms = tf.zeros_like(per_example_loss)
+    factors = clip_factors(norms, l2_norm_clip)
+    sums = {}
+    for r, grads in zip(records, grads_per_record, strict=True):
+        results = r.entry.rule.clipped_sums(r.entry.layer, r.context, grads, factors)
+        for v, flag, s in zip(r.entry.variables, r.entry.wanted, results, strict=True):
+            if flag and s is not None:
+                sums[v.ref()] = tf.reshape(tf.cast(s, v.dtype), v.shape)
+    clipped_sum = [sums[v.ref()] if v.ref() in sums else tf.zeros_like(v) for v in var_list]
+    return ClippedGradients(
+        clipped_sum=clipped_sum,
+        regularization_grads=regularization_grads,
+        per_example_loss=per_example_loss,
+        per_example_norms=norms,
+        regularization_loss=regularization_loss,
+        y_pred=y_pred,
+    )
