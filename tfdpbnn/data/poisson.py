@@ -1,0 +1,54 @@
+"""Poisson-subsampled batches: the sampling that RDP, PLD and GDP accounting of DP-SGD assume."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import tensorflow as tf
+
+
+def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None, sample_weight=None):
+    """A ``tf.data.Dataset`` of batches where each example joins each batch independently with prob. q.
+
+    Every batch draws a fresh Bernoulli(q) mask over all n examples (Abadi et al. 2016, "lots"; Mironov et
+    al. 2019's sampled Gaussian mechanism), so batch sizes are Binomial(n, q) and may be 0. Each epoch is
+    ``steps_per_epoch`` batches (default ``ceil(1 / q)``) and is resampled every time the dataset is
+    iterated (``model.fit(ds, epochs=...)``). Pass the DP optimizer ``sampling="poisson"`` and
+    ``batch_size = q * n``.
+
+    Args:
+      x: array (or nested structure of arrays) with n examples on axis 0.
+      y, sample_weight: optional arrays with n examples.
+      sample_rate: q in (0, 1].
+      steps_per_epoch: batches per epoch (integer >= 1).
+      seed: integer seed for reproducible batches, or None.
+    Yields ``x_b``, ``(x_b, y_b)`` or ``(x_b, y_b, w_b)``.
+    """
+    if isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Real) or not 0 < sample_rate <= 1:
+        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+    if steps_per_epoch is None:
+        steps_per_epoch = int(math.ceil(1.0 / sample_rate))
+    if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, numbers.Integral) \
+            or steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch must be an integer >= 1, got {steps_per_epoch!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise ValueError(f"seed must be an integer or None, got {seed!r}")
+    parts = [x] + [a for a in (y, sample_weight) if a is not None]
+    if sample_weight is not None and y is None:
+        raise ValueError("y is required when sample_weight is given")
+    parts = [tf.nest.map_structure(tf.convert_to_tensor, p) for p in parts]
+    sizes = {int(t.shape[0]) for p in parts for t in tf.nest.flatten(p)}
+    if len(sizes) != 1:
+        raise ValueError(f"x, y, sample_weight must have the same number of examples, got sizes {sorted(sizes)}")
+    n = sizes.pop()
+    q = float(sample_rate)
+    seed_stream = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).take(steps_per_epoch)
+
+    def batch(s):
+        mask = tf.random.stateless_uniform([n], seed=tf.stack([s, tf.constant(7, tf.int64)])) < q
+        picked = tuple(tf.nest.map_structure(lambda t: tf.boolean_mask(t, mask), p) for p in parts)
+        return picked[0] if len(picked) == 1 else picked
+
+    return seed_stream.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+

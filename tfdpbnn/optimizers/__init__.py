@@ -1,0 +1,30 @@
+"""Differentially private optimizers for Bayesian neural networks (issue 4).
+
+Each is a subclass of a tensorflow-privacy vectorized Keras optimizer and is used as any Keras optimizer:
+``model.compile(optimizer=tfdpbnn.DPVDOptimizer(...), loss=..., metrics=...)``, ``model.fit(...)``.
+Importing this package installs the train-step hook (``tfdpbnn.optimizers.train_step``).
+"""
+
+from tfdpbnn.optimizers import train_step as _train_step
+from tfdpbnn.optimizers.base import DPOptimizerMixin, steps_per_epoch
+from tfdpbnn.optimizers.dpsgd import DPAdamOptimizer, DPSGDOptimizer
+from tfdpbnn.optimizers.dpsgld import DPSGLDOptimizer, sgld_learning_rate, sgld_noise_multiplier
+from tfdpbnn.optimizers.dpvd import DPVDOptimizer
+from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
+from tfdpbnn.optimizers.sidp import SIDPOptimizer, gdp_epsilon
+
+_train_step.install()
+
+__all__ = [
+    "DPAdamOptimizer",
+    "DPOptimizerMixin",
+    "DPSGDOptimizer",
+    "DPSGLDOptimizer",
+    "DPVDOptimizer",
+    "SIDPOptimizer",
+    "compiled_per_example_loss_fn",
+    "gdp_epsilon",
+    "sgld_learning_rate",
+    "sgld_noise_multiplier",
+    "steps_per_epoch",
+]

@@ -1,0 +1,106 @@
+"""DP-SGLD (paper 003, Algorithm 2; Theorems 1 and 3).
+
+``w <- w - eta * ((n/B) sum_i clip_C(g_i) + grad r(w)) + N(0, eta I)``. Theorem 1: this is DP-SGD with
+noise multiplier ``sigma = B / (n sqrt(eta) C)`` (and learning rate ``eta n``), so its epsilon is DP-SGD's
+for that sigma, by any accountant; Theorem 3 is the GDP (central-limit) reading of the same fact.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import tensorflow as tf
+from tensorflow_privacy.privacy.optimizers.dp_optimizer_keras_vectorized import VectorizedDPKerasSGDOptimizer
+
+from tfdpbnn.optimizers.base import DPOptimizerMixin, _check_positive_number, steps_per_epoch
+
+
+def sgld_noise_multiplier(learning_rate, l2_norm_clip, num_examples, batch_size) -> float:
+    """sigma = B / (n sqrt(eta) C): DP-SGLD's equivalent DP-SGD noise multiplier (paper 003, Theorem 1)."""
+    return batch_size / (num_examples * math.sqrt(learning_rate) * l2_norm_clip)
+
+
+def sgld_learning_rate(noise_multiplier, l2_norm_clip, num_examples, batch_size) -> float:
+    """eta = (B / (n sigma C))^2: the step size whose Langevin noise is DP-SGD noise multiplier sigma."""
+    return (batch_size / (num_examples * noise_multiplier * l2_norm_clip)) ** 2
+
+
+@tf.keras.utils.register_keras_serializable(package="tfdpbnn")
+class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
+    """DP-SGLD (paper 003, Algorithm 2): clipped, n/B-scaled data gradient, prior gradient, N(0, eta) noise.
+
+    Args:
+      l2_norm_clip: C.
+      learning_rate: eta (a constant float). Give it, OR a budget (``epsilon``, ``delta``, ``epochs``), from
+        which sigma is calibrated and eta = (B / (n sigma C))^2 chosen (Theorem 1).
+      prior_stddev: std of an isotropic Gaussian prior N(0, prior_stddev^2) on every trainable weight
+        (gradient w / prior_stddev^2); None for a flat prior.
+      The regularizer also includes ``n * sum(model.losses)`` (Keras losses are per-example scaled).
+      Other args as ``DPOptimizerMixin`` (no ``noise_multiplier``: it is implied by eta).
+      Collect posterior samples with ``tfdpbnn.callbacks.PosteriorSampler``.
+    """
+
+    _dp_method = "DP-SGLD"
+
+    def __init__(self, l2_norm_clip, learning_rate=None, *, epsilon=None, delta=None, num_examples=None,
+                 batch_size=None, epochs=None, prior_stddev=None, accountant="rdp", sampling="shuffle",
+                 neighboring="add_or_remove", clipping_method="auto", name="DPSGLDOptimizer", **kwargs):
+        for key in ("noise_multiplier", "momentum", "nesterov", "decay"):
+            if kwargs.get(key):
+                raise ValueError(f"{key}: DP-SGLD takes none (noise comes from learning_rate; Langevin "
+                                 f"dynamics use plain SGD), got {kwargs[key]!r}")
+            kwargs.pop(key, None)
+        clip = _check_positive_number("l2_norm_clip", l2_norm_clip)
+        if (learning_rate is None) == (epsilon is None):
+            raise ValueError("learning_rate and epsilon: give exactly one (a constant step size eta, or a budget "
+                             f"epsilon=..., delta=..., epochs=...); got learning_rate={learning_rate!r}, "
+                             f"epsilon={epsilon!r}")
+        if prior_stddev is not None:
+            prior_stddev = _check_positive_number("prior_stddev", prior_stddev)
+        self._sgld_prior_stddev = prior_stddev
+        if learning_rate is not None:
+            if not isinstance(learning_rate, numbers.Real):
+                raise ValueError("learning_rate must be a constant float > 0 for DP-SGLD (its noise N(0, eta) "
+                                 f"sets the privacy), got {learning_rate!r}")
+            learning_rate = _check_positive_number("learning_rate", learning_rate)
+            if batch_size is None or num_examples is None:
+                raise ValueError("batch_size and num_examples are required (sigma = B / (n sqrt(eta) C))")
+            sigma = sgld_noise_multiplier(learning_rate, clip, num_examples, batch_size)
+            super().__init__(clip, sigma, delta=delta, num_examples=num_examples, batch_size=batch_size,
+                             epochs=epochs, accountant=accountant, sampling=sampling, neighboring=neighboring,
+                             clipping_method=clipping_method, learning_rate=learning_rate, name=name, **kwargs)
+        else:
+            super().__init__(clip, None, epsilon=epsilon, delta=delta, num_examples=num_examples,
+                             batch_size=batch_size, epochs=epochs, accountant=accountant, sampling=sampling,
+                             neighboring=neighboring, clipping_method=clipping_method, learning_rate=1.0,
+                             name=name, **kwargs)
+            if self.noise_multiplier == 0:  # pragma: no cover - calibration never returns 0
+                raise ValueError("epsilon: calibration returned sigma = 0")
+            self._set_hyper("learning_rate", sgld_learning_rate(self.noise_multiplier, clip, num_examples,
+                                                                batch_size))
+
+    def _dp_gradients(self, clipped_sum, regularization_grads, var_list):
+        n = tf.cast(self.num_examples, tf.float32)
+        stddev = self._dp_noise_multiplier * self._dp_l2_norm_clip
+        grads = []
+        for g, r, v in zip(clipped_sum, regularization_grads, var_list):
+            noised = g + tf.random.normal(tf.shape(g), stddev=stddev, dtype=g.dtype)
+            grad = noised * (n / self._dp_batch_size) + n * tf.cast(r, g.dtype)
+            if self._sgld_prior_stddev is not None:
+                grad = grad + tf.cast(v, g.dtype) / self._sgld_prior_stddev ** 2
+            grads.append(grad)
+        return grads
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("noise_multiplier", None)
+        config["prior_stddev"] = self._sgld_prior_stddev
+        return config
+
+    def _dp_statement_extras(self):
+        return {"learning_rate": float(self._get_hyper("learning_rate")),
+                "equivalent_dp_sgd": "paper 003 Theorem 1: sigma = B / (n sqrt(eta) C)"}
+
+
+__all__ = ["DPSGLDOptimizer", "sgld_learning_rate", "sgld_noise_multiplier", "steps_per_epoch"]

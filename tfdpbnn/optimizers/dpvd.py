@@ -1,0 +1,56 @@
+"""DPVD: differentially private variational dropout (papers 000/002, Ermis & Cemgil).
+
+The optimizer is DP-SGD applied to a network of ``DenseVariational`` / ``Conv2DVariational`` layers: the
+per-example DATA-term gradients of theta and log sigma^2 are clipped, Gaussian noise is added once per step,
+and the KL term (``model.losses``) is added unclipped. With plain SGD the noise moves each weight by
+``zeta * N(0, 1)`` with ``zeta = eta * sigma * C / B``: the additive weight noise of paper 000 eq. 12, i.e. a
+Gaussian dropout of rate ``alpha = zeta^2 / theta^2`` on top of the learned one.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from tfdpbnn.optimizers.dpsgd import DPSGDOptimizer
+
+
+def _variational_thetas(model):
+    thetas = []
+    for layer in model.submodules:
+        theta = getattr(layer, "theta", None)
+        if isinstance(theta, tf.Variable) and isinstance(getattr(layer, "log_sigma2", None), tf.Variable):
+            thetas.append(theta)
+    return thetas
+
+
+@tf.keras.utils.register_keras_serializable(package="tfdpbnn")
+class DPVDOptimizer(DPSGDOptimizer):
+    """DPVD (paper 000 Algorithm 1 with eq. 12; paper 002): DP-SGD on variational dropout layers.
+
+    Same arguments and accounting as ``DPSGDOptimizer`` (SGD family: ``learning_rate``, ``momentum``).
+    Adds two metrics to the Keras logs each step: ``zeta`` = eta * sigma * C / B, the std of the privacy
+    noise on every weight (paper 000 eq. 12), and ``dp_alpha_median``, the median over the variational
+    weights theta of the dropout rate that noise implies, zeta^2 / theta^2.
+    """
+
+    _dp_method = "DPVD"
+
+    def __init__(self, l2_norm_clip, noise_multiplier=None, *, learning_rate=0.01, name="DPVDOptimizer",
+                 **kwargs):
+        super().__init__(l2_norm_clip, noise_multiplier, learning_rate=learning_rate, name=name, **kwargs)
+
+    def zeta(self):
+        """zeta = eta * sigma * C / B (paper 000 eq. 12), a scalar tensor."""
+        lr = self._decayed_lr(tf.float32)
+        return lr * self._dp_noise_multiplier * self._dp_l2_norm_clip / self._dp_batch_size
+
+    def _dp_extra_logs(self, model):
+        zeta = self.zeta()
+        logs = {"zeta": zeta}
+        thetas = _variational_thetas(model)
+        if thetas:
+            flat = tf.concat([tf.reshape(t, [-1]) for t in thetas], axis=0)
+            alpha = tf.square(zeta) / tf.maximum(tf.square(flat), 1e-30)
+            logs["dp_alpha_median"] = tfp.stats.percentile(alpha, 50.0, interpolation="midpoint")
+        return logs

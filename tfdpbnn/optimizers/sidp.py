@@ -1,0 +1,166 @@
+"""SI-DPSGD (paper 004, Davody et al., Algorithms 1 and 2) for ``NoisyDense`` / ``NoisyConv2D`` models.
+
+Each step sets every noisy layer's weight-noise std to ``s_t = eta_t C z / B`` (Algorithm 1, line 4), so the
+forward pass uses ``theta_t = mu_t + s_t xi``. By default mu is updated with the NOISED clipped mean, so
+the mu sequence is DP-SGD's and the theta's are post-processing: the DP-SGD guarantee holds.
+
+``paper_mean_update=True`` updates mu with the clean clipped mean, as the paper does. Then the paper's
+Lemma 4.1 does not hold (NOTES.md point 1): given the released weights theta_0..theta_t, mu_t moves by up to
+``Delta_t = (C'/B) sum_{k<t} eta_k`` when one example changes (C' = C, or 2C for replace-one), with no
+subsampling amplification, so releasing theta_t is a Gaussian mechanism with noise multiplier
+``s_t / Delta_t``. Adaptive composition of Gaussian mechanisms is exactly mu-GDP with
+``mu = sqrt(sum_t (Delta_t / s_t)^2)`` (Dong, Roth & Su 2019, Corollary 3.3), converted exactly to
+(epsilon, delta) (their Corollary 2.13). That is the epsilon this mode reports, counting every training
+step's sample and the exported sample.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import tensorflow as tf
+from scipy import optimize, stats
+
+from tfdpbnn.optimizers.dpsgd import DPSGDOptimizer
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """Smallest epsilon with delta(epsilon) <= delta for mu-GDP (Dong, Roth & Su 2019, Corollary 2.13)."""
+    if mu == 0:
+        return 0.0
+    if not math.isfinite(mu):
+        return math.inf
+
+    def excess(eps):
+        return (stats.norm.cdf(-eps / mu + mu / 2)
+                - np.exp(eps + stats.norm.logcdf(-eps / mu - mu / 2)) - delta)
+
+    if excess(0.0) <= 0:
+        return 0.0
+    hi = 1.0
+    while excess(hi) > 0:
+        hi *= 2.0
+    return float(optimize.brentq(excess, 0.0, hi, xtol=1e-12))
+
+
+def _noisy_layers(model):
+    return [layer for layer in model.submodules
+            if isinstance(getattr(layer, "noise_stddev", None), tf.Variable)
+            and hasattr(layer, "sample_weights_into_kernel")]
+
+
+@tf.keras.utils.register_keras_serializable(package="tfdpbnn")
+class SIDPOptimizer(DPSGDOptimizer):
+    """SI-DPSGD (paper 004, Algorithm 1; Algorithm 2 with ``PublicBatchNormalization``): noisy weights.
+
+    Args as ``DPSGDOptimizer``; ``noise_multiplier`` is the paper's z. ``paper_mean_update``: update mu
+    with the clean clipped gradient (paper 004) and report the epsilon that holds for that (module doc),
+    with a warning. Call ``release_weights(model)`` before export: it replaces each mu by one sample.
+    """
+
+    _dp_method = "SI-DPSGD"
+
+    def __init__(self, l2_norm_clip, noise_multiplier=None, *, paper_mean_update=False, name="SIDPOptimizer",
+                 **kwargs):
+        if not isinstance(paper_mean_update, bool):
+            raise ValueError(f"paper_mean_update must be True or False, got {paper_mean_update!r}")
+        super().__init__(l2_norm_clip, noise_multiplier, name=name, **kwargs)
+        self.paper_mean_update = paper_mean_update
+        self._sidp_layers = None
+        with tf.init_scope():
+            # Sensitivity of mu (Delta_t) and sum_t (Delta_t / s_t)^2 over the releases so far.
+            self._sidp_delta = self._dp_variable("sidp_mean_sensitivity", 0.0)
+            self._sidp_mu_squared = self._dp_variable("sidp_gdp_mu_squared", 0.0)
+        if paper_mean_update:
+            warnings.warn(
+                "SIDPOptimizer(paper_mean_update=True): mu is updated with un-noised clipped gradients as in "
+                "paper 004, whose per-step guarantee (Lemma 4.1) does not hold: given the released weights, "
+                "mu_t's sensitivity grows with t. The epsilon reported is the GDP composition of the releases "
+                "theta_t = mu_t + s_t xi with sensitivity Delta_t (no amplification), typically far larger "
+                "than the paper's.", UserWarning, stacklevel=2)
+
+    def track_model(self, model):
+        """Remember ``model``'s noisy layers (done by ``model.fit``; call it for custom training loops)."""
+        layers = _noisy_layers(model)
+        if not layers:
+            raise ValueError("model: SIDPOptimizer needs NoisyDense/NoisyConv2D layers, found none")
+        self._sidp_layers = layers
+
+    def _noise_stddev(self):
+        """s_t = eta_t C z / B (paper 004 Algorithm 1, line 4)."""
+        return (self._decayed_lr(tf.float32) * self._dp_l2_norm_clip * self._dp_noise_multiplier
+                / self._dp_batch_size)
+
+    def _set_layer_noise(self):
+        s = self._noise_stddev()
+        for layer in self._sidp_layers:
+            layer.noise_stddev.assign(tf.cast(s, layer.noise_stddev.dtype))
+
+    def _dp_before_step(self, model):
+        if self._sidp_layers is None:
+            self.track_model(model)
+        self._set_layer_noise()
+
+    def _dp_gradients(self, clipped_sum, regularization_grads, var_list):
+        if self._sidp_layers is None:
+            raise ValueError("model: call optimizer.track_model(model) before a custom training loop")
+        if not self.paper_mean_update:
+            grads = super()._dp_gradients(clipped_sum, regularization_grads, var_list)
+        else:
+            # Account for the release theta_t = mu_t + s_t xi used by this step's forward pass.
+            s = tf.cast(self._sidp_layers[0].noise_stddev, tf.float32)
+            ratio = tf.math.divide_no_nan(self._sidp_delta, s)
+            ratio = tf.where((s <= 0.0) & (self._sidp_delta > 0.0), tf.constant(np.inf, tf.float32), ratio)
+            self._sidp_mu_squared.assign_add(tf.square(ratio))
+            sensitivity = self._dp_l2_norm_clip * (2.0 if self.neighboring == "replace_one" else 1.0)
+            self._sidp_delta.assign_add(self._decayed_lr(tf.float32) * sensitivity / self._dp_batch_size)
+            b = self._dp_batch_size
+            grads = [g / tf.cast(b, g.dtype) + tf.cast(r, g.dtype)
+                     for g, r in zip(clipped_sum, regularization_grads)]
+        self._set_layer_noise()
+        return grads
+
+    def release_weights(self, model):
+        """Replace every noisy layer's mean by one sample theta = mu + s xi (what paper 004 releases)."""
+        for layer in _noisy_layers(model):
+            layer.sample_weights_into_kernel()
+
+    def paper_mode_gdp_mu(self) -> float:
+        """mu of the GDP composition over all releases so far plus the final exported sample."""
+        s = self._noise_stddev().numpy()
+        delta_now = float(self._sidp_delta.numpy())
+        final = 0.0 if delta_now == 0 else (math.inf if s <= 0 else (delta_now / s) ** 2)
+        return math.sqrt(float(self._sidp_mu_squared.numpy()) + final)
+
+    def epsilon_after(self, steps, delta=None, accountant=None):
+        if not self.paper_mean_update:
+            return super().epsilon_after(steps, delta=delta, accountant=accountant)
+        delta = self._resolve_delta(delta)
+        if steps != self.steps:
+            # Constant learning rate: Delta_t = t eta C'/B and s = eta C z/B, so mu^2 = sum_{t<=T} (t/z)^2.
+            z = self.noise_multiplier
+            if steps <= 0:
+                return 0.0
+            if z == 0:
+                return math.inf
+            scale = 2.0 if self.neighboring == "replace_one" else 1.0
+            mu = scale * math.sqrt(steps * (steps + 1) * (2 * steps + 1) / 6.0) / z
+            return gdp_epsilon(mu, delta)
+        return gdp_epsilon(self.paper_mode_gdp_mu(), delta)
+
+    def privacy_statement(self, delta=None):
+        statement = super().privacy_statement(delta=delta)
+        if self.paper_mean_update:
+            statement["accountant"] = "gdp-exact (Gaussian releases of theta_t; paper 004 mean update)"
+            statement["epsilon_by_accountant"] = {"gdp_exact": statement["epsilon"]}
+            statement["gdp_mu"] = self.paper_mode_gdp_mu()
+            statement["note"] = ("paper_mean_update=True: paper 004's Lemma 4.1 does not hold; epsilon "
+                                 "composes every released sample theta_t with sensitivity Delta_t")
+        return statement
+
+    def get_config(self):
+        config = super().get_config()
+        config["paper_mean_update"] = self.paper_mean_update
+        return config
