@@ -40,7 +40,8 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
     parts = [tf.nest.map_structure(tf.convert_to_tensor, p) for p in parts]
     sizes = {int(t.shape[0]) for p in parts for t in tf.nest.flatten(p)}
     if len(sizes) != 1:
-        raise ValueError(f"x, y, sample_weight must have the same number of examples, got sizes {sorted(sizes)}")
+        raise ValueError("x, y, sample_weight must have the same number of examples, got sizes "
+                         f"{sorted(sizes)}")
     n = sizes.pop()
     q = float(sample_rate)
     seed_stream = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).take(steps_per_epoch)

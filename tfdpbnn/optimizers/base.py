@@ -225,8 +225,9 @@ class DPOptimizerMixin:
         sigma = self.noise_multiplier
         if sigma == 0:
             return math.inf
-        return float(privacy.compute_epsilon(sigma, self.sample_rate, int(steps), delta, accountant=accountant,
-                                             neighboring=self.neighboring, sampling=self.sampling))
+        return float(privacy.compute_epsilon(sigma, self.sample_rate, int(steps), delta,
+                                             accountant=accountant, neighboring=self.neighboring,
+                                             sampling=self.sampling))
 
     def epsilon(self, delta=None, accountant=None) -> float:
         """Epsilon spent so far (steps = ``optimizer.iterations``), an upper bound for the code that ran."""
@@ -271,7 +272,7 @@ class DPOptimizerMixin:
     def _dp_gradients(self, clipped_sum, regularization_grads, var_list):
         """The gradient handed to the base optimizer's update (DP-SGD: noised mean + regularization)."""
         noised = self._dp_noised_mean(clipped_sum)
-        return [n + tf.cast(r, n.dtype) for n, r in zip(noised, regularization_grads)]
+        return [n + tf.cast(r, n.dtype) for n, r in zip(noised, regularization_grads, strict=True)]
 
     def _dp_before_step(self, model):
         """Hook run before the forward pass of each step (SI-DPSGD sets the weight noise here)."""
@@ -293,7 +294,7 @@ class DPOptimizerMixin:
             var_list=var_list, training=True, method=self._dp_static["clipping_method"])
         grads = self._dp_gradients(result.clipped_sum, result.regularization_grads, var_list)
         self._was_dp_gradients_called = True
-        self.apply_gradients(zip(grads, var_list))
+        self.apply_gradients(zip(grads, var_list, strict=True))
         realized = tf.cast(tf.shape(result.per_example_loss)[0], tf.float32)
         data_loss = tf.math.divide_no_nan(tf.reduce_sum(result.per_example_loss), realized)
         total_loss = data_loss + tf.cast(result.regularization_loss, tf.float32)
@@ -341,7 +342,7 @@ class DPOptimizerMixin:
         zeros = [tf.zeros_like(v) for v in var_list]
         self._was_dp_gradients_called = True
         grads = self._dp_gradients(clipped_sum, zeros, var_list)
-        return list(zip(grads, var_list))
+        return list(zip(grads, var_list, strict=True))
 
     def get_gradients(self, loss, params):
         raise ValueError("loss/params: graph-mode get_gradients is not supported by tfdpbnn DP optimizers; "

@@ -53,23 +53,24 @@ class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
             kwargs.pop(key, None)
         clip = _check_positive_number("l2_norm_clip", l2_norm_clip)
         if (learning_rate is None) == (epsilon is None):
-            raise ValueError("learning_rate and epsilon: give exactly one (a constant step size eta, or a budget "
-                             f"epsilon=..., delta=..., epochs=...); got learning_rate={learning_rate!r}, "
-                             f"epsilon={epsilon!r}")
+            raise ValueError("learning_rate and epsilon: give exactly one (a constant step size eta, or a "
+                             "budget epsilon=..., delta=..., epochs=...); got "
+                             f"learning_rate={learning_rate!r}, epsilon={epsilon!r}")
         if prior_stddev is not None:
             prior_stddev = _check_positive_number("prior_stddev", prior_stddev)
         self._sgld_prior_stddev = prior_stddev
         if learning_rate is not None:
             if not isinstance(learning_rate, numbers.Real):
-                raise ValueError("learning_rate must be a constant float > 0 for DP-SGLD (its noise N(0, eta) "
-                                 f"sets the privacy), got {learning_rate!r}")
+                raise ValueError("learning_rate must be a constant float > 0 for DP-SGLD (its noise "
+                                 f"N(0, eta) sets the privacy), got {learning_rate!r}")
             learning_rate = _check_positive_number("learning_rate", learning_rate)
             if batch_size is None or num_examples is None:
                 raise ValueError("batch_size and num_examples are required (sigma = B / (n sqrt(eta) C))")
             sigma = sgld_noise_multiplier(learning_rate, clip, num_examples, batch_size)
             super().__init__(clip, sigma, delta=delta, num_examples=num_examples, batch_size=batch_size,
                              epochs=epochs, accountant=accountant, sampling=sampling, neighboring=neighboring,
-                             clipping_method=clipping_method, learning_rate=learning_rate, name=name, **kwargs)
+                             clipping_method=clipping_method, learning_rate=learning_rate, name=name,
+                             **kwargs)
         else:
             super().__init__(clip, None, epsilon=epsilon, delta=delta, num_examples=num_examples,
                              batch_size=batch_size, epochs=epochs, accountant=accountant, sampling=sampling,
@@ -84,7 +85,7 @@ class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
         n = tf.cast(self.num_examples, tf.float32)
         stddev = self._dp_noise_multiplier * self._dp_l2_norm_clip
         grads = []
-        for g, r, v in zip(clipped_sum, regularization_grads, var_list):
+        for g, r, v in zip(clipped_sum, regularization_grads, var_list, strict=True):
             noised = g + tf.random.normal(tf.shape(g), stddev=stddev, dtype=g.dtype)
             grad = noised * (n / self._dp_batch_size) + n * tf.cast(r, g.dtype)
             if self._sgld_prior_stddev is not None:

@@ -59,7 +59,7 @@ def compiled_per_example_loss_fn(model: tf.keras.Model):
         if not container._built:
             container.build(y_pred)
         flat = zip(tf.nest.flatten(y_true), tf.nest.flatten(y_pred), tf.nest.flatten(sample_weight),
-                   container._losses, container._loss_weights)
+                   container._losses, container._loss_weights, strict=True)
         total = None
         for y_t, y_p, sw, loss_obj, loss_weight in flat:
             if y_t is None or loss_obj is None:

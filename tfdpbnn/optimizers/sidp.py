@@ -77,9 +77,9 @@ class SIDPOptimizer(DPSGDOptimizer):
             warnings.warn(
                 "SIDPOptimizer(paper_mean_update=True): mu is updated with un-noised clipped gradients as in "
                 "paper 004, whose per-step guarantee (Lemma 4.1) does not hold: given the released weights, "
-                "mu_t's sensitivity grows with t. The epsilon reported is the GDP composition of the releases "
-                "theta_t = mu_t + s_t xi with sensitivity Delta_t (no amplification), typically far larger "
-                "than the paper's.", UserWarning, stacklevel=2)
+                "mu_t's sensitivity grows with t. The epsilon reported is the GDP composition of the "
+                "releases theta_t = mu_t + s_t xi with sensitivity Delta_t (no amplification), "
+                "typically far larger than the paper's.", UserWarning, stacklevel=2)
 
     def track_model(self, model):
         """Remember ``model``'s noisy layers (done by ``model.fit``; call it for custom training loops)."""
@@ -118,7 +118,7 @@ class SIDPOptimizer(DPSGDOptimizer):
             self._sidp_delta.assign_add(self._decayed_lr(tf.float32) * sensitivity / self._dp_batch_size)
             b = self._dp_batch_size
             grads = [g / tf.cast(b, g.dtype) + tf.cast(r, g.dtype)
-                     for g, r in zip(clipped_sum, regularization_grads)]
+                     for g, r in zip(clipped_sum, regularization_grads, strict=True)]
         self._set_layer_noise()
         return grads
 
