@@ -1,0 +1,32 @@
+"""Privacy accounting for DP training: accountants, DP-SGD events, epsilon and noise calibration.
+
+Accountants (all ``dp_accounting.PrivacyAccountant`` subclasses, swappable with dp-accounting's):
+"rdp", "pld" (dp-accounting), "zcdp" (``ZCDPAccountant``), "gdp" (``GDPAccountant``, approximate under
+subsampling), "ac" (``AdvancedCompositionAccountant``, paper 000's DPVD-AC). See docs/privacy.md.
+"""
+
+from tfdpbnn.privacy.advanced_composition import AdvancedCompositionAccountant
+from tfdpbnn.privacy.budget import calibrate_noise, compute_epsilon, dp_sgd_event, steps_per_epoch
+from tfdpbnn.privacy.gdp import GDPAccountant, GDPApproximationWarning
+from tfdpbnn.privacy.registry import (
+    available_accountants,
+    get_accountant,
+    register_accountant,
+    sound_accountants,
+)
+from tfdpbnn.privacy.zcdp import ZCDPAccountant
+
+__all__ = [
+    "AdvancedCompositionAccountant",
+    "GDPAccountant",
+    "GDPApproximationWarning",
+    "ZCDPAccountant",
+    "available_accountants",
+    "calibrate_noise",
+    "compute_epsilon",
+    "dp_sgd_event",
+    "get_accountant",
+    "register_accountant",
+    "sound_accountants",
+    "steps_per_epoch",
+]

@@ -1,0 +1,139 @@
+"""DPVD-AC accountant of paper 000 (Ermis & Cemgil), made sound for every epsilon.
+
+Per step (paper 000, Section 4.1): the Gaussian mechanism's (eps0, delta0)-DP, amplified by Poisson
+subsampling at rate q (Li, Qardaji & Su 2012, Thm. 1; paper 000 Thm. 3) to
+(log(1 + q (e^eps0 - 1)), q delta0), then T-fold advanced composition (Dwork & Roth 2014, Thm. 3.20;
+paper 000 Thm. 1): eps = sqrt(2 T log(1/delta')) eps_step + T eps_step (e^eps_step - 1)
+at delta = T delta_step + delta'.
+Heterogeneous steps use the same bound with sum of eps_i^2 (the Azuma step of Thm. 3.20's proof), and the
+basic composition sum eps_i at delta = sum delta_i is used when smaller.
+
+Difference from the paper: eps0 comes from the exact analytic Gaussian mechanism (Balle & Wang 2018, Thm. 8),
+delta0 = Phi(1/(2s) - eps0 s) - e^eps0 Phi(-1/(2s) - eps0 s) for noise multiplier s, instead of the classical
+sigma = sqrt(2 log(1.25/delta0)) / eps0, which is only valid for eps0 < 1 (paper 000 Thm. 2). The analytic
+form is valid for all eps0 and at least as tight wherever the classical one applies.
+
+``delta_prime``: the delta' of advanced composition. None (default) tries delta' = f * target_delta for f in
+``DELTA_PRIME_FRACTIONS`` and reports the smallest epsilon (each split is a valid guarantee at the same total
+delta); a float fixes delta' (it must be smaller than the target delta).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from dp_accounting import NeighboringRelation
+from scipy import optimize, special
+
+from tfdpbnn.privacy._base import EventAccountant
+from tfdpbnn.privacy._checks import check_nonnegative, check_open_unit
+
+DELTA_PRIME_FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+
+
+def gaussian_delta(noise_multiplier: float, epsilon: float) -> float:
+    """Exact delta of the Gaussian mechanism at ``epsilon`` (Balle & Wang 2018, Theorem 8)."""
+    s = noise_multiplier
+    a = float(special.log_ndtr(0.5 / s - epsilon * s))
+    b = epsilon + float(special.log_ndtr(-0.5 / s - epsilon * s))
+    if b >= a:
+        return 0.0
+    return float(math.exp(a) * -math.expm1(b - a))
+
+
+def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
+    """Smallest epsilon >= 0 with the Gaussian mechanism (epsilon, ``delta``)-DP (Balle & Wang 2018)."""
+    if gaussian_delta(noise_multiplier, 0.0) <= delta:
+        return 0.0
+    hi = 1.0
+    while gaussian_delta(noise_multiplier, hi) > delta:
+        hi *= 2.0
+    return float(optimize.brentq(
+        lambda e: math.log(max(gaussian_delta(noise_multiplier, e), 1e-320)) - math.log(delta),
+        0.0, hi, xtol=1e-12, rtol=1e-12))
+
+
+def amplify(epsilon: float, delta: float, sample_rate: float) -> tuple[float, float]:
+    """Poisson-subsampling amplification (Li, Qardaji & Su 2012, Theorem 1)."""
+    return math.log1p(sample_rate * math.expm1(epsilon)), sample_rate * delta
+
+
+def advanced_composition(epsilons: np.ndarray, counts: np.ndarray, delta_prime: float) -> float:
+    """Epsilon of composing counts[i] copies of epsilons[i]-DP steps (Dwork & Roth 2014, Thm. 3.20)."""
+    advanced = (math.sqrt(2.0 * math.log(1.0 / delta_prime) * float(np.sum(counts * epsilons ** 2)))
+                + float(np.sum(counts * epsilons * np.expm1(epsilons))))
+    return min(advanced, float(np.sum(counts * epsilons)))
+
+
+class AdvancedCompositionAccountant(EventAccountant):
+    """Paper 000's DPVD-AC analysis: Gaussian (eps0, delta0), Li-Qardaji-Su amplification, Thm. 3.20.
+
+    Args:
+      neighboring_relation: add/remove (default) or replace-one (Gaussian events only).
+      delta_prime: advanced composition's delta'; None optimizes it over ``DELTA_PRIME_FRACTIONS`` of the
+        target delta, a float in (0, 1) fixes it.
+    The target delta is split as delta' plus an equal share per step.
+    """
+
+    def __init__(self, neighboring_relation: NeighboringRelation = NeighboringRelation.ADD_OR_REMOVE_ONE,
+                 delta_prime: float | None = None):
+        super().__init__(neighboring_relation)
+        if delta_prime is not None:
+            check_open_unit("delta_prime", delta_prime)
+        self.delta_prime = delta_prime
+        self._blocks: list[tuple[float, float, int]] = []  # (sample rate, noise multiplier, steps)
+
+    def _add_gaussian(self, sigma: float, count: int) -> None:
+        self._blocks.append((1.0, sigma, count))
+
+    def _add_poisson_gaussian(self, q: float, sigma: float, count: int) -> None:
+        self._blocks.append((q, sigma, count))
+
+    def _epsilon_at_split(self, target_delta: float, delta_prime: float) -> float:
+        counts = np.array([b[2] for b in self._blocks], dtype=np.float64)
+        delta_step = (target_delta - delta_prime) / float(np.sum(counts))
+        eps = []
+        for q, sigma, _ in self._blocks:
+            delta0 = delta_step / q
+            if delta0 >= 1.0:
+                eps.append(0.0)
+                continue
+            eps.append(amplify(gaussian_epsilon(sigma, delta0), delta0, q)[0])
+        return advanced_composition(np.array(eps), counts, delta_prime)
+
+    def get_epsilon(self, target_delta: float) -> float:
+        """Epsilon at ``target_delta`` (a guaranteed upper bound)."""
+        check_open_unit("target_delta", target_delta)
+        if self._non_private:
+            return math.inf
+        if not self._blocks:
+            return 0.0
+        if self.delta_prime is not None:
+            if self.delta_prime >= target_delta:
+                raise ValueError(f"target_delta must be larger than delta_prime={self.delta_prime:g} "
+                                 f"(allowed range ({self.delta_prime:g}, 1)); got {target_delta!r}")
+            return self._epsilon_at_split(target_delta, self.delta_prime)
+        return min(self._epsilon_at_split(target_delta, f * target_delta) for f in DELTA_PRIME_FRACTIONS)
+
+    def get_delta(self, target_epsilon: float) -> float:
+        """Smallest delta (1e-6 relative) with epsilon <= ``target_epsilon``, by bisection on log delta."""
+        check_nonnegative("target_epsilon", target_epsilon)
+        if self._non_private:
+            return 1.0
+        if not self._blocks:
+            return 0.0
+        lo = math.log(self.delta_prime) if self.delta_prime is not None else math.log(1e-300)
+        hi = math.log1p(-1e-12)
+        if self.get_epsilon(math.exp(hi)) > target_epsilon:
+            return 1.0
+        for _ in range(200):
+            if hi - lo < 1e-6:
+                break
+            mid = 0.5 * (lo + hi)
+            above_prime = math.exp(mid) > (self.delta_prime or 0.0)
+            if above_prime and self.get_epsilon(math.exp(mid)) <= target_epsilon:
+                hi = mid
+            else:
+                lo = mid
+        return float(math.exp(hi))
