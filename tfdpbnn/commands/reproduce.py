@@ -23,6 +23,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="tiny configuration that finishes in seconds (for tests; numbers meaningless)")
     parser.add_argument("--data-dir", default=None,
                         help="TFDS data directory for the MNIST/CIFAR-10 variants (not needed for DIGITS)")
+    parser.add_argument("--epsilons", type=float, nargs="+", default=None,
+                        help="digits-table: epsilons to run (default 10 1 0.5 0.1)")
+    parser.add_argument("--methods", nargs="+", default=None,
+                        help="digits-table: methods to run (default dpvd dpd svi sgld dpsgd)")
+    parser.add_argument("--configs", nargs="+", default=None,
+                        help="digits-table: 'paper' and/or 'tuned' (default both)")
     parser.set_defaults(func=_run)
     return parser
 
@@ -31,7 +37,10 @@ def _run(args) -> int:
     from tfdpbnn.reproduce import run_experiment
 
     out = args.out or os.path.join("runs", args.name)
-    record = run_experiment(args.name, out, seeds=args.seeds, smoke=args.smoke, data_dir=args.data_dir)
+    options = {k: getattr(args, k) for k in ("epsilons", "methods", "configs")
+               if getattr(args, k) is not None}
+    record = run_experiment(args.name, out, seeds=args.seeds, smoke=args.smoke, data_dir=args.data_dir,
+                            **options)
     print(f"wrote {len(record['outputs'])} files and run.json to {out} "
           f"(wall time {record['wall_time_s']:.1f} s)")
     return 0

@@ -28,7 +28,7 @@ def available_experiments() -> list[str]:
 
 
 def run_experiment(name: str, out_dir: str, seeds: int | None = None, smoke: bool = False,
-                   data_dir: str | None = None, log: Callable[[str], None] | None = print) -> dict:
+                   data_dir: str | None = None, log: Callable[[str], None] | None = print, **options) -> dict:
     """Run the experiment ``name``, writing its results under ``out_dir``; returns its ``run.json`` record.
 
     Args:
@@ -38,10 +38,12 @@ def run_experiment(name: str, out_dir: str, seeds: int | None = None, smoke: boo
       smoke: tiny configuration for tests (seconds, numbers not meaningful).
       data_dir: TFDS data directory for the MNIST/CIFAR variants (experiments that support them).
       log: progress printer.
+      **options: experiment-specific keyword arguments of its ``run`` (e.g. ``epsilons``, ``methods``,
+        ``configs`` for digits-table).
     """
     if name not in EXPERIMENTS:
         raise ValueError(f"name: unknown experiment {name!r}; allowed: {', '.join(EXPERIMENTS)}")
     if seeds is not None and (int(seeds) != seeds or seeds < 1):
         raise ValueError(f"seeds: must be an integer >= 1, got {seeds!r}")
     module = importlib.import_module(EXPERIMENTS[name][0])
-    return module.run(out_dir, seeds=seeds, smoke=smoke, data_dir=data_dir, log=log)
+    return module.run(out_dir, seeds=seeds, smoke=smoke, data_dir=data_dir, log=log, **options)

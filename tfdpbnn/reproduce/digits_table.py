@@ -137,7 +137,14 @@ def _optimizer(method, setting, noise_multiplier, num_examples, steps_per_epoch)
     if method == "dpvd":
         return optimizers.DPVDOptimizer(learning_rate=lr, momentum=setting["momentum"], **common)
     if method == "sgld":
-        return optimizers.DPSGLDOptimizer(learning_rate=lr, **common)
+        # DP-SGLD's step size IS its noise (paper 003 Thm 1): eta = (B / (n sigma C))^2; lr is not used.
+        from tfdpbnn.optimizers.dpsgld import sgld_learning_rate
+
+        if noise_multiplier <= 0:
+            raise ValueError("noise_multiplier: DP-SGLD needs sigma > 0 (its step size follows from it)")
+        common.pop("noise_multiplier")
+        eta = sgld_learning_rate(noise_multiplier, setting["clip"], num_examples, common["batch_size"])
+        return optimizers.DPSGLDOptimizer(learning_rate=eta, **common)
     return optimizers.DPSGDOptimizer(learning_rate=lr, momentum=setting["momentum"], **common)
 
 
@@ -188,7 +195,7 @@ def train_and_evaluate(method: str, setting: Setting, epsilon: float | None, x_t
     model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     batches = data.poisson_batches(x_train.astype("float32"), y_train.astype("int32"), sample_rate=q,
-                                   seed=seed)
+                                   steps_per_epoch=spe, seed=seed)
     start = time.time()
     model.fit(batches, epochs=setting["epochs"], steps_per_epoch=spe, verbose=0)
     wall = time.time() - start
@@ -242,8 +249,17 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
         raise ValueError("data_dir: digits-table runs on the bundled DIGITS only; the MNIST variant is not "
                          "implemented (docs/results.md)")
     n_seeds = 1 if smoke and seeds is None else (5 if seeds is None else int(seeds))
-    if smoke:
-        epsilons = (1.0,)
+    methods, configs, epsilons = tuple(methods), tuple(configs), tuple(float(e) for e in epsilons)
+    for m in methods:
+        if m not in METHODS:
+            raise ValueError(f"methods: each must be one of {METHODS}, got {m!r}")
+    for c in configs:
+        if c not in ("paper", "tuned"):
+            raise ValueError(f"configs: each must be 'paper' or 'tuned', got {c!r}")
+    if not epsilons or any(not e > 0 for e in epsilons):
+        raise ValueError(f"epsilons: need at least one epsilon > 0, got {epsilons!r}")
+    if smoke:  # the tuning path, one candidate, one epsilon, one seed: seconds
+        epsilons, configs = (1.0,), ("tuned",)
     settings = dict(methods=list(methods), configs=list(configs), epsilons=list(epsilons), delta=DELTA,
                     sampling="poisson", accountant_for_sigma="rdp", smoke=smoke, validation_fraction=0.2)
     run_ = Run("digits-table", out_dir, settings, seeds=range(n_seeds), log=log)

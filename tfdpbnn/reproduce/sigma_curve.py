@@ -88,12 +88,20 @@ def _plot(rows, path, settings):
 
 
 def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: str | None = None,
-        log: Callable[[str], None] | None = print) -> dict:
+        log: Callable[[str], None] | None = print, epsilons=None, **unknown) -> dict:
     """Compute sigma(epsilon) for every curve and setting; write CSV, PNG and ``run.json``."""
     from tfdpbnn.reproduce.runner import Run
 
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not an option of sigma-curve (it takes epsilons only)")
+    if data_dir is not None:
+        raise ValueError("data_dir: sigma-curve needs no data")
     settings = {"DIGITS": SETTINGS["DIGITS"]} if smoke else dict(SETTINGS)
-    epsilons = SMOKE_EPSILONS if smoke else EPSILONS
+    if epsilons is None:
+        epsilons = SMOKE_EPSILONS if smoke else EPSILONS
+    epsilons = tuple(float(e) for e in epsilons)
+    if not epsilons or any(not e > 0 for e in epsilons):
+        raise ValueError(f"epsilons: need at least one epsilon > 0, got {epsilons!r}")
     run_ = Run("sigma-curve", out_dir, dict(settings=settings, epsilons=list(epsilons), delta=DELTA,
                                             curves=list(CURVES), sampling="poisson", smoke=smoke),
                seeds=(), log=log)
