@@ -1,0 +1,77 @@
+"""ECE / MCE against hand-computed values, Keras metrics, reliability diagram, bad input."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdpbnn.uncertainty import (
+    ExpectedCalibrationError,
+    MaximumCalibrationError,
+    expected_calibration_error,
+    maximum_calibration_error,
+    reliability_diagram,
+)
+
+PROBS = np.array([[0.9, 0.05, 0.05],   # label 0: correct, confidence 0.9
+                  [0.2, 0.7, 0.1],     # label 0: wrong,   confidence 0.7
+                  [0.4, 0.3, 0.3],     # label 0: correct, confidence 0.4
+                  [0.3, 0.45, 0.25]])  # label 1: correct, confidence 0.45
+LABELS = np.array([0, 0, 0, 1])
+
+
+def test_ece_mce_hand_computed():
+    # 2 bins: (0, .5] holds rows 3, 4 (acc 1, conf .425); (.5, 1] rows 1, 2 (acc .5, conf .8)
+    assert expected_calibration_error(PROBS, LABELS, num_bins=2) == pytest.approx(0.5 * 0.575 + 0.5 * 0.3)
+    assert maximum_calibration_error(PROBS, LABELS, num_bins=2) == pytest.approx(0.575)
+    # 10 bins: every row alone; gaps .1, .7, .6, .55
+    assert expected_calibration_error(PROBS, LABELS, num_bins=10) == pytest.approx(1.95 / 4)
+    assert maximum_calibration_error(PROBS, LABELS, num_bins=10) == pytest.approx(0.7)
+    one_hot = np.eye(3)[LABELS]
+    assert expected_calibration_error(PROBS, one_hot, num_bins=2) == pytest.approx(0.4375)
+    # a perfectly calibrated toy set: confidence 0.75 in one bin, 3 of 4 correct
+    p = np.tile([[0.75, 0.25]], (4, 1))
+    assert expected_calibration_error(p, [0, 0, 0, 1], num_bins=4) == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("num_bins", [2, 10])
+def test_keras_metrics_match_functions(num_bins):
+    ece, mce = ExpectedCalibrationError(num_bins=num_bins), MaximumCalibrationError(num_bins=num_bins)
+    for metric in (ece, mce):
+        metric.update_state(LABELS[:2], PROBS[:2])
+        metric.update_state(LABELS[2:].reshape(-1, 1), PROBS[2:])
+    assert ece.result().numpy() == pytest.approx(expected_calibration_error(PROBS, LABELS, num_bins), abs=1e-6)
+    assert mce.result().numpy() == pytest.approx(maximum_calibration_error(PROBS, LABELS, num_bins), abs=1e-6)
+    ece.reset_state()
+    ece.update_state(tf.one_hot(LABELS, 3), PROBS)
+    assert ece.result().numpy() == pytest.approx(expected_calibration_error(PROBS, LABELS, num_bins), abs=1e-6)
+    assert ExpectedCalibrationError.from_config(ece.get_config()).num_bins == num_bins
+
+
+def test_reliability_diagram_writes_png(tmp_path):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(200, 4)) * 2
+    probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    path = reliability_diagram(probs, rng.integers(0, 4, size=200), str(tmp_path / "rel.png"), num_bins=8)
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+@pytest.mark.parametrize("probs,labels,match", [
+    (PROBS * 1.1, LABELS, "sum to 1"),
+    (PROBS - 0.5, LABELS, r"probabilities in \[0, 1\]"),
+    (PROBS[0], LABELS, "num_classes"),
+    (PROBS, [0, 0, 0, 3], r"integers in \[0, 2\]"),
+    (PROBS, [0, 0, 0], "labels"),
+])
+def test_bad_input(probs, labels, match):
+    with pytest.raises(ValueError, match=match):
+        expected_calibration_error(probs, labels)
+    with pytest.raises(ValueError, match=match):
+        maximum_calibration_error(probs, labels)
+
+
+def test_bad_num_bins():
+    with pytest.raises(ValueError, match="num_bins"):
+        expected_calibration_error(PROBS, LABELS, num_bins=0)
+    with pytest.raises(ValueError, match="num_bins"):
+        ExpectedCalibrationError(num_bins=0)
