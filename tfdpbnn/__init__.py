@@ -7,3 +7,29 @@ The main names are re-exported here; see the subpackages for the rest:
 """
 
 __version__ = "0.1.0"
+
+# issue 3: layers, uncertainty, export
+from tfdpbnn.export import export_saved_model  # noqa: E402,F401
+from tfdpbnn.layers import (  # noqa: E402,F401
+    AppendPublicBatch,
+    Conv2DVariational,
+    DenseBayesByBackprop,
+    DenseVariational,
+    DropPublicBatch,
+    MCDropout,
+    NoisyConv2D,
+    NoisyDense,
+    PublicBatchNormalization,
+    mc_sampling,
+)
+from tfdpbnn.uncertainty import (  # noqa: E402,F401
+    ExpectedCalibrationError,
+    HeteroscedasticGaussianNLL,
+    HeteroscedasticHead,
+    MaximumCalibrationError,
+    expected_calibration_error,
+    heteroscedastic_nll,
+    maximum_calibration_error,
+    mc_predict,
+    reliability_diagram,
+)
