@@ -72,7 +72,7 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     hi = max(1.0, mu * mu)
     while gdp_delta(mu, hi) > delta:
         hi *= 2.0
-    return float(optimize.brentq(lambda e: math.log(gdp_delta(mu, e)) - math.log(delta), 0.0, hi,
+    return float(optimize.brentq(lambda e: math.log(max(gdp_delta(mu, e), 1e-320)) - math.log(delta), 0.0, hi,
                                  xtol=1e-12, rtol=1e-12))
 
 
