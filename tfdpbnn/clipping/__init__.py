@@ -6,12 +6,20 @@ The fast "ghost" engine uses per-layer rules from a public registry (``register_
 that has no rule fall back to the "jacobian" reference with a warning.
 """
 
+from tfdpbnn.clipping import bayes_rules as _bayes_rules  # noqa: F401  (registers the tfdpbnn.layers rules)
 from tfdpbnn.clipping import keras_rules as _keras_rules  # noqa: F401  (registers the Keras rules)
 from tfdpbnn.clipping.engine import METHODS, clipped_gradients
 from tfdpbnn.clipping.ghost import UnsupportedModelError, ghost_clipped_gradients
 from tfdpbnn.clipping.independence import check_per_example_independence
 from tfdpbnn.clipping.jacobian import clip_factors, jacobian_clipped_gradients
-from tfdpbnn.clipping.registry import ClippingRule, register_rule, registered_rules, rule_for, unregister_rule
+from tfdpbnn.clipping.registry import (
+    ClippingRule,
+    mark_unsupported,
+    register_rule,
+    registered_rules,
+    rule_for,
+    unregister_rule,
+)
 from tfdpbnn.clipping.result import ClippedGradients
 
 __all__ = [
@@ -24,6 +32,7 @@ __all__ = [
     "clipped_gradients",
     "ghost_clipped_gradients",
     "jacobian_clipped_gradients",
+    "mark_unsupported",
     "register_rule",
     "registered_rules",
     "rule_for",

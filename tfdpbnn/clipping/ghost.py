@@ -19,7 +19,7 @@ import dataclasses
 import tensorflow as tf
 
 from tfdpbnn.clipping.jacobian import _regularization_loss, clip_factors
-from tfdpbnn.clipping.registry import ClippingRule, rule_for
+from tfdpbnn.clipping.registry import ClippingRule, rule_for, unsupported_reason_for
 from tfdpbnn.clipping.result import ClippedGradients
 
 
@@ -59,6 +59,9 @@ def plan(model, var_list) -> list[_Entry]:
     for layer in _walk(model):
         for v in layer._trainable_weights:
             owners.setdefault(v.ref(), layer)
+        blocked = unsupported_reason_for(layer)
+        if blocked is not None:
+            problems.append(f"{layer.name} ({type(layer).__name__}: {blocked})")
         rule = rule_for(layer)
         if rule is None:
             continue
@@ -89,7 +92,7 @@ def plan(model, var_list) -> list[_Entry]:
 
 
 @contextlib.contextmanager
-def _recording(entries, records, tape):
+def _recording(entries, records, problems, tape):
     """Replace each covered layer's ``call`` by its rule's ``forward`` (restored on exit)."""
     saved = []
     for entry in entries:
@@ -98,6 +101,10 @@ def _recording(entries, records, tape):
         had_own = "call" in layer.__dict__
 
         def wrapped(inputs, *args, _entry=entry, _original=original, **kwargs):
+            reason = _entry.rule.call_unsupported_reason(_entry.layer, inputs, *args, **kwargs)
+            if reason is not None:
+                problems.append(f"{_entry.layer.name} ({type(_entry.layer).__name__}: {reason})")
+                return _original(inputs, *args, **kwargs)
             outputs, taps, context = _entry.rule.forward(_entry.layer, _original, inputs, *args, **kwargs)
             for t in taps:
                 tape.watch(t)
@@ -126,12 +133,16 @@ def ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_
     if entries is None:
         entries = plan(model, var_list)
     records: list[_Record] = []
+    problems: list[str] = []
     with tf.GradientTape(persistent=True) as tape:
-        with _recording(entries, records, tape):
+        with _recording(entries, records, problems, tape):
             y_pred = model(x, training=training)
         per_example_loss = per_example_loss_fn(y, y_pred, sample_weight)
         regularization_loss = _regularization_loss(model)
         total = tf.reduce_sum(per_example_loss)
+    if problems:
+        raise UnsupportedModelError("no fast clipping rule for this call of layer(s): " + ", ".join(problems),
+                                    problems)
     seen = {}
     for r in records:
         seen[id(r.entry.layer)] = seen.get(id(r.entry.layer), 0) + 1

@@ -61,6 +61,10 @@ class ClippingRule:
         """``None`` if the rule handles this layer's configuration, else a short reason (fallback)."""
         return None
 
+    def call_unsupported_reason(self, layer, inputs, *args, **kwargs) -> str | None:
+        """Checked at each call (e.g. on ``training``): a reason makes the engine fall back, else ``None``."""
+        return None
+
     def forward(self, layer, call, inputs, *args, **kwargs):
         """Run the layer; return ``(outputs, taps, context)``."""
         raise NotImplementedError
@@ -75,6 +79,7 @@ class ClippingRule:
 
 
 _RULES: dict[type, ClippingRule] = {}
+_UNSUPPORTED: dict[type, str] = {}
 
 
 def register_rule(layer_class: type, rule: ClippingRule) -> None:
@@ -104,4 +109,19 @@ def rule_for(layer) -> ClippingRule | None:
     for base in cls.__mro__[1:]:
         if base in _RULES and getattr(cls, "call", None) is getattr(base, "call", None):
             return _RULES[base]
+    return None
+
+
+def mark_unsupported(layer_class: type, reason: str) -> None:
+    """Declare that a model containing ``layer_class`` needs the jacobian path (e.g. it mixes batch rows)."""
+    if not isinstance(layer_class, type) or not issubclass(layer_class, tf.keras.layers.Layer):
+        raise ValueError(f"layer_class must be a subclass of tf.keras.layers.Layer, got {layer_class!r}")
+    _UNSUPPORTED[layer_class] = str(reason)
+
+
+def unsupported_reason_for(layer) -> str | None:
+    """The reason given to ``mark_unsupported`` for ``layer``'s class (or a base class), else ``None``."""
+    for cls, reason in _UNSUPPORTED.items():
+        if isinstance(layer, cls):
+            return reason
     return None
