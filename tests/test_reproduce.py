@@ -80,26 +80,20 @@ def test_sigma_curve_smoke(tmp_path, capsys):
     record = json.load(open(out / "run.json"))
     assert "sigma_curve.csv" in record["outputs"] and record["settings"]["sampling"] == "poisson"
     sig = {(r["curve"], float(r["epsilon"])): float(r["sigma"]) for r in rows}
-    for eps in (0.5, 2.0):
+    for eps in (1.0, 2.0):
         # Sound curves: RDP needs at least PLD's sigma; each calibrated sigma meets the budget (1%).
         assert sig[("rdp", eps)] >= sig[("pld", eps)] * 0.99
         q, steps = float(rows[0]["sample_rate"]), int(rows[0]["steps"])
         assert privacy.compute_epsilon(sig[("rdp", eps)], q, steps, 1e-5, accountant="rdp") <= eps * 1.01
-        # The papers' zCDP procedure asks for less noise than any sound accountant (NOTES.md point 2).
-        assert sig[("paper-zcdp", eps)] < sig[("pld", eps)]
+        # The reading of the papers' zCDP procedure that matches their printed sigmas (J = epochs) asks for
+        # less noise than the tightest sound accountant (NOTES.md point 2).
+        assert sig[("paper-zcdp-epochs", eps)] < sig[("pld", eps)]
     # Less budget, more noise.
-    assert sig[("rdp", 0.5)] > sig[("rdp", 2.0)]
-
-
-def test_paper_sigma_matches_paper_000_text():
-    from tfdpbnn.reproduce.sigma_curve import PAPER_SIGMAS, SETTINGS, paper_sigma
-
-    # Paper 000 sec. 5: epsilon 1 gives sigma 2.97 (zCDP) and 9.73 (AC) on DIGITS (q 0.05, 100 epochs).
-    s = SETTINGS["DIGITS"]
-    steps = int(round(s["epochs"] / s["sample_rate"]))
-    for method in ("zcdp", "ac"):
-        expected = PAPER_SIGMAS[("DIGITS", f"paper-{method}")]
-        assert paper_sigma(method, 1.0, 1e-5, s["sample_rate"], steps) == pytest.approx(expected, rel=0.03)
+    assert sig[("rdp", 1.0)] > sig[("rdp", 2.0)]
+    # Paper 000 prints sigma 2.97 (its zCDP) for DIGITS at epsilon 1: below what PLD needs for the same
+    # Poisson-subsampled Gaussian, i.e. the paper's noise does not give epsilon 1 (NOTES.md point 2).
+    printed = [r for r in rows if r["curve"] == "paper-zcdp" and float(r["epsilon"]) == 1.0]
+    assert float(printed[0]["paper_sigma"]) == 2.97 and 2.97 < sig[("pld", 1.0)]
 
 
 def test_validation_split_is_stratified_and_disjoint():

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
 from typing import Callable, Iterable, Mapping, Sequence
@@ -66,6 +67,17 @@ def _versions() -> dict[str, str]:
             versions[mod] = getattr(__import__(mod), "__version__", "?")
         except Exception:  # noqa: BLE001 - a missing optional package is recorded, not fatal
             versions[mod] = "not importable"
+    try:  # the code that ran: commit and whether the working tree differed from it
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "tfdpbnn"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+        if head.returncode == 0:
+            versions["git_commit"] = head.stdout.strip()
+            versions["git_tfdpbnn_modified"] = bool(dirty.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
     return versions
 
 
