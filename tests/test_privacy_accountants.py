@@ -84,7 +84,8 @@ def test_gdp_gaussian_mu_composition_exact(sigma, count):
     assert not acc.is_approximate
     # mu-GDP duality equals the exact Gaussian mechanism's privacy profile (Balle & Wang 2018).
     for eps in (0.1, 1.0, 3.0):
-        assert gdp_delta(acc.mu, eps) == pytest.approx(gaussian_delta(sigma / math.sqrt(count), eps), rel=1e-9)
+        expected = gaussian_delta(sigma / math.sqrt(count), eps)
+        assert gdp_delta(acc.mu, eps) == pytest.approx(expected, rel=1e-9)
 
 
 def test_gdp_duality_by_numerical_integration():
