@@ -1,0 +1,299 @@
+"""Throughput of DP training against non-private Keras, same models and data, one process (issue 5).
+
+For each model the non-private run and the DP runs are timed in alternation (one epoch each, ``--repeats``
+times, after a warm-up epoch), so load from other processes hits both alike; the report gives the median
+examples/s and the ratio DP time / non-private time. Peak memory: each system runs once more in a fresh
+subprocess (warm-up + one epoch) and the growth of its peak resident memory (ru_maxrss) over the same
+process after building the model is reported (CPU: TensorFlow exposes no allocator statistics).
+
+    python benchmarks/throughput.py                      # full run, writes docs/benchmarks.md
+    python benchmarks/throughput.py --quick --no-write   # a smoke run
+
+Systems: non-private Keras SGD; tf-privacy ``VectorizedDPKerasSGDOptimizer`` (per-example jacobian, a few
+steps); tf-privacy ``DPSequential`` with its fast-clipping layer registry (Dense/Embedding only, so the MLP);
+and the tfdpbnn optimizers through ``model.compile``/``model.fit`` (ghost clipping engine, "auto").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tfdpbnn  # noqa: E402
+import tfdpbnn.layers as L  # noqa: E402
+
+CLIP, SIGMA, LR = 1.0, 1.0, 0.05
+
+
+# ------------------------------------------------------------------------------------------------- models
+def mlp(n):
+    return [tf.keras.Input((784,)), tf.keras.layers.Dense(1000, activation="relu"), tf.keras.layers.Dense(10)]
+
+
+def vd_mlp(n):
+    return [tf.keras.Input((784,)), L.DenseVariational(1000, num_examples=n, activation="relu"),
+            L.DenseVariational(10, num_examples=n)]
+
+
+def bbp_mlp(n):
+    return [tf.keras.Input((784,)), L.DenseBayesByBackprop(1000, num_examples=n, activation="relu"),
+            L.DenseBayesByBackprop(10, num_examples=n)]
+
+
+def mcdropout_mlp(n):
+    return [tf.keras.Input((784,)), tf.keras.layers.Dense(1000, activation="relu"), L.MCDropout(0.5),
+            tf.keras.layers.Dense(10)]
+
+
+def noisy_ln_mlp(n):
+    return [tf.keras.Input((784,)), L.NoisyDense(1000), tf.keras.layers.LayerNormalization(),
+            tf.keras.layers.Activation("relu"), L.NoisyDense(10)]
+
+
+def cnn(n):
+    return [tf.keras.Input((28, 28, 1)), tf.keras.layers.Conv2D(16, 3, activation="relu"),
+            tf.keras.layers.MaxPool2D(), tf.keras.layers.Conv2D(32, 3, activation="relu"),
+            tf.keras.layers.MaxPool2D(), tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)]
+
+
+def dp_kwargs(n, batch):
+    return dict(num_examples=n, batch_size=batch)
+
+
+# (model key, description, layer builder, input shape, {system: optimizer factory})
+def tfdpbnn_opt(cls, **extra):
+    def make(n, batch):
+        if cls is tfdpbnn.DPSGLDOptimizer:
+            return cls(CLIP, learning_rate=1e-4, **dp_kwargs(n, batch), **extra)
+        return cls(CLIP, SIGMA, learning_rate=LR, **dp_kwargs(n, batch), **extra)
+    return make
+
+
+MODELS = {
+    "mlp": ("DP-SGD, 784-1000-10 ReLU MLP", mlp, (784,),
+            {"tfdpbnn DP-SGD": tfdpbnn_opt(tfdpbnn.DPSGDOptimizer)}),
+    "dpvd": ("DPVD, DenseVariational 784-1000-10", vd_mlp, (784,),
+             {"tfdpbnn DPVD": tfdpbnn_opt(tfdpbnn.DPVDOptimizer)}),
+    "dpbbp": ("DP-BBP, DenseBayesByBackprop 784-1000-10", bbp_mlp, (784,),
+              {"tfdpbnn DP-BBP": tfdpbnn_opt(tfdpbnn.DPSGDOptimizer)}),
+    "dpmcdropout": ("DP-MC Dropout, 784-1000-MCDropout(0.5)-10", mcdropout_mlp, (784,),
+                    {"tfdpbnn DP-MC Dropout": tfdpbnn_opt(tfdpbnn.DPSGDOptimizer)}),
+    "sidp": ("SI-DPSGD, NoisyDense 784-1000-LN-10", noisy_ln_mlp, (784,),
+             {"tfdpbnn SI-DPSGD": tfdpbnn_opt(tfdpbnn.SIDPOptimizer)}),
+    "dpsgld": ("DP-SGLD, 784-1000-10 ReLU MLP", mlp, (784,),
+               {"tfdpbnn DP-SGLD": tfdpbnn_opt(tfdpbnn.DPSGLDOptimizer)}),
+    "cnn": ("DP-SGD, CNN conv16-pool-conv32-pool-10 on 28x28", cnn, (28, 28, 1),
+            {"tfdpbnn DP-SGD": tfdpbnn_opt(tfdpbnn.DPSGDOptimizer)}),
+}
+
+
+def data(shape, n, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, 1, size=(n, *shape)).astype("float32")
+    y = rng.integers(0, 10, size=n).astype("int32")
+    return x, y
+
+
+def build(key, system, n, batch):
+    """A compiled model for ``system`` ("non-private", "tf-privacy vectorized", "tf-privacy DPSequential",
+    or one of the model's tfdpbnn systems)."""
+    tf.keras.utils.set_random_seed(1)
+    _, layers_fn, _, systems = MODELS[key]
+    layers = layers_fn(n)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if system == "tf-privacy DPSequential":
+        from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
+        from tensorflow_privacy.privacy.keras_models.dp_keras_model import DPSequential
+        model = DPSequential(l2_norm_clip=CLIP, noise_multiplier=SIGMA,
+                             layer_registry=layer_registry.make_default_layer_registry(), layers=layers)
+        model.compile(optimizer=tf.keras.optimizers.legacy.SGD(LR), loss=loss)
+        return model
+    model = tf.keras.Sequential(layers)
+    if system == "non-private":
+        opt = tf.keras.optimizers.legacy.SGD(LR)
+    elif system == "tf-privacy vectorized":
+        from tensorflow_privacy import VectorizedDPKerasSGDOptimizer
+        opt = VectorizedDPKerasSGDOptimizer(l2_norm_clip=CLIP, noise_multiplier=SIGMA, learning_rate=LR)
+        loss = tf.keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+    else:
+        opt = systems[system](n, batch)
+    model.compile(optimizer=opt, loss=loss)
+    return model
+
+
+def systems_for(key, with_baselines):
+    systems = ["non-private"] + list(MODELS[key][3])
+    if with_baselines and key == "mlp":
+        systems += ["tf-privacy DPSequential", "tf-privacy vectorized"]
+    return systems
+
+
+class _EpochTimer(tf.keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self.start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seconds = time.perf_counter() - self.start
+
+
+def dataset(x, y, batch):
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).cache().prefetch(2)
+
+
+def run_epoch(model, ds):
+    timer = _EpochTimer()
+    model.fit(ds, epochs=1, verbose=0, callbacks=[timer])
+    return timer.seconds
+
+
+def time_model(key, args):
+    """Interleaved timing of every system of ``key``: ({system: [seconds per epoch]}, examples/epoch)."""
+    shape = MODELS[key][2]
+    x, y = data(shape, args.examples)
+    ds = dataset(x, y, args.batch_size)
+    steps = args.examples // args.batch_size
+    slow = "tf-privacy vectorized"
+    systems = systems_for(key, not args.no_baselines)
+    models = {s: build(key, s, args.examples, args.batch_size) for s in systems}
+    small = dataset(x[: args.batch_size * args.jacobian_steps], y[: args.batch_size * args.jacobian_steps],
+                    args.batch_size)
+    times = {s: [] for s in systems}
+    one = dataset(x[: args.batch_size], y[: args.batch_size], args.batch_size)
+    for s, m in models.items():                       # warm-up: tracing and first-epoch effects
+        run_epoch(m, one if s == slow else ds)
+    for _ in range(args.repeats):
+        for s, m in models.items():
+            if s == slow:
+                times[s].append(run_epoch(m, small) * steps / args.jacobian_steps)
+            else:
+                times[s].append(run_epoch(m, ds))
+    return times, steps * args.batch_size
+
+
+def memory_probe(key, system, args):
+    """Peak RSS growth (MiB) of ``system`` over a warm-up epoch and one epoch (run in a subprocess)."""
+    x, y = data(MODELS[key][2], args.examples)
+    model = build(key, system, args.examples, args.batch_size)
+    n = args.batch_size * args.jacobian_steps if system == "tf-privacy vectorized" else args.examples
+    ds = dataset(x[:n], y[:n], args.batch_size)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    run_epoch(model, ds)
+    run_epoch(model, ds)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024.0
+
+
+def measure_memory(key, system, args):
+    cmd = [sys.executable, __file__, "--probe", key, system, "--examples", str(args.examples),
+           "--batch-size", str(args.batch_size), "--jacobian-steps", str(args.jacobian_steps)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------------------------------------- report
+def report(results, args):
+    lines = [
+        "# Throughput: DP training vs non-private Keras",
+        "",
+        "Generated by `python benchmarks/throughput.py` "
+        f"(`--examples {args.examples} --batch-size {args.batch_size} --repeats {args.repeats} "
+        f"--jacobian-steps {args.jacobian_steps}`). Random MNIST-shaped data; each system trained with "
+        "`model.compile`/`model.fit` on the same batches; median of the timed epochs after a warm-up epoch, "
+        "the non-private and DP epochs interleaved in one process. tfdpbnn optimizers use the ghost clipping "
+        "engine (`tfdpbnn.clipping`, method \"auto\"); tf-privacy's vectorized (jacobian) optimizer is "
+        f"timed on {args.jacobian_steps} steps per repeat and scaled to an epoch.",
+        "",
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, TensorFlow "
+        f"{tf.__version__}. **These numbers were taken while other engineers ran TensorFlow on the same "
+        "2-core machine: absolute rates are noisy; the ratios (interleaved) are the meaningful part. Re-run "
+        "on an idle machine with the command above.**",
+        "",
+        "Time ratio = DP seconds per epoch / non-private seconds per epoch of the same model (medians). "
+        "Memory = growth of peak resident memory over the freshly built model, in a separate process "
+        "(warm-up epoch + one epoch).",
+        "",
+        "| model | system | examples/s | time ratio | peak memory MiB | memory ratio |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for key, (times, examples, memory) in results.items():
+        base = statistics.median(times["non-private"])
+        base_mem = memory.get("non-private")
+        for system, ts in times.items():
+            med = statistics.median(ts)
+            mem = memory.get(system)
+            mem_s = f"{mem:.0f}" if mem is not None else "-"
+            mem_r = f"{mem / base_mem:.2f}" if mem is not None and base_mem else "-"
+            lines.append(f"| {MODELS[key][0]} | {system} | {examples / med:,.0f} | {med / base:.2f}x | "
+                         f"{mem_s} | {mem_r} |")
+    lines += ["", "Raw seconds per epoch:", "", "```", json.dumps(
+        {k: {s: [round(t, 4) for t in ts] for s, ts in v[0].items()} for k, v in results.items()}, indent=1),
+        "```", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--examples", type=int, default=6000)
+    parser.add_argument("--batch-size", type=int, default=600)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--jacobian-steps", type=int, default=2)
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help="comma-separated subset of " + ",".join(MODELS))
+    parser.add_argument("--no-baselines", action="store_true", help="skip the tf-privacy systems")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
+    parser.add_argument("--quick", action="store_true", help="1200 examples, 2 repeats (smoke run)")
+    parser.add_argument("--no-write", action="store_true", help="print only; do not write docs/benchmarks.md")
+    parser.add_argument("--out",
+                        default=os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks.md"))
+    parser.add_argument("--probe", nargs=2, metavar=("MODEL", "SYSTEM"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.examples, args.repeats, args.jacobian_steps = 1200, 2, 1
+    for value, name in ((args.examples, "--examples"), (args.batch_size, "--batch-size"),
+                        (args.repeats, "--repeats"), (args.jacobian_steps, "--jacobian-steps")):
+        if value < 1:
+            raise SystemExit(f"{name} must be >= 1, got {value}")
+    if args.examples < args.batch_size:
+        raise SystemExit(f"--examples must be >= --batch-size ({args.batch_size}), got {args.examples}")
+    if args.probe:
+        print(memory_probe(args.probe[0], args.probe[1], args))
+        return 0
+    keys = [k for k in args.models.split(",") if k]
+    for k in keys:
+        if k not in MODELS:
+            raise SystemExit(f"--models: unknown model {k!r}; choose from {', '.join(MODELS)}")
+    results = {}
+    for key in keys:
+        times, examples = time_model(key, args)
+        memory = {}
+        if not args.no_memory:
+            for system in times:
+                memory[system] = measure_memory(key, system, args)
+        results[key] = (times, examples, memory)
+        base = statistics.median(times["non-private"])
+        for system, ts in times.items():
+            med = statistics.median(ts)
+            mem = f", +{memory[system]:.0f} MiB" if system in memory else ""
+            print(f"{key:12s} {system:26s} {examples / med:10,.0f} ex/s  {med / base:7.2f}x{mem}", flush=True)
+    text = report(results, args)
+    if not args.no_write:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"wrote {os.path.normpath(args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
