@@ -27,7 +27,7 @@ from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
 
 SAMPLING = ("shuffle", "poisson")
 NEIGHBORING = ("add_or_remove", "replace_one")
-CLIPPING_METHODS = ("auto", "jacobian")
+from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS  # noqa: E402
 
 
 def _check_positive_number(name, value, allow_zero=False):
@@ -142,7 +142,11 @@ class DPOptimizerMixin:
             self._dp_sample_rate = self._dp_variable("dp_sample_rate", sample_rate)
 
     # ----------------------------------------------------------------------------------------- state
-    def _dp_variable(self, name, value, dtype=tf.float32):
+    def _f32(self, variable):
+        """A float64 accounting variable as the float32 the training graph uses."""
+        return tf.cast(variable, tf.float32)
+
+    def _dp_variable(self, name, value, dtype=tf.float64):
         return self.add_weight(name, shape=[], dtype=dtype, initializer=tf.keras.initializers.Constant(value),
                                trainable=False)
 
@@ -171,7 +175,7 @@ class DPOptimizerMixin:
     @property
     def sample_rate(self) -> float:
         """q = B / n."""
-        return float(self._dp_sample_rate.numpy())
+        return self.batch_size / self.num_examples
 
     @property
     def num_examples(self) -> int:
@@ -265,8 +269,8 @@ class DPOptimizerMixin:
     # ------------------------------------------------------------------------------ the DP gradient
     def _dp_noised_mean(self, clipped_sum):
         """``(sum + N(0, (sigma C)^2)) / B`` per variable: noise once per step, constant divisor."""
-        stddev = self._dp_noise_multiplier * self._dp_l2_norm_clip
-        return [(g + tf.random.normal(tf.shape(g), stddev=stddev, dtype=g.dtype))
+        stddev = self._f32(self._dp_noise_multiplier * self._dp_l2_norm_clip)
+        return [(g + tf.random.normal(tf.shape(g), stddev=tf.cast(stddev, g.dtype), dtype=g.dtype))
                 / tf.cast(self._dp_batch_size, g.dtype) for g in clipped_sum]
 
     def _dp_gradients(self, clipped_sum, regularization_grads, var_list):
@@ -290,7 +294,7 @@ class DPOptimizerMixin:
         self._dp_before_step(model)
         var_list = model.trainable_variables
         result = clipped_gradients(
-            model, x, y, sample_weight, compiled_per_example_loss_fn(model), self._dp_l2_norm_clip,
+            model, x, y, sample_weight, compiled_per_example_loss_fn(model), self._f32(self._dp_l2_norm_clip),
             var_list=var_list, training=True, method=self._dp_static["clipping_method"])
         grads = self._dp_gradients(result.clipped_sum, result.regularization_grads, var_list)
         self._was_dp_gradients_called = True
@@ -337,7 +341,7 @@ class DPOptimizerMixin:
             per_example = tf.reduce_mean(tf.reshape(loss, [batch, -1]), axis=1)
         jacobians = tape.jacobian(per_example, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
         squared = [tf.reduce_sum(tf.reshape(tf.square(j), [batch, -1]), axis=1) for j in jacobians]
-        factors = clip_factors(tf.sqrt(tf.add_n(squared)), self._dp_l2_norm_clip)
+        factors = clip_factors(tf.sqrt(tf.add_n(squared)), self._f32(self._dp_l2_norm_clip))
         clipped_sum = [tf.tensordot(factors, j, axes=1) for j in jacobians]
         zeros = [tf.zeros_like(v) for v in var_list]
         self._was_dp_gradients_called = True

@@ -83,11 +83,12 @@ class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
 
     def _dp_gradients(self, clipped_sum, regularization_grads, var_list):
         n = tf.cast(self.num_examples, tf.float32)
-        stddev = self._dp_noise_multiplier * self._dp_l2_norm_clip
+        stddev = self._f32(self._dp_noise_multiplier * self._dp_l2_norm_clip)
+        batch = self._f32(self._dp_batch_size)
         grads = []
         for g, r, v in zip(clipped_sum, regularization_grads, var_list, strict=True):
             noised = g + tf.random.normal(tf.shape(g), stddev=stddev, dtype=g.dtype)
-            grad = noised * (n / self._dp_batch_size) + n * tf.cast(r, g.dtype)
+            grad = noised * (n / batch) + n * tf.cast(r, g.dtype)
             if self._sgld_prior_stddev is not None:
                 grad = grad + tf.cast(v, g.dtype) / self._sgld_prior_stddev ** 2
             grads.append(grad)

@@ -43,7 +43,7 @@ class DPVDOptimizer(DPSGDOptimizer):
     def zeta(self):
         """zeta = eta * sigma * C / B (paper 000 eq. 12), a scalar tensor."""
         lr = self._decayed_lr(tf.float32)
-        return lr * self._dp_noise_multiplier * self._dp_l2_norm_clip / self._dp_batch_size
+        return lr * self._f32(self._dp_noise_multiplier * self._dp_l2_norm_clip / self._dp_batch_size)
 
     def _dp_extra_logs(self, model):
         zeta = self.zeta()

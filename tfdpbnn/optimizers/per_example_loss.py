@@ -25,6 +25,8 @@ def _reduce_to_batch(values: tf.Tensor) -> tf.Tensor:
 
 def _one_output_loss(loss_obj, y_t, y_p, sw):
     """``[batch]`` unreduced loss of one output, weighted as ``compute_weighted_loss`` weights it."""
+    y_t = tf.convert_to_tensor(y_t)
+    sw = None if sw is None else tf.convert_to_tensor(sw)
     y_t, y_p, sw = compile_utils.match_dtype_and_rank(y_t, y_p, sw)
     sw = losses_utils.apply_mask(y_p, sw, losses_utils.get_mask(y_p))
     if isinstance(loss_obj, tf.keras.losses.Loss):

@@ -90,8 +90,8 @@ class SIDPOptimizer(DPSGDOptimizer):
 
     def _noise_stddev(self):
         """s_t = eta_t C z / B (paper 004 Algorithm 1, line 4)."""
-        return (self._decayed_lr(tf.float32) * self._dp_l2_norm_clip * self._dp_noise_multiplier
-                / self._dp_batch_size)
+        return self._decayed_lr(tf.float32) * self._f32(
+            self._dp_l2_norm_clip * self._dp_noise_multiplier / self._dp_batch_size)
 
     def _set_layer_noise(self):
         s = self._noise_stddev()
@@ -110,13 +110,14 @@ class SIDPOptimizer(DPSGDOptimizer):
             grads = super()._dp_gradients(clipped_sum, regularization_grads, var_list)
         else:
             # Account for the release theta_t = mu_t + s_t xi used by this step's forward pass.
-            s = tf.cast(self._sidp_layers[0].noise_stddev, tf.float32)
+            s = tf.cast(self._sidp_layers[0].noise_stddev, tf.float64)
             ratio = tf.math.divide_no_nan(self._sidp_delta, s)
-            ratio = tf.where((s <= 0.0) & (self._sidp_delta > 0.0), tf.constant(np.inf, tf.float32), ratio)
+            ratio = tf.where((s <= 0.0) & (self._sidp_delta > 0.0), tf.constant(np.inf, tf.float64), ratio)
             self._sidp_mu_squared.assign_add(tf.square(ratio))
             sensitivity = self._dp_l2_norm_clip * (2.0 if self.neighboring == "replace_one" else 1.0)
-            self._sidp_delta.assign_add(self._decayed_lr(tf.float32) * sensitivity / self._dp_batch_size)
-            b = self._dp_batch_size
+            self._sidp_delta.assign_add(
+                tf.cast(self._decayed_lr(tf.float32), tf.float64) * sensitivity / self._dp_batch_size)
+            b = self._f32(self._dp_batch_size)
             grads = [g / tf.cast(b, g.dtype) + tf.cast(r, g.dtype)
                      for g, r in zip(clipped_sum, regularization_grads, strict=True)]
         self._set_layer_noise()
