@@ -33,3 +33,15 @@ from tfdpbnn.uncertainty import (  # noqa: E402,F401
     mc_predict,
     reliability_diagram,
 )
+
+# isort: split
+# issue 4: DP optimizers (importing them installs the DP train-step hook), data, callbacks
+from tfdpbnn import callbacks, data  # noqa: E402,F401
+from tfdpbnn.callbacks import PosteriorSampler, PrivacyCallback  # noqa: E402,F401
+from tfdpbnn.optimizers import (  # noqa: E402,F401
+    DPAdamOptimizer,
+    DPSGDOptimizer,
+    DPSGLDOptimizer,
+    DPVDOptimizer,
+    SIDPOptimizer,
+)
