@@ -19,6 +19,8 @@ EXPERIMENTS = {
                     "paper 000 Fig. 3: sigma against epsilon, the papers' AC/zCDP beside sound accountants"),
     "digits-table": ("tfdpbnn.reproduce.digits_table",
                      "papers 000/002 Table 1 on DIGITS: DPVD, DPD, SVI/SGLD, DP-SGD at several epsilons"),
+    "digits-ablation": ("tfdpbnn.reproduce.digits_ablation",
+                        "which changes to the papers' DIGITS setting matter for DP-SGD at epsilon 1"),
 }
 
 
