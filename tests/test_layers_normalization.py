@@ -71,7 +71,7 @@ def test_deep_with_noisy_weights_is_per_example_independent_in_training():
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(model(xx, training=True)[0] ** 2)
         return [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
-    for g1, g2 in zip(grads(x), grads(x2)):
+    for g1, g2 in zip(grads(x), grads(x2), strict=False):
         np.testing.assert_allclose(g1, g2, rtol=1e-6, atol=1e-7)
 
 

@@ -37,7 +37,8 @@ def test_bbb_closed_form_kl_and_scaling():
     mus = [layer.kernel_mu.numpy(), layer.bias_mu.numpy()]
     sigmas = [np.log1p(np.exp(layer.kernel_rho.numpy())), np.log1p(np.exp(layer.bias_rho.numpy()))]
     p = 0.5
-    kl = sum(np.sum(np.log(p / s) + (s ** 2 + m ** 2) / (2 * p ** 2) - 0.5) for m, s in zip(mus, sigmas))
+    kl = sum(np.sum(np.log(p / s) + (s ** 2 + m ** 2) / (2 * p ** 2) - 0.5)
+             for m, s in zip(mus, sigmas, strict=True))
     np.testing.assert_allclose(layer.kl_divergence().numpy(), kl, rtol=1e-5)
     np.testing.assert_allclose(layer.losses[0].numpy(), kl / 25, rtol=1e-5)
 

@@ -1,4 +1,4 @@
-"""DenseVariational / Conv2DVariational: local reparameterization, KL approximation, pruning, sampling modes."""
+"""DenseVariational / Conv2DVariational: local reparameterization, KL approximation, pruning, sampling."""
 
 import math
 

@@ -39,11 +39,13 @@ def test_keras_metrics_match_functions(num_bins):
     for metric in (ece, mce):
         metric.update_state(LABELS[:2], PROBS[:2])
         metric.update_state(LABELS[2:].reshape(-1, 1), PROBS[2:])
-    assert ece.result().numpy() == pytest.approx(expected_calibration_error(PROBS, LABELS, num_bins), abs=1e-6)
+    expected = expected_calibration_error(PROBS, LABELS, num_bins)
+    assert ece.result().numpy() == pytest.approx(expected, abs=1e-6)
     assert mce.result().numpy() == pytest.approx(maximum_calibration_error(PROBS, LABELS, num_bins), abs=1e-6)
     ece.reset_state()
     ece.update_state(tf.one_hot(LABELS, 3), PROBS)
-    assert ece.result().numpy() == pytest.approx(expected_calibration_error(PROBS, LABELS, num_bins), abs=1e-6)
+    expected = expected_calibration_error(PROBS, LABELS, num_bins)
+    assert ece.result().numpy() == pytest.approx(expected, abs=1e-6)
     assert ExpectedCalibrationError.from_config(ece.get_config()).num_bins == num_bins
 
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tfdpbnn.layers import _checks
 from tfdpbnn.layers.sampling import mc_sampling
-from tfdpbnn.uncertainty.mc import check_task, sample_statistics, summaries
+from tfdpbnn.uncertainty.mc import check_task, monte_carlo_summaries
 
 
 def _input_spec(model, input_signature):
@@ -67,15 +67,7 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
         return {"output": model(x, training=False)}
 
     def mc(x, n):
-        tf.debugging.assert_greater_equal(n, 1, message="num_samples must be >= 1")
-        first = sample_statistics(model(x, training=False), task, from_logits)
-
-        def body(i, *sums):
-            stats = sample_statistics(model(x, training=False), task, from_logits)
-            return (i + 1,) + tuple(a + b for a, b in zip(sums, stats, strict=True))
-
-        loop = tf.while_loop(lambda i, *_: i < n, body, (tf.constant(1),) + tuple(first))
-        return summaries(list(loop[1:]), n, task)
+        return monte_carlo_summaries(model, x, n, task, from_logits)
 
     mc_fn = tf.function(mc, input_signature=[spec, tf.TensorSpec([], tf.int32, name="num_samples")])
     with mc_sampling():  # trace here: the traced graph samples whenever it is called

@@ -1,4 +1,4 @@
-"""Argument checks shared by the layers: each raises ``ValueError`` naming the argument and the allowed range."""
+"""Argument checks for the layers: each raises ``ValueError`` naming the argument and the allowed range."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
 
     Posterior per weight: w ~ N(mu, softplus(rho)^2); prior N(0, prior_scale^2). The closed-form
     KL(q || p) summed over kernel and bias (``tfp.distributions.kl_divergence`` of two Normals) is added with
-    ``add_loss`` scaled by 1/``num_examples`` (the per-example term of the ELBO, paper 003 eq. for F(D, theta)).
+    ``add_loss`` scaled by 1/``num_examples`` (the per-example term of the ELBO, paper 003 sec. 3.2).
 
     Variables (read by the per-example clipping engine): ``kernel_mu``, ``kernel_rho`` [in, out];
     ``bias_mu``, ``bias_rho`` [out] (absent if ``use_bias=False``). Attributes ``prior_scale``,
@@ -54,7 +54,8 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
         self.kernel_mu = self.add_weight("kernel_mu", shape=shape, initializer=self.kernel_mu_initializer)
         self.kernel_rho = self.add_weight("kernel_rho", shape=shape, initializer=self.kernel_rho_initializer)
         if self.use_bias:
-            self.bias_mu = self.add_weight("bias_mu", shape=(self.units,), initializer=self.bias_mu_initializer)
+            self.bias_mu = self.add_weight("bias_mu", shape=(self.units,),
+                                           initializer=self.bias_mu_initializer)
             self.bias_rho = self.add_weight("bias_rho", shape=(self.units,),
                                             initializer=self.bias_rho_initializer)
         else:
@@ -64,16 +65,16 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
     def kl_divergence(self):
         """Closed-form KL(q || N(0, prior_scale^2)) summed over all weights (unscaled)."""
         prior = tfd.Normal(0.0, tf.cast(self.prior_scale, self.kernel_mu.dtype))
-        kl = tf.reduce_sum(tfd.kl_divergence(tfd.Normal(self.kernel_mu, tf.nn.softplus(self.kernel_rho)), prior))
+        posterior = tfd.Normal(self.kernel_mu, tf.nn.softplus(self.kernel_rho))
+        kl = tf.reduce_sum(tfd.kl_divergence(posterior, prior))
         if self.use_bias:
-            kl += tf.reduce_sum(tfd.kl_divergence(tfd.Normal(self.bias_mu, tf.nn.softplus(self.bias_rho)), prior))
+            posterior = tfd.Normal(self.bias_mu, tf.nn.softplus(self.bias_rho))
+            kl += tf.reduce_sum(tfd.kl_divergence(posterior, prior))
         return kl
 
     def call(self, inputs, training=None):
         inputs = tf.convert_to_tensor(inputs, dtype=self.kernel_mu.dtype)
         mean = tf.matmul(inputs, self.kernel_mu)
-        if self.use_bias:
-            mean = tf.nn.bias_add(mean, self.bias_mu)
 
         def sample():
             var = tf.matmul(tf.square(inputs), tf.square(tf.nn.softplus(self.kernel_rho)))
@@ -81,7 +82,11 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
                 var += tf.square(tf.nn.softplus(self.bias_rho))
             return mean + tf.sqrt(var) * tf.random.normal(tf.shape(mean), dtype=mean.dtype)
 
+        # bias added last (as in DenseVariational): keeps grappler from fusing MatMul+BiasAdd+Add+Relu
+        # inside while loops, which TF 2.15 logs as an "empty op name" error
         outputs = select(training, sample, lambda: mean)
+        if self.use_bias:
+            outputs = tf.nn.bias_add(outputs, self.bias_mu)
         self.add_loss(self.kl_divergence() / float(self.num_examples))
         return self.activation(outputs) if self.activation is not None else outputs
 

@@ -71,7 +71,8 @@ class _NoisyMixin:
                  and tf.executing_eagerly() else self._initial_noise_stddev)
         return {"noise_stddev": value, "inference_noise": self.inference_noise,
                 "activation": tf.keras.activations.serialize(self.activation), "use_bias": self.use_bias,
-                "kernel_initializer": ser(self.kernel_initializer), "bias_initializer": ser(self.bias_initializer)}
+                "kernel_initializer": ser(self.kernel_initializer),
+                "bias_initializer": ser(self.bias_initializer)}
 
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
@@ -145,13 +146,14 @@ class NoisyConv2D(_NoisyMixin, tf.keras.layers.Layer):
     def call(self, inputs, training=None):
         inputs = tf.convert_to_tensor(inputs, dtype=self.kernel.dtype)
         kernel, bias = self._weights(training)
-        outputs = tf.nn.conv2d(inputs, kernel, strides=(1,) + self.strides + (1,), padding=self.padding.upper())
+        outputs = tf.nn.conv2d(inputs, kernel, strides=(1,) + self.strides + (1,),
+                               padding=self.padding.upper())
         return self._finish(outputs, bias)
 
     def compute_output_shape(self, input_shape):
         input_shape = tf.TensorShape(input_shape).as_list()
         dims = []
-        for size, k, s in zip(input_shape[1:3], self.kernel_size, self.strides):
+        for size, k, s in zip(input_shape[1:3], self.kernel_size, self.strides, strict=False):
             if size is None:
                 dims.append(None)
             elif self.padding == "same":

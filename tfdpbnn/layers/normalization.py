@@ -1,4 +1,4 @@
-"""Batch normalization with statistics from a public batch only (fixes paper 004's BN variant, NOTES.md pt. 1).
+"""Batch normalization with statistics from a public batch only (paper 004's BN variant fixed, NOTES.md 1).
 
 Paper 004 (Algorithm 2) normalizes over the public batch X^ concatenated with the private batch, so one
 private example moves every other example's output and per-example clipping no longer bounds sensitivity.
@@ -37,7 +37,8 @@ class _PublicBatchStore:
                 raise ValueError(f"public_batch: expected an array of shape [M, ...] with M >= 1, got shape "
                                  f"{arr.shape}")
             if num_public is not None and _checks.positive_int("num_public", num_public) != arr.shape[0]:
-                raise ValueError(f"num_public must equal public_batch.shape[0] = {arr.shape[0]}, got {num_public}")
+                raise ValueError(f"num_public must equal public_batch.shape[0] = {arr.shape[0]}, "
+                                 f"got {num_public}")
             num_public = arr.shape[0]
             self._pending = arr
         elif num_public is None:
@@ -106,8 +107,8 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
         super().__init__(**kwargs)
         self.carried = bool(carried)
         if self.carried and public_batch is not None:
-            raise ValueError("public_batch must be None when carried=True (the public examples arrive as the last "
-                             "num_public rows of the input; set them on AppendPublicBatch)")
+            raise ValueError("public_batch must be None when carried=True (the public examples arrive as the "
+                             "last num_public rows of the input; set them on AppendPublicBatch)")
         self._init_store(public_batch, num_public, public_batch_assigned or self.carried)
         if isinstance(axis, bool) or not isinstance(axis, int):
             raise ValueError(f"axis must be an integer, got {axis!r}")
@@ -143,8 +144,8 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
     def set_public_batch(self, x):
         """Stored mode only: set the public batch at this layer's input."""
         if self.carried:
-            raise ValueError("set_public_batch: this layer has carried=True; set the public batch on the model's "
-                             "AppendPublicBatch layer instead")
+            raise ValueError("set_public_batch: this layer has carried=True; set the public batch on the "
+                             "model's AppendPublicBatch layer instead")
         super().set_public_batch(x)
 
     def public_statistics(self, inputs=None):

@@ -5,7 +5,7 @@ zeta_ij^2 = alpha_ij * phi_ij^2 = sigma_ij^2, trained with the local reparameter
 2015) and the KL approximation of Molchanov, Ashukha & Vetrov (2017, "Variational dropout sparsifies deep
 neural networks", eq. 14):
 
-    -KL(q(w | theta, sigma^2) || p_log-uniform(w)) ~= k1 sigmoid(k2 + k3 log alpha) - 0.5 log(1 + 1/alpha) - k1
+    -KL(q(w | theta, sigma^2) || p(w)) ~= k1 sigmoid(k2 + k3 log alpha) - 0.5 log(1 + 1/alpha) - k1
     k1 = 0.63576, k2 = 1.87320, k3 = 1.48695.
 """
 
@@ -51,12 +51,12 @@ class _VariationalMixin:
                                      trainable=True)
         self.log_sigma2 = self.add_weight("log_sigma2", shape=kernel_shape,
                                           initializer=self.log_sigma2_initializer, trainable=True)
-        self.bias = (self.add_weight("bias", shape=(units,), initializer=self.bias_initializer, trainable=True)
+        self.bias = (self.add_weight("bias", shape=(units,), initializer=self.bias_initializer)
                      if self.use_bias else None)
 
     @property
     def log_alpha(self):
-        """clip(log_sigma2 - log(theta^2 + eps), -8, 8): the per-weight log dropout rate log(sigma^2/theta^2)."""
+        """clip(log_sigma2 - log(theta^2 + eps), -8, 8): per-weight log dropout rate log(sigma^2/theta^2)."""
         raw = self.log_sigma2 - tf.math.log(tf.square(self.theta) + self.eps)
         return tf.clip_by_value(raw, LOG_ALPHA_RANGE[0], LOG_ALPHA_RANGE[1])
 
@@ -65,7 +65,7 @@ class _VariationalMixin:
         return tf.cast(self.log_alpha <= self.threshold, self.theta.dtype)
 
     def kl_divergence(self):
-        """Sum over weights of the KL to the log-uniform prior (unscaled; the layer adds it / num_examples)."""
+        """Sum over weights of the KL to the log-uniform prior (unscaled; add_loss gets it / num_examples)."""
         return tf.reduce_sum(log_uniform_kl(self.log_alpha))
 
     def _finish(self, outputs):
@@ -206,7 +206,7 @@ class Conv2DVariational(_VariationalMixin, tf.keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         input_shape = tf.TensorShape(input_shape).as_list()
         dims = []
-        for size, k, s in zip(input_shape[1:3], self.kernel_size, self.strides):
+        for size, k, s in zip(input_shape[1:3], self.kernel_size, self.strides, strict=False):
             if size is None:
                 dims.append(None)
             elif self.padding == "same":

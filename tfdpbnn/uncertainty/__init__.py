@@ -8,10 +8,14 @@ from tfdpbnn.uncertainty.calibration import (
     reliability_diagram,
 )
 from tfdpbnn.uncertainty.mc import MCPrediction, mc_predict
-from tfdpbnn.uncertainty.regression import HeteroscedasticGaussianNLL, HeteroscedasticHead, heteroscedastic_nll
+from tfdpbnn.uncertainty.regression import (
+    HeteroscedasticGaussianNLL,
+    HeteroscedasticHead,
+    heteroscedastic_nll,
+)
 
 __all__ = [
     "ExpectedCalibrationError", "HeteroscedasticGaussianNLL", "HeteroscedasticHead", "MCPrediction",
-    "MaximumCalibrationError", "expected_calibration_error", "heteroscedastic_nll", "maximum_calibration_error",
-    "mc_predict", "reliability_diagram",
+    "MaximumCalibrationError", "expected_calibration_error", "heteroscedastic_nll",
+    "maximum_calibration_error", "mc_predict", "reliability_diagram",
 ]

@@ -64,7 +64,7 @@ def expected_calibration_error(probs, labels, num_bins=15):
 
 
 def maximum_calibration_error(probs, labels, num_bins=15):
-    """MCE (Guo et al. 2017 eq. 5; paper 003 sec. 5.1): the largest |accuracy - confidence| over nonempty bins."""
+    """MCE (Guo et al. 2017 eq. 5; paper 003 sec. 5.1): largest |accuracy - confidence| of nonempty bins."""
     count, conf_sum, correct_sum = calibration_bins(probs, labels, num_bins)
     nonempty = count > 0
     return float(np.max(np.abs(correct_sum[nonempty] - conf_sum[nonempty]) / count[nonempty]))
@@ -122,9 +122,12 @@ class _CalibrationMetric(tf.keras.metrics.Metric):
             labels = tf.reshape(tf.cast(y_true, tf.int64), [-1])
         conf = tf.reduce_max(y_pred, axis=-1)
         correct = tf.cast(tf.equal(tf.argmax(y_pred, axis=-1), labels), self.dtype)
-        idx = tf.clip_by_value(tf.cast(tf.math.ceil(conf * self.num_bins), tf.int32) - 1, 0, self.num_bins - 1)
-        weight = tf.ones_like(conf) if sample_weight is None else tf.reshape(tf.cast(sample_weight, self.dtype),
-                                                                              [-1])
+        idx = tf.cast(tf.math.ceil(conf * self.num_bins), tf.int32) - 1
+        idx = tf.clip_by_value(idx, 0, self.num_bins - 1)
+        if sample_weight is None:
+            weight = tf.ones_like(conf)
+        else:
+            weight = tf.reshape(tf.cast(sample_weight, self.dtype), [-1])
         self.count.assign_add(tf.math.unsorted_segment_sum(weight, idx, self.num_bins))
         self.conf_sum.assign_add(tf.math.unsorted_segment_sum(weight * conf, idx, self.num_bins))
         self.correct_sum.assign_add(tf.math.unsorted_segment_sum(weight * correct, idx, self.num_bins))

@@ -87,12 +87,26 @@ def summaries(sums, num_samples, task):
             "variance": epistemic + aleatoric}
 
 
+def monte_carlo_summaries(model, x, num_samples, task, from_logits=False):
+    """Graph-friendly core: run ``model(x, training=False)`` ``num_samples`` times in a ``tf.while_loop``
+    and return the ``summaries`` dict. Call (or trace) it inside ``mc_sampling()`` to sample."""
+    tf.debugging.assert_greater_equal(num_samples, 1, message="num_samples must be >= 1")
+    first = sample_statistics(model(x, training=False), task, from_logits)
+
+    def body(i, *sums):
+        stats = sample_statistics(model(x, training=False), task, from_logits)
+        return (i + 1,) + tuple(a + b for a, b in zip(sums, stats, strict=True))
+
+    loop = tf.while_loop(lambda i, *_: i < num_samples, body, (tf.constant(1),) + tuple(first))
+    return summaries(list(loop[1:]), num_samples, task)
+
+
 def _check_classification_outputs(outputs):
     probs = outputs.numpy()
     if probs.min() < -1e-6 or probs.max() > 1 + 1e-6 or np.max(np.abs(probs.sum(axis=-1) - 1.0)) > 1e-3:
-        raise ValueError("model outputs: with task='classification' and from_logits=False the model must output "
-                         "probability distributions (non-negative, rows summing to 1); pass from_logits=True "
-                         "for logits")
+        raise ValueError("model outputs: with task='classification' and from_logits=False the model must "
+                         "output probability distributions (non-negative, rows summing to 1); pass "
+                         "from_logits=True for logits")
 
 
 def _num_examples(x):
@@ -124,7 +138,8 @@ def mc_predict(model, x, num_samples=None, batch_size=256, task="classification"
     batch_size = _checks.positive_int("batch_size", batch_size)
     if weight_snapshots is not None:
         if not isinstance(weight_snapshots, (list, tuple)) or not weight_snapshots:
-            raise ValueError("weight_snapshots must be a non-empty list of weight lists (model.get_weights())")
+            raise ValueError("weight_snapshots must be a non-empty list of weight lists "
+                             "(as returned by model.get_weights())")
         if num_samples is not None and num_samples != len(weight_snapshots):
             raise ValueError(f"num_samples must be None or len(weight_snapshots) = {len(weight_snapshots)}, "
                              f"got {num_samples!r}")
@@ -140,17 +155,13 @@ def mc_predict(model, x, num_samples=None, batch_size=256, task="classification"
     forward = tf.function(lambda xb: model(xb, training=False), reduce_retracing=True)
     results = []
     if weight_snapshots is None:
+        if task == "classification" and not from_logits:
+            _check_classification_outputs(model(_slice(x, 0, batch_size), training=False))
+        run = tf.function(lambda xb, s: monte_carlo_summaries(model, xb, s, task, from_logits),
+                          reduce_retracing=True)
         with mc_sampling():  # traced inside the context: the stochastic layers sample
             for start in range(0, n, batch_size):
-                xb = _slice(x, start, start + batch_size)
-                sums = None
-                for _ in range(num_samples):
-                    out = forward(xb)
-                    if task == "classification" and not from_logits:
-                        _check_classification_outputs(out)
-                    stats = sample_statistics(out, task, from_logits)
-                    sums = stats if sums is None else [a + b for a, b in zip(sums, stats, strict=True)]
-                results.append(summaries(sums, num_samples, task))
+                results.append(run(_slice(x, start, start + batch_size), tf.constant(int(num_samples))))
     else:
         original = model.get_weights()
         batch_sums = [None] * len(range(0, n, batch_size))

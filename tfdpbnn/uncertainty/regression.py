@@ -34,7 +34,8 @@ class HeteroscedasticHead(tf.keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, inputs):
-        return tf.nn.bias_add(tf.matmul(tf.convert_to_tensor(inputs, self.kernel.dtype), self.kernel), self.bias)
+        inputs = tf.convert_to_tensor(inputs, self.kernel.dtype)
+        return tf.nn.bias_add(tf.matmul(inputs, self.kernel), self.bias)
 
     def compute_output_shape(self, input_shape):
         return tf.TensorShape(input_shape)[:-1].concatenate([2 * self.units])
@@ -60,7 +61,7 @@ def split_mean_log_variance(y_pred):
 def heteroscedastic_nll(y_true, y_pred):
     """Per-example Gaussian NLL, sum_j 0.5 (log 2 pi + log s_j^2 + (y_j - mu_j)^2 / s_j^2); shape [batch].
 
-    ``y_pred`` is a ``HeteroscedasticHead`` output [batch, 2 d]; ``y_true`` is [batch, d] (or [batch] for d=1).
+    ``y_pred`` is a ``HeteroscedasticHead`` output [batch, 2 d]; ``y_true`` is [batch, d] ([batch] if d=1).
     """
     mean, log_var = split_mean_log_variance(y_pred)
     y_true = tf.cast(tf.convert_to_tensor(y_true), mean.dtype)

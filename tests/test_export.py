@@ -1,0 +1,128 @@
+"""SavedModel export: serving_default and mc_predict signatures, Keras reload, privacy.json hook."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdpbnn.layers as L
+from tfdpbnn.export import export_saved_model
+from tfdpbnn.uncertainty import HeteroscedasticGaussianNLL, HeteroscedasticHead, mc_predict
+
+RNG = np.random.default_rng(0)
+PUB = RNG.normal(size=(6, 6, 6, 1)).astype("float32")
+X = RNG.normal(size=(5, 6, 6, 1)).astype("float32")
+MC = 300  # samples per MC estimate below
+
+
+class _PrivateSGD(tf.keras.optimizers.legacy.SGD):
+    """Stand-in for a DP optimizer: exposes privacy_statement() like tfdpbnn's DP optimizers."""
+
+    def privacy_statement(self):
+        return {"epsilon": 1.25, "delta": 1e-5, "accountant": "rdp"}
+
+
+def _all_layers_model():
+    inp = tf.keras.Input((6, 6, 1))
+    h = L.AppendPublicBatch(public_batch=PUB)(inp)
+    h = L.PublicBatchNormalization(public_batch=PUB)(h)          # stored mode
+    h = L.Conv2DVariational(3, 3, num_examples=100)(h)
+    h = L.PublicBatchNormalization(num_public=6, carried=True)(h)  # carried mode
+    h = L.NoisyConv2D(2, 2, noise_stddev=0.1)(h)
+    h = tf.keras.layers.Flatten()(h)
+    h = L.MCDropout(0.2)(h)
+    h = L.DenseBayesByBackprop(8, num_examples=100, activation="relu")(h)
+    h = L.MCDropout(0.1, gaussian=True)(h)
+    h = L.DenseVariational(6, num_examples=100, activation="relu",
+                           log_sigma2_initializer=tf.keras.initializers.Constant(-3.0))(h)
+    h = L.NoisyDense(3, noise_stddev=0.1)(h)
+    out = tf.keras.layers.Softmax()(L.DropPublicBatch(6)(h))
+    return tf.keras.Model(inp, out)
+
+
+def test_export_round_trip_all_layers(tmp_path):
+    tf.random.set_seed(0)
+    model = _all_layers_model()
+    model.compile(_PrivateSGD(0.01), "sparse_categorical_crossentropy")
+    model.fit(X, np.array([0, 1, 2, 0, 1]), epochs=1, verbose=0)
+    path = export_saved_model(model, str(tmp_path / "m"), num_samples=7)
+    det = model(X).numpy()
+    ref = mc_predict(model, X, num_samples=MC)
+
+    # privacy statement from the optimizer hook, and the MC defaults
+    with open(os.path.join(path, "assets", "privacy.json")) as fh:
+        assert json.load(fh) == {"accountant": "rdp", "delta": 1e-5, "epsilon": 1.25}
+    with open(os.path.join(path, "assets", "mc_predict.json")) as fh:
+        assert json.load(fh)["default_num_samples"] == 7
+
+    # as a serving process would: tf.saved_model.load and the signatures
+    served = tf.saved_model.load(path)
+    assert set(served.signatures) == {"serving_default", "mc_predict"}
+    out1 = served.signatures["serving_default"](x=tf.constant(X))["output"].numpy()
+    out2 = served.signatures["serving_default"](x=tf.constant(X))["output"].numpy()
+    np.testing.assert_array_equal(out1, out2)
+    np.testing.assert_allclose(out1, det, rtol=1e-5, atol=1e-6)
+    mc_fn = served.signatures["mc_predict"]
+    a = mc_fn(x=tf.constant(X), num_samples=tf.constant(MC))
+    b = mc_fn(x=tf.constant(X), num_samples=tf.constant(2))
+    assert set(a) == {"mean", "predictive_entropy", "mutual_information", "expected_entropy"}
+    assert not np.allclose(a["mean"].numpy(), b["mean"].numpy())  # sampling is on in the signature
+    # matching moments: independent MC estimates of the same predictive mean; tolerance 0.05 (each entry's
+    # std over samples is below 0.3 here, so the difference of two 300-sample means has s.e. below 0.025)
+    np.testing.assert_allclose(a["mean"].numpy(), ref.mean, atol=0.05)
+    np.testing.assert_allclose(a["expected_entropy"].numpy(), ref.expected_entropy, atol=0.05)
+    np.testing.assert_allclose(a["mutual_information"].numpy(), ref.mutual_information, atol=0.05)
+    assert np.all(a["mutual_information"].numpy() > 0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="num_samples"):
+        mc_fn(x=tf.constant(X), num_samples=tf.constant(0))
+
+    # Keras reload (same files as model.save): identical deterministic outputs, MC through python
+    reloaded = tf.keras.models.load_model(path)
+    np.testing.assert_array_equal(reloaded(X).numpy(), det)
+    np.testing.assert_allclose(mc_predict(reloaded, X, num_samples=MC).mean, ref.mean, atol=0.05)
+    noisy = [layer for layer in reloaded.layers if isinstance(layer, L.NoisyDense)][0]
+    assert noisy.noise_stddev.numpy() == pytest.approx(0.1)
+
+    # plain model.save, Keras v3 format, keeps working for every layer
+    keras_path = str(tmp_path / "m.keras")
+    model.save(keras_path)
+    np.testing.assert_array_equal(tf.keras.models.load_model(keras_path)(X).numpy(), det)
+
+
+def test_export_regression_with_explicit_privacy(tmp_path):
+    tf.random.set_seed(1)
+    model = tf.keras.Sequential([tf.keras.Input((4,)),
+                                 L.DenseBayesByBackprop(8, num_examples=50, activation="tanh",
+                                                        kernel_rho_initializer=tf.keras.initializers.Constant(-1.0)),
+                                 HeteroscedasticHead(2)])
+    model.compile("sgd", HeteroscedasticGaussianNLL())
+    x = RNG.normal(size=(5, 4)).astype("float32")
+    path = export_saved_model(model, str(tmp_path / "r"), task="regression",
+                              privacy={"epsilon": 3.0, "method": "DP-BBP"})
+    with open(os.path.join(path, "assets", "privacy.json")) as fh:
+        assert json.load(fh) == {"epsilon": 3.0, "method": "DP-BBP"}
+    served = tf.saved_model.load(path)
+    np.testing.assert_allclose(served.signatures["serving_default"](x=tf.constant(x))["output"].numpy(),
+                               model(x).numpy(), rtol=1e-5, atol=1e-6)
+    out = served.signatures["mc_predict"](x=tf.constant(x), num_samples=tf.constant(MC))
+    assert set(out) == {"mean", "epistemic_variance", "aleatoric_variance", "variance"}
+    ref = mc_predict(model, x, num_samples=MC, task="regression")
+    assert out["mean"].shape == (5, 2) and np.all(out["epistemic_variance"].numpy() > 0)
+    np.testing.assert_allclose(out["mean"].numpy(), ref.mean, atol=0.1)
+    np.testing.assert_allclose(out["aleatoric_variance"].numpy(), ref.aleatoric_variance, rtol=0.2)
+    np.testing.assert_allclose(out["epistemic_variance"].numpy(), ref.epistemic_variance, rtol=0.4)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"num_samples": 0}, "num_samples"),
+    ({"privacy": [("epsilon", 1.0)]}, "privacy must be a dict"),
+    ({"privacy": {"epsilon": object()}}, "JSON"),
+    ({"task": "ranking"}, "task"),
+])
+def test_export_bad_arguments(tmp_path, kwargs, match):
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2, activation="softmax")])
+    with pytest.raises(ValueError, match=match):
+        export_saved_model(model, str(tmp_path / "bad"), **kwargs)
+    assert not os.path.exists(tmp_path / "bad")
