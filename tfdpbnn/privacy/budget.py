@@ -111,19 +111,8 @@ def calibrate_noise(epsilon: float, delta: float, sample_rate: float, steps: int
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        lo, hi = 1.0, 1.0
-        if eps_at(1.0) <= epsilon:
-            while eps_at(lo) <= epsilon:
-                hi, lo = lo, lo / 2.0
-                if lo < 1e-4:
-                    raise ValueError(f"epsilon={epsilon!r} is met by every noise_multiplier >= 1e-4; "
-                                     "allowed range of the calibrated noise multiplier is [1e-4, 1e4]")
-        else:
-            while eps_at(hi) > epsilon:
-                lo, hi = hi, hi * 2.0
-                if hi > 1e4:
-                    raise ValueError(f"epsilon={epsilon!r} needs a noise_multiplier above 1e4 (allowed "
-                                     "range [1e-4, 1e4]); raise epsilon or lower steps/sample_rate")
+        lo, hi = _bracket(eps_at, epsilon, _initial_guess(epsilon, delta, sample_rate, steps, accountant,
+                                                          neighboring, sampling))
 
         def make_accountant():
             return get_accountant(accountant, neighboring_relation=rel)
@@ -135,3 +124,31 @@ def calibrate_noise(epsilon: float, delta: float, sample_rate: float, steps: int
             make_accountant, make_event, epsilon, delta,
             bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi), tol=1e-3 * lo)
     return float(sigma)
+
+
+def _initial_guess(epsilon, delta, sample_rate, steps, accountant, neighboring, sampling) -> float:
+    """A starting sigma: RDP's calibration (cheap) for the other accountants, else 1."""
+    if accountant == "rdp":
+        return 1.0
+    try:
+        return calibrate_noise(epsilon, delta, sample_rate, steps, "rdp", neighboring, sampling)
+    except (ValueError, dp_accounting.UnsupportedEventError):
+        return 1.0
+
+
+def _bracket(eps_at, epsilon: float, guess: float, factor: float = 1.5) -> tuple[float, float]:
+    """(lo, hi) with eps_at(lo) > epsilon >= eps_at(hi), searched geometrically from ``guess``."""
+    lo = hi = guess
+    if eps_at(guess) <= epsilon:
+        while eps_at(lo) <= epsilon:
+            hi, lo = lo, lo / factor
+            if lo < 1e-4:
+                raise ValueError(f"epsilon={epsilon!r} is met by every noise_multiplier >= 1e-4; "
+                                 "allowed range of the calibrated noise multiplier is [1e-4, 1e4]")
+    else:
+        while eps_at(hi) > epsilon:
+            lo, hi = hi, hi * factor
+            if hi > 1e4:
+                raise ValueError(f"epsilon={epsilon!r} needs a noise_multiplier above 1e4 (allowed "
+                                 "range [1e-4, 1e4]); raise epsilon or lower steps/sample_rate")
+    return lo, hi

@@ -1,9 +1,9 @@
 """Accountant registry: names -> factories, so training code can take an accountant by name.
 
 "rdp" and "pld" are dp-accounting's own ``RdpAccountant`` (Mironov 2017; Mironov, Talwar & Zhang 2019) and
-``PLDAccountant`` (Koskela et al. 2020; Doroshenko et al. 2022, pessimistic discretization: an upper
-bound); "zcdp", "gdp", "ac" are tfdpbnn's. Every factory takes ``neighboring_relation`` plus its own
-keyword arguments.
+``PLDAccountant`` (Koskela et al. 2020; Doroshenko et al. 2022; pessimistic discretization, an upper
+bound; ``AdaptivePLDAccountant`` picks its interval); "zcdp", "gdp", "ac" are tfdpbnn's. Every factory
+takes ``neighboring_relation`` plus its own keyword arguments.
 """
 
 from __future__ import annotations
@@ -13,25 +13,15 @@ from typing import Callable
 import dp_accounting
 from dp_accounting import NeighboringRelation
 
-from tfdpbnn.privacy._checks import check_choice, check_positive
+from tfdpbnn.privacy._checks import check_choice
 from tfdpbnn.privacy.advanced_composition import AdvancedCompositionAccountant
 from tfdpbnn.privacy.gdp import GDPAccountant
+from tfdpbnn.privacy.pld import AdaptivePLDAccountant
 from tfdpbnn.privacy.zcdp import ZCDPAccountant
-
-# PLD value discretization used by "pld" unless given: 1e-3 keeps a 20000-step epsilon under 0.1 s, and
-# the pessimistic estimate stays an upper bound (docs/privacy.md measures its gap to 1e-4).
-DEFAULT_PLD_DISCRETIZATION = 1e-3
 
 Factory = Callable[..., dp_accounting.PrivacyAccountant]
 _FACTORIES: dict[str, Factory] = {}
 _SOUND: dict[str, bool] = {}
-
-
-def _pld(neighboring_relation: NeighboringRelation = NeighboringRelation.ADD_OR_REMOVE_ONE,
-         value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
-         ) -> dp_accounting.PrivacyAccountant:
-    check_positive("value_discretization_interval", value_discretization_interval)
-    return dp_accounting.pld.PLDAccountant(neighboring_relation, value_discretization_interval)
 
 
 def _rdp(neighboring_relation: NeighboringRelation = NeighboringRelation.ADD_OR_REMOVE_ONE,
@@ -69,7 +59,7 @@ def get_accountant(name: str, **kwargs) -> dp_accounting.PrivacyAccountant:
 
 
 register_accountant("rdp", _rdp, sound=True)
-register_accountant("pld", _pld, sound=True)
+register_accountant("pld", AdaptivePLDAccountant, sound=True)
 register_accountant("zcdp", ZCDPAccountant, sound=True)
 register_accountant("gdp", GDPAccountant, sound=False)
 register_accountant("ac", AdvancedCompositionAccountant, sound=True)

@@ -1,0 +1,165 @@
+"""``tfdpbnn privacy``: epsilon for a noise multiplier, or the noise multiplier for an epsilon, by every
+accountant (``tfdpbnn.privacy``) for a DP-SGD run of N examples, batch B, E epochs; ``--plot`` redraws
+paper 000's Figure 3 (sigma against epsilon) with the sound accountants beside the paper's procedures."""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+
+from tfdpbnn.privacy._checks import check_choice, check_open_unit, check_positive, check_positive_int
+
+
+def add_parser(subparsers) -> None:
+    """Register the ``privacy`` subcommand."""
+    p = subparsers.add_parser("privacy", help="privacy accounting for a DP-SGD run (table, optional plot)",
+                              description=__doc__)
+    p.add_argument("--num-examples", type=int, required=True, help="training set size N")
+    p.add_argument("--batch-size", type=int, required=True, help="(expected) batch size B; sample rate B/N")
+    p.add_argument("--epochs", type=int, required=True, help="epochs E; steps = E * ceil(N/B)")
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--noise-multiplier", type=float,
+                        help="sigma (noise std / clip norm): report epsilon")
+    budget.add_argument("--epsilon", type=float, help="target epsilon: report the smallest sigma")
+    p.add_argument("--delta", type=float, required=True, help="delta in (0, 1)")
+    p.add_argument("--sampling", default="poisson", choices=("poisson", "shuffle"),
+                   help="batch sampling the training used (default poisson)")
+    p.add_argument("--neighboring", default="add_or_remove", choices=("add_or_remove", "replace_one"))
+    p.add_argument("--accountants", default=None,
+                   help="comma-separated accountant names (default: all registered)")
+    p.add_argument("--plot", default=None, metavar="OUT.png",
+                   help="draw sigma against epsilon for every accountant and the paper's procedures")
+    p.set_defaults(func=run)
+
+
+def _setting(args) -> tuple[float, int]:
+    from tfdpbnn.privacy import steps_per_epoch
+
+    n = check_positive_int("--num-examples", args.num_examples)
+    b = check_positive_int("--batch-size", args.batch_size)
+    if b > n:
+        raise ValueError(f"--batch-size must be in [1, --num-examples={n}]; got {b}")
+    epochs = check_positive_int("--epochs", args.epochs)
+    check_open_unit("--delta", args.delta)
+    q = b / n
+    return q, epochs * steps_per_epoch(q)
+
+
+def _row(name, args, q, steps):
+    """(value, approximate, warned) for one accountant: epsilon for --noise-multiplier, else sigma."""
+    from tfdpbnn import privacy
+    from tfdpbnn.privacy.budget import NEIGHBORING, SENSITIVITY
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if args.noise_multiplier is not None:
+            sigma = args.noise_multiplier
+            value = None
+        else:
+            sigma = value = privacy.calibrate_noise(args.epsilon, args.delta, q, steps, accountant=name,
+                                                    neighboring=args.neighboring, sampling=args.sampling)
+        acc = privacy.get_accountant(name, neighboring_relation=NEIGHBORING[args.neighboring])
+        acc.compose(privacy.dp_sgd_event(sigma / SENSITIVITY[args.neighboring], q, steps, args.sampling))
+        eps = acc.get_epsilon(args.delta)
+    approximate = bool(getattr(acc, "is_approximate", name not in privacy.sound_accountants()))
+    return (eps if value is None else value), approximate, bool(caught)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the table (and write the plot)."""
+    import dp_accounting
+
+    from tfdpbnn import privacy
+    from tfdpbnn.privacy import paper
+
+    q, steps = _setting(args)
+    if args.noise_multiplier is not None:
+        check_positive("--noise-multiplier", args.noise_multiplier)
+    else:
+        check_positive("--epsilon", args.epsilon)
+    names = privacy.available_accountants() if args.accountants is None else tuple(
+        a.strip() for a in args.accountants.split(",") if a.strip())
+    for name in names:
+        check_choice("--accountants", name, privacy.available_accountants())
+    what = "epsilon" if args.noise_multiplier is not None else "noise multiplier"
+    given = (f"noise multiplier {args.noise_multiplier:g}" if args.noise_multiplier is not None
+             else f"epsilon {args.epsilon:g}")
+    print(f"DP-SGD: N={args.num_examples}, batch {args.batch_size} (q={q:.6g}), {args.epochs} epochs = "
+          f"{steps} steps, {args.sampling} sampling, {args.neighboring}, delta={args.delta:g}, {given}")
+    print(f"| accountant | {what} | guarantee |")
+    print("| --- | --- | --- |")
+    notes = []
+    for name in names:
+        try:
+            value, approximate, warned = _row(name, args, q, steps)
+        except dp_accounting.UnsupportedEventError:
+            print(f"| {name} | - | cannot bound this run ({args.sampling}, {args.neighboring}) |")
+            continue
+        kind = "APPROXIMATE (central-limit)" if approximate else "upper bound"
+        if warned:
+            kind += " *"
+            notes.append("* GDP's central-limit approximation may under-report epsilon by >5% here.")
+        print(f"| {name} | {value:.4g} | {kind} |")
+    if args.epsilon is not None and args.sampling == "poisson" and args.neighboring == "add_or_remove":
+        for label, sigma in (
+                ("paper 000 zCDP (J = steps)",
+                 paper.zcdp_noise_multiplier(args.epsilon, args.delta, q, steps)),
+                ("paper 000 zCDP (J = epochs)", paper.zcdp_noise_multiplier(
+                    args.epsilon, args.delta, q, steps, compositions=args.epochs)),
+                ("paper 000 AC", paper.ac_noise_multiplier(args.epsilon, args.delta, q, steps))):
+            print(f"| {label} | {sigma:.4g} | NOT a guarantee (see docs/privacy.md) |")
+    for note in dict.fromkeys(notes):
+        print(note)
+    if args.sampling == "shuffle":
+        print("shuffle: no amplification assumed (each example in one noised sum per epoch); Poisson "
+              "sampling gives a far smaller epsilon at the same noise.")
+    if args.plot:
+        _plot(args, q, steps, names)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def _plot(args, q, steps, names) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from tfdpbnn import privacy
+    from tfdpbnn.privacy import paper
+
+    eps_grid = np.geomspace(0.1, 10.0, 9)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in names:
+            try:
+                sig = [privacy.calibrate_noise(float(e), args.delta, q, steps, accountant=name,
+                                               neighboring=args.neighboring, sampling=args.sampling)
+                       for e in eps_grid]
+            except Exception as err:  # noqa: BLE001 - an accountant that cannot bound the run is skipped
+                print(f"plot: skipping {name}: {err}")
+                continue
+            style = ":" if name not in privacy.sound_accountants() else "-"
+            label = name + ("" if name in privacy.sound_accountants() else " (approximate)")
+            ax.plot(eps_grid, sig, style, marker="o", ms=3, label=label)
+        if args.sampling == "poisson" and args.neighboring == "add_or_remove":
+            ax.plot(eps_grid, [paper.zcdp_noise_multiplier(float(e), args.delta, q, steps) for e in eps_grid],
+                    "--", color="gray", label="paper 000 zCDP, J=steps (not a guarantee)")
+            ax.plot(eps_grid, [paper.zcdp_noise_multiplier(float(e), args.delta, q, steps,
+                                                           compositions=args.epochs) for e in eps_grid],
+                    "--", color="red", label="paper 000 zCDP, J=epochs (not a guarantee)")
+            ax.plot(eps_grid, [paper.ac_noise_multiplier(float(e), args.delta, q, steps) for e in eps_grid],
+                    "--", color="black", label="paper 000 AC (not a guarantee)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("epsilon")
+    ax.set_ylabel("noise multiplier sigma")
+    ax.set_title(f"N={args.num_examples}, B={args.batch_size}, {args.epochs} epochs, delta={args.delta:g}, "
+                 f"{args.sampling}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(args.plot, dpi=120)
+    plt.close(fig)

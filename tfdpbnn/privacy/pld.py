@@ -1,0 +1,61 @@
+"""dp-accounting's PLD accountant with automatic discretization (Koskela et al. 2020; Doroshenko et al. 2022).
+
+dp-accounting's ``PLDAccountant`` rounds privacy losses up (pessimistic estimate), so its epsilon is an
+upper bound for ANY ``value_discretization_interval``; the interval only trades tightness for time. A fixed
+1e-3 over-reports small epsilons (0.187 instead of 0.090 at sigma 48, q 0.01, 20000 steps) and 1e-5 takes
+20 s at sigma 1. ``AdaptivePLDAccountant`` with ``value_discretization_interval=None`` evaluates
+dp-accounting's PLD at 1e-3, 5e-4, 2.5e-4, ... (down to ``MIN_INTERVAL``) until two successive epsilons
+agree within ``relative_tolerance``, and returns the smallest (each is an upper bound). A float interval
+gives exactly dp-accounting's ``PLDAccountant`` with that interval.
+"""
+
+from __future__ import annotations
+
+import dp_accounting
+from dp_accounting import NeighboringRelation
+
+from tfdpbnn.privacy._checks import check_nonnegative, check_open_unit, check_positive
+
+START_INTERVAL = 1e-3
+MIN_INTERVAL = 1e-5
+
+
+class AdaptivePLDAccountant(dp_accounting.pld.PLDAccountant):
+    """dp-accounting's PLD accountant; ``value_discretization_interval=None`` refines it automatically."""
+
+    def __init__(self, neighboring_relation: NeighboringRelation = NeighboringRelation.ADD_OR_REMOVE_ONE,
+                 value_discretization_interval: float | None = None, relative_tolerance: float = 0.01):
+        self._fixed = value_discretization_interval
+        if value_discretization_interval is not None:
+            check_positive("value_discretization_interval", value_discretization_interval)
+        self._rtol = check_positive("relative_tolerance", relative_tolerance)
+        super().__init__(neighboring_relation, value_discretization_interval or START_INTERVAL)
+
+    def _maybe_compose(self, event, count, do_compose):
+        # In adaptive mode, composition happens at query time on the ledger, at several intervals.
+        return super()._maybe_compose(event, count, do_compose and self._fixed is not None)
+
+    def _refine(self, query):
+        interval, best, previous = START_INTERVAL, None, None
+        while interval >= MIN_INTERVAL:
+            acc = dp_accounting.pld.PLDAccountant(self.neighboring_relation, interval).compose(self.ledger)
+            value = query(acc)
+            best = value if best is None else min(best, value)
+            if previous is not None and abs(previous - value) <= self._rtol * abs(value):
+                break
+            previous, interval = value, interval / 2.0
+        return best
+
+    def get_epsilon(self, target_delta: float) -> float:
+        """Epsilon at ``target_delta`` (an upper bound; see the module docstring for the interval)."""
+        check_open_unit("target_delta", target_delta)
+        if self._fixed is not None:
+            return super().get_epsilon(target_delta)
+        return self._refine(lambda acc: acc.get_epsilon(target_delta))
+
+    def get_delta(self, target_epsilon: float) -> float:
+        """Delta at ``target_epsilon`` (an upper bound)."""
+        check_nonnegative("target_epsilon", target_epsilon)
+        if self._fixed is not None:
+            return super().get_delta(target_epsilon)
+        return self._refine(lambda acc: acc.get_delta(target_epsilon))
