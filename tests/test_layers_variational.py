@@ -135,6 +135,9 @@ def test_deterministic_repeats_and_mc_differs(make, shape):
         a, b = layer(x).numpy(), layer(x).numpy()
     assert not np.allclose(a, b)
     assert not np.allclose(layer(x, training=True).numpy(), layer(x, training=True).numpy())
+    # a boolean tensor for `training` selects the branch with tf.cond
+    np.testing.assert_array_equal(layer(x, training=tf.constant(False)).numpy(), layer(x).numpy())
+    assert not np.allclose(layer(x, training=tf.constant(True)).numpy(), layer(x).numpy())
     assert layer.compute_output_shape(shape) == layer(x).shape
 
 
