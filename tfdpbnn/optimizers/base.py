@@ -82,6 +82,8 @@ class DPOptimizerMixin:
         amplification) or "poisson" (``tfdpbnn.data.poisson_batches``).
       neighboring: "add_or_remove" or "replace_one".
       clipping_method: forwarded to ``tfdpbnn.clipping.clipped_gradients``.
+      initial_steps: steps already taken (``get_config`` records ``optimizer.iterations`` so a model loaded
+        from any save format keeps counting its privacy loss from there).
       base_kwargs: base optimizer arguments whose names clash with ours (Adam's ``epsilon``).
       **kwargs: the base Keras optimizer's arguments (learning_rate, momentum, ...).
     """
@@ -92,7 +94,8 @@ class DPOptimizerMixin:
 
     def __init__(self, l2_norm_clip, noise_multiplier=None, *, epsilon=None, delta=None, num_examples=None,
                  batch_size=None, epochs=None, accountant="rdp", sampling="shuffle",
-                 neighboring="add_or_remove", clipping_method="auto", base_kwargs=None, **kwargs):
+                 neighboring="add_or_remove", clipping_method="auto", initial_steps=0, base_kwargs=None,
+                 **kwargs):
         clip = _check_positive_number("l2_norm_clip", l2_norm_clip)
         if batch_size is None:
             raise ValueError("batch_size is required: the expected batch size B the noised sum is divided by")
@@ -111,6 +114,9 @@ class DPOptimizerMixin:
             raise ValueError(f"delta must be in (0, 1), got {delta!r}")
         if epochs is not None:
             epochs = _check_positive_int("epochs", epochs)
+        if isinstance(initial_steps, bool) or not isinstance(initial_steps, numbers.Integral) \
+                or initial_steps < 0:
+            raise ValueError(f"initial_steps must be an integer >= 0, got {initial_steps!r}")
         has_budget = epsilon is not None
         if (noise_multiplier is None) == (not has_budget):
             raise ValueError(
@@ -140,6 +146,9 @@ class DPOptimizerMixin:
             self._dp_l2_norm_clip = self._dp_variable("dp_l2_norm_clip", clip)
             self._dp_batch_size = self._dp_variable("dp_batch_size", float(batch_size))
             self._dp_sample_rate = self._dp_variable("dp_sample_rate", sample_rate)
+            # Create the step counter now (Keras creates it lazily); a restored optimizer starts from the
+            # steps already taken (Keras's SavedModel loader rebuilds optimizers from config only).
+            self.iterations.assign(initial_steps)
 
     # ----------------------------------------------------------------------------------------- state
     def _f32(self, variable):
@@ -206,7 +215,7 @@ class DPOptimizerMixin:
         config = super().get_config()
         config.update(self._dp_static)
         config.update({"l2_norm_clip": self.l2_norm_clip, "noise_multiplier": self.noise_multiplier,
-                       "batch_size": self.batch_size})
+                       "batch_size": self.batch_size, "initial_steps": self.steps})
         return config
 
     # ------------------------------------------------------------------------------------ accounting

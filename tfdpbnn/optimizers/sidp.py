@@ -58,12 +58,14 @@ class SIDPOptimizer(DPSGDOptimizer):
     Args as ``DPSGDOptimizer``; ``noise_multiplier`` is the paper's z. ``paper_mean_update``: update mu
     with the clean clipped gradient (paper 004) and report the epsilon that holds for that (module doc),
     with a warning. Call ``release_weights(model)`` before export: it replaces each mu by one sample.
+    ``initial_mean_sensitivity``, ``initial_gdp_mu_squared``: paper-mode accounting state (``get_config``
+    records it, so a reloaded optimizer keeps counting).
     """
 
     _dp_method = "SI-DPSGD"
 
     def __init__(self, l2_norm_clip, noise_multiplier=None, *, paper_mean_update=False, name="SIDPOptimizer",
-                 **kwargs):
+                 initial_mean_sensitivity=0.0, initial_gdp_mu_squared=0.0, **kwargs):
         if not isinstance(paper_mean_update, bool):
             raise ValueError(f"paper_mean_update must be True or False, got {paper_mean_update!r}")
         super().__init__(l2_norm_clip, noise_multiplier, name=name, **kwargs)
@@ -71,8 +73,8 @@ class SIDPOptimizer(DPSGDOptimizer):
         self._sidp_layers = None
         with tf.init_scope():
             # Sensitivity of mu (Delta_t) and sum_t (Delta_t / s_t)^2 over the releases so far.
-            self._sidp_delta = self._dp_variable("sidp_mean_sensitivity", 0.0)
-            self._sidp_mu_squared = self._dp_variable("sidp_gdp_mu_squared", 0.0)
+            self._sidp_delta = self._dp_variable("sidp_mean_sensitivity", float(initial_mean_sensitivity))
+            self._sidp_mu_squared = self._dp_variable("sidp_gdp_mu_squared", float(initial_gdp_mu_squared))
         if paper_mean_update:
             warnings.warn(
                 "SIDPOptimizer(paper_mean_update=True): mu is updated with un-noised clipped gradients as in "
@@ -164,4 +166,6 @@ class SIDPOptimizer(DPSGDOptimizer):
     def get_config(self):
         config = super().get_config()
         config["paper_mean_update"] = self.paper_mean_update
+        config["initial_mean_sensitivity"] = float(self._sidp_delta.numpy())
+        config["initial_gdp_mu_squared"] = float(self._sidp_mu_squared.numpy())
         return config
