@@ -45,3 +45,7 @@ from tfdpbnn.optimizers import (  # noqa: E402,F401
     DPVDOptimizer,
     SIDPOptimizer,
 )
+
+# isort: split
+# issue 5: fast per-example clipping (ghost norms + book-keeping) and its public rule registry
+from tfdpbnn.clipping import ClippingRule, clipped_gradients, register_rule  # noqa: E402,F401
