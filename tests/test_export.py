@@ -63,6 +63,9 @@ def test_export_round_trip_all_layers(tmp_path):
     out1 = served.signatures["serving_default"](x=tf.constant(X))["output"].numpy()
     out2 = served.signatures["serving_default"](x=tf.constant(X))["output"].numpy()
     np.testing.assert_array_equal(out1, out2)
+    # identical to the model's own graph; eager op order may differ in the last bit
+    graph_out = tf.function(lambda x: model(x, training=False))(tf.constant(X)).numpy()
+    np.testing.assert_array_equal(out1, graph_out)
     np.testing.assert_allclose(out1, det, rtol=1e-5, atol=1e-6)
     mc_fn = served.signatures["mc_predict"]
     a = mc_fn(x=tf.constant(X), num_samples=tf.constant(MC))
