@@ -129,7 +129,7 @@ def _plot(args, q, steps, names) -> None:
     from tfdpbnn import privacy
     from tfdpbnn.privacy import paper
 
-    eps_grid = np.geomspace(0.1, 10.0, 9)
+    eps_grid = np.geomspace(0.1, 10.0, 7)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

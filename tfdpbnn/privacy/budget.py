@@ -127,8 +127,8 @@ def calibrate_noise(epsilon: float, delta: float, sample_rate: float, steps: int
 
 
 def _initial_guess(epsilon, delta, sample_rate, steps, accountant, neighboring, sampling) -> float:
-    """A starting sigma: RDP's calibration (cheap) for the other accountants, else 1."""
-    if accountant == "rdp":
+    """A starting sigma: RDP's calibration (cheap) for the slow accountants ("pld", "zcdp"), else 1."""
+    if accountant not in ("pld", "zcdp"):
         return 1.0
     try:
         return calibrate_noise(epsilon, delta, sample_rate, steps, "rdp", neighboring, sampling)
