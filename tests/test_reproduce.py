@@ -118,6 +118,22 @@ def test_digits_ablation_smoke(tmp_path):
         run_experiment("digits-ablation", str(out), smoke=True, log=None, methods=("nope",))
 
 
+def test_dpbnn_table_smoke(tmp_path):
+    out = tmp_path / "dpbnn"
+    record = run_experiment("dpbnn-table", str(out), smoke=True, log=None)
+    rows = _read_csv(out / "dpbnn_table.csv")
+    assert {(r["method"], r["dp"]) for r in rows} == {
+        ("sgld", "True"), ("bbp", "True"), ("mcdropout", "True"), ("sgd", "True"), ("sgd", "False")}
+    for r in rows:
+        assert int(r["steps_run"]) == int(r["steps"])
+        assert 0.0 <= float(r["ece"]) <= float(r["mce"]) <= 1.0  # ECE is a weighted mean of the bin gaps
+        if r["dp"] == "True":
+            assert float(r["epsilon_rdp"]) <= 1.01
+    assert int([r for r in rows if r["method"] == "sgld"][0]["posterior_samples"]) >= 1
+    assert os.path.getsize(out / "reliability_sgld_gaussian_dp.png") > 1000
+    assert len(record["privacy"]) == 4
+
+
 def test_digits_table_smoke(tmp_path):
     out = tmp_path / "digits"
     record = run_experiment("digits-table", str(out), smoke=True, log=None)

@@ -21,6 +21,8 @@ EXPERIMENTS = {
                      "papers 000/002 Table 1 on DIGITS: DPVD, DPD, SVI/SGLD, DP-SGD at several epsilons"),
     "digits-ablation": ("tfdpbnn.reproduce.digits_ablation",
                         "which changes to the papers' DIGITS setting matter for DP-SGD at epsilon 1"),
+    "dpbnn-table": ("tfdpbnn.reproduce.dpbnn_table",
+                    "paper 003 Tables 1-2 on DIGITS: DP-SGLD, DP-BBP, DP-MC Dropout, DP-SGD; ECE, MCE"),
 }
 
 

@@ -1,0 +1,217 @@
+"""``dpbnn-table``: paper 003 Tables 1 and 2 on DIGITS (accuracy, time per epoch, ECE, MCE; DP and non-DP).
+
+Paper 003 (Zhang, Bu, Chen & Long) compares, on MNIST with a two-layer MLP, DP-SGLD (Algorithm 2), DP-BBP
+(Algorithm 3), DP-MC Dropout (Algorithm 4) and DP-SGD, each with a Gaussian prior (weight decay) and
+without one, beside their non-DP counterparts. Here, on DIGITS (offline), a 64-128-10 ReLU MLP:
+
+- ``sgld``: ``DPSGLDOptimizer`` (step size eta = (B / (n sigma C))^2, paper 003 Thm 1), prediction averaged
+  over posterior samples kept by ``PosteriorSampler`` (second half of training, every 5th step);
+- ``bbp``: ``DenseBayesByBackprop`` layers + ``DPSGDOptimizer``, MC prediction (``mc_predict``);
+- ``mcdropout``: dense layers with ``MCDropout(0.2)`` + ``DPSGDOptimizer``, MC prediction;
+- ``sgd``: dense layers + ``DPSGDOptimizer``, deterministic prediction.
+
+Prior: "gaussian" is N(0, 1) per weight (weight decay 1/(2n) on the per-example loss; ``prior_stddev=1`` for
+SGLD; ``prior_scale=1`` for BBP); "none" is no weight decay (SGLD: flat prior; BBP: prior scale 1e3, a
+near-flat prior, since its KL needs one). DP: Poisson sampling, sigma calibrated by RDP to (epsilon, 1e-5);
+non-DP: the same model and optimizer with sigma = 0 and no effective clipping (C = 1e6; for SGLD the
+Langevin noise is kept, so it is plain SGLD). Paper 003's own epsilon for these tables is in its appendix,
+which our copy lacks; we use epsilon 1 (``--epsilons`` to change).
+
+Outputs: ``dpbnn_table.csv`` (one row per method, prior, DP flag and seed), ``dpbnn_summary.csv`` (means and
+stds over seeds), ``reliability_<method>_<prior>_<dp|nondp>.png`` (seed 0), ``run.json``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["METHODS", "PAPER_TABLE1", "PAPER_TABLE2", "run"]
+
+METHODS = ("sgld", "bbp", "mcdropout", "sgd")
+PRIORS = ("gaussian", "none")
+DELTA = 1e-5
+# Paper 003 Table 1 (MNIST, MLP; Gaussian prior): DP time/epoch (s), DP accuracy, non-DP accuracy.
+PAPER_TABLE1 = {"sgld": (10, 0.90, 0.95), "bbp": (480, 0.80, 0.97), "mcdropout": (9, 0.78, 0.98),
+                "sgd": (10, 0.77, 0.97)}
+# Paper 003 Table 2 (MNIST, MLP): (DP-ECE, DP-MCE, non-DP ECE, non-DP MCE) per (method, prior).
+PAPER_TABLE2 = {
+    ("bbp", "gaussian"): (0.204, 0.641, 0.024, 0.052), ("bbp", "none"): (0.167, 0.141, 0.166, 0.166),
+    ("sgld", "gaussian"): (0.007, 0.175, 0.035, 0.175), ("sgld", "none"): (0.126, 0.465, 0.008, 0.289),
+    ("mcdropout", "gaussian"): (0.008, 0.080, 0.030, 0.041),
+    ("mcdropout", "none"): (0.078, 0.225, 0.002, 0.725),
+    ("sgd", "gaussian"): (0.013, 0.089, 0.016, 0.139), ("sgd", "none"): (0.106, 0.625, 0.005, 0.299),
+}
+SETTING = dict(hidden=128, sample_rate=0.1, epochs=20, clip=1.0, learning_rate=0.5, mc_samples=20,
+               dropout=0.2, nondp_clip=1e6)
+SMOKE_SETTING = dict(SETTING, hidden=8, sample_rate=0.25, epochs=1, mc_samples=2)
+
+
+def _model(method, prior, setting, n, seed):
+    import tensorflow as tf
+
+    from tfdpbnn import layers
+
+    tf.keras.utils.set_random_seed(seed)
+    h = setting["hidden"]
+    reg = (tf.keras.regularizers.l2(1.0 / (2.0 * n))
+           if prior == "gaussian" and method in ("mcdropout", "sgd") else None)
+    if method == "bbp":
+        scale = 1.0 if prior == "gaussian" else 1e3
+        body = [layers.DenseBayesByBackprop(h, num_examples=n, prior_scale=scale, activation="relu"),
+                layers.DenseBayesByBackprop(10, num_examples=n, prior_scale=scale)]
+    elif method == "mcdropout":
+        body = [tf.keras.layers.Dense(h, activation="relu", kernel_regularizer=reg),
+                layers.MCDropout(setting["dropout"]), tf.keras.layers.Dense(10, kernel_regularizer=reg)]
+    else:
+        body = [tf.keras.layers.Dense(h, activation="relu", kernel_regularizer=reg),
+                tf.keras.layers.Dense(10, kernel_regularizer=reg)]
+    return tf.keras.Sequential([tf.keras.Input((64,))] + body)
+
+
+class _EpochTimer:
+    """Keras callback factory: wall time of each epoch."""
+
+    def __new__(cls):
+        import tensorflow as tf
+
+        class Timer(tf.keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.times = []
+
+            def on_epoch_begin(self, epoch, logs=None):
+                self._t = time.perf_counter()
+
+            def on_epoch_end(self, epoch, logs=None):
+                self.times.append(time.perf_counter() - self._t)
+
+        return Timer()
+
+
+def train_one(method, prior, dp, epsilon, setting, x_train, y_train, x_test, y_test, seed, out_png=None):
+    """Train one (method, prior, DP flag) on Poisson batches; return accuracy, ECE, MCE, timing, sigma."""
+    import tensorflow as tf
+
+    from tfdpbnn import callbacks, data, optimizers, privacy, uncertainty
+    from tfdpbnn.optimizers.dpsgld import sgld_learning_rate
+
+    n = len(x_train)
+    batch = max(1, int(round(setting["sample_rate"] * n)))
+    q = batch / n
+    spe = int(math.ceil(n / batch))
+    steps = spe * setting["epochs"]
+    sigma = float(privacy.calibrate_noise(epsilon, DELTA, q, steps, accountant="rdp", sampling="poisson"))
+    clip = setting["clip"] if dp else setting["nondp_clip"]
+    common = dict(num_examples=n, batch_size=batch, sampling="poisson", accountant="rdp", delta=DELTA)
+    cbs = [_EpochTimer()]
+    sampler = None
+    if method == "sgld":
+        # The same step size in both runs: with C = 1e6 clipping is inactive and the Langevin noise remains.
+        eta = sgld_learning_rate(sigma, setting["clip"], n, batch)
+        opt = optimizers.DPSGLDOptimizer(clip, learning_rate=eta,
+                                         prior_stddev=1.0 if prior == "gaussian" else None, **common)
+        sampler = callbacks.PosteriorSampler(burn_in=steps // 2, thinning=5 if steps >= 40 else 1,
+                                             max_samples=100)
+        cbs.append(sampler)
+    else:
+        opt = optimizers.DPSGDOptimizer(clip, sigma if dp else 0.0, learning_rate=setting["learning_rate"],
+                                        **common)
+    model = _model(method, prior, setting, n, seed)
+    model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    batches = data.poisson_batches(x_train, y_train, sample_rate=q, steps_per_epoch=spe, seed=seed)
+    model.fit(batches, epochs=setting["epochs"], steps_per_epoch=spe, verbose=0, callbacks=cbs)
+    if method == "sgld" and sampler.samples:
+        probs = uncertainty.mc_predict(model, x_test, weight_snapshots=sampler.samples,
+                                       from_logits=True).mean
+    elif method in ("bbp", "mcdropout"):
+        probs = uncertainty.mc_predict(model, x_test, num_samples=setting["mc_samples"],
+                                       from_logits=True).mean
+    else:
+        probs = tf.nn.softmax(tf.cast(model.predict(x_test, verbose=0), tf.float64)).numpy()
+    probs = np.asarray(probs, np.float64)
+    probs = probs / probs.sum(axis=1, keepdims=True)
+    acc = float(np.mean(np.argmax(probs, axis=1) == y_test))
+    ece = float(uncertainty.expected_calibration_error(probs, y_test))
+    mce = float(uncertainty.maximum_calibration_error(probs, y_test))
+    if out_png is not None:
+        uncertainty.reliability_diagram(probs, y_test, out_png,
+                                        title=f"{'DP-' if dp else ''}{method} ({prior} prior), DIGITS")
+    times = cbs[0].times
+    epoch_time = float(np.median(times[1:])) if len(times) > 1 else float(times[0])
+    return dict(method=method, prior=prior, dp=dp, seed=seed, accuracy=acc, ece=ece, mce=mce,
+                time_per_epoch_s=epoch_time, sigma=sigma if dp else 0.0, sample_rate=q, steps=steps,
+                steps_run=int(opt.iterations.numpy()),
+                epsilon_rdp=opt.epsilon(delta=DELTA, accountant="rdp") if dp else float("inf"),
+                posterior_samples=len(sampler.samples) if sampler else "")
+
+
+def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: str | None = None,
+        log: Callable[[str], None] | None = print, epsilons=None, methods=None, **unknown) -> dict:
+    """Run every method, prior and DP flag over the seeds; write CSVs, reliability diagrams, ``run.json``."""
+    from tfdpbnn import data
+    from tfdpbnn.reproduce.runner import Run, mean_std
+
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not an option of dpbnn-table")
+    if data_dir is not None:
+        raise ValueError("data_dir: dpbnn-table runs on the bundled DIGITS only; the MNIST variant is not "
+                         "implemented (docs/results.md)")
+    methods = tuple(methods or METHODS)
+    for m in methods:
+        if m not in METHODS:
+            raise ValueError(f"methods: each must be one of {METHODS}, got {m!r}")
+    epsilons = tuple(float(e) for e in (epsilons or (1.0,)))
+    if len(epsilons) != 1 or not epsilons[0] > 0:
+        raise ValueError(f"epsilons: dpbnn-table takes one epsilon > 0, got {epsilons!r}")
+    epsilon = epsilons[0]
+    setting = SMOKE_SETTING if smoke else SETTING
+    n_seeds = (1 if smoke else 5) if seeds is None else int(seeds)
+    priors = ("gaussian",) if smoke else PRIORS
+    run_ = Run("dpbnn-table", out_dir, dict(setting=setting, methods=list(methods), priors=list(priors),
+                                            epsilon=epsilon, delta=DELTA, sampling="poisson", smoke=smoke),
+               seeds=range(n_seeds), log=log)
+    (x_train, y_train), (x_test, y_test) = data.load_digits()
+    x_train, x_test = np.asarray(x_train, np.float32), np.asarray(x_test, np.float32)
+    y_train, y_test = np.asarray(y_train).astype(np.int32), np.asarray(y_test).astype(np.int64)
+    rows = []
+    for method in methods:
+        for prior in priors:
+            for dp in (True, False):
+                if smoke and not dp and method != "sgd":
+                    continue
+                for seed in range(n_seeds):
+                    png = (run_.path(f"reliability_{method}_{prior}_{'dp' if dp else 'nondp'}.png")
+                           if seed == 0 else None)
+                    r = train_one(method, prior, dp, epsilon, setting, x_train, y_train, x_test, y_test,
+                                  seed, out_png=png)
+                    rows.append(r)
+                    run_.log(f"{'DP' if dp else 'non-DP'} {method} prior={prior} seed={seed}: acc "
+                             f"{r['accuracy']:.4f} ECE {r['ece']:.3f} MCE {r['mce']:.3f} "
+                             f"{r['time_per_epoch_s']:.2f} s/epoch")
+                if dp:
+                    run_.privacy(f"{method}/{prior}", r["sigma"], r["sample_rate"], r["steps_run"], DELTA,
+                                 sampling="poisson", clip=setting["clip"])
+    run_.write_csv("dpbnn_table.csv", rows)
+    summary = []
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["prior"], r["dp"]), []).append(r)
+    for (method, prior, dp), rs in groups.items():
+        row = dict(method=method, prior=prior, dp=dp, seeds=len(rs), sigma=rs[0]["sigma"],
+                   epsilon_rdp=rs[0]["epsilon_rdp"])
+        for key in ("accuracy", "ece", "mce", "time_per_epoch_s"):
+            row[key + "_mean"], row[key + "_std"] = mean_std([r[key] for r in rs])
+        paper2 = PAPER_TABLE2.get((method, prior))
+        if paper2:
+            row["paper_ece"], row["paper_mce"] = (paper2[0], paper2[1]) if dp else (paper2[2], paper2[3])
+        if prior == "gaussian" and method in PAPER_TABLE1:
+            t, dp_acc, np_acc = PAPER_TABLE1[method]
+            row["paper_accuracy_mnist"] = dp_acc if dp else np_acc
+            row["paper_dp_time_per_epoch_s_mnist"] = t if dp else ""
+        summary.append(row)
+    run_.write_csv("dpbnn_summary.csv", summary)
+    return run_.finish()
