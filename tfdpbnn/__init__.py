@@ -8,6 +8,18 @@ The main names are re-exported here; see the subpackages for the rest:
 
 __version__ = "0.1.0"
 
+# issue 2: privacy accounting
+from tfdpbnn import privacy  # noqa: E402,F401
+from tfdpbnn.privacy import (  # noqa: E402,F401
+    AdvancedCompositionAccountant,
+    GDPAccountant,
+    ZCDPAccountant,
+    calibrate_noise,
+    compute_epsilon,
+    get_accountant,
+)
+
+# isort: split
 # issue 3: layers, uncertainty, export
 from tfdpbnn.export import export_saved_model  # noqa: E402,F401
 from tfdpbnn.layers import (  # noqa: E402,F401
