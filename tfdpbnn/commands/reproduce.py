@@ -24,9 +24,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", default=None,
                         help="TFDS data directory for the MNIST/CIFAR-10 variants (not needed for DIGITS)")
     parser.add_argument("--epsilons", type=float, nargs="+", default=None,
-                        help="digits-table: epsilons to run (default 10 1 0.5 0.1)")
+                        help="epsilons to run (sigma-curve, digits-table, digits-ablation; dpbnn-table: one)")
     parser.add_argument("--methods", nargs="+", default=None,
-                        help="digits-table: methods to run (default dpvd dpd svi sgld dpsgd)")
+                        help="methods to run (digits-table, digits-ablation, dpbnn-table)")
     parser.add_argument("--configs", nargs="+", default=None,
                         help="digits-table: 'paper' and/or 'tuned' (default both)")
     parser.set_defaults(func=_run)
