@@ -20,11 +20,16 @@ def load_tfds(name: str, data_dir=None, download: bool = True):
 
     if name not in DATASETS:
         raise ValueError(f"name must be one of {DATASETS}, got {name!r}")
-    splits = tfds.load(name, split=["train", "test"], batch_size=-1, as_supervised=True, data_dir=data_dir,
+    splits = tfds.load(name, split=["train", "test"], as_supervised=True, data_dir=data_dir,
                        download=download)
     out = []
-    for images, labels in tfds.as_numpy(splits):
-        out.append((images.astype(np.float32) / 255.0, labels.astype(np.int64)))
+    for split in splits:
+        images, labels = [], []
+        for x, y in tfds.as_numpy(split.batch(4096)):
+            images.append(x)
+            labels.append(y)
+        out.append((np.concatenate(images).astype(np.float32) / 255.0,
+                    np.concatenate(labels).astype(np.int64)))
     return tuple(out)
 
 
