@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # Subcommand modules, in the order `tfdpbnn --help` lists them.
-COMMAND_MODULES = ("tfdpbnn.commands.privacy", "tfdpbnn.commands.reproduce")
+COMMAND_MODULES = ("tfdpbnn.commands.privacy", "tfdpbnn.commands.reproduce", "tfdpbnn.commands.train")
 
 
 def build_parser() -> argparse.ArgumentParser:

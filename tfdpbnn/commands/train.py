@@ -1,0 +1,149 @@
+"""``tfdpbnn train``: train a DP Bayesian network at a privacy budget, evaluate, export.
+
+Poisson-sampled batches (``tfdpbnn.data.poisson_batches``), noise calibrated by RDP for the epochs run, a
+Keras progress bar; then test accuracy (MC-averaged for stochastic models, posterior snapshots for DP-SGLD),
+epsilon by every sound accountant, ECE; writes ``saved_model/`` (with ``assets/privacy.json``),
+``reliability.png`` and ``summary.json`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+
+from tfdpbnn.commands.train_recipes import METHODS, RECIPES, STOCHASTIC
+
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10")
+
+
+def add_parser(subparsers) -> None:
+    """Register the ``train`` subcommand."""
+    p = subparsers.add_parser("train", help="train a DP Bayesian network at a privacy budget and export it",
+                              description=__doc__)
+    p.add_argument("--method", required=True, choices=METHODS)
+    p.add_argument("--dataset", default="digits", choices=DATASETS)
+    p.add_argument("--epsilon", type=float, required=True, help="privacy budget epsilon > 0")
+    p.add_argument("--delta", type=float, default=1e-5, help="delta in (0, 1) (default 1e-5)")
+    p.add_argument("--epochs", type=int, default=None, help="epochs (default: the method's recipe)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="expected Poisson batch size (default: 20%% of the training set)")
+    p.add_argument("--out", default=None, help="output directory (default runs/<method>-<dataset>-eps<E>)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", default=None, help="TFDS data directory (mnist, fashion_mnist, cifar10)")
+    p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")
+    p.set_defaults(func=run)
+
+
+def _load(dataset, data_dir, seed):
+    from tfdpbnn import data
+
+    if dataset == "digits":
+        (x, y), (xt, yt) = data.load_digits(seed=seed)
+    else:
+        (x, y), (xt, yt) = data.load_tfds(dataset, data_dir=data_dir)
+    return (x - 0.5, y), (xt - 0.5, yt)  # centred inputs
+
+
+def _check(args):
+    if not (args.epsilon > 0 and math.isfinite(args.epsilon)):
+        raise ValueError(f"--epsilon must be a finite number > 0, got {args.epsilon}")
+    if not 0 < args.delta < 1:
+        raise ValueError(f"--delta must be in (0, 1), got {args.delta}")
+    if args.epochs is not None and args.epochs < 1:
+        raise ValueError(f"--epochs must be an integer >= 1, got {args.epochs}")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ValueError(f"--batch-size must be an integer >= 1, got {args.batch_size}")
+
+
+def train(args) -> dict:
+    """Run the training described by the parsed ``args``; returns the summary written to summary.json."""
+    import numpy as np
+    import tensorflow as tf
+
+    import tfdpbnn
+    from tfdpbnn import privacy
+    from tfdpbnn.commands.train_recipes import build_model, build_optimizer
+    from tfdpbnn.uncertainty import expected_calibration_error, mc_predict, reliability_diagram
+
+    _check(args)
+    recipe = dataclasses.replace(RECIPES[args.method])
+    if args.epochs is not None:
+        recipe.epochs = args.epochs
+    (x, y), (x_test, y_test) = _load(args.dataset, args.data_dir, args.seed)
+    n = len(x)
+    batch_size = args.batch_size or max(1, int(round(recipe.sample_rate * n)))
+    if batch_size > n:
+        raise ValueError(f"--batch-size must be <= the training set size {n}, got {batch_size}")
+    q = batch_size / n
+    out = args.out or os.path.join("runs", f"{args.method}-{args.dataset}-eps{args.epsilon:g}")
+    os.makedirs(out, exist_ok=True)
+
+    num_classes = int(max(y.max(), y_test.max()) + 1)
+    model = build_model(args.method, x.shape[1:], num_classes, n, recipe.hidden, args.seed)
+    optimizer = build_optimizer(args.method, recipe, args.epsilon, args.delta, n, batch_size)
+    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    steps_per_epoch = int(math.ceil(n / batch_size))
+    batches = tfdpbnn.data.poisson_batches(x, y, sample_rate=q, steps_per_epoch=steps_per_epoch,
+                                           seed=args.seed)
+    callbacks = [tfdpbnn.PrivacyCallback(args.delta, stop_at_epsilon=args.epsilon)]
+    sampler = None
+    if args.method == "dpsgld":
+        total = steps_per_epoch * recipe.epochs
+        sampler = tfdpbnn.PosteriorSampler(burn_in=total // 2, thinning=max(1, total // 40), max_samples=20)
+        callbacks.append(sampler)
+    print(f"tfdpbnn train: {args.method} on {args.dataset} ({n} train / {len(x_test)} test), "
+          f"epsilon={args.epsilon:g}, delta={args.delta:g}: sigma={optimizer.noise_multiplier:.4g}, "
+          f"C={optimizer.l2_norm_clip:g}, expected batch {batch_size} (q={q:.4g}, Poisson), "
+          f"{recipe.epochs} epochs x {steps_per_epoch} steps")
+    start = time.time()
+    model.fit(batches, epochs=recipe.epochs, verbose=args.verbose, callbacks=callbacks)
+    train_seconds = time.time() - start
+
+    if sampler is not None and sampler.samples:
+        prediction = mc_predict(model, x_test, weight_snapshots=sampler.samples, from_logits=True)
+    else:
+        samples = recipe.mc_samples if args.method in STOCHASTIC else 1
+        prediction = mc_predict(model, x_test, num_samples=samples, from_logits=True)
+    probs = np.asarray(prediction.mean)
+    accuracy = float(np.mean(np.argmax(probs, axis=1) == y_test))
+    ece = expected_calibration_error(probs, y_test)
+    if args.method == "sidp":
+        optimizer.release_weights(model)  # export one sample theta = mu + s xi (what paper 004 releases)
+    statement = optimizer.privacy_statement()
+    saved_model = tfdpbnn.export_saved_model(model, os.path.join(out, "saved_model"),
+                                             num_samples=recipe.mc_samples, privacy=statement,
+                                             from_logits=True)
+    title = f"{args.method} on {args.dataset}, epsilon {statement['epsilon']:.3g}"
+    diagram = reliability_diagram(probs, y_test, os.path.join(out, "reliability.png"), title=title)
+    summary = {
+        "method": args.method, "dataset": args.dataset, "target_epsilon": args.epsilon, "delta": args.delta,
+        "test_accuracy": accuracy, "ece": ece, "epsilon": statement["epsilon"],
+        "epsilon_by_accountant": statement["epsilon_by_accountant"],
+        "approximate_epsilon_gdp": optimizer.epsilon(accountant="gdp")
+        if "gdp" in privacy.available_accountants() and args.method != "sidp" else None,
+        "noise_multiplier": optimizer.noise_multiplier, "l2_norm_clip": optimizer.l2_norm_clip,
+        "batch_size": batch_size, "sample_rate": q, "steps": optimizer.steps, "epochs": recipe.epochs,
+        "train_seconds": train_seconds, "seed": args.seed, "recipe": dataclasses.asdict(recipe),
+        "privacy_statement": statement, "saved_model": saved_model, "reliability_diagram": diagram,
+    }
+    with open(os.path.join(out, "summary.json"), "w") as fh:
+        json.dump(summary, fh, indent=2, default=float)
+    print(f"test accuracy: {accuracy:.4f}   ECE: {ece:.4f}   ({train_seconds:.1f} s training, "
+          f"{optimizer.steps} steps)")
+    print(f"epsilon at delta={args.delta:g} (upper bounds for the run):")
+    for name, value in statement["epsilon_by_accountant"].items():
+        print(f"  {name:>6}: {value:.4f}")
+    if summary["approximate_epsilon_gdp"] is not None:
+        print(f"  (gdp, CLT approximation, not a bound: {summary['approximate_epsilon_gdp']:.4f})")
+    print(f"wrote {saved_model} (assets/privacy.json), {diagram}, {os.path.join(out, 'summary.json')}")
+    return summary
+
+
+def run(args) -> int:
+    """Entry point of ``tfdpbnn train``."""
+    train(args)
+    return 0
