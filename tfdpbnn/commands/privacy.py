@@ -5,9 +5,13 @@ paper 000's Figure 3 (sigma against epsilon) with the sound accountants beside t
 from __future__ import annotations
 
 import argparse
+import math
 import warnings
 
 from tfdpbnn.privacy._checks import check_choice, check_open_unit, check_positive, check_positive_int
+
+# (sample rate, epochs) of the papers' settings, to place their reported sigmas on the plot.
+PAPER_SETTINGS = {"MNIST": (0.01, 200), "DIGITS": (0.05, 100)}
 
 
 def add_parser(subparsers) -> None:
@@ -152,6 +156,13 @@ def _plot(args, q, steps, names) -> None:
                     "--", color="red", label="paper 000 zCDP, J=epochs (not a guarantee)")
             ax.plot(eps_grid, [paper.ac_noise_multiplier(float(e), args.delta, q, steps) for e in eps_grid],
                     "--", color="black", label="paper 000 AC (not a guarantee)")
+            for (pid, data, eps), sigmas in paper.REPORTED_NOISE.items():
+                q_paper, epochs_paper = PAPER_SETTINGS[data]
+                if math.isclose(q, q_paper, rel_tol=0.02) and args.epochs == epochs_paper:
+                    ax.plot([eps], [sigmas["zcdp"]], "r*", ms=10,
+                            label=f"paper {pid} reported zCDP sigma ({data}, eps {eps:g})")
+                    ax.plot([eps], [sigmas["ac"]], "k*", ms=10,
+                            label=f"paper {pid} reported AC sigma ({data}, eps {eps:g})")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("epsilon")
