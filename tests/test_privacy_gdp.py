@@ -6,7 +6,13 @@ import warnings
 import dp_accounting as dpa
 import pytest
 
-from tfdpbnn.privacy import GDPAccountant, GDPApproximationWarning, compute_epsilon, dp_sgd_event
+from tfdpbnn.privacy import (
+    GDPAccountant,
+    GDPApproximationWarning,
+    calibrate_noise,
+    compute_epsilon,
+    dp_sgd_event,
+)
 from tfdpbnn.privacy.gdp import CLT_SAFE_REGION, clt_may_underreport
 
 DELTA = 1e-5
@@ -66,6 +72,11 @@ def test_gaussian_only_is_exact_and_silent():
         compute_epsilon(1.0, 0.1, 20, DELTA, accountant="gdp", sampling="shuffle")
 
 
-def test_gdp_warns_through_compute_epsilon():
+def test_gdp_warns_through_compute_epsilon_and_calibrate_noise():
     with pytest.warns(GDPApproximationWarning, match="under-report"):
         compute_epsilon(1.0, 0.05, 100, DELTA, accountant="gdp")
+    with pytest.warns(GDPApproximationWarning, match="under-report"):
+        calibrate_noise(3.0, DELTA, 0.05, 100, accountant="gdp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        calibrate_noise(1.0, DELTA, 0.01, 20000, accountant="gdp")  # sigma ~5.3: inside the safe region
