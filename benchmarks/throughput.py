@@ -3,10 +3,11 @@
 For each model the non-private run and the DP runs are timed in alternation (one epoch each, ``--repeats``
 times, after a warm-up epoch), so load from other processes hits both alike; the report gives the median
 examples/s and the ratio DP time / non-private time. Peak memory: each system runs once more in a fresh
-subprocess (warm-up + one epoch) and the growth of its peak resident memory (ru_maxrss) over the same
-process after building the model is reported (CPU: TensorFlow exposes no allocator statistics).
+subprocess (warm-up + one epoch); its peak resident memory (VmHWM) and the increment over the resident
+memory just before training are reported (CPU: TensorFlow exposes no allocator statistics). A third
+measurement times the clipping engine alone (bare steps, no noise), to separate it from the optimizers.
 
-    python benchmarks/throughput.py                      # full run, writes docs/benchmarks.md
+    python benchmarks/throughput.py --repeats 3 --jacobian-steps 1   # the run in docs/benchmarks.md
     python benchmarks/throughput.py --quick --no-write   # a smoke run
 
 Systems: non-private Keras SGD; tf-privacy ``VectorizedDPKerasSGDOptimizer`` (per-example jacobian, a few
@@ -20,7 +21,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -183,23 +183,77 @@ def time_model(key, args):
     return times, steps * args.batch_size
 
 
+def _proc_status_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
 def memory_probe(key, system, args):
-    """Peak RSS growth (MiB) of ``system`` over a warm-up epoch and one epoch (run in a subprocess)."""
+    """(peak RSS MiB, peak minus RSS before training MiB) over a warm-up epoch and one epoch (subprocess)."""
     x, y = data(MODELS[key][2], args.examples)
     model = build(key, system, args.examples, args.batch_size)
     n = args.batch_size * args.jacobian_steps if system == "tf-privacy vectorized" else args.examples
     ds = dataset(x[:n], y[:n], args.batch_size)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with open("/proc/self/clear_refs", "w") as f:   # reset VmHWM (peak RSS) to the current RSS
+        f.write("5")
+    before = _proc_status_kib("VmRSS")
     run_epoch(model, ds)
     run_epoch(model, ds)
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024.0
+    peak = _proc_status_kib("VmHWM")
+    return peak / 1024.0, (peak - before) / 1024.0
 
 
 def measure_memory(key, system, args):
     cmd = [sys.executable, __file__, "--probe", key, system, "--examples", str(args.examples),
            "--batch-size", str(args.batch_size), "--jacobian-steps", str(args.jacobian_steps)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    return tuple(float(v) for v in out.stdout.strip().splitlines()[-1].split())
+
+
+def engine_overhead(key, args):
+    """Seconds per step of a bare non-private step and a bare ghost-clipping step (no noise, no metrics).
+
+    Both are ``tf.function`` steps on the same model and batch, interleaved: forward + gradient + SGD apply,
+    against ``tfdpbnn.clipping.clipped_gradients`` (method "auto") + SGD apply of the clipped sum. This
+    isolates the clipping engine from the optimizer's noise generation and logging.
+    """
+    from tfdpbnn.clipping import clipped_gradients
+
+    x, y = data(MODELS[key][2], args.batch_size)
+    model = build(key, "non-private", args.examples, args.batch_size)
+    opt = tf.keras.optimizers.legacy.SGD(LR)
+    variables = model.trainable_variables
+
+    def loss_fn(yt, yp, sw):
+        return tf.keras.losses.sparse_categorical_crossentropy(yt, yp, from_logits=True)
+
+    @tf.function
+    def plain():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_fn(y, model(x, training=True), None))
+            if model.losses:
+                loss += tf.add_n(model.losses)
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
+
+    @tf.function
+    def ghost():
+        r = clipped_gradients(model, x, y, None, loss_fn, CLIP, var_list=variables)
+        grads = [c / args.batch_size + g for c, g in zip(r.clipped_sum, r.regularization_grads, strict=True)]
+        opt.apply_gradients(zip(grads, variables, strict=True))
+
+    times = {"plain": [], "ghost": []}
+    for f in (plain, ghost):
+        f()
+        f()
+    for _ in range(args.repeats * 4):
+        for name, f in (("plain", plain), ("ghost", ghost)):
+            start = time.perf_counter()
+            f()
+            times[name].append(time.perf_counter() - start)
+    return statistics.median(times["plain"]), statistics.median(times["ghost"])
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -221,23 +275,40 @@ def report(results, args):
         "on an idle machine with the command above.**",
         "",
         "Time ratio = DP seconds per epoch / non-private seconds per epoch of the same model (medians). "
-        "Memory = growth of peak resident memory over the freshly built model, in a separate process "
-        "(warm-up epoch + one epoch).",
+        "Memory: each system once more in a fresh process (warm-up epoch + one epoch): peak resident memory "
+        "(VmHWM) of the process, and the training increment = peak minus the resident memory just before "
+        "training (model and data built); the memory ratio compares increments.",
         "",
-        "| model | system | examples/s | time ratio | peak memory MiB | memory ratio |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| model | system | examples/s | time ratio | peak RSS MiB | training increment MiB | memory ratio |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for key, (times, examples, memory) in results.items():
+    for key, (times, examples, memory, _) in results.items():
         base = statistics.median(times["non-private"])
         base_mem = memory.get("non-private")
         for system, ts in times.items():
             med = statistics.median(ts)
             mem = memory.get(system)
-            mem_s = f"{mem:.0f}" if mem is not None else "-"
-            mem_r = f"{mem / base_mem:.2f}" if mem is not None and base_mem else "-"
+            mem_s = f"{mem[0]:.0f} | {mem[1]:.0f}" if mem is not None else "- | -"
+            mem_r = f"{mem[1] / max(base_mem[1], 1.0):.2f}" if mem is not None and base_mem else "-"
             lines.append(f"| {MODELS[key][0]} | {system} | {examples / med:,.0f} | {med / base:.2f}x | "
                          f"{mem_s} | {mem_r} |")
-    lines += ["", "Raw seconds per epoch:", "", "```", json.dumps(
+    lines += [
+        "",
+        "## The clipping engine alone",
+        "",
+        "Bare `tf.function` steps on one batch, interleaved: non-private forward + gradient + SGD apply, "
+        "against `tfdpbnn.clipping.clipped_gradients` + SGD apply of the clipped sum (no noise, no metrics, "
+        "no privacy logs). The difference to the table above is what the optimizers add per step (Gaussian "
+        "noise for every parameter, DPVD's alpha median, logs).",
+        "",
+        "| model | non-private step ms | ghost-clipping step ms | ratio |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for key, (_, _, _, engine) in results.items():
+        if engine is not None:
+            lines.append(f"| {MODELS[key][0]} | {engine[0] * 1e3:.1f} | {engine[1] * 1e3:.1f} | "
+                         f"{engine[1] / engine[0]:.2f}x |")
+    lines += ["", "Raw seconds per epoch (interleaved runs):", "", "```", json.dumps(
         {k: {s: [round(t, 4) for t in ts] for s, ts in v[0].items()} for k, v in results.items()}, indent=1),
         "```", ""]
     return "\n".join(lines)
@@ -268,7 +339,7 @@ def main(argv=None):
     if args.examples < args.batch_size:
         raise SystemExit(f"--examples must be >= --batch-size ({args.batch_size}), got {args.examples}")
     if args.probe:
-        print(memory_probe(args.probe[0], args.probe[1], args))
+        print(*memory_probe(args.probe[0], args.probe[1], args))
         return 0
     keys = [k for k in args.models.split(",") if k]
     for k in keys:
@@ -281,12 +352,15 @@ def main(argv=None):
         if not args.no_memory:
             for system in times:
                 memory[system] = measure_memory(key, system, args)
-        results[key] = (times, examples, memory)
+        engine = engine_overhead(key, args)
+        results[key] = (times, examples, memory, engine)
         base = statistics.median(times["non-private"])
         for system, ts in times.items():
             med = statistics.median(ts)
-            mem = f", +{memory[system]:.0f} MiB" if system in memory else ""
+            mem = f", peak {memory[system][0]:.0f} MiB (+{memory[system][1]:.0f})" if system in memory else ""
             print(f"{key:12s} {system:26s} {examples / med:10,.0f} ex/s  {med / base:7.2f}x{mem}", flush=True)
+        print(f"{key:12s} engine alone: {engine[0] * 1e3:.1f} ms vs {engine[1] * 1e3:.1f} ms per step "
+              f"({engine[1] / engine[0]:.2f}x)", flush=True)
     text = report(results, args)
     if not args.no_write:
         with open(args.out, "w") as f:

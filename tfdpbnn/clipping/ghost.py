@@ -63,7 +63,7 @@ def plan(model, var_list) -> list[_Entry]:
         if blocked is not None:
             problems.append(f"{layer.name} ({type(layer).__name__}: {blocked})")
         rule = rule_for(layer)
-        if rule is None:
+        if rule is None or not layer.built:
             continue
         variables = rule.variables(layer)
         flags = [v.ref() in wanted for v in variables]
