@@ -308,10 +308,45 @@ def report(results, args):
         if engine is not None:
             lines.append(f"| {MODELS[key][0]} | {engine[0] * 1e3:.1f} | {engine[1] * 1e3:.1f} | "
                          f"{engine[1] / engine[0]:.2f}x |")
+    lines += targets(results)
     lines += ["", "Raw seconds per epoch (interleaved runs):", "", "```", json.dumps(
         {k: {s: [round(t, 4) for t in ts] for s, ts in v[0].items()} for k, v in results.items()}, indent=1),
         "```", ""]
     return "\n".join(lines)
+
+
+DENSE_MLPS = ("mlp", "dpsgld")   # target 1.25x; every other model (Bayesian, noisy, CNN) 1.5x
+
+
+def targets(results):
+    """Issue 5's targets, each marked met / missed from the measurements above."""
+    def mark(ok):
+        return "met" if ok else "**missed**"
+
+    lines = ["", "## Targets (issue 5)", "", "| target | measured | status |", "| --- | --- | --- |"]
+    for key, (times, _, memory, _) in results.items():
+        base = statistics.median(times["non-private"])
+        limit = 1.25 if key in DENSE_MLPS else 1.5
+        for system in MODELS[key][3]:
+            ratio = statistics.median(times[system]) / base
+            lines.append(f"| {system} on {key}: time <= {limit}x non-private | {ratio:.2f}x | "
+                         f"{mark(ratio <= limit)} |")
+            if system in memory and "non-private" in memory:
+                mem = memory[system][1] / max(memory["non-private"][1], 1.0)
+                lines.append(f"| {system} on {key}: memory increment <= 1.5x non-private | {mem:.2f}x | "
+                             f"{mark(mem <= 1.5)} |")
+    if "mlp" in results:
+        times = results["mlp"][0]
+        ours = statistics.median(times["tfdpbnn DP-SGD"])
+        if "tf-privacy vectorized" in times:
+            speedup = statistics.median(times["tf-privacy vectorized"]) / ours
+            lines.append(f"| >= 100x faster than the jacobian path (MLP, batch 600) | {speedup:.0f}x | "
+                         f"{mark(speedup >= 100)} |")
+        if "tf-privacy DPSequential" in times:
+            speedup = statistics.median(times["tf-privacy DPSequential"]) / ours
+            lines.append(f"| faster than tf-privacy DPSequential (MLP) | {speedup:.2f}x | "
+                         f"{mark(speedup > 1)} |")
+    return lines
 
 
 def main(argv=None):
