@@ -31,6 +31,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=None,
                    help="expected Poisson batch size (default: 20%% of the training set)")
     p.add_argument("--out", default=None, help="output directory (default runs/<method>-<dataset>-eps<E>)")
+    p.add_argument("--mc-samples", type=int, default=None,
+                   help="Monte Carlo samples for evaluation and the export's default (recipe: 30)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", default=None, help="TFDS data directory (mnist, fashion_mnist, cifar10)")
     p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")
@@ -54,6 +56,8 @@ def _check(args):
         raise ValueError(f"--delta must be in (0, 1), got {args.delta}")
     if args.epochs is not None and args.epochs < 1:
         raise ValueError(f"--epochs must be an integer >= 1, got {args.epochs}")
+    if args.mc_samples is not None and args.mc_samples < 1:
+        raise ValueError(f"--mc-samples must be an integer >= 1, got {args.mc_samples}")
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"--batch-size must be an integer >= 1, got {args.batch_size}")
 
@@ -72,6 +76,8 @@ def train(args) -> dict:
     recipe = dataclasses.replace(RECIPES[args.method])
     if args.epochs is not None:
         recipe.epochs = args.epochs
+    if args.mc_samples is not None:
+        recipe.mc_samples = args.mc_samples
     (x, y), (x_test, y_test) = _load(args.dataset, args.data_dir, args.seed)
     n = len(x)
     batch_size = args.batch_size or max(1, int(round(recipe.sample_rate * n)))

@@ -1,0 +1,58 @@
+"""``tfdpbnn train``: every method trains on DIGITS at a budget and writes what it promises."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tfdpbnn import cli, privacy
+from tfdpbnn.commands.train_recipes import METHODS, RECIPES, build_model, build_optimizer
+
+
+# The full command for the three distinct evaluation/export paths (MC layers, posterior snapshots, SIDP's
+# released sample); the other methods' recipes are built below and trained by tests/test_optimizers_*.
+@pytest.mark.parametrize("method", ["dpvd", "dpsgld", "sidp"])
+def test_train_writes_model_privacy_json_diagram_and_summary(method, tmp_path, capsys):
+    out = str(tmp_path / method)
+    code = cli.main(["train", "--method", method, "--dataset", "digits", "--epsilon", "2", "--delta", "1e-5",
+                     "--epochs", "1", "--batch-size", "480", "--mc-samples", "3", "--out", out,
+                     "--verbose", "0"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "test accuracy:" in printed and "ECE:" in printed
+    for name in privacy.sound_accountants():
+        assert f"{name:>6}:" in printed
+    with open(os.path.join(out, "summary.json")) as fh:
+        summary = json.load(fh)
+    with open(os.path.join(out, "saved_model", "assets", "privacy.json")) as fh:
+        statement = json.load(fh)
+    assert os.path.getsize(os.path.join(out, "reliability.png")) > 1000
+    assert summary["steps"] == statement["steps"] == 3  # ceil(1437 / 480) Poisson steps
+    assert statement["sampling"] == "poisson" and statement["accountant"] == "rdp"
+    assert statement["epsilon"] <= 2.0 and summary["epsilon"] == statement["epsilon"]
+    assert statement["epsilon"] == pytest.approx(privacy.compute_epsilon(
+        statement["noise_multiplier"], 480 / 1437, 3, 1e-5, accountant="rdp", sampling="poisson"), rel=1e-6)
+    assert 0.0 <= summary["ece"] <= 1.0 and summary["test_accuracy"] > 0.2  # above chance (0.1) after 3 steps
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--epsilon", "0"], "--epsilon"),
+    (["--epsilon", "1", "--delta", "1.5"], "--delta"),
+    (["--epsilon", "1", "--epochs", "0"], "--epochs"),
+    (["--epsilon", "1", "--batch-size", "5000"], "--batch-size"),
+])
+def test_train_bad_input(argv, message, tmp_path, capsys):
+    code = cli.main(["train", "--method", "dpsgd", "--out", str(tmp_path)] + argv)
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_recipe_builds_a_model_and_calibrated_optimizer(method):
+    model = build_model(method, (64,), 10, 1437, 8, seed=0)
+    opt = build_optimizer(method, RECIPES[method], 1.0, 1e-5, 1437, 287)
+    assert model.output_shape == (None, 10)
+    assert opt.epsilon_after(6 * RECIPES[method].epochs) <= 1.0  # calibrated for the recipe's epochs
+    assert opt.sampling == "poisson" and opt.accountant == "rdp"
