@@ -12,7 +12,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdpbnn.clipping import ops
-from tfdpbnn.clipping.keras_rules import AffineNormalizationRule, DenseRule, call_preactivation
+from tfdpbnn.clipping.keras_rules import AffineNormalizationRule, Conv2DRule, DenseRule
 from tfdpbnn.clipping.registry import ClippingRule, mark_unsupported, register_rule
 from tfdpbnn.layers import (
     AppendPublicBatch,
@@ -45,29 +45,14 @@ class NoisyDenseRule(DenseRule):
     """``z = x (mu + s eps) + b``: ``d theta / d mu = I``, so ``dL_i/dmu = x_i^T g_i`` (paper 004)."""
 
 
-class NoisyConv2DRule(ClippingRule):
-    """``NoisyConv2D``: as a convolution with the sampled kernel; ``dL_i/dkernel = patches(x_i)^T g_i``."""
+class NoisyConv2DRule(Conv2DRule):
+    """``NoisyConv2D`` (paper 004): conv with the sampled kernel; ``dL_i/dkernel = patches(x_i)^T g_i``."""
 
-    def variables(self, layer):
-        return [v for v in (layer.kernel, layer.bias) if v is not None]
+    def unsupported_reason(self, layer):
+        return None
 
-    def forward(self, layer, call, inputs, *args, **kwargs):
-        outputs, z = call_preactivation(layer, call, inputs, *args, **kwargs)
-        return outputs, [z], tf.cast(inputs, z.dtype)
-
-    def squared_norms(self, layer, context, grads):
-        a = ops.conv_patches(context, layer.kernel_size, layer.strides, (1, 1), layer.padding)
-        b = ops.flatten_positions(grads[0])
-        norms = [ops.outer_squared_norms(a, b)]
-        if layer.bias is not None:
-            norms.append(ops.summed_squared_norms(b))
-        return norms
-
-    def clipped_sums(self, layer, context, grads, factors):
-        sums = [_conv_backprop(layer, context, grads[0] * factors[:, None, None, None])]
-        if layer.bias is not None:
-            sums.append(ops.summed_clipped(ops.flatten_positions(grads[0]), factors))
-        return sums
+    def dilation(self, layer):
+        return (1, 1)
 
 
 class _VariationalContext:

@@ -55,6 +55,12 @@ def outer_squared_norms(a: tf.Tensor, b: tf.Tensor, weight_sq: tf.Tensor | None 
     return tf.reduce_sum(tf.square(per_example), axis=[1, 2])
 
 
+def materialize_is_cheaper(a: tf.Tensor, b: tf.Tensor) -> bool:
+    """True when ``T D K <= T^2 (D + K)`` (or T unknown): per-example ``A_i^T B_i`` beat the Gram form."""
+    t, d, k = a.shape[1], a.shape[-1], b.shape[-1]
+    return t is None or (t != 1 and t * (d + k) >= d * k)
+
+
 def outer_clipped_sum(a: tf.Tensor, b: tf.Tensor, factors: tf.Tensor) -> tf.Tensor:
     """``sum_i factors_i A_i^T B_i`` for ``a`` [B, T, D], ``b`` [B, T, K]: one [D, B*T] x [B*T, K] matmul."""
     scaled = b * factors[:, None, None]
