@@ -17,12 +17,16 @@ from tfdpbnn.clipping.registry import ClippingRule, register_rule
 @contextlib.contextmanager
 def linear_activation(layer):
     """Temporarily make ``layer.activation`` the identity, so its ``call`` returns the pre-activation."""
-    saved = layer.__dict__.get("activation")
+    own = "activation" in layer.__dict__
+    saved = getattr(layer, "activation", None)
     object.__setattr__(layer, "activation", tf.keras.activations.linear)
     try:
         yield saved
     finally:
-        object.__setattr__(layer, "activation", saved)
+        if own:
+            object.__setattr__(layer, "activation", saved)
+        else:
+            object.__delattr__(layer, "activation")
 
 
 def call_preactivation(layer, call, inputs, *args, **kwargs):
