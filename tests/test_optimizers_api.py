@@ -312,3 +312,38 @@ def test_gdp_epsilon_matches_gaussian_mechanism_duality():
         eps = gdp_epsilon(mu, 1e-5)
         delta = stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)
         assert delta == pytest.approx(1e-5, rel=1e-6)
+
+
+def test_per_example_losses_from_every_kind_of_compiled_loss():
+    from tfdpbnn.optimizers import compiled_per_example_loss_fn
+
+    x, y = _data(n=6)
+    inputs = tf.keras.Input((4,))
+    a = tf.keras.layers.Dense(3, activation="softmax")(inputs)
+    b = tf.keras.layers.Dense(2)(inputs)
+    model = tf.keras.Model(inputs, [a, b])
+    y2 = np.random.default_rng(1).normal(size=(6, 2)).astype(np.float32)
+    sw = np.linspace(0.5, 2.0, 6).astype(np.float32)
+
+    def mse(y_true, y_pred):  # a plain function
+        return tf.reduce_mean(tf.square(y_true - y_pred), axis=-1)
+
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=6, batch_size=6),
+                  loss=["sparse_categorical_crossentropy", mse], loss_weights=[1.0, 0.3])
+    fn = compiled_per_example_loss_fn(model)
+    pa, pb = model(x)
+    per_example = fn([y, y2], [pa, pb], sw).numpy()
+    expected = (tf.keras.losses.sparse_categorical_crossentropy(y, pa).numpy()
+                + 0.3 * mse(y2, pb).numpy()) * sw
+    np.testing.assert_allclose(per_example, expected, rtol=1e-5)
+    # its weighted mean is Keras's own (SUM_OVER_BATCH_SIZE) compiled loss
+    keras_loss = float(model.compiled_loss([tf.constant(y), tf.constant(y2)], [pa, pb],
+                                           sample_weight=tf.constant(sw)))
+    assert per_example.mean() == pytest.approx(keras_loss, rel=1e-5)
+
+    single = _model()
+    single.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=6, batch_size=6),
+                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum"))
+    logits = single(x)
+    np.testing.assert_allclose(compiled_per_example_loss_fn(single)(y, logits).numpy(),
+                               LOSS.call(tf.constant(y), logits).numpy(), rtol=1e-6)  # reduction ignored
