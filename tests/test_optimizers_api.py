@@ -138,7 +138,7 @@ def test_trainable_batch_norm_is_refused():
 def test_empty_poisson_batches_do_not_crash():
     x, y = _data(n=5)
     model = _model()
-    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=5, batch_size=1, sampling="poisson", delta=1e-5)
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=5000, batch_size=5, sampling="poisson", delta=1e-5)
     model.compile(optimizer=opt, loss=LOSS, metrics=["accuracy"])
     ds = tfdpbnn.data.poisson_batches(x, y, sample_rate=0.001, steps_per_epoch=3, seed=0)
     assert [int(b[0].shape[0]) for b in ds] == [0, 0, 0]
@@ -347,3 +347,21 @@ def test_per_example_losses_from_every_kind_of_compiled_loss():
     logits = single(x)
     np.testing.assert_allclose(compiled_per_example_loss_fn(single)(y, logits).numpy(),
                                LOSS.call(tf.constant(y), logits).numpy(), rtol=1e-6)  # reduction ignored
+
+
+def test_fit_refuses_sampling_the_accounting_does_not_cover():
+    x, y = _data()
+    model = _model()
+    poisson = tfdpbnn.DPSGDOptimizer(1.0, 1.0, sampling="poisson", **COMMON)
+    model.compile(optimizer=poisson, loss=LOSS)
+    with pytest.raises(ValueError, match="sampling='poisson'"):  # arrays are shuffled fixed-size batches
+        model.fit(x, y, batch_size=10, verbose=0)
+    with pytest.raises(ValueError, match="rate 0.5"):  # sampled at another rate than accounted for
+        model.fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=0.5), verbose=0)
+    with pytest.warns(UserWarning, match="Poisson"):  # an untagged dataset: cannot check, so warn
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(10), verbose=0)
+    shuffle = tfdpbnn.DPSGDOptimizer(1.0, 1.0, **COMMON)
+    model.compile(optimizer=shuffle, loss=LOSS)
+    with pytest.raises(ValueError, match="batch_size"):  # Keras's default batch of 32 > the accounted 10
+        model.fit(x, y, verbose=0)
+    assert shuffle.steps == 0

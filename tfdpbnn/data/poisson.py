@@ -51,5 +51,8 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
         picked = tuple(tf.nest.map_structure(lambda t: tf.boolean_mask(t, mask), p) for p in parts)
         return picked[0] if len(picked) == 1 else picked
 
-    return seed_stream.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    dataset = seed_stream.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    # Read by the DP optimizers' fit check (tfdpbnn.optimizers.train_step): the rate this data was sampled at.
+    dataset._tfdpbnn_poisson_sample_rate = q
+    return dataset
 
