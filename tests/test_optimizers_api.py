@@ -135,6 +135,14 @@ def test_trainable_batch_norm_is_refused():
         model.fit(x, y, batch_size=10, epochs=1, verbose=0)
 
 
+def test_activity_regularizer_is_refused():
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3, activity_regularizer="l2")])
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, **COMMON), loss=LOSS)
+    x, y = _data()
+    with pytest.raises(ValueError, match="activity_regularizer"):
+        model.fit(x, y, batch_size=10, epochs=1, verbose=0)
+
+
 def test_empty_poisson_batches_do_not_crash():
     x, y = _data(n=5)
     model = _model()

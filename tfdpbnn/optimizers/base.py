@@ -64,6 +64,16 @@ def steps_per_epoch(num_examples: int, batch_size: int) -> int:
     return int(math.ceil(num_examples / batch_size))
 
 
+def _check_data_independent_losses(model) -> None:
+    """``model.losses`` skip clipping, so none may depend on the data: refuse activity regularizers."""
+    for layer in model.submodules:
+        if getattr(layer, "activity_regularizer", None) is not None:
+            raise ValueError(
+                f"model: layer {layer.name!r} has an activity_regularizer, a loss on the layer's outputs "
+                "that depends on the private examples; DP optimizers add model.losses unclipped, so it "
+                "would break the guarantee. Remove it (or put the term into the compiled per-example loss).")
+
+
 class DPOptimizerMixin:
     """DP-SGD step, accounting state and privacy statement shared by every tfdpbnn DP optimizer.
 
@@ -299,6 +309,7 @@ class DPOptimizerMixin:
         x, y, sample_weight = data_adapter.unpack_x_y_sample_weight(data)
         if id(model) not in self._dp_checked_models:
             check_per_example_independence(model)
+            _check_data_independent_losses(model)
             self._dp_checked_models.add(id(model))
         self._dp_before_step(model)
         var_list = model.trainable_variables
