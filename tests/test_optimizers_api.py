@@ -305,11 +305,13 @@ def test_sidp_sets_layer_noise_and_paper_mode_epsilon():
     assert paper.epsilon() == pytest.approx(gdp_epsilon(mu, 1e-5), rel=1e-5)
     assert paper.epsilon_after(4) == pytest.approx(paper.epsilon(), rel=1e-5)
     assert paper.epsilon() > opt.epsilon()
-    statement = paper.privacy_statement()
-    assert "Lemma 4.1" in statement["note"] and statement["gdp_mu"] == pytest.approx(mu, rel=1e-5)
+    with pytest.raises(ValueError, match="release_weights"):  # the model still holds mu: no statement
+        paper.privacy_statement()
     kernel = model.layers[0].kernel.numpy()
     paper.release_weights(model)
     assert not np.allclose(kernel, model.layers[0].kernel.numpy())  # mu replaced by one sample
+    statement = paper.privacy_statement()
+    assert "Lemma 4.1" in statement["note"] and statement["gdp_mu"] == pytest.approx(mu, rel=1e-5)
 
 
 def test_gdp_epsilon_matches_gaussian_mechanism_duality():

@@ -71,6 +71,7 @@ class SIDPOptimizer(DPSGDOptimizer):
         super().__init__(l2_norm_clip, noise_multiplier, name=name, **kwargs)
         self.paper_mean_update = paper_mean_update
         self._sidp_layers = None
+        self._sidp_released_at_step = None
         with tf.init_scope():
             # Sensitivity of mu (Delta_t) and sum_t (Delta_t / s_t)^2 over the releases so far.
             self._sidp_delta = self._dp_variable("sidp_mean_sensitivity", float(initial_mean_sensitivity))
@@ -129,6 +130,7 @@ class SIDPOptimizer(DPSGDOptimizer):
         """Replace every noisy layer's mean by one sample theta = mu + s xi (what paper 004 releases)."""
         for layer in _noisy_layers(model):
             layer.sample_weights_into_kernel()
+        self._sidp_released_at_step = self.steps
 
     def paper_mode_gdp_mu(self) -> float:
         """mu of the GDP composition over all releases so far plus the final exported sample."""
@@ -154,6 +156,12 @@ class SIDPOptimizer(DPSGDOptimizer):
         return gdp_epsilon(self.paper_mode_gdp_mu(), delta)
 
     def privacy_statement(self, delta=None):
+        """As ``DPOptimizerMixin.privacy_statement``; in paper mode only after ``release_weights(model)``
+        (``tfdpbnn.export_saved_model`` asks for it, so mu, which is not private then, is never exported)."""
+        if self.paper_mean_update and self._sidp_released_at_step != self.steps:
+            raise ValueError(
+                "model: with paper_mean_update=True the model holds mu, which the reported epsilon does not "
+                "cover; call optimizer.release_weights(model) after training and before export")
         statement = super().privacy_statement(delta=delta)
         if self.paper_mean_update:
             statement["accountant"] = "gdp-exact (Gaussian releases of theta_t; paper 004 mean update)"
