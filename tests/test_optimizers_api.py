@@ -53,6 +53,8 @@ def _model(seed=0):
      "accountant"),
     (dict(l2_norm_clip=1.0, noise_multiplier=1.0, num_examples=40, batch_size=10, neighboring="swap"),
      "neighboring"),
+    (dict(l2_norm_clip=1.0, noise_multiplier=1.0, num_examples=40, batch_size=10, sampling="poisson",
+          neighboring="replace_one"), "neighboring"),  # RDP cannot bound Poisson sampling under replace-one
 ])
 def test_bad_input_names_the_argument(cls, kwargs, argument):
     with pytest.raises(ValueError, match=argument):

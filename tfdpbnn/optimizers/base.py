@@ -64,6 +64,22 @@ def steps_per_epoch(num_examples: int, batch_size: int) -> int:
     return int(math.ceil(num_examples / batch_size))
 
 
+def _check_accountable(accountant, sampling, neighboring, sample_rate) -> None:
+    """Refuse a (sampling, neighboring) pair the accountant cannot bound, before any step is taken."""
+    import dp_accounting
+
+    from tfdpbnn import privacy
+
+    try:
+        privacy.compute_epsilon(1.0, sample_rate, 1, 1e-5, accountant=accountant, neighboring=neighboring,
+                                sampling=sampling)
+    except dp_accounting.UnsupportedEventError as err:
+        raise ValueError(
+            f"neighboring: accountant {accountant!r} cannot bound sampling={sampling!r} under "
+            f"neighboring={neighboring!r} ({err}); use neighboring='add_or_remove' or sampling='shuffle'"
+        ) from err
+
+
 def _check_data_independent_losses(model) -> None:
     """``model.losses`` skip clipping, so none may depend on the data: refuse activity regularizers."""
     for layer in model.submodules:
@@ -134,6 +150,7 @@ class DPOptimizerMixin:
                 f"epsilon=..., delta=... with num_examples, batch_size, epochs); got noise_multiplier="
                 f"{noise_multiplier!r}, epsilon={epsilon!r}")
         sample_rate = batch_size / num_examples
+        _check_accountable(accountant, sampling, neighboring, sample_rate)
         if has_budget:
             epsilon = _check_positive_number("epsilon", epsilon)
             if delta is None:
@@ -261,9 +278,15 @@ class DPOptimizerMixin:
         from tfdpbnn import privacy
 
         delta = self._resolve_delta(delta)
+        import dp_accounting
+
         by_accountant = {}
         for name in privacy.sound_accountants():
-            by_accountant[name] = self.epsilon(delta=delta, accountant=name)
+            try:
+                by_accountant[name] = self.epsilon(delta=delta, accountant=name)
+            except dp_accounting.UnsupportedEventError:
+                by_accountant[name] = None  # this accountant cannot bound this run's event
+
         return {
             "method": self._dp_method,
             "optimizer": type(self).__name__,
