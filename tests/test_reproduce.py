@@ -134,6 +134,26 @@ def test_dpbnn_table_smoke(tmp_path):
     assert len(record["privacy"]) == 4
 
 
+def test_heteroscedastic_smoke(tmp_path):
+    from tfdpbnn.reproduce.heteroscedastic import make_data
+
+    x, y, xt, yt, ft = make_data(0, n_train=10, n_test=1200)
+    assert x.shape == (10, 1) and yt.shape == (1200, 1) and ft.shape == (1200,)
+    # Heteroscedastic noise: std 0.1 + 0.3 |x| (0.1-0.25 for |x| < 0.5, 0.85-1.0 for |x| > 2.5); seeded.
+    resid, grid = np.ravel(yt) - ft, np.ravel(xt)
+    assert 0.1 < resid[np.abs(grid) < 0.5].std() < 0.25 and 0.8 < resid[np.abs(grid) > 2.5].std() < 1.05
+    out = tmp_path / "het"
+    record = run_experiment("heteroscedastic", str(out), smoke=True, log=None)
+    rows = _read_csv(out / "heteroscedastic.csv")
+    assert {(r["method"], r["dp"]) for r in rows} == {(m, d) for m in ("sgld", "bbp", "mcdropout")
+                                                      for d in ("True", "False")}
+    for r in rows:
+        assert int(r["steps_run"]) == 4 and float(r["mse"]) >= 0 and float(r["aleatoric_std"]) > 0
+        if r["dp"] == "True":
+            assert float(r["epsilon_rdp"]) <= 4.21 * 1.01
+    assert os.path.getsize(out / "heteroscedastic.png") > 1000 and len(record["privacy"]) == 3
+
+
 def test_digits_table_smoke(tmp_path):
     out = tmp_path / "digits"
     record = run_experiment("digits-table", str(out), smoke=True, log=None)

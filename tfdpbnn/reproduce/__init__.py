@@ -23,6 +23,8 @@ EXPERIMENTS = {
                         "which changes to the papers' DIGITS setting matter for DP-SGD at epsilon 1"),
     "dpbnn-table": ("tfdpbnn.reproduce.dpbnn_table",
                     "paper 003 Tables 1-2 on DIGITS: DP-SGLD, DP-BBP, DP-MC Dropout, DP-SGD; ECE, MCE"),
+    "heteroscedastic": ("tfdpbnn.reproduce.heteroscedastic",
+                        "paper 003 sec. 5.2: heteroscedastic GP regression, median MSE, uncertainty bands"),
 }
 
 
