@@ -259,6 +259,31 @@ def test_dpvd_logs_zeta_and_implied_dropout_rate():
                                np.median(zeta ** 2 / model.layers[0].theta.numpy().ravel() ** 2), rtol=0.2)
 
 
+def test_dpvd_alpha_median_subsample_tracks_exact_median_on_large_layers():
+    # 200 x 100 = 20,000 weights > ALPHA_MEDIAN_SAMPLE: the logged median is over a strided subsample of
+    # 10,000; for i.i.d. glorot-initialised theta it must be within 5% of the exact median.
+    from tfdpbnn.optimizers.dpvd import ALPHA_MEDIAN_SAMPLE
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(10, 200)).astype("float32")
+    y = rng.integers(0, 3, size=10)
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((200,)), tfdpbnn.DenseVariational(100, num_examples=40),
+                                 tf.keras.layers.Dense(3)])
+    assert model.layers[0].theta.shape.num_elements() > ALPHA_MEDIAN_SAMPLE
+    opt = tfdpbnn.DPVDOptimizer(1.5, 2.0, learning_rate=0.3, **COMMON)
+    model.compile(optimizer=opt, loss=LOSS)
+    theta_before = model.layers[0].theta.numpy().ravel()
+    logs = opt.dp_train_step(model, (x, y))
+    theta_after = model.layers[0].theta.numpy().ravel()
+    zeta = 0.3 * 2.0 * 1.5 / 10
+    # The step's noise (std zeta = 0.09) is of the weights' own size, so the two medians differ by far more
+    # than 5%; the logged one must match one of them.
+    medians = [np.median(zeta ** 2 / t ** 2) for t in (theta_before, theta_after)]
+    assert abs(medians[0] - medians[1]) > 0.2 * medians[0]
+    exact = min(medians, key=lambda m: abs(m - float(logs["dp_alpha_median"])))
+    np.testing.assert_allclose(float(logs["dp_alpha_median"]), exact, rtol=0.05)
+
+
 def test_sgld_equivalence_and_budget_calibration():
     n, b, clip = 40, 10, 0.5
     opt = tfdpbnn.DPSGLDOptimizer(clip, learning_rate=1e-3, num_examples=n, batch_size=b, delta=1e-5)
