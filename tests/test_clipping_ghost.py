@@ -95,6 +95,14 @@ def test_dense_on_sequences(units):
     assert_same(model, vec(4, 30), Y)
 
 
+def test_heteroscedastic_head_uses_the_dense_rule():
+    from tfdpbnn.uncertainty import HeteroscedasticHead
+
+    model = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(5, activation="tanh"),
+                                 HeteroscedasticHead(units=2)])      # 4 outputs: mean and log-variance
+    assert_same(model, vec(6), Y)
+
+
 def test_conv2d_strides_padding_dilation_and_pooling():
     model = tf.keras.Sequential([
         tf.keras.Input((9, 9, 2)),

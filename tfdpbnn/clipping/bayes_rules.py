@@ -23,6 +23,7 @@ from tfdpbnn.layers import (
     NoisyDense,
     PublicBatchNormalization,
 )
+from tfdpbnn.uncertainty.regression import HeteroscedasticHead
 
 
 def _training_reason(kwargs) -> str | None:
@@ -222,5 +223,7 @@ register_rule(DenseBayesByBackprop, DenseBayesByBackpropRule())
 register_rule(NoisyDense, NoisyDenseRule())
 register_rule(NoisyConv2D, NoisyConv2DRule())
 register_rule(PublicBatchNormalization, PublicBatchNormalizationRule())
+# The regression head is an affine map with no activation: the Dense rule covers it exactly.
+register_rule(HeteroscedasticHead, DenseRule())
 mark_unsupported(AppendPublicBatch, "public rows carried through the network: every layer before a carried "
                  "PublicBatchNormalization gets gradient through the public statistics")
