@@ -271,9 +271,9 @@ def report(results, args):
         f"timed on {args.jacobian_steps} steps per repeat and scaled to an epoch.",
         "",
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, TensorFlow "
-        f"{tf.__version__}. **These numbers were taken while other engineers ran TensorFlow on the same "
-        "2-core machine: absolute rates are noisy; the ratios (interleaved) are the meaningful part. Re-run "
-        "on an idle machine with the command above.**",
+        f"{tf.__version__}. 1-minute load average when the run started: {LOAD_AT_START:.2f} (anything "
+        "near the core count means other work competed with this run: absolute rates are then noisy, and "
+        "the interleaved ratios are the meaningful part).",
         "",
         "Time ratio = DP seconds per epoch / non-private seconds per epoch of the same model (medians). "
         "Memory: each system once more in a fresh process (warm-up epoch + one epoch): peak resident memory "
@@ -316,6 +316,8 @@ def report(results, args):
     return "\n".join(lines)
 
 
+#: Recorded at import, before this script adds any load of its own.
+LOAD_AT_START = os.getloadavg()[0]
 DENSE_MLPS = ("mlp", "dpsgld")   # target 1.25x; every other model (Bayesian, noisy, CNN) 1.5x
 
 
