@@ -11,10 +11,10 @@ neural networks", eq. 14):
 
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
 
 from tfdpbnn.layers import _checks
+from tfdpbnn.layers._conv import conv2d_output_shape
 from tfdpbnn.layers.sampling import select
 
 K1, K2, K3 = 0.63576, 1.87320, 1.48695
@@ -204,16 +204,7 @@ class Conv2DVariational(_VariationalMixin, tf.keras.layers.Layer):
         return self._finish(select(training, train, infer, mc))
 
     def compute_output_shape(self, input_shape):
-        input_shape = tf.TensorShape(input_shape).as_list()
-        dims = []
-        for size, k, s in zip(input_shape[1:3], self.kernel_size, self.strides, strict=False):
-            if size is None:
-                dims.append(None)
-            elif self.padding == "same":
-                dims.append(int(np.ceil(size / s)))
-            else:
-                dims.append(int(np.ceil((size - k + 1) / s)))
-        return tf.TensorShape([input_shape[0]] + dims + [self.filters])
+        return conv2d_output_shape(input_shape, self.kernel_size, self.strides, self.padding, self.filters)
 
     def get_config(self):
         config = super().get_config()
