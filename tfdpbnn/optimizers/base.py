@@ -17,7 +17,6 @@ sample rate, the sampling scheme, the neighboring relation) lives in non-trainab
 from __future__ import annotations
 
 import math
-import numbers
 
 import tensorflow as tf
 from keras.src.engine import data_adapter
@@ -28,35 +27,15 @@ from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
 SAMPLING = ("shuffle", "poisson")
 NEIGHBORING = ("add_or_remove", "replace_one")
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS  # noqa: E402
-
-
-def _check_positive_number(name, value, allow_zero=False):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or (
-            value < 0 if allow_zero else value <= 0):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-    return float(value)
-
-
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
-def _check_choice(name, value, allowed):
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    return value
-
-
-def _check_accountant(name, value):
-    from tfdpbnn import privacy
-
-    available = tuple(privacy.available_accountants())
-    if value not in available:
-        raise ValueError(f"{name} must be one of {available}, got {value!r}")
-    return value
+from tfdpbnn.privacy import available_accountants  # noqa: E402
+from tfdpbnn.privacy._checks import (  # noqa: E402
+    check_choice,
+    check_nonnegative,
+    check_nonnegative_int,
+    check_open_unit,
+    check_positive,
+    check_positive_int,
+)
 
 
 def steps_per_epoch(num_examples: int, batch_size: int) -> int:
@@ -122,27 +101,24 @@ class DPOptimizerMixin:
                  batch_size=None, epochs=None, accountant="rdp", sampling="shuffle",
                  neighboring="add_or_remove", clipping_method="auto", initial_steps=0, base_kwargs=None,
                  **kwargs):
-        clip = _check_positive_number("l2_norm_clip", l2_norm_clip)
+        clip = check_positive("l2_norm_clip", l2_norm_clip)
         if batch_size is None:
             raise ValueError("batch_size is required: the expected batch size B the noised sum is divided by")
-        batch_size = _check_positive_int("batch_size", batch_size)
+        batch_size = check_positive_int("batch_size", batch_size)
         if num_examples is None:
             raise ValueError("num_examples is required: the training set size n, for the sample rate B/n")
-        num_examples = _check_positive_int("num_examples", num_examples)
+        num_examples = check_positive_int("num_examples", num_examples)
         if batch_size > num_examples:
             raise ValueError(f"batch_size must be <= num_examples ({num_examples}), got {batch_size}")
-        sampling = _check_choice("sampling", sampling, SAMPLING)
-        neighboring = _check_choice("neighboring", neighboring, NEIGHBORING)
-        clipping_method = _check_choice("clipping_method", clipping_method, CLIPPING_METHODS)
-        accountant = _check_accountant("accountant", accountant)
-        if delta is not None and (isinstance(delta, bool) or not isinstance(delta, numbers.Real)
-                                  or not 0 < delta < 1):
-            raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+        sampling = check_choice("sampling", sampling, SAMPLING)
+        neighboring = check_choice("neighboring", neighboring, NEIGHBORING)
+        clipping_method = check_choice("clipping_method", clipping_method, CLIPPING_METHODS)
+        accountant = check_choice("accountant", accountant, available_accountants())
+        if delta is not None:
+            delta = check_open_unit("delta", delta)
         if epochs is not None:
-            epochs = _check_positive_int("epochs", epochs)
-        if isinstance(initial_steps, bool) or not isinstance(initial_steps, numbers.Integral) \
-                or initial_steps < 0:
-            raise ValueError(f"initial_steps must be an integer >= 0, got {initial_steps!r}")
+            epochs = check_positive_int("epochs", epochs)
+        initial_steps = check_nonnegative_int("initial_steps", initial_steps)
         has_budget = epsilon is not None
         if (noise_multiplier is None) == (not has_budget):
             raise ValueError(
@@ -152,7 +128,7 @@ class DPOptimizerMixin:
         sample_rate = batch_size / num_examples
         _check_accountable(accountant, sampling, neighboring, sample_rate)
         if has_budget:
-            epsilon = _check_positive_number("epsilon", epsilon)
+            epsilon = check_positive("epsilon", epsilon)
             if delta is None:
                 raise ValueError("delta is required with epsilon (a budget is (epsilon, delta)), got None")
             if epochs is None:
@@ -160,7 +136,7 @@ class DPOptimizerMixin:
             noise_multiplier = self._calibrate_noise_multiplier(
                 epsilon, delta, sample_rate, epochs * steps_per_epoch(num_examples, batch_size), accountant,
                 neighboring, sampling)
-        noise_multiplier = _check_positive_number("noise_multiplier", noise_multiplier, allow_zero=True)
+        noise_multiplier = check_nonnegative("noise_multiplier", noise_multiplier)
         self._dp_target_epsilon = epsilon
         super().__init__(l2_norm_clip=clip, noise_multiplier=noise_multiplier, num_microbatches=None,
                          unconnected_gradients_to_zero=True, **kwargs, **(base_kwargs or {}))

@@ -13,7 +13,8 @@ import numbers
 import tensorflow as tf
 from tensorflow_privacy.privacy.optimizers.dp_optimizer_keras_vectorized import VectorizedDPKerasSGDOptimizer
 
-from tfdpbnn.optimizers.base import DPOptimizerMixin, _check_positive_number, steps_per_epoch
+from tfdpbnn.optimizers.base import DPOptimizerMixin, steps_per_epoch
+from tfdpbnn.privacy._checks import check_positive
 
 
 def sgld_noise_multiplier(learning_rate, l2_norm_clip, num_examples, batch_size) -> float:
@@ -51,19 +52,19 @@ class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
                 raise ValueError(f"{key}: DP-SGLD takes none (noise comes from learning_rate; Langevin "
                                  f"dynamics use plain SGD), got {kwargs[key]!r}")
             kwargs.pop(key, None)
-        clip = _check_positive_number("l2_norm_clip", l2_norm_clip)
+        clip = check_positive("l2_norm_clip", l2_norm_clip)
         if (learning_rate is None) == (epsilon is None):
             raise ValueError("learning_rate and epsilon: give exactly one (a constant step size eta, or a "
                              "budget epsilon=..., delta=..., epochs=...); got "
                              f"learning_rate={learning_rate!r}, epsilon={epsilon!r}")
         if prior_stddev is not None:
-            prior_stddev = _check_positive_number("prior_stddev", prior_stddev)
+            prior_stddev = check_positive("prior_stddev", prior_stddev)
         self._sgld_prior_stddev = prior_stddev
         if learning_rate is not None:
             if not isinstance(learning_rate, numbers.Real):
                 raise ValueError("learning_rate must be a constant float > 0 for DP-SGLD (its noise "
                                  f"N(0, eta) sets the privacy), got {learning_rate!r}")
-            learning_rate = _check_positive_number("learning_rate", learning_rate)
+            learning_rate = check_positive("learning_rate", learning_rate)
             if batch_size is None or num_examples is None:
                 raise ValueError("batch_size and num_examples are required (sigma = B / (n sqrt(eta) C))")
             sigma = sgld_noise_multiplier(learning_rate, clip, num_examples, batch_size)
