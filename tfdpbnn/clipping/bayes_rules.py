@@ -121,18 +121,23 @@ class Conv2DVariationalRule(DenseVariationalRule):
     def _forward_parts(self, layer, x):
         return layer._conv(x, layer.theta), layer._conv(tf.square(x), tf.exp(layer.log_sigma2))
 
-    def _patches(self, layer, x):
-        return ops.conv_patches(x, layer.kernel_size, layer.strides, (1, 1), layer.padding)
+    def _geometry(self, layer):
+        return layer.kernel_size, layer.strides, (1, 1), layer.padding
 
     def squared_norms(self, layer, context, grads):
         g = grads[0]
-        a, b = self._patches(layer, context.x), ops.flatten_positions(g)
-        a2 = self._patches(layer, tf.square(context.x))
-        h = ops.flatten_positions(self._h(context, g))
+        geometry = self._geometry(layer)
+        if ops.conv_materialize_is_cheaper(layer.kernel_size, context.x.shape[-1], g):
+            theta_norms = ops.squared_norms_of(ops.conv_per_example_gradients(context.x, g, *geometry))
+        else:
+            theta_norms = ops.outer_squared_norms(ops.conv_patches(context.x, *geometry),
+                                                  ops.flatten_positions(g))
+        h = self._h(context, g)
         e2 = tf.reshape(tf.exp(2.0 * layer.log_sigma2), [-1, layer.filters])
-        norms = [ops.outer_squared_norms(a, b), ops.outer_squared_norms(a2, h, weight_sq=e2)]
+        log_sigma2_grads = ops.conv_per_example_gradients(tf.square(context.x), h, *geometry)
+        norms = [theta_norms, ops.squared_norms_of(log_sigma2_grads, e2)]
         if layer.bias is not None:
-            norms.append(ops.summed_squared_norms(b))
+            norms.append(ops.summed_squared_norms(ops.flatten_positions(g)))
         return norms
 
     def clipped_sums(self, layer, context, grads, factors):

@@ -28,7 +28,7 @@ def _warn_fallback(model, err: UnsupportedModelError) -> None:
 
 
 def clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_norm_clip, var_list=None,
-                      training=True, method="auto") -> ClippedGradients:
+                      training=True, method="auto", sum_scale=None) -> ClippedGradients:
     """Run ``model`` on ``x`` and return the per-example-clipped data gradient sum (see ``ClippedGradients``).
 
     Args:
@@ -41,6 +41,9 @@ def clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_norm_c
       method: "auto" (the ghost engine when every variable of ``var_list`` is covered by a registered rule,
         else the jacobian path with one warning naming the uncovered layers), "ghost" (raises
         ``ValueError`` naming unsupported layers) or "jacobian" (the reference).
+      sum_scale: optional scalar (float or tensor) the clipped sum is multiplied by, ``sum_i s c_i g_i``;
+        folded into the clip factors ``c_i`` (no extra pass over the gradients). DP optimizers pass
+        ``1 / B``. The norms are those of the unscaled ``g_i``.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -51,10 +54,11 @@ def clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_norm_c
         try:
             entries = plan(model, var_list)
             return ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_norm_clip,
-                                           var_list, training=training, entries=entries)
+                                           var_list, training=training, entries=entries, sum_scale=sum_scale)
         except UnsupportedModelError as err:
             if method == "ghost":
                 raise
             _warn_fallback(model, err)
     return jacobian_clipped_gradients(
-        model, x, y, sample_weight, per_example_loss_fn, l2_norm_clip, var_list, training=training)
+        model, x, y, sample_weight, per_example_loss_fn, l2_norm_clip, var_list, training=training,
+        sum_scale=sum_scale)

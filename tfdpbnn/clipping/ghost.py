@@ -18,7 +18,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfdpbnn.clipping.jacobian import _regularization_loss, clip_factors
+from tfdpbnn.clipping.jacobian import _regularization_loss, clip_factors, scaled_factors
 from tfdpbnn.clipping.registry import ClippingRule, rule_for, unsupported_reason_for
 from tfdpbnn.clipping.result import ClippedGradients
 
@@ -124,8 +124,11 @@ def _recording(entries, records, problems, tape):
 
 
 def ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_norm_clip, var_list,
-                            training=True, entries=None) -> ClippedGradients:
+                            training=True, entries=None, sum_scale=None) -> ClippedGradients:
     """The ``ClippedGradients`` of ``clipped_gradients`` by ghost norms and book-keeping.
+
+    ``sum_scale`` (optional scalar) multiplies the clipped sum; it is folded into the clip factors, so it
+    costs nothing (``clipped_gradients``).
 
     Raises ``UnsupportedModelError`` if a variable of ``var_list`` has no rule or a covered layer runs more
     than once in the forward pass (shared layers).
@@ -174,7 +177,7 @@ def ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_
         norms = tf.sqrt(tf.add_n(squared))
     else:
         norms = tf.zeros_like(per_example_loss)
-    factors = clip_factors(norms, l2_norm_clip)
+    factors = scaled_factors(clip_factors(norms, l2_norm_clip), sum_scale)
     sums = {}
     for r, grads in zip(records, grads_per_record, strict=True):
         results = r.entry.rule.clipped_sums(r.entry.layer, r.context, grads, factors)

@@ -26,8 +26,16 @@ def clip_factors(norms: tf.Tensor, l2_norm_clip) -> tf.Tensor:
     return tf.minimum(1.0, clip / tf.maximum(norms, 1e-12))
 
 
+def scaled_factors(factors: tf.Tensor, sum_scale=None) -> tf.Tensor:
+    """``factors * sum_scale`` (``factors`` unchanged for ``None``): a constant multiplier of the clipped sum
+    folded into the per-example weights, so that e.g. DP-SGD's division by the batch size costs nothing."""
+    if sum_scale is None:
+        return factors
+    return factors * tf.cast(sum_scale, factors.dtype)
+
+
 def jacobian_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_norm_clip, var_list,
-                               training=True) -> ClippedGradients:
+                               training=True, sum_scale=None) -> ClippedGradients:
     """Forward pass, per-example losses and the clipped gradient sum via the full per-example jacobian."""
     with tf.GradientTape(persistent=True) as tape:
         y_pred = model(x, training=training)
@@ -37,7 +45,7 @@ def jacobian_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, 
     batch = tf.shape(per_example_loss)[0]
     squared = [tf.reduce_sum(tf.reshape(tf.square(j), [batch, -1]), axis=1) for j in jacobians]
     norms = tf.sqrt(tf.add_n(squared))
-    factors = clip_factors(norms, l2_norm_clip)
+    factors = scaled_factors(clip_factors(norms, l2_norm_clip), sum_scale)
     clipped_sum = [tf.tensordot(factors, j, axes=1) for j in jacobians]
     regularization_grads = tape.gradient(
         regularization_loss, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)

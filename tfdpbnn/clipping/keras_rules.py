@@ -98,15 +98,16 @@ class Conv2DRule(ClippingRule):
         return getattr(layer, "dilation_rate", (1, 1))
 
     def squared_norms(self, layer, context, grads):
-        a = ops.conv_patches(context.x, layer.kernel_size, layer.strides, self.dilation(layer), layer.padding)
-        b = ops.flatten_positions(grads[0])
-        if ops.materialize_is_cheaper(a, b):
-            context.per_example = tf.einsum("btd,btk->bdk", a, b)
-            norms = [tf.reduce_sum(tf.square(context.per_example), axis=[1, 2])]
+        g = grads[0]
+        geometry = (layer.kernel_size, layer.strides, self.dilation(layer), layer.padding)
+        if ops.conv_materialize_is_cheaper(layer.kernel_size, context.x.shape[-1], g):
+            context.per_example = ops.conv_per_example_gradients(context.x, g, *geometry)
+            norms = [ops.squared_norms_of(context.per_example)]
         else:
-            norms = [ops.outer_squared_norms(a, b)]
+            patches = ops.conv_patches(context.x, *geometry)
+            norms = [ops.outer_squared_norms(patches, ops.flatten_positions(g))]
         if layer.bias is not None:
-            norms.append(ops.summed_squared_norms(b))
+            norms.append(ops.summed_squared_norms(ops.flatten_positions(g)))
         return norms
 
     def clipped_sums(self, layer, context, grads, factors):

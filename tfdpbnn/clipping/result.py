@@ -18,7 +18,7 @@ class ClippedGradients:
 
     Attributes:
       clipped_sum: one tensor per variable of ``var_list`` (zeros where a variable does not influence the
-        data loss).
+        data loss), times the engine's ``sum_scale`` when one was given.
       regularization_grads: one tensor per variable: the gradient of ``regularization_loss``; it never goes
         through clipping (NOTES.md point 5; paper 003 adds the prior's gradient after the noise).
       per_example_loss: ``[batch]`` data losses.

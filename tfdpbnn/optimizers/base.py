@@ -22,6 +22,8 @@ import tensorflow as tf
 from keras.src.engine import data_adapter
 
 from tfdpbnn.clipping import check_per_example_independence, clip_factors, clipped_gradients
+from tfdpbnn.clipping.jacobian import scaled_factors
+from tfdpbnn.optimizers.noise import gaussian_noise_like
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
 
 SAMPLING = ("shuffle", "poisson")
@@ -41,6 +43,13 @@ from tfdpbnn.privacy._checks import (  # noqa: E402
 def steps_per_epoch(num_examples: int, batch_size: int) -> int:
     """Steps in one epoch: ``ceil(n / B)`` (model.fit's batches on arrays; ``poisson_batches``'s default)."""
     return int(math.ceil(num_examples / batch_size))
+
+
+def add_regularization(grads, regularization_grads):
+    """``g + r`` per variable; ``grads`` unchanged when ``regularization_grads`` is None (no model.losses)."""
+    if regularization_grads is None:
+        return list(grads)
+    return [g + tf.cast(r, g.dtype) for g, r in zip(grads, regularization_grads, strict=True)]
 
 
 def _check_accountable(accountant, sampling, neighboring, sample_rate) -> None:
@@ -285,16 +294,32 @@ class DPOptimizerMixin:
         return {}
 
     # ------------------------------------------------------------------------------ the DP gradient
-    def _dp_noised_mean(self, clipped_sum):
-        """``(sum + N(0, (sigma C)^2)) / B`` per variable: noise once per step, constant divisor."""
-        stddev = self._f32(self._dp_noise_multiplier * self._dp_l2_norm_clip)
-        return [(g + tf.random.normal(tf.shape(g), stddev=tf.cast(stddev, g.dtype), dtype=g.dtype))
-                / tf.cast(self._dp_batch_size, g.dtype) for g in clipped_sum]
+    def _dp_sum_scale(self):
+        """The constant the clipped sum is multiplied by: ``1 / B`` (B the expected batch size).
 
-    def _dp_gradients(self, clipped_sum, regularization_grads, var_list):
-        """The gradient handed to the base optimizer's update (DP-SGD: noised mean + regularization)."""
-        noised = self._dp_noised_mean(clipped_sum)
-        return [n + tf.cast(r, n.dtype) for n, r in zip(noised, regularization_grads, strict=True)]
+        The engine folds it into the clip factors (``clipped_gradients(sum_scale=...)``), so the division
+        costs no pass over the gradients; the noise is drawn already scaled (``_dp_noise``).
+        """
+        return 1.0 / self._f32(self._dp_batch_size)
+
+    def _dp_noise(self, scaled_sum):
+        """``N(0, (sigma C s)^2)`` shaped like each variable, ``s = _dp_sum_scale()``: the noise of
+        ``sum + N(0, (sigma C)^2 I)``, scaled with the sum; one fused draw (``gaussian_noise_like``)."""
+        stddev = self._f32(self._dp_noise_multiplier * self._dp_l2_norm_clip) * self._dp_sum_scale()
+        return gaussian_noise_like(scaled_sum, stddev)
+
+    def _dp_noised_mean(self, scaled_sum):
+        """``(sum + N(0, (sigma C)^2)) / B`` per variable from ``scaled_sum = sum / B``: noise once per step,
+        constant divisor."""
+        return [g + z for g, z in zip(scaled_sum, self._dp_noise(scaled_sum), strict=True)]
+
+    def _dp_gradients(self, scaled_sum, regularization_grads, var_list):
+        """The gradient handed to the base optimizer's update (DP-SGD: noised mean + regularization).
+
+        ``scaled_sum``: the clipped sum times ``_dp_sum_scale()``; ``regularization_grads``: one tensor per
+        variable, or None when the model has no ``model.losses``.
+        """
+        return add_regularization(self._dp_noised_mean(scaled_sum), regularization_grads)
 
     def _dp_before_step(self, model):
         """Hook run before the forward pass of each step (SI-DPSGD sets the weight noise here)."""
@@ -314,8 +339,10 @@ class DPOptimizerMixin:
         var_list = model.trainable_variables
         result = clipped_gradients(
             model, x, y, sample_weight, compiled_per_example_loss_fn(model), self._f32(self._dp_l2_norm_clip),
-            var_list=var_list, training=True, method=self._dp_static["clipping_method"])
-        grads = self._dp_gradients(result.clipped_sum, result.regularization_grads, var_list)
+            var_list=var_list, training=True, method=self._dp_static["clipping_method"],
+            sum_scale=self._dp_sum_scale())
+        regularization_grads = result.regularization_grads if model.losses else None
+        grads = self._dp_gradients(result.clipped_sum, regularization_grads, var_list)
         self._was_dp_gradients_called = True
         self.apply_gradients(zip(grads, var_list, strict=True))
         realized = tf.cast(tf.shape(result.per_example_loss)[0], tf.float32)
@@ -361,10 +388,10 @@ class DPOptimizerMixin:
         jacobians = tape.jacobian(per_example, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
         squared = [tf.reduce_sum(tf.reshape(tf.square(j), [batch, -1]), axis=1) for j in jacobians]
         factors = clip_factors(tf.sqrt(tf.add_n(squared)), self._f32(self._dp_l2_norm_clip))
-        clipped_sum = [tf.tensordot(factors, j, axes=1) for j in jacobians]
-        zeros = [tf.zeros_like(v) for v in var_list]
+        factors = scaled_factors(factors, self._dp_sum_scale())
+        scaled_sum = [tf.tensordot(factors, j, axes=1) for j in jacobians]
         self._was_dp_gradients_called = True
-        grads = self._dp_gradients(clipped_sum, zeros, var_list)
+        grads = self._dp_gradients(scaled_sum, None, var_list)
         return list(zip(grads, var_list, strict=True))
 
     def get_gradients(self, loss, params):

@@ -82,18 +82,20 @@ class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
             self._set_hyper("learning_rate", sgld_learning_rate(self.noise_multiplier, clip, num_examples,
                                                                 batch_size))
 
-    def _dp_gradients(self, clipped_sum, regularization_grads, var_list):
+    def _dp_sum_scale(self):
+        """n / B: the clipped sum enters the update as the unbiased estimate of the full-data gradient."""
+        return tf.cast(self.num_examples, tf.float32) / self._f32(self._dp_batch_size)
+
+    def _dp_gradients(self, scaled_sum, regularization_grads, var_list):
+        """``(n/B)(sum + N(0, (sigma C)^2)) + n grad(model.losses) + w / prior_stddev^2``."""
         n = tf.cast(self.num_examples, tf.float32)
-        stddev = self._f32(self._dp_noise_multiplier * self._dp_l2_norm_clip)
-        batch = self._f32(self._dp_batch_size)
-        grads = []
-        for g, r, v in zip(clipped_sum, regularization_grads, var_list, strict=True):
-            noised = g + tf.random.normal(tf.shape(g), stddev=stddev, dtype=g.dtype)
-            grad = noised * (n / batch) + n * tf.cast(r, g.dtype)
-            if self._sgld_prior_stddev is not None:
-                grad = grad + tf.cast(v, g.dtype) / self._sgld_prior_stddev ** 2
-            grads.append(grad)
-        return grads
+        noised = self._dp_noised_mean(scaled_sum)
+        if regularization_grads is not None:
+            noised = [g + n * tf.cast(r, g.dtype) for g, r in zip(noised, regularization_grads, strict=True)]
+        if self._sgld_prior_stddev is None:
+            return noised
+        return [g + tf.cast(v, g.dtype) / self._sgld_prior_stddev ** 2
+                for g, v in zip(noised, var_list, strict=True)]
 
     def get_config(self):
         config = super().get_config()

@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 from scipy import optimize, stats
 
+from tfdpbnn.optimizers.base import add_regularization
 from tfdpbnn.optimizers.dpsgd import DPSGDOptimizer
 
 
@@ -106,11 +107,12 @@ class SIDPOptimizer(DPSGDOptimizer):
             self.track_model(model)
         self._set_layer_noise()
 
-    def _dp_gradients(self, clipped_sum, regularization_grads, var_list):
+    def _dp_gradients(self, scaled_sum, regularization_grads, var_list):
+        """Sound mode: DP-SGD's. Paper mode: the clipped mean without noise (+ regularization)."""
         if self._sidp_layers is None:
             raise ValueError("model: call optimizer.track_model(model) before a custom training loop")
         if not self.paper_mean_update:
-            grads = super()._dp_gradients(clipped_sum, regularization_grads, var_list)
+            grads = super()._dp_gradients(scaled_sum, regularization_grads, var_list)
         else:
             # Account for the release theta_t = mu_t + s_t xi used by this step's forward pass.
             s = tf.cast(self._sidp_layers[0].noise_stddev, tf.float64)
@@ -120,9 +122,7 @@ class SIDPOptimizer(DPSGDOptimizer):
             sensitivity = self._dp_l2_norm_clip * (2.0 if self.neighboring == "replace_one" else 1.0)
             self._sidp_delta.assign_add(
                 tf.cast(self._decayed_lr(tf.float32), tf.float64) * sensitivity / self._dp_batch_size)
-            b = self._f32(self._dp_batch_size)
-            grads = [g / tf.cast(b, g.dtype) + tf.cast(r, g.dtype)
-                     for g, r in zip(clipped_sum, regularization_grads, strict=True)]
+            grads = add_regularization(scaled_sum, regularization_grads)
         self._set_layer_noise()
         return grads
 
