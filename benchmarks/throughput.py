@@ -257,6 +257,36 @@ def engine_overhead(key, args):
     return statistics.median(times["plain"]), statistics.median(times["ghost"])
 
 
+def noise_cost(key, args):
+    """Milliseconds per step to draw the DP noise for every trainable variable of ``key``'s model: one
+    ``tf.random.normal`` per variable (what the optimizers did before) against the fused Box-Muller draw
+    they use (``tfdpbnn.optimizers.noise.gaussian_noise_like``); interleaved bare ``tf.function`` calls."""
+    from tfdpbnn.optimizers.noise import gaussian_noise_like
+
+    variables = build(key, "non-private", args.examples, args.batch_size).trainable_variables
+    stddev = tf.Variable(SIGMA * CLIP / args.batch_size)
+
+    @tf.function
+    def per_variable():
+        return [tf.random.normal(v.shape, stddev=stddev) for v in variables]
+
+    @tf.function
+    def fused():
+        return gaussian_noise_like(variables, stddev)
+
+    times = {"normal": [], "fused": []}
+    for f in (per_variable, fused):
+        f()
+        f()
+    for _ in range(args.repeats * 6):
+        for name, f in (("normal", per_variable), ("fused", fused)):
+            start = time.perf_counter()
+            [t.numpy() for t in f()]
+            times[name].append(time.perf_counter() - start)
+    size = sum(int(v.shape.num_elements()) for v in variables)
+    return size, statistics.median(times["normal"]), statistics.median(times["fused"])
+
+
 # ------------------------------------------------------------------------------------------------- report
 def report(results, args):
     lines = [
@@ -283,7 +313,7 @@ def report(results, args):
         "| model | system | examples/s | time ratio | peak RSS MiB | training increment MiB | memory ratio |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for key, (times, examples, memory, _) in results.items():
+    for key, (times, examples, memory, _, _) in results.items():
         base = statistics.median(times["non-private"])
         base_mem = memory.get("non-private")
         for system, ts in times.items():
@@ -305,10 +335,27 @@ def report(results, args):
         "| model | non-private step ms | ghost-clipping step ms | ratio |",
         "| --- | ---: | ---: | ---: |",
     ]
-    for key, (_, _, _, engine) in results.items():
+    for key, (_, _, _, engine, _) in results.items():
         if engine is not None:
             lines.append(f"| {MODELS[key][0]} | {engine[0] * 1e3:.1f} | {engine[1] * 1e3:.1f} | "
                          f"{engine[1] / engine[0]:.2f}x |")
+    lines += [
+        "",
+        "## The noise alone",
+        "",
+        "Drawing N(0, (sigma C / B)^2) for every trainable parameter, bare `tf.function` calls interleaved: "
+        "one `tf.random.normal` per variable against the fused vectorized Box-Muller draw the optimizers use "
+        "(`tfdpbnn/optimizers/noise.py`).",
+        "",
+        "| model | parameters | tf.random.normal ms | fused Box-Muller ms | speed-up |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for key, result in results.items():
+        noise = result[4]
+        if noise is not None:
+            size, normal, fused = noise
+            lines.append(f"| {MODELS[key][0]} | {size:,} | {normal * 1e3:.2f} | {fused * 1e3:.2f} | "
+                         f"{normal / fused:.2f}x |")
     lines += targets(results)
     lines += ["", "Raw seconds per epoch (interleaved runs):", "", "```", json.dumps(
         {k: {s: [round(t, 4) for t in ts] for s, ts in v[0].items()} for k, v in results.items()}, indent=1),
@@ -327,7 +374,7 @@ def targets(results):
         return "met" if ok else "**missed**"
 
     lines = ["", "## Targets (issue 5)", "", "| target | measured | status |", "| --- | --- | --- |"]
-    for key, (times, _, memory, _) in results.items():
+    for key, (times, _, memory, _, _) in results.items():
         base = statistics.median(times["non-private"])
         limit = 1.25 if key in DENSE_MLPS else 1.5
         for system in MODELS[key][3]:
@@ -391,14 +438,16 @@ def main(argv=None):
             for system in times:
                 memory[system] = measure_memory(key, system, args)
         engine = engine_overhead(key, args)
-        results[key] = (times, examples, memory, engine)
+        noise = noise_cost(key, args)
+        results[key] = (times, examples, memory, engine, noise)
         base = statistics.median(times["non-private"])
         for system, ts in times.items():
             med = statistics.median(ts)
             mem = f", peak {memory[system][0]:.0f} MiB (+{memory[system][1]:.0f})" if system in memory else ""
             print(f"{key:12s} {system:26s} {examples / med:10,.0f} ex/s  {med / base:7.2f}x{mem}", flush=True)
         print(f"{key:12s} engine alone: {engine[0] * 1e3:.1f} ms vs {engine[1] * 1e3:.1f} ms per step "
-              f"({engine[1] / engine[0]:.2f}x)", flush=True)
+              f"({engine[1] / engine[0]:.2f}x); noise for {noise[0]:,} parameters: tf.random.normal "
+              f"{noise[1] * 1e3:.2f} ms, fused {noise[2] * 1e3:.2f} ms", flush=True)
     text = report(results, args)
     if not args.no_write:
         with open(args.out, "w") as f:
