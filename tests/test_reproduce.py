@@ -36,6 +36,9 @@ def test_run_record_and_csv(tmp_path):
     assert on_disk["experiment"] == "unit" and on_disk["seeds"] == [3, 4]
     assert on_disk["settings"] == {"a": 1, "b": 0.5} and on_disk["chosen"] == {"lr": 0.1}
     assert on_disk["outputs"] == ["t.csv"] and record["wall_time_s"] >= 0
+    from importlib.metadata import version
+    for mod, dist in (("dp_accounting", "dp-accounting"), ("tensorflow_privacy", "tensorflow-privacy")):
+        assert on_disk["versions"][mod] == version(dist)   # the installed versions, never "?"
     assert on_disk["privacy"][0]["sampling"] == "poisson" and on_disk["privacy"][0]["steps"] == 1500
     rows = _read_csv(tmp_path / "r" / "t.csv")
     assert [list(r) for r in rows][0] == ["x", "y", "z"] and rows[1]["z"] == "q" and rows[0]["z"] == ""

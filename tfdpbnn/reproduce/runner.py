@@ -61,12 +61,17 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 def _versions() -> dict[str, str]:
     versions = {"python": sys.version.split()[0], "platform": platform.platform()}
+    from importlib import metadata
+
     for mod in ("tensorflow", "keras", "tensorflow_privacy", "tensorflow_probability", "dp_accounting",
                 "numpy", "tfdpbnn"):
-        try:
-            versions[mod] = getattr(__import__(mod), "__version__", "?")
-        except Exception:  # noqa: BLE001 - a missing optional package is recorded, not fatal
-            versions[mod] = "not importable"
+        try:  # the installed distribution's version (dp_accounting has no __version__ attribute)
+            versions[mod] = metadata.version(mod.replace("_", "-"))
+        except metadata.PackageNotFoundError:
+            try:
+                versions[mod] = getattr(__import__(mod), "__version__", "?")
+            except Exception:  # noqa: BLE001 - a missing optional package is recorded, not fatal
+                versions[mod] = "not importable"
     try:  # the code that ran: commit and whether the working tree differed from it
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
