@@ -25,6 +25,8 @@ EXPERIMENTS = {
                     "paper 003 Tables 1-2 on DIGITS: DP-SGLD, DP-BBP, DP-MC Dropout, DP-SGD; ECE, MCE"),
     "heteroscedastic": ("tfdpbnn.reproduce.heteroscedastic",
                         "paper 003 sec. 5.2: heteroscedastic GP regression, median MSE, uncertainty bands"),
+    "sidp-tables": ("tfdpbnn.reproduce.sidp_tables",
+                    "paper 004 Tables 1 and 4: noisy weights with/without LN/BN; SI-DPSGD vs DP-SGD"),
 }
 
 
