@@ -249,3 +249,20 @@ def test_sidp_tables_lenet5_shapes(shape):
     for norm, noisy in (("bn", True), ("ln", False), ("none", True)):
         model = build_model(shape, norm, noisy, x_pub, arch="lenet5", seed=0)
         assert model(x_pub[:3]).shape == (3, 10)  # the public rows are dropped before the logits
+
+
+def test_sidp_paper_mode_noise_for_the_epsilon_that_holds():
+    import warnings
+
+    from tfdpbnn import SIDPOptimizer
+    from tfdpbnn.reproduce.sidp_tables import paper_mode_noise_multiplier
+
+    for eps, steps in ((1.0, 150), (10.0, 40)):
+        z = paper_mode_noise_multiplier(eps, steps)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            opt = SIDPOptimizer(1.0, z, paper_mean_update=True, num_examples=1000, batch_size=100,
+                                sampling="poisson", delta=1e-5, learning_rate=0.5)
+        # The optimizer's own paper-mode epsilon (GDP composition of the releases) after `steps` steps.
+        assert opt.epsilon_after(steps) == pytest.approx(eps, rel=1e-6)
+        assert opt.epsilon_after(steps + 1) > eps
