@@ -68,7 +68,7 @@ def test_cli_lists_and_parses_experiments():
     assert (args.name, args.out, args.seeds, args.smoke) == ("sigma-curve", "x", 3, True)
     with pytest.raises(SystemExit):
         parser.parse_args(["reproduce", "not-an-experiment"])
-    assert {"sigma-curve", "digits-table"} <= set(available_experiments())
+    assert {"sigma-curve", "digits-table", "sidp-tables"} <= set(available_experiments())
 
 
 def test_sigma_curve_smoke(tmp_path, capsys):
@@ -227,3 +227,98 @@ def test_digits_table_smoke(tmp_path):
         assert p["sampling"] == "poisson" and p["epsilon"]["rdp"] <= 1.01
     summary = _read_csv(out / "digits_summary.csv")
     assert len(summary) == 5 and all(r["seeds"] == "1" for r in summary)
+
+
+def test_sidp_tables_smoke(tmp_path):
+    out = tmp_path / "sidp"
+    record = run_experiment("sidp-tables", str(out), smoke=True, log=None, tables=("table1", "table4"),
+                            norms=("ln",), methods=("sidp-ln", "sidp-paper-ln"))
+    t1 = _read_csv(out / "table1.csv")
+    assert {(r["kind"], r["norm"], r["epsilon_target"]) for r in t1} == {("nonprivate", "ln", "inf"),
+                                                                         ("sidp", "ln", "1.0")}
+    t4 = {r["method"]: r for r in _read_csv(out / "table4.csv")}
+    assert set(t4) == {"sidp-ln", "sidp-paper-ln"}
+    for r in t1 + list(t4.values()):
+        assert int(r["steps_run"]) == int(r["steps"]) > 0
+        for key in ("accuracy", "accuracy_mu", "accuracy_sample"):
+            assert 0.0 <= float(r[key]) <= 1.0, key
+    assert all(float(r["weight_noise"]) == 0.5 for r in t1)  # the fixed Table 1 level, not eta C z / B
+    sound, paper = t4["sidp-ln"], t4["sidp-paper-ln"]
+    # Same noise multiplier and steps: the sound mode's epsilon is the target (RDP, Poisson); paper mode's
+    # real epsilon (GDP composition of the released samples, NOTES.md point 1) is larger than that, while
+    # the epsilon the paper would claim is the sound one.
+    assert float(sound["sigma"]) == float(paper["sigma"]) > 0
+    assert float(sound["epsilon"]) <= 0.5 * 1.01
+    assert float(paper["epsilon_claimed"]) == float(sound["epsilon"])
+    assert math.isfinite(float(paper["epsilon"])) and float(paper["epsilon"]) > float(sound["epsilon"])
+    # s_T = eta C z / B for the Table 4 rows.
+    b = float(sound["sample_rate"]) * 100
+    assert float(sound["weight_noise"]) == pytest.approx(0.5 * 1.0 * float(sound["sigma"]) / b, rel=1e-4)
+    labels = {p["label"]: p for p in record["privacy"]}
+    assert labels["table1/eps=1/ln/s=0.5"]["epsilon"]["rdp"] <= 1.01
+    stated = [p for p in record["privacy"] if "paper-ln" in p["label"]]
+    assert len(stated) == 1 and stated[0]["epsilon"]["gdp_exact"] == pytest.approx(float(paper["epsilon"]))
+    assert stated[0]["epsilon"]["gdp_exact"] > labels["table4/sidp-ln/eps=0.5"]["epsilon"]["pld"]
+    summary = _read_csv(out / "table4_summary.csv")
+    assert {r["paper_mnist"] for r in summary} == {"", "98.56"}  # paper 004 Table 4, LN-LeNet-5 at 0.5
+    assert os.path.getsize(out / "sidp_tables.png") > 1000
+    assert {"table1.csv", "table1_summary.csv", "table4.csv", "table4_summary.csv",
+            "sidp_tables.png"} <= set(record["outputs"])
+
+
+@pytest.mark.parametrize("dataset, shape", [("mnist", [28, 28, 1]), ("cifar10", [32, 32, 3])])
+def test_sidp_tables_tfds_path_on_mock_data(dataset, shape, tmp_path):
+    import tensorflow_datasets as tfds
+
+    out = tmp_path / dataset
+    # One configuration each: mnist takes the costly path (public-statistics BN under DP: jacobian
+    # clipping through the carried public batch); cifar10 plain DP-SGD on 3 channels.
+    options = (dict(tables=("table1-bn-dp",), norms=("bn",)) if dataset == "mnist"
+               else dict(tables=("table4",), methods=("dpsgd",)))
+    with tfds.testing.mock_data(num_examples=64, data_dir=str(tmp_path / "tfds")):
+        record = run_experiment("sidp-tables", str(out), smoke=True, log=None, dataset=dataset,
+                                data_dir=str(tmp_path / "tfds"), **options)
+    assert record["data"]["image_shape"] == shape and record["data"]["public_held_out"] == 30
+    assert record["data"]["train_private"] == 34
+    rows = _read_csv(out / ("table1.csv" if dataset == "mnist" else "table4.csv"))
+    assert len(rows) == 1 and 0.0 <= float(rows[0]["accuracy"]) <= 1.0
+    assert int(rows[0]["steps_run"]) == int(rows[0]["steps"]) > 0
+    assert all(p["epsilon"]["rdp"] <= (1.01 if dataset == "mnist" else 0.505) for p in record["privacy"])
+
+
+def test_sidp_tables_bad_inputs(tmp_path):
+    with pytest.raises(ValueError, match="dataset"):
+        run_experiment("sidp-tables", str(tmp_path), smoke=True, log=None, dataset="svhn")
+    with pytest.raises(ValueError, match="data_dir"):
+        run_experiment("sidp-tables", str(tmp_path), smoke=True, log=None, dataset="mnist")
+    for bad in (dict(tables=("table2",)), dict(methods=("adam",)), dict(norms=("gn",)),
+                dict(epsilons=(0.0,)), dict(noise_levels=(-1.0,)), dict(epochs=0), dict(colour="red")):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            run_experiment("sidp-tables", str(tmp_path), smoke=True, log=None, **bad)
+
+
+@pytest.mark.parametrize("shape", [(28, 28, 1), (32, 32, 3)])
+def test_sidp_tables_lenet5_shapes(shape):
+    from tfdpbnn.reproduce.sidp_tables import build_model
+
+    x_pub = np.random.default_rng(0).random((30,) + shape).astype("float32")
+    for norm, noisy in (("bn", True), ("ln", False), ("none", True)):
+        model = build_model(shape, norm, noisy, x_pub, arch="lenet5", seed=0)
+        assert model(x_pub[:3]).shape == (3, 10)  # the public rows are dropped before the logits
+
+
+def test_sidp_paper_mode_noise_for_the_epsilon_that_holds():
+    import warnings
+
+    from tfdpbnn import SIDPOptimizer
+    from tfdpbnn.reproduce.sidp_tables import paper_mode_noise_multiplier
+
+    for eps, steps in ((1.0, 150), (10.0, 40)):
+        z = paper_mode_noise_multiplier(eps, steps)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            opt = SIDPOptimizer(1.0, z, paper_mean_update=True, num_examples=1000, batch_size=100,
+                                sampling="poisson", delta=1e-5, learning_rate=0.5)
+        # The optimizer's own paper-mode epsilon (GDP composition of the releases) after `steps` steps.
+        assert opt.epsilon_after(steps) == pytest.approx(eps, rel=1e-6)
+        assert opt.epsilon_after(steps + 1) > eps

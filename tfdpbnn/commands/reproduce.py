@@ -32,6 +32,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="methods to run (digits-table, digits-ablation, dpbnn-table)")
     parser.add_argument("--configs", nargs="+", default=None,
                         help="digits-table: 'paper' and/or 'tuned' (default both)")
+    parser.add_argument("--dataset", default=None, help="sidp-tables: digits (default), mnist or cifar10 "
+                        "(the last two need --data-dir)")
+    parser.add_argument("--tables", nargs="+", default=None,
+                        help="sidp-tables: any of table1, table1-bn-dp, table4 (default all)")
+    parser.add_argument("--noise-levels", type=float, nargs="+", default=None,
+                        help="sidp-tables: weight-noise stds of Table 1 (default 0 0.01 0.1 1 2)")
+    parser.add_argument("--epochs", type=int, default=None, help="sidp-tables: training epochs (override)")
     parser.set_defaults(func=_run)
     return parser
 
@@ -40,7 +47,8 @@ def _run(args) -> int:
     from tfdpbnn.reproduce import run_experiment
 
     out = args.out or os.path.join("runs", args.name)
-    options = {k: getattr(args, k) for k in ("epsilons", "methods", "configs", "dataset")
+    options = {k: getattr(args, k) for k in ("epsilons", "methods", "configs", "dataset", "tables",
+                                             "noise_levels", "epochs")
                if getattr(args, k) is not None}
     record = run_experiment(args.name, out, seeds=args.seeds, smoke=args.smoke, data_dir=args.data_dir,
                             **options)

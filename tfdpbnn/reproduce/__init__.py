@@ -26,6 +26,8 @@ EXPERIMENTS = {
                     "Dropout, DP-SGD; ECE, MCE"),
     "heteroscedastic": ("tfdpbnn.reproduce.heteroscedastic",
                         "paper 003 sec. 5.2: heteroscedastic GP regression, median MSE, uncertainty bands"),
+    "sidp-tables": ("tfdpbnn.reproduce.sidp_tables",
+                    "paper 004 Tables 1 and 4: noisy weights with/without LN/BN; SI-DPSGD vs DP-SGD"),
 }
 
 

@@ -148,6 +148,19 @@ class Run:
                                   sampling=sampling, clip=clip, epsilon=eps, **extra))
         return eps
 
+    def privacy_statement(self, label: str, statement: Mapping, **extra) -> dict[str, float]:
+        """Record an optimizer's own ``privacy_statement()`` for a mechanism that is not the subsampled
+        Gaussian :meth:`privacy` accounts (e.g. ``SIDPOptimizer(paper_mean_update=True)``); returns its
+        epsilons by accountant (``None`` recorded as NaN)."""
+        eps = {name: float("nan") if value is None else float(value)
+               for name, value in statement["epsilon_by_accountant"].items()}
+        self._privacy.append(dict(label=label, noise_multiplier=float(statement["noise_multiplier"]),
+                                  sample_rate=float(statement["sample_rate"]), steps=int(statement["steps"]),
+                                  delta=float(statement["delta"]), sampling=statement["sampling"],
+                                  clip=float(statement["l2_norm_clip"]), epsilon=eps,
+                                  accountant=statement["accountant"], statement=dict(statement), **extra))
+        return eps
+
     def note(self, key: str, value) -> None:
         """Attach one extra entry (e.g. a chosen hyperparameter) to ``run.json``."""
         self._extra[key] = value
