@@ -250,3 +250,14 @@ def test_digits_ema_is_the_moving_average_of_the_iterates():
         cb.on_train_batch_end(k)
     # d_t = min(0.5, t / (t + 1)): 0, 0.5, 0.5, 0.5 -> 1, 1.5, 2.25, 3.125.
     assert float(cb.averages[0.5][0].numpy().ravel()[0]) == pytest.approx(3.125)
+
+
+def test_digits_kl_weight_scales_the_variational_layers_kl():
+    from tfdpbnn.reproduce.digits_table import Setting, build_model
+
+    model = build_model("dpvd", Setting(hidden=4, kl_weight=0.1), 1437, seed=0)
+    assert [layer.num_examples for layer in model.layers] == [14370, 14370]  # KL / (n / 0.1) = 0.1 KL / n
+    with pytest.raises(ValueError, match="kl_weight"):
+        build_model("dpsgd", Setting(hidden=4, kl_weight=0.1), 1437, seed=0)
+    with pytest.raises(ValueError, match="ema"):
+        Setting(ema=0.5)
