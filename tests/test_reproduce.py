@@ -134,6 +134,59 @@ def test_dpbnn_table_smoke(tmp_path):
     assert len(record["privacy"]) == 4
 
 
+def test_dpbnn_table_mnist_smoke_on_mock_tfds(tmp_path, capsys):
+    """The MNIST variant through the command line: --data-dir selects TFDS MNIST (mocked: 40 random images
+    per split), inputs are flattened to 784, and what is written covers every method with sound epsilons."""
+    import tensorflow_datasets as tfds
+
+    from tfdpbnn.cli import main
+    from tfdpbnn.reproduce.dpbnn_table import MNIST_SMOKE_SETTING
+
+    out = tmp_path / "dpbnn-mnist"
+    with tfds.testing.mock_data(num_examples=40):
+        assert main(["reproduce", "dpbnn-table", "--smoke", "--data-dir", str(tmp_path / "tfds"),
+                     "--out", str(out)]) == 0
+    assert "dpbnn-table" in capsys.readouterr().out
+    record = json.load(open(out / "run.json"))
+    settings = record["settings"]
+    assert settings["dataset"] == "mnist" and settings["data_dir"] == str(tmp_path / "tfds")
+    assert (settings["n_train"], settings["n_test"]) == (40, 40)
+    assert tuple(settings["setting"]["hidden"]) == MNIST_SMOKE_SETTING["hidden"]
+    rows = _read_csv(out / "dpbnn_table.csv")
+    assert {(r["method"], r["dp"]) for r in rows} == {
+        ("sgld", "True"), ("bbp", "True"), ("mcdropout", "True"), ("sgd", "True"), ("sgd", "False")}
+    q = float(rows[0]["sample_rate"])
+    assert q == pytest.approx(10 / 40)  # expected batch round(0.25 * 40) = 10: 4 steps per epoch, 1 epoch
+    for r in rows:
+        assert 0.0 <= float(r["accuracy"]) <= 1.0
+        assert 0.0 <= float(r["ece"]) <= float(r["mce"]) <= 1.0
+        assert int(r["steps_run"]) == int(r["steps"]) == 4
+        if r["dp"] == "True":
+            assert float(r["sigma"]) > 0 and 0.0 < float(r["epsilon_rdp"]) <= 1.01
+        else:
+            assert float(r["sigma"]) == 0.0 and r["epsilon_rdp"] == "inf"
+    # Every DP configuration is recorded with its epsilon by every sound accountant, within the budget.
+    assert sorted(p["label"] for p in record["privacy"]) == [
+        "bbp/gaussian", "mcdropout/gaussian", "sgd/gaussian", "sgld/gaussian"]
+    for p in record["privacy"]:
+        assert p["steps"] == 4 and p["sample_rate"] == pytest.approx(q)
+        assert 0.0 < p["epsilon"]["pld"] <= p["epsilon"]["rdp"] * 1.01 and p["epsilon"]["rdp"] <= 1.01
+    assert os.path.getsize(out / "reliability_sgd_gaussian_dp.png") > 1000
+
+
+def test_dpbnn_table_mnist_without_data_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="data_dir.*no prepared TFDS 'mnist'"):
+        run_experiment("dpbnn-table", str(tmp_path / "out"), smoke=True, data_dir=str(empty), log=None)
+    assert not (tmp_path / "out" / "run.json").exists()
+    with pytest.raises(ValueError, match="data_dir"):  # DIGITS is bundled: a data_dir would be ignored
+        run_experiment("dpbnn-table", str(tmp_path / "out"), smoke=True, data_dir=str(empty),
+                       dataset="digits", log=None)
+    with pytest.raises(ValueError, match="dataset"):
+        run_experiment("dpbnn-table", str(tmp_path / "out"), smoke=True, dataset="cifar10", log=None)
+
+
 def test_heteroscedastic_smoke(tmp_path):
     from tfdpbnn.reproduce.heteroscedastic import make_data
 

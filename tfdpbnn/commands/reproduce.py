@@ -22,7 +22,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--smoke", action="store_true",
                         help="tiny configuration that finishes in seconds (for tests; numbers meaningless)")
     parser.add_argument("--data-dir", default=None,
-                        help="TFDS data directory for the MNIST/CIFAR-10 variants (not needed for DIGITS)")
+                        help="TFDS data directory holding a prepared data set, never downloaded "
+                             "(dpbnn-table: runs on MNIST when given); not needed for DIGITS")
+    parser.add_argument("--dataset", default=None, choices=("digits", "mnist"),
+                        help="dpbnn-table: data set (default: mnist with --data-dir, else digits)")
     parser.add_argument("--epsilons", type=float, nargs="+", default=None,
                         help="epsilons to run (sigma-curve, digits-table, digits-ablation; dpbnn-table: one)")
     parser.add_argument("--methods", nargs="+", default=None,
@@ -37,7 +40,7 @@ def _run(args) -> int:
     from tfdpbnn.reproduce import run_experiment
 
     out = args.out or os.path.join("runs", args.name)
-    options = {k: getattr(args, k) for k in ("epsilons", "methods", "configs")
+    options = {k: getattr(args, k) for k in ("epsilons", "methods", "configs", "dataset")
                if getattr(args, k) is not None}
     record = run_experiment(args.name, out, seeds=args.seeds, smoke=args.smoke, data_dir=args.data_dir,
                             **options)

@@ -22,7 +22,8 @@ EXPERIMENTS = {
     "digits-ablation": ("tfdpbnn.reproduce.digits_ablation",
                         "which changes to the papers' DIGITS setting matter for DP-SGD at epsilon 1"),
     "dpbnn-table": ("tfdpbnn.reproduce.dpbnn_table",
-                    "paper 003 Tables 1-2 on DIGITS: DP-SGLD, DP-BBP, DP-MC Dropout, DP-SGD; ECE, MCE"),
+                    "paper 003 Tables 1-2 on DIGITS (MNIST with --data-dir): DP-SGLD, DP-BBP, DP-MC "
+                    "Dropout, DP-SGD; ECE, MCE"),
     "heteroscedastic": ("tfdpbnn.reproduce.heteroscedastic",
                         "paper 003 sec. 5.2: heteroscedastic GP regression, median MSE, uncertainty bands"),
 }
@@ -42,7 +43,8 @@ def run_experiment(name: str, out_dir: str, seeds: int | None = None, smoke: boo
       out_dir: output directory (created if missing).
       seeds: number of seeds (runs per configuration); ``None`` uses the experiment's default.
       smoke: tiny configuration for tests (seconds, numbers not meaningful).
-      data_dir: TFDS data directory for the MNIST/CIFAR variants (experiments that support them).
+      data_dir: TFDS data directory holding prepared data, never downloaded; only dpbnn-table uses it (its
+        MNIST variant), the others raise ``ValueError``.
       log: progress printer.
       **options: experiment-specific keyword arguments of its ``run`` (e.g. ``epsilons``, ``methods``,
         ``configs`` for digits-table).

@@ -1,11 +1,17 @@
-"""``dpbnn-table``: paper 003 Tables 1 and 2 on DIGITS (accuracy, time per epoch, ECE, MCE; DP and non-DP).
+"""``dpbnn-table``: paper 003 Tables 1-2 on DIGITS or MNIST (accuracy, time/epoch, ECE, MCE; DP and non-DP).
 
 Paper 003 (Zhang, Bu, Chen & Long) compares, on MNIST with a two-layer MLP, DP-SGLD (Algorithm 2), DP-BBP
 (Algorithm 3), DP-MC Dropout (Algorithm 4) and DP-SGD, each with a Gaussian prior (weight decay) and
-without one, beside their non-DP counterparts. Here, on DIGITS (offline), a 64-128-10 ReLU MLP:
+without one, beside their non-DP counterparts. By default on DIGITS (offline), a 64-128-10 ReLU MLP
+(``SETTING``); with ``data_dir`` (or ``dataset="mnist"``) on MNIST from TFDS, never downloaded, with inputs
+flattened to 784 and ``MNIST_SETTING``: the settings paper 003 states for MNIST (Fig. 1: expected batch
+256, 15 epochs, learning rate 0.25 for DP-SGD, C in [0.5, 5] -> 1, delta 1e-5) and, for the widths it does
+not state, the two hidden ReLU layers of 1200 units of the BNN code it builds on (JavierAntoran/
+Bayesian-Neural-Networks, ``Linear_2L``). Methods:
 
 - ``sgld``: ``DPSGLDOptimizer`` (step size eta = (B / (n sigma C))^2, paper 003 Thm 1), prediction averaged
-  over posterior samples kept by ``PosteriorSampler`` (second half of training, every 5th step);
+  over posterior samples kept by ``PosteriorSampler`` (second half of training, every 5th step; MNIST:
+  every 50th);
 - ``bbp``: ``DenseBayesByBackprop`` layers + ``DPSGDOptimizer``, MC prediction (``mc_predict``);
 - ``mcdropout``: dense layers with ``MCDropout(0.2)`` + ``DPSGDOptimizer``, MC prediction;
 - ``sgd``: dense layers + ``DPSGDOptimizer``, deterministic prediction.
@@ -45,31 +51,41 @@ PAPER_TABLE2 = {
     ("mcdropout", "none"): (0.078, 0.225, 0.002, 0.725),
     ("sgd", "gaussian"): (0.013, 0.089, 0.016, 0.139), ("sgd", "none"): (0.106, 0.625, 0.005, 0.299),
 }
+DATASETS = ("digits", "mnist")
 SETTING = dict(hidden=128, sample_rate=0.1, epochs=20, clip=1.0, learning_rate=0.5, mc_samples=20,
                dropout=0.2, nondp_clip=1e6)
 SMOKE_SETTING = dict(SETTING, hidden=8, sample_rate=0.25, epochs=1, mc_samples=2)
+# MNIST (n = 60000): paper 003 Fig. 1's batch 256, <= 15 epochs, eta_SGD 0.25; 3525 steps. SGLD keeps a
+# posterior sample every 50th step of the second half (35 samples) instead of DIGITS's every 5th.
+MNIST_SETTING = dict(hidden=(1200, 1200), sample_rate=256 / 60000, epochs=15, clip=1.0, learning_rate=0.25,
+                     mc_samples=20, dropout=0.2, nondp_clip=1e6, sgld_thinning=50)
+MNIST_SMOKE_SETTING = dict(MNIST_SETTING, hidden=(8, 8), sample_rate=0.25, epochs=1, mc_samples=2,
+                           sgld_thinning=1)
 
 
-def _model(method, prior, setting, n, seed):
+def _model(method, prior, setting, n, seed, input_dim=64):
+    """ReLU MLP ``input_dim``-hidden...-10 (``setting["hidden"]``: one width or a tuple of widths)."""
     import tensorflow as tf
 
     from tfdpbnn import layers
 
     tf.keras.utils.set_random_seed(seed)
-    h = setting["hidden"]
+    widths = (setting["hidden"],) if isinstance(setting["hidden"], int) else tuple(setting["hidden"])
     reg = (tf.keras.regularizers.l2(1.0 / (2.0 * n))
            if prior == "gaussian" and method in ("mcdropout", "sgd") else None)
+    body = []
     if method == "bbp":
         scale = 1.0 if prior == "gaussian" else 1e3
-        body = [layers.DenseBayesByBackprop(h, num_examples=n, prior_scale=scale, activation="relu"),
-                layers.DenseBayesByBackprop(10, num_examples=n, prior_scale=scale)]
-    elif method == "mcdropout":
-        body = [tf.keras.layers.Dense(h, activation="relu", kernel_regularizer=reg),
-                layers.MCDropout(setting["dropout"]), tf.keras.layers.Dense(10, kernel_regularizer=reg)]
+        for h in widths:
+            body.append(layers.DenseBayesByBackprop(h, num_examples=n, prior_scale=scale, activation="relu"))
+        body.append(layers.DenseBayesByBackprop(10, num_examples=n, prior_scale=scale))
     else:
-        body = [tf.keras.layers.Dense(h, activation="relu", kernel_regularizer=reg),
-                tf.keras.layers.Dense(10, kernel_regularizer=reg)]
-    return tf.keras.Sequential([tf.keras.Input((64,))] + body)
+        for h in widths:
+            body.append(tf.keras.layers.Dense(h, activation="relu", kernel_regularizer=reg))
+            if method == "mcdropout":
+                body.append(layers.MCDropout(setting["dropout"]))
+        body.append(tf.keras.layers.Dense(10, kernel_regularizer=reg))
+    return tf.keras.Sequential([tf.keras.Input((input_dim,))] + body)
 
 
 class _EpochTimer:
@@ -92,8 +108,12 @@ class _EpochTimer:
         return Timer()
 
 
-def train_one(method, prior, dp, epsilon, setting, x_train, y_train, x_test, y_test, seed, out_png=None):
-    """Train one (method, prior, DP flag) on Poisson batches; return accuracy, ECE, MCE, timing, sigma."""
+def train_one(method, prior, dp, epsilon, setting, x_train, y_train, x_test, y_test, seed, out_png=None,
+              dataset_label="DIGITS"):
+    """Train one (method, prior, DP flag) on Poisson batches; return accuracy, ECE, MCE, timing, sigma.
+
+    ``x_train`` and ``x_test`` are flat: ``[examples, features]``.
+    """
     import tensorflow as tf
 
     from tfdpbnn import callbacks, data, optimizers, privacy, uncertainty
@@ -114,13 +134,13 @@ def train_one(method, prior, dp, epsilon, setting, x_train, y_train, x_test, y_t
         eta = sgld_learning_rate(sigma, setting["clip"], n, batch)
         opt = optimizers.DPSGLDOptimizer(clip, learning_rate=eta,
                                          prior_stddev=1.0 if prior == "gaussian" else None, **common)
-        sampler = callbacks.PosteriorSampler(burn_in=steps // 2, thinning=5 if steps >= 40 else 1,
-                                             max_samples=100)
+        thinning = setting.get("sgld_thinning", 5) if steps >= 40 else 1
+        sampler = callbacks.PosteriorSampler(burn_in=steps // 2, thinning=thinning, max_samples=100)
         cbs.append(sampler)
     else:
         opt = optimizers.DPSGDOptimizer(clip, sigma if dp else 0.0, learning_rate=setting["learning_rate"],
                                         **common)
-    model = _model(method, prior, setting, n, seed)
+    model = _model(method, prior, setting, n, seed, input_dim=x_train.shape[1])
     model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     batches = data.poisson_batches(x_train, y_train, sample_rate=q, steps_per_epoch=spe, seed=seed)
     model.fit(batches, epochs=setting["epochs"], steps_per_epoch=spe, verbose=0, callbacks=cbs)
@@ -138,8 +158,8 @@ def train_one(method, prior, dp, epsilon, setting, x_train, y_train, x_test, y_t
     ece = float(uncertainty.expected_calibration_error(probs, y_test))
     mce = float(uncertainty.maximum_calibration_error(probs, y_test))
     if out_png is not None:
-        uncertainty.reliability_diagram(probs, y_test, out_png,
-                                        title=f"{'DP-' if dp else ''}{method} ({prior} prior), DIGITS")
+        title = f"{'DP-' if dp else ''}{method} ({prior} prior), {dataset_label}"
+        uncertainty.reliability_diagram(probs, y_test, out_png, title=title)
     times = cbs[0].times
     epoch_time = float(np.median(times[1:])) if len(times) > 1 else float(times[0])
     return dict(method=method, prior=prior, dp=dp, seed=seed, accuracy=acc, ece=ece, mce=mce,
@@ -149,17 +169,44 @@ def train_one(method, prior, dp, epsilon, setting, x_train, y_train, x_test, y_t
                 posterior_samples=len(sampler.samples) if sampler else "")
 
 
-def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: str | None = None,
-        log: Callable[[str], None] | None = print, epsilons=None, methods=None, **unknown) -> dict:
-    """Run every method, prior and DP flag over the seeds; write CSVs, reliability diagrams, ``run.json``."""
+def _load(dataset, data_dir):
+    """``((x_train, y_train), (x_test, y_test))`` with flat float32 inputs, int32/int64 labels."""
     from tfdpbnn import data
+
+    if dataset == "digits":
+        (x_train, y_train), (x_test, y_test) = data.load_digits()
+    else:
+        try:
+            (x_train, y_train), (x_test, y_test) = data.load_mnist(data_dir=data_dir, download=False)
+        except AssertionError as err:  # TFDS: "Dataset mnist: could not find data in ..."
+            where = repr(data_dir) if data_dir is not None else "TFDS's default directory"
+            raise ValueError(
+                f"data_dir: no prepared TFDS 'mnist' in {where}; dpbnn-table never downloads. Prepare it "
+                "where there is network access (e.g. tfds.builder('mnist', data_dir=...)"
+                ".download_and_prepare()) and pass that directory") from err
+    x_train = np.asarray(x_train, np.float32).reshape(len(x_train), -1)
+    x_test = np.asarray(x_test, np.float32).reshape(len(x_test), -1)
+    return (x_train, np.asarray(y_train).astype(np.int32)), (x_test, np.asarray(y_test).astype(np.int64))
+
+
+def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: str | None = None,
+        log: Callable[[str], None] | None = print, epsilons=None, methods=None, dataset=None,
+        **unknown) -> dict:
+    """Run every method, prior and DP flag over the seeds; write CSVs, reliability diagrams, ``run.json``.
+
+    ``dataset``: "digits" (bundled) or "mnist" (TFDS, read from ``data_dir``, never downloaded); default
+    "mnist" when ``data_dir`` is given, else "digits".
+    """
     from tfdpbnn.reproduce.runner import Run, mean_std
 
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: not an option of dpbnn-table")
-    if data_dir is not None:
-        raise ValueError("data_dir: dpbnn-table runs on the bundled DIGITS only; the MNIST variant is not "
-                         "implemented (docs/results.md)")
+    dataset = dataset or ("mnist" if data_dir is not None else "digits")
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset: must be one of {DATASETS}, got {dataset!r}")
+    if dataset == "digits" and data_dir is not None:
+        raise ValueError("data_dir: the DIGITS variant uses the bundled data and no data_dir; "
+                         "leave dataset unset or pass dataset='mnist'")
     methods = tuple(methods or METHODS)
     for m in methods:
         if m not in METHODS:
@@ -168,15 +215,18 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
     if len(epsilons) != 1 or not epsilons[0] > 0:
         raise ValueError(f"epsilons: dpbnn-table takes one epsilon > 0, got {epsilons!r}")
     epsilon = epsilons[0]
-    setting = SMOKE_SETTING if smoke else SETTING
+    if dataset == "digits":
+        setting = SMOKE_SETTING if smoke else SETTING
+    else:
+        setting = MNIST_SMOKE_SETTING if smoke else MNIST_SETTING
     n_seeds = (1 if smoke else 5) if seeds is None else int(seeds)
     priors = ("gaussian",) if smoke else PRIORS
+    (x_train, y_train), (x_test, y_test) = _load(dataset, data_dir)
     run_ = Run("dpbnn-table", out_dir, dict(setting=setting, methods=list(methods), priors=list(priors),
-                                            epsilon=epsilon, delta=DELTA, sampling="poisson", smoke=smoke),
+                                            epsilon=epsilon, delta=DELTA, sampling="poisson", smoke=smoke,
+                                            dataset=dataset, data_dir=data_dir, n_train=len(x_train),
+                                            n_test=len(x_test)),
                seeds=range(n_seeds), log=log)
-    (x_train, y_train), (x_test, y_test) = data.load_digits()
-    x_train, x_test = np.asarray(x_train, np.float32), np.asarray(x_test, np.float32)
-    y_train, y_test = np.asarray(y_train).astype(np.int32), np.asarray(y_test).astype(np.int64)
     rows = []
     for method in methods:
         for prior in priors:
@@ -187,7 +237,7 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
                     png = (run_.path(f"reliability_{method}_{prior}_{'dp' if dp else 'nondp'}.png")
                            if seed == 0 else None)
                     r = train_one(method, prior, dp, epsilon, setting, x_train, y_train, x_test, y_test,
-                                  seed, out_png=png)
+                                  seed, out_png=png, dataset_label=dataset.upper())
                     rows.append(r)
                     run_.log(f"{'DP' if dp else 'non-DP'} {method} prior={prior} seed={seed}: acc "
                              f"{r['accuracy']:.4f} ECE {r['ece']:.3f} MCE {r['mce']:.3f} "
