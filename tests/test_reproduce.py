@@ -314,3 +314,85 @@ def test_digits_kl_weight_scales_the_variational_layers_kl():
         build_model("dpsgd", Setting(hidden=4, kl_weight=0.1), 1437, seed=0)
     with pytest.raises(ValueError, match="ema"):
         Setting(ema=0.5)
+
+
+def test_digits_table_mnist_smoke_on_mock_tfds(tmp_path, capsys):
+    """The MNIST variant of digits-table through the command line: --data-dir selects TFDS MNIST (mocked:
+    40 random images per split), inputs are flattened to 784, tuning uses a validation split of MNIST's
+    training set, and what is written covers every method with sound epsilons and the papers' MNIST
+    numbers."""
+    import tensorflow_datasets as tfds
+
+    from tfdpbnn.cli import main
+    from tfdpbnn.reproduce.digits_table import PAPER_TABLE_MNIST
+
+    out = tmp_path / "digits-mnist"
+    with tfds.testing.mock_data(num_examples=40):
+        assert main(["reproduce", "digits-table", "--smoke", "--data-dir", str(tmp_path / "tfds"),
+                     "--out", str(out)]) == 0
+    assert "digits-table" in capsys.readouterr().out
+    record = json.load(open(out / "run.json"))
+    settings = record["settings"]
+    assert settings["dataset"] == "mnist" and settings["data_dir"] == str(tmp_path / "tfds")
+    assert record["data"] == dict(dataset="mnist", train=40, test=40, features=784)
+    rows = _read_csv(out / "digits_table.csv")
+    assert sorted((r["method"], float(r["epsilon_target"])) for r in rows) == sorted(
+        [("dpvd", 1.0), ("dpvd", 0.5), ("dpd", 1.0), ("svi", 1.0), ("sgld", 1.0), ("dpsgd", 1.0)])
+    for r in rows:
+        assert 0.0 <= float(r["accuracy"]) <= 1.0 and 0.0 <= float(r["accuracy_mc"]) <= 1.0
+        assert int(r["steps_run"]) == int(r["steps"]) == 5  # expected batch round(0.2 * 40) = 8: 5 steps
+        assert float(r["sigma"]) > 0
+        eps = float(r["epsilon_rdp"])
+        assert math.isfinite(eps) and 0.0 < eps <= float(r["epsilon_target"]) * 1.01
+    # Tuning on a stratified split of the 40 mock training images only (dpvd, both epsilons).
+    tuning = _read_csv(out / "tuning.csv")
+    assert {(r["method"], float(r["epsilon"])) for r in tuning} == {("dpvd", 1.0), ("dpvd", 0.5)}
+    assert all(int(r["n_fit"]) + int(r["n_validation"]) == 40 and 0 < int(r["n_validation"]) < 20
+               for r in tuning)
+    # Every configuration's privacy statement: finite sound epsilons within its budget.
+    assert len(record["privacy"]) == 6
+    for p in record["privacy"]:
+        budget = float(p["label"].split("eps=")[1])
+        assert p["sampling"] == "poisson" and p["steps"] == 5
+        assert math.isfinite(p["epsilon"]["rdp"]) and 0.0 < p["epsilon"]["rdp"] <= budget * 1.01
+        assert 0.0 < p["epsilon"]["pld"] <= p["epsilon"]["rdp"] * 1.01
+    # The summary's paper column is the papers' MNIST table, not DIGITS's.
+    summary = {(r["method"], float(r["epsilon"])): r for r in _read_csv(out / "digits_summary.csv")}
+    assert len(summary) == 6
+    assert float(summary[("dpvd", 1.0)]["paper"]) == PAPER_TABLE_MNIST[("dpvd", 1.0)] == 0.9327
+    assert float(summary[("dpsgd", 1.0)]["paper"]) == 0.9305 and summary[("dpvd", 0.5)]["paper"] == ""
+
+
+def test_digits_table_mnist_without_data_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="data_dir.*no prepared TFDS 'mnist'.*digits-table never downloads"):
+        run_experiment("digits-table", str(tmp_path / "out"), smoke=True, data_dir=str(empty), log=None)
+    assert not (tmp_path / "out" / "run.json").exists()
+    with pytest.raises(ValueError, match="data_dir"):  # DIGITS is bundled: a data_dir would be ignored
+        run_experiment("digits-table", str(tmp_path / "out"), smoke=True, data_dir=str(empty),
+                       dataset="digits", log=None)
+    with pytest.raises(ValueError, match="dataset"):
+        run_experiment("digits-table", str(tmp_path / "out"), smoke=True, dataset="cifar10", log=None)
+
+
+def test_digits_table_mnist_settings():
+    """The papers' MNIST setting (000/002 sec. 5) for ``paper``; MNIST candidates for ``tuned``; 784
+    inputs."""
+    from tfdpbnn.reproduce import digits_table as dt
+
+    for method in dt.METHODS:
+        s = dt.paper_setting(method, "mnist")
+        assert (s["hidden"], s["batch_size"], s["epochs"], s["learning_rate"], s["lr_decay"]) == (
+            1000, 600, 200, 0.1, True)
+        assert s["clip"] == (3.0 if method in ("dpd", "sgld") else 2.0)
+        assert dt.steps_for(s, 60000) == (100, 20000, 0.01)  # q = 0.01, 200 epochs (000 sec. 5)
+    assert dt.paper_setting("dpd") == dt.Setting(hidden=500)  # DIGITS unchanged
+    for eps in dt.EPSILONS:
+        mnist = dt.tuning_candidates(eps, "dpsgd", "mnist")
+        assert mnist and not set(map(str, mnist)) & set(map(str, dt.tuning_candidates(eps, "dpsgd")))
+        assert all(c["sample_rate"] * 48000 >= 200 for c in mnist)  # batches of hundreds on the 80% split
+    assert len(dt.tuning_candidates(1.0, "dpvd", "mnist")) == len(dt.MNIST_TUNING_GRID[1.0]) + len(
+        dt.DPVD_KL_WEIGHTS)
+    model = dt.build_model("dpd", dt.paper_setting("dpd", "mnist"), 60000, seed=0, input_dim=784)
+    assert model.input_shape == (None, 784) and model.output_shape == (None, 10)

@@ -23,9 +23,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="tiny configuration that finishes in seconds (for tests; numbers meaningless)")
     parser.add_argument("--data-dir", default=None,
                         help="TFDS data directory holding a prepared data set, never downloaded "
-                             "(dpbnn-table: runs on MNIST when given); not needed for DIGITS")
+                             "(dpbnn-table, digits-table: run on MNIST when given); not needed for DIGITS")
     parser.add_argument("--dataset", default=None, choices=("digits", "mnist"),
-                        help="dpbnn-table: data set (default: mnist with --data-dir, else digits)")
+                        help="dpbnn-table, digits-table: data set (default: mnist with --data-dir, "
+                             "else digits)")
     parser.add_argument("--epsilons", type=float, nargs="+", default=None,
                         help="epsilons to run (sigma-curve, digits-table, digits-ablation; dpbnn-table: one)")
     parser.add_argument("--methods", nargs="+", default=None,
