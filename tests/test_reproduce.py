@@ -211,6 +211,8 @@ def test_heteroscedastic_smoke(tmp_path):
 
 
 def test_digits_table_smoke(tmp_path):
+    from tfdpbnn.reproduce.digits_table import SMOKE_SETTING
+
     out = tmp_path / "digits"
     record = run_experiment("digits-table", str(out), smoke=True, log=None)
     rows = _read_csv(out / "digits_table.csv")
@@ -219,14 +221,31 @@ def test_digits_table_smoke(tmp_path):
     assert {r["config"] for r in rows} == {"tuned"}
     for r in rows:
         assert int(r["steps_run"]) == int(r["steps"])  # the optimizer ran exactly the accounted steps
-        assert float(r["epsilon_rdp"]) <= 1.0 * 1.01  # the budget holds for what ran
+        assert float(r["epsilon_rdp"]) <= float(r["epsilon_target"]) * 1.01  # the budget holds for what ran
         assert 0.0 <= float(r["accuracy"]) <= 1.0 and 0.0 <= float(r["accuracy_mc"]) <= 1.0
-    assert len(_read_csv(out / "tuning.csv")) == 1
-    assert len(record["privacy"]) == 5
+        # The reported accuracy is that of the chosen weights: the last iterate or the chosen average.
+        key = "accuracy_last" if r["ema"] == "" else f"accuracy_ema{float(r['ema']):g}"
+        assert float(r["accuracy"]) == float(r[key])
+    # The tuning path ran at each epsilon for the first method (smoke): one candidate, every average.
+    tuning = _read_csv(out / "tuning.csv")
+    assert {(r["method"], float(r["epsilon"])) for r in tuning} == {("dpvd", 1.0), ("dpvd", 0.5)}
+    # 20% of the 1437 training images, stratified by class; never the 360 test images.
+    assert all(int(r["n_validation"]) + int(r["n_fit"]) == 1437 and 280 <= int(r["n_validation"]) <= 295
+               for r in tuning)
+    chosen = record["chosen_settings"]
+    for eps in (1.0, 0.5):
+        cands = [r for r in tuning if float(r["epsilon"]) == eps]
+        best = max(cands, key=lambda r: float(r["val_accuracy"]))
+        assert chosen[f"tuned/dpvd/eps={eps:g}"]["ema"] == (None if best["ema"] == "" else float(best["ema"]))
+        assert {k: v for k, v in chosen[f"tuned/dpvd/eps={eps:g}"].items() if k != "ema"} == {
+            k: v for k, v in SMOKE_SETTING.items() if k != "ema"}
+        dpvd = [r for r in rows if r["method"] == "dpvd" and float(r["epsilon_target"]) == eps]
+        assert len(dpvd) == 1
+    assert len(record["privacy"]) == 6
     for p in record["privacy"]:
         assert p["sampling"] == "poisson" and p["epsilon"]["rdp"] <= 1.01
     summary = _read_csv(out / "digits_summary.csv")
-    assert len(summary) == 5 and all(r["seeds"] == "1" for r in summary)
+    assert len(summary) == 6 and all(r["seeds"] == "1" for r in summary)
 
 
 def test_sidp_tables_smoke(tmp_path):
@@ -322,3 +341,156 @@ def test_sidp_paper_mode_noise_for_the_epsilon_that_holds():
         # The optimizer's own paper-mode epsilon (GDP composition of the releases) after `steps` steps.
         assert opt.epsilon_after(steps) == pytest.approx(eps, rel=1e-6)
         assert opt.epsilon_after(steps + 1) > eps
+
+
+def test_digits_tuning_is_per_epsilon_on_validation_only(monkeypatch):
+    """tune() trains on the 80% part and evaluates on the 20% validation part of the training set only;
+    the chosen setting per (method, epsilon) is that epsilon's candidate with the best validation
+    accuracy."""
+    from tfdpbnn.reproduce import digits_table as dt
+
+    rng = np.random.default_rng(0)
+    x_train = rng.normal(size=(200, 64)).astype(np.float32)
+    y_train = np.repeat(np.arange(10), 20)
+    calls = []
+
+    def fake_train(method, setting, epsilon, xa, ya, xv, yv, seed):
+        calls.append((method, epsilon, setting, xa, xv))
+        assert setting in dt.tuning_candidates(epsilon, method)
+        # A made-up validation accuracy: higher for larger learning rates at epsilon 10, lower at 0.1.
+        lr = setting["learning_rate"] * (1 if epsilon > 1 else -1) + setting["sample_rate"]
+        r = dict(sigma=1.0, steps=setting["epochs"], accuracy_last=0.5 + 0.01 * lr, accuracy_mc_last=0.0)
+        for d in dt.EMA_DECAYS:
+            r[f"accuracy_ema{d:g}"] = r[f"accuracy_mc_ema{d:g}"] = 0.0
+        return r
+
+    monkeypatch.setattr(dt, "train_and_evaluate", fake_train)
+    rows = dt.tune(("dpsgd",), (10.0, 0.1), x_train, y_train, seeds=1)
+    train_rows = {tuple(r) for r in x_train}
+    for _method, _eps, _setting, xa, xv in calls:
+        assert len(xv) == 40 and len(xa) == 160
+        assert {tuple(r) for r in xv} <= train_rows and not {tuple(r) for r in xv} & {tuple(r) for r in xa}
+    assert {c[1] for c in calls} == {10.0, 0.1}
+    assert len(calls) == len(dt.tuning_candidates(10.0)) + len(dt.tuning_candidates(0.1))
+    best = dt._best_of(rows)
+    for eps in (10.0, 0.1):
+        cands = dt.tuning_candidates(eps)
+        score = [c["learning_rate"] * (1 if eps > 1 else -1) + c["sample_rate"] for c in cands]
+        expected = cands[int(np.argmax(score))]
+        assert best[("dpsgd", eps)] == expected and best[("dpsgd", eps)]["ema"] is None
+    assert dt.tuning_candidates(10.0) != dt.tuning_candidates(0.1)
+    assert dt.tuning_candidates(0.12) == dt.tuning_candidates(0.1)
+    # DPVD also tries smaller KL weights (its KL term pulls the means to 0 unclipped).
+    extra = dt.tuning_candidates(1.0, "dpvd")[len(dt.tuning_candidates(1.0)):]
+    assert [c["kl_weight"] for c in extra] == list(dt.DPVD_KL_WEIGHTS)
+
+
+def test_digits_ema_is_the_moving_average_of_the_iterates():
+    import tensorflow as tf
+
+    from tfdpbnn.reproduce.digits_table import _ema_callback
+
+    model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1, use_bias=False)])
+    model.layers[0].kernel.assign([[0.0]])
+    cb = _ema_callback((0.5,))
+    cb.set_model(model)
+    cb.on_train_begin()
+    values = [1.0, 2.0, 3.0, 4.0]
+    for k, v in enumerate(values):
+        model.layers[0].kernel.assign([[v]])
+        cb.on_train_batch_end(k)
+    # d_t = min(0.5, t / (t + 1)): 0, 0.5, 0.5, 0.5 -> 1, 1.5, 2.25, 3.125.
+    assert float(cb.averages[0.5][0].numpy().ravel()[0]) == pytest.approx(3.125)
+
+
+def test_digits_kl_weight_scales_the_variational_layers_kl():
+    from tfdpbnn.reproduce.digits_table import Setting, build_model
+
+    model = build_model("dpvd", Setting(hidden=4, kl_weight=0.1), 1437, seed=0)
+    assert [layer.num_examples for layer in model.layers] == [14370, 14370]  # KL / (n / 0.1) = 0.1 KL / n
+    with pytest.raises(ValueError, match="kl_weight"):
+        build_model("dpsgd", Setting(hidden=4, kl_weight=0.1), 1437, seed=0)
+    with pytest.raises(ValueError, match="ema"):
+        Setting(ema=0.5)
+
+
+def test_digits_table_mnist_smoke_on_mock_tfds(tmp_path, capsys):
+    """The MNIST variant of digits-table through the command line: --data-dir selects TFDS MNIST (mocked:
+    40 random images per split), inputs are flattened to 784, tuning uses a validation split of MNIST's
+    training set, and what is written covers every method with sound epsilons and the papers' MNIST
+    numbers."""
+    import tensorflow_datasets as tfds
+
+    from tfdpbnn.cli import main
+    from tfdpbnn.reproduce.digits_table import PAPER_TABLE_MNIST
+
+    out = tmp_path / "digits-mnist"
+    with tfds.testing.mock_data(num_examples=40):
+        assert main(["reproduce", "digits-table", "--smoke", "--data-dir", str(tmp_path / "tfds"),
+                     "--out", str(out)]) == 0
+    assert "digits-table" in capsys.readouterr().out
+    record = json.load(open(out / "run.json"))
+    settings = record["settings"]
+    assert settings["dataset"] == "mnist" and settings["data_dir"] == str(tmp_path / "tfds")
+    assert record["data"] == dict(dataset="mnist", train=40, test=40, features=784)
+    rows = _read_csv(out / "digits_table.csv")
+    assert sorted((r["method"], float(r["epsilon_target"])) for r in rows) == sorted(
+        [("dpvd", 1.0), ("dpvd", 0.5), ("dpd", 1.0), ("svi", 1.0), ("sgld", 1.0), ("dpsgd", 1.0)])
+    for r in rows:
+        assert 0.0 <= float(r["accuracy"]) <= 1.0 and 0.0 <= float(r["accuracy_mc"]) <= 1.0
+        assert int(r["steps_run"]) == int(r["steps"]) == 5  # expected batch round(0.2 * 40) = 8: 5 steps
+        assert float(r["sigma"]) > 0
+        eps = float(r["epsilon_rdp"])
+        assert math.isfinite(eps) and 0.0 < eps <= float(r["epsilon_target"]) * 1.01
+    # Tuning on a stratified split of the 40 mock training images only (dpvd, both epsilons).
+    tuning = _read_csv(out / "tuning.csv")
+    assert {(r["method"], float(r["epsilon"])) for r in tuning} == {("dpvd", 1.0), ("dpvd", 0.5)}
+    assert all(int(r["n_fit"]) + int(r["n_validation"]) == 40 and 0 < int(r["n_validation"]) < 20
+               for r in tuning)
+    # Every configuration's privacy statement: finite sound epsilons within its budget.
+    assert len(record["privacy"]) == 6
+    for p in record["privacy"]:
+        budget = float(p["label"].split("eps=")[1])
+        assert p["sampling"] == "poisson" and p["steps"] == 5
+        assert math.isfinite(p["epsilon"]["rdp"]) and 0.0 < p["epsilon"]["rdp"] <= budget * 1.01
+        assert 0.0 < p["epsilon"]["pld"] <= p["epsilon"]["rdp"] * 1.01
+    # The summary's paper column is the papers' MNIST table, not DIGITS's.
+    summary = {(r["method"], float(r["epsilon"])): r for r in _read_csv(out / "digits_summary.csv")}
+    assert len(summary) == 6
+    assert float(summary[("dpvd", 1.0)]["paper"]) == PAPER_TABLE_MNIST[("dpvd", 1.0)] == 0.9327
+    assert float(summary[("dpsgd", 1.0)]["paper"]) == 0.9305 and summary[("dpvd", 0.5)]["paper"] == ""
+
+
+def test_digits_table_mnist_without_data_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="data_dir.*no prepared TFDS 'mnist'.*digits-table never downloads"):
+        run_experiment("digits-table", str(tmp_path / "out"), smoke=True, data_dir=str(empty), log=None)
+    assert not (tmp_path / "out" / "run.json").exists()
+    with pytest.raises(ValueError, match="data_dir"):  # DIGITS is bundled: a data_dir would be ignored
+        run_experiment("digits-table", str(tmp_path / "out"), smoke=True, data_dir=str(empty),
+                       dataset="digits", log=None)
+    with pytest.raises(ValueError, match="dataset"):
+        run_experiment("digits-table", str(tmp_path / "out"), smoke=True, dataset="cifar10", log=None)
+
+
+def test_digits_table_mnist_settings():
+    """The papers' MNIST setting (000/002 sec. 5) for ``paper``; MNIST candidates for ``tuned``; 784
+    inputs."""
+    from tfdpbnn.reproduce import digits_table as dt
+
+    for method in dt.METHODS:
+        s = dt.paper_setting(method, "mnist")
+        assert (s["hidden"], s["batch_size"], s["epochs"], s["learning_rate"], s["lr_decay"]) == (
+            1000, 600, 200, 0.1, True)
+        assert s["clip"] == (3.0 if method in ("dpd", "sgld") else 2.0)
+        assert dt.steps_for(s, 60000) == (100, 20000, 0.01)  # q = 0.01, 200 epochs (000 sec. 5)
+    assert dt.paper_setting("dpd") == dt.Setting(hidden=500)  # DIGITS unchanged
+    for eps in dt.EPSILONS:
+        mnist = dt.tuning_candidates(eps, "dpsgd", "mnist")
+        assert mnist and not set(map(str, mnist)) & set(map(str, dt.tuning_candidates(eps, "dpsgd")))
+        assert all(c["sample_rate"] * 48000 >= 200 for c in mnist)  # batches of hundreds on the 80% split
+    assert len(dt.tuning_candidates(1.0, "dpvd", "mnist")) == len(dt.MNIST_TUNING_GRID[1.0]) + len(
+        dt.DPVD_KL_WEIGHTS)
+    model = dt.build_model("dpd", dt.paper_setting("dpd", "mnist"), 60000, seed=0, input_dim=784)
+    assert model.input_shape == (None, 784) and model.output_shape == (None, 10)

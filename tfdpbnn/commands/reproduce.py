@@ -23,17 +23,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="tiny configuration that finishes in seconds (for tests; numbers meaningless)")
     parser.add_argument("--data-dir", default=None,
                         help="TFDS data directory holding a prepared data set, never downloaded "
-                             "(dpbnn-table: runs on MNIST when given); not needed for DIGITS")
-    parser.add_argument("--dataset", default=None, choices=("digits", "mnist"),
-                        help="dpbnn-table: data set (default: mnist with --data-dir, else digits)")
+                             "(dpbnn-table, digits-table: run on MNIST when given; sidp-tables: see "
+                             "--dataset); not needed for DIGITS")
+    parser.add_argument("--dataset", default=None, choices=("digits", "mnist", "cifar10"),
+                        help="data set: dpbnn-table and digits-table take digits or mnist (default: mnist "
+                             "with --data-dir, else digits); sidp-tables takes digits (default), mnist or "
+                             "cifar10 (the last two need --data-dir)")
     parser.add_argument("--epsilons", type=float, nargs="+", default=None,
                         help="epsilons to run (sigma-curve, digits-table, digits-ablation; dpbnn-table: one)")
     parser.add_argument("--methods", nargs="+", default=None,
                         help="methods to run (digits-table, digits-ablation, dpbnn-table)")
     parser.add_argument("--configs", nargs="+", default=None,
                         help="digits-table: 'paper' and/or 'tuned' (default both)")
-    parser.add_argument("--dataset", default=None, help="sidp-tables: digits (default), mnist or cifar10 "
-                        "(the last two need --data-dir)")
     parser.add_argument("--tables", nargs="+", default=None,
                         help="sidp-tables: any of table1, table1-bn-dp, table4 (default all)")
     parser.add_argument("--noise-levels", type=float, nargs="+", default=None,

@@ -18,7 +18,8 @@ EXPERIMENTS = {
     "sigma-curve": ("tfdpbnn.reproduce.sigma_curve",
                     "paper 000 Fig. 3: sigma against epsilon, the papers' AC/zCDP beside sound accountants"),
     "digits-table": ("tfdpbnn.reproduce.digits_table",
-                     "papers 000/002 Table 1 on DIGITS: DPVD, DPD, SVI/SGLD, DP-SGD at several epsilons"),
+                     "papers 000/002 Table 1 on DIGITS (MNIST with --data-dir): DPVD, DPD, SVI/SGLD, DP-SGD "
+                     "at several epsilons"),
     "digits-ablation": ("tfdpbnn.reproduce.digits_ablation",
                         "which changes to the papers' DIGITS setting matter for DP-SGD at epsilon 1"),
     "dpbnn-table": ("tfdpbnn.reproduce.dpbnn_table",
@@ -45,8 +46,8 @@ def run_experiment(name: str, out_dir: str, seeds: int | None = None, smoke: boo
       out_dir: output directory (created if missing).
       seeds: number of seeds (runs per configuration); ``None`` uses the experiment's default.
       smoke: tiny configuration for tests (seconds, numbers not meaningful).
-      data_dir: TFDS data directory holding prepared data, never downloaded; only dpbnn-table uses it (its
-        MNIST variant), the others raise ``ValueError``.
+      data_dir: TFDS data directory holding prepared data, never downloaded; dpbnn-table and digits-table
+        (their MNIST variants) and sidp-tables (MNIST, CIFAR-10) use it, the others raise ``ValueError``.
       log: progress printer.
       **options: experiment-specific keyword arguments of its ``run`` (e.g. ``epsilons``, ``methods``,
         ``configs`` for digits-table).

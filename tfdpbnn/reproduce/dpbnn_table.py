@@ -171,22 +171,9 @@ def train_one(method, prior, dp, epsilon, setting, x_train, y_train, x_test, y_t
 
 def _load(dataset, data_dir):
     """``((x_train, y_train), (x_test, y_test))`` with flat float32 inputs, int32/int64 labels."""
-    from tfdpbnn import data
+    from tfdpbnn.reproduce.datasets import load_flat
 
-    if dataset == "digits":
-        (x_train, y_train), (x_test, y_test) = data.load_digits()
-    else:
-        try:
-            (x_train, y_train), (x_test, y_test) = data.load_mnist(data_dir=data_dir, download=False)
-        except AssertionError as err:  # TFDS: "Dataset mnist: could not find data in ..."
-            where = repr(data_dir) if data_dir is not None else "TFDS's default directory"
-            raise ValueError(
-                f"data_dir: no prepared TFDS 'mnist' in {where}; dpbnn-table never downloads. Prepare it "
-                "where there is network access (e.g. tfds.builder('mnist', data_dir=...)"
-                ".download_and_prepare()) and pass that directory") from err
-    x_train = np.asarray(x_train, np.float32).reshape(len(x_train), -1)
-    x_test = np.asarray(x_test, np.float32).reshape(len(x_test), -1)
-    return (x_train, np.asarray(y_train).astype(np.int32)), (x_test, np.asarray(y_test).astype(np.int64))
+    return load_flat(dataset, data_dir, "dpbnn-table")
 
 
 def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: str | None = None,
@@ -197,16 +184,12 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
     ``dataset``: "digits" (bundled) or "mnist" (TFDS, read from ``data_dir``, never downloaded); default
     "mnist" when ``data_dir`` is given, else "digits".
     """
+    from tfdpbnn.reproduce.datasets import resolve_dataset
     from tfdpbnn.reproduce.runner import Run, mean_std
 
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: not an option of dpbnn-table")
-    dataset = dataset or ("mnist" if data_dir is not None else "digits")
-    if dataset not in DATASETS:
-        raise ValueError(f"dataset: must be one of {DATASETS}, got {dataset!r}")
-    if dataset == "digits" and data_dir is not None:
-        raise ValueError("data_dir: the DIGITS variant uses the bundled data and no data_dir; "
-                         "leave dataset unset or pass dataset='mnist'")
+    dataset = resolve_dataset("dpbnn-table", dataset, data_dir)
     methods = tuple(methods or METHODS)
     for m in methods:
         if m not in METHODS:
