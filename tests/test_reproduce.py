@@ -380,6 +380,10 @@ def test_digits_tuning_is_per_epsilon_on_validation_only(monkeypatch):
         assert best[("dpsgd", eps)] == expected and best[("dpsgd", eps)]["ema"] is None
     assert dt.tuning_candidates(10.0) != dt.tuning_candidates(0.1)
     assert dt.tuning_candidates(0.12) == dt.tuning_candidates(0.1)
+    # A candidate runs the same number of steps on the tuning split (1150) as on the training set (1437).
+    for c in dt.TUNING_GRID[0.1] + dt.TUNING_GRID[1.0]:
+        assert dt.steps_for(c, 1150)[1] == dt.steps_for(c, 1437)[1]
+    assert dt.steps_for(dt.paper_setting("dpsgd"), 1437)[1] == 1500  # B = 100: 15 steps per epoch
     # DPVD also tries smaller KL weights (its KL term pulls the means to 0 unclipped).
     extra = dt.tuning_candidates(1.0, "dpvd")[len(dt.tuning_candidates(1.0)):]
     assert [c["kl_weight"] for c in extra] == list(dt.DPVD_KL_WEIGHTS)
