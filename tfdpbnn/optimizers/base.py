@@ -309,8 +309,8 @@ class DPOptimizerMixin:
         return gaussian_noise_like(scaled_sum, stddev)
 
     def _dp_noised_mean(self, scaled_sum):
-        """``(sum + N(0, (sigma C)^2)) / B`` per variable from ``scaled_sum = sum / B``: noise once per step,
-        constant divisor."""
+        """``(sum + N(0, (sigma C)^2)) s`` per variable from ``scaled_sum = sum s``, ``s = _dp_sum_scale()``
+        (DP-SGD: ``s = 1 / B``): noise once per step, constant scale."""
         return [g + z for g, z in zip(scaled_sum, self._dp_noise(scaled_sum), strict=True)]
 
     def _dp_gradients(self, scaled_sum, regularization_grads, var_list):
