@@ -177,19 +177,6 @@ def test_dpbnn_table_mnist_smoke_on_mock_tfds(tmp_path, capsys):
     assert os.path.getsize(out / "reliability_sgd_gaussian_dp.png") > 1000
 
 
-def test_dpbnn_table_mnist_without_data_is_a_clear_error(tmp_path):
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    with pytest.raises(ValueError, match="data_dir.*no prepared TFDS 'mnist'"):
-        run_experiment("dpbnn-table", str(tmp_path / "out"), smoke=True, data_dir=str(empty), log=None)
-    assert not (tmp_path / "out" / "run.json").exists()
-    with pytest.raises(ValueError, match="data_dir"):  # DIGITS is bundled: a data_dir would be ignored
-        run_experiment("dpbnn-table", str(tmp_path / "out"), smoke=True, data_dir=str(empty),
-                       dataset="digits", log=None)
-    with pytest.raises(ValueError, match="dataset"):
-        run_experiment("dpbnn-table", str(tmp_path / "out"), smoke=True, dataset="cifar10", log=None)
-
-
 def test_heteroscedastic_smoke(tmp_path):
     from tfdpbnn.reproduce.heteroscedastic import make_data
 
@@ -465,17 +452,18 @@ def test_digits_table_mnist_smoke_on_mock_tfds(tmp_path, capsys):
     assert float(summary[("dpsgd", 1.0)]["paper"]) == 0.9305 and summary[("dpvd", 0.5)]["paper"] == ""
 
 
-def test_digits_table_mnist_without_data_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize("name", ["dpbnn-table", "digits-table"])
+def test_mnist_variant_without_data_is_a_clear_error(tmp_path, name):
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ValueError, match="data_dir.*no prepared TFDS 'mnist'.*digits-table never downloads"):
-        run_experiment("digits-table", str(tmp_path / "out"), smoke=True, data_dir=str(empty), log=None)
+    with pytest.raises(ValueError, match=f"data_dir.*no prepared TFDS 'mnist'.*{name} never downloads"):
+        run_experiment(name, str(tmp_path / "out"), smoke=True, data_dir=str(empty), log=None)
     assert not (tmp_path / "out" / "run.json").exists()
     with pytest.raises(ValueError, match="data_dir"):  # DIGITS is bundled: a data_dir would be ignored
-        run_experiment("digits-table", str(tmp_path / "out"), smoke=True, data_dir=str(empty),
-                       dataset="digits", log=None)
+        run_experiment(name, str(tmp_path / "out"), smoke=True, data_dir=str(empty), dataset="digits",
+                       log=None)
     with pytest.raises(ValueError, match="dataset"):
-        run_experiment("digits-table", str(tmp_path / "out"), smoke=True, dataset="cifar10", log=None)
+        run_experiment(name, str(tmp_path / "out"), smoke=True, dataset="cifar10", log=None)
 
 
 def test_digits_table_mnist_settings():
