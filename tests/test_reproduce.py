@@ -137,22 +137,32 @@ def test_dpbnn_table_smoke(tmp_path):
     assert len(record["privacy"]) == 4
 
 
-def test_dpbnn_table_mnist_smoke_on_mock_tfds(tmp_path, capsys):
-    """The MNIST variant through the command line: --data-dir selects TFDS MNIST (mocked: 40 random images
-    per split), inputs are flattened to 784, and what is written covers every method with sound epsilons."""
+def _run_on_mock_mnist(name, tmp_path, capsys):
+    """``tfdpbnn reproduce NAME --smoke --data-dir`` on mocked TFDS MNIST (40 random images per split);
+    returns the output directory and its run.json, after checking the command's progress output and the
+    recorded data set."""
     import tensorflow_datasets as tfds
 
     from tfdpbnn.cli import main
-    from tfdpbnn.reproduce.dpbnn_table import MNIST_SMOKE_SETTING
 
-    out = tmp_path / "dpbnn-mnist"
+    out = tmp_path / f"{name}-mnist"
     with tfds.testing.mock_data(num_examples=40):
-        assert main(["reproduce", "dpbnn-table", "--smoke", "--data-dir", str(tmp_path / "tfds"),
+        assert main(["reproduce", name, "--smoke", "--data-dir", str(tmp_path / "tfds"),
                      "--out", str(out)]) == 0
-    assert "dpbnn-table" in capsys.readouterr().out
+    assert name in capsys.readouterr().out
     record = json.load(open(out / "run.json"))
     settings = record["settings"]
     assert settings["dataset"] == "mnist" and settings["data_dir"] == str(tmp_path / "tfds")
+    return out, record
+
+
+def test_dpbnn_table_mnist_smoke_on_mock_tfds(tmp_path, capsys):
+    """The MNIST variant through the command line: --data-dir selects TFDS MNIST (mocked: 40 random images
+    per split), inputs are flattened to 784, and what is written covers every method with sound epsilons."""
+    from tfdpbnn.reproduce.dpbnn_table import MNIST_SMOKE_SETTING
+
+    out, record = _run_on_mock_mnist("dpbnn-table", tmp_path, capsys)
+    settings = record["settings"]
     assert (settings["n_train"], settings["n_test"]) == (40, 40)
     assert tuple(settings["setting"]["hidden"]) == MNIST_SMOKE_SETTING["hidden"]
     rows = _read_csv(out / "dpbnn_table.csv")
@@ -410,19 +420,9 @@ def test_digits_table_mnist_smoke_on_mock_tfds(tmp_path, capsys):
     40 random images per split), inputs are flattened to 784, tuning uses a validation split of MNIST's
     training set, and what is written covers every method with sound epsilons and the papers' MNIST
     numbers."""
-    import tensorflow_datasets as tfds
-
-    from tfdpbnn.cli import main
     from tfdpbnn.reproduce.digits_table import PAPER_TABLE_MNIST
 
-    out = tmp_path / "digits-mnist"
-    with tfds.testing.mock_data(num_examples=40):
-        assert main(["reproduce", "digits-table", "--smoke", "--data-dir", str(tmp_path / "tfds"),
-                     "--out", str(out)]) == 0
-    assert "digits-table" in capsys.readouterr().out
-    record = json.load(open(out / "run.json"))
-    settings = record["settings"]
-    assert settings["dataset"] == "mnist" and settings["data_dir"] == str(tmp_path / "tfds")
+    out, record = _run_on_mock_mnist("digits-table", tmp_path, capsys)
     assert record["data"] == dict(dataset="mnist", train=40, test=40, features=784)
     rows = _read_csv(out / "digits_table.csv")
     assert sorted((r["method"], float(r["epsilon_target"])) for r in rows) == sorted(
