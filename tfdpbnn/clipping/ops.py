@@ -108,15 +108,14 @@ def conv_per_example_gradients(x: tf.Tensor, g: tf.Tensor, kernel_size, strides,
     ``x``: the layer input ``[B, H, W, cin]``; ``g``: the output gradients ``[B, out_h, out_w, K]``. One
     batched ``[cin, T] x [T, K]`` matmul per kernel offset, on that offset's strided input slice, stacked in
     the (row, column, channel) order of ``kernel.reshape([-1, K])``. Same result as
-    ``einsum("btd,btk->bdk", conv_patches(x), g)`` without building the ``[B, T, kh*kw*cin]`` patch matrix:
-    about 2.5x faster on CPU, and as fast as the non-private ``conv2d_backprop_filter`` (docs/benchmarks.md).
+    ``einsum("btd,btk->bdk", conv_patches(x), g)`` without building the ``[B, T, kh*kw*cin]`` patch matrix,
+    the largest cost of the CNN's DP step before (docs/fast_clipping.md, docs/benchmarks.md).
     """
     b = flatten_positions(g)
     batch, cin = tf.shape(x)[0], x.shape[-1]
     per_offset = [tf.matmul(tf.reshape(s, [batch, -1, cin]), b, transpose_a=True)
                   for s in _kernel_offset_slices(x, kernel_size, strides, dilation_rate, padding)]
-    stacked = per_offset[0] if len(per_offset) == 1 else tf.concat(per_offset, axis=1)
-    return stacked
+    return per_offset[0] if len(per_offset) == 1 else tf.concat(per_offset, axis=1)
 
 
 def conv_materialize_is_cheaper(kernel_size, cin: int, g: tf.Tensor) -> bool:
