@@ -114,7 +114,7 @@ def test_per_example_loss_vector_in_custom_step_is_private():
     """tf-privacy's contract: a [batch] loss to minimize; sigma 0 and a huge clip give plain SGD."""
     x, y = _data()
     model = _CustomStep(reduce=False)
-    opt = tfdpbnn.DPSGDOptimizer(1e6, 0.0, learning_rate=0.1, **COMMON)
+    opt = tfdpbnn.DPSGDOptimizer(1e6, 0.0, learning_rate=0.1, **dict(COMMON, num_examples=10))
     model.compile(optimizer=opt)
     model(x[:1])
     w0 = [w.numpy() for w in model.trainable_variables]
@@ -148,10 +148,11 @@ def test_activity_regularizer_is_refused():
 def test_empty_poisson_batches_do_not_crash():
     x, y = _data(n=5)
     model = _model()
-    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=5000, batch_size=5, sampling="poisson", delta=1e-5)
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=5, batch_size=1, sampling="poisson", delta=1e-5)
     model.compile(optimizer=opt, loss=LOSS, metrics=["accuracy"])
-    ds = tfdpbnn.data.poisson_batches(x, y, sample_rate=0.001, steps_per_epoch=3, seed=0)
-    assert [int(b[0].shape[0]) for b in ds] == [0, 0, 0]
+    # Three empty Poisson batches (probability 0.8^15 = 0.035 at q = 0.2: rare, not impossible).
+    empty = tf.data.Dataset.from_tensors((x[:0], y[:0])).repeat(3)
+    ds = tfdpbnn.data.assert_sampling(empty, "poisson", num_examples=5, sample_rate=0.2)
     w0 = model.get_weights()
     history = model.fit(ds, epochs=1, verbose=0)
     assert opt.steps == 3 and np.isfinite(history.history["loss"][0])
@@ -221,7 +222,7 @@ def test_saved_model_privacy_json(tmp_path):
     model = _model()
     opt = tfdpbnn.DPSGDOptimizer(1.0, 1.2, sampling="poisson", **COMMON)
     model.compile(optimizer=opt, loss=LOSS)
-    model.fit(tfdpbnn.data.poisson_batches(x, y, 0.25, seed=0), epochs=1, verbose=0)
+    model.fit(tfdpbnn.data.poisson_batches(x, y, 0.25), epochs=1, verbose=0)
     tfdpbnn.export_saved_model(model, str(tmp_path / "sm"), num_samples=2)
     with open(tmp_path / "sm" / "assets" / "privacy.json") as fh:
         statement = json.load(fh)  # plain JSON: readable without tfdpbnn
@@ -243,7 +244,7 @@ def test_dpvd_logs_zeta_and_implied_dropout_rate():
     x, y = _data()
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential([tf.keras.Input((4,)), tfdpbnn.DenseVariational(3, num_examples=40)])
-    opt = tfdpbnn.DPVDOptimizer(1.5, 2.0, learning_rate=0.3, **COMMON)
+    opt = tfdpbnn.DPVDOptimizer(1.5, 2.0, learning_rate=0.3, **dict(COMMON, num_examples=10))
     model.compile(optimizer=opt, loss=LOSS)
     history = model.fit(x[:10], y[:10], batch_size=10, epochs=1, verbose=0)
     zeta = 0.3 * 2.0 * 1.5 / 10
@@ -252,8 +253,9 @@ def test_dpvd_logs_zeta_and_implied_dropout_rate():
     alpha = history.history["dp_alpha_median"][0]
     lo = np.median(zeta ** 2 / theta.ravel() ** 2) / 100
     assert lo < alpha < 100 * np.median(zeta ** 2 / theta.ravel() ** 2)
-    opt2 = tfdpbnn.DPVDOptimizer(1.5, 2.0, learning_rate=0.3, **COMMON)
+    opt2 = tfdpbnn.DPVDOptimizer(1.5, 2.0, learning_rate=0.3, **dict(COMMON, num_examples=10))
     model.compile(optimizer=opt2, loss=LOSS)
+    opt2.begin_training(model, x[:10], y[:10], batch_size=10)
     logs = opt2.dp_train_step(model, (x[:10], y[:10]))
     np.testing.assert_allclose(float(logs["dp_alpha_median"]),
                                np.median(zeta ** 2 / model.layers[0].theta.numpy().ravel() ** 2), rtol=0.2)
@@ -270,9 +272,10 @@ def test_dpvd_alpha_median_subsample_tracks_exact_median_on_large_layers():
     model = tf.keras.Sequential([tf.keras.Input((200,)), tfdpbnn.DenseVariational(100, num_examples=40),
                                  tf.keras.layers.Dense(3)])
     assert model.layers[0].theta.shape.num_elements() > ALPHA_MEDIAN_SAMPLE
-    opt = tfdpbnn.DPVDOptimizer(1.5, 2.0, learning_rate=0.3, **COMMON)
+    opt = tfdpbnn.DPVDOptimizer(1.5, 2.0, learning_rate=0.3, **dict(COMMON, num_examples=10))
     model.compile(optimizer=opt, loss=LOSS)
     theta_before = model.layers[0].theta.numpy().ravel()
+    opt.begin_training(model, x, y, batch_size=10)
     logs = opt.dp_train_step(model, (x, y))
     theta_after = model.layers[0].theta.numpy().ravel()
     zeta = 0.3 * 2.0 * 1.5 / 10
@@ -329,8 +332,9 @@ def test_sidp_sets_layer_noise_and_paper_mode_epsilon():
     t = 4  # releases theta_1..theta_4 with Delta_k / s = k / z (theta_0 is data-independent)
     mu = math.sqrt(sum((k / 4.0) ** 2 for k in range(1, t + 1)))
     assert paper.paper_mode_gdp_mu() == pytest.approx(mu, rel=1e-5)
-    assert paper.epsilon() == pytest.approx(gdp_epsilon(mu, 1e-5), rel=1e-5)
-    assert paper.epsilon_after(4) == pytest.approx(paper.epsilon(), rel=1e-5)
+    assert paper.epsilon_after(4) == pytest.approx(gdp_epsilon(mu, 1e-5), rel=1e-5)
+    # The model's ledger also holds the first optimizer's pass (one Gaussian of sigma 4): exact GDP of both.
+    assert paper.epsilon() == pytest.approx(gdp_epsilon(math.sqrt(mu ** 2 + 1 / 16.0), 1e-5), rel=1e-5)
     assert paper.epsilon() > opt.epsilon()
     with pytest.raises(ValueError, match="release_weights"):  # the model still holds mu: no statement
         paper.privacy_statement()
@@ -395,7 +399,7 @@ def test_fit_refuses_sampling_the_accounting_does_not_cover():
         model.fit(x, y, batch_size=10, verbose=0)
     with pytest.raises(ValueError, match="rate 0.5"):  # sampled at another rate than accounted for
         model.fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=0.5), verbose=0)
-    with pytest.warns(UserWarning, match="Poisson"):  # an untagged dataset: cannot check, so warn
+    with pytest.raises(ValueError, match="assert_sampling"):  # an untagged dataset: cannot check, refuse
         model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(10), verbose=0)
     shuffle = tfdpbnn.DPSGDOptimizer(1.0, 1.0, **COMMON)
     model.compile(optimizer=shuffle, loss=LOSS)

@@ -1,8 +1,9 @@
-"""Data for DP training: DIGITS (offline), TFDS loaders, Poisson-subsampled batches."""
+"""Data for DP training: DIGITS (offline), TFDS loaders, Poisson-subsampled batches, sampling assertions."""
 
 from tfdpbnn.data.digits import load_digits
 from tfdpbnn.data.poisson import poisson_batches
+from tfdpbnn.data.sampling import SamplingSpec, assert_sampling
 from tfdpbnn.data.tfds_loaders import DATASETS, load_cifar10, load_fashion_mnist, load_mnist, load_tfds
 
-__all__ = ["DATASETS", "load_cifar10", "load_digits", "load_fashion_mnist", "load_mnist", "load_tfds",
+__all__ = ["DATASETS", "SamplingSpec", "assert_sampling", "load_cifar10", "load_digits", "load_fashion_mnist", "load_mnist", "load_tfds",
            "poisson_batches"]
