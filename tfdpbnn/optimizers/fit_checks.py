@@ -148,9 +148,11 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
                                                                                    strict=True)])
         reg = tf.add_n([tf.reduce_sum(tf.cast(r, tf.float32)) for r in model.losses]) if model.losses \
             else None
-        per_example = None
+        per_example = loss_half = None
         if ys is not None and per_example_loss_fn is not None:
-            per_example = per_example_loss_fn(ys, y_pred, None)
+            per_example = tf.convert_to_tensor(per_example_loss_fn(ys, y_pred, None))
+            if per_example.shape.rank == 1 and per_example.shape[0] == rows:
+                loss_half = tf.reduce_sum(per_example[:half])
     if float_inputs:
         own = _max_abs(tape.gradient(first_half, float_inputs))
         cross = [g[half:] for g in tape.gradient(first_half, float_inputs,
@@ -171,16 +173,14 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
                     "data-independent (weights only: KL terms, priors, weight decay); put a data-dependent "
                     "term into the compiled per-example loss instead.")
     if per_example is not None:
-        per_example = tf.convert_to_tensor(per_example)
-        if per_example.shape.rank != 1 or int(per_example.shape[0]) != rows:
+        if loss_half is None:
             raise ValueError(
                 f"loss: the compiled loss returned shape {per_example.shape} for a batch of {rows} "
                 "examples; DP training needs one loss per example (a loss that already reduces over the "
                 "batch cannot be clipped per example). Use a tf.keras.losses.Loss or a function "
                 "f(y_true, y_pred) that returns one value per example.")
         preds = tf.nest.flatten(y_pred)
-        cross = tape.gradient(tf.reduce_sum(per_example[:half]), preds,
-                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        cross = tape.gradient(loss_half, preds, unconnected_gradients=tf.UnconnectedGradients.ZERO)
         own = _max_abs([g[:half] for g in cross])
         if _max_abs([g[half:] for g in cross]) > COUPLING_TOLERANCE * max(own, 1.0):
             raise ValueError(
