@@ -38,13 +38,11 @@ def _model(seed=0):
 @pytest.mark.parametrize("kwargs,argument", [
     (dict(l2_norm_clip=0.0, noise_multiplier=1.0, num_examples=40, batch_size=10), "l2_norm_clip"),
     (dict(l2_norm_clip=-1.0, noise_multiplier=1.0, num_examples=40, batch_size=10), "l2_norm_clip"),
-    (dict(l2_norm_clip=1.0, noise_multiplier=1.0, epsilon=1.0, delta=1e-5, epochs=2, num_examples=40,
-          batch_size=10), "noise_multiplier and epsilon"),
-    (dict(l2_norm_clip=1.0, num_examples=40, batch_size=10), "noise_multiplier and epsilon"),
-    (dict(l2_norm_clip=1.0, epsilon=1.0, delta=1e-5, epochs=2, batch_size=10), "num_examples"),
-    (dict(l2_norm_clip=1.0, epsilon=1.0, delta=1e-5, epochs=2, num_examples=40), "batch_size"),
-    (dict(l2_norm_clip=1.0, epsilon=1.0, delta=1e-5, num_examples=40, batch_size=10), "epochs"),
-    (dict(l2_norm_clip=1.0, epsilon=1.0, epochs=2, num_examples=40, batch_size=10), "delta"),
+    (dict(l2_norm_clip=1.0, num_examples=40, batch_size=10), "noise_multiplier and target_epsilon"),
+    (dict(l2_norm_clip=1.0, target_epsilon=1.0, delta=1e-5, epochs=2, batch_size=10), "num_examples"),
+    (dict(l2_norm_clip=1.0, target_epsilon=1.0, delta=1e-5, epochs=2, num_examples=40), "batch_size"),
+    (dict(l2_norm_clip=1.0, target_epsilon=1.0, delta=1e-5, num_examples=40, batch_size=10), "epochs"),
+    (dict(l2_norm_clip=1.0, target_epsilon=1.0, epochs=2, num_examples=40, batch_size=10), "delta"),
     (dict(l2_norm_clip=1.0, noise_multiplier=-1.0, num_examples=40, batch_size=10), "noise_multiplier"),
     (dict(l2_norm_clip=1.0, noise_multiplier=1.0, num_examples=40, batch_size=50), "batch_size"),
     (dict(l2_norm_clip=1.0, noise_multiplier=1.0, num_examples=40, batch_size=10, sampling="uniform"),
@@ -63,10 +61,9 @@ def test_bad_input_names_the_argument(cls, kwargs, argument):
 
 @pytest.mark.parametrize("kwargs,argument", [
     (dict(l2_norm_clip=0.0, learning_rate=0.1), "l2_norm_clip"),
-    (dict(l2_norm_clip=1.0, learning_rate=0.1, epsilon=1.0, delta=1e-5, epochs=1),
-     "learning_rate and epsilon"),
-    (dict(l2_norm_clip=1.0), "learning_rate and epsilon"),
-    (dict(l2_norm_clip=1.0, epsilon=1.0, delta=1e-5), "epochs"),
+    (dict(l2_norm_clip=1.0), "learning_rate and target_epsilon"),
+    (dict(l2_norm_clip=1.0, learning_rate=0.1, epsilon=1.0), "target_epsilon"),
+    (dict(l2_norm_clip=1.0, target_epsilon=1.0, delta=1e-5), "epochs"),
     (dict(l2_norm_clip=1.0, learning_rate=0.1, momentum=0.9), "momentum"),
     (dict(l2_norm_clip=1.0, learning_rate=0.1, prior_stddev=0.0), "prior_stddev"),
 ])
@@ -77,7 +74,7 @@ def test_sgld_bad_input(kwargs, argument):
 
 
 def test_budget_calibrates_sigma_to_the_accountant():
-    opt = tfdpbnn.DPSGDOptimizer(1.0, epsilon=2.0, epochs=3, sampling="poisson", **COMMON)
+    opt = tfdpbnn.DPSGDOptimizer(1.0, target_epsilon=2.0, epochs=3, sampling="poisson", **COMMON)
     expected = privacy.calibrate_noise(2.0, 1e-5, 0.25, 12, accountant="rdp", sampling="poisson")
     assert opt.noise_multiplier == pytest.approx(expected, rel=1e-12)
     assert opt.epsilon_after(12) <= 2.0
@@ -214,7 +211,31 @@ def test_model_save_and_config_carry_accounting(tmp_path, fmt):
     assert restored.epsilon() == pytest.approx(opt.epsilon(), rel=1e-9)
     clone = tfdpbnn.DPAdamOptimizer.from_config(opt.get_config())
     assert clone.epsilon() == pytest.approx(opt.epsilon(), rel=1e-9)
-    assert float(clone.epsilon) == pytest.approx(1e-7)  # Adam's own epsilon-hat is kept apart
+    assert float(clone.epsilon) == pytest.approx(1e-7)  # Adam's own epsilon is kept apart
+
+
+def test_budget_and_adams_epsilon_cannot_be_confused():
+    adam = tfdpbnn.DPAdamOptimizer(1.0, 1.0, epsilon=1e-4, **COMMON)  # Keras's meaning: Adam's constant
+    assert float(adam.epsilon) == pytest.approx(1e-4) and adam.target_epsilon is None
+    budget = tfdpbnn.DPAdamOptimizer(1.0, target_epsilon=2.0, epochs=2, **COMMON)
+    assert budget.target_epsilon == 2.0 and budget.epsilon_after(8) <= 2.0
+    for cls in (tfdpbnn.DPSGDOptimizer, tfdpbnn.DPVDOptimizer, tfdpbnn.SIDPOptimizer):
+        with pytest.raises(ValueError, match="target_epsilon"):
+            cls(1.0, epsilon=1.0, epochs=2, **COMMON)
+    with pytest.raises(TypeError):  # learning_rate is keyword-only: no positional mix-up with sigma
+        tfdpbnn.DPSGLDOptimizer(1.0, 0.1, **COMMON)
+
+
+@pytest.mark.parametrize("cls", [tfdpbnn.DPSGDOptimizer, tfdpbnn.DPAdamOptimizer, tfdpbnn.DPVDOptimizer,
+                                 tfdpbnn.SIDPOptimizer, tfdpbnn.DPSGLDOptimizer])
+def test_signatures_show_every_documented_argument(cls):
+    import inspect
+
+    names = set(inspect.signature(cls.__init__).parameters)
+    for name in ("l2_norm_clip", "target_epsilon", "delta", "num_examples", "batch_size", "epochs",
+                 "accountant", "sampling", "neighboring", "clipping_method", "allow_exceeding_budget",
+                 "learning_rate"):
+        assert name in names, name
 
 
 def test_saved_model_privacy_json(tmp_path):
@@ -291,7 +312,8 @@ def test_sgld_equivalence_and_budget_calibration():
     n, b, clip = 40, 10, 0.5
     opt = tfdpbnn.DPSGLDOptimizer(clip, learning_rate=1e-3, num_examples=n, batch_size=b, delta=1e-5)
     assert opt.noise_multiplier == pytest.approx(b / (n * math.sqrt(1e-3) * clip))  # paper 003 Theorem 1
-    budget = tfdpbnn.DPSGLDOptimizer(clip, epsilon=3.0, delta=1e-5, epochs=2, num_examples=n, batch_size=b)
+    budget = tfdpbnn.DPSGLDOptimizer(clip, target_epsilon=3.0, delta=1e-5, epochs=2, num_examples=n,
+                                     batch_size=b)
     eta = float(budget.learning_rate.numpy())
     sigma = privacy.calibrate_noise(3.0, 1e-5, 0.25, 8, accountant="rdp", sampling="shuffle")
     assert eta == pytest.approx((b / (n * sigma * clip)) ** 2, rel=1e-6)

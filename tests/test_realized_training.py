@@ -323,7 +323,7 @@ def test_loss_that_couples_examples_is_refused():
 def test_budget_warns_and_stops_before_it_would_be_exceeded():
     x, y = _data()
     model = _model()
-    opt = tfdpbnn.DPSGDOptimizer(1.0, epsilon=2.0, delta=DELTA, num_examples=N, batch_size=8, epochs=2,
+    opt = tfdpbnn.DPSGDOptimizer(1.0, target_epsilon=2.0, delta=DELTA, num_examples=N, batch_size=8, epochs=2,
                                  sampling="poisson")
     model.compile(optimizer=opt, loss=LOSS)
     ds = tfdpbnn.data.poisson_batches(x, y, sample_rate=0.125)
@@ -339,7 +339,7 @@ def test_budget_warns_and_stops_before_it_would_be_exceeded():
 def test_budget_can_be_exceeded_only_by_asking():
     x, y = _data()
     model = _model()
-    opt = tfdpbnn.DPSGDOptimizer(1.0, epsilon=2.0, delta=DELTA, num_examples=N, batch_size=8, epochs=1,
+    opt = tfdpbnn.DPSGDOptimizer(1.0, target_epsilon=2.0, delta=DELTA, num_examples=N, batch_size=8, epochs=1,
                                  allow_exceeding_budget=True)
     model.compile(optimizer=opt, loss=LOSS)
     with warnings.catch_warnings(record=True) as caught:

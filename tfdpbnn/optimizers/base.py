@@ -99,10 +99,11 @@ class DPOptimizerMixin:
     Args:
       l2_norm_clip: clip bound C > 0 on each example's data-loss gradient norm.
       noise_multiplier: sigma >= 0 (noise std sigma*C on the clipped sum). Give it, OR a budget.
-      epsilon, delta: a budget; sigma is then calibrated with ``tfdpbnn.privacy.calibrate_noise`` for
+      target_epsilon, delta: a budget; sigma is then calibrated with ``tfdpbnn.privacy.calibrate_noise`` for
         ``epochs`` epochs of ``ceil(num_examples / batch_size)`` steps, and training stops before a step
-        that would exceed it (unless ``allow_exceeding_budget``). ``delta`` is also the delta the privacy
-        statement reports.
+        that would exceed it (unless ``allow_exceeding_budget``). With ``noise_multiplier`` also given,
+        ``target_epsilon`` is only the budget (no calibration). ``delta`` is also the delta the privacy
+        statement reports. (``epsilon`` is never the budget: on ``DPAdamOptimizer`` it is Adam's own.)
       num_examples: n, the training set size (sample rate q = batch_size / n); checked against the data.
       batch_size: the EXPECTED batch size B (Poisson) or the batch size (shuffle); the noised sum is divided
         by it, never by the realized size.
@@ -118,18 +119,23 @@ class DPOptimizerMixin:
         epsilon); default False: training stops before the step that would exceed it.
       initial_steps: steps already taken (``get_config`` records ``optimizer.iterations``).
       privacy_ledger: the ledger of a saved optimizer (``get_config`` records it).
-      base_kwargs: base optimizer arguments whose names clash with ours (Adam's ``epsilon``).
-      **kwargs: the base Keras optimizer's arguments (learning_rate, momentum, ...).
+      **kwargs: the base Keras optimizer's arguments (learning_rate, momentum, clipnorm, ...).
     """
 
     _dp_method = "DP-SGD"
     _DP_KEYS = ("l2_norm_clip", "noise_multiplier", "delta", "num_examples", "batch_size", "epochs",
                 "accountant", "sampling", "neighboring", "clipping_method")
 
-    def __init__(self, l2_norm_clip, noise_multiplier=None, *, epsilon=None, delta=None, num_examples=None,
-                 batch_size=None, epochs=None, accountant="rdp", sampling="shuffle",
+    def __init__(self, l2_norm_clip, noise_multiplier=None, *, target_epsilon=None, delta=None,
+                 num_examples=None, batch_size=None, epochs=None, accountant="rdp", sampling="shuffle",
                  neighboring="add_or_remove", clipping_method="auto", allow_exceeding_budget=False,
-                 target_epsilon=None, initial_steps=0, privacy_ledger=None, base_kwargs=None, **kwargs):
+                 initial_steps=0, privacy_ledger=None, **kwargs):
+        if "epsilon" in kwargs:
+            raise ValueError(
+                f"epsilon: {type(self).__name__} has no 'epsilon' argument; the privacy budget is "
+                f"target_epsilon=... (with delta=...), got epsilon={kwargs['epsilon']!r}")
+        if "adam_epsilon" in kwargs:  # DPAdamOptimizer's ``epsilon`` (Adam's own), passed on under its name
+            kwargs["epsilon"] = kwargs.pop("adam_epsilon")
         clip = check_positive("l2_norm_clip", l2_norm_clip)
         if batch_size is None:
             raise ValueError("batch_size is required: the expected batch size B the noised sum is divided by")
@@ -154,34 +160,27 @@ class DPOptimizerMixin:
         if not isinstance(allow_exceeding_budget, bool):
             raise ValueError(f"allow_exceeding_budget must be True or False, got {allow_exceeding_budget!r}")
         initial_steps = check_nonnegative_int("initial_steps", initial_steps)
-        has_budget = epsilon is not None
-        if has_budget and noise_multiplier is not None and target_epsilon is None:
+        if noise_multiplier is None and target_epsilon is None:
             raise ValueError(
-                "noise_multiplier and epsilon: give exactly one of them (noise_multiplier=sigma, or a budget "
-                f"epsilon=..., delta=... with num_examples, batch_size, epochs); got noise_multiplier="
-                f"{noise_multiplier!r}, epsilon={epsilon!r}")
-        if noise_multiplier is None and not has_budget:
-            raise ValueError(
-                "noise_multiplier and epsilon: give exactly one of them (noise_multiplier=sigma, or a budget "
-                "epsilon=..., delta=... with num_examples, batch_size, epochs); got neither")
+                "noise_multiplier and target_epsilon: give noise_multiplier=sigma, or a budget "
+                "target_epsilon=..., delta=... with num_examples, batch_size, epochs; got neither")
         sample_rate = batch_size / num_examples
         _check_accountable(accountant, sampling, neighboring, sample_rate)
-        if has_budget:
-            epsilon = check_positive("epsilon", epsilon)
+        if target_epsilon is not None:
+            target_epsilon = check_positive("target_epsilon", target_epsilon)
             if delta is None:
-                raise ValueError("delta is required with epsilon (a budget is (epsilon, delta)), got None")
+                raise ValueError("delta is required with target_epsilon (a budget is (epsilon, delta)), got "
+                                 "None")
             if noise_multiplier is None:
                 if epochs is None:
-                    raise ValueError("epochs is required with epsilon: calibration needs the number of steps")
+                    raise ValueError("epochs is required with target_epsilon: calibration needs the number "
+                                     "of steps")
                 noise_multiplier = self._calibrate_noise_multiplier(
-                    epsilon, delta, sample_rate, epochs * steps_per_epoch(num_examples, batch_size),
+                    target_epsilon, delta, sample_rate, epochs * steps_per_epoch(num_examples, batch_size),
                     accountant, neighboring, sampling)
-            target_epsilon = epsilon
-        elif target_epsilon is not None:
-            target_epsilon = check_positive("target_epsilon", target_epsilon)
         noise_multiplier = check_nonnegative("noise_multiplier", noise_multiplier)
         super().__init__(l2_norm_clip=clip, noise_multiplier=noise_multiplier, num_microbatches=None,
-                         unconnected_gradients_to_zero=True, **kwargs, **(base_kwargs or {}))
+                         unconnected_gradients_to_zero=True, **kwargs)
         self._dp_static = {"delta": None if delta is None else float(delta), "num_examples": num_examples,
                            "epochs": epochs, "accountant": accountant, "sampling": sampling,
                            "neighboring": neighboring, "clipping_method": clipping_method,
@@ -276,10 +275,8 @@ class DPOptimizerMixin:
     def get_config(self):
         config = super().get_config()
         config.update(self._dp_static)
-        config.pop("target_epsilon", None)
         config.update({"l2_norm_clip": self.l2_norm_clip, "noise_multiplier": self.noise_multiplier,
                        "batch_size": self.batch_size, "initial_steps": self.steps,
-                       "target_epsilon": self.target_epsilon,
                        "privacy_ledger": self._dp_ledger.to_config()})
         return config
 

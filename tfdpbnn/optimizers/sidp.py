@@ -65,11 +65,18 @@ class SIDPOptimizer(DPSGDOptimizer):
 
     _dp_method = "SI-DPSGD"
 
-    def __init__(self, l2_norm_clip, noise_multiplier=None, *, paper_mean_update=False, name="SIDPOptimizer",
-                 initial_mean_sensitivity=0.0, initial_gdp_mu_squared=0.0, **kwargs):
+    def __init__(self, l2_norm_clip, noise_multiplier=None, *, paper_mean_update=False, target_epsilon=None,
+                 delta=None, num_examples=None, batch_size=None, epochs=None, accountant="rdp",
+                 sampling="shuffle", neighboring="add_or_remove", clipping_method="auto",
+                 allow_exceeding_budget=False, learning_rate=0.01, momentum=0.0, nesterov=False,
+                 name="SIDPOptimizer", initial_mean_sensitivity=0.0, initial_gdp_mu_squared=0.0, **kwargs):
         if not isinstance(paper_mean_update, bool):
             raise ValueError(f"paper_mean_update must be True or False, got {paper_mean_update!r}")
-        super().__init__(l2_norm_clip, noise_multiplier, name=name, **kwargs)
+        super().__init__(l2_norm_clip, noise_multiplier, target_epsilon=target_epsilon, delta=delta,
+                         num_examples=num_examples, batch_size=batch_size, epochs=epochs, accountant=accountant,
+                         sampling=sampling, neighboring=neighboring, clipping_method=clipping_method,
+                         allow_exceeding_budget=allow_exceeding_budget, learning_rate=learning_rate,
+                         momentum=momentum, nesterov=nesterov, name=name, **kwargs)
         self.paper_mean_update = paper_mean_update
         self._sidp_layers = None
         self._sidp_released_at_step = None
