@@ -67,7 +67,8 @@ def test_poisson_batch_sizes_follow_binomial():
     assert p_value > 1e-3
     # each example joins each batch with probability q: inclusion counts ~ Binomial(400, 0.1)
     assert abs(counts.mean() - 400 * q) < 5 * np.sqrt(400 * q * (1 - q) / n)
-    again = [len(b[1]) for b in poisson_batches(x, y, sample_rate=q, steps_per_epoch=steps, seed=42, debug_fixed_seed=True)]
+    again = [len(b[1]) for b in poisson_batches(x, y, sample_rate=q, steps_per_epoch=steps, seed=42,
+                                                debug_fixed_seed=True)]
     assert again == list(sizes[:steps])  # seeded: reproducible
     assert list(sizes[:steps]) != list(sizes[steps:2 * steps])  # but epochs differ
 

@@ -298,7 +298,8 @@ def test_already_reduced_compiled_loss_is_refused():
     model = _model()
 
     def mean_loss(y_true, y_pred):
-        return tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True))
+        per_example = tf.keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+        return tf.reduce_mean(per_example)
 
     model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8), loss=mean_loss)
     x, y = _data()

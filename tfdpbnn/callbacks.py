@@ -24,8 +24,9 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
     """Write the epsilon spent so far into the Keras logs each epoch, and optionally stop at a budget.
 
     ``logs["epsilon"]`` is the optimizer's ``epsilon(delta, accountant)`` after the epoch (so ``History`` and
-    ``TensorBoard`` show it: a DP ``fit`` moves this callback to the front of the list). ``all_sound=True`` adds
-    ``epsilon_<name>`` for every accountant ``tfdpbnn.privacy.sound_accountants()`` names.
+    ``TensorBoard`` show it: a DP ``fit`` moves this callback to the front of the list).
+    ``all_sound=True`` adds ``epsilon_<name>`` for every accountant in
+    ``tfdpbnn.privacy.sound_accountants()``.
     ``stop_at_epsilon``: before training, the largest number of steps whose epsilon stays within the budget
     is found once; training stops after that step, so no step exceeding the budget ever runs.
 
@@ -141,9 +142,10 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
             if left <= 0:
                 raise ValueError(
                     f"epsilon: the budget epsilon={optimizer.target_epsilon:g} (delta={optimizer.delta:g}) "
-                    f"is spent: epsilon is {optimizer.epsilon():.4g} after {optimizer.ledger.steps} steps and "
-                    "one more step would exceed it. Build the optimizer with allow_exceeding_budget=True to "
-                    "go on (the privacy statement then reports the larger epsilon).")
+                    f"is spent: epsilon is {optimizer.epsilon():.4g} after {optimizer.ledger.steps} steps "
+                    "and one more step would exceed it. Build the optimizer with "
+                    "allow_exceeding_budget=True to go on (the privacy statement then reports the larger "
+                    "epsilon).")
             self.max_steps = optimizer.steps + left
 
     def _poisson_check(self, optimizer):

@@ -25,8 +25,8 @@ import math
 import warnings
 
 import tensorflow as tf
-from keras.src.engine import data_adapter
 
+from tfdpbnn import _private_api
 from tfdpbnn.clipping import check_per_example_independence, clip_factors, clipped_gradients
 from tfdpbnn.clipping.jacobian import scaled_factors
 from tfdpbnn.optimizers import fit_checks
@@ -496,7 +496,7 @@ class DPOptimizerMixin:
 
     def dp_train_step(self, model, data):
         """The DP ``Model.train_step``: what ``model.fit`` runs when this optimizer is compiled in."""
-        x, y, sample_weight = data_adapter.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
         self._require_open_phase()
         self._dp_before_step(model)
         var_list = model.trainable_variables
@@ -506,13 +506,13 @@ class DPOptimizerMixin:
             sum_scale=self._dp_sum_scale())
         regularization_grads = result.regularization_grads if model.losses else None
         grads = self._dp_gradients(result.clipped_sum, regularization_grads, var_list)
-        self._was_dp_gradients_called = True
+        _private_api.mark_dp_gradients_computed(self)
         self._dp_ledger.record_batch(tf.shape(result.per_example_loss)[0])
         self.apply_gradients(zip(grads, var_list, strict=True))
         realized = tf.cast(tf.shape(result.per_example_loss)[0], tf.float32)
         data_loss = tf.math.divide_no_nan(tf.reduce_sum(result.per_example_loss), realized)
         total_loss = data_loss + tf.cast(result.regularization_loss, tf.float32)
-        loss_mean = getattr(model.compiled_loss, "_total_loss_mean", None)
+        loss_mean = _private_api.total_loss_metric(model)
         if loss_mean is not None:
             loss_mean.update_state(total_loss, sample_weight=realized)
         logs = model.compute_metrics(x, y, result.y_pred, sample_weight)
@@ -555,7 +555,7 @@ class DPOptimizerMixin:
         factors = clip_factors(tf.sqrt(tf.add_n(squared)), self._f32(self._dp_l2_norm_clip))
         factors = scaled_factors(factors, self._dp_sum_scale())
         scaled_sum = [tf.tensordot(factors, j, axes=1) for j in jacobians]
-        self._was_dp_gradients_called = True
+        _private_api.mark_dp_gradients_computed(self)
         self._dp_ledger.record_batch(batch)
         grads = self._dp_gradients(scaled_sum, None, var_list)
         return list(zip(grads, var_list, strict=True))

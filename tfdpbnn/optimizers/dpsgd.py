@@ -32,7 +32,8 @@ class DPSGDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
                  neighboring="add_or_remove", clipping_method="auto", allow_exceeding_budget=False,
                  learning_rate=0.01, momentum=0.0, nesterov=False, name="DPSGDOptimizer", **kwargs):
         super().__init__(l2_norm_clip, noise_multiplier, target_epsilon=target_epsilon, delta=delta,
-                         num_examples=num_examples, batch_size=batch_size, epochs=epochs, accountant=accountant,
+                         num_examples=num_examples, batch_size=batch_size, epochs=epochs,
+                         accountant=accountant,
                          sampling=sampling, neighboring=neighboring, clipping_method=clipping_method,
                          allow_exceeding_budget=allow_exceeding_budget, learning_rate=learning_rate,
                          momentum=momentum, nesterov=nesterov, name=name, **kwargs)

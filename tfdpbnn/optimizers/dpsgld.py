@@ -72,14 +72,16 @@ class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
             if batch_size is None or num_examples is None:
                 raise ValueError("batch_size and num_examples are required (sigma = B / (n sqrt(eta) C))")
             sigma = sgld_noise_multiplier(learning_rate, clip, num_examples, batch_size)
-            super().__init__(clip, sigma, target_epsilon=target_epsilon, delta=delta, num_examples=num_examples,
-                             batch_size=batch_size, epochs=epochs, accountant=accountant, sampling=sampling,
+            super().__init__(clip, sigma, target_epsilon=target_epsilon, delta=delta,
+                             num_examples=num_examples, batch_size=batch_size, epochs=epochs,
+                             accountant=accountant, sampling=sampling,
                              neighboring=neighboring, clipping_method=clipping_method,
                              allow_exceeding_budget=allow_exceeding_budget, learning_rate=learning_rate,
                              name=name, **kwargs)
         else:
-            super().__init__(clip, None, target_epsilon=target_epsilon, delta=delta, num_examples=num_examples,
-                             batch_size=batch_size, epochs=epochs, accountant=accountant, sampling=sampling,
+            super().__init__(clip, None, target_epsilon=target_epsilon, delta=delta,
+                             num_examples=num_examples, batch_size=batch_size, epochs=epochs,
+                             accountant=accountant, sampling=sampling,
                              neighboring=neighboring, clipping_method=clipping_method,
                              allow_exceeding_budget=allow_exceeding_budget, learning_rate=1.0, name=name,
                              **kwargs)

@@ -51,8 +51,8 @@ def input_sampling(optimizer, x, batch_size=None, validation_split=0.0) -> dict:
                 "...): the privacy statement then says it is asserted by the user.")
         if spec.num_examples != n:
             raise ValueError(
-                f"num_examples: the optimizer accounts for num_examples={n}, but the data's batches are drawn "
-                f"from {spec.num_examples} examples; make them equal")
+                f"num_examples: the optimizer accounts for num_examples={n}, but the data's batches are "
+                f"drawn from {spec.num_examples} examples; make them equal")
         if spec.kind != optimizer.sampling:
             raise ValueError(
                 f"sampling: the optimizer accounts for sampling={optimizer.sampling!r}, but the data's "

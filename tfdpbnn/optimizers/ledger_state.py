@@ -73,7 +73,8 @@ class LedgerState:
         for i, phase in enumerate(phases):
             table[i] = _row(phase, config.get("sources", {}).get(str(phase.phase_id), "imported"))
         open_config = config.get("open") or {}
-        desc = np.array([float(open_config.get(k, 0.0)) for k in _DESC]) if open_config else np.zeros(len(_DESC))
+        desc = np.array([float(open_config.get(k, 0.0)) for k in _DESC]) if open_config \
+            else np.zeros(len(_DESC))
 
         def weight(name, value, shape=(), dtype=tf.float64):
             return optimizer.add_weight(

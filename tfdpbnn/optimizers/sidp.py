@@ -73,7 +73,8 @@ class SIDPOptimizer(DPSGDOptimizer):
         if not isinstance(paper_mean_update, bool):
             raise ValueError(f"paper_mean_update must be True or False, got {paper_mean_update!r}")
         super().__init__(l2_norm_clip, noise_multiplier, target_epsilon=target_epsilon, delta=delta,
-                         num_examples=num_examples, batch_size=batch_size, epochs=epochs, accountant=accountant,
+                         num_examples=num_examples, batch_size=batch_size, epochs=epochs,
+                         accountant=accountant,
                          sampling=sampling, neighboring=neighboring, clipping_method=clipping_method,
                          allow_exceeding_budget=allow_exceeding_budget, learning_rate=learning_rate,
                          momentum=momentum, nesterov=nesterov, name=name, **kwargs)
@@ -147,7 +148,7 @@ class SIDPOptimizer(DPSGDOptimizer):
         return math.sqrt(float(self._sidp_mu_squared.numpy()) + final)
 
     def _dp_phase_override(self, description, steps):
-        """Paper mode: the phase is one Gaussian release of noise multiplier 1 / mu (exact GDP, module doc)."""
+        """Paper mode: one Gaussian release of noise multiplier 1 / mu (exact GDP, module docstring)."""
         if not self.paper_mean_update:
             return None
         from tfdpbnn.privacy.budget import SENSITIVITY

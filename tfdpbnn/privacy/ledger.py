@@ -128,8 +128,8 @@ class PrivacyLedger:
         if self._phases and phase.neighboring != self._phases[0].neighboring:
             raise ValueError(
                 f"neighboring: this model's ledger is accounted under {self._phases[0].neighboring!r}; a "
-                f"phase under {phase.neighboring!r} cannot be composed with it. Keep one neighboring relation "
-                "for all training of a model.")
+                f"phase under {phase.neighboring!r} cannot be composed with it. Keep one neighboring "
+                "relation for all training of a model.")
         self._phases.append(phase)
 
     @property

@@ -1,4 +1,4 @@
-"""Are the realized batch sizes those of Poisson sampling at rate q? A sequential test with a stated error rate.
+"""Are the realized batch sizes those of Poisson sampling at rate q? A sequential test, stated error rate.
 
 Under Poisson sampling (each of n examples joins each batch independently with probability q; Abadi et al.
 2016, Mironov et al. 2019) the batch sizes b_1..b_T are i.i.d. Binomial(n, q). Two statistics of the
@@ -47,9 +47,9 @@ class PoissonTestResult:
     def describe(self) -> str:
         """What was observed, for the error message."""
         return (f"{self.steps} steps with mean batch size {self.mean_batch_size:.2f} against the expected "
-                f"{self.expected_batch_size:.2f}; p-value bounds: total {self.p_total:.3g}, too-regular sizes "
-                f"{self.p_dispersion_low:.3g}, too-variable sizes {self.p_dispersion_high:.3g}, threshold "
-                f"{self.threshold:.3g}")
+                f"{self.expected_batch_size:.2f}; p-value bounds: total {self.p_total:.3g}, too-regular "
+                f"sizes {self.p_dispersion_low:.3g}, too-variable sizes {self.p_dispersion_high:.3g}, "
+                f"threshold {self.threshold:.3g}")
 
 
 def _support(n: int, q: float) -> np.ndarray:
