@@ -18,6 +18,7 @@ often it is checked, is at most ``alpha`` (default 1e-6).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -52,18 +53,20 @@ class PoissonTestResult:
                 f"threshold {self.threshold:.3g}")
 
 
-def _support(n: int, q: float) -> np.ndarray:
+@functools.lru_cache(maxsize=32)
+def _terms(n: int, q: float) -> tuple[np.ndarray, np.ndarray]:
+    """(log pmf, X) over b within 40 sd of nq, X = (b - nq)^2 / (nq(1-q)), b ~ Binomial(n, q)."""
     sd = math.sqrt(n * q * (1 - q))
     lo = max(0, math.floor(n * q - 40 * sd - 5))
     hi = min(n, math.ceil(n * q + 40 * sd + 5))
-    return np.arange(lo, hi + 1, dtype=np.float64)
+    b = np.arange(lo, hi + 1, dtype=np.float64)
+    return stats.binom.logpmf(b, n, q), (b - n * q) ** 2 / (n * q * (1 - q))
 
 
 def _log_mgf(lam: float, n: int, q: float) -> float:
-    """log E[exp(lam X)], X = (b - nq)^2 / (nq(1-q)), b ~ Binomial(n, q) (support to 40 sd)."""
-    b = _support(n, q)
-    x = (b - n * q) ** 2 / (n * q * (1 - q))
-    return float(special.logsumexp(stats.binom.logpmf(b, n, q) + lam * x))
+    """log E[exp(lam X)] for one step's dispersion term X."""
+    log_pmf, x = _terms(n, q)
+    return float(special.logsumexp(log_pmf + lam * x))
 
 
 def _chernoff_low(d: float, steps: int, n: int, q: float) -> float:
