@@ -68,6 +68,17 @@ def test_unverifiable_pipeline_is_refused_and_an_assertion_counts_passes():
     assert statement["asserted_by_user"] and "asserted by the user" in statement["asserted_by_user"][0]
 
 
+def test_asserted_pass_of_another_size_is_caught():
+    x, y = _data()
+    model, opt = _compiled(batch_size=8)
+    half = tfdpbnn.data.assert_sampling(tf.data.Dataset.from_tensor_slices((x[:32], y[:32])).batch(8),
+                                        "shuffle", num_examples=N)  # asserts 64 examples, holds 32
+    with pytest.raises(ValueError, match="held 32 examples"):
+        model.fit(half, epochs=3, verbose=0)
+    assert opt.steps == 4
+    assert opt.epsilon() == pytest.approx(_gaussians(1.0, 4), rel=0.01)
+
+
 def test_full_batch_pipeline_counts_every_step_as_a_participation():
     x, y = _data()
     model, opt = _compiled(batch_size=8)

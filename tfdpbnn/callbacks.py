@@ -119,12 +119,17 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
       first 16 steps and at every epoch end. On rejection the steps taken are re-accounted without
       amplification (every step as if every example took part) and training stops with ``ValueError``
       saying what was observed.
+    - Passes over the data (``check_passes=True``: a dataset iterated whole each epoch): every epoch must
+      process exactly ``num_examples`` examples; otherwise the steps taken are re-accounted as one
+      participation each and training stops with ``ValueError`` naming both numbers.
     - ``logs["epsilon"]`` (with the optimizer's delta) at every epoch end, for ``History`` and
       ``TensorBoard``.
     """
 
-    def __init__(self, false_alarm_rate=None):
+    def __init__(self, false_alarm_rate=None, check_passes=False):
         super().__init__()
+        self.check_passes = bool(check_passes)
+        self._epoch_start_examples = None
         from tfdpbnn.privacy import sampling_test
 
         self.false_alarm_rate = sampling_test.DEFAULT_FALSE_ALARM_RATE if false_alarm_rate is None \
@@ -179,9 +184,27 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
                 self.model.stop_training = True
                 self.stopped_at_step = steps
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start_examples = self.model.optimizer._dp_ledger.open_counters()[1]
+
+    def _pass_check(self, optimizer):
+        state = optimizer._dp_ledger
+        description = state.open_description()
+        if not self.check_passes or description is None or self._epoch_start_examples is None:
+            return
+        seen = int(round(state.open_counters()[1] - self._epoch_start_examples))
+        if seen != description["num_examples"]:
+            state.close_open_phase(source="failed_pass_check")
+            self.model.stop_training = True
+            raise ValueError(
+                f"num_examples: one pass over the dataset held {seen} examples, but it was asserted to be a "
+                f"pass over num_examples={description['num_examples']}; the steps taken are now accounted "
+                "as one participation each. Assert the dataset's real size.")
+
     def on_epoch_end(self, epoch, logs=None):
         optimizer = _dp_optimizer(self.model)
         self._poisson_check(optimizer)
+        self._pass_check(optimizer)
         if logs is not None and optimizer.delta is not None:
             logs["epsilon"] = optimizer.epsilon()
 

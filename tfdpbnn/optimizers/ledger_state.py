@@ -29,7 +29,7 @@ MAX_PHASES = 64
 _KINDS = ("poisson", "participations", "gaussian", "shuffle")
 _NEIGHBORING = ("add_or_remove", "replace_one")
 _SOURCES = ("poisson_batches", "keras_arrays", "asserted_by_user", "paper_gdp", "failed_poisson_test",
-            "fixed_seed", "imported", "custom_loop")
+            "fixed_seed", "imported", "custom_loop", "failed_pass_check")
 _SOURCE_TEXT = {
     "poisson_batches": "Poisson batches drawn by tfdpbnn.data.poisson_batches (secret seed; sizes tested)",
     "keras_arrays": "arrays shuffled and batched by model.fit: passes over the data, counted",
@@ -39,6 +39,8 @@ _SOURCE_TEXT = {
     "fixed_seed": "fixed sampling seed (debug_fixed_seed): every step accounted without amplification",
     "imported": "earlier training of this model (another optimizer object)",
     "custom_loop": "custom training loop (optimizer.minimize): every step accounted without amplification",
+    "failed_pass_check": "a pass over the asserted dataset did not hold num_examples examples: every step "
+                         "accounted as one participation",
 }
 # Table columns.
 _COLUMNS = ("phase_id", "kind", "noise_multiplier", "neighboring", "steps", "sample_rate", "participations",
@@ -249,7 +251,7 @@ def _phase_from(d: dict, steps: int, examples: float, source: str, phase_id: int
                   sampling=describe_source(source), phase_id=phase_id)
     if d["kind"] == "poisson" and source not in ("failed_poisson_test", "fixed_seed", "custom_loop"):
         return Phase(kind="poisson", sample_rate=d["sample_rate"], **common)
-    if d["kind"] == "shuffle":
+    if d["kind"] == "shuffle" and source != "failed_pass_check":
         return Phase(kind="participations", participations=_participations(examples, d["num_examples"]),
                      **common)
     return Phase(kind="participations", participations=steps, **common)

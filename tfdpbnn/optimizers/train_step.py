@@ -59,7 +59,10 @@ def _dp_fit_arguments(model, optimizer, arguments):
     callbacks = list(callbacks or [])
     privacy = [c for c in callbacks if isinstance(c, PrivacyCallback)]
     others = [c for c in callbacks if not isinstance(c, (PrivacyCallback, DPTrainingMonitor))]
-    arguments["callbacks"] = [DPTrainingMonitor()] + privacy + others
+    description = optimizer._dp_ledger.open_description()
+    whole_passes = (isinstance(x, tf.data.Dataset) and arguments.get("steps_per_epoch") is None
+                    and description["kind"] == "shuffle")
+    arguments["callbacks"] = [DPTrainingMonitor(check_passes=whole_passes)] + privacy + others
     return arguments
 
 
