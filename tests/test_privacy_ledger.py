@@ -60,7 +60,8 @@ def test_ledger_bookkeeping():
     assert ledger.approximate_epsilon(1e-5, "gdp") > 0
     for bad, name in ((dict(kind="uniform"), "kind"), (dict(sample_rate=0.0), "sample_rate"),
                       (dict(noise_multiplier=-1.0), "noise_multiplier")):
-        args = dict(kind="poisson", noise_multiplier=1.0, neighboring="add_or_remove", steps=1, sample_rate=0.1)
+        args = dict(kind="poisson", noise_multiplier=1.0, neighboring="add_or_remove", steps=1,
+                    sample_rate=0.1)
         args.update(bad)
         with pytest.raises(ValueError, match=name):
             Phase(**args)
