@@ -25,6 +25,7 @@ from scipy import optimize, stats
 
 from tfdpbnn.optimizers.base import add_regularization
 from tfdpbnn.optimizers.dpsgd import DPSGDOptimizer
+from tfdpbnn.privacy._checks import check_nonnegative
 
 
 def gdp_epsilon(mu: float, delta: float) -> float:
@@ -59,16 +60,25 @@ class SIDPOptimizer(DPSGDOptimizer):
     Args as ``DPSGDOptimizer``; ``noise_multiplier`` is the paper's z. ``paper_mean_update``: update mu
     with the clean clipped gradient (paper 004) and report the epsilon that holds for that (module doc),
     with a warning. Call ``release_weights(model)`` before export: it replaces each mu by one sample.
+    ``weight_noise``: a constant weight-noise std s >= 0 used instead of ``s_t = eta_t C z / B`` (sound mode
+    only: there mu is DP-SGD's sequence and every theta_t is post-processing of it, so any s keeps the
+    guarantee; paper mode's accounting depends on s_t, so it refuses this option).
     ``initial_mean_sensitivity``, ``initial_gdp_mu_squared``: paper-mode accounting state (``get_config``
     records it, so a reloaded optimizer keeps counting).
     """
 
     _dp_method = "SI-DPSGD"
 
-    def __init__(self, l2_norm_clip, noise_multiplier=None, *, paper_mean_update=False, name="SIDPOptimizer",
-                 initial_mean_sensitivity=0.0, initial_gdp_mu_squared=0.0, **kwargs):
+    def __init__(self, l2_norm_clip, noise_multiplier=None, *, paper_mean_update=False, weight_noise=None,
+                 name="SIDPOptimizer", initial_mean_sensitivity=0.0, initial_gdp_mu_squared=0.0, **kwargs):
         if not isinstance(paper_mean_update, bool):
             raise ValueError(f"paper_mean_update must be True or False, got {paper_mean_update!r}")
+        if weight_noise is not None:
+            if paper_mean_update:
+                raise ValueError("weight_noise: a constant weight-noise std is allowed in the sound mode "
+                                 "only; with paper_mean_update=True the accounting needs s_t = eta_t C z / B")
+            weight_noise = check_nonnegative("weight_noise", weight_noise)
+        self.weight_noise = weight_noise
         super().__init__(l2_norm_clip, noise_multiplier, name=name, **kwargs)
         self.paper_mean_update = paper_mean_update
         self._sidp_layers = None
@@ -92,13 +102,16 @@ class SIDPOptimizer(DPSGDOptimizer):
             raise ValueError("model: SIDPOptimizer needs NoisyDense/NoisyConv2D layers, found none")
         self._sidp_layers = layers
 
-    def _noise_stddev(self):
-        """s_t = eta_t C z / B (paper 004 Algorithm 1, line 4)."""
+    def weight_noise_stddev(self):
+        """s_t, the weight-noise std of the noisy layers: ``eta_t C z / B`` (Davody et al. 2020, Algorithm 1,
+        line 4), or the constant ``weight_noise`` when one was given. A float32 scalar tensor."""
+        if self.weight_noise is not None:
+            return tf.constant(self.weight_noise, tf.float32)
         return self._decayed_lr(tf.float32) * self._f32(
             self._dp_l2_norm_clip * self._dp_noise_multiplier / self._dp_batch_size)
 
     def _set_layer_noise(self):
-        s = self._noise_stddev()
+        s = self.weight_noise_stddev()
         for layer in self._sidp_layers:
             layer.noise_stddev.assign(tf.cast(s, layer.noise_stddev.dtype))
 
@@ -134,7 +147,7 @@ class SIDPOptimizer(DPSGDOptimizer):
 
     def paper_mode_gdp_mu(self) -> float:
         """mu of the GDP composition over all releases so far plus the final exported sample."""
-        s = self._noise_stddev().numpy()
+        s = self.weight_noise_stddev().numpy()
         delta_now = float(self._sidp_delta.numpy())
         final = 0.0 if delta_now == 0 else (math.inf if s <= 0 else (delta_now / s) ** 2)
         return math.sqrt(float(self._sidp_mu_squared.numpy()) + final)
@@ -174,6 +187,7 @@ class SIDPOptimizer(DPSGDOptimizer):
     def get_config(self):
         config = super().get_config()
         config["paper_mean_update"] = self.paper_mean_update
+        config["weight_noise"] = self.weight_noise
         config["initial_mean_sensitivity"] = float(self._sidp_delta.numpy())
         config["initial_gdp_mu_squared"] = float(self._sidp_mu_squared.numpy())
         return config

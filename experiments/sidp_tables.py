@@ -210,27 +210,10 @@ def paper_mode_noise_multiplier(epsilon: float, steps: int, delta: float = DELTA
     sqrt(T (T + 1) (2 T + 1) / 6) / z (``docs/optimizers.md``), inverted here."""
     from scipy import optimize
 
-    from tfdpbnn.optimizers.sidp import gdp_epsilon
+    from tfdpbnn.optimizers import gdp_epsilon
 
     mu = optimize.brentq(lambda m: gdp_epsilon(m, delta) - epsilon, 1e-6, 1e3, xtol=1e-12)
     return math.sqrt(steps * (steps + 1) * (2 * steps + 1) / 6.0) / mu
-
-
-def _fixed_noise_optimizer(weight_noise, **kwargs):
-    """A sound-mode ``SIDPOptimizer`` whose weight noise std is the constant ``weight_noise`` (Table 1).
-
-    In the sound mode mu_t is DP-SGD's sequence and every sampled theta_t is post-processing of it, so the
-    weight-noise level is free: the DP-SGD epsilon holds for any s. (Paper mode ties s to z, see module doc.)
-    """
-    import tensorflow as tf
-
-    from tfdpbnn import SIDPOptimizer
-
-    class FixedNoiseSIDPOptimizer(SIDPOptimizer):
-        def _noise_stddev(self):
-            return tf.constant(float(weight_noise), tf.float32)
-
-    return FixedNoiseSIDPOptimizer(**kwargs)
 
 
 def _accuracy(logits, y):
@@ -255,7 +238,7 @@ def train_one(kind: str, norm: str, epsilon, setting: dict, x_train, y_train, x_
     import tensorflow as tf
 
     from tfdpbnn import DPSGDOptimizer, SIDPOptimizer, data, privacy
-    from tfdpbnn.layers.sampling import mc_sampling
+    from tfdpbnn.layers import mc_sampling
 
     if kind not in KINDS:
         raise ValueError(f"kind: must be one of {KINDS}, got {kind!r}")
@@ -289,8 +272,8 @@ def train_one(kind: str, norm: str, epsilon, setting: dict, x_train, y_train, x_
                 layer.set_noise_stddev(weight_noise)
     elif kind == "dpsgd":
         opt = DPSGDOptimizer(**common)
-    elif weight_noise is not None:
-        opt = _fixed_noise_optimizer(weight_noise, **common)
+    elif weight_noise is not None:  # sound mode: theta_t is post-processing of mu_t, so any s keeps epsilon
+        opt = SIDPOptimizer(weight_noise=weight_noise, **common)
     else:
         import warnings
 
@@ -304,7 +287,7 @@ def train_one(kind: str, norm: str, epsilon, setting: dict, x_train, y_train, x_
     wall = time.time() - start
     acc_mu = _accuracy(_predict(model, x_test), y_test)
     if weight_noise is None:
-        weight_noise = float(opt._noise_stddev().numpy()) if noisy else 0.0  # s_T = eta C z / B
+        weight_noise = float(opt.weight_noise_stddev().numpy()) if noisy else 0.0  # s_T = eta C z / B
     result = dict(kind=kind, norm=norm, epsilon_target=epsilon if epsilon is not None else math.inf,
                   weight_noise=weight_noise, seed=seed, sigma=sigma, sample_rate=q, steps=steps,
                   steps_run=int(opt.iterations.numpy()), accuracy_mu=acc_mu, train_time_s=wall)
@@ -347,7 +330,7 @@ def _method_spec(method):
 
 
 def _summarize(rows, keys, paper):
-    from tfdpbnn.reproduce.runner import mean_std
+    from experiments.runner import mean_std
 
     groups = {}
     for r in rows:
@@ -430,7 +413,7 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
     carried public batch takes the O(B^2) jacobian path; "table4"); ``norms`` (Table 1's rows, subset of
     ``NORMS``); ``epochs`` (overrides the data set's).
     """
-    from tfdpbnn.reproduce.runner import Run
+    from experiments.runner import Run
 
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: not an option of sidp-tables")

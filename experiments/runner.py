@@ -1,6 +1,6 @@
 """Shared machinery of the reproduction experiments: one run directory, its record, its tables.
 
-Every experiment in ``tfdpbnn.reproduce`` writes, under its ``--out`` directory:
+Every experiment in ``experiments`` writes, under its ``--out`` directory:
 
 - ``run.json``: the experiment name, the command-line settings, the seeds, library versions, the wall time,
   and every privacy statement recorded with :meth:`Run.privacy` (noise multiplier, sample rate, steps, the

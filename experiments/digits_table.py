@@ -23,7 +23,7 @@ Two configurations:
   epsilon.
 
 MNIST variant: with ``data_dir`` (or ``dataset="mnist"``) the table runs on MNIST from a prepared TFDS
-directory (never downloaded; ``tfdpbnn.reproduce.datasets``), inputs flattened to 784 in [0, 1], 60000
+directory (never downloaded; ``experiments.datasets``), inputs flattened to 784 in [0, 1], 60000
 training and 10000 test images. ``paper`` then takes the papers' MNIST setting (``paper_setting(method,
 "mnist")``; from the papers: one ReLU hidden layer of 1000 units (000 and 002), expected batch 600 (q = 0.01),
 200 epochs, eta_0 = 0.1 with eta_t = eta_0 / t, clip C = 2 (000: dpvd, svi, dpsgd) or C = 3 (002's MNIST
@@ -234,7 +234,7 @@ def _optimizer(method, setting, noise_multiplier, num_examples, steps_per_epoch)
         return optimizers.DPVDOptimizer(learning_rate=lr, momentum=setting["momentum"], **common)
     if method == "sgld":
         # DP-SGLD's step size IS its noise (paper 003 Thm 1): eta = (B / (n sigma C))^2; lr is not used.
-        from tfdpbnn.optimizers.dpsgld import sgld_learning_rate
+        from tfdpbnn.optimizers import sgld_learning_rate
 
         if noise_multiplier <= 0:
             raise ValueError("noise_multiplier: DP-SGLD needs sigma > 0 (its step size follows from it)")
@@ -248,7 +248,7 @@ def _accuracy(model, x, y, mc_samples):
     """(deterministic accuracy, MC-averaged accuracy) of a classifier with logits output."""
     import tensorflow as tf
 
-    from tfdpbnn.layers.sampling import mc_sampling
+    from tfdpbnn.layers import mc_sampling
 
     logits = model(x, training=False)
     det = float(np.mean(np.argmax(logits, axis=1) == y))
@@ -416,7 +416,7 @@ def _best_of(tuning_rows):
 
 
 def _summarize(rows, paper_table=PAPER_TABLE):
-    from tfdpbnn.reproduce.runner import mean_std
+    from experiments.runner import mean_std
 
     groups = {}
     for r in rows:
@@ -443,8 +443,8 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
     ``dataset``: "digits" (bundled) or "mnist" (TFDS, read from ``data_dir``, never downloaded); default
     "mnist" when ``data_dir`` is given, else "digits".
     """
-    from tfdpbnn.reproduce.datasets import load_flat, resolve_dataset
-    from tfdpbnn.reproduce.runner import Run
+    from experiments.datasets import load_flat, resolve_dataset
+    from experiments.runner import Run
 
     dataset = resolve_dataset("digits-table", dataset, data_dir)
     n_seeds = 1 if smoke and seeds is None else (5 if seeds is None else int(seeds))

@@ -104,7 +104,7 @@ def _plot(rows, path, settings):
 def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: str | None = None,
         log: Callable[[str], None] | None = print, epsilons=None, **unknown) -> dict:
     """Compute sigma(epsilon) for every curve and setting; write CSV, PNG and ``run.json``."""
-    from tfdpbnn.reproduce.runner import Run
+    from experiments.runner import Run
 
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: not an option of sigma-curve (it takes epsilons only)")
