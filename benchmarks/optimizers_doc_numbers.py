@@ -7,7 +7,7 @@ import math
 
 from tfdpbnn import privacy
 from tfdpbnn.optimizers.dpsgld import sgld_learning_rate, sgld_noise_multiplier
-from tfdpbnn.optimizers.sidp import gdp_epsilon
+from tfdpbnn.privacy import gdp_epsilon
 
 DELTA = 1e-5
 

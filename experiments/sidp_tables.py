@@ -210,7 +210,7 @@ def paper_mode_noise_multiplier(epsilon: float, steps: int, delta: float = DELTA
     sqrt(T (T + 1) (2 T + 1) / 6) / z (``docs/optimizers.md``), inverted here."""
     from scipy import optimize
 
-    from tfdpbnn.optimizers import gdp_epsilon
+    from tfdpbnn.privacy import gdp_epsilon
 
     mu = optimize.brentq(lambda m: gdp_epsilon(m, delta) - epsilon, 1e-6, 1e3, xtol=1e-12)
     return math.sqrt(steps * (steps + 1) * (2 * steps + 1) / 6.0) / mu

@@ -11,7 +11,7 @@ from tfdpbnn.clipping import keras_rules as _keras_rules  # noqa: F401  (registe
 from tfdpbnn.clipping.engine import METHODS, clipped_gradients
 from tfdpbnn.clipping.ghost import UnsupportedModelError, ghost_clipped_gradients
 from tfdpbnn.clipping.independence import check_per_example_independence
-from tfdpbnn.clipping.jacobian import clip_factors, jacobian_clipped_gradients
+from tfdpbnn.clipping.jacobian import clip_factors, jacobian_clipped_gradients, jacobian_clipped_sum
 from tfdpbnn.clipping.registry import (
     ClippingRule,
     mark_unsupported,
@@ -32,6 +32,7 @@ __all__ = [
     "clipped_gradients",
     "ghost_clipped_gradients",
     "jacobian_clipped_gradients",
+    "jacobian_clipped_sum",
     "mark_unsupported",
     "register_rule",
     "registered_rules",

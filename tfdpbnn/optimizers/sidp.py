@@ -21,30 +21,11 @@ import warnings
 
 import numpy as np
 import tensorflow as tf
-from scipy import optimize, stats
 
+from tfdpbnn._validation import check_nonnegative
 from tfdpbnn.optimizers.base import add_regularization
 from tfdpbnn.optimizers.dpsgd import DPSGDOptimizer
-from tfdpbnn.privacy._checks import check_nonnegative
-
-
-def gdp_epsilon(mu: float, delta: float) -> float:
-    """Smallest epsilon with delta(epsilon) <= delta for mu-GDP (Dong, Roth & Su 2019, Corollary 2.13)."""
-    if mu == 0:
-        return 0.0
-    if not math.isfinite(mu):
-        return math.inf
-
-    def excess(eps):
-        return (stats.norm.cdf(-eps / mu + mu / 2)
-                - np.exp(eps + stats.norm.logcdf(-eps / mu - mu / 2)) - delta)
-
-    if excess(0.0) <= 0:
-        return 0.0
-    hi = 1.0
-    while excess(hi) > 0:
-        hi *= 2.0
-    return float(optimize.brentq(excess, 0.0, hi, xtol=1e-12))
+from tfdpbnn.privacy.gdp import gdp_epsilon
 
 
 def _noisy_layers(model):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dp_accounting
 from dp_accounting import NeighboringRelation
 
-from tfdpbnn.privacy._checks import check_nonnegative, check_open_unit, check_positive
+from tfdpbnn._validation import check_nonnegative, check_open_unit, check_positive
 
 START_INTERVAL = 1e-3
 MIN_INTERVAL = 1e-5

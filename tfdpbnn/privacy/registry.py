@@ -13,7 +13,7 @@ from typing import Callable
 import dp_accounting
 from dp_accounting import NeighboringRelation
 
-from tfdpbnn.privacy._checks import check_choice
+from tfdpbnn._validation import check_choice
 from tfdpbnn.privacy.advanced_composition import AdvancedCompositionAccountant
 from tfdpbnn.privacy.gdp import GDPAccountant
 from tfdpbnn.privacy.pld import AdaptivePLDAccountant
