@@ -10,7 +10,7 @@ numbers beside the papers' own.
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["EXPERIMENTS", "available_experiments", "run_experiment"]
 

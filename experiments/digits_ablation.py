@@ -17,7 +17,7 @@ never used here), mean and std over seeds. Outputs ``ablation.csv`` and ``run.js
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["STEPS", "run"]
 

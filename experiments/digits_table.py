@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -83,12 +83,15 @@ EMA_DECAYS = (0.8, 0.9, 0.97)
 
 
 class Setting(dict):
-    """One training configuration (a dict): hidden units (0 = no hidden layer), activation, expected batch
+    """One training configuration (a dict).
+
+    Hidden units (0 = no hidden layer), activation, expected batch
     size (or ``sample_rate``, which then sets it to round(q n)), epochs, learning rate, ``lr_decay``
     (True: eta0 / (1 + epoch); False: constant; "cosine": cosine decay to 0 over the run), clip, input
     centering (x - 0.5, data-independent), MC samples at evaluation, ``ema``: the weights evaluated
     (None: the last iterate; a decay from ``EMA_DECAYS``: that moving average), and ``kl_weight``: the
-    weight of the KL term of the variational layers (dpvd, svi; 1 = the ELBO; < 1 a tempered posterior)."""
+    weight of the KL term of the variational layers (dpvd, svi; 1 = the ELBO; < 1 a tempered posterior).
+    """
 
     def __init__(self, hidden=1000, activation="relu", batch_size=100, epochs=100, learning_rate=0.05,
                  lr_decay=True, clip=2.0, center=False, momentum=0.0, mc_samples=20, sample_rate=None,
@@ -104,9 +107,12 @@ class Setting(dict):
 
 
 def paper_setting(method: str, dataset: str = "digits") -> Setting:
-    """Papers 000/002's setting for ``method`` on ``dataset``. DIGITS: 000: 1000 hidden units; 002: 500.
+    """The papers' setting for ``method`` on ``dataset``.
+
+    DIGITS: 000: 1000 hidden units; 002: 500.
     MNIST (000 sec. 5, 002 sec. 5): 1000 hidden units, batch 600, 200 epochs, eta_0 = 0.1, C = 2 (000) or 3
-    (002's stated MNIST clip, for its methods dpd and sgld)."""
+    (002's stated MNIST clip, for its methods dpd and sgld).
+    """
     if dataset == "mnist":
         return Setting(hidden=1000, batch_size=600, epochs=200, learning_rate=0.1,
                        clip=3.0 if method in ("dpd", "sgld") else 2.0)
@@ -154,9 +160,12 @@ DPVD_KL_WEIGHTS = (0.1, 0.01)
 
 
 def tuning_candidates(epsilon: float, method: str | None = None, dataset: str = "digits") -> tuple:
-    """The candidate settings tried on the validation split at ``epsilon`` (the grid, ``TUNING_GRID`` or
+    """The candidate settings tried on the validation split at ``epsilon``.
+
+    The grid, ``TUNING_GRID`` or
     for MNIST ``MNIST_TUNING_GRID``, of the nearest listed epsilon, on a log scale); for ``method="dpvd"``
-    also the first one with each of ``DPVD_KL_WEIGHTS``."""
+    also the first one with each of ``DPVD_KL_WEIGHTS``.
+    """
     grids = MNIST_TUNING_GRID if dataset == "mnist" else TUNING_GRID
     near = min(grids, key=lambda e: abs(math.log(e) - math.log(epsilon)))
     grid = grids[near]
@@ -200,8 +209,10 @@ def _hidden_and_output(method, setting, n):
 
 
 def build_model(method: str, setting: Setting, num_examples: int, seed: int, input_dim: int = 64):
-    """The Keras model of ``method`` (``input_dim`` inputs: 64 for DIGITS, 784 for MNIST; optional hidden
-    layer, 10 logits), seeded."""
+    """The Keras model of ``method``, seeded.
+
+    ``input_dim`` inputs (64 for DIGITS, 784 for MNIST), an optional hidden layer, 10 logits.
+    """
     import tensorflow as tf
 
     tf.keras.utils.set_random_seed(seed)
@@ -261,9 +272,11 @@ def _accuracy(model, x, y, mc_samples):
 
 
 def _ema_callback(decays):
-    """A Keras callback keeping, for each decay, an exponential moving average of the model's trainable
-    weights after every step (Polyak averaging until t / (t + 1) exceeds the decay). ``.averages[d]`` is
-    the list of averaged values (tf.Variables, in ``model.trainable_variables`` order)."""
+    """A Keras callback keeping exponential moving averages of the model's trainable weights.
+
+    One average per decay, updated after every step (Polyak averaging until t / (t + 1) exceeds the decay).
+    ``.averages[d]`` is the list of averaged values (tf.Variables, in ``model.trainable_variables`` order).
+    """
     import tensorflow as tf
 
     class EMA(tf.keras.callbacks.Callback):
@@ -405,8 +418,11 @@ _SETTING_KEYS = tuple(Setting())
 
 
 def _best_of(tuning_rows):
-    """{(method, epsilon): the Setting (with its ``ema``) of the row with the highest validation accuracy}
-    (first such row on ties)."""
+    """The best tuning row per (method, epsilon).
+
+    ``{(method, epsilon): the Setting (with its ``ema``) of the row with the highest validation accuracy}``
+    (first such row on ties).
+    """
     best = {}
     for r in tuning_rows:
         key = (r["method"], r["epsilon"])

@@ -23,7 +23,7 @@ Table 3), ``heteroscedastic.png`` (simulation 0: mean, epistemic and aleatoric b
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

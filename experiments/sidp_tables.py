@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -130,8 +130,11 @@ def load_data(dataset: str, data_dir=None):
 
 
 def public_split(x, y, num_public=NUM_PUBLIC, seed=4321):
-    """(x_private, y_private, x_public): ``num_public`` examples (balanced over classes as far as possible,
-    fixed seed) held out of the training set as the public BN batch; the rest is the private set."""
+    """Split off the public batch: returns (x_private, y_private, x_public).
+
+    ``num_public`` examples (balanced over classes as far as possible,
+    fixed seed) held out of the training set as the public BN batch; the rest is the private set.
+    """
     rng = np.random.default_rng(seed)
     classes = np.unique(y)
     picked = []
@@ -205,9 +208,12 @@ def build_model(input_shape, norm: str, noisy: bool, x_public, arch: str = "smal
 
 
 def paper_mode_noise_multiplier(epsilon: float, steps: int, delta: float = DELTA) -> float:
-    """z for which ``SIDPOptimizer(paper_mean_update=True)`` with a constant step has epsilon ``epsilon``
-    (the one that holds) after ``steps`` steps and the exported sample: its mu-GDP is
-    sqrt(T (T + 1) (2 T + 1) / 6) / z (``docs/optimizers.md``), inverted here."""
+    """The noise multiplier z that gives the paper mode the epsilon that holds of ``epsilon``.
+
+    ``SIDPOptimizer(paper_mean_update=True)`` with a constant step after ``steps`` steps and the exported
+    sample: its mu-GDP is
+    sqrt(T (T + 1) (2 T + 1) / 6) / z (``docs/optimizers.md``), inverted here.
+    """
     from scipy import optimize
 
     from tfdpbnn.privacy import gdp_epsilon

@@ -16,7 +16,7 @@ Outputs: ``sigma_curve.csv`` (one row per setting, accountant and epsilon) and `
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["PAPER_SIGMAS", "SETTINGS", "paper_sigma", "run"]
 

@@ -10,40 +10,50 @@ import numbers
 from collections.abc import Iterable
 
 
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+def _real(value: object) -> float | None:
+    """``float(value)`` for a real number (bools excluded), else None."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+def _integer(value: object) -> int | None:
+    """``int(value)`` for an integer (bools and floats such as 3.0 excluded), else None."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return None
 
 
 def check_positive(name: str, value: object) -> float:
     """Return ``value`` as float if it is a finite real number > 0, else raise ``ValueError``."""
-    if not _is_real(value) or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type,operator]
+    number = _real(value)
+    if number is None or not math.isfinite(number) or number <= 0:
         raise ValueError(f"{name} must be a finite number > 0 (allowed range (0, inf)); got {value!r}")
-    return float(value)  # type: ignore[arg-type]
+    return number
 
 
 def check_nonnegative(name: str, value: object) -> float:
     """Return ``value`` as float if it is a finite real number >= 0, else raise ``ValueError``."""
-    if not _is_real(value) or not math.isfinite(value) or value < 0:  # type: ignore[arg-type,operator]
+    number = _real(value)
+    if number is None or not math.isfinite(number) or number < 0:
         raise ValueError(f"{name} must be a finite number >= 0 (allowed range [0, inf)); got {value!r}")
-    return float(value)  # type: ignore[arg-type]
+    return number
 
 
 def check_open_unit(name: str, value: object) -> float:
     """Return ``value`` as float if 0 < value < 1 (e.g. delta), else raise ``ValueError``."""
-    if not _is_real(value) or not 0 < value < 1:  # type: ignore[operator]
+    number = _real(value)
+    if number is None or not 0 < number < 1:
         raise ValueError(f"{name} must be a number in the open interval (0, 1); got {value!r}")
-    return float(value)  # type: ignore[arg-type]
+    return number
 
 
 def check_sample_rate(name: str, value: object) -> float:
     """Return ``value`` as float if 0 < value <= 1 (a sampling probability), else raise ``ValueError``."""
-    if not _is_real(value) or not 0 < value <= 1:  # type: ignore[operator]
+    number = _real(value)
+    if number is None or not 0 < number <= 1:
         raise ValueError(f"{name} must be a number in the interval (0, 1]; got {value!r}")
-    return float(value)  # type: ignore[arg-type]
+    return number
 
 
 def check_real(name: str, value: object, low: float | None = None, high: float | None = None,
@@ -52,9 +62,9 @@ def check_real(name: str, value: object, low: float | None = None, high: float |
 
     ``low``/``high``: bounds (None: unbounded); ``low_open``/``high_open``: exclude the bound itself.
     """
-    if not _is_real(value) or not math.isfinite(value):  # type: ignore[arg-type]
+    number = _real(value)
+    if number is None or not math.isfinite(number):
         raise ValueError(f"{name} must be a finite real number, got {value!r}")
-    number = float(value)  # type: ignore[arg-type]
     bad_low = low is not None and (number <= low if low_open else number < low)
     bad_high = high is not None and (number >= high if high_open else number > high)
     if bad_low or bad_high:
@@ -66,29 +76,34 @@ def check_real(name: str, value: object, low: float | None = None, high: float |
 
 def check_nonnegative_int(name: str, value: object) -> int:
     """Return ``value`` as int if it is an integer >= 0 (floats like 3.0 are refused), else raise."""
-    if not _is_int(value) or value < 0:  # type: ignore[operator]
+    integer = _integer(value)
+    if integer is None or integer < 0:
         raise ValueError(f"{name} must be an integer >= 0 (allowed range [0, inf)); got {value!r}")
-    return int(value)  # type: ignore[call-overload]
+    return integer
 
 
 def check_positive_int(name: str, value: object) -> int:
     """Return ``value`` as int if it is an integer >= 1, else raise ``ValueError``."""
-    if not _is_int(value) or value < 1:  # type: ignore[operator]
+    integer = _integer(value)
+    if integer is None or integer < 1:
         raise ValueError(f"{name} must be an integer >= 1 (allowed range [1, inf)); got {value!r}")
-    return int(value)  # type: ignore[call-overload]
+    return integer
 
 
 def check_pair(name: str, value: object) -> tuple[int, int]:
     """Normalize an int or a pair of ints >= 1 (kernel size, strides) to a tuple of two ints."""
-    if _is_int(value):
-        value = (value, value)
-    try:
-        items = tuple(value)  # type: ignore[arg-type]
-    except TypeError:
+    single = _integer(value)
+    items: tuple[object, ...]
+    if single is not None:
+        items = (single, single)
+    elif isinstance(value, Iterable) and not isinstance(value, str):
+        items = tuple(value)
+    else:
         items = ()
-    if len(items) != 2 or any(not _is_int(v) or v < 1 for v in items):
+    pair = [_integer(v) for v in items]
+    if len(pair) != 2 or any(v is None or v < 1 for v in pair):
         raise ValueError(f"{name} must be an integer >= 1 or a pair of them, got {value!r}")
-    return (int(items[0]), int(items[1]))
+    return (int(pair[0] or 0), int(pair[1] or 0))
 
 
 def check_padding(name: str, value: object) -> str:

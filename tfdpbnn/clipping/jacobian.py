@@ -27,8 +27,11 @@ def clip_factors(norms: tf.Tensor, l2_norm_clip) -> tf.Tensor:
 
 
 def scaled_factors(factors: tf.Tensor, sum_scale=None) -> tf.Tensor:
-    """``factors * sum_scale`` (``factors`` unchanged for ``None``): a constant multiplier of the clipped sum
-    folded into the per-example weights, so that e.g. DP-SGD's division by the batch size costs nothing."""
+    """``factors * sum_scale`` (``factors`` unchanged for ``None``).
+
+    A constant multiplier of the clipped sum folded into the per-example weights, so that e.g. DP-SGD's
+    division by the batch size costs nothing.
+    """
     if sum_scale is None:
         return factors
     return factors * tf.cast(sum_scale, factors.dtype)
@@ -50,6 +53,7 @@ def jacobian_clipped_sum(per_example_loss, tape: tf.GradientTape, var_list, l2_n
       var_list: the variables to differentiate (unconnected ones get zero gradients).
       l2_norm_clip: the clip bound C > 0.
       sum_scale: optional constant s folded into the clip factors (``scaled_factors``).
+
     Returns:
       the scaled clipped sum, one tensor per variable, and the ``[batch]`` unclipped per-example norms.
     """

@@ -73,9 +73,11 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
         return kl
 
     def preactivation_moments(self, inputs):
-        """Moments of the sampled pre-activation without the bias mean (local reparameterization):
-        ``(x mu_W, x^2 softplus(rho_W)^2 + softplus(rho_b)^2)``. ``call`` samples from them; the clipping rule
-        reads the same tensors for the per-example gradients."""
+        """Moments of the sampled pre-activation without the bias mean (local reparameterization).
+
+        Returns ``(x mu_W, x^2 softplus(rho_W)^2 + softplus(rho_b)^2)``. ``call`` samples from them; the
+        clipping rule reads the same tensors for the per-example gradients.
+        """
         inputs = tf.convert_to_tensor(inputs, dtype=self.kernel_mu.dtype)
         mean = tf.matmul(inputs, self.kernel_mu)
         var = tf.matmul(tf.square(inputs), tf.square(tf.nn.softplus(self.kernel_rho)))
@@ -88,8 +90,11 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
         return mean + tf.sqrt(variance) * tf.random.normal(tf.shape(mean), dtype=mean.dtype)
 
     def outputs_from_preactivation(self, z):
-        """The layer's output from ``z`` (without bias): adds the bias mean, the KL term (``add_loss``) and
-        the activation. ``call`` and the clipping rule both end with it."""
+        """The layer's output from the sampled pre-activation ``z`` (without bias).
+
+        Adds the bias mean, the KL term (``add_loss``) and the activation. ``call`` and the clipping rule both
+        end with it.
+        """
         # bias added last (as in DenseVariational): keeps grappler from fusing MatMul+BiasAdd+Add+Relu
         # inside while loops, which TF 2.15 logs as an "empty op name" error
         if self.use_bias:

@@ -61,9 +61,11 @@ class _NoisyMixin:
             self.bias.assign(self._noisy(self.bias))
 
     def preactivation(self, inputs, training=None):
-        """``z = x theta + b`` (``NoisyConv2D``: ``conv(x, theta) + b``) with this call's weights: one noisy
-        sample theta = mu + s xi shared by the batch, or the means (see the class docstring). ``call`` applies
-        the activation to it; the clipping rule taps it."""
+        """The pre-activation ``z = x theta + b`` (``NoisyConv2D``: ``conv(x, theta) + b``).
+
+        With this call's weights: one noisy sample theta = mu + s xi shared by the batch, or the means (see
+        the class docstring). ``call`` applies the activation to it; the clipping rule taps it.
+        """
         inputs = tf.convert_to_tensor(inputs, dtype=self.kernel.dtype)
         kernel, bias = self._weights(training)
         z = self._apply_kernel(inputs, kernel)

@@ -164,8 +164,11 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
         return self._axis
 
     def normalize(self, inputs):
-        """``xhat = (x - mean_P) / sqrt(var_P + epsilon)`` with the public statistics; ``call`` returns
-        ``gamma xhat + beta`` and the clipping rule reads ``xhat`` for gamma's per-example gradients."""
+        """``xhat = (x - mean_P) / sqrt(var_P + epsilon)`` with the public statistics.
+
+        ``call`` returns ``scale_and_shift(xhat)``; the clipping rule reads ``xhat`` for gamma's per-example
+        gradients.
+        """
         inputs = tf.convert_to_tensor(inputs)
         mean, var = self.public_statistics(inputs)
         return (inputs - mean) * tf.math.rsqrt(var + self.epsilon)

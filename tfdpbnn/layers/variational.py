@@ -69,16 +69,21 @@ class _VariationalMixin:
         return tf.reduce_sum(log_uniform_kl(self.log_alpha))
 
     def outputs_from_preactivation(self, z):
-        """The layer's output from its pre-activation ``z``: adds the KL term (``add_loss``), the bias and the
-        activation. ``call`` and the per-example clipping rule both end with it."""
+        """The layer's output from its pre-activation ``z``.
+
+        Adds the KL term (``add_loss``), the bias and the activation. ``call`` and the per-example clipping
+        rule both end with it.
+        """
         self.add_loss(self.kl_divergence() / float(self.num_examples))
         if self.use_bias:
             z = tf.nn.bias_add(z, self.bias)
         return self.activation(z) if self.activation is not None else z
 
     def sample_preactivation(self, mean, variance):
-        """``mean + sqrt(variance + eps) * N(0, 1)``, independently per example and unit (local
-        reparameterization, Kingma et al. 2015)."""
+        """``mean + sqrt(variance + eps) * N(0, 1)``, independently per example and unit.
+
+        The local reparameterization of Kingma et al. 2015.
+        """
         return mean + tf.sqrt(variance + self.eps) * tf.random.normal(tf.shape(mean), dtype=mean.dtype)
 
     def _common_config(self):
@@ -145,9 +150,11 @@ class DenseVariational(_VariationalMixin, tf.keras.layers.Layer):
         return self.outputs_from_preactivation(select(training, train, infer, mc))
 
     def preactivation_moments(self, inputs):
-        """Training pre-activation moments without bias and eps (paper 000 eq. 10, local reparameterization):
-        ``(x theta, x^2 exp(log_sigma2))``. ``call`` samples from them; the clipping rule reads the same
-        tensors for the per-example gradients."""
+        """Training pre-activation moments without bias and eps (Ermis & Cemgil 2017 eq. 10).
+
+        Returns ``(x theta, x^2 exp(log_sigma2))`` (local reparameterization). ``call`` samples from them;
+        the clipping rule reads the same tensors for the per-example gradients.
+        """
         inputs = tf.convert_to_tensor(inputs, dtype=self.theta.dtype)
         return tf.matmul(inputs, self.theta), tf.matmul(tf.square(inputs), tf.exp(self.log_sigma2))
 
@@ -197,8 +204,10 @@ class Conv2DVariational(_VariationalMixin, tf.keras.layers.Layer):
         return tf.nn.conv2d(x, kernel, strides=(1,) + self.strides + (1,), padding=self.padding.upper())
 
     def preactivation_moments(self, inputs):
-        """Training pre-activation moments without bias and eps (local reparameterization for convolutions):
-        ``(conv(x, theta), conv(x^2, exp(log_sigma2)))``; shared by ``call`` and the clipping rule."""
+        """Training pre-activation moments without bias and eps (local reparameterization for convolutions).
+
+        Returns ``(conv(x, theta), conv(x^2, exp(log_sigma2)))``; shared by ``call`` and the clipping rule.
+        """
         inputs = tf.convert_to_tensor(inputs, dtype=self.theta.dtype)
         return self._conv(inputs, self.theta), self._conv(tf.square(inputs), tf.exp(self.log_sigma2))
 

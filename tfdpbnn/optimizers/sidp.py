@@ -84,8 +84,11 @@ class SIDPOptimizer(DPSGDOptimizer):
         self._sidp_layers = layers
 
     def weight_noise_stddev(self):
-        """s_t, the weight-noise std of the noisy layers: ``eta_t C z / B`` (Davody et al. 2020, Algorithm 1,
-        line 4), or the constant ``weight_noise`` when one was given. A float32 scalar tensor."""
+        """The weight-noise std s_t of the noisy layers, a float32 scalar tensor.
+
+        ``eta_t C z / B`` (Davody et al. 2020, Algorithm 1, line 4), or the constant ``weight_noise`` when
+        one was given.
+        """
         if self.weight_noise is not None:
             return tf.constant(self.weight_noise, tf.float32)
         return self._decayed_lr(tf.float32) * self._f32(
@@ -127,13 +130,14 @@ class SIDPOptimizer(DPSGDOptimizer):
         self._sidp_released_at_step = self.steps
 
     def paper_mode_gdp_mu(self) -> float:
-        """mu of the GDP composition over all releases so far plus the final exported sample."""
+        """Mu of the GDP composition over all releases so far plus the final exported sample."""
         s = self.weight_noise_stddev().numpy()
         delta_now = float(self._sidp_delta.numpy())
         final = 0.0 if delta_now == 0 else (math.inf if s <= 0 else (delta_now / s) ** 2)
         return math.sqrt(float(self._sidp_mu_squared.numpy()) + final)
 
     def epsilon_after(self, steps, delta=None, accountant=None):
+        """Epsilon after ``steps`` steps: DP-SGD's (sound mode) or the paper mode's GDP composition."""
         if not self.paper_mean_update:
             return super().epsilon_after(steps, delta=delta, accountant=accountant)
         delta = self._resolve_delta(delta)
@@ -150,8 +154,10 @@ class SIDPOptimizer(DPSGDOptimizer):
         return gdp_epsilon(self.paper_mode_gdp_mu(), delta)
 
     def privacy_statement(self, delta=None):
-        """As ``DPOptimizerMixin.privacy_statement``; in paper mode only after ``release_weights(model)``
-        (``tfdpbnn.export_saved_model`` asks for it, so mu, which is not private then, is never exported)."""
+        """As ``DPOptimizerMixin.privacy_statement``; in paper mode only after ``release_weights(model)``.
+
+        ``tfdpbnn.export_saved_model`` asks for it, so mu, which is not private then, is never exported.
+        """
         if self.paper_mean_update and self._sidp_released_at_step != self.steps:
             raise ValueError(
                 "model: with paper_mean_update=True the model holds mu, which the reported epsilon does not "
@@ -166,6 +172,7 @@ class SIDPOptimizer(DPSGDOptimizer):
         return statement
 
     def get_config(self):
+        """The DP optimizer's config plus the SI-DPSGD options and the paper-mode accounting state."""
         config = super().get_config()
         config["paper_mean_update"] = self.paper_mean_update
         config["weight_noise"] = self.weight_noise

@@ -36,7 +36,9 @@ class AdaptivePLDAccountant(dp_accounting.pld.PLDAccountant):
         return super()._maybe_compose(event, count, do_compose and self._fixed is not None)
 
     def _refine(self, query):
-        interval, best, previous = START_INTERVAL, None, None
+        interval = START_INTERVAL
+        best: float | None = None
+        previous: float | None = None
         while interval >= MIN_INTERVAL:
             acc = dp_accounting.pld.PLDAccountant(self.neighboring_relation, interval).compose(self.ledger)
             value = query(acc)

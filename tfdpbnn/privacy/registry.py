@@ -8,7 +8,7 @@ takes ``neighboring_relation`` plus its own keyword arguments.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import dp_accounting
 from dp_accounting import NeighboringRelation

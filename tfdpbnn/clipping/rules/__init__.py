@@ -46,8 +46,10 @@ def builtin_rules() -> list[tuple[type, ClippingRule]]:
 
 
 def register_builtin_rules() -> None:
-    """Register every built-in rule (replacing earlier ones for those classes) and mark the layers that
-    need the jacobian path (``AppendPublicBatch``: carried public rows)."""
+    """Register every built-in rule, replacing earlier ones for those classes.
+
+    Also marks the layers that need the jacobian path (``AppendPublicBatch``: carried public rows).
+    """
     from tfdpbnn.layers import AppendPublicBatch
 
     for layer_class, rule in builtin_rules():

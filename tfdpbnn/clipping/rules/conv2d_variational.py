@@ -1,5 +1,7 @@
-"""Clipping rule of ``tfdpbnn.layers.Conv2DVariational`` in training (local reparameterization for
-convolutions)."""
+"""Clipping rule of ``tfdpbnn.layers.Conv2DVariational`` in training.
+
+Local reparameterization for convolutions (Kingma et al. 2015; Ermis & Cemgil 2017).
+"""
 
 from __future__ import annotations
 

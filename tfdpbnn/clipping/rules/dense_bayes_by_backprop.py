@@ -1,5 +1,7 @@
-"""Clipping rule of ``tfdpbnn.layers.DenseBayesByBackprop`` in training (Blundell et al. 2015 with local
-reparameterization; DP-BBP of Zhang et al.)."""
+"""Clipping rule of ``tfdpbnn.layers.DenseBayesByBackprop`` in training.
+
+Blundell et al. 2015 with local reparameterization; DP-BBP of Zhang et al. 2021.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from tfdpbnn.clipping.rules.training import SampledPreactivation, training_reaso
 
 
 class DenseBayesByBackpropRule(ClippingRule):
-    """``DenseBayesByBackprop`` (paper 003 sec. 3.2) with its local reparameterization.
+    """``DenseBayesByBackprop`` (Zhang et al. 2021 sec. 3.2) with its local reparameterization.
 
     ``z = x mu_W + mu_b + sqrt(v) xi``, ``v = x^2 S^2 + s_b^2``, ``S = softplus(rho_W)``, ``s_b =
     softplus(rho_b)``. With ``h = g xi / sqrt(v)``: ``dL/dmu_W = x^T g``, ``dL/dmu_b = g``,

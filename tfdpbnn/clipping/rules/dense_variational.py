@@ -1,5 +1,7 @@
-"""Clipping rule of ``tfdpbnn.layers.DenseVariational`` in training (Ermis & Cemgil's DPVD; local
-reparameterization, Kingma et al. 2015)."""
+"""Clipping rule of ``tfdpbnn.layers.DenseVariational`` in training.
+
+Ermis & Cemgil 2017's DPVD with the local reparameterization of Kingma et al. 2015.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from tfdpbnn.clipping.rules.training import SampledPreactivation, training_reaso
 
 
 class DenseVariationalRule(ClippingRule):
-    """``DenseVariational`` in training (paper 000 eq. 10, local reparameterization).
+    """``DenseVariational`` in training (Ermis & Cemgil 2017 eq. 10, local reparameterization).
 
     ``z = x theta + b + sqrt(v) xi``, ``v = x^2 exp(log_sigma2) + eps``. Per example:
     ``dL/dtheta = x^T g``, ``dL/db = g``, ``dL/dlog_sigma2 = exp(log_sigma2) * (x^2)^T h`` with

@@ -11,8 +11,10 @@ CARRIED_REASON = ("public rows carried through the network: every layer before a
 
 
 class PublicBatchNormalizationRule(AffineNormalizationRule):
-    """``y = gamma xhat + beta`` with xhat from a stored public batch; the forward pass is the layer's own
-    (``normalize``, then ``scale_and_shift``), run once."""
+    """``y = gamma xhat + beta`` with xhat from a stored public batch.
+
+    The forward pass is the layer's own (``normalize``, then ``scale_and_shift``), run once.
+    """
 
     def unsupported_reason(self, layer):
         if layer.carried:

@@ -19,8 +19,11 @@ def training_reason(kwargs) -> str | None:
 
 
 class SampledPreactivation:
-    """What a local-reparameterization rule keeps from the forward pass: the layer input ``x``, the sampled
-    noise ``sqrt(v) xi = z - mean`` and the variance ``v`` it was drawn with (eps included)."""
+    """What a local-reparameterization rule keeps from the forward pass.
+
+    The layer input ``x``, the sampled noise ``sqrt(v) xi = z - mean`` and the variance ``v`` it was drawn
+    with (eps included).
+    """
 
     def __init__(self, x, noise, var):
         self.x, self.noise, self.var = x, noise, var
