@@ -60,7 +60,7 @@ EPSILONS = (10.0, 1.0, 0.5, 0.1)
 DELTA = 1e-5
 METHODS = ("dpvd", "dpd", "svi", "sgld", "dpsgd")
 # The papers' DIGITS numbers (000 Table 1 for dpvd/svi/dpsgd at 10/1/0.1; 002 Table 1 for dpd/sgld/dpsgd at
-# 10/1/0.5), obtained with their zCDP procedure (NOTES.md point 2: not a valid guarantee).
+# 10/1/0.5), obtained with their zCDP procedure (not a valid guarantee: docs/privacy.md).
 PAPER_TABLE = {
     ("dpvd", 10.0): 0.9417, ("dpvd", 1.0): 0.9278, ("dpvd", 0.1): 0.9038,
     ("svi", 10.0): 0.9375, ("svi", 1.0): 0.9107, ("svi", 0.1): 0.8712,

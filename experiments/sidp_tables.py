@@ -12,7 +12,7 @@ every trainable layer, the logits included (as the paper augments its networks):
 - ``none``: no normalization;
 - ``ln``: Keras ``LayerNormalization`` over all hidden units of the layer (paper 004 eq. 3);
 - ``bn``: ``PublicBatchNormalization`` in carried mode (``AppendPublicBatch`` / ``DropPublicBatch``):
-  statistics from a public batch only (paper 004 Algorithm 2 corrected, NOTES.md point 1). DIGITS has no
+  statistics from a public batch only (paper 004 Algorithm 2 corrected, docs/layers.md). DIGITS has no
   public data set (the paper uses 30 KMNIST / CIFAR-100 images), so ``NUM_PUBLIC`` = 30 training images
   (3 per class, fixed seed) are held out as "public": they are removed from the private training set of
   EVERY configuration (so every row trains on the same n private examples, and the accounting covers
@@ -35,7 +35,7 @@ Table 4 analogue (``table4``): accuracy against epsilon for the ``methods``:
 - ``dpsgd``, ``dpsgd-ln``: ``DPSGDOptimizer`` on the same CNN with plain Keras layers, without / with LN;
 - ``sidp-paper-ln``: ``SIDPOptimizer(paper_mean_update=True)`` (the paper's algorithm), LN model, with the
   noise multiplier z the paper's accounting calibrates for the target epsilon (the subsampled Gaussian by
-  RDP: the epsilon the paper would claim). mu then accumulates un-noised gradients (NOTES.md point 1), and
+  RDP: the epsilon the paper would claim). mu then accumulates un-noised gradients (docs/optimizers.md), and
   the epsilon recorded is the optimizer's own statement (exact GDP composition of the released weight
   samples theta_t with sensitivity Delta_t = t eta C / B, plus the exported sample), beside the claimed one;
 - ``sidp-paper-real-ln`` (optional): the paper's algorithm with z calibrated so that the epsilon that HOLDS

@@ -42,7 +42,7 @@ def test_run_record_and_csv(tmp_path):
     assert on_disk["privacy"][0]["sampling"] == "poisson" and on_disk["privacy"][0]["steps"] == 1500
     rows = _read_csv(tmp_path / "r" / "t.csv")
     assert [list(r) for r in rows][0] == ["x", "y", "z"] and rows[1]["z"] == "q" and rows[0]["z"] == ""
-    # NOTES.md utility anchor: sigma 10.7 at q = 100/1437 for ~100 epochs is epsilon ~1 under RDP.
+    # Utility anchor: sigma 10.7 at q = 100/1437 for ~100 epochs is epsilon ~1 under RDP.
     assert 0.8 < eps["rdp"] < 1.2
     # PLD is the tightest sound accountant: every other sound one is at least as large (1% slack).
     for name, value in eps.items():
@@ -127,12 +127,12 @@ def test_sigma_curve_smoke(tmp_path, capsys):
         q, steps = float(rows[0]["sample_rate"]), int(rows[0]["steps"])
         assert privacy.compute_epsilon(sig[("rdp", eps)], q, steps, 1e-5, accountant="rdp") <= eps * 1.01
         # The reading of the papers' zCDP procedure that matches their printed sigmas (J = epochs) asks for
-        # less noise than the tightest sound accountant (NOTES.md point 2).
+        # less noise than the tightest sound accountant (docs/privacy.md).
         assert sig[("paper-zcdp-epochs", eps)] < sig[("pld", eps)]
     # Less budget, more noise.
     assert sig[("rdp", 1.0)] > sig[("rdp", 2.0)]
     # Paper 000 prints sigma 2.97 (its zCDP) for DIGITS at epsilon 1: below what PLD needs for the same
-    # Poisson-subsampled Gaussian, i.e. the paper's noise does not give epsilon 1 (NOTES.md point 2).
+    # Poisson-subsampled Gaussian, i.e. the paper's noise does not give epsilon 1 (docs/privacy.md).
     printed = [r for r in rows if r["curve"] == "paper-zcdp" and float(r["epsilon"]) == 1.0]
     assert float(printed[0]["paper_sigma"]) == 2.97 and sig[("pld", 1.0)] > 2.97
 
@@ -299,7 +299,7 @@ def test_sidp_tables_smoke(tmp_path):
     assert all(float(r["weight_noise"]) == 0.5 for r in t1)  # the fixed Table 1 level, not eta C z / B
     sound, paper = t4["sidp-ln"], t4["sidp-paper-ln"]
     # Same noise multiplier and steps: the sound mode's epsilon is the target (RDP, Poisson); paper mode's
-    # real epsilon (GDP composition of the released samples, NOTES.md point 1) is larger than that, while
+    # real epsilon (GDP composition of the released samples, docs/optimizers.md) is larger than that, while
     # the epsilon the paper would claim is the sound one.
     assert float(sound["sigma"]) == float(paper["sigma"]) > 0
     assert float(sound["epsilon"]) <= 0.5 * 1.01
