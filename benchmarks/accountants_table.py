@@ -20,6 +20,7 @@ NAMES = ("rdp", "pld", "zcdp", "gdp", "ac")
 
 
 def grid_table() -> list[str]:
+    """Markdown rows: epsilon by accountant over a (sigma, q, steps) grid, with ratios to PLD."""
     lines = ["| sigma | q | steps | " + " | ".join(NAMES) + " | " + " | ".join(f"{n}/pld" for n in NAMES
                                                                           if n != "pld") + " |",
              "| " + " | ".join(["---"] * (3 + 2 * len(NAMES) - 1)) + " |"]
@@ -32,6 +33,7 @@ def grid_table() -> list[str]:
 
 
 def mnist_table() -> list[str]:
+    """Markdown rows: noise multiplier by accountant and by the papers' procedures, DPVD MNIST setting."""
     q, epochs = 0.01, 200
     steps = epochs * 100
     papers = " | paper zCDP (J=steps) | paper zCDP (J=epochs) | paper AC |"
@@ -47,6 +49,7 @@ def mnist_table() -> list[str]:
 
 
 def shuffle_table() -> list[str]:
+    """Markdown rows: Poisson against shuffled-batch epsilon at the same noise."""
     lines = ["| sigma | q | epochs | Poisson (rdp) | Poisson (pld) | shuffle (pld) | shuffle (gdp, exact) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for sigma, q, epochs in ((1.0, 0.01, 10), (5.78, 0.01, 200), (1.0, 0.0696, 100)):
@@ -59,6 +62,7 @@ def shuffle_table() -> list[str]:
 
 
 def main() -> None:
+    """Print the tables (and write them to ``--out`` when given)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=None, help="also write the markdown here")
     args = parser.parse_args()

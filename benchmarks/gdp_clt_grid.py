@@ -1,4 +1,4 @@
-"""Where does the GDP central-limit approximation under-report against PLD? (delta = 1e-5)
+"""Where does the GDP central-limit approximation under-report against PLD? (delta = 1e-5).
 
 Prints one markdown row per (sigma, q, steps): GDP epsilon, PLD epsilon (discretization 1e-4), their ratio,
 and whether ``tfdpbnn.privacy.gdp.clt_may_underreport`` warns. Rows with ratio < 0.95 and no warning would
@@ -17,6 +17,7 @@ DELTA = 1e-5
 
 
 def main() -> None:
+    """Print the GDP/PLD epsilon ratio over the (sigma, q, steps) grid."""
     warnings.simplefilter("ignore")
     print("| sigma | q | steps | GDP | PLD | GDP/PLD | warns |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

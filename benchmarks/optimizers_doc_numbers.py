@@ -1,5 +1,8 @@
-"""Numbers quoted in docs/optimizers.md: shuffle vs Poisson epsilon, DP-SGLD's equivalent sigma, SI-DPSGD
-paper-mode epsilon. Run: ``python benchmarks/optimizers_doc_numbers.py`` (a few seconds, no training)."""
+"""Numbers quoted in docs/optimizers.md.
+
+Shuffle vs Poisson epsilon, DP-SGLD's equivalent sigma, SI-DPSGD paper-mode epsilon. Run: ``python
+benchmarks/optimizers_doc_numbers.py`` (a few seconds, no training).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +10,13 @@ import math
 
 from tfdpbnn import privacy
 from tfdpbnn.optimizers.dpsgld import sgld_learning_rate, sgld_noise_multiplier
-from tfdpbnn.optimizers.sidp import gdp_epsilon
+from tfdpbnn.privacy import gdp_epsilon
 
 DELTA = 1e-5
 
 
 def shuffle_vs_poisson():
+    """Print epsilon under shuffled batches beside Poisson sampling."""
     print("| setting | sigma | epochs | epsilon, Poisson (rdp) | epsilon, shuffle (rdp) "
           "| epsilon, shuffle (pld) |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -30,6 +34,7 @@ def shuffle_vs_poisson():
 
 
 def sgld():
+    """Print DP-SGLD's equivalent DP-SGD noise multipliers."""
     n, b, clip = 1437, 287, 1.0
     for eta in (1e-3, 1e-4):
         sigma = sgld_noise_multiplier(eta, clip, n, b)
@@ -41,6 +46,7 @@ def sgld():
 
 
 def sidp_paper_mode():
+    """Print SI-DPSGD paper-mode mu-GDP and epsilon beside the default mode's."""
     for z, steps in ((1.0, 120), (10.0, 120), (100.0, 1000)):
         mu = math.sqrt(steps * (steps + 1) * (2 * steps + 1) / 6) / z
         print(f"SI-DPSGD paper_mean_update, z={z:g}, T={steps}: mu-GDP {mu:.1f}, "

@@ -6,6 +6,7 @@ import warnings
 import dp_accounting as dpa
 import numpy as np
 import pytest
+from _exact_gaussian import gaussian_delta, gaussian_epsilon
 from scipy import integrate, stats
 
 from tfdpbnn.privacy import (
@@ -19,7 +20,6 @@ from tfdpbnn.privacy import (
     register_accountant,
     sound_accountants,
 )
-from tfdpbnn.privacy.advanced_composition import gaussian_delta, gaussian_epsilon
 from tfdpbnn.privacy.gdp import gdp_delta, gdp_epsilon
 
 DELTA = 1e-5

@@ -5,6 +5,7 @@ import warnings
 
 import dp_accounting as dpa
 import pytest
+from _exact_gaussian import gaussian_epsilon
 
 from tfdpbnn.privacy import (
     available_accountants,
@@ -13,7 +14,6 @@ from tfdpbnn.privacy import (
     dp_sgd_event,
     steps_per_epoch,
 )
-from tfdpbnn.privacy.advanced_composition import gaussian_epsilon
 
 DELTA = 1e-5
 

@@ -1,4 +1,4 @@
-"""Tests of ``tfdpbnn.reproduce`` and ``tfdpbnn reproduce``: the runner's record, and each experiment once in
+"""Tests of ``experiments`` and ``tfdpbnn reproduce``: the runner's record, and each experiment once in
 its smoke configuration (tiny, seconds), checking properties of what it writes."""
 
 import csv
@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from tfdpbnn.reproduce import available_experiments, run_experiment
-from tfdpbnn.reproduce.runner import Run, mean_std
+from experiments import available_experiments, run_experiment
+from experiments.runner import Run, mean_std
 
 
 def _read_csv(path):
@@ -32,7 +32,7 @@ def test_run_record_and_csv(tmp_path):
     eps = run.privacy("cfg", noise_multiplier=10.7, sample_rate=100 / 1437, steps=1500, delta=1e-5)
     run.note("chosen", {"lr": 0.1})
     record = run.finish()
-    on_disk = json.load(open(tmp_path / "r" / "run.json"))
+    on_disk = json.loads((tmp_path / "r" / "run.json").read_text())
     assert on_disk["experiment"] == "unit" and on_disk["seeds"] == [3, 4]
     assert on_disk["settings"] == {"a": 1, "b": 0.5} and on_disk["chosen"] == {"lr": 0.1}
     assert on_disk["outputs"] == ["t.csv"] and record["wall_time_s"] >= 0
@@ -42,7 +42,7 @@ def test_run_record_and_csv(tmp_path):
     assert on_disk["privacy"][0]["sampling"] == "poisson" and on_disk["privacy"][0]["steps"] == 1500
     rows = _read_csv(tmp_path / "r" / "t.csv")
     assert [list(r) for r in rows][0] == ["x", "y", "z"] and rows[1]["z"] == "q" and rows[0]["z"] == ""
-    # NOTES.md utility anchor: sigma 10.7 at q = 100/1437 for ~100 epochs is epsilon ~1 under RDP.
+    # Utility anchor: sigma 10.7 at q = 100/1437 for ~100 epochs is epsilon ~1 under RDP.
     assert 0.8 < eps["rdp"] < 1.2
     # PLD is the tightest sound accountant: every other sound one is at least as large (1% slack).
     for name, value in eps.items():
@@ -61,14 +61,52 @@ def test_unknown_experiment_and_bad_seeds(tmp_path):
 
 
 def test_cli_lists_and_parses_experiments():
-    from tfdpbnn.cli import build_parser
+    from experiments.cli import build_parser
 
     parser = build_parser()
-    args = parser.parse_args(["reproduce", "sigma-curve", "--out", "x", "--seeds", "3", "--smoke"])
+    args = parser.parse_args(["sigma-curve", "--out", "x", "--seeds", "3", "--smoke"])
     assert (args.name, args.out, args.seeds, args.smoke) == ("sigma-curve", "x", 3, True)
     with pytest.raises(SystemExit):
-        parser.parse_args(["reproduce", "not-an-experiment"])
+        parser.parse_args(["not-an-experiment"])
     assert {"sigma-curve", "digits-table", "sidp-tables"} <= set(available_experiments())
+
+
+def test_tfdpbnn_reproduce_forwards_to_the_checkout_or_says_it_needs_one(tmp_path, monkeypatch, capsys):
+    """``tfdpbnn reproduce`` hands its arguments to the checkout's experiments/ parser; with no checkout
+    beside the package or in the current directory it exits 2 with an error naming experiments/."""
+    from tfdpbnn.cli import main
+    from tfdpbnn.commands import reproduce
+
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "not-an-experiment"])
+    assert exc.value.code == 2 and "invalid choice: 'not-an-experiment'" in capsys.readouterr().err
+    monkeypatch.setattr(reproduce, "__file__", str(tmp_path / "site" / "tfdpbnn" / "commands" / "x.py"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["reproduce", "sigma-curve", "--smoke"]) == 2
+    assert "experiments/ folder of the tfdpbnn source repository" in capsys.readouterr().err
+
+
+def test_experiments_use_only_the_public_api():
+    """No module of experiments/ imports a private tfdpbnn name or module, or reads a private attribute of
+    anything but its own objects (``self``)."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "experiments"
+    files = sorted(root.glob("*.py"))
+    assert len(files) >= 8
+    for path in files:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfdpbnn"):
+                parts = node.module.split(".") + [alias.name for alias in node.names]
+                assert not any(p.startswith("_") for p in parts), f"{path.name}:{node.lineno}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert not (alias.name.startswith("tfdpbnn") and "._" in alias.name), path.name
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+                own = isinstance(node.value, ast.Name) and node.value.id == "self"
+                assert own or node.attr.startswith("__"), f"{path.name}:{node.lineno}: {node.attr}"
 
 
 def test_sigma_curve_smoke(tmp_path, capsys):
@@ -80,7 +118,7 @@ def test_sigma_curve_smoke(tmp_path, capsys):
     assert "sigma-curve" in capsys.readouterr().out  # progress lines
     rows = _read_csv(out / "sigma_curve.csv")
     assert os.path.getsize(out / "sigma_curve.png") > 1000
-    record = json.load(open(out / "run.json"))
+    record = json.loads((out / "run.json").read_text())
     assert "sigma_curve.csv" in record["outputs"] and record["settings"]["sampling"] == "poisson"
     sig = {(r["curve"], float(r["epsilon"])): float(r["sigma"]) for r in rows}
     for eps in (1.0, 2.0):
@@ -89,18 +127,18 @@ def test_sigma_curve_smoke(tmp_path, capsys):
         q, steps = float(rows[0]["sample_rate"]), int(rows[0]["steps"])
         assert privacy.compute_epsilon(sig[("rdp", eps)], q, steps, 1e-5, accountant="rdp") <= eps * 1.01
         # The reading of the papers' zCDP procedure that matches their printed sigmas (J = epochs) asks for
-        # less noise than the tightest sound accountant (NOTES.md point 2).
+        # less noise than the tightest sound accountant (docs/privacy.md).
         assert sig[("paper-zcdp-epochs", eps)] < sig[("pld", eps)]
     # Less budget, more noise.
     assert sig[("rdp", 1.0)] > sig[("rdp", 2.0)]
     # Paper 000 prints sigma 2.97 (its zCDP) for DIGITS at epsilon 1: below what PLD needs for the same
-    # Poisson-subsampled Gaussian, i.e. the paper's noise does not give epsilon 1 (NOTES.md point 2).
+    # Poisson-subsampled Gaussian, i.e. the paper's noise does not give epsilon 1 (docs/privacy.md).
     printed = [r for r in rows if r["curve"] == "paper-zcdp" and float(r["epsilon"]) == 1.0]
-    assert float(printed[0]["paper_sigma"]) == 2.97 and 2.97 < sig[("pld", 1.0)]
+    assert float(printed[0]["paper_sigma"]) == 2.97 and sig[("pld", 1.0)] > 2.97
 
 
 def test_validation_split_is_stratified_and_disjoint():
-    from tfdpbnn.reproduce.digits_table import _split_validation
+    from experiments.digits_table import _split_validation
 
     x = np.arange(500, dtype=float)[:, None]
     y = np.repeat(np.arange(10), 50)
@@ -150,7 +188,7 @@ def _run_on_mock_mnist(name, tmp_path, capsys):
         assert main(["reproduce", name, "--smoke", "--data-dir", str(tmp_path / "tfds"),
                      "--out", str(out)]) == 0
     assert name in capsys.readouterr().out
-    record = json.load(open(out / "run.json"))
+    record = json.loads((out / "run.json").read_text())
     settings = record["settings"]
     assert settings["dataset"] == "mnist" and settings["data_dir"] == str(tmp_path / "tfds")
     return out, record
@@ -159,7 +197,7 @@ def _run_on_mock_mnist(name, tmp_path, capsys):
 def test_dpbnn_table_mnist_smoke_on_mock_tfds(tmp_path, capsys):
     """The MNIST variant through the command line: --data-dir selects TFDS MNIST (mocked: 40 random images
     per split), inputs are flattened to 784, and what is written covers every method with sound epsilons."""
-    from tfdpbnn.reproduce.dpbnn_table import MNIST_SMOKE_SETTING
+    from experiments.dpbnn_table import MNIST_SMOKE_SETTING
 
     out, record = _run_on_mock_mnist("dpbnn-table", tmp_path, capsys)
     settings = record["settings"]
@@ -188,7 +226,7 @@ def test_dpbnn_table_mnist_smoke_on_mock_tfds(tmp_path, capsys):
 
 
 def test_heteroscedastic_smoke(tmp_path):
-    from tfdpbnn.reproduce.heteroscedastic import make_data
+    from experiments.heteroscedastic import make_data
 
     x, y, xt, yt, ft = make_data(0, n_train=10, n_test=1200)
     assert x.shape == (10, 1) and yt.shape == (1200, 1) and ft.shape == (1200,)
@@ -208,7 +246,7 @@ def test_heteroscedastic_smoke(tmp_path):
 
 
 def test_digits_table_smoke(tmp_path):
-    from tfdpbnn.reproduce.digits_table import SMOKE_SETTING
+    from experiments.digits_table import SMOKE_SETTING
 
     out = tmp_path / "digits"
     record = run_experiment("digits-table", str(out), smoke=True, log=None)
@@ -261,7 +299,7 @@ def test_sidp_tables_smoke(tmp_path):
     assert all(float(r["weight_noise"]) == 0.5 for r in t1)  # the fixed Table 1 level, not eta C z / B
     sound, paper = t4["sidp-ln"], t4["sidp-paper-ln"]
     # Same noise multiplier and steps: the sound mode's epsilon is the target (RDP, Poisson); paper mode's
-    # real epsilon (GDP composition of the released samples, NOTES.md point 1) is larger than that, while
+    # real epsilon (GDP composition of the released samples, docs/optimizers.md) is larger than that, while
     # the epsilon the paper would claim is the sound one.
     assert float(sound["sigma"]) == float(paper["sigma"]) > 0
     assert float(sound["epsilon"]) <= 0.5 * 1.01
@@ -315,7 +353,7 @@ def test_sidp_tables_bad_inputs(tmp_path):
 
 @pytest.mark.parametrize("shape", [(28, 28, 1), (32, 32, 3)])
 def test_sidp_tables_lenet5_shapes(shape):
-    from tfdpbnn.reproduce.sidp_tables import build_model
+    from experiments.sidp_tables import build_model
 
     x_pub = np.random.default_rng(0).random((30,) + shape).astype("float32")
     for norm, noisy in (("bn", True), ("ln", False), ("none", True)):
@@ -326,8 +364,8 @@ def test_sidp_tables_lenet5_shapes(shape):
 def test_sidp_paper_mode_noise_for_the_epsilon_that_holds():
     import warnings
 
+    from experiments.sidp_tables import paper_mode_noise_multiplier
     from tfdpbnn import SIDPOptimizer
-    from tfdpbnn.reproduce.sidp_tables import paper_mode_noise_multiplier
 
     for eps, steps in ((1.0, 150), (10.0, 40)):
         z = paper_mode_noise_multiplier(eps, steps)
@@ -344,7 +382,7 @@ def test_digits_tuning_is_per_epsilon_on_validation_only(monkeypatch):
     """tune() trains on the 80% part and evaluates on the 20% validation part of the training set only;
     the chosen setting per (method, epsilon) is that epsilon's candidate with the best validation
     accuracy."""
-    from tfdpbnn.reproduce import digits_table as dt
+    from experiments import digits_table as dt
 
     rng = np.random.default_rng(0)
     x_train = rng.normal(size=(200, 64)).astype(np.float32)
@@ -389,7 +427,7 @@ def test_digits_tuning_is_per_epsilon_on_validation_only(monkeypatch):
 def test_digits_ema_is_the_moving_average_of_the_iterates():
     import tensorflow as tf
 
-    from tfdpbnn.reproduce.digits_table import _ema_callback
+    from experiments.digits_table import _ema_callback
 
     model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1, use_bias=False)])
     model.layers[0].kernel.assign([[0.0]])
@@ -405,7 +443,7 @@ def test_digits_ema_is_the_moving_average_of_the_iterates():
 
 
 def test_digits_kl_weight_scales_the_variational_layers_kl():
-    from tfdpbnn.reproduce.digits_table import Setting, build_model
+    from experiments.digits_table import Setting, build_model
 
     model = build_model("dpvd", Setting(hidden=4, kl_weight=0.1), 1437, seed=0)
     assert [layer.num_examples for layer in model.layers] == [14370, 14370]  # KL / (n / 0.1) = 0.1 KL / n
@@ -420,7 +458,7 @@ def test_digits_table_mnist_smoke_on_mock_tfds(tmp_path, capsys):
     40 random images per split), inputs are flattened to 784, tuning uses a validation split of MNIST's
     training set, and what is written covers every method with sound epsilons and the papers' MNIST
     numbers."""
-    from tfdpbnn.reproduce.digits_table import PAPER_TABLE_MNIST
+    from experiments.digits_table import PAPER_TABLE_MNIST
 
     out, record = _run_on_mock_mnist("digits-table", tmp_path, capsys)
     assert record["data"] == dict(dataset="mnist", train=40, test=40, features=784)
@@ -469,7 +507,7 @@ def test_mnist_variant_without_data_is_a_clear_error(tmp_path, name):
 def test_digits_table_mnist_settings():
     """The papers' MNIST setting (000/002 sec. 5) for ``paper``; MNIST candidates for ``tuned``; 784
     inputs."""
-    from tfdpbnn.reproduce import digits_table as dt
+    from experiments import digits_table as dt
 
     for method in dt.METHODS:
         s = dt.paper_setting(method, "mnist")

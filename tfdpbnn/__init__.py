@@ -6,9 +6,9 @@ The main names are re-exported here; see the subpackages for the rest:
 ``tfdpbnn.data`` (DIGITS, TFDS loaders, Poisson batches), ``tfdpbnn.callbacks``.
 """
 
+# The release version; setup.cfg reads it (``attr: tfdpbnn.__version__``, a literal parsed without importing).
 __version__ = "0.1.0"
 
-# issue 2: privacy accounting
 from tfdpbnn import privacy  # noqa: E402,F401
 from tfdpbnn.privacy import (  # noqa: E402,F401
     AdvancedCompositionAccountant,
@@ -20,7 +20,6 @@ from tfdpbnn.privacy import (  # noqa: E402,F401
 )
 
 # isort: split
-# issue 3: layers, uncertainty, export
 from tfdpbnn.export import export_saved_model  # noqa: E402,F401
 from tfdpbnn.layers import (  # noqa: E402,F401
     AppendPublicBatch,
@@ -47,7 +46,6 @@ from tfdpbnn.uncertainty import (  # noqa: E402,F401
 )
 
 # isort: split
-# issue 4: DP optimizers (importing them installs the DP train-step hook), data, callbacks
 from tfdpbnn import callbacks, data  # noqa: E402,F401
 from tfdpbnn.callbacks import PosteriorSampler, PrivacyCallback  # noqa: E402,F401
 from tfdpbnn.optimizers import (  # noqa: E402,F401
@@ -59,5 +57,4 @@ from tfdpbnn.optimizers import (  # noqa: E402,F401
 )
 
 # isort: split
-# issue 5: fast per-example clipping (ghost norms + book-keeping) and its public rule registry
 from tfdpbnn.clipping import ClippingRule, clipped_gradients, register_rule  # noqa: E402,F401

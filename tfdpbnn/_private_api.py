@@ -101,7 +101,8 @@ def check() -> None:
                            f"tfdpbnn/_private_api.py for tensorflow {tf.__version__}")
     from tensorflow_privacy.privacy.optimizers import dp_optimizer_keras_vectorized as vectorized
 
-    source = open(vectorized.__file__).read()
+    with open(vectorized.__file__) as handle:
+        source = handle.read()
     if "_was_dp_gradients_called" not in source:
         raise RuntimeError("tfdpbnn: tensorflow-privacy no longer uses _was_dp_gradients_called; update "
                            "tfdpbnn/_private_api.py")

@@ -2,16 +2,15 @@
 
 ``clipped_gradients(...)`` is the one entry point the optimizers call: a forward pass, the per-example data
 losses, ``sum_i min(1, C/||g_i||) g_i`` and the gradient of the data-independent losses (``model.losses``).
-The fast "ghost" engine uses per-layer rules from a public registry (``register_rule``); models with a layer
-that has no rule fall back to the "jacobian" reference with a warning.
+The fast "ghost" engine uses per-layer rules from a public registry (``register_rule``; the built-in rules,
+one module per layer type in ``tfdpbnn.clipping.rules``, are registered here); models with a layer that has
+no rule fall back to the "jacobian" reference with a warning.
 """
 
-from tfdpbnn.clipping import bayes_rules as _bayes_rules  # noqa: F401  (registers the tfdpbnn.layers rules)
-from tfdpbnn.clipping import keras_rules as _keras_rules  # noqa: F401  (registers the Keras rules)
 from tfdpbnn.clipping.engine import METHODS, clipped_gradients
 from tfdpbnn.clipping.ghost import UnsupportedModelError, ghost_clipped_gradients
 from tfdpbnn.clipping.independence import check_per_example_independence
-from tfdpbnn.clipping.jacobian import clip_factors, jacobian_clipped_gradients
+from tfdpbnn.clipping.jacobian import clip_factors, jacobian_clipped_gradients, jacobian_clipped_sum
 from tfdpbnn.clipping.registry import (
     ClippingRule,
     mark_unsupported,
@@ -21,6 +20,9 @@ from tfdpbnn.clipping.registry import (
     unregister_rule,
 )
 from tfdpbnn.clipping.result import ClippedGradients
+from tfdpbnn.clipping.rules import register_builtin_rules
+
+register_builtin_rules()
 
 __all__ = [
     "METHODS",
@@ -32,6 +34,7 @@ __all__ = [
     "clipped_gradients",
     "ghost_clipped_gradients",
     "jacobian_clipped_gradients",
+    "jacobian_clipped_sum",
     "mark_unsupported",
     "register_rule",
     "registered_rules",

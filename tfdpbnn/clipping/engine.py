@@ -33,7 +33,9 @@ def clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_norm_c
 
     Args:
       model: a Keras model whose examples are independent (``check_per_example_independence``).
-      x, y, sample_weight: one batch as ``model.fit`` unpacks it.
+      x: the batch's inputs, as ``model.fit`` unpacks them.
+      y: the batch's targets.
+      sample_weight: the batch's sample weights, or None.
       per_example_loss_fn: ``f(y, y_pred, sample_weight) -> [batch]`` data losses (no regularizers).
       l2_norm_clip: the clip bound C > 0.
       var_list: variables to differentiate; defaults to ``model.trainable_variables``.

@@ -173,10 +173,7 @@ def ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_
                             strict=True):
             if flag and sq is not None:
                 squared.append(sq)
-    if squared:
-        norms = tf.sqrt(tf.add_n(squared))
-    else:
-        norms = tf.zeros_like(per_example_loss)
+    norms = tf.sqrt(tf.add_n(squared)) if squared else tf.zeros_like(per_example_loss)
     factors = scaled_factors(clip_factors(norms, l2_norm_clip), sum_scale)
     sums = {}
     for r, grads in zip(records, grads_per_record, strict=True):

@@ -1,7 +1,7 @@
 """Checks that one example's loss depends on no other example of the batch.
 
 Per-example clipping bounds the sensitivity of the summed gradient only if example ``i``'s loss is a function
-of example ``i`` alone. Batch normalization with batch statistics breaks that (NOTES.md point 1): one private
+of example ``i`` alone. Batch normalization with batch statistics breaks that: one private
 example then moves every other example's output and gradient.
 """
 
@@ -12,8 +12,7 @@ import tensorflow as tf
 
 def _walk(layer):
     yield layer
-    for sub in getattr(layer, "_flatten_layers", lambda **_: [])(include_self=False, recursive=True):
-        yield sub
+    yield from getattr(layer, "_flatten_layers", lambda **_: [])(include_self=False, recursive=True)
 
 
 def check_per_example_independence(model: tf.keras.layers.Layer) -> None:

@@ -76,8 +76,10 @@ def _same_padding(size, k, stride, dilation):
 
 
 def _kernel_offset_slices(x: tf.Tensor, kernel_size, strides, dilation_rate, padding: str):
-    """The ``kh*kw`` strided input slices ``[B, out_h, out_w, cin]`` of a channels-last 2-D convolution, one
-    per kernel offset in (row, column) order; "same" padding as tf.nn.conv2d."""
+    """The ``kh*kw`` strided input slices ``[B, out_h, out_w, cin]`` of a channels-last 2-D convolution.
+
+    One per kernel offset in (row, column) order; "same" padding as tf.nn.conv2d.
+    """
     (kh, kw), (sh, sw), (dh, dw) = kernel_size, strides, dilation_rate
     height, width = x.shape[1], x.shape[2]
     if padding.lower() == "same":
@@ -119,9 +121,11 @@ def conv_per_example_gradients(x: tf.Tensor, g: tf.Tensor, kernel_size, strides,
 
 
 def conv_materialize_is_cheaper(kernel_size, cin: int, g: tf.Tensor) -> bool:
-    """True when materializing per-example kernel gradients beats the Gram (ghost) norm for a convolution
-    with output gradients ``g`` [B, h, w, K]: ``T D K <= T^2 (D + K)`` (T = h w positions, D = kh kw cin),
-    or T unknown."""
+    """True when materializing per-example kernel gradients beats the Gram (ghost) norm for a convolution.
+
+    With output gradients ``g`` [B, h, w, K]: ``T D K <= T^2 (D + K)`` (T = h w positions, D = kh kw cin),
+    or T unknown.
+    """
     h, w = g.shape[1], g.shape[2]
     t = None if h is None or w is None else h * w
     d, k = kernel_size[0] * kernel_size[1] * cin, g.shape[-1]

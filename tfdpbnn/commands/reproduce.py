@@ -1,58 +1,56 @@
-"""``tfdpbnn reproduce <name>``: run one of the papers' experiments (``tfdpbnn.reproduce``)."""
+"""``tfdpbnn reproduce <name> [options]``: run one of the papers' experiments from a source checkout.
+
+The experiments are not part of the installed library: they live in the repository's top-level
+``experiments/`` folder and use only tfdpbnn's public API. This command finds that folder (beside the
+imported ``tfdpbnn`` package, as in an editable install, or in the current directory) and hands its
+arguments to ``python -m experiments``; without a checkout it stops with an error saying so.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import sys
+
+PROG = "tfdpbnn reproduce"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``reproduce`` on ``subparsers`` (see ``tfdpbnn.cli``)."""
-    from tfdpbnn.reproduce import EXPERIMENTS
-
-    listing = "; ".join(f"{name}: {desc}" for name, (_, desc) in EXPERIMENTS.items())
     parser = subparsers.add_parser(
-        "reproduce", help="reproduce a paper's experiment with sound privacy accounting",
-        description="Run one reproduction experiment and write CSV/JSON/PNG results. "
-                    f"Experiments: {listing}.")
-    parser.add_argument("name", choices=list(EXPERIMENTS), help="experiment to run")
-    parser.add_argument("--out", default=None, help="output directory (default: runs/<name>)")
-    parser.add_argument("--seeds", type=int, default=None,
-                        help="runs per configuration (default: the experiment's own, >= 5 for tables)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny configuration that finishes in seconds (for tests; numbers meaningless)")
-    parser.add_argument("--data-dir", default=None,
-                        help="TFDS data directory holding a prepared data set, never downloaded "
-                             "(dpbnn-table, digits-table: run on MNIST when given; sidp-tables: see "
-                             "--dataset); not needed for DIGITS")
-    parser.add_argument("--dataset", default=None, choices=("digits", "mnist", "cifar10"),
-                        help="data set: dpbnn-table and digits-table take digits or mnist (default: mnist "
-                             "with --data-dir, else digits); sidp-tables takes digits (default), mnist or "
-                             "cifar10 (the last two need --data-dir)")
-    parser.add_argument("--epsilons", type=float, nargs="+", default=None,
-                        help="epsilons to run (sigma-curve, digits-table, digits-ablation; dpbnn-table: one)")
-    parser.add_argument("--methods", nargs="+", default=None,
-                        help="methods to run (digits-table, digits-ablation, dpbnn-table)")
-    parser.add_argument("--configs", nargs="+", default=None,
-                        help="digits-table: 'paper' and/or 'tuned' (default both)")
-    parser.add_argument("--tables", nargs="+", default=None,
-                        help="sidp-tables: any of table1, table1-bn-dp, table4 (default all)")
-    parser.add_argument("--noise-levels", type=float, nargs="+", default=None,
-                        help="sidp-tables: weight-noise stds of Table 1 (default 0 0.01 0.1 1 2)")
-    parser.add_argument("--epochs", type=int, default=None, help="sidp-tables: training epochs (override)")
+        "reproduce", add_help=False, help="reproduce a paper's experiment (needs a source checkout)",
+        description="Run one experiment of the repository's experiments/ folder; "
+                    "`tfdpbnn reproduce --help` lists them (from a source checkout).")
+    parser.add_argument("-h", "--help", action="store_true", help="list the experiments and their options")
+    parser.add_argument("name", nargs="?", help="experiment to run")
+    parser.add_argument("argv", nargs=argparse.REMAINDER, help="the experiment's options")
     parser.set_defaults(func=_run)
     return parser
 
 
-def _run(args) -> int:
-    from tfdpbnn.reproduce import run_experiment
+def experiments_root() -> str:
+    """The source checkout holding ``experiments/``: beside the imported package, else the current directory.
 
-    out = args.out or os.path.join("runs", args.name)
-    options = {k: getattr(args, k) for k in ("epsilons", "methods", "configs", "dataset", "tables",
-                                             "noise_levels", "epochs")
-               if getattr(args, k) is not None}
-    record = run_experiment(args.name, out, seeds=args.seeds, smoke=args.smoke, data_dir=args.data_dir,
-                            **options)
-    print(f"wrote {len(record['outputs'])} files and run.json to {out} "
-          f"(wall time {record['wall_time_s']:.1f} s)")
-    return 0
+    Raises ``ValueError`` when neither holds it (tfdpbnn installed from a wheel, run outside a checkout).
+    """
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for root in (os.path.dirname(package_dir), os.getcwd()):
+        if os.path.isfile(os.path.join(root, "experiments", "__init__.py")):
+            return root
+    raise ValueError("experiments: the reproduction experiments are not part of the installed package; "
+                     "they live in the experiments/ folder of the tfdpbnn source repository. Run this "
+                     "command (or `python -m experiments`) from a checkout of the repository")
+
+
+def _run(args) -> int:
+    root = experiments_root()
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    cli = importlib.import_module("experiments.cli")
+    found = os.path.dirname(os.path.dirname(os.path.abspath(cli.__file__)))
+    if os.path.realpath(found) != os.path.realpath(root):
+        raise ValueError(f"experiments: imported {cli.__file__}, not the checkout's {root}/experiments; "
+                         "another module named 'experiments' shadows it")
+    argv = ([args.name] if args.name is not None else []) + list(args.argv)
+    return cli.main(argv + ["--help"] if args.help else argv, prog=PROG)

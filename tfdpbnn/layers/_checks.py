@@ -1,48 +1,15 @@
-"""Argument checks for the layers: each raises ``ValueError`` naming the argument and the allowed range."""
+"""The layers' former names for the argument checks of ``tfdpbnn._validation`` (one implementation)."""
 
-from __future__ import annotations
-
-import math
-import numbers
-
-
-def positive_int(name: str, value) -> int:
-    """Return ``value`` if it is an integer >= 1, else raise ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
+from tfdpbnn._validation import check_pair as pair
+from tfdpbnn._validation import check_positive_int as positive_int
+from tfdpbnn._validation import check_real as finite_float
 
 
-def finite_float(name: str, value, low=None, high=None, low_open=False, high_open=False) -> float:
-    """Return ``float(value)`` if finite and inside the stated interval, else raise ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite real number, got {value!r}")
-    value = float(value)
-    bad_low = low is not None and (value <= low if low_open else value < low)
-    bad_high = high is not None and (value >= high if high_open else value > high)
-    if bad_low or bad_high:
-        lo = "(-inf" if low is None else ("(" if low_open else "[") + repr(float(low))
-        hi = "inf)" if high is None else repr(float(high)) + (")" if high_open else "]")
-        raise ValueError(f"{name} must lie in {lo}, {hi}, got {value!r}")
-    return value
+def padding(value: object) -> str:
+    """``check_padding("padding", value)``: 'valid' or 'same', lower-cased."""
+    from tfdpbnn._validation import check_padding
+
+    return check_padding("padding", value)
 
 
-def pair(name: str, value) -> tuple:
-    """Normalize an int or a pair of ints >= 1 (kernel size, strides) to a tuple of two ints."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        value = (value, value)
-    try:
-        items = tuple(value)
-    except TypeError:
-        items = ()
-    if len(items) != 2 or any(isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1
-                               for v in items):
-        raise ValueError(f"{name} must be an integer >= 1 or a pair of them, got {value!r}")
-    return (int(items[0]), int(items[1]))
-
-
-def padding(value) -> str:
-    """Return the padding mode upper-cased for ``tf.nn.conv2d``; allowed: 'valid', 'same'."""
-    if not isinstance(value, str) or value.lower() not in ("valid", "same"):
-        raise ValueError(f"padding must be 'valid' or 'same', got {value!r}")
-    return value.lower()
+__all__ = ["finite_float", "pair", "padding", "positive_int"]

@@ -72,23 +72,46 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
             kl += tf.reduce_sum(tfd.kl_divergence(posterior, prior))
         return kl
 
-    def call(self, inputs, training=None):
+    def preactivation_moments(self, inputs):
+        """Moments of the sampled pre-activation without the bias mean (local reparameterization).
+
+        Returns ``(x mu_W, x^2 softplus(rho_W)^2 + softplus(rho_b)^2)``. ``call`` samples from them; the
+        clipping rule reads the same tensors for the per-example gradients.
+        """
         inputs = tf.convert_to_tensor(inputs, dtype=self.kernel_mu.dtype)
         mean = tf.matmul(inputs, self.kernel_mu)
+        var = tf.matmul(tf.square(inputs), tf.square(tf.nn.softplus(self.kernel_rho)))
+        if self.use_bias:
+            var += tf.square(tf.nn.softplus(self.bias_rho))
+        return mean, var
 
-        def sample():
-            var = tf.matmul(tf.square(inputs), tf.square(tf.nn.softplus(self.kernel_rho)))
-            if self.use_bias:
-                var += tf.square(tf.nn.softplus(self.bias_rho))
-            return mean + tf.sqrt(var) * tf.random.normal(tf.shape(mean), dtype=mean.dtype)
+    def sample_preactivation(self, mean, variance):
+        """``mean + sqrt(variance) * N(0, 1)``, independently per example and unit."""
+        return mean + tf.sqrt(variance) * tf.random.normal(tf.shape(mean), dtype=mean.dtype)
 
+    def outputs_from_preactivation(self, z):
+        """The layer's output from the sampled pre-activation ``z`` (without bias).
+
+        Adds the bias mean, the KL term (``add_loss``) and the activation. ``call`` and the clipping rule both
+        end with it.
+        """
         # bias added last (as in DenseVariational): keeps grappler from fusing MatMul+BiasAdd+Add+Relu
         # inside while loops, which TF 2.15 logs as an "empty op name" error
-        outputs = select(training, sample, lambda: mean)
         if self.use_bias:
-            outputs = tf.nn.bias_add(outputs, self.bias_mu)
+            z = tf.nn.bias_add(z, self.bias_mu)
         self.add_loss(self.kl_divergence() / float(self.num_examples))
-        return self.activation(outputs) if self.activation is not None else outputs
+        return self.activation(z) if self.activation is not None else z
+
+    def call(self, inputs, training=None):
+        inputs = tf.convert_to_tensor(inputs, dtype=self.kernel_mu.dtype)
+
+        def sample():
+            return self.sample_preactivation(*self.preactivation_moments(inputs))
+
+        def mean():
+            return tf.matmul(inputs, self.kernel_mu)
+
+        return self.outputs_from_preactivation(select(training, sample, mean))
 
     def compute_output_shape(self, input_shape):
         return tf.TensorShape(input_shape)[:-1].concatenate([self.units])

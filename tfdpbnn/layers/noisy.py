@@ -60,10 +60,20 @@ class _NoisyMixin:
         if self.use_bias:
             self.bias.assign(self._noisy(self.bias))
 
-    def _finish(self, outputs, bias):
-        if self.use_bias:
-            outputs = tf.nn.bias_add(outputs, bias)
-        return self.activation(outputs) if self.activation is not None else outputs
+    def preactivation(self, inputs, training=None):
+        """The pre-activation ``z = x theta + b`` (``NoisyConv2D``: ``conv(x, theta) + b``).
+
+        With this call's weights: one noisy sample theta = mu + s xi shared by the batch, or the means (see
+        the class docstring). ``call`` applies the activation to it; the clipping rule taps it.
+        """
+        inputs = tf.convert_to_tensor(inputs, dtype=self.kernel.dtype)
+        kernel, bias = self._weights(training)
+        z = self._apply_kernel(inputs, kernel)
+        return tf.nn.bias_add(z, bias) if self.use_bias else z
+
+    def call(self, inputs, training=None):
+        z = self.preactivation(inputs, training=training)
+        return self.activation(z) if self.activation is not None else z
 
     def _noise_config(self):
         ser = tf.keras.initializers.serialize
@@ -102,10 +112,8 @@ class NoisyDense(_NoisyMixin, tf.keras.layers.Layer):
         self._add_weights((int(in_dim), self.units), self.units)
         super().build(input_shape)
 
-    def call(self, inputs, training=None):
-        inputs = tf.convert_to_tensor(inputs, dtype=self.kernel.dtype)
-        kernel, bias = self._weights(training)
-        return self._finish(tf.matmul(inputs, kernel), bias)
+    def _apply_kernel(self, inputs, kernel):
+        return tf.matmul(inputs, kernel)
 
     def compute_output_shape(self, input_shape):
         return tf.TensorShape(input_shape)[:-1].concatenate([self.units])
@@ -143,12 +151,8 @@ class NoisyConv2D(_NoisyMixin, tf.keras.layers.Layer):
         self._add_weights(self.kernel_size + (int(input_shape[-1]), self.filters), self.filters)
         super().build(input_shape)
 
-    def call(self, inputs, training=None):
-        inputs = tf.convert_to_tensor(inputs, dtype=self.kernel.dtype)
-        kernel, bias = self._weights(training)
-        outputs = tf.nn.conv2d(inputs, kernel, strides=(1,) + self.strides + (1,),
-                               padding=self.padding.upper())
-        return self._finish(outputs, bias)
+    def _apply_kernel(self, inputs, kernel):
+        return tf.nn.conv2d(inputs, kernel, strides=(1,) + self.strides + (1,), padding=self.padding.upper())
 
     def compute_output_shape(self, input_shape):
         return conv2d_output_shape(input_shape, self.kernel_size, self.strides, self.padding, self.filters)

@@ -158,15 +158,32 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
         mean, var = tf.nn.moments(public, axes=self._reduce_axes, keepdims=True)
         return mean, var
 
-    def call(self, inputs, training=None):
+    @property
+    def feature_axis(self) -> int:
+        """The normalized axis as a non-negative index (set by ``build``); gamma and beta live along it."""
+        return self._axis
+
+    def normalize(self, inputs):
+        """``xhat = (x - mean_P) / sqrt(var_P + epsilon)`` with the public statistics.
+
+        ``call`` returns ``scale_and_shift(xhat)``; the clipping rule reads ``xhat`` for gamma's per-example
+        gradients.
+        """
         inputs = tf.convert_to_tensor(inputs)
         mean, var = self.public_statistics(inputs)
-        outputs = (inputs - mean) * tf.math.rsqrt(var + self.epsilon)
+        return (inputs - mean) * tf.math.rsqrt(var + self.epsilon)
+
+    def scale_and_shift(self, xhat):
+        """``gamma xhat + beta`` (each only if the layer has it), broadcast along ``feature_axis``."""
+        outputs = xhat
         if self.scale:
-            outputs = outputs * tf.reshape(tf.cast(self.gamma, inputs.dtype), self._param_shape)
+            outputs = outputs * tf.reshape(tf.cast(self.gamma, xhat.dtype), self._param_shape)
         if self.center:
-            outputs = outputs + tf.reshape(tf.cast(self.beta, inputs.dtype), self._param_shape)
+            outputs = outputs + tf.reshape(tf.cast(self.beta, xhat.dtype), self._param_shape)
         return outputs
+
+    def call(self, inputs, training=None):
+        return self.scale_and_shift(self.normalize(inputs))
 
     def compute_output_shape(self, input_shape):
         return tf.TensorShape(input_shape)

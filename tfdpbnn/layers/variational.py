@@ -68,14 +68,23 @@ class _VariationalMixin:
         """Sum over weights of the KL to the log-uniform prior (unscaled; add_loss gets it / num_examples)."""
         return tf.reduce_sum(log_uniform_kl(self.log_alpha))
 
-    def _finish(self, outputs):
+    def outputs_from_preactivation(self, z):
+        """The layer's output from its pre-activation ``z``.
+
+        Adds the KL term (``add_loss``), the bias and the activation. ``call`` and the per-example clipping
+        rule both end with it.
+        """
         self.add_loss(self.kl_divergence() / float(self.num_examples))
         if self.use_bias:
-            outputs = tf.nn.bias_add(outputs, self.bias)
-        return self.activation(outputs) if self.activation is not None else outputs
+            z = tf.nn.bias_add(z, self.bias)
+        return self.activation(z) if self.activation is not None else z
 
-    def _reparam(self, mean, var):
-        return mean + tf.sqrt(var + self.eps) * tf.random.normal(tf.shape(mean), dtype=mean.dtype)
+    def sample_preactivation(self, mean, variance):
+        """``mean + sqrt(variance + eps) * N(0, 1)``, independently per example and unit.
+
+        The local reparameterization of Kingma et al. 2015.
+        """
+        return mean + tf.sqrt(variance + self.eps) * tf.random.normal(tf.shape(mean), dtype=mean.dtype)
 
     def _common_config(self):
         return {
@@ -128,18 +137,26 @@ class DenseVariational(_VariationalMixin, tf.keras.layers.Layer):
         inputs = tf.convert_to_tensor(inputs, dtype=self.theta.dtype)
 
         def train():
-            mean = tf.matmul(inputs, self.theta)
-            return self._reparam(mean, tf.matmul(tf.square(inputs), tf.exp(self.log_sigma2)))
+            return self.sample_preactivation(*self.preactivation_moments(inputs))
 
         def infer():
             return tf.matmul(inputs, self.theta * self.keep_mask())
 
         def mc():
             mask = self.keep_mask()
-            mean = tf.matmul(inputs, self.theta * mask)
-            return self._reparam(mean, tf.matmul(tf.square(inputs), tf.exp(self.log_sigma2) * mask))
+            return self.sample_preactivation(tf.matmul(inputs, self.theta * mask),
+                                             tf.matmul(tf.square(inputs), tf.exp(self.log_sigma2) * mask))
 
-        return self._finish(select(training, train, infer, mc))
+        return self.outputs_from_preactivation(select(training, train, infer, mc))
+
+    def preactivation_moments(self, inputs):
+        """Training pre-activation moments without bias and eps (Ermis & Cemgil 2017 eq. 10).
+
+        Returns ``(x theta, x^2 exp(log_sigma2))`` (local reparameterization). ``call`` samples from them;
+        the clipping rule reads the same tensors for the per-example gradients.
+        """
+        inputs = tf.convert_to_tensor(inputs, dtype=self.theta.dtype)
+        return tf.matmul(inputs, self.theta), tf.matmul(tf.square(inputs), tf.exp(self.log_sigma2))
 
     def compute_output_shape(self, input_shape):
         return tf.TensorShape(input_shape)[:-1].concatenate([self.units])
@@ -186,22 +203,29 @@ class Conv2DVariational(_VariationalMixin, tf.keras.layers.Layer):
     def _conv(self, x, kernel):
         return tf.nn.conv2d(x, kernel, strides=(1,) + self.strides + (1,), padding=self.padding.upper())
 
+    def preactivation_moments(self, inputs):
+        """Training pre-activation moments without bias and eps (local reparameterization for convolutions).
+
+        Returns ``(conv(x, theta), conv(x^2, exp(log_sigma2)))``; shared by ``call`` and the clipping rule.
+        """
+        inputs = tf.convert_to_tensor(inputs, dtype=self.theta.dtype)
+        return self._conv(inputs, self.theta), self._conv(tf.square(inputs), tf.exp(self.log_sigma2))
+
     def call(self, inputs, training=None):
         inputs = tf.convert_to_tensor(inputs, dtype=self.theta.dtype)
 
         def train():
-            return self._reparam(self._conv(inputs, self.theta),
-                                 self._conv(tf.square(inputs), tf.exp(self.log_sigma2)))
+            return self.sample_preactivation(*self.preactivation_moments(inputs))
 
         def infer():
             return self._conv(inputs, self.theta * self.keep_mask())
 
         def mc():
             mask = self.keep_mask()
-            return self._reparam(self._conv(inputs, self.theta * mask),
-                                 self._conv(tf.square(inputs), tf.exp(self.log_sigma2) * mask))
+            return self.sample_preactivation(self._conv(inputs, self.theta * mask),
+                                             self._conv(tf.square(inputs), tf.exp(self.log_sigma2) * mask))
 
-        return self._finish(select(training, train, infer, mc))
+        return self.outputs_from_preactivation(select(training, train, infer, mc))
 
     def compute_output_shape(self, input_shape):
         return conv2d_output_shape(input_shape, self.kernel_size, self.strides, self.padding, self.filters)

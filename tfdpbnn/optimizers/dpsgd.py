@@ -56,7 +56,7 @@ class DPAdamOptimizer(DPOptimizerMixin, VectorizedDPKerasAdamOptimizer):
                  neighboring="add_or_remove", clipping_method="auto", allow_exceeding_budget=False,
                  learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7, amsgrad=False,
                  name="DPAdamOptimizer", **kwargs):
-        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
+        if isinstance(epsilon, bool) or not isinstance(epsilon, int | float) or not epsilon > 0:
             raise ValueError(f"epsilon: Adam's numerical epsilon must be a number > 0 (the privacy budget is "
                              f"target_epsilon), got {epsilon!r}")
         DPOptimizerMixin.__init__(

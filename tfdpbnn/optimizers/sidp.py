@@ -21,29 +21,11 @@ import warnings
 
 import numpy as np
 import tensorflow as tf
-from scipy import optimize, stats
 
+from tfdpbnn._validation import check_nonnegative
 from tfdpbnn.optimizers.base import add_regularization
 from tfdpbnn.optimizers.dpsgd import DPSGDOptimizer
-
-
-def gdp_epsilon(mu: float, delta: float) -> float:
-    """Smallest epsilon with delta(epsilon) <= delta for mu-GDP (Dong, Roth & Su 2019, Corollary 2.13)."""
-    if mu == 0:
-        return 0.0
-    if not math.isfinite(mu):
-        return math.inf
-
-    def excess(eps):
-        return (stats.norm.cdf(-eps / mu + mu / 2)
-                - np.exp(eps + stats.norm.logcdf(-eps / mu - mu / 2)) - delta)
-
-    if excess(0.0) <= 0:
-        return 0.0
-    hi = 1.0
-    while excess(hi) > 0:
-        hi *= 2.0
-    return float(optimize.brentq(excess, 0.0, hi, xtol=1e-12))
+from tfdpbnn.privacy.gdp import gdp_epsilon
 
 
 def _noisy_layers(model):
@@ -59,25 +41,34 @@ class SIDPOptimizer(DPSGDOptimizer):
     Args as ``DPSGDOptimizer``; ``noise_multiplier`` is the paper's z. ``paper_mean_update``: update mu
     with the clean clipped gradient (paper 004) and report the epsilon that holds for that (module doc),
     with a warning. Call ``release_weights(model)`` before export: it replaces each mu by one sample.
+    ``weight_noise``: a constant weight-noise std s >= 0 used instead of ``s_t = eta_t C z / B`` (sound mode
+    only: there mu is DP-SGD's sequence and every theta_t is post-processing of it, so any s keeps the
+    guarantee; paper mode's accounting depends on s_t, so it refuses this option).
     ``initial_mean_sensitivity``, ``initial_gdp_mu_squared``: paper-mode accounting state (``get_config``
     records it, so a reloaded optimizer keeps counting).
     """
 
     _dp_method = "SI-DPSGD"
 
-    def __init__(self, l2_norm_clip, noise_multiplier=None, *, paper_mean_update=False, target_epsilon=None,
-                 delta=None, num_examples=None, batch_size=None, epochs=None, accountant="rdp",
-                 sampling="shuffle", neighboring="add_or_remove", clipping_method="auto",
+    def __init__(self, l2_norm_clip, noise_multiplier=None, *, paper_mean_update=False, weight_noise=None,
+                 target_epsilon=None, delta=None, num_examples=None, batch_size=None, epochs=None,
+                 accountant="rdp", sampling="shuffle", neighboring="add_or_remove", clipping_method="auto",
                  allow_exceeding_budget=False, learning_rate=0.01, momentum=0.0, nesterov=False,
                  name="SIDPOptimizer", initial_mean_sensitivity=0.0, initial_gdp_mu_squared=0.0, **kwargs):
         if not isinstance(paper_mean_update, bool):
             raise ValueError(f"paper_mean_update must be True or False, got {paper_mean_update!r}")
+        if weight_noise is not None:
+            if paper_mean_update:
+                raise ValueError("weight_noise: a constant weight-noise std is allowed in the sound mode "
+                                 "only; with paper_mean_update=True the accounting needs s_t = eta_t C z / B")
+            weight_noise = check_nonnegative("weight_noise", weight_noise)
+        self.weight_noise = weight_noise
         super().__init__(l2_norm_clip, noise_multiplier, target_epsilon=target_epsilon, delta=delta,
                          num_examples=num_examples, batch_size=batch_size, epochs=epochs,
-                         accountant=accountant,
-                         sampling=sampling, neighboring=neighboring, clipping_method=clipping_method,
-                         allow_exceeding_budget=allow_exceeding_budget, learning_rate=learning_rate,
-                         momentum=momentum, nesterov=nesterov, name=name, **kwargs)
+                         accountant=accountant, sampling=sampling, neighboring=neighboring,
+                         clipping_method=clipping_method, allow_exceeding_budget=allow_exceeding_budget,
+                         learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, name=name,
+                         **kwargs)
         self.paper_mean_update = paper_mean_update
         self._sidp_layers = None
         self._sidp_released_at_step = None
@@ -100,13 +91,19 @@ class SIDPOptimizer(DPSGDOptimizer):
             raise ValueError("model: SIDPOptimizer needs NoisyDense/NoisyConv2D layers, found none")
         self._sidp_layers = layers
 
-    def _noise_stddev(self):
-        """s_t = eta_t C z / B (paper 004 Algorithm 1, line 4)."""
+    def weight_noise_stddev(self):
+        """The weight-noise std s_t of the noisy layers, a float32 scalar tensor.
+
+        ``eta_t C z / B`` (Davody et al. 2020, Algorithm 1, line 4), or the constant ``weight_noise`` when
+        one was given.
+        """
+        if self.weight_noise is not None:
+            return tf.constant(self.weight_noise, tf.float32)
         return self._decayed_lr(tf.float32) * self._f32(
             self._dp_l2_norm_clip * self._dp_noise_multiplier / self._dp_batch_size)
 
     def _set_layer_noise(self):
-        s = self._noise_stddev()
+        s = self.weight_noise_stddev()
         for layer in self._sidp_layers:
             layer.noise_stddev.assign(tf.cast(s, layer.noise_stddev.dtype))
 
@@ -141,8 +138,8 @@ class SIDPOptimizer(DPSGDOptimizer):
         self._sidp_released_at_step = self.steps
 
     def paper_mode_gdp_mu(self) -> float:
-        """mu of the GDP composition over all releases so far plus the final exported sample."""
-        s = self._noise_stddev().numpy()
+        """Mu of the GDP composition over all releases so far plus the final exported sample."""
+        s = self.weight_noise_stddev().numpy()
         delta_now = float(self._sidp_delta.numpy())
         final = 0.0 if delta_now == 0 else (math.inf if s <= 0 else (delta_now / s) ** 2)
         return math.sqrt(float(self._sidp_mu_squared.numpy()) + final)
@@ -180,6 +177,7 @@ class SIDPOptimizer(DPSGDOptimizer):
         return super().epsilon(delta=delta, accountant=accountant)
 
     def epsilon_after(self, steps, delta=None, accountant=None):
+        """Epsilon after ``steps`` steps: DP-SGD's (sound mode) or the paper mode's GDP composition."""
         if not self.paper_mean_update:
             return super().epsilon_after(steps, delta=delta, accountant=accountant)
         delta = self._resolve_delta(delta)
@@ -196,8 +194,10 @@ class SIDPOptimizer(DPSGDOptimizer):
         return gdp_epsilon(self.paper_mode_gdp_mu(), delta)
 
     def privacy_statement(self, delta=None):
-        """As ``DPOptimizerMixin.privacy_statement``; in paper mode only after ``release_weights(model)``
-        (``tfdpbnn.export_saved_model`` asks for it, so mu, which is not private then, is never exported)."""
+        """As ``DPOptimizerMixin.privacy_statement``; in paper mode only after ``release_weights(model)``.
+
+        ``tfdpbnn.export_saved_model`` asks for it, so mu, which is not private then, is never exported.
+        """
         if self.paper_mean_update and self._sidp_released_at_step != self.steps:
             raise ValueError(
                 "model: with paper_mean_update=True the model holds mu, which the reported epsilon does not "
@@ -213,8 +213,10 @@ class SIDPOptimizer(DPSGDOptimizer):
         return statement
 
     def get_config(self):
+        """The DP optimizer's config plus the SI-DPSGD options and the paper-mode accounting state."""
         config = super().get_config()
         config["paper_mean_update"] = self.paper_mean_update
+        config["weight_noise"] = self.weight_noise
         config["initial_mean_sensitivity"] = float(self._sidp_delta.numpy())
         config["initial_gdp_mu_squared"] = float(self._sidp_mu_squared.numpy())
         return config

@@ -58,7 +58,7 @@ def _dp_fit_arguments(model, optimizer, arguments):
         callbacks = list(callbacks.callbacks)
     callbacks = list(callbacks or [])
     privacy = [c for c in callbacks if isinstance(c, PrivacyCallback)]
-    others = [c for c in callbacks if not isinstance(c, (PrivacyCallback, DPTrainingMonitor))]
+    others = [c for c in callbacks if not isinstance(c, PrivacyCallback | DPTrainingMonitor)]
     description = optimizer._dp_ledger.open_description()
     whole_passes = (isinstance(x, tf.data.Dataset) and arguments.get("steps_per_epoch") is None
                     and description["kind"] == "shuffle")

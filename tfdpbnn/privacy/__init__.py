@@ -6,8 +6,8 @@ subsampling), "ac" (``AdvancedCompositionAccountant``, paper 000's DPVD-AC). See
 """
 
 from tfdpbnn.privacy.advanced_composition import AdvancedCompositionAccountant
-from tfdpbnn.privacy.budget import calibrate_noise, compute_epsilon, dp_sgd_event, steps_per_epoch
-from tfdpbnn.privacy.gdp import GDPAccountant, GDPApproximationWarning
+from tfdpbnn.privacy.budget import SAMPLINGS, calibrate_noise, compute_epsilon, dp_sgd_event, steps_per_epoch
+from tfdpbnn.privacy.gdp import GDPAccountant, GDPApproximationWarning, gdp_delta, gdp_epsilon
 from tfdpbnn.privacy.registry import (
     available_accountants,
     get_accountant,
@@ -17,6 +17,7 @@ from tfdpbnn.privacy.registry import (
 from tfdpbnn.privacy.zcdp import ZCDPAccountant
 
 __all__ = [
+    "SAMPLINGS",
     "AdvancedCompositionAccountant",
     "GDPAccountant",
     "GDPApproximationWarning",
@@ -25,6 +26,8 @@ __all__ = [
     "calibrate_noise",
     "compute_epsilon",
     "dp_sgd_event",
+    "gdp_delta",
+    "gdp_epsilon",
     "get_accountant",
     "register_accountant",
     "sound_accountants",

@@ -9,13 +9,13 @@ Delta = C (clip norm) for add/remove and Delta = 2C for replace-one.
 from __future__ import annotations
 
 import abc
-from typing import Optional
+from typing import TypeAlias
 
 import dp_accounting
 from dp_accounting import NeighboringRelation
 from dp_accounting.privacy_accountant import PrivacyAccountant
 
-_Details = PrivacyAccountant.CompositionErrorDetails
+_Details: TypeAlias = PrivacyAccountant.CompositionErrorDetails
 
 
 class EventAccountant(PrivacyAccountant, metaclass=abc.ABCMeta):
@@ -42,7 +42,7 @@ class EventAccountant(PrivacyAccountant, metaclass=abc.ABCMeta):
         """Compose ``count`` Poisson(q)-subsampled Gaussian mechanisms with noise multiplier ``sigma``."""
 
     def _maybe_compose(self, event: dp_accounting.DpEvent, count: int,
-                       do_compose: bool) -> Optional[_Details]:
+                       do_compose: bool) -> _Details | None:
         if isinstance(event, dp_accounting.NoOpDpEvent):
             return None
         if isinstance(event, dp_accounting.NonPrivateDpEvent):

@@ -11,7 +11,8 @@ basic composition sum eps_i at delta = sum delta_i is used when smaller.
 Difference from the paper: eps0 comes from the exact analytic Gaussian mechanism (Balle & Wang 2018, Thm. 8),
 delta0 = Phi(1/(2s) - eps0 s) - e^eps0 Phi(-1/(2s) - eps0 s) for noise multiplier s, instead of the classical
 sigma = sqrt(2 log(1.25/delta0)) / eps0, which is only valid for eps0 < 1 (paper 000 Thm. 2). The analytic
-form is valid for all eps0 and at least as tight wherever the classical one applies.
+form is valid for all eps0 and at least as tight wherever the classical one applies. It is the (eps, delta)
+curve of (1/s)-GDP (Dong, Roth & Su 2019), so it is computed by ``tfdpbnn.privacy.gdp.gdp_epsilon``.
 
 ``delta_prime``: the delta' of advanced composition. None (default) tries delta' = f * target_delta for f in
 ``DELTA_PRIME_FRACTIONS`` and reports the smallest epsilon (each split is a valid guarantee at the same total
@@ -24,34 +25,12 @@ import math
 
 import numpy as np
 from dp_accounting import NeighboringRelation
-from scipy import optimize, special
 
+from tfdpbnn._validation import check_nonnegative, check_open_unit
 from tfdpbnn.privacy._base import EventAccountant
-from tfdpbnn.privacy._checks import check_nonnegative, check_open_unit
+from tfdpbnn.privacy.gdp import gdp_epsilon
 
 DELTA_PRIME_FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
-
-
-def gaussian_delta(noise_multiplier: float, epsilon: float) -> float:
-    """Exact delta of the Gaussian mechanism at ``epsilon`` (Balle & Wang 2018, Theorem 8)."""
-    s = noise_multiplier
-    a = float(special.log_ndtr(0.5 / s - epsilon * s))
-    b = epsilon + float(special.log_ndtr(-0.5 / s - epsilon * s))
-    if b >= a:
-        return 0.0
-    return float(math.exp(a) * -math.expm1(b - a))
-
-
-def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
-    """Smallest epsilon >= 0 with the Gaussian mechanism (epsilon, ``delta``)-DP (Balle & Wang 2018)."""
-    if gaussian_delta(noise_multiplier, 0.0) <= delta:
-        return 0.0
-    hi = 1.0
-    while gaussian_delta(noise_multiplier, hi) > delta:
-        hi *= 2.0
-    return float(optimize.brentq(
-        lambda e: math.log(max(gaussian_delta(noise_multiplier, e), 1e-320)) - math.log(delta),
-        0.0, hi, xtol=1e-12, rtol=1e-12))
 
 
 def amplify(epsilon: float, delta: float, sample_rate: float) -> tuple[float, float]:
@@ -99,7 +78,8 @@ class AdvancedCompositionAccountant(EventAccountant):
             if delta0 >= 1.0:
                 eps.append(0.0)
                 continue
-            eps.append(amplify(gaussian_epsilon(sigma, delta0), delta0, q)[0])
+            # The Gaussian mechanism with noise multiplier s is exactly (1/s)-GDP (Balle & Wang's curve).
+            eps.append(amplify(gdp_epsilon(1.0 / sigma, delta0), delta0, q)[0])
         return advanced_composition(np.array(eps), counts, delta_prime)
 
     def get_epsilon(self, target_delta: float) -> float:

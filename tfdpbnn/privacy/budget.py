@@ -24,7 +24,7 @@ import warnings
 import dp_accounting
 from dp_accounting import NeighboringRelation
 
-from tfdpbnn.privacy._checks import (
+from tfdpbnn._validation import (
     check_choice,
     check_nonnegative_int,
     check_open_unit,

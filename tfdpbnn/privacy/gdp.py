@@ -18,8 +18,8 @@ import warnings
 from dp_accounting import NeighboringRelation
 from scipy import optimize, special
 
+from tfdpbnn._validation import check_nonnegative, check_open_unit
 from tfdpbnn.privacy._base import EventAccountant
-from tfdpbnn.privacy._checks import check_nonnegative, check_open_unit
 
 
 class GDPApproximationWarning(UserWarning):

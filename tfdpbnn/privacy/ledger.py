@@ -161,7 +161,7 @@ class PrivacyLedger:
         return _epsilon_of(self.event(), delta, accountant, self.neighboring)
 
     def gaussian_mu(self) -> float | None:
-        """mu of the exact mu-GDP composition when no phase is subsampled (Dong, Roth & Su 2019, Cor. 3.3).
+        """The mu of the exact mu-GDP composition when no phase is subsampled (Dong, Roth & Su 2019).
 
         Composing Gaussian mechanisms of noise multipliers sigma_i (in sensitivity units) is exactly mu-GDP
         with mu^2 = sum_i 1 / sigma_i^2; None when a phase is Poisson-subsampled.

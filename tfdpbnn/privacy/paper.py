@@ -28,7 +28,7 @@ import math
 
 from scipy import optimize
 
-from tfdpbnn.privacy._checks import check_nonnegative_int, check_open_unit, check_positive, check_sample_rate
+from tfdpbnn._validation import check_nonnegative_int, check_open_unit, check_positive, check_sample_rate
 
 # Sigmas the papers report (paper, data set, epsilon) -> {procedure: sigma}; delta = 1e-5 is our assumption.
 REPORTED_NOISE = {

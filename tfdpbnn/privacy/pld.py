@@ -14,7 +14,7 @@ from __future__ import annotations
 import dp_accounting
 from dp_accounting import NeighboringRelation
 
-from tfdpbnn.privacy._checks import check_nonnegative, check_open_unit, check_positive
+from tfdpbnn._validation import check_nonnegative, check_open_unit, check_positive
 
 START_INTERVAL = 1e-3
 MIN_INTERVAL = 1e-5
@@ -36,7 +36,9 @@ class AdaptivePLDAccountant(dp_accounting.pld.PLDAccountant):
         return super()._maybe_compose(event, count, do_compose and self._fixed is not None)
 
     def _refine(self, query):
-        interval, best, previous = START_INTERVAL, None, None
+        interval = START_INTERVAL
+        best: float | None = None
+        previous: float | None = None
         while interval >= MIN_INTERVAL:
             acc = dp_accounting.pld.PLDAccountant(self.neighboring_relation, interval).compose(self.ledger)
             value = query(acc)

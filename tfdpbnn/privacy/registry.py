@@ -8,12 +8,12 @@ takes ``neighboring_relation`` plus its own keyword arguments.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import dp_accounting
 from dp_accounting import NeighboringRelation
 
-from tfdpbnn.privacy._checks import check_choice
+from tfdpbnn._validation import check_choice
 from tfdpbnn.privacy.advanced_composition import AdvancedCompositionAccountant
 from tfdpbnn.privacy.gdp import GDPAccountant
 from tfdpbnn.privacy.pld import AdaptivePLDAccountant

@@ -64,7 +64,7 @@ def _terms(n: int, q: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _log_mgf(lam: float, n: int, q: float) -> float:
-    """log E[exp(lam X)] for one step's dispersion term X."""
+    """Return log E[exp(lam X)] for one step's dispersion term X."""
     log_pmf, x = _terms(n, q)
     return float(special.logsumexp(log_pmf + lam * x))
 

@@ -24,8 +24,8 @@ import dp_accounting
 import numpy as np
 from dp_accounting import NeighboringRelation
 
+from tfdpbnn._validation import check_nonnegative, check_open_unit
 from tfdpbnn.privacy._base import EventAccountant
-from tfdpbnn.privacy._checks import check_nonnegative, check_open_unit
 from tfdpbnn.privacy._rdp_conversion import epsilon_from_rdp, log_delta_from_rdp
 
 # Orders alpha on which the subsampled Gaussian's Renyi curve is evaluated (also the omega grid).

@@ -3,7 +3,7 @@ validation split; the test set is not used). Run at commit f66e841 (2026-11-22, 
   PYTHONPATH=$PWD nice -n 10 python docs/results/digits-table/dpsgd_eps1_probe.py > dpsgd_eps1_probe.log
 Columns: hidden, q, steps, lr, sigma, last-iterate accuracy, best of (last, EMA 0.8/0.9/0.97)."""
 import numpy as np
-from tfdpbnn.reproduce import digits_table as dt
+from experiments import digits_table as dt
 from tfdpbnn import data
 (xtr, ytr), _ = data.load_digits()
 xtr = np.asarray(xtr, np.float32).reshape(len(xtr), -1); ytr = np.asarray(ytr).astype(int).ravel()

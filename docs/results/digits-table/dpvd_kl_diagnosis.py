@@ -7,7 +7,7 @@ Run (commit 516a3ff, 2026-11-22, shared loaded machine, about 4 minutes):
   PYTHONPATH=$PWD nice -n 10 python docs/results/digits-table/dpvd_kl_diagnosis.py 1,0 > dpvd_kl_diagnosis.log
 """
 import sys, time, numpy as np, tensorflow as tf
-from tfdpbnn.reproduce import digits_table as dt
+from experiments import digits_table as dt
 from tfdpbnn import data, layers
 
 (xtr, ytr), (xte, yte) = data.load_digits()

@@ -23,7 +23,7 @@ Table 3), ``heteroscedastic.png`` (simulation 0: mean, epistemic and aleatoric b
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -73,7 +73,7 @@ def _model(method, n, hidden, seed):
 def _train(method, dp, setting, x, y, xt, seed):
 
     from tfdpbnn import callbacks, data, optimizers, privacy, uncertainty
-    from tfdpbnn.optimizers.dpsgld import sgld_learning_rate
+    from tfdpbnn.optimizers import sgld_learning_rate
 
     n, steps = len(x), setting["steps"]
     delta = 1.0 / n
@@ -135,7 +135,7 @@ def _plot(curves, path):
 def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: str | None = None,
         log: Callable[[str], None] | None = print, methods=None, **unknown) -> dict:
     """Run every method, DP and non-DP, over the simulations; write CSVs, the figure and ``run.json``."""
-    from tfdpbnn.reproduce.runner import Run
+    from experiments.runner import Run
 
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: not an option of heteroscedastic")

@@ -1,39 +1,40 @@
-"""Reproductions of the papers' experiments with sound privacy accounting (``tfdpbnn reproduce <name>``).
+"""Reproductions of the papers' experiments with sound privacy accounting.
 
-Each experiment is a module with ``run(out_dir, seeds=None, smoke=False, data_dir=None, log=print)`` that
-writes CSV/JSON/PNG files and a ``run.json`` record (``tfdpbnn.reproduce.runner.Run``) and returns that
-record.
-``docs/results.md`` puts the numbers beside the papers' own.
+Run from a source checkout: ``python -m experiments <name> [options]`` (or ``tfdpbnn reproduce <name>``,
+which runs this folder). They use only tfdpbnn's public API. Each experiment is a module with
+``run(out_dir, seeds=None, smoke=False, data_dir=None, log=print)`` that writes CSV/JSON/PNG files and a
+``run.json`` record (``experiments.runner.Run``) and returns that record. ``docs/results.md`` puts the
+numbers beside the papers' own.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["EXPERIMENTS", "available_experiments", "run_experiment"]
 
 # name -> (module, one-line description).
 EXPERIMENTS = {
-    "sigma-curve": ("tfdpbnn.reproduce.sigma_curve",
+    "sigma-curve": ("experiments.sigma_curve",
                     "paper 000 Fig. 3: sigma against epsilon, the papers' AC/zCDP beside sound accountants"),
-    "digits-table": ("tfdpbnn.reproduce.digits_table",
+    "digits-table": ("experiments.digits_table",
                      "papers 000/002 Table 1 on DIGITS (MNIST with --data-dir): DPVD, DPD, SVI/SGLD, DP-SGD "
                      "at several epsilons"),
-    "digits-ablation": ("tfdpbnn.reproduce.digits_ablation",
+    "digits-ablation": ("experiments.digits_ablation",
                         "which changes to the papers' DIGITS setting matter for DP-SGD at epsilon 1"),
-    "dpbnn-table": ("tfdpbnn.reproduce.dpbnn_table",
+    "dpbnn-table": ("experiments.dpbnn_table",
                     "paper 003 Tables 1-2 on DIGITS (MNIST with --data-dir): DP-SGLD, DP-BBP, DP-MC "
                     "Dropout, DP-SGD; ECE, MCE"),
-    "heteroscedastic": ("tfdpbnn.reproduce.heteroscedastic",
+    "heteroscedastic": ("experiments.heteroscedastic",
                         "paper 003 sec. 5.2: heteroscedastic GP regression, median MSE, uncertainty bands"),
-    "sidp-tables": ("tfdpbnn.reproduce.sidp_tables",
+    "sidp-tables": ("experiments.sidp_tables",
                     "paper 004 Tables 1 and 4: noisy weights with/without LN/BN; SI-DPSGD vs DP-SGD"),
 }
 
 
 def available_experiments() -> list[str]:
-    """Names accepted by :func:`run_experiment` and ``tfdpbnn reproduce``."""
+    """Names accepted by :func:`run_experiment` and ``python -m experiments``."""
     return list(EXPERIMENTS)
 
 

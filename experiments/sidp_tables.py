@@ -12,7 +12,7 @@ every trainable layer, the logits included (as the paper augments its networks):
 - ``none``: no normalization;
 - ``ln``: Keras ``LayerNormalization`` over all hidden units of the layer (paper 004 eq. 3);
 - ``bn``: ``PublicBatchNormalization`` in carried mode (``AppendPublicBatch`` / ``DropPublicBatch``):
-  statistics from a public batch only (paper 004 Algorithm 2 corrected, NOTES.md point 1). DIGITS has no
+  statistics from a public batch only (paper 004 Algorithm 2 corrected, docs/layers.md). DIGITS has no
   public data set (the paper uses 30 KMNIST / CIFAR-100 images), so ``NUM_PUBLIC`` = 30 training images
   (3 per class, fixed seed) are held out as "public": they are removed from the private training set of
   EVERY configuration (so every row trains on the same n private examples, and the accounting covers
@@ -35,7 +35,7 @@ Table 4 analogue (``table4``): accuracy against epsilon for the ``methods``:
 - ``dpsgd``, ``dpsgd-ln``: ``DPSGDOptimizer`` on the same CNN with plain Keras layers, without / with LN;
 - ``sidp-paper-ln``: ``SIDPOptimizer(paper_mean_update=True)`` (the paper's algorithm), LN model, with the
   noise multiplier z the paper's accounting calibrates for the target epsilon (the subsampled Gaussian by
-  RDP: the epsilon the paper would claim). mu then accumulates un-noised gradients (NOTES.md point 1), and
+  RDP: the epsilon the paper would claim). mu then accumulates un-noised gradients (docs/optimizers.md), and
   the epsilon recorded is the optimizer's own statement (exact GDP composition of the released weight
   samples theta_t with sensitivity Delta_t = t eta C / B, plus the exported sample), beside the claimed one;
 - ``sidp-paper-real-ln`` (optional): the paper's algorithm with z calibrated so that the epsilon that HOLDS
@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -130,8 +130,11 @@ def load_data(dataset: str, data_dir=None):
 
 
 def public_split(x, y, num_public=NUM_PUBLIC, seed=4321):
-    """(x_private, y_private, x_public): ``num_public`` examples (balanced over classes as far as possible,
-    fixed seed) held out of the training set as the public BN batch; the rest is the private set."""
+    """Split off the public batch: returns (x_private, y_private, x_public).
+
+    ``num_public`` examples (balanced over classes as far as possible,
+    fixed seed) held out of the training set as the public BN batch; the rest is the private set.
+    """
     rng = np.random.default_rng(seed)
     classes = np.unique(y)
     picked = []
@@ -205,32 +208,18 @@ def build_model(input_shape, norm: str, noisy: bool, x_public, arch: str = "smal
 
 
 def paper_mode_noise_multiplier(epsilon: float, steps: int, delta: float = DELTA) -> float:
-    """z for which ``SIDPOptimizer(paper_mean_update=True)`` with a constant step has epsilon ``epsilon``
-    (the one that holds) after ``steps`` steps and the exported sample: its mu-GDP is
-    sqrt(T (T + 1) (2 T + 1) / 6) / z (``docs/optimizers.md``), inverted here."""
+    """The noise multiplier z that gives the paper mode the epsilon that holds of ``epsilon``.
+
+    ``SIDPOptimizer(paper_mean_update=True)`` with a constant step after ``steps`` steps and the exported
+    sample: its mu-GDP is
+    sqrt(T (T + 1) (2 T + 1) / 6) / z (``docs/optimizers.md``), inverted here.
+    """
     from scipy import optimize
 
-    from tfdpbnn.optimizers.sidp import gdp_epsilon
+    from tfdpbnn.privacy import gdp_epsilon
 
     mu = optimize.brentq(lambda m: gdp_epsilon(m, delta) - epsilon, 1e-6, 1e3, xtol=1e-12)
     return math.sqrt(steps * (steps + 1) * (2 * steps + 1) / 6.0) / mu
-
-
-def _fixed_noise_optimizer(weight_noise, **kwargs):
-    """A sound-mode ``SIDPOptimizer`` whose weight noise std is the constant ``weight_noise`` (Table 1).
-
-    In the sound mode mu_t is DP-SGD's sequence and every sampled theta_t is post-processing of it, so the
-    weight-noise level is free: the DP-SGD epsilon holds for any s. (Paper mode ties s to z, see module doc.)
-    """
-    import tensorflow as tf
-
-    from tfdpbnn import SIDPOptimizer
-
-    class FixedNoiseSIDPOptimizer(SIDPOptimizer):
-        def _noise_stddev(self):
-            return tf.constant(float(weight_noise), tf.float32)
-
-    return FixedNoiseSIDPOptimizer(**kwargs)
 
 
 def _accuracy(logits, y):
@@ -255,7 +244,7 @@ def train_one(kind: str, norm: str, epsilon, setting: dict, x_train, y_train, x_
     import tensorflow as tf
 
     from tfdpbnn import DPSGDOptimizer, SIDPOptimizer, data, privacy
-    from tfdpbnn.layers.sampling import mc_sampling
+    from tfdpbnn.layers import mc_sampling
 
     if kind not in KINDS:
         raise ValueError(f"kind: must be one of {KINDS}, got {kind!r}")
@@ -289,8 +278,8 @@ def train_one(kind: str, norm: str, epsilon, setting: dict, x_train, y_train, x_
                 layer.set_noise_stddev(weight_noise)
     elif kind == "dpsgd":
         opt = DPSGDOptimizer(**common)
-    elif weight_noise is not None:
-        opt = _fixed_noise_optimizer(weight_noise, **common)
+    elif weight_noise is not None:  # sound mode: theta_t is post-processing of mu_t, so any s keeps epsilon
+        opt = SIDPOptimizer(weight_noise=weight_noise, **common)
     else:
         import warnings
 
@@ -304,7 +293,7 @@ def train_one(kind: str, norm: str, epsilon, setting: dict, x_train, y_train, x_
     wall = time.time() - start
     acc_mu = _accuracy(_predict(model, x_test), y_test)
     if weight_noise is None:
-        weight_noise = float(opt._noise_stddev().numpy()) if noisy else 0.0  # s_T = eta C z / B
+        weight_noise = float(opt.weight_noise_stddev().numpy()) if noisy else 0.0  # s_T = eta C z / B
     result = dict(kind=kind, norm=norm, epsilon_target=epsilon if epsilon is not None else math.inf,
                   weight_noise=weight_noise, seed=seed, sigma=sigma, sample_rate=q, steps=steps,
                   steps_run=int(opt.iterations.numpy()), accuracy_mu=acc_mu, train_time_s=wall)
@@ -347,7 +336,7 @@ def _method_spec(method):
 
 
 def _summarize(rows, keys, paper):
-    from tfdpbnn.reproduce.runner import mean_std
+    from experiments.runner import mean_std
 
     groups = {}
     for r in rows:
@@ -430,7 +419,7 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
     carried public batch takes the O(B^2) jacobian path; "table4"); ``norms`` (Table 1's rows, subset of
     ``NORMS``); ``epochs`` (overrides the data set's).
     """
-    from tfdpbnn.reproduce.runner import Run
+    from experiments.runner import Run
 
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: not an option of sidp-tables")

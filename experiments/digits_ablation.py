@@ -17,7 +17,7 @@ never used here), mean and std over seeds. Outputs ``ablation.csv`` and ``run.js
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["STEPS", "run"]
 
@@ -38,8 +38,7 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
     """Run the cumulative ablation for DP-SGD (or ``methods``) at epsilon 1 (or ``epsilons``)."""
     import numpy as np
 
-    from tfdpbnn import data
-    from tfdpbnn.reproduce.digits_table import (
+    from experiments.digits_table import (
         DELTA,
         METHODS,
         Setting,
@@ -47,7 +46,8 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
         paper_setting,
         train_and_evaluate,
     )
-    from tfdpbnn.reproduce.runner import Run, mean_std
+    from experiments.runner import Run, mean_std
+    from tfdpbnn import data
 
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: not an option of digits-ablation")

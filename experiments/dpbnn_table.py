@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -117,7 +117,7 @@ def train_one(method, prior, dp, epsilon, setting, x_train, y_train, x_test, y_t
     import tensorflow as tf
 
     from tfdpbnn import callbacks, data, optimizers, privacy, uncertainty
-    from tfdpbnn.optimizers.dpsgld import sgld_learning_rate
+    from tfdpbnn.optimizers import sgld_learning_rate
 
     n = len(x_train)
     batch = max(1, int(round(setting["sample_rate"] * n)))
@@ -171,7 +171,7 @@ def train_one(method, prior, dp, epsilon, setting, x_train, y_train, x_test, y_t
 
 def _load(dataset, data_dir):
     """``((x_train, y_train), (x_test, y_test))`` with flat float32 inputs, int32/int64 labels."""
-    from tfdpbnn.reproduce.datasets import load_flat
+    from experiments.datasets import load_flat
 
     return load_flat(dataset, data_dir, "dpbnn-table")
 
@@ -184,8 +184,8 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
     ``dataset``: "digits" (bundled) or "mnist" (TFDS, read from ``data_dir``, never downloaded); default
     "mnist" when ``data_dir`` is given, else "digits".
     """
-    from tfdpbnn.reproduce.datasets import resolve_dataset
-    from tfdpbnn.reproduce.runner import Run, mean_std
+    from experiments.datasets import resolve_dataset
+    from experiments.runner import Run, mean_std
 
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: not an option of dpbnn-table")

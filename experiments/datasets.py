@@ -14,9 +14,11 @@ DATASETS = ("digits", "mnist")
 
 
 def resolve_dataset(experiment: str, dataset: str | None, data_dir: str | None) -> str:
-    """The data set an experiment runs on: ``dataset`` if given, else "mnist" with a ``data_dir``, else
-    "digits". A ``data_dir`` with ``dataset="digits"`` is an error (DIGITS is bundled: it would be
-    ignored)."""
+    """The data set an experiment runs on.
+
+    ``dataset`` if given, else "mnist" with a ``data_dir``, else "digits". A ``data_dir`` with
+    ``dataset="digits"`` is an error (DIGITS is bundled: it would be ignored).
+    """
     dataset = dataset or ("mnist" if data_dir is not None else "digits")
     if dataset not in DATASETS:
         raise ValueError(f"dataset: must be one of {DATASETS}, got {dataset!r}")
@@ -27,9 +29,11 @@ def resolve_dataset(experiment: str, dataset: str | None, data_dir: str | None) 
 
 
 def load_flat(dataset: str, data_dir: str | None, experiment: str):
-    """``((x_train, y_train), (x_test, y_test))`` with flat float32 inputs in [0, 1] (DIGITS: 64 features,
-    MNIST: 784), int32 training and int64 test labels. MNIST is read from ``data_dir`` (None: TFDS's default
-    directory), never downloaded."""
+    """Load ``((x_train, y_train), (x_test, y_test))`` with flat float32 inputs in [0, 1].
+
+    DIGITS has 64 features, MNIST 784; int32 training and int64 test labels. MNIST is read from ``data_dir``
+    (None: TFDS's default directory), never downloaded.
+    """
     from tfdpbnn import data
 
     if dataset not in DATASETS:

@@ -3,8 +3,8 @@
 Paper 000 (Ermis & Cemgil, DP Variational Dropout, sec. 5 and Fig. 3) computes the noise multiplier sigma for
 a total budget (epsilon, delta = 1e-5) with two procedures: advanced composition ("AC": Gaussian mechanism,
 amplification by subsampling, Dwork & Roth Thm 3.20) and its zCDP procedure (per-step amplification, then a
-conversion of the per-step (eps', delta')-DP to zCDP that does not hold: ``docs/privacy.md``, NOTES.md
-point 2). Its settings: MNIST q = 0.01 for 200 epochs, DIGITS q = 0.05 for 100 epochs; at epsilon 1 it
+conversion of the per-step (eps', delta')-DP to zCDP that does not hold: ``docs/privacy.md``). Its
+settings: MNIST q = 0.01 for 200 epochs, DIGITS q = 0.05 for 100 epochs; at epsilon 1 it
 reports sigma = 8.24 (AC) and 2.68 (zCDP) on MNIST, 9.73 and 2.97 on DIGITS.
 
 This experiment recomputes the paper's two curves (``tfdpbnn.privacy.paper``) and the sigma that sound
@@ -16,7 +16,7 @@ Outputs: ``sigma_curve.csv`` (one row per setting, accountant and epsilon) and `
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["PAPER_SIGMAS", "SETTINGS", "paper_sigma", "run"]
 
@@ -36,8 +36,8 @@ DELTA = 1e-5
 # "paper-zcdp-epochs" J = epochs; neither reproduces the printed sigmas exactly (``tfdpbnn.privacy.paper``).
 CURVES = ("rdp", "pld", "zcdp", "ac", "gdp", "paper-zcdp", "paper-zcdp-epochs", "paper-ac")
 VALID = {"rdp": "sound", "pld": "sound", "zcdp": "sound", "ac": "sound",
-         "gdp": "approximate (CLT, paper 003 Thm 2)", "paper-zcdp": "not a guarantee (NOTES.md point 2)",
-         "paper-zcdp-epochs": "not a guarantee (NOTES.md point 2)",
+         "gdp": "approximate (CLT, paper 003 Thm 2)", "paper-zcdp": "not a guarantee (docs/privacy.md)",
+         "paper-zcdp-epochs": "not a guarantee (docs/privacy.md)",
          "paper-ac": "not a guarantee (classical calibration beyond eps < 1)"}
 
 
@@ -104,7 +104,7 @@ def _plot(rows, path, settings):
 def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: str | None = None,
         log: Callable[[str], None] | None = print, epsilons=None, **unknown) -> dict:
     """Compute sigma(epsilon) for every curve and setting; write CSV, PNG and ``run.json``."""
-    from tfdpbnn.reproduce.runner import Run
+    from experiments.runner import Run
 
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: not an option of sigma-curve (it takes epsilons only)")

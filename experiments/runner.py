@@ -1,6 +1,6 @@
 """Shared machinery of the reproduction experiments: one run directory, its record, its tables.
 
-Every experiment in ``tfdpbnn.reproduce`` writes, under its ``--out`` directory:
+Every experiment in ``experiments`` writes, under its ``--out`` directory:
 
 - ``run.json``: the experiment name, the command-line settings, the seeds, library versions, the wall time,
   and every privacy statement recorded with :meth:`Run.privacy` (noise multiplier, sample rate, steps, the
@@ -21,7 +21,7 @@ import platform
 import subprocess
 import sys
 import time
-from typing import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -89,14 +89,14 @@ def _versions() -> dict[str, str]:
 def _jsonable(value):
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
-    if isinstance(value, (np.floating, float)):
+    if isinstance(value, np.floating | float):
         value = float(value)
         return value if math.isfinite(value) else str(value)
     if isinstance(value, np.integer):
         return int(value)
-    if isinstance(value, (str, int, bool)) or value is None:
+    if isinstance(value, str | int | bool) or value is None:
         return value
     return str(value)
 
@@ -149,9 +149,12 @@ class Run:
         return eps
 
     def privacy_statement(self, label: str, statement: Mapping, **extra) -> dict[str, float]:
-        """Record an optimizer's own ``privacy_statement()`` for a mechanism that is not the subsampled
-        Gaussian :meth:`privacy` accounts (e.g. ``SIDPOptimizer(paper_mean_update=True)``); returns its
-        epsilons by accountant (``None`` recorded as NaN)."""
+        """Record an optimizer's own ``privacy_statement()``.
+
+        For a mechanism that is not the subsampled Gaussian :meth:`privacy` accounts (e.g.
+        ``SIDPOptimizer(paper_mean_update=True)``); returns its epsilons by accountant (``None`` recorded as
+        NaN).
+        """
         eps = {name: float("nan") if value is None else float(value)
                for name, value in statement["epsilon_by_accountant"].items()}
         self._privacy.append(dict(label=label, noise_multiplier=float(statement["noise_multiplier"]),

@@ -23,7 +23,7 @@ Two configurations:
   epsilon.
 
 MNIST variant: with ``data_dir`` (or ``dataset="mnist"``) the table runs on MNIST from a prepared TFDS
-directory (never downloaded; ``tfdpbnn.reproduce.datasets``), inputs flattened to 784 in [0, 1], 60000
+directory (never downloaded; ``experiments.datasets``), inputs flattened to 784 in [0, 1], 60000
 training and 10000 test images. ``paper`` then takes the papers' MNIST setting (``paper_setting(method,
 "mnist")``; from the papers: one ReLU hidden layer of 1000 units (000 and 002), expected batch 600 (q = 0.01),
 200 epochs, eta_0 = 0.1 with eta_t = eta_0 / t, clip C = 2 (000: dpvd, svi, dpsgd) or C = 3 (002's MNIST
@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -60,7 +60,7 @@ EPSILONS = (10.0, 1.0, 0.5, 0.1)
 DELTA = 1e-5
 METHODS = ("dpvd", "dpd", "svi", "sgld", "dpsgd")
 # The papers' DIGITS numbers (000 Table 1 for dpvd/svi/dpsgd at 10/1/0.1; 002 Table 1 for dpd/sgld/dpsgd at
-# 10/1/0.5), obtained with their zCDP procedure (NOTES.md point 2: not a valid guarantee).
+# 10/1/0.5), obtained with their zCDP procedure (not a valid guarantee: docs/privacy.md).
 PAPER_TABLE = {
     ("dpvd", 10.0): 0.9417, ("dpvd", 1.0): 0.9278, ("dpvd", 0.1): 0.9038,
     ("svi", 10.0): 0.9375, ("svi", 1.0): 0.9107, ("svi", 0.1): 0.8712,
@@ -83,12 +83,15 @@ EMA_DECAYS = (0.8, 0.9, 0.97)
 
 
 class Setting(dict):
-    """One training configuration (a dict): hidden units (0 = no hidden layer), activation, expected batch
+    """One training configuration (a dict).
+
+    Hidden units (0 = no hidden layer), activation, expected batch
     size (or ``sample_rate``, which then sets it to round(q n)), epochs, learning rate, ``lr_decay``
     (True: eta0 / (1 + epoch); False: constant; "cosine": cosine decay to 0 over the run), clip, input
     centering (x - 0.5, data-independent), MC samples at evaluation, ``ema``: the weights evaluated
     (None: the last iterate; a decay from ``EMA_DECAYS``: that moving average), and ``kl_weight``: the
-    weight of the KL term of the variational layers (dpvd, svi; 1 = the ELBO; < 1 a tempered posterior)."""
+    weight of the KL term of the variational layers (dpvd, svi; 1 = the ELBO; < 1 a tempered posterior).
+    """
 
     def __init__(self, hidden=1000, activation="relu", batch_size=100, epochs=100, learning_rate=0.05,
                  lr_decay=True, clip=2.0, center=False, momentum=0.0, mc_samples=20, sample_rate=None,
@@ -104,9 +107,12 @@ class Setting(dict):
 
 
 def paper_setting(method: str, dataset: str = "digits") -> Setting:
-    """Papers 000/002's setting for ``method`` on ``dataset``. DIGITS: 000: 1000 hidden units; 002: 500.
+    """The papers' setting for ``method`` on ``dataset``.
+
+    DIGITS: 000: 1000 hidden units; 002: 500.
     MNIST (000 sec. 5, 002 sec. 5): 1000 hidden units, batch 600, 200 epochs, eta_0 = 0.1, C = 2 (000) or 3
-    (002's stated MNIST clip, for its methods dpd and sgld)."""
+    (002's stated MNIST clip, for its methods dpd and sgld).
+    """
     if dataset == "mnist":
         return Setting(hidden=1000, batch_size=600, epochs=200, learning_rate=0.1,
                        clip=3.0 if method in ("dpd", "sgld") else 2.0)
@@ -154,9 +160,12 @@ DPVD_KL_WEIGHTS = (0.1, 0.01)
 
 
 def tuning_candidates(epsilon: float, method: str | None = None, dataset: str = "digits") -> tuple:
-    """The candidate settings tried on the validation split at ``epsilon`` (the grid, ``TUNING_GRID`` or
+    """The candidate settings tried on the validation split at ``epsilon``.
+
+    The grid, ``TUNING_GRID`` or
     for MNIST ``MNIST_TUNING_GRID``, of the nearest listed epsilon, on a log scale); for ``method="dpvd"``
-    also the first one with each of ``DPVD_KL_WEIGHTS``."""
+    also the first one with each of ``DPVD_KL_WEIGHTS``.
+    """
     grids = MNIST_TUNING_GRID if dataset == "mnist" else TUNING_GRID
     near = min(grids, key=lambda e: abs(math.log(e) - math.log(epsilon)))
     grid = grids[near]
@@ -200,8 +209,10 @@ def _hidden_and_output(method, setting, n):
 
 
 def build_model(method: str, setting: Setting, num_examples: int, seed: int, input_dim: int = 64):
-    """The Keras model of ``method`` (``input_dim`` inputs: 64 for DIGITS, 784 for MNIST; optional hidden
-    layer, 10 logits), seeded."""
+    """The Keras model of ``method``, seeded.
+
+    ``input_dim`` inputs (64 for DIGITS, 784 for MNIST), an optional hidden layer, 10 logits.
+    """
     import tensorflow as tf
 
     tf.keras.utils.set_random_seed(seed)
@@ -234,7 +245,7 @@ def _optimizer(method, setting, noise_multiplier, num_examples, steps_per_epoch)
         return optimizers.DPVDOptimizer(learning_rate=lr, momentum=setting["momentum"], **common)
     if method == "sgld":
         # DP-SGLD's step size IS its noise (paper 003 Thm 1): eta = (B / (n sigma C))^2; lr is not used.
-        from tfdpbnn.optimizers.dpsgld import sgld_learning_rate
+        from tfdpbnn.optimizers import sgld_learning_rate
 
         if noise_multiplier <= 0:
             raise ValueError("noise_multiplier: DP-SGLD needs sigma > 0 (its step size follows from it)")
@@ -248,7 +259,7 @@ def _accuracy(model, x, y, mc_samples):
     """(deterministic accuracy, MC-averaged accuracy) of a classifier with logits output."""
     import tensorflow as tf
 
-    from tfdpbnn.layers.sampling import mc_sampling
+    from tfdpbnn.layers import mc_sampling
 
     logits = model(x, training=False)
     det = float(np.mean(np.argmax(logits, axis=1) == y))
@@ -261,9 +272,11 @@ def _accuracy(model, x, y, mc_samples):
 
 
 def _ema_callback(decays):
-    """A Keras callback keeping, for each decay, an exponential moving average of the model's trainable
-    weights after every step (Polyak averaging until t / (t + 1) exceeds the decay). ``.averages[d]`` is
-    the list of averaged values (tf.Variables, in ``model.trainable_variables`` order)."""
+    """A Keras callback keeping exponential moving averages of the model's trainable weights.
+
+    One average per decay, updated after every step (Polyak averaging until t / (t + 1) exceeds the decay).
+    ``.averages[d]`` is the list of averaged values (tf.Variables, in ``model.trainable_variables`` order).
+    """
     import tensorflow as tf
 
     class EMA(tf.keras.callbacks.Callback):
@@ -405,8 +418,11 @@ _SETTING_KEYS = tuple(Setting())
 
 
 def _best_of(tuning_rows):
-    """{(method, epsilon): the Setting (with its ``ema``) of the row with the highest validation accuracy}
-    (first such row on ties)."""
+    """The best tuning row per (method, epsilon).
+
+    ``{(method, epsilon): the Setting (with its ``ema``) of the row with the highest validation accuracy}``
+    (first such row on ties).
+    """
     best = {}
     for r in tuning_rows:
         key = (r["method"], r["epsilon"])
@@ -416,7 +432,7 @@ def _best_of(tuning_rows):
 
 
 def _summarize(rows, paper_table=PAPER_TABLE):
-    from tfdpbnn.reproduce.runner import mean_std
+    from experiments.runner import mean_std
 
     groups = {}
     for r in rows:
@@ -443,8 +459,8 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
     ``dataset``: "digits" (bundled) or "mnist" (TFDS, read from ``data_dir``, never downloaded); default
     "mnist" when ``data_dir`` is given, else "digits".
     """
-    from tfdpbnn.reproduce.datasets import load_flat, resolve_dataset
-    from tfdpbnn.reproduce.runner import Run
+    from experiments.datasets import load_flat, resolve_dataset
+    from experiments.runner import Run
 
     dataset = resolve_dataset("digits-table", dataset, data_dir)
     n_seeds = 1 if smoke and seeds is None else (5 if seeds is None else int(seeds))

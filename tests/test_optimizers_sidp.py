@@ -1,0 +1,45 @@
+"""``SIDPOptimizer(weight_noise=s)``: a constant weight-noise std in the sound mode (Davody et al. 2020,
+SI-DPSGD; Table 1 trains with a fixed s), its accounting and its configuration."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdpbnn
+
+COMMON = dict(num_examples=40, batch_size=10, delta=1e-5, learning_rate=0.2)
+LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _model():
+    tf.keras.utils.set_random_seed(0)
+    return tf.keras.Sequential([tf.keras.Input((4,)), tfdpbnn.NoisyDense(5),
+                                tf.keras.layers.LayerNormalization(), tfdpbnn.NoisyDense(3)])
+
+
+def test_constant_weight_noise_is_used_and_keeps_the_dp_sgd_epsilon():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 4)).astype("float32"), rng.integers(0, 3, 40)
+    fixed = tfdpbnn.SIDPOptimizer(1.0, 4.0, weight_noise=0.37, **COMMON)
+    assert float(fixed.weight_noise_stddev().numpy()) == pytest.approx(0.37)
+    model = _model()
+    model.compile(optimizer=fixed, loss=LOSS)
+    model.fit(x, y, batch_size=10, epochs=1, verbose=0)
+    for layer in (model.layers[0], model.layers[2]):
+        assert float(layer.noise_stddev.numpy()) == pytest.approx(0.37, rel=1e-6)
+    default = tfdpbnn.SIDPOptimizer(1.0, 4.0, **COMMON)
+    assert float(default.weight_noise_stddev().numpy()) == pytest.approx(0.2 * 1.0 * 4.0 / 10, rel=1e-6)
+    # The weights are post-processing of mu (DP-SGD's sequence): the same epsilon as the default mode.
+    assert fixed.epsilon() == pytest.approx(default.epsilon_after(fixed.steps), rel=1e-12)
+    restored = tfdpbnn.SIDPOptimizer.from_config(fixed.get_config())
+    assert restored.weight_noise == 0.37 and restored.steps == 4
+
+
+def test_weight_noise_is_refused_in_paper_mode_and_out_of_range():
+    with pytest.raises(ValueError, match="weight_noise.*sound mode"):
+        tfdpbnn.SIDPOptimizer(1.0, 4.0, weight_noise=0.1, paper_mean_update=True, **COMMON)
+    for bad in (-0.1, float("nan"), "0.1"):
+        with pytest.raises(ValueError, match="weight_noise"):
+            tfdpbnn.SIDPOptimizer(1.0, 4.0, weight_noise=bad, **COMMON)

@@ -1,0 +1,17 @@
+"""mypy is clean on ``tfdpbnn/privacy`` and ``tfdpbnn/_validation.py`` (configuration: ``[tool.mypy]`` in
+pyproject.toml, which lists the checked files)."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_mypy_clean_on_the_privacy_package():
+    result = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Success: no issues found" in result.stdout
