@@ -342,7 +342,7 @@ def train_and_evaluate(method: str, setting: Setting, epsilon: float | None, x_t
     model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     batches = data.poisson_batches(x_train.astype("float32"), y_train.astype("int32"), sample_rate=q,
-                                   steps_per_epoch=spe, seed=seed)
+                                   steps_per_epoch=spe)  # secret sampling seed
     ema = _ema_callback(EMA_DECAYS)
     start = time.time()
     model.fit(batches, epochs=setting["epochs"], steps_per_epoch=spe, verbose=0, callbacks=[ema])

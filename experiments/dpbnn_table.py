@@ -142,7 +142,7 @@ def train_one(method, prior, dp, epsilon, setting, x_train, y_train, x_test, y_t
                                         **common)
     model = _model(method, prior, setting, n, seed, input_dim=x_train.shape[1])
     model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    batches = data.poisson_batches(x_train, y_train, sample_rate=q, steps_per_epoch=spe, seed=seed)
+    batches = data.poisson_batches(x_train, y_train, sample_rate=q, steps_per_epoch=spe)  # secret seed
     model.fit(batches, epochs=setting["epochs"], steps_per_epoch=spe, verbose=0, callbacks=cbs)
     if method == "sgld" and sampler.samples:
         probs = uncertainty.mc_predict(model, x_test, weight_snapshots=sampler.samples,

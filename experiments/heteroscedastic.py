@@ -94,7 +94,7 @@ def _train(method, dp, setting, x, y, xt, seed):
                                         **common)
     model = _model(method, n, setting["hidden"], seed)
     model.compile(optimizer=opt, loss=uncertainty.HeteroscedasticGaussianNLL())
-    batches = data.poisson_batches(x, y, sample_rate=1.0, steps_per_epoch=1, seed=seed)
+    batches = data.poisson_batches(x, y, sample_rate=1.0, steps_per_epoch=1)  # q = 1: every example
     model.fit(batches, epochs=steps, steps_per_epoch=1, verbose=0, callbacks=cbs)
     if sampler is not None and sampler.samples:
         pred = uncertainty.mc_predict(model, xt, weight_snapshots=sampler.samples, task="regression")

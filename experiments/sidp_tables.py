@@ -287,7 +287,7 @@ def train_one(kind: str, norm: str, epsilon, setting: dict, x_train, y_train, x_
             warnings.simplefilter("ignore", UserWarning)
             opt = SIDPOptimizer(paper_mean_update=kind.startswith("sidp-paper"), **common)
     model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    batches = data.poisson_batches(x_train, y_train, sample_rate=q, steps_per_epoch=spe, seed=seed)
+    batches = data.poisson_batches(x_train, y_train, sample_rate=q, steps_per_epoch=spe)  # secret seed
     start = time.time()
     model.fit(batches, epochs=setting["epochs"], steps_per_epoch=spe, verbose=0)
     wall = time.time() - start
