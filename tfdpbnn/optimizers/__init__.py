@@ -6,7 +6,7 @@ Importing this package installs the train-step hook (``tfdpbnn.optimizers.train_
 """
 
 from tfdpbnn.optimizers import train_step as _train_step
-from tfdpbnn.optimizers.base import DPOptimizerMixin, steps_per_epoch
+from tfdpbnn.optimizers.base import DPOptimizerMixin
 from tfdpbnn.optimizers.dpsgd import DPAdamOptimizer, DPSGDOptimizer
 from tfdpbnn.optimizers.dpsgld import DPSGLDOptimizer, sgld_learning_rate, sgld_noise_multiplier
 from tfdpbnn.optimizers.dpvd import DPVDOptimizer
@@ -26,5 +26,4 @@ __all__ = [
     "gdp_epsilon",
     "sgld_learning_rate",
     "sgld_noise_multiplier",
-    "steps_per_epoch",
 ]

@@ -27,18 +27,14 @@ import warnings
 import tensorflow as tf
 
 from tfdpbnn import _private_api
-from tfdpbnn.clipping import check_per_example_independence, clip_factors, clipped_gradients
-from tfdpbnn.clipping.jacobian import scaled_factors
+from tfdpbnn.clipping import check_per_example_independence, clipped_gradients, jacobian_clipped_sum
+from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.optimizers import fit_checks
 from tfdpbnn.optimizers.ledger_state import LedgerState
 from tfdpbnn.optimizers.noise import gaussian_noise_like
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
-
-SAMPLING = ("shuffle", "poisson")
-NEIGHBORING = ("add_or_remove", "replace_one")
-from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS  # noqa: E402
-from tfdpbnn.privacy import sound_accountants  # noqa: E402
-from tfdpbnn.privacy._checks import (  # noqa: E402
+from tfdpbnn.privacy import sound_accountants
+from tfdpbnn.privacy._checks import (
     check_choice,
     check_nonnegative,
     check_nonnegative_int,
@@ -46,11 +42,7 @@ from tfdpbnn.privacy._checks import (  # noqa: E402
     check_positive,
     check_positive_int,
 )
-
-
-def steps_per_epoch(num_examples: int, batch_size: int) -> int:
-    """Steps in one epoch: ``ceil(n / B)`` (model.fit's batches on arrays; ``poisson_batches``'s default)."""
-    return int(math.ceil(num_examples / batch_size))
+from tfdpbnn.privacy.budget import NEIGHBORING, SAMPLINGS, steps_per_epoch
 
 
 def add_regularization(grads, regularization_grads):
@@ -145,8 +137,8 @@ class DPOptimizerMixin:
         num_examples = check_positive_int("num_examples", num_examples)
         if batch_size > num_examples:
             raise ValueError(f"batch_size must be <= num_examples ({num_examples}), got {batch_size}")
-        sampling = check_choice("sampling", sampling, SAMPLING)
-        neighboring = check_choice("neighboring", neighboring, NEIGHBORING)
+        sampling = check_choice("sampling", sampling, SAMPLINGS)
+        neighboring = check_choice("neighboring", neighboring, tuple(NEIGHBORING))
         clipping_method = check_choice("clipping_method", clipping_method, CLIPPING_METHODS)
         if accountant not in sound_accountants():
             raise ValueError(
@@ -176,7 +168,7 @@ class DPOptimizerMixin:
                     raise ValueError("epochs is required with target_epsilon: calibration needs the number "
                                      "of steps")
                 noise_multiplier = self._calibrate_noise_multiplier(
-                    target_epsilon, delta, sample_rate, epochs * steps_per_epoch(num_examples, batch_size),
+                    target_epsilon, delta, sample_rate, epochs * steps_per_epoch(batch_size / num_examples),
                     accountant, neighboring, sampling)
         noise_multiplier = check_nonnegative("noise_multiplier", noise_multiplier)
         super().__init__(l2_norm_clip=clip, noise_multiplier=noise_multiplier, num_microbatches=None,
@@ -547,16 +539,10 @@ class DPOptimizerMixin:
                 "shape [batch] (e.g. tf.keras.losses.SparseCategoricalCrossentropy(reduction='none')(y, "
                 "y_pred)) to optimizer.minimize(loss, var_list, tape=tape), or do not override train_step: "
                 "model.fit's train step builds per-example losses from model.compile(loss=...).")
-        with tape:
-            batch = tf.shape(loss)[0]
-            per_example = tf.reduce_mean(tf.reshape(loss, [batch, -1]), axis=1)
-        jacobians = tape.jacobian(per_example, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        squared = [tf.reduce_sum(tf.reshape(tf.square(j), [batch, -1]), axis=1) for j in jacobians]
-        factors = clip_factors(tf.sqrt(tf.add_n(squared)), self._f32(self._dp_l2_norm_clip))
-        factors = scaled_factors(factors, self._dp_sum_scale())
-        scaled_sum = [tf.tensordot(factors, j, axes=1) for j in jacobians]
+        scaled_sum, _ = jacobian_clipped_sum(loss, tape, var_list, self._f32(self._dp_l2_norm_clip),
+                                             sum_scale=self._dp_sum_scale())
         _private_api.mark_dp_gradients_computed(self)
-        self._dp_ledger.record_batch(batch)
+        self._dp_ledger.record_batch(tf.shape(loss)[0])
         grads = self._dp_gradients(scaled_sum, None, var_list)
         return list(zip(grads, var_list, strict=True))
 

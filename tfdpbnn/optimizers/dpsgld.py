@@ -13,7 +13,7 @@ import numbers
 import tensorflow as tf
 from tensorflow_privacy.privacy.optimizers.dp_optimizer_keras_vectorized import VectorizedDPKerasSGDOptimizer
 
-from tfdpbnn.optimizers.base import DPOptimizerMixin, steps_per_epoch
+from tfdpbnn.optimizers.base import DPOptimizerMixin
 from tfdpbnn.privacy._checks import check_positive
 
 
@@ -116,4 +116,4 @@ class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
                 "equivalent_dp_sgd": "paper 003 Theorem 1: sigma = B / (n sqrt(eta) C)"}
 
 
-__all__ = ["DPSGLDOptimizer", "sgld_learning_rate", "sgld_noise_multiplier", "steps_per_epoch"]
+__all__ = ["DPSGLDOptimizer", "sgld_learning_rate", "sgld_noise_multiplier"]
