@@ -87,12 +87,28 @@ def _optimizer(method, budget, num_examples, batch_size, epochs, delta, noise_mu
     return cls(1.0, noise_multiplier, learning_rate=1.0, **common)
 
 
+def _blackbox(base_model, x_canary, y_canary, included, delta, confidence) -> dict:
+    """Black-box baseline on mislabeled input canaries: score = -loss of the trained model (the loss
+    threshold attack of tensorflow-privacy's membership-inference tests, Yeom et al. 2018), its AUC, and the
+    one-run bound from the same scores."""
+    from sklearn.metrics import roc_auc_score
+
+    from tfdpbnn.audit.bounds import one_run_epsilon
+
+    logits = base_model(x_canary, training=False)
+    scores = -LOSS.call(y_canary, logits).numpy().astype(np.float64)
+    result = one_run_epsilon(scores, included, delta=delta, confidence=confidence)
+    return {"blackbox_lower_bound": result.epsilon, "blackbox_auc": float(roc_auc_score(included, scores)),
+            "input_canaries": int(len(included))}
+
+
 def audit_method(method="dpsgd", epsilon=1.0, delta=1e-5, num_canaries=1000, epochs=20, sample_rate=0.2,
-                 hidden=64, seed=0, broken=None, confidence=0.95) -> dict:
+                 hidden=64, seed=0, broken=None, confidence=0.95, input_canaries=200) -> dict:
     """One-run audit of one method (or one ``BROKEN`` configuration) at a budget ``epsilon``.
 
-    Returns a dict: the claimed epsilon and where it comes from, the lower bound (``OneRunResult`` fields),
-    the score used, steps, sigma, and wall time.
+    ``num_canaries`` Dirac gradient canaries (white-box) and ``input_canaries`` mislabeled DIGITS test
+    images (black-box), each included with probability 1/2, in the same run. Returns a dict: the claimed
+    epsilon and where it comes from, both lower bounds, the score used, steps, sigma and wall time.
     """
     import tfdpbnn
 
@@ -105,7 +121,15 @@ def audit_method(method="dpsgd", epsilon=1.0, delta=1e-5, num_canaries=1000, epo
     elif broken == "sidp-paper":
         method = "sidp-ln"
     start = time.perf_counter()
-    (x, y), (x_test, _) = _digits()
+    (x, y), (x_test, y_test) = _digits()
+    if not 0 <= input_canaries <= len(x_test) - 64:
+        raise ValueError(f"input_canaries must be in [0, {len(x_test) - 64}], got {input_canaries!r}")
+    from tfdpbnn.audit.canaries import mislabeled_canaries, sample_inclusion
+
+    if input_canaries:
+        x_in, y_in = mislabeled_canaries(x_test[64:], y_test[64:], 10, input_canaries, seed)
+        in_included = sample_inclusion(input_canaries, seed + 1)
+        x, y = np.concatenate([x, x_in[in_included]]), np.concatenate([y, y_in[in_included]])
     audit = GradientCanaryAudit(num_canaries=num_canaries, seed=seed)
     n = len(x) + num_canaries
     batch_size = max(1, int(round(sample_rate * n)))
@@ -118,9 +142,9 @@ def audit_method(method="dpsgd", epsilon=1.0, delta=1e-5, num_canaries=1000, epo
         declared_sigma = opt.noise_multiplier
         if broken == "sigma0":
             opt = _optimizer(method, epsilon, n, batch_size, epochs, delta, noise_multiplier=0.0)
-        model = build_method_model(method, len(x), hidden, seed, x_public=x_test[:64])
+        base = build_method_model(method, len(x), hidden, seed, x_public=x_test[:64])
         unclipped = 1.0 / batch_size if broken == "unclipped" else None
-        model = audit.wrap(model, l2_norm_clip=1.0, noisy=method.startswith("sidp"),
+        model = audit.wrap(base, l2_norm_clip=1.0, noisy=method.startswith("sidp"),
                            unclipped_scale=unclipped)
         inputs, targets, weights = audit.data(x, y)
         model.compile(optimizer=opt, loss=audit.losses(LOSS))
@@ -140,6 +164,7 @@ def audit_method(method="dpsgd", epsilon=1.0, delta=1e-5, num_canaries=1000, epo
             opt.release_weights(model)  # what SI-DPSGD releases: one sample theta = mu + s xi
         score = "displacement" if broken == "sidp-paper" else "auto"
         result, score = audit.result(model, opt, delta=delta, confidence=confidence, score=score)
+        blackbox = _blackbox(base, x_in, y_in, in_included, delta, confidence) if input_canaries else {}
     steps = opt.steps
     reported = None if broken == "sigma0" else opt.epsilon()
     if broken is None or broken == "unclipped":
@@ -155,7 +180,7 @@ def audit_method(method="dpsgd", epsilon=1.0, delta=1e-5, num_canaries=1000, epo
         "noise_multiplier": opt.noise_multiplier, "declared_noise_multiplier": declared_sigma,
         "sample_rate": batch_size / n, "confidence": confidence, "delta": delta, "notes": notes,
         "warnings": sorted({str(w.message)[:100] for w in caught if issubclass(w.category, UserWarning)}),
-        "seconds": time.perf_counter() - start,
+        **blackbox, "seconds": time.perf_counter() - start,
     }
 
 

@@ -69,7 +69,7 @@ class GradientCanaryAudit:
         if score not in ("auto", "likelihood_ratio", "displacement"):
             raise ValueError(f"score must be 'auto', 'likelihood_ratio' or 'displacement', got {score!r}")
         unit = update_unit(optimizer)
-        weights = self.recorder.weights if self.recorder._rows else None
+        weights = self.recorder.weights if self.recorder.num_recorded else None
         usable = unit is not None and weights is not None and optimizer.noise_multiplier > 0 \
             and len(weights) == optimizer.steps + 1
         if score == "likelihood_ratio" and not usable:

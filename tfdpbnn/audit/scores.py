@@ -36,6 +36,11 @@ class UpdateRecorder(tf.keras.callbacks.Callback):
         self._rows.append(canary_weights(self.model))
 
     @property
+    def num_recorded(self) -> int:
+        """Rows recorded so far (0 before ``model.fit`` ran with this callback)."""
+        return len(self._rows)
+
+    @property
     def weights(self) -> np.ndarray:
         return np.stack(self._rows)
 
