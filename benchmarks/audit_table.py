@@ -143,17 +143,24 @@ def _figure(results, path):
         pts = [(r["claimed_epsilon"], r["lower_bound"]) for r in rows if r["method"] == method]
         offset = 1 + 0.02 * (i - len(methods) / 2)
         ax.plot([p[0] * offset for p in pts], [p[1] for p in pts], "o-", label=method, alpha=0.8)
-    for r in results.get("broken", []):
-        ax.plot(r["claimed_epsilon"], r["lower_bound"], "kx", markersize=9)
-        ax.annotate(r["broken"], (r["claimed_epsilon"], r["lower_bound"]), fontsize=7,
-                    xytext=(4, 2), textcoords="offset points")
+    broken = results.get("broken", [])
+    for name, marker in zip(sorted({r["broken"] for r in broken}), "XPD*s", strict=False):
+        pts = [(r["claimed_epsilon"], r["lower_bound"]) for r in broken if r["broken"] == name]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, color="black", markersize=8, ls="none",
+                label=f"BROKEN: {name}")
+    if broken:
+        from tfdpbnn.audit import one_run_epsilon_from_counts
+
+        m = max(r["num_canaries"] for r in broken)
+        cap = one_run_epsilon_from_counts(m, m, m, broken[0]["delta"], 1 - 0.05 / 12)
+        ax.axhline(cap, color="grey", ls=":", lw=1, label=f"one-run ceiling (m = {m}, all guesses right)")
     lim = 9
     ax.plot([0, lim], [0, lim], "k--", lw=1, label="lower bound = claimed epsilon")
     ax.set_xlim(0, lim)
     ax.set_ylim(0, lim)
     ax.set_xlabel("claimed (reported) epsilon, delta = 1e-5")
     ax.set_ylabel("audited lower bound (95% confidence)")
-    ax.set_title("One-run white-box audit on DIGITS (x: broken configurations)")
+    ax.set_title("One-run white-box audit on DIGITS (black: broken configurations)")
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -171,6 +178,7 @@ def main():
     p.add_argument("--json", default="docs/audit_results.json")
     p.add_argument("--md", default="docs/audit_tables.md")
     p.add_argument("--figure", default="docs/audit.png")
+    p.add_argument("--doc", default="docs/audit.md", help="page whose marked tables are replaced")
     p.add_argument("--render-only", action="store_true")
     args = p.parse_args()
     results = {}
@@ -186,7 +194,7 @@ def main():
                            "seconds": previous + seconds,
                            "command": "python benchmarks/audit_table.py"}
         _save(args.json, results)
-    render(results, args.md, args.figure)
+    render(results, args.md, args.figure, args.doc)
 
 
 if __name__ == "__main__":
