@@ -39,8 +39,9 @@ def run_sections(args, results):
                                for runs in counts for e in EPSILONS_VALIDATION]
         _save(args.json, results)
     if "dpsgd" in args.sections:  # rows of other run counts are kept: the table shows each count
-        rows = [r for r in results.get("dpsgd", []) if r["runs"] != args.runs]
-        for e in EPSILONS_VALIDATION:
+        rows = [r for r in results.get("dpsgd", [])
+                if r["runs"] != args.runs or r["epsilon"] not in args.validation_epsilons]
+        for e in args.validation_epsilons:
             rows.append(experiment.validate_dpsgd(e, num_runs=args.runs, steps=args.steps, seed=0))
             print("dpsgd", rows[-1], flush=True)
             results["dpsgd"] = rows
@@ -170,6 +171,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
     p.add_argument("--runs", type=int, default=2000, help="multi-run audits: runs per epsilon")
+    p.add_argument("--validation-epsilons", type=float, nargs="+", default=list(EPSILONS_VALIDATION),
+                   help="multi-run DP-SGD: the epsilons to validate at")
     p.add_argument("--steps", type=int, default=4, help="multi-run DP-SGD: steps per run")
     p.add_argument("--canaries", type=int, default=1000, help="one-run audits: gradient canaries")
     p.add_argument("--broken-canaries", type=int, default=2000,
