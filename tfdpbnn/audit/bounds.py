@@ -1,7 +1,7 @@
 """Lower bounds on epsilon from canary scores, each at a stated confidence (default 95%).
 
-* ``multi_run_epsilon``: the distinguishing audit of Jagielski, Ullman & Oprea 2020 (Section 4) and Nasr et
-  al. 2021 (Section 3; 2023, Section 3). Runs WITH and WITHOUT the canary give scores; the test "in iff score
+* ``multi_run_epsilon``: the distinguishing audit of Jagielski, Ullman & Oprea 2020 and Nasr et al. 2021,
+  2023. Runs WITH and WITHOUT the canary give scores; the test "in iff score
   >= t" has false positive rate FPR and false negative rate FNR. Any (epsilon, delta)-DP mechanism satisfies
   FPR + e^eps FNR >= 1 - delta and FNR + e^eps FPR >= 1 - delta (Kairouz, Oh & Viswanath 2015, Theorem 2.1),
   so with Clopper-Pearson upper bounds FPR_ub, FNR_ub (each at level alpha/2)
@@ -12,8 +12,8 @@
 * ``one_run_epsilon``: Steinke, Nasr & Jagielski 2023 ("Privacy auditing with one (1) training run"). m
   canaries, each included independently with probability 1/2; the auditor guesses "in" for its k+ highest
   scores and "out" for its k- lowest (r = k+ + k- guesses) and counts v correct guesses. For an
-  eps-DP algorithm (their Theorem 3.1) P[V >= v] <= f(v) := P[Binomial(r, p) >= v], p = e^eps / (1 + e^eps);
-  for (eps, delta)-DP (their Theorem 5.2, computed as in their Algorithm 2)
+  eps-DP algorithm (their main theorem, Section 3) P[V >= v] <= f(v) := P[Binomial(r, p) >= v],
+  p = e^eps / (1 + e^eps); for (eps, delta)-DP (their Corollary 5.4, computed as their Appendix D does)
 
       P[V >= v] <= f(v) + 2 m delta max_{i = 1..v} (f(v - i) - f(v)) / i.
 
@@ -122,7 +122,7 @@ def multi_run_epsilon(in_scores, out_scores, delta=0.0, confidence=0.95, thresho
                       split_fraction=0.5, seed=0) -> MultiRunResult:
     """Lower bound on epsilon from the scores of runs with (``in_scores``) and without the canary.
 
-    Jagielski et al. 2020, Algorithm 2 with Clopper-Pearson intervals (Nasr et al. 2021, Section 3): the test
+    Jagielski et al. 2020 with Clopper-Pearson intervals (Nasr et al. 2021): the test
     "canary in iff score >= t" is evaluated on independent runs; FPR and FNR get one-sided Clopper-Pearson
     upper bounds at level (1 - confidence)/2 each, and epsilon >= max(log((1 - delta - FNR)/FPR),
     log((1 - delta - FPR)/FNR)) (Kairouz et al. 2015, Theorem 2.1) holds with probability >= ``confidence``.
@@ -185,7 +185,7 @@ def max_multi_run_epsilon(num_in, num_out, delta=0.0, confidence=0.95) -> float:
 
 
 def one_run_p_value(num_canaries, num_guesses, num_correct, epsilon, delta=0.0) -> float:
-    """P[V >= v] bound of Steinke, Nasr & Jagielski 2023 (Theorem 3.1; with delta, Theorem 5.2/Algorithm 2).
+    """P[V >= v] bound of Steinke, Nasr & Jagielski 2023 (Section 3; with delta, Corollary 5.4, Appendix D).
 
     ``f(v) = P[Binomial(r, p) >= v]``, ``p = e^eps / (1 + e^eps)``; returns
     ``min(1, f(v) + 2 m delta max_{1 <= i <= v} (f(v - i) - f(v)) / i)`` (m canaries, r guesses, v correct).
@@ -208,7 +208,7 @@ def one_run_p_value(num_canaries, num_guesses, num_correct, epsilon, delta=0.0) 
 def one_run_epsilon_from_counts(num_canaries, num_guesses, num_correct, delta=0.0, confidence=0.95) -> float:
     """Largest epsilon rejected at level 1 - ``confidence`` by ``one_run_p_value`` (0 if none is).
 
-    The p-value is increasing in epsilon (Steinke et al. 2023, Section 5), so the bound is found by
+    The p-value is increasing in epsilon, so the bound is found by
     bisection (Brent's method) on ``p_value(eps) = alpha``.
     """
     alpha = 1.0 - _check_confidence(confidence)
@@ -241,7 +241,7 @@ class OneRunResult:
 
 
 def one_run_epsilon(scores, included, delta=0.0, confidence=0.95, guesses=None) -> OneRunResult:
-    """Lower bound on epsilon from ONE run with m canaries (Steinke, Nasr & Jagielski 2023, Algorithm 1).
+    """Lower bound on epsilon from ONE run with m canaries (Steinke, Nasr & Jagielski 2023).
 
     Args:
       scores: one score per canary (higher = more evidence it was included).
@@ -300,10 +300,10 @@ class GDPResult:
 def gdp_lower_bound(in_scores, out_scores, delta, confidence=0.95, threshold="split", split_fraction=0.5,
                     seed=0) -> GDPResult:
     """Lower bound on mu for any mu-GDP claim, and the epsilon at ``delta`` it implies (Nasr et al. 2023,
-    Section 5.1, with Clopper-Pearson intervals; Dong, Roth & Su 2019).
+    with Clopper-Pearson intervals; Dong, Roth & Su 2019).
 
-    A mu-GDP mechanism has FNR >= Phi(Phi^-1(1 - FPR) - mu) for every test (Dong et al. 2019, Definition 2.7
-    with G_mu), so ``mu >= Phi^-1(1 - FPR_ub) - Phi^-1(FNR_ub)`` (and with the roles of the two worlds
+    A mu-GDP mechanism has FNR >= G_mu(FPR) = Phi(Phi^-1(1 - FPR) - mu) for every test (Dong et al. 2019),
+    so ``mu >= Phi^-1(1 - FPR_ub) - Phi^-1(FNR_ub)`` (and with the roles of the two worlds
     swapped) with probability >= ``confidence``. This refutes a GDP claim (the Gaussian mechanism; DP-SGD
     with full batches or shuffled batches, whose accounting is an exact Gaussian composition) at a
     tradeoff point hundreds of runs can resolve, where the (epsilon, delta) bound of

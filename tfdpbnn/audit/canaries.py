@@ -1,7 +1,7 @@
 """Canaries: the examples whose influence on training an audit measures.
 
 Gradient-space (white-box) canaries, after Nasr et al. 2023 ("Tight auditing of differentially private
-machine learning", Section 3.2, "Dirac canary"): an adversary who may insert an arbitrary gradient inserts
+machine learning", the "Dirac canary"): an adversary who may insert an arbitrary gradient inserts
 one whose clipped value is ``-C e_j`` on a single coordinate ``j`` that no other example touches, and reads
 coordinate ``j`` of the model updates. ``with_gradient_canaries(model, m)`` realizes this with an ordinary
 Keras model, so the audit runs the user's ``compile``/``fit`` path unchanged: a second input
@@ -126,7 +126,7 @@ def gradient_canary_data(x, y, included):
 
 
 def sample_inclusion(num_canaries, seed) -> np.ndarray:
-    """Each canary included independently with probability 1/2 (Steinke et al. 2023, Algorithm 1)."""
+    """Each canary included independently with probability 1/2 (Steinke et al. 2023)."""
     return np.random.default_rng(seed).random(int(num_canaries)) < 0.5
 
 

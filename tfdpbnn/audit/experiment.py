@@ -24,7 +24,7 @@ METHODS = ("dpsgd", "dpadam", "dpvd", "dpsgld", "sidp-ln", "sidp-bn", "dpbbp", "
 BROKEN = {
     "sigma0": "DP-SGD run with noise_multiplier 0; claim: the epsilon of the sigma calibrated for the budget",
     "sidp-paper": "SI-DPSGD paper_mean_update=True (mu updated without noise), the released sample audited; "
-                  "claim: paper 004's, DP-SGD's epsilon for its z",
+                  "claim: the SI-DPSGD paper's (Davody et al.), DP-SGD's epsilon for its z",
     "num-examples": "declared num_examples 10x the data and Poisson sampling, but the batches are shuffled "
                     "fixed-size passes over the real data (fit's input check bypassed with an untagged "
                     "tf.data pipeline); claim: Poisson accounting for the declared q",

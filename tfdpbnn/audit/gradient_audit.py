@@ -1,6 +1,6 @@
 """``GradientCanaryAudit``: the one-run white-box audit of a model trained with ``compile``/``fit``.
 
-Steinke, Nasr & Jagielski 2023 (Algorithm 1) with Dirac gradient canaries (Nasr et al. 2023): m canaries,
+Steinke, Nasr & Jagielski 2023 with Dirac gradient canaries (Nasr et al. 2023): m canaries,
 each included with probability 1/2, are added to the training data of the user's own model and optimizer;
 after ``model.fit`` the canary coordinates are scored and ``tfdpbnn.audit.one_run_epsilon`` turns the
 correct guesses into a lower bound on epsilon. See ``docs/audit.md``.

@@ -1,6 +1,6 @@
 """Scores of gradient canaries: how strongly the observed weights say "canary j was in".
 
-Two threat models (Nasr et al. 2021, Section 3; 2023, Section 3):
+Two threat models (Nasr et al. 2021, 2023):
 
 * final model (``displacement_scores``): the auditor sees the initial and the released weights; the score is
   how far coordinate j moved in the canary's direction.
@@ -9,7 +9,7 @@ Two threat models (Nasr et al. 2021, Section 3; 2023, Section 3):
   gradient, is ``y_t = b_t + sigma z_t`` with ``b_t ~ Bernoulli(q)`` if the canary is in and ``b_t = 0`` if
   not; the Neyman-Pearson optimal statistic is the log likelihood ratio
   ``sum_t log(1 - q + q exp((y_t - 1/2) / sigma^2))`` (the subsampled Gaussian's privacy loss; Mironov,
-  Talwar & Zhang 2019, Section 3).
+  Talwar & Zhang 2019).
 """
 
 from __future__ import annotations
