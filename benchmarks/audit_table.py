@@ -137,12 +137,12 @@ def _figure(results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = plt.subplots(figsize=(9.5, 4.8))
     rows = results.get("methods", [])
     methods = sorted({r["method"] for r in rows}, key=[r["method"] for r in rows].index)
     for i, method in enumerate(methods):
         pts = [(r["claimed_epsilon"], r["lower_bound"]) for r in rows if r["method"] == method]
-        offset = 1 + 0.02 * (i - len(methods) / 2)
+        offset = 1 + 0.01 * (i - len(methods) / 2)  # small horizontal jitter so markers do not hide
         ax.plot([p[0] * offset for p in pts], [p[1] for p in pts], "o-", label=method, alpha=0.8)
     broken = results.get("broken", [])
     for name, marker in zip(sorted({r["broken"] for r in broken}), "XPD*s", strict=False):
@@ -162,7 +162,7 @@ def _figure(results, path):
     ax.set_xlabel("claimed (reported) epsilon, delta = 1e-5")
     ax.set_ylabel("audited lower bound (95% confidence)")
     ax.set_title("One-run white-box audit on DIGITS (black: broken configurations)")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
