@@ -7,6 +7,7 @@ import pytest
 from scipy import optimize, special, stats
 
 from tfdpbnn.audit import (
+    clopper_pearson_lower,
     clopper_pearson_upper,
     gdp_lower_bound,
     max_multi_run_epsilon,
@@ -27,8 +28,9 @@ def gaussian_mu(epsilon, delta=DELTA):
 
 def test_clopper_pearson_matches_scipy_and_closed_form():
     for k, n in [(0, 10), (3, 10), (17, 200), (199, 200)]:
-        high = stats.binomtest(k, n).proportion_ci(confidence_level=0.9, method="exact").high
-        np.testing.assert_allclose(clopper_pearson_upper(k, n, 0.05), high, rtol=1e-6)
+        ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.9, method="exact")
+        np.testing.assert_allclose(clopper_pearson_upper(k, n, 0.05), ci.high, rtol=1e-6)
+        np.testing.assert_allclose(clopper_pearson_lower(k, n, 0.05), ci.low, rtol=1e-6, atol=1e-12)
     # zero successes: P[Bin(n, p) = 0] = (1 - p)^n = alpha
     np.testing.assert_allclose(clopper_pearson_upper(0, 500, 0.025), 1 - 0.025 ** (1 / 500), rtol=1e-9)
     assert clopper_pearson_upper(7, 7, 0.05) == 1.0
