@@ -11,7 +11,8 @@ import importlib
 import sys
 
 # Subcommand modules, in the order `tfdpbnn --help` lists them.
-COMMAND_MODULES = ("tfdpbnn.commands.privacy", "tfdpbnn.commands.reproduce", "tfdpbnn.commands.train")
+COMMAND_MODULES = ("tfdpbnn.commands.privacy", "tfdpbnn.commands.reproduce", "tfdpbnn.commands.train",
+                   "tfdpbnn.commands.audit")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,204 @@
+"""Audit tables and figure of docs/audit.md: auditor validation, every method, every broken configuration.
+
+    python benchmarks/audit_table.py                      # everything (about 25 minutes on 2 CPU cores)
+    python benchmarks/audit_table.py --sections methods   # one section; results merge into the JSON
+    python benchmarks/audit_table.py --render-only        # tables + figure from the saved JSON
+
+Writes docs/audit_results.json (every number), docs/audit_tables.md (the tables) and docs/audit.png
+(lower bound against reported epsilon for every method and broken configuration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+EPSILONS_VALIDATION = (1.0, 2.0, 4.0, 8.0)
+EPSILONS_METHODS = (1.0, 4.0, 8.0)
+CLAIMS_BROKEN = (1.0, 4.0)
+SECTIONS = ("gaussian", "dpsgd", "methods", "broken")
+
+
+def _save(path, results):
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+def run_sections(args, results):
+    from tfdpbnn.audit import experiment
+
+    if "gaussian" in args.sections:
+        counts = sorted({args.runs, 200_000} | {r["runs"] for r in results.get("dpsgd", [])})
+        results["gaussian"] = [experiment.validate_gaussian(e, num_runs=runs, seed=0)
+                               for runs in counts for e in EPSILONS_VALIDATION]
+        _save(args.json, results)
+    if "dpsgd" in args.sections:  # rows of other run counts are kept: the table shows each count
+        rows = [r for r in results.get("dpsgd", [])
+                if r["runs"] != args.runs or r["epsilon"] not in args.validation_epsilons]
+        for e in args.validation_epsilons:
+            rows.append(experiment.validate_dpsgd(e, num_runs=args.runs, steps=args.steps, seed=0))
+            print("dpsgd", rows[-1], flush=True)
+            results["dpsgd"] = rows
+            _save(args.json, results)
+    if "methods" in args.sections:
+        rows = []
+        for method in experiment.METHODS:
+            for e in EPSILONS_METHODS:
+                rows.append(experiment.audit_method(method, e, num_canaries=args.canaries,
+                                                    epochs=args.epochs))
+                print("method", rows[-1], flush=True)
+                results["methods"] = rows
+                _save(args.json, results)
+    if "broken" in args.sections:
+        rows = []
+        for broken in experiment.BROKEN:
+            for e in CLAIMS_BROKEN:
+                rows.append(experiment.audit_method(None, e, num_canaries=args.broken_canaries,
+                                                    epochs=args.epochs, broken=broken))
+                print("broken", rows[-1], flush=True)
+                results["broken"] = rows
+                _save(args.json, results)
+
+
+def _f(x, digits=3):
+    return "-" if x is None else f"{x:.{digits}g}"
+
+
+def render(results, md_path, figure_path, doc_path="docs/audit.md"):
+    from tfdpbnn.audit.experiment import BROKEN
+
+    sections = {}
+    lines = []
+    if "gaussian" in results or "dpsgd" in results:
+        lines += ["### Auditor validation: mechanisms with a known epsilon (delta 1e-5, 95% confidence)", "",
+                  "| mechanism | runs | epsilon | (eps, delta) bound | ratio | GDP bound: mu_lb / mu | "
+                  "GDP bound: epsilon | ratio |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in results.get("gaussian", []):
+            lines.append(f"| Gaussian (numpy) | {r['runs']} | {r['epsilon']:g} | {_f(r['epsilon_lb'])} | "
+                         f"{r['epsilon_lb'] / r['epsilon']:.2f} | {r['gdp_mu_lb'] / r['mu']:.2f} | "
+                         f"{_f(r['gdp_epsilon_lb'])} | {r['gdp_epsilon_lb'] / r['epsilon']:.2f} |")
+        for r in sorted(results.get("dpsgd", []), key=lambda r: (r["runs"], r["epsilon"])):
+            lines.append(f"| DP-SGD full batch, compile/fit ({r['steps']} steps, {r['seconds']:.0f} s) | "
+                         f"{r['runs']} | {_f(r['reported_epsilon'])} | {_f(r['epsilon_lb'])} | "
+                         f"{r['epsilon_lb'] / r['reported_epsilon']:.2f} | {r['gdp_mu_lb'] / r['mu']:.2f} | "
+                         f"{_f(r['gdp_epsilon_lb'])} | {r['gdp_epsilon_lb'] / r['reported_epsilon']:.2f} |")
+        sections["validation"], lines = lines, []
+    if "methods" in results:
+        lines += ["### One-run audit of every method (DIGITS, delta = 1e-5, 95% confidence)", "",
+                  "| method | budget | reported epsilon (rdp) | white-box lower bound | score | guesses "
+                  "correct | black-box lower bound | black-box AUC | s |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in results["methods"]:
+            flag = " **VIOLATION**" if r["caught"] else ""
+            lines.append(f"| {r['method']} | {r['budget']:g} | {_f(r['claimed_epsilon'], 4)} | "
+                         f"{_f(r['lower_bound'])}{flag} | {r['score']} | {r['correct']}/{r['guesses']} | "
+                         f"{_f(r.get('blackbox_lower_bound'))} | {_f(r.get('blackbox_auc'))} | "
+                         f"{r['seconds']:.0f} |")
+        sections["methods"], lines = lines, []
+    if "broken" in results:
+        lines += ["### Broken configurations (one run each; caught = lower bound above the claim)", "",
+                  "| configuration | claimed epsilon | how the claim is computed | library's epsilon | "
+                  "lower bound | caught | s |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in results["broken"]:
+            lines.append(f"| {r['broken']} | {_f(r['claimed_epsilon'], 4)} | {r['claim_source']} | "
+                         f"{_f(r['library_epsilon'], 4) if r['library_epsilon'] is not None else 'inf'} | "
+                         f"{_f(r['lower_bound'])} | {'yes' if r['caught'] else 'NO'} | {r['seconds']:.0f} |")
+        lines += ["", "Configurations: " + "; ".join(f"`{k}`: {v}" for k, v in BROKEN.items()) + "."]
+        sections["broken"], lines = lines, []
+    meta = results.get("meta", {})
+    footer = [f"_Machine: {meta['machine']}; total wall time {meta['seconds']:.0f} s; command "
+              f"`{meta['command']}`._"] if meta else []
+    with open(md_path, "w") as f:
+        f.write("\n\n".join(["<!-- generated by benchmarks/audit_table.py; do not edit -->"]
+                            + ["\n".join(v) for v in sections.values()] + footer) + "\n")
+    if os.path.exists(doc_path):  # docs/audit.md: replace each marked table with the new one
+        with open(doc_path) as f:
+            text = f.read()
+        for name, body in sections.items():
+            start, end = f"<!-- audit-table:{name} -->", f"<!-- /audit-table:{name} -->"
+            if start in text and end in text:
+                head, rest = text.split(start, 1)
+                text = head + start + "\n" + "\n".join(body) + "\n" + end + rest.split(end, 1)[1]
+        with open(doc_path, "w") as f:
+            f.write(text)
+    if "methods" in results or "broken" in results:
+        _figure(results, figure_path)
+
+
+def _figure(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9.5, 4.8))
+    rows = results.get("methods", [])
+    methods = sorted({r["method"] for r in rows}, key=[r["method"] for r in rows].index)
+    for i, method in enumerate(methods):
+        pts = [(r["claimed_epsilon"], r["lower_bound"]) for r in rows if r["method"] == method]
+        offset = 1 + 0.01 * (i - len(methods) / 2)  # small horizontal jitter so markers do not hide
+        ax.plot([p[0] * offset for p in pts], [p[1] for p in pts], "o-", label=method, alpha=0.8)
+    broken = results.get("broken", [])
+    for name, marker in zip(sorted({r["broken"] for r in broken}), "XPD*s", strict=False):
+        pts = [(r["claimed_epsilon"], r["lower_bound"]) for r in broken if r["broken"] == name]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, color="black", markersize=8, ls="none",
+                label=f"BROKEN: {name}")
+    if broken:
+        from tfdpbnn.audit import one_run_epsilon_from_counts
+
+        m = max(r["num_canaries"] for r in broken)
+        cap = one_run_epsilon_from_counts(m, m, m, broken[0]["delta"], 1 - 0.05 / 12)
+        ax.axhline(cap, color="grey", ls=":", lw=1, label=f"one-run ceiling (m = {m}, all guesses right)")
+    lim = 9
+    ax.plot([0, lim], [0, lim], "k--", lw=1, label="lower bound = claimed epsilon")
+    ax.set_xlim(0, lim)
+    ax.set_ylim(0, lim)
+    ax.set_xlabel("claimed (reported) epsilon, delta = 1e-5")
+    ax.set_ylabel("audited lower bound (95% confidence)")
+    ax.set_title("One-run white-box audit on DIGITS (black: broken configurations)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    p.add_argument("--runs", type=int, default=2000, help="multi-run audits: runs per epsilon")
+    p.add_argument("--validation-epsilons", type=float, nargs="+", default=list(EPSILONS_VALIDATION),
+                   help="multi-run DP-SGD: the epsilons to validate at")
+    p.add_argument("--steps", type=int, default=4, help="multi-run DP-SGD: steps per run")
+    p.add_argument("--canaries", type=int, default=1000, help="one-run audits: gradient canaries")
+    p.add_argument("--broken-canaries", type=int, default=2000,
+                   help="one-run audits of broken configurations: gradient canaries")
+    p.add_argument("--epochs", type=int, default=10, help="one-run audits: epochs (q = 0.2: 5 steps each)")
+    p.add_argument("--json", default="docs/audit_results.json")
+    p.add_argument("--md", default="docs/audit_tables.md")
+    p.add_argument("--figure", default="docs/audit.png")
+    p.add_argument("--doc", default="docs/audit.md", help="page whose marked tables are replaced")
+    p.add_argument("--render-only", action="store_true")
+    args = p.parse_args()
+    results = {}
+    if os.path.exists(args.json):
+        with open(args.json) as f:
+            results = json.load(f)
+    if not args.render_only:
+        start = time.perf_counter()
+        run_sections(args, results)
+        seconds = time.perf_counter() - start
+        previous = results.get("meta", {}).get("seconds", 0.0) if set(args.sections) != set(SECTIONS) else 0.0
+        results["meta"] = {"machine": f"{platform.machine()}, {os.cpu_count()} CPU cores (shared), no GPU",
+                           "seconds": previous + seconds,
+                           "command": "python benchmarks/audit_table.py"}
+        _save(args.json, results)
+    render(results, args.md, args.figure, args.doc)
+
+
+if __name__ == "__main__":
+    main()
