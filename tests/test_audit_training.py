@@ -31,8 +31,9 @@ def _one_run(noise_multiplier, num_canaries=200, epochs=3, seed=0):
     opt = tfdpbnn.DPSGDOptimizer(1.0, noise_multiplier, num_examples=n, batch_size=batch, sampling="poisson",
                                  learning_rate=0.5, delta=1e-5)
     model.compile(optimizer=opt, loss=audit.losses(LOSS))
+    # A debug seed keeps the test deterministic; the audit is compared with the amplified epsilon below.
     data = tfdpbnn.data.poisson_batches(inputs, targets, sample_rate=opt.sample_rate, sample_weight=weights,
-                                        seed=seed)
+                                        seed=seed, debug_fixed_seed=True)
     model.fit(data, epochs=epochs, callbacks=[audit.recorder], verbose=0)
     return audit, model, opt
 
@@ -57,7 +58,8 @@ def test_correct_dp_sgd_run_not_flagged():
     audit, model, opt = _one_run(1.0)
     result, score = audit.result(model, opt, delta=1e-5)
     assert score == "likelihood_ratio"
-    assert result.epsilon <= opt.epsilon()
+    amplified = tfdpbnn.privacy.compute_epsilon(1.0, opt.sample_rate, opt.steps, 1e-5, sampling="poisson")
+    assert result.epsilon <= amplified <= opt.epsilon()
 
 
 def test_multi_run_full_batch_scores_have_the_designed_mean():
