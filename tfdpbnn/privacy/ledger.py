@@ -80,7 +80,7 @@ class Phase:
     def released(self) -> bool:
         """Whether the phase released anything (a step was taken)."""
         if self.kind == "participations":
-            return self.participations > 0
+            return (self.participations or 0) > 0
         return self.steps > 0
 
     def event(self) -> dp_accounting.DpEvent:
@@ -92,9 +92,9 @@ class Phase:
         gaussian = dp_accounting.GaussianDpEvent(self.noise_multiplier / SENSITIVITY[self.neighboring])
         if self.kind == "poisson":
             return dp_accounting.SelfComposedDpEvent(
-                dp_accounting.PoissonSampledDpEvent(float(self.sample_rate), gaussian), int(self.steps))
+                dp_accounting.PoissonSampledDpEvent(float(self.sample_rate or 0.0), gaussian), int(self.steps))
         if self.kind == "participations":
-            return dp_accounting.SelfComposedDpEvent(gaussian, int(self.participations))
+            return dp_accounting.SelfComposedDpEvent(gaussian, int(self.participations or 0))
         return gaussian
 
     def to_config(self) -> dict:
@@ -174,7 +174,7 @@ class PrivacyLedger:
                 return None
             if phase.noise_multiplier == 0:
                 return math.inf
-            count = phase.participations if phase.kind == "participations" else 1
+            count = (phase.participations or 0) if phase.kind == "participations" else 1
             sigma = phase.noise_multiplier / SENSITIVITY[phase.neighboring]
             total += count / sigma ** 2
         return math.sqrt(total)
