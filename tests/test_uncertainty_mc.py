@@ -31,7 +31,8 @@ def _classifier(stochastic=False):
 
 def test_mutual_information_is_zero_for_a_deterministic_model():
     model = _classifier()
-    res = mc_predict(model, X, num_samples=4, batch_size=4)
+    with pytest.warns(UserWarning, match="no tfdpbnn stochastic layer"):
+        res = mc_predict(model, X, num_samples=4, batch_size=4)
     np.testing.assert_allclose(res.mean, model(X).numpy(), rtol=1e-6)
     np.testing.assert_array_equal(res.mutual_information, np.zeros(9))
     np.testing.assert_allclose(res.predictive_entropy, res.expected_entropy, atol=1e-12)
@@ -125,9 +126,21 @@ def test_bad_arguments(kwargs, match):
         mc_predict(_classifier(), X, **kwargs)
 
 
-def test_outputs_that_are_not_distributions_are_rejected():
-    logits_model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
-    with pytest.raises(ValueError, match="from_logits"):
-        mc_predict(logits_model, X, num_samples=2)
-    res = mc_predict(logits_model, X, num_samples=2, from_logits=True)
-    np.testing.assert_allclose(res.mean, tf.nn.softmax(logits_model(X)).numpy(), rtol=1e-5)
+def test_logits_are_read_from_the_output_layer_or_refused():
+    logits_model = tf.keras.Sequential([tf.keras.Input((4,)), MCDropout(0.0), tf.keras.layers.Dense(3)])
+    expected = tf.nn.softmax(logits_model(X)).numpy()
+    # linear output layer: logits, softmax applied (the default from_logits=None reads the activation)
+    np.testing.assert_allclose(mc_predict(logits_model, X, num_samples=2).mean, expected, rtol=1e-5)
+    np.testing.assert_allclose(mc_predict(logits_model, X, num_samples=2, from_logits=True).mean, expected,
+                               rtol=1e-5)
+    with pytest.raises(ValueError, match="from_logits=False contradicts"):
+        mc_predict(logits_model, X, num_samples=2, from_logits=False)
+    with pytest.raises(ValueError, match="from_logits=True contradicts"):
+        mc_predict(_classifier(stochastic=True), X, num_samples=2, from_logits=True)
+    # an activation that says neither: the caller must say; a wrong "probabilities" claim fails in the graph
+    relu_model = tf.keras.Sequential([tf.keras.Input((4,)), MCDropout(0.1),
+                                      tf.keras.layers.Dense(3, activation="relu")])
+    with pytest.raises(ValueError, match="cannot tell"):
+        mc_predict(relu_model, X, num_samples=2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="probability vectors"):
+        mc_predict(relu_model, X + 3.0, num_samples=2, from_logits=False)

@@ -8,8 +8,9 @@ import os
 import tensorflow as tf
 
 from tfdpbnn.layers import _checks
-from tfdpbnn.layers.sampling import mc_sampling
+from tfdpbnn.layers.sampling import sample_in_trace
 from tfdpbnn.uncertainty.mc import check_task, monte_carlo_summaries
+from tfdpbnn.uncertainty.outputs import resolve_from_logits
 
 
 def _input_spec(model, input_signature):
@@ -41,7 +42,7 @@ def _privacy_dict(model, privacy):
         raise ValueError(f"privacy must be JSON-serializable: {err}") from err
 
 
-def export_saved_model(model, path, num_samples=30, privacy=None, task="classification", from_logits=False,
+def export_saved_model(model, path, num_samples=30, privacy=None, task="classification", from_logits=None,
                        input_signature=None):
     """Write ``model`` as a SavedModel at ``path`` with two signatures, reloadable by Keras and TF Serving.
 
@@ -52,6 +53,11 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
       classification: mean, predictive_entropy, mutual_information, expected_entropy; regression: mean,
       epistemic_variance, aleatoric_variance, variance (float64).
 
+    ``from_logits`` (classification): True if the model outputs logits (the signature applies softmax),
+    False for probability vectors (the signature asserts it), None to read it from the output layer's
+    activation (softmax or linear; anything else raises ``ValueError``). The resolved value is written to
+    ``mc_predict.json``.
+
     ``num_samples`` (integer >= 1) is the recommended default, written with the task to
     ``<path>/assets/mc_predict.json``. The optimizer is not saved (``include_optimizer=False``).
     If ``privacy`` (a dict) is given, or else ``model.optimizer.privacy_statement()`` exists, that dict is
@@ -59,6 +65,7 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
     """
     num_samples = _checks.positive_int("num_samples", num_samples)
     check_task(task)
+    from_logits = resolve_from_logits(model, from_logits) if task == "classification" else False
     spec = _input_spec(model, input_signature)
     privacy_json = _privacy_dict(model, privacy)
 
@@ -70,7 +77,7 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
         return monte_carlo_summaries(model, x, n, task, from_logits)
 
     mc_fn = tf.function(mc, input_signature=[spec, tf.TensorSpec([], tf.int32, name="num_samples")])
-    with mc_sampling():  # trace here: the traced graph samples whenever it is called
+    with sample_in_trace():  # trace here: the traced graph samples whenever it is called
         mc_concrete = mc_fn.get_concrete_function()
     det_concrete = serving_default.get_concrete_function()
     tf.keras.models.save_model(model, path, save_format="tf", include_optimizer=False,
