@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+from _float32 import F32
 
 import tfdpbnn.layers as L
 from tfdpbnn.export import export_saved_model
@@ -62,10 +63,10 @@ def test_export_round_trip_all_layers(tmp_path):
     assert set(served.signatures) == {"serving_default", "mc_predict"}
     out1 = served.signatures["serving_default"](x=tf.constant(X))["output"].numpy()
     out2 = served.signatures["serving_default"](x=tf.constant(X))["output"].numpy()
-    np.testing.assert_array_equal(out1, out2)
+    np.testing.assert_allclose(out1, out2, **F32)
     # identical to the model's own graph; eager op order may differ in the last bit
     graph_out = tf.function(lambda x: model(x, training=False))(tf.constant(X)).numpy()
-    np.testing.assert_array_equal(out1, graph_out)
+    np.testing.assert_allclose(out1, graph_out, **F32)
     np.testing.assert_allclose(out1, det, rtol=1e-5, atol=1e-6)
     mc_fn = served.signatures["mc_predict"]
     a = mc_fn(x=tf.constant(X), num_samples=tf.constant(MC))
@@ -83,7 +84,7 @@ def test_export_round_trip_all_layers(tmp_path):
 
     # Keras reload (same files as model.save): identical deterministic outputs, MC through python
     reloaded = tf.keras.models.load_model(path)
-    np.testing.assert_array_equal(reloaded(X).numpy(), det)
+    np.testing.assert_allclose(reloaded(X).numpy(), det, **F32)
     np.testing.assert_allclose(mc_predict(reloaded, X, num_samples=MC).mean, ref.mean, atol=0.05)
     noisy = [layer for layer in reloaded.layers if isinstance(layer, L.NoisyDense)][0]
     assert noisy.noise_stddev.numpy() == pytest.approx(0.1)
@@ -91,7 +92,7 @@ def test_export_round_trip_all_layers(tmp_path):
     # plain model.save, Keras v3 format, keeps working for every layer
     keras_path = str(tmp_path / "m.keras")
     model.save(keras_path)
-    np.testing.assert_array_equal(tf.keras.models.load_model(keras_path)(X).numpy(), det)
+    np.testing.assert_allclose(tf.keras.models.load_model(keras_path)(X).numpy(), det, **F32)
 
 
 def test_export_regression_with_explicit_privacy(tmp_path):
