@@ -74,10 +74,12 @@ def test_export_round_trip_all_layers(tmp_path):
     assert set(a) == {"mean", "predictive_entropy", "mutual_information", "expected_entropy"}
     assert not np.allclose(a["mean"].numpy(), b["mean"].numpy())  # sampling is on in the signature
     # matching moments: independent MC estimates of the same predictive mean; tolerance 0.05 (each entry's
-    # std over samples is below 0.3 here, so the difference of two 300-sample means has s.e. below 0.025)
+    # std over samples is below 0.3 here, so the difference of two 300-sample means has s.e. below 0.025).
+    # Entropies vary more per sample (up to log 3 = 1.1; std below 0.6, s.e. of the difference below 0.05):
+    # tolerance 0.15 (3 s.e.). The draw order inside the graph while_loop is not fixed, so no seed pins it.
     np.testing.assert_allclose(a["mean"].numpy(), ref.mean, atol=0.05)
-    np.testing.assert_allclose(a["expected_entropy"].numpy(), ref.expected_entropy, atol=0.05)
-    np.testing.assert_allclose(a["mutual_information"].numpy(), ref.mutual_information, atol=0.05)
+    np.testing.assert_allclose(a["expected_entropy"].numpy(), ref.expected_entropy, atol=0.15)
+    np.testing.assert_allclose(a["mutual_information"].numpy(), ref.mutual_information, atol=0.15)
     assert np.all(a["mutual_information"].numpy() > 0)
     with pytest.raises(tf.errors.InvalidArgumentError, match="num_samples"):
         mc_fn(x=tf.constant(X), num_samples=tf.constant(0))
@@ -130,3 +132,20 @@ def test_export_bad_arguments(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         export_saved_model(model, str(tmp_path / "bad"), **kwargs)
     assert not os.path.exists(tmp_path / "bad")
+
+
+def test_export_of_a_logits_model_serves_finite_entropies(tmp_path):
+    tf.random.set_seed(2)
+    model = tf.keras.Sequential([tf.keras.Input((6, 6, 1)), tf.keras.layers.Flatten(), L.MCDropout(0.3),
+                                 tf.keras.layers.Dense(3)])  # linear output: logits
+    path = export_saved_model(model, str(tmp_path / "logits"))  # from_logits read from the activation
+    with open(os.path.join(path, "assets", "mc_predict.json")) as fh:
+        assert json.load(fh)["from_logits"] is True
+    out = tf.saved_model.load(path).signatures["mc_predict"](x=tf.constant(X), num_samples=tf.constant(MC))
+    for key in ("predictive_entropy", "mutual_information", "expected_entropy"):
+        assert np.all(np.isfinite(out[key].numpy())) and np.all(out[key].numpy() >= 0)
+    np.testing.assert_allclose(out["mean"].numpy().sum(-1), 1.0, atol=1e-6)
+    ref = mc_predict(model, X, num_samples=MC)
+    np.testing.assert_allclose(out["mean"].numpy(), ref.mean, atol=0.05)  # as in the round-trip test
+    with pytest.raises(ValueError, match="from_logits=False contradicts"):
+        export_saved_model(model, str(tmp_path / "bad"), from_logits=False)

@@ -130,3 +130,25 @@ def test_noisy_bad_noise_std():
         layer.set_noise_stddev(-1.0)
     layer.set_noise_stddev(0.7)
     assert layer.noise_stddev.numpy() == pytest.approx(0.7)
+
+
+def test_mc_sampling_ends_with_its_block():
+    model = tf.keras.Sequential([tf.keras.Input((3,)), MCDropout(0.5), tf.keras.layers.Dense(4)])
+    x = np.ones((6, 3), "float32")
+    sample = tf.function(lambda t: model(t, training=False))
+    with mc_sampling():
+        inside = model.predict(x, verbose=0)  # Keras traces and caches its predict function here
+        assert not np.allclose(inside, model.predict(x, verbose=0))
+        assert not np.allclose(sample(x), sample(x))
+    np.testing.assert_allclose(model.predict(x, verbose=0), model(x).numpy(), **F32)  # deterministic again
+    np.testing.assert_allclose(sample(x), model(x).numpy(), **F32)
+    with mc_sampling():  # the same traced function samples again inside a new block
+        assert not np.allclose(sample(x), sample(x))
+
+
+def test_heteroscedastic_head_is_a_layer():
+    import tfdpbnn.layers
+    import tfdpbnn.uncertainty
+
+    assert tfdpbnn.layers.HeteroscedasticHead is tfdpbnn.uncertainty.HeteroscedasticHead
+    assert issubclass(tfdpbnn.layers.HeteroscedasticHead, tf.keras.layers.Layer)

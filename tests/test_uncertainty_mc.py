@@ -145,3 +145,27 @@ def test_logits_are_read_from_the_output_layer_or_refused():
         mc_predict(relu_model, X, num_samples=2)
     with pytest.raises(tf.errors.InvalidArgumentError, match="probability vectors"):
         mc_predict(relu_model, X + 3.0, num_samples=2, from_logits=False)
+
+
+def test_keras_dropout_alone_warns_that_mi_is_zero():
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(8), tf.keras.layers.Dropout(0.5),
+                                 tf.keras.layers.Dense(3, activation="softmax")])
+    with pytest.warns(UserWarning, match=r"\['Dropout'\] are the identity at inference.*MCDropout"):
+        res = mc_predict(model, X, num_samples=5)
+    np.testing.assert_allclose(res.mutual_information, 0.0, atol=1e-12)  # what the warning explains
+
+
+def test_dataset_input_matches_array_input():
+    tf.random.set_seed(0)
+    model = _classifier(stochastic=True)
+    labels = np.arange(9) % 3
+    ds = tf.data.Dataset.from_tensor_slices((X, labels)).batch(4)  # (x, y) as for model.fit
+    snaps = [model.get_weights()] * 2
+    np.testing.assert_allclose(mc_predict(model, ds, weight_snapshots=snaps).mean,
+                               mc_predict(model, X, weight_snapshots=snaps).mean, **F32)
+    res = mc_predict(model, tf.data.Dataset.from_tensor_slices(X).batch(5), num_samples=400)
+    assert res.mean.shape == (9, 3)
+    # independent 400-sample estimates of the same predictive mean (entries in [0, 1]): within 0.1
+    np.testing.assert_allclose(res.mean, mc_predict(model, X, num_samples=400).mean, atol=0.1)
+    with pytest.raises(ValueError, match="infinite"):
+        mc_predict(model, ds.repeat(), num_samples=2)

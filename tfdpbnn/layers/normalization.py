@@ -79,6 +79,20 @@ class _PublicBatchStore:
             self.public_batch.assign(arr)
         self._public_batch_assigned = True
 
+    def _public_batch_config(self):
+        """The public batch as nested lists for ``get_config`` (None if not assigned yet).
+
+        The public batch is part of the layer's definition, like its arguments, not a learned weight: keeping
+        it in the config lets ``from_config`` and ``tf.keras.models.clone_model`` (which re-initializes all
+        weights) rebuild a layer that normalizes exactly as the original. Its size is num_public times the
+        input size, so keep public batches small.
+        """
+        if not self._public_batch_assigned:
+            return None
+        if getattr(self, "public_batch", None) is not None:
+            return tf.keras.backend.get_value(self.public_batch).tolist()
+        return None if self._pending is None else self._pending.tolist()
+
     def _require_assigned(self):
         if not self._public_batch_assigned:
             raise ValueError(f"public_batch: layer {self.name!r} has no public batch yet; pass public_batch= "
@@ -174,11 +188,12 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         ser = tf.keras.initializers.serialize
+        if not self.carried:
+            config["public_batch"] = self._public_batch_config()
         config.update({"num_public": self.num_public, "carried": self.carried, "axis": self.axis,
                        "epsilon": self.epsilon, "center": self.center, "scale": self.scale,
                        "beta_initializer": ser(self.beta_initializer),
-                       "gamma_initializer": ser(self.gamma_initializer),
-                       "public_batch_assigned": self._public_batch_assigned})
+                       "gamma_initializer": ser(self.gamma_initializer)})
         return config
 
 
@@ -208,7 +223,7 @@ class AppendPublicBatch(_PublicBatchStore, tf.keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"num_public": self.num_public, "public_batch_assigned": self._public_batch_assigned})
+        config.update({"num_public": self.num_public, "public_batch": self._public_batch_config()})
         return config
 
 
