@@ -1,6 +1,7 @@
 """SavedModel export: serving_default and mc_predict signatures, Keras reload, privacy.json hook."""
 
 import json
+import math
 import os
 
 import numpy as np
@@ -149,3 +150,22 @@ def test_export_of_a_logits_model_serves_finite_entropies(tmp_path):
     np.testing.assert_allclose(out["mean"].numpy(), ref.mean, atol=0.05)  # as in the round-trip test
     with pytest.raises(ValueError, match="from_logits=False contradicts"):
         export_saved_model(model, str(tmp_path / "bad"), from_logits=False)
+
+
+def _no_constants(token):
+    raise ValueError(f"not strict JSON: {token}")
+
+
+def test_privacy_json_is_strict_json_at_noise_zero(tmp_path):
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2, activation="softmax")])
+    statement = {"epsilon": float("inf"), "delta": 1e-5, "noise_multiplier": 0.0,
+                 "epsilon_by_accountant": {"rdp": math.inf, "pld": math.inf}, "curve": [1.0, math.inf]}
+    path = export_saved_model(model, str(tmp_path / "m"), privacy=statement)
+    with open(os.path.join(path, "assets", "privacy.json")) as fh:
+        loaded = json.loads(fh.read(), parse_constant=_no_constants)  # Infinity / NaN would raise
+    assert loaded["epsilon"] is None and loaded["epsilon_is_infinite"] is True
+    assert loaded["epsilon_by_accountant"] == {"rdp": None, "rdp_is_infinite": True,
+                                               "pld": None, "pld_is_infinite": True}
+    assert loaded["curve"] == [1.0, "inf"] and loaded["delta"] == pytest.approx(1e-5)
+    with pytest.raises(ValueError, match="NaN"):
+        export_saved_model(model, str(tmp_path / "nan"), privacy={"epsilon": float("nan")})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import tensorflow as tf
@@ -27,6 +28,30 @@ def _input_spec(model, input_signature):
     return tf.TensorSpec(inputs[0].shape, inputs[0].dtype, name="x")
 
 
+def strict_json_value(value, name="privacy"):
+    """``value`` with every infinite float made strict JSON (RFC 8259 has no Infinity or NaN).
+
+    In a dict, ``key: inf`` becomes ``key: null`` plus ``key_is_infinite: true`` (e.g. epsilon at noise 0:
+    no privacy); ``-inf`` also sets ``key_is_infinite: "negative"``; in a list an infinity becomes the string
+    "inf" / "-inf". NaN is refused with ``ValueError`` (a NaN guarantee is a bug, not a value).
+    """
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if isinstance(item, float) and math.isinf(item):
+                out[key] = None
+                out[f"{key}_is_infinite"] = True if item > 0 else "negative"
+            else:
+                out[key] = strict_json_value(item, f"{name}[{key!r}]")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [("inf" if v > 0 else "-inf") if isinstance(v, float) and math.isinf(v)
+                else strict_json_value(v, f"{name}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, float) and math.isnan(value):
+        raise ValueError(f"{name} is NaN, which is not JSON and not a privacy guarantee")
+    return value
+
+
 def _privacy_dict(model, privacy):
     if privacy is None:
         statement = getattr(getattr(model, "optimizer", None), "privacy_statement", None)
@@ -37,7 +62,7 @@ def _privacy_dict(model, privacy):
     if not isinstance(privacy, dict):
         raise ValueError(f"privacy must be a dict (JSON-serializable) or None, got {type(privacy).__name__}")
     try:
-        return json.dumps(privacy, indent=2, sort_keys=True)
+        return json.dumps(strict_json_value(privacy), indent=2, sort_keys=True, allow_nan=False)
     except TypeError as err:
         raise ValueError(f"privacy must be JSON-serializable: {err}") from err
 
@@ -61,7 +86,8 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
     ``num_samples`` (integer >= 1) is the recommended default, written with the task to
     ``<path>/assets/mc_predict.json``. The optimizer is not saved (``include_optimizer=False``).
     If ``privacy`` (a dict) is given, or else ``model.optimizer.privacy_statement()`` exists, that dict is
-    written as JSON to ``<path>/assets/privacy.json``. Returns ``path``.
+    written as strict JSON to ``<path>/assets/privacy.json`` (an infinite epsilon, e.g. at noise 0, is
+    written as ``"epsilon": null, "epsilon_is_infinite": true``; see ``strict_json_value``). Returns ``path``.
     """
     num_samples = _checks.positive_int("num_samples", num_samples)
     check_task(task)

@@ -125,7 +125,8 @@ def train(args) -> dict:
                                              num_samples=recipe.mc_samples, privacy=statement,
                                              from_logits=True)
     title = f"{args.method} on {args.dataset}, epsilon {statement['epsilon']:.3g}"
-    diagram = reliability_diagram(probs, y_test, os.path.join(out, "reliability.png"), title=title)
+    diagram = os.path.join(out, "reliability.png")
+    reliability_diagram(probs, y_test, diagram, title=title)  # returns the Figure; saved at `diagram`
     summary = {
         "method": args.method, "dataset": args.dataset, "target_epsilon": args.epsilon, "delta": args.delta,
         "test_accuracy": accuracy, "ece": ece, "epsilon": statement["epsilon"],

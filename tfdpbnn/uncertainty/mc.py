@@ -188,7 +188,8 @@ def mc_predict(model, x, num_samples=None, batch_size=256, task="classification"
 
     results = []
     if weight_snapshots is None:
-        _warn_if_not_stochastic(model)
+        if num_samples > 1:
+            _warn_if_not_stochastic(model)
         run = tf.function(lambda xb, s: monte_carlo_summaries(model, xb, s, task, from_logits),
                           reduce_retracing=True)
         with mc_sampling():  # traced inside the context: the stochastic layers sample
