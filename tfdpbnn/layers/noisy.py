@@ -126,12 +126,14 @@ class NoisyConv2D(_NoisyMixin, tf.keras.layers.Layer):
 
     def __init__(self, filters, kernel_size, strides=1, padding="valid", noise_stddev=0.0,
                  inference_noise=False, activation=None, use_bias=True, kernel_initializer="glorot_uniform",
-                 bias_initializer="zeros", **kwargs):
+                 bias_initializer="zeros", data_format=None, dilation_rate=1, **kwargs):
         super().__init__(**kwargs)
         self.filters = _checks.positive_int("filters", filters)
         self.kernel_size = _checks.pair("kernel_size", kernel_size)
         self.strides = _checks.pair("strides", strides)
         self.padding = _checks.padding(padding)
+        self.data_format = _checks.channels_last(data_format)
+        self.dilation_rate = _checks.unit_dilation(dilation_rate)
         self._init_noise(noise_stddev, inference_noise, activation, use_bias, kernel_initializer,
                          bias_initializer)
 
@@ -156,5 +158,6 @@ class NoisyConv2D(_NoisyMixin, tf.keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update({"filters": self.filters, "kernel_size": self.kernel_size, "strides": self.strides,
-                       "padding": self.padding, **self._noise_config()})
+                       "padding": self.padding, "data_format": self.data_format,
+                       "dilation_rate": self.dilation_rate, **self._noise_config()})
         return config

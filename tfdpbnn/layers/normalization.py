@@ -116,8 +116,20 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
     """
 
     def __init__(self, public_batch=None, num_public=None, carried=False, axis=-1, epsilon=1e-3, center=True,
-                 scale=True, beta_initializer="zeros", gamma_initializer="ones", public_batch_assigned=False,
-                 **kwargs):
+                 scale=True, beta_initializer="zeros", gamma_initializer="ones", beta_regularizer=None,
+                 gamma_regularizer=None, beta_constraint=None, gamma_constraint=None,
+                 public_batch_assigned=False, **kwargs):
+        no_averages = ("this layer keeps no moving averages: training and inference both normalize with the "
+                       "public batch's statistics, so no private example's output depends on another's")
+        _checks.refuse(kwargs, {
+            "momentum": no_averages, "moving_mean_initializer": no_averages,
+            "moving_variance_initializer": no_averages,
+            "renorm": "batch renormalization uses private batch statistics", "renorm_clipping": no_averages,
+            "renorm_momentum": no_averages,
+            "virtual_batch_size": "statistics come from the public batch, not from (virtual) private batches",
+            "adjustment": "statistics come from the public batch only",
+            "synchronized": "the public batch is the same on every replica: nothing to synchronize",
+            "fused": "the normalization is computed from the public batch in plain ops"})
         super().__init__(**kwargs)
         self.carried = bool(carried)
         if self.carried and public_batch is not None:
@@ -132,6 +144,10 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
         self.scale = bool(scale)
         self.beta_initializer = tf.keras.initializers.get(beta_initializer)
         self.gamma_initializer = tf.keras.initializers.get(gamma_initializer)
+        self.beta_regularizer = tf.keras.regularizers.get(beta_regularizer)
+        self.gamma_regularizer = tf.keras.regularizers.get(gamma_regularizer)
+        self.beta_constraint = tf.keras.constraints.get(beta_constraint)
+        self.gamma_constraint = tf.keras.constraints.get(gamma_constraint)
 
     def build(self, input_shape):
         input_shape = tf.TensorShape(input_shape)
@@ -148,8 +164,10 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
         param_shape[axis] = int(dim)
         self._param_shape = param_shape
         self.gamma = self.add_weight("gamma", shape=(int(dim),), initializer=self.gamma_initializer,
+                                     regularizer=self.gamma_regularizer, constraint=self.gamma_constraint,
                                      trainable=True) if self.scale else None
         self.beta = self.add_weight("beta", shape=(int(dim),), initializer=self.beta_initializer,
+                                    regularizer=self.beta_regularizer, constraint=self.beta_constraint,
                                     trainable=True) if self.center else None
         if not self.carried:
             self._build_store(input_shape)
@@ -193,7 +211,11 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
         config.update({"num_public": self.num_public, "carried": self.carried, "axis": self.axis,
                        "epsilon": self.epsilon, "center": self.center, "scale": self.scale,
                        "beta_initializer": ser(self.beta_initializer),
-                       "gamma_initializer": ser(self.gamma_initializer)})
+                       "gamma_initializer": ser(self.gamma_initializer),
+                       "beta_regularizer": tf.keras.regularizers.serialize(self.beta_regularizer),
+                       "gamma_regularizer": tf.keras.regularizers.serialize(self.gamma_regularizer),
+                       "beta_constraint": tf.keras.constraints.serialize(self.beta_constraint),
+                       "gamma_constraint": tf.keras.constraints.serialize(self.gamma_constraint)})
         return config
 
 
