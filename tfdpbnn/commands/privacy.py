@@ -8,8 +8,6 @@ import argparse
 import math
 import warnings
 
-from tfdpbnn.privacy._checks import check_choice, check_open_unit, check_positive, check_positive_int
-
 # (sample rate, epochs) of the papers' settings, to place their reported sigmas on the plot.
 PAPER_SETTINGS = {"MNIST": (0.01, 200), "DIGITS": (0.05, 100)}
 
@@ -38,6 +36,7 @@ def add_parser(subparsers) -> None:
 
 def _setting(args) -> tuple[float, int]:
     from tfdpbnn.privacy import steps_per_epoch
+    from tfdpbnn.privacy._checks import check_open_unit, check_positive_int
 
     n = check_positive_int("--num-examples", args.num_examples)
     b = check_positive_int("--batch-size", args.batch_size)
@@ -75,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tfdpbnn import privacy
     from tfdpbnn.privacy import paper
+    from tfdpbnn.privacy._checks import check_choice, check_positive
 
     q, steps = _setting(args)
     if args.noise_multiplier is not None:
