@@ -1,4 +1,4 @@
-"""Reproduce `sidp-tables` (paper 004 Tables 1 and 4); same as `tfdpbnn reproduce sidp-tables`.
+"""Reproduce `sidp-tables` (Davody et al. 2020, Tables 1 and 4); same as `tfdpbnn reproduce sidp-tables`.
 
 Usage: python examples/reproduce_sidp_tables.py [--out DIR] [--seeds N] [--smoke]
        [--dataset digits|mnist|cifar10 --data-dir DIR] [--tables table1 table1-bn-dp table4]

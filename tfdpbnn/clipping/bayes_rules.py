@@ -3,7 +3,8 @@
 Derivations in docs/fast_clipping.md. The variance parameters enter through local reparameterization
 ``z = m + sqrt(v) * xi`` with ``m`` and ``v`` linear in the example's input (``x`` and ``x^2``), so their
 per-example gradients are again outer products of per-example quantities: with ``h = g * xi / (2 sqrt(v))``
-(``g`` = output gradient), ``dL_i/dlog_sigma2 = exp(log_sigma2) * (x_i^2 (x) h_i)`` (paper 000 eq. 10 with
+(``g`` = output gradient), ``dL_i/dlog_sigma2 = exp(log_sigma2) * (x_i^2 (x) h_i)`` (Ermis & Cemgil 2017a, eq.
+10 with
 Kingma et al. 2015's local reparameterization).
 """
 
@@ -43,11 +44,13 @@ def _conv_backprop(layer, x, out_grad):
 
 
 class NoisyDenseRule(DenseRule):
-    """``z = x (mu + s eps) + b``: ``d theta / d mu = I``, so ``dL_i/dmu = x_i^T g_i`` (paper 004)."""
+    """``z = x (mu + s eps) + b``: ``d theta / d mu = I``, so ``dL_i/dmu = x_i^T g_i`` (Davody et al.
+    2020)."""
 
 
 class NoisyConv2DRule(Conv2DRule):
-    """``NoisyConv2D`` (paper 004): conv with the sampled kernel; ``dL_i/dkernel = patches(x_i)^T g_i``."""
+    """``NoisyConv2D`` (Davody et al. 2020): conv with the sampled kernel; ``dL_i/dkernel = patches(x_i)^T
+    g_i``."""
 
     def unsupported_reason(self, layer):
         return None
@@ -62,7 +65,7 @@ class _VariationalContext:
 
 
 class DenseVariationalRule(ClippingRule):
-    """``DenseVariational`` in training (paper 000 eq. 10, local reparameterization).
+    """``DenseVariational`` in training (Ermis & Cemgil 2017a, eq. 10, local reparameterization).
 
     ``z = x theta + b + sqrt(v) xi``, ``v = x^2 exp(log_sigma2) + eps``. Per example:
     ``dL/dtheta = x^T g``, ``dL/db = g``, ``dL/dlog_sigma2 = exp(log_sigma2) * (x^2)^T h`` with
@@ -152,7 +155,7 @@ class Conv2DVariationalRule(DenseVariationalRule):
 
 
 class DenseBayesByBackpropRule(ClippingRule):
-    """``DenseBayesByBackprop`` (paper 003 sec. 3.2) with its local reparameterization.
+    """``DenseBayesByBackprop`` (Zhang et al. 2022, sec. 3.2) with its local reparameterization.
 
     ``z = x mu_W + mu_b + sqrt(v) xi``, ``v = x^2 S^2 + s_b^2``, ``S = softplus(rho_W)``, ``s_b =
     softplus(rho_b)``. With ``h = g xi / sqrt(v)``: ``dL/dmu_W = x^T g``, ``dL/dmu_b = g``,

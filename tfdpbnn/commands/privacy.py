@@ -1,6 +1,7 @@
 """``tfdpbnn privacy``: epsilon for a noise multiplier, or the noise multiplier for an epsilon, by every
 accountant (``tfdpbnn.privacy``) for a DP-SGD run of N examples, batch B, E epochs; ``--plot`` redraws
-paper 000's Figure 3 (sigma against epsilon) with the sound accountants beside the paper's procedures."""
+Ermis & Cemgil's (2017a) Figure 3 (sigma against epsilon) with the sound accountants beside the paper's
+procedures."""
 
 from __future__ import annotations
 
@@ -106,11 +107,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"| {name} | {value:.4g} | {kind} |")
     if args.epsilon is not None and args.sampling == "poisson" and args.neighboring == "add_or_remove":
         for label, sigma in (
-                ("paper 000 zCDP (J = steps)",
+                ("Ermis & Cemgil (2017a) zCDP (J = steps)",
                  paper.zcdp_noise_multiplier(args.epsilon, args.delta, q, steps)),
-                ("paper 000 zCDP (J = epochs)", paper.zcdp_noise_multiplier(
+                ("Ermis & Cemgil (2017a) zCDP (J = epochs)", paper.zcdp_noise_multiplier(
                     args.epsilon, args.delta, q, steps, compositions=args.epochs)),
-                ("paper 000 AC", paper.ac_noise_multiplier(args.epsilon, args.delta, q, steps))):
+                ("Ermis & Cemgil (2017a) AC", paper.ac_noise_multiplier(args.epsilon, args.delta, q, steps))):
             print(f"| {label} | {sigma:.4g} | NOT a guarantee (see docs/privacy.md) |")
     for note in dict.fromkeys(notes):
         print(note)
@@ -150,12 +151,12 @@ def _plot(args, q, steps, names) -> None:
             ax.plot(eps_grid, sig, style, marker="o", ms=3, label=label)
         if args.sampling == "poisson" and args.neighboring == "add_or_remove":
             ax.plot(eps_grid, [paper.zcdp_noise_multiplier(float(e), args.delta, q, steps) for e in eps_grid],
-                    "--", color="gray", label="paper 000 zCDP, J=steps (not a guarantee)")
+                    "--", color="gray", label="Ermis & Cemgil (2017a) zCDP, J=steps (not a guarantee)")
             ax.plot(eps_grid, [paper.zcdp_noise_multiplier(float(e), args.delta, q, steps,
                                                            compositions=args.epochs) for e in eps_grid],
-                    "--", color="red", label="paper 000 zCDP, J=epochs (not a guarantee)")
+                    "--", color="red", label="Ermis & Cemgil (2017a) zCDP, J=epochs (not a guarantee)")
             ax.plot(eps_grid, [paper.ac_noise_multiplier(float(e), args.delta, q, steps) for e in eps_grid],
-                    "--", color="black", label="paper 000 AC (not a guarantee)")
+                    "--", color="black", label="Ermis & Cemgil (2017a) AC (not a guarantee)")
             for (pid, data, eps), sigmas in paper.REPORTED_NOISE.items():
                 q_paper, epochs_paper = PAPER_SETTINGS[data]
                 if math.isclose(q, q_paper, rel_tol=0.02) and args.epochs == epochs_paper:

@@ -110,7 +110,7 @@ def train(args) -> dict:
     train_seconds = time.time() - start
 
     if args.method == "sidp":
-        # Release (and evaluate, and export) one sample theta = mu + s xi, what paper 004 releases.
+        # Release (and evaluate, and export) one sample theta = mu + s xi, what Davody et al. (2020) releases.
         optimizer.release_weights(model)
     if sampler is not None and sampler.samples:
         prediction = mc_predict(model, x_test, weight_snapshots=sampler.samples, from_logits=True)
@@ -152,7 +152,8 @@ def train(args) -> dict:
 
 
 def _approximate_gdp(optimizer, privacy):
-    """GDP's central-limit epsilon (paper 003 Thm. 2), printed marked as an approximation, not a bound."""
+    """GDP's central-limit epsilon (Zhang et al. 2022, Thm. 2), printed marked as an approximation, not a
+    bound."""
     import warnings
 
     if "gdp" not in privacy.available_accountants():

@@ -86,7 +86,7 @@ def load_tfds(name: str, data_dir=None, download: bool = True):
 
 
 def load_mnist(data_dir=None, download=True):
-    """MNIST (60000 train / 10000 test, 28x28x1): the DPVD paper's and paper 003's benchmark."""
+    """MNIST (60000 train / 10000 test, 28x28x1): the DPVD paper's and Zhang et al.'s (2022) benchmark."""
     return load_tfds("mnist", data_dir=data_dir, download=download)
 
 
@@ -96,5 +96,5 @@ def load_fashion_mnist(data_dir=None, download=True):
 
 
 def load_cifar10(data_dir=None, download=True):
-    """CIFAR-10 (50000 / 10000, 32x32x3): paper 004's benchmark."""
+    """CIFAR-10 (50000 / 10000, 32x32x3): Davody et al.'s (2020) benchmark."""
     return load_tfds("cifar10", data_dir=data_dir, download=download)

@@ -1,4 +1,5 @@
-"""Layers with Gaussian-perturbed weights, theta = mu + s * eps (SI-DPSGD, paper 004 Algorithms 1-2)."""
+"""Layers with Gaussian-perturbed weights, theta = mu + s * eps (SI-DPSGD, Davody et al. (2020) Algorithms
+1-2)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ class _NoisyMixin:
     def sample_weights_into_kernel(self):
         """Replace the means by one noisy sample: kernel <- kernel + s * eps, bias <- bias + s * eps.
 
-        SI-DPSGD (paper 004) releases sampled weights theta_T, not mu_T. Call this once before export in that
+        SI-DPSGD (Davody et al. 2020) releases sampled weights theta_T, not mu_T. Call this once before export
+        in that
         mode; afterwards deterministic inference serves the sampled weights. ``noise_stddev`` is left as it
         is (set it to 0 if further MC sampling around the released sample is not wanted).
         """
@@ -77,11 +79,13 @@ class _NoisyMixin:
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class NoisyDense(_NoisyMixin, tf.keras.layers.Layer):
-    """Dense layer with noisy weights theta = mu + s * N(0, I) (SI-DPSGD, paper 004 Algorithm 1, line 4).
+    """Dense layer with noisy weights theta = mu + s * N(0, I) (SI-DPSGD, Davody et al. (2020, Algorithm 1),
+    line 4).
 
     Variables (read by the per-example clipping engine): ``kernel`` (= mu, [in, out]), ``bias`` (= mu of the
     bias, [out]) and ``noise_stddev``, a non-trainable scalar variable s that the optimizer assigns each step.
-    In training one sample of (kernel, bias) is drawn per call and shared by the whole batch (paper 004 draws
+    In training one sample of (kernel, bias) is drawn per call and shared by the whole batch (Davody et al.
+    (2020) draws
     theta_t once per step); each example's output depends only on its own input and that shared sample.
     Inference: the means (``inference_noise=False``, default) or a fresh sample per call
     (``inference_noise=True``); under ``tfdpbnn.layers.mc_sampling()`` always a sample. To serve one
@@ -118,7 +122,7 @@ class NoisyDense(_NoisyMixin, tf.keras.layers.Layer):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class NoisyConv2D(_NoisyMixin, tf.keras.layers.Layer):
-    """2-D convolution (NHWC) with noisy weights theta = mu + s * N(0, I) (SI-DPSGD, paper 004).
+    """2-D convolution (NHWC) with noisy weights theta = mu + s * N(0, I) (SI-DPSGD, Davody et al. (2020)).
 
     Variables: ``kernel`` [kh, kw, in, out], ``bias`` [out], ``noise_stddev`` (non-trainable scalar);
     sampling rules as in ``NoisyDense``.

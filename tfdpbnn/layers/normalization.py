@@ -1,6 +1,8 @@
-"""Batch normalization with statistics from a public batch only (paper 004's BN variant fixed, NOTES.md 1).
+"""Batch normalization with statistics from a public batch only (Davody et al.'s (2020) BN variant fixed,
+docs/soundness.md, finding 1).
 
-Paper 004 (Algorithm 2) normalizes over the public batch X^ concatenated with the private batch, so one
+Davody et al. (2020) (Algorithm 2) normalizes over the public batch X^ concatenated with the private batch, so
+one
 private example moves every other example's output and per-example clipping no longer bounds sensitivity.
 Here the statistics come from the public examples alone, in training and at inference:
 
@@ -221,7 +223,8 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class AppendPublicBatch(_PublicBatchStore, tf.keras.layers.Layer):
-    """Concatenate a stored public batch after the private rows (input of the carried mode, paper 004 Alg. 2).
+    """Concatenate a stored public batch after the private rows (input of the carried mode, Davody et al.
+    (2020, Alg. 2)).
 
     Variable: ``public_batch`` (non-trainable, [num_public, *input_shape[1:]]). Output batch size is
     batch + num_public; end the network with ``DropPublicBatch(num_public)``.

@@ -1,6 +1,7 @@
 """Variational dropout layers with additive noise reparameterization and the log-uniform prior.
 
-Paper 000 (Ermis & Cemgil, DP Variational Dropout), eq. (10): theta_ij = phi_ij + zeta_ij * eps_ij with
+Ermis & Cemgil (2017a, DP Variational Dropout), eq. (10): theta_ij = phi_ij + zeta_ij *
+eps_ij with
 zeta_ij^2 = alpha_ij * phi_ij^2 = sigma_ij^2, trained with the local reparameterization trick (Kingma et al.
 2015) and the KL approximation of Molchanov, Ashukha & Vetrov (2017, "Variational dropout sparsifies deep
 neural networks", eq. 14):
@@ -107,7 +108,7 @@ class _VariationalMixin:
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class DenseVariational(_VariationalMixin, tf.keras.layers.Layer):
-    """Dense layer with variational dropout (paper 000 eq. 10; Molchanov et al. 2017).
+    """Dense layer with variational dropout (Ermis & Cemgil 2017a, eq. 10; Molchanov et al. 2017).
 
     Variables (read by the per-example clipping engine):
       ``theta``: kernel means, shape [in, out]; ``log_sigma2``: log sigma^2 per weight, [in, out];
@@ -170,7 +171,7 @@ class DenseVariational(_VariationalMixin, tf.keras.layers.Layer):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class Conv2DVariational(_VariationalMixin, tf.keras.layers.Layer):
-    """2-D convolution with variational dropout (paper 000 eq. 10; Molchanov et al. 2017), NHWC.
+    """2-D convolution with variational dropout (Ermis & Cemgil 2017a, eq. 10; Molchanov et al. 2017), NHWC.
 
     Variables: ``theta`` [kh, kw, in, out], ``log_sigma2`` [kh, kw, in, out], ``bias`` [out]; attributes
     ``activation``, ``num_examples``, ``threshold``, ``log_alpha`` as in ``DenseVariational``.

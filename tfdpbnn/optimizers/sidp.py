@@ -1,11 +1,13 @@
-"""SI-DPSGD (paper 004, Davody et al., Algorithms 1 and 2) for ``NoisyDense`` / ``NoisyConv2D`` models.
+"""SI-DPSGD (Davody et al. 2020, Algorithms 1 and 2) for ``NoisyDense`` / ``NoisyConv2D``
+models.
 
 Each step sets every noisy layer's weight-noise std to ``s_t = eta_t C z / B`` (Algorithm 1, line 4), so the
 forward pass uses ``theta_t = mu_t + s_t xi``. By default mu is updated with the NOISED clipped mean, so
 the mu sequence is DP-SGD's and the theta's are post-processing: the DP-SGD guarantee holds.
 
 ``paper_mean_update=True`` updates mu with the clean clipped mean, as the paper does. Then the paper's
-Lemma 4.1 does not hold (NOTES.md point 1): given the released weights theta_0..theta_t, mu_t moves by up to
+Lemma 4.1 does not hold (docs/soundness.md, finding 1): given the released weights theta_0..theta_t, mu_t
+moves by up to
 ``Delta_t = (C'/B) sum_{k<t} eta_k`` when one example changes (C' = C, or 2C for replace-one), with no
 subsampling amplification, so releasing theta_t is a Gaussian mechanism with noise multiplier
 ``s_t / Delta_t``. Adaptive composition of Gaussian mechanisms is exactly mu-GDP with
@@ -54,10 +56,12 @@ def _noisy_layers(model):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class SIDPOptimizer(DPSGDOptimizer):
-    """SI-DPSGD (paper 004, Algorithm 1; Algorithm 2 with ``PublicBatchNormalization``): noisy weights.
+    """SI-DPSGD (Davody et al. 2020, Algorithm 1; Algorithm 2 with ``PublicBatchNormalization``): noisy
+    weights.
 
     Args as ``DPSGDOptimizer``; ``noise_multiplier`` is the paper's z. ``paper_mean_update``: update mu
-    with the clean clipped gradient (paper 004) and report the epsilon that holds for that (module doc),
+    with the clean clipped gradient (Davody et al. 2020) and report the epsilon that holds for that (module
+    doc),
     with a warning. Call ``release_weights(model)`` before export: it replaces each mu by one sample.
     ``initial_mean_sensitivity``, ``initial_gdp_mu_squared``: paper-mode accounting state (``get_config``
     records it, so a reloaded optimizer keeps counting).
@@ -80,7 +84,8 @@ class SIDPOptimizer(DPSGDOptimizer):
         if paper_mean_update:
             warnings.warn(
                 "SIDPOptimizer(paper_mean_update=True): mu is updated with un-noised clipped gradients as in "
-                "paper 004, whose per-step guarantee (Lemma 4.1) does not hold: given the released weights, "
+                "Davody et al. (2020), whose per-step guarantee (Lemma 4.1) does not hold: given the "
+                "released weights, "
                 "mu_t's sensitivity grows with t. The epsilon reported is the GDP composition of the "
                 "releases theta_t = mu_t + s_t xi with sensitivity Delta_t (no amplification), "
                 "typically far larger than the paper's.", UserWarning, stacklevel=2)
@@ -93,7 +98,7 @@ class SIDPOptimizer(DPSGDOptimizer):
         self._sidp_layers = layers
 
     def _noise_stddev(self):
-        """s_t = eta_t C z / B (paper 004 Algorithm 1, line 4)."""
+        """s_t = eta_t C z / B (Davody et al. 2020, Algorithm 1, line 4)."""
         return self._decayed_lr(tf.float32) * self._f32(
             self._dp_l2_norm_clip * self._dp_noise_multiplier / self._dp_batch_size)
 
@@ -127,7 +132,8 @@ class SIDPOptimizer(DPSGDOptimizer):
         return grads
 
     def release_weights(self, model):
-        """Replace every noisy layer's mean by one sample theta = mu + s xi (what paper 004 releases)."""
+        """Replace every noisy layer's mean by one sample theta = mu + s xi (what Davody et al. (2020)
+        releases)."""
         for layer in _noisy_layers(model):
             layer.sample_weights_into_kernel()
         self._sidp_released_at_step = self.steps
@@ -164,11 +170,11 @@ class SIDPOptimizer(DPSGDOptimizer):
                 "cover; call optimizer.release_weights(model) after training and before export")
         statement = super().privacy_statement(delta=delta)
         if self.paper_mean_update:
-            statement["accountant"] = "gdp-exact (Gaussian releases of theta_t; paper 004 mean update)"
+            statement["accountant"] = "gdp-exact (Gaussian releases of theta_t; paper mean update)"
             statement["epsilon_by_accountant"] = {"gdp_exact": statement["epsilon"]}
             statement["gdp_mu"] = self.paper_mode_gdp_mu()
-            statement["note"] = ("paper_mean_update=True: paper 004's Lemma 4.1 does not hold; epsilon "
-                                 "composes every released sample theta_t with sensitivity Delta_t")
+            statement["note"] = ("paper_mean_update=True: Davody et al. 2020, Lemma 4.1, does not hold; "
+                                 "epsilon composes every released sample theta_t with sensitivity Delta_t")
         return statement
 
     def get_config(self):

@@ -1,4 +1,4 @@
-"""Calibration: expected / maximum calibration error (Guo et al. 2017; paper 003 section 5.1).
+"""Calibration: expected / maximum calibration error (Guo et al. 2017; Zhang et al. (2022, section 5.1)).
 
 With M equal-width confidence bins B_m = ((m-1)/M, m/M] (confidence 0 goes to the first bin),
     ECE = sum_m |B_m|/n |acc(B_m) - conf(B_m)|,    MCE = max_{m: B_m nonempty} |acc(B_m) - conf(B_m)|,
@@ -59,13 +59,15 @@ def calibration_bins(probs, labels, num_bins=DEFAULT_NUM_BINS):
 
 
 def expected_calibration_error(probs, labels, num_bins=DEFAULT_NUM_BINS):
-    """ECE (Guo et al. 2017 eq. 3; paper 003 sec. 5.1) of predicted distributions ``probs`` [n, C]."""
+    """ECE (Guo et al. 2017 eq. 3; Zhang et al. (2022, sec. 5.1)) of predicted distributions ``probs`` [n,
+    C]."""
     count, conf_sum, correct_sum = calibration_bins(probs, labels, num_bins)
     return float(np.sum(np.abs(correct_sum - conf_sum)) / np.sum(count))
 
 
 def maximum_calibration_error(probs, labels, num_bins=DEFAULT_NUM_BINS):
-    """MCE (Guo et al. 2017 eq. 5; paper 003 sec. 5.1): largest |accuracy - confidence| of nonempty bins."""
+    """MCE (Guo et al. 2017 eq. 5; Zhang et al. (2022, sec. 5.1)): largest |accuracy - confidence| of nonempty
+    bins."""
     count, conf_sum, correct_sum = calibration_bins(probs, labels, num_bins)
     nonempty = count > 0
     return float(np.max(np.abs(correct_sum[nonempty] - conf_sum[nonempty]) / count[nonempty]))
@@ -157,7 +159,7 @@ class _CalibrationMetric(tf.keras.metrics.Metric):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class ExpectedCalibrationError(_CalibrationMetric):
-    """Keras metric: ECE (Guo et al. 2017; paper 003 sec. 5.1) over all batches seen; equals
+    """Keras metric: ECE (Guo et al. 2017; Zhang et al. (2022, sec. 5.1)) over all batches seen; equals
     ``expected_calibration_error`` on the concatenated data."""
 
     def __init__(self, num_bins=DEFAULT_NUM_BINS, from_logits=False, name="ece", dtype=None):
@@ -170,7 +172,8 @@ class ExpectedCalibrationError(_CalibrationMetric):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class MaximumCalibrationError(_CalibrationMetric):
-    """Keras metric: MCE (Guo et al. 2017; paper 003 sec. 5.1); equals ``maximum_calibration_error``."""
+    """Keras metric: MCE (Guo et al. 2017; Zhang et al. (2022, sec. 5.1)); equals
+    ``maximum_calibration_error``."""
 
     def __init__(self, num_bins=DEFAULT_NUM_BINS, from_logits=False, name="mce", dtype=None):
         super().__init__(num_bins=num_bins, from_logits=from_logits, name=name, dtype=dtype)

@@ -6,7 +6,7 @@ Classification (Depeweg et al. 2018; Gal 2016 sec. 3.3): with S samples p_s(y | 
 Regression with a ``HeteroscedasticHead`` (mean mu_s, log-variance log v_s; Kendall & Gal 2017 eq. 9):
     mean = 1/S sum mu_s,  epistemic variance = 1/S sum mu_s^2 - mean^2,  aleatoric variance = 1/S sum v_s.
 Samples come from the stochastic layers of ``tfdpbnn.layers`` (switched on by ``mc_sampling()``) or from a
-list of weight snapshots (posterior samples, e.g. collected by DP-SGLD, paper 003 sec. 3.1).
+list of weight snapshots (posterior samples, e.g. collected by DP-SGLD, Zhang et al. (2022, sec. 3.1)).
 """
 
 from __future__ import annotations
