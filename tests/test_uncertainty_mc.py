@@ -169,3 +169,19 @@ def test_dataset_input_matches_array_input():
     np.testing.assert_allclose(res.mean, mc_predict(model, X, num_samples=400).mean, atol=0.1)
     with pytest.raises(ValueError, match="infinite"):
         mc_predict(model, ds.repeat(), num_samples=2)
+
+
+def test_subclassed_model_must_say_logits_or_probabilities():
+    class Net(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.drop, self.out = MCDropout(0.2), tf.keras.layers.Dense(3, activation="softmax")
+
+        def call(self, x, training=None):
+            return tf.math.log(self.out(self.drop(x, training=training)))  # log-probabilities: logits
+
+    net = Net()
+    with pytest.raises(ValueError, match="cannot tell"):  # last layer softmax, output not
+        mc_predict(net, X, num_samples=2)
+    res = mc_predict(net, X, num_samples=2, from_logits=True)
+    np.testing.assert_allclose(res.mean.sum(-1), 1.0, atol=1e-6)

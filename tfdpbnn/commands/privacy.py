@@ -11,6 +11,8 @@ import warnings
 
 # (sample rate, epochs) of the papers' settings, to place their reported sigmas on the plot.
 PAPER_SETTINGS = {"MNIST": (0.01, 200), "DIGITS": (0.05, 100)}
+# keys of ``tfdpbnn.privacy.paper.REPORTED_NOISE`` -> the paper, by author and year (docs/references.md).
+PAPER_NAMES = {"000": "Ermis & Cemgil 2017a", "002": "Ermis & Cemgil 2017b"}
 
 
 def add_parser(subparsers) -> None:
@@ -161,9 +163,9 @@ def _plot(args, q, steps, names) -> None:
                 q_paper, epochs_paper = PAPER_SETTINGS[data]
                 if math.isclose(q, q_paper, rel_tol=0.02) and args.epochs == epochs_paper:
                     ax.plot([eps], [sigmas["zcdp"]], "r*", ms=10,
-                            label=f"paper {pid} reported zCDP sigma ({data}, eps {eps:g})")
+                            label=f"{PAPER_NAMES[pid]} reported zCDP sigma ({data}, eps {eps:g})")
                     ax.plot([eps], [sigmas["ac"]], "k*", ms=10,
-                            label=f"paper {pid} reported AC sigma ({data}, eps {eps:g})")
+                            label=f"{PAPER_NAMES[pid]} reported AC sigma ({data}, eps {eps:g})")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("epsilon")

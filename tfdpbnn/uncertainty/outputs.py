@@ -39,7 +39,7 @@ def output_layer(model):
     (``DropPublicBatch``, ``Flatten``, ``Reshape``, Keras ``Dropout``); None if it cannot be determined."""
     layers = list(getattr(model, "layers", None) or [])
     outputs = getattr(model, "outputs", None)
-    if not layers or (outputs is not None and len(outputs) != 1):
+    if not layers or not outputs or len(outputs) != 1:  # subclassed models have no known output layer
         return None
     index = len(layers) - 1
     layer = layers[index]
