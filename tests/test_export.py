@@ -169,3 +169,5 @@ def test_privacy_json_is_strict_json_at_noise_zero(tmp_path):
     assert loaded["curve"] == [1.0, "inf"] and loaded["delta"] == pytest.approx(1e-5)
     with pytest.raises(ValueError, match="NaN"):
         export_saved_model(model, str(tmp_path / "nan"), privacy={"epsilon": float("nan")})
+    with L.mc_sampling(), pytest.raises(ValueError, match="outside"):
+        export_saved_model(model, str(tmp_path / "inside"))

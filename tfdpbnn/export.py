@@ -9,7 +9,7 @@ import os
 import tensorflow as tf
 
 from tfdpbnn.layers import _checks
-from tfdpbnn.layers.sampling import sample_in_trace
+from tfdpbnn.layers.sampling import mc_sampling_active, sample_in_trace
 from tfdpbnn.uncertainty.mc import check_task, monte_carlo_summaries
 from tfdpbnn.uncertainty.outputs import resolve_from_logits
 
@@ -90,6 +90,10 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
     written as ``"epsilon": null, "epsilon_is_infinite": true``; see ``strict_json_value``). Returns ``path``.
     """
     num_samples = _checks.positive_int("num_samples", num_samples)
+    if mc_sampling_active():
+        raise ValueError("export_saved_model: call it outside `with mc_sampling():`; the saved deterministic "
+                         "functions would otherwise carry the sampling switch (the mc_predict signature "
+                         "samples on its own)")
     check_task(task)
     from_logits = resolve_from_logits(model, from_logits) if task == "classification" else False
     spec = _input_spec(model, input_signature)
