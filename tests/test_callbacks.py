@@ -25,7 +25,7 @@ def _setup(sampling="poisson", sigma=1.0):
 
 def test_epsilon_in_history_each_epoch_for_every_sound_accountant():
     model, opt, x, y = _setup()
-    ds = tfdpbnn.data.poisson_batches(x, y, sample_rate=0.1, seed=0)
+    ds = tfdpbnn.data.poisson_batches(x, y, sample_rate=0.1)
     callback = tfdpbnn.PrivacyCallback(delta=1e-5, all_sound=True)
     history = model.fit(ds, epochs=2, verbose=0, callbacks=[callback])
     for epoch, steps in enumerate((10, 20)):
@@ -41,7 +41,7 @@ def test_stop_at_epsilon_stops_before_a_step_would_exceed_the_budget():
     model, opt, x, y = _setup()
     budget = 0.5 * (opt.epsilon_after(13, delta=1e-5) + opt.epsilon_after(14, delta=1e-5))  # allows 13 steps
     callback = tfdpbnn.PrivacyCallback(delta=1e-5, stop_at_epsilon=budget)
-    ds = tfdpbnn.data.poisson_batches(x, y, sample_rate=0.1, seed=0)
+    ds = tfdpbnn.data.poisson_batches(x, y, sample_rate=0.1)
     history = model.fit(ds, epochs=5, verbose=0, callbacks=[callback])
     assert callback.max_steps == 13 and opt.steps == 13
     assert history.history["epsilon"][-1] <= budget < opt.epsilon_after(14, delta=1e-5)

@@ -44,7 +44,7 @@ def test_fit_uses_ghost_and_matches_jacobian_step(kind):
     weights = {}
     for method in ("auto", "jacobian"):
         model = build(kind)
-        opt = tfdpbnn.DPSGDOptimizer(0.05, 0.0, learning_rate=0.5, num_examples=32, batch_size=16,
+        opt = tfdpbnn.DPSGDOptimizer(0.05, 0.0, learning_rate=0.5, num_examples=16, batch_size=16,
                                      clipping_method=method)
         model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         with warnings.catch_warnings():

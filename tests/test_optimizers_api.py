@@ -38,13 +38,11 @@ def _model(seed=0):
 @pytest.mark.parametrize("kwargs,argument", [
     (dict(l2_norm_clip=0.0, noise_multiplier=1.0, num_examples=40, batch_size=10), "l2_norm_clip"),
     (dict(l2_norm_clip=-1.0, noise_multiplier=1.0, num_examples=40, batch_size=10), "l2_norm_clip"),
-    (dict(l2_norm_clip=1.0, noise_multiplier=1.0, epsilon=1.0, delta=1e-5, epochs=2, num_examples=40,
-          batch_size=10), "noise_multiplier and epsilon"),
-    (dict(l2_norm_clip=1.0, num_examples=40, batch_size=10), "noise_multiplier and epsilon"),
-    (dict(l2_norm_clip=1.0, epsilon=1.0, delta=1e-5, epochs=2, batch_size=10), "num_examples"),
-    (dict(l2_norm_clip=1.0, epsilon=1.0, delta=1e-5, epochs=2, num_examples=40), "batch_size"),
-    (dict(l2_norm_clip=1.0, epsilon=1.0, delta=1e-5, num_examples=40, batch_size=10), "epochs"),
-    (dict(l2_norm_clip=1.0, epsilon=1.0, epochs=2, num_examples=40, batch_size=10), "delta"),
+    (dict(l2_norm_clip=1.0, num_examples=40, batch_size=10), "noise_multiplier and target_epsilon"),
+    (dict(l2_norm_clip=1.0, target_epsilon=1.0, delta=1e-5, epochs=2, batch_size=10), "num_examples"),
+    (dict(l2_norm_clip=1.0, target_epsilon=1.0, delta=1e-5, epochs=2, num_examples=40), "batch_size"),
+    (dict(l2_norm_clip=1.0, target_epsilon=1.0, delta=1e-5, num_examples=40, batch_size=10), "epochs"),
+    (dict(l2_norm_clip=1.0, target_epsilon=1.0, epochs=2, num_examples=40, batch_size=10), "delta"),
     (dict(l2_norm_clip=1.0, noise_multiplier=-1.0, num_examples=40, batch_size=10), "noise_multiplier"),
     (dict(l2_norm_clip=1.0, noise_multiplier=1.0, num_examples=40, batch_size=50), "batch_size"),
     (dict(l2_norm_clip=1.0, noise_multiplier=1.0, num_examples=40, batch_size=10, sampling="uniform"),
@@ -63,10 +61,9 @@ def test_bad_input_names_the_argument(cls, kwargs, argument):
 
 @pytest.mark.parametrize("kwargs,argument", [
     (dict(l2_norm_clip=0.0, learning_rate=0.1), "l2_norm_clip"),
-    (dict(l2_norm_clip=1.0, learning_rate=0.1, epsilon=1.0, delta=1e-5, epochs=1),
-     "learning_rate and epsilon"),
-    (dict(l2_norm_clip=1.0), "learning_rate and epsilon"),
-    (dict(l2_norm_clip=1.0, epsilon=1.0, delta=1e-5), "epochs"),
+    (dict(l2_norm_clip=1.0), "learning_rate and target_epsilon"),
+    (dict(l2_norm_clip=1.0, learning_rate=0.1, epsilon=1.0), "target_epsilon"),
+    (dict(l2_norm_clip=1.0, target_epsilon=1.0, delta=1e-5), "epochs"),
     (dict(l2_norm_clip=1.0, learning_rate=0.1, momentum=0.9), "momentum"),
     (dict(l2_norm_clip=1.0, learning_rate=0.1, prior_stddev=0.0), "prior_stddev"),
 ])
@@ -77,7 +74,7 @@ def test_sgld_bad_input(kwargs, argument):
 
 
 def test_budget_calibrates_sigma_to_the_accountant():
-    opt = tfdpbnn.DPSGDOptimizer(1.0, epsilon=2.0, epochs=3, sampling="poisson", **COMMON)
+    opt = tfdpbnn.DPSGDOptimizer(1.0, target_epsilon=2.0, epochs=3, sampling="poisson", **COMMON)
     expected = privacy.calibrate_noise(2.0, 1e-5, 0.25, 12, accountant="rdp", sampling="poisson")
     assert opt.noise_multiplier == pytest.approx(expected, rel=1e-12)
     assert opt.epsilon_after(12) <= 2.0
@@ -114,7 +111,7 @@ def test_per_example_loss_vector_in_custom_step_is_private():
     """tf-privacy's contract: a [batch] loss to minimize; sigma 0 and a huge clip give plain SGD."""
     x, y = _data()
     model = _CustomStep(reduce=False)
-    opt = tfdpbnn.DPSGDOptimizer(1e6, 0.0, learning_rate=0.1, **COMMON)
+    opt = tfdpbnn.DPSGDOptimizer(1e6, 0.0, learning_rate=0.1, **dict(COMMON, num_examples=10))
     model.compile(optimizer=opt)
     model(x[:1])
     w0 = [w.numpy() for w in model.trainable_variables]
@@ -148,10 +145,11 @@ def test_activity_regularizer_is_refused():
 def test_empty_poisson_batches_do_not_crash():
     x, y = _data(n=5)
     model = _model()
-    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=5000, batch_size=5, sampling="poisson", delta=1e-5)
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=5, batch_size=1, sampling="poisson", delta=1e-5)
     model.compile(optimizer=opt, loss=LOSS, metrics=["accuracy"])
-    ds = tfdpbnn.data.poisson_batches(x, y, sample_rate=0.001, steps_per_epoch=3, seed=0)
-    assert [int(b[0].shape[0]) for b in ds] == [0, 0, 0]
+    # Three empty Poisson batches (probability 0.8^15 = 0.035 at q = 0.2: rare, not impossible).
+    empty = tf.data.Dataset.from_tensors((x[:0], y[:0])).repeat(3)
+    ds = tfdpbnn.data.assert_sampling(empty, "poisson", num_examples=5, sample_rate=0.2)
     w0 = model.get_weights()
     history = model.fit(ds, epochs=1, verbose=0)
     assert opt.steps == 3 and np.isfinite(history.history["loss"][0])
@@ -213,7 +211,31 @@ def test_model_save_and_config_carry_accounting(tmp_path, fmt):
     assert restored.epsilon() == pytest.approx(opt.epsilon(), rel=1e-9)
     clone = tfdpbnn.DPAdamOptimizer.from_config(opt.get_config())
     assert clone.epsilon() == pytest.approx(opt.epsilon(), rel=1e-9)
-    assert float(clone.epsilon) == pytest.approx(1e-7)  # Adam's own epsilon-hat is kept apart
+    assert float(clone.epsilon) == pytest.approx(1e-7)  # Adam's own epsilon is kept apart
+
+
+def test_budget_and_adams_epsilon_cannot_be_confused():
+    adam = tfdpbnn.DPAdamOptimizer(1.0, 1.0, epsilon=1e-4, **COMMON)  # Keras's meaning: Adam's constant
+    assert float(adam.epsilon) == pytest.approx(1e-4) and adam.target_epsilon is None
+    budget = tfdpbnn.DPAdamOptimizer(1.0, target_epsilon=2.0, epochs=2, **COMMON)
+    assert budget.target_epsilon == 2.0 and budget.epsilon_after(8) <= 2.0
+    for cls in (tfdpbnn.DPSGDOptimizer, tfdpbnn.DPVDOptimizer, tfdpbnn.SIDPOptimizer):
+        with pytest.raises(ValueError, match="target_epsilon"):
+            cls(1.0, epsilon=1.0, epochs=2, **COMMON)
+    with pytest.raises(TypeError):  # learning_rate is keyword-only: no positional mix-up with sigma
+        tfdpbnn.DPSGLDOptimizer(1.0, 0.1, **COMMON)
+
+
+@pytest.mark.parametrize("cls", [tfdpbnn.DPSGDOptimizer, tfdpbnn.DPAdamOptimizer, tfdpbnn.DPVDOptimizer,
+                                 tfdpbnn.SIDPOptimizer, tfdpbnn.DPSGLDOptimizer])
+def test_signatures_show_every_documented_argument(cls):
+    import inspect
+
+    names = set(inspect.signature(cls.__init__).parameters)
+    for name in ("l2_norm_clip", "target_epsilon", "delta", "num_examples", "batch_size", "epochs",
+                 "accountant", "sampling", "neighboring", "clipping_method", "allow_exceeding_budget",
+                 "learning_rate"):
+        assert name in names, name
 
 
 def test_saved_model_privacy_json(tmp_path):
@@ -221,7 +243,7 @@ def test_saved_model_privacy_json(tmp_path):
     model = _model()
     opt = tfdpbnn.DPSGDOptimizer(1.0, 1.2, sampling="poisson", **COMMON)
     model.compile(optimizer=opt, loss=LOSS)
-    model.fit(tfdpbnn.data.poisson_batches(x, y, 0.25, seed=0), epochs=1, verbose=0)
+    model.fit(tfdpbnn.data.poisson_batches(x, y, 0.25), epochs=1, verbose=0)
     tfdpbnn.export_saved_model(model, str(tmp_path / "sm"), num_samples=2)
     with open(tmp_path / "sm" / "assets" / "privacy.json") as fh:
         statement = json.load(fh)  # plain JSON: readable without tfdpbnn
@@ -243,7 +265,7 @@ def test_dpvd_logs_zeta_and_implied_dropout_rate():
     x, y = _data()
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential([tf.keras.Input((4,)), tfdpbnn.DenseVariational(3, num_examples=40)])
-    opt = tfdpbnn.DPVDOptimizer(1.5, 2.0, learning_rate=0.3, **COMMON)
+    opt = tfdpbnn.DPVDOptimizer(1.5, 2.0, learning_rate=0.3, **dict(COMMON, num_examples=10))
     model.compile(optimizer=opt, loss=LOSS)
     history = model.fit(x[:10], y[:10], batch_size=10, epochs=1, verbose=0)
     zeta = 0.3 * 2.0 * 1.5 / 10
@@ -252,8 +274,9 @@ def test_dpvd_logs_zeta_and_implied_dropout_rate():
     alpha = history.history["dp_alpha_median"][0]
     lo = np.median(zeta ** 2 / theta.ravel() ** 2) / 100
     assert lo < alpha < 100 * np.median(zeta ** 2 / theta.ravel() ** 2)
-    opt2 = tfdpbnn.DPVDOptimizer(1.5, 2.0, learning_rate=0.3, **COMMON)
+    opt2 = tfdpbnn.DPVDOptimizer(1.5, 2.0, learning_rate=0.3, **dict(COMMON, num_examples=10))
     model.compile(optimizer=opt2, loss=LOSS)
+    opt2.begin_training(model, x[:10], y[:10], batch_size=10)
     logs = opt2.dp_train_step(model, (x[:10], y[:10]))
     np.testing.assert_allclose(float(logs["dp_alpha_median"]),
                                np.median(zeta ** 2 / model.layers[0].theta.numpy().ravel() ** 2), rtol=0.2)
@@ -270,9 +293,10 @@ def test_dpvd_alpha_median_subsample_tracks_exact_median_on_large_layers():
     model = tf.keras.Sequential([tf.keras.Input((200,)), tfdpbnn.DenseVariational(100, num_examples=40),
                                  tf.keras.layers.Dense(3)])
     assert model.layers[0].theta.shape.num_elements() > ALPHA_MEDIAN_SAMPLE
-    opt = tfdpbnn.DPVDOptimizer(1.5, 2.0, learning_rate=0.3, **COMMON)
+    opt = tfdpbnn.DPVDOptimizer(1.5, 2.0, learning_rate=0.3, **dict(COMMON, num_examples=10))
     model.compile(optimizer=opt, loss=LOSS)
     theta_before = model.layers[0].theta.numpy().ravel()
+    opt.begin_training(model, x, y, batch_size=10)
     logs = opt.dp_train_step(model, (x, y))
     theta_after = model.layers[0].theta.numpy().ravel()
     zeta = 0.3 * 2.0 * 1.5 / 10
@@ -288,7 +312,8 @@ def test_sgld_equivalence_and_budget_calibration():
     n, b, clip = 40, 10, 0.5
     opt = tfdpbnn.DPSGLDOptimizer(clip, learning_rate=1e-3, num_examples=n, batch_size=b, delta=1e-5)
     assert opt.noise_multiplier == pytest.approx(b / (n * math.sqrt(1e-3) * clip))  # Zhang 2022 Thm. 1
-    budget = tfdpbnn.DPSGLDOptimizer(clip, epsilon=3.0, delta=1e-5, epochs=2, num_examples=n, batch_size=b)
+    budget = tfdpbnn.DPSGLDOptimizer(clip, target_epsilon=3.0, delta=1e-5, epochs=2, num_examples=n,
+                                     batch_size=b)
     eta = float(budget.learning_rate.numpy())
     sigma = privacy.calibrate_noise(3.0, 1e-5, 0.25, 8, accountant="rdp", sampling="shuffle")
     assert eta == pytest.approx((b / (n * sigma * clip)) ** 2, rel=1e-6)
@@ -329,8 +354,9 @@ def test_sidp_sets_layer_noise_and_paper_mode_epsilon():
     t = 4  # releases theta_1..theta_4 with Delta_k / s = k / z (theta_0 is data-independent)
     mu = math.sqrt(sum((k / 4.0) ** 2 for k in range(1, t + 1)))
     assert paper.paper_mode_gdp_mu() == pytest.approx(mu, rel=1e-5)
-    assert paper.epsilon() == pytest.approx(gdp_epsilon(mu, 1e-5), rel=1e-5)
-    assert paper.epsilon_after(4) == pytest.approx(paper.epsilon(), rel=1e-5)
+    assert paper.epsilon_after(4) == pytest.approx(gdp_epsilon(mu, 1e-5), rel=1e-5)
+    # The model's ledger also holds the first optimizer's pass (one Gaussian of sigma 4): exact GDP of both.
+    assert paper.epsilon() == pytest.approx(gdp_epsilon(math.sqrt(mu ** 2 + 1 / 16.0), 1e-5), rel=1e-5)
     assert paper.epsilon() > opt.epsilon()
     with pytest.raises(ValueError, match="release_weights"):  # the model still holds mu: no statement
         paper.privacy_statement()
@@ -395,7 +421,7 @@ def test_fit_refuses_sampling_the_accounting_does_not_cover():
         model.fit(x, y, batch_size=10, verbose=0)
     with pytest.raises(ValueError, match="rate 0.5"):  # sampled at another rate than accounted for
         model.fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=0.5), verbose=0)
-    with pytest.warns(UserWarning, match="Poisson"):  # an untagged dataset: cannot check, so warn
+    with pytest.raises(ValueError, match="assert_sampling"):  # an untagged dataset: cannot check, refuse
         model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(10), verbose=0)
     shuffle = tfdpbnn.DPSGDOptimizer(1.0, 1.0, **COMMON)
     model.compile(optimizer=shuffle, loss=LOSS)

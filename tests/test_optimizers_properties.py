@@ -79,7 +79,15 @@ def compiled(kind, name, clip, sigma, lr):
     return model, opt, captured
 
 
+def open_phase(model, opt, x, y):
+    """Declare the batches these tests feed by hand: passes over the N_EXAMPLES examples, asserted."""
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(len(x))
+    opt.begin_training(model, tfdpbnn.data.assert_sampling(batches, "shuffle", num_examples=N_EXAMPLES))
+
+
 def dp_step(model, opt, x, y, sw=None, seed=SEED):
+    if not opt._dp_ledger.has_open_phase:
+        open_phase(model, opt, x, y)
     tf.keras.utils.set_random_seed(seed)
     data = (x, y) if sw is None else (x, y, sw)
     return opt.dp_train_step(model, data)
@@ -187,4 +195,4 @@ def test_sidp_needs_noisy_layers(kind):
     model.compile(optimizer=opt, loss=LOSS)
     x, y = make_data(kind, batch=B)
     with pytest.raises(ValueError, match="NoisyDense"):
-        opt.dp_train_step(model, (x, y))
+        dp_step(model, opt, x, y)

@@ -7,6 +7,8 @@ import numbers
 
 import tensorflow as tf
 
+from tfdpbnn import _private_api
+
 
 def _dp_optimizer(model):
     from tfdpbnn.optimizers.base import DPOptimizerMixin
@@ -22,8 +24,9 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
     """Write the epsilon spent so far into the Keras logs each epoch, and optionally stop at a budget.
 
     ``logs["epsilon"]`` is the optimizer's ``epsilon(delta, accountant)`` after the epoch (so ``History`` and
-    ``TensorBoard`` show it; list this callback BEFORE ``TensorBoard``). ``all_sound=True`` adds
-    ``epsilon_<name>`` for every accountant ``tfdpbnn.privacy.sound_accountants()`` names.
+    ``TensorBoard`` show it: a DP ``fit`` moves this callback to the front of the list).
+    ``all_sound=True`` adds ``epsilon_<name>`` for every accountant in
+    ``tfdpbnn.privacy.sound_accountants()``.
     ``stop_at_epsilon``: before training, the largest number of steps whose epsilon stays within the budget
     is found once; training stops after that step, so no step exceeding the budget ever runs.
 
@@ -57,11 +60,10 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
     def _max_steps(self, optimizer) -> int:
         """Largest T with epsilon(T) <= budget (epsilon grows with T: exponential then binary search)."""
 
-        def within(steps):
-            return optimizer.epsilon_after(steps, delta=self.delta, accountant=self.accountant) \
-                <= self.stop_at_epsilon
+        def within(extra):
+            return optimizer._epsilon_if(extra, self.delta, self.accountant) <= self.stop_at_epsilon
 
-        if not within(1):
+        if not within(0) or not within(1):
             return 0
         lo, hi = 1, 2
         while within(hi):
@@ -79,16 +81,17 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         optimizer = _dp_optimizer(self.model)
         if self.stop_at_epsilon is not None:
-            self.max_steps = self._max_steps(optimizer)
-            if optimizer.steps >= self.max_steps:
+            left = self._max_steps(optimizer)
+            if left <= 0:
                 raise ValueError(
-                    f"stop_at_epsilon: the budget {self.stop_at_epsilon} allows {self.max_steps} steps and "
-                    f"{optimizer.steps} were already taken; one more step would exceed it")
+                    f"stop_at_epsilon: the budget {self.stop_at_epsilon} is spent ({optimizer.steps} steps "
+                    "taken); one more step would exceed it")
+            self.max_steps = optimizer.steps + left
 
     def on_train_batch_end(self, batch, logs=None):
         if self.max_steps is not None:
             steps = int(self.model.optimizer.iterations.numpy())
-            if steps >= self.max_steps:
+            if steps + _private_api.steps_per_execution(self.model) > self.max_steps:
                 self.model.stop_training = True
                 self.stopped_at_step = steps
 
@@ -102,6 +105,108 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
 
             for name in privacy.sound_accountants():
                 logs[f"epsilon_{name}"] = optimizer.epsilon(delta=self.delta, accountant=name)
+
+
+class DPTrainingMonitor(tf.keras.callbacks.Callback):
+    """What a DP ``fit`` runs first, every time: the budget stop, the Poisson test, epsilon in the logs.
+
+    A DP ``model.fit`` puts one at the front of its callbacks (users need not add it):
+
+    - Budget (optimizer built from ``epsilon``/``delta``, or ``target_epsilon``): training stops before the
+      step (or the ``steps_per_execution`` block) that would exceed it; a ``fit`` with nothing left raises.
+    - Poisson sampling: the realized batch sizes are tested against Binomial(n, q)
+      (``tfdpbnn.privacy.sampling_test``; whole-run false-alarm rate ``false_alarm_rate``) after each of the
+      first 16 steps and at every epoch end. On rejection the steps taken are re-accounted without
+      amplification (every step as if every example took part) and training stops with ``ValueError``
+      saying what was observed.
+    - Passes over the data (``check_passes=True``: a dataset iterated whole each epoch): every epoch must
+      process exactly ``num_examples`` examples; otherwise the steps taken are re-accounted as one
+      participation each and training stops with ``ValueError`` naming both numbers.
+    - ``logs["epsilon"]`` (with the optimizer's delta) at every epoch end, for ``History`` and
+      ``TensorBoard``.
+    """
+
+    def __init__(self, false_alarm_rate=None, check_passes=False):
+        super().__init__()
+        self.check_passes = bool(check_passes)
+        self._epoch_start_examples = None
+        from tfdpbnn.privacy import sampling_test
+
+        self.false_alarm_rate = sampling_test.DEFAULT_FALSE_ALARM_RATE if false_alarm_rate is None \
+            else float(false_alarm_rate)
+        if not 0 < self.false_alarm_rate < 1:
+            raise ValueError(f"false_alarm_rate must be in (0, 1), got {false_alarm_rate!r}")
+        self.max_steps = None
+        self.stopped_at_step = None
+
+    def on_train_begin(self, logs=None):
+        optimizer = _dp_optimizer(self.model)
+        left = optimizer.budget_steps_left()
+        self.max_steps = None
+        if left is not None:
+            if left <= 0:
+                raise ValueError(
+                    f"epsilon: the budget epsilon={optimizer.target_epsilon:g} (delta={optimizer.delta:g}) "
+                    f"is spent: epsilon is {optimizer.epsilon():.4g} after {optimizer.ledger.steps} steps "
+                    "and one more step would exceed it. Build the optimizer with "
+                    "allow_exceeding_budget=True to go on (the privacy statement then reports the larger "
+                    "epsilon).")
+            self.max_steps = optimizer.steps + left
+
+    def _poisson_check(self, optimizer):
+        from tfdpbnn.privacy import sampling_test
+
+        state = optimizer._dp_ledger
+        description = state.open_description()
+        if description is None or description["kind"] != "poisson" or description["source"] == "fixed_seed":
+            return
+        steps, total, squared = state.open_counters()
+        if steps < 1 or not description["sample_rate"] or description["sample_rate"] >= 1:
+            return
+        result = sampling_test.poisson_batch_test(description["num_examples"], description["sample_rate"],
+                                                  steps, total, squared, self.false_alarm_rate)
+        if result.rejected:
+            state.close_open_phase(source="failed_poisson_test")
+            self.model.stop_training = True
+            raise ValueError(
+                f"x: the batches are clearly not Poisson-sampled at rate q={description['sample_rate']:g} "
+                f"from n={description['num_examples']} examples ({result.describe()}). The {steps} steps "
+                "taken are now accounted without subsampling amplification; feed "
+                "tfdpbnn.data.poisson_batches output (or fix the asserted sampling).")
+
+    def on_train_batch_end(self, batch, logs=None):
+        optimizer = self.model.optimizer
+        if optimizer._dp_ledger.open_steps() <= 16:
+            self._poisson_check(optimizer)
+        if self.max_steps is not None:
+            steps = int(optimizer.iterations.numpy())
+            if steps + _private_api.steps_per_execution(self.model) > self.max_steps:
+                self.model.stop_training = True
+                self.stopped_at_step = steps
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start_examples = self.model.optimizer._dp_ledger.open_counters()[1]
+
+    def _pass_check(self, optimizer):
+        state = optimizer._dp_ledger
+        description = state.open_description()
+        if not self.check_passes or description is None or self._epoch_start_examples is None:
+            return
+        seen = int(round(state.open_counters()[1] - self._epoch_start_examples))
+        if seen != description["num_examples"]:
+            state.close_open_phase(source="failed_pass_check")
+            self.model.stop_training = True
+            raise ValueError(
+                f"num_examples: one pass over the dataset held {seen} examples, but it was asserted to be a "
+                f"pass over num_examples={description['num_examples']}; the steps taken are now accounted "
+                "as one participation each. Assert the dataset's real size.")
+
+    def on_epoch_end(self, epoch, logs=None):
+        optimizer = _dp_optimizer(self.model)
+        self._poisson_check(optimizer)
+        self._pass_check(optimizer)
+        if logs is not None and optimizer.delta is not None:
+            logs["epsilon"] = optimizer.epsilon()
 
 
 class PosteriorSampler(tf.keras.callbacks.Callback):

@@ -75,7 +75,7 @@ def build_optimizer(method: str, recipe: Recipe, epsilon: float, delta: float, n
     sampling for ``recipe.epochs`` epochs."""
     from tfdpbnn import optimizers
 
-    common = dict(epsilon=epsilon, delta=delta, num_examples=num_examples, batch_size=batch_size,
+    common = dict(target_epsilon=epsilon, delta=delta, num_examples=num_examples, batch_size=batch_size,
                   epochs=recipe.epochs, accountant="rdp", sampling="poisson")
     if method == "dpsgld":
         return optimizers.DPSGLDOptimizer(recipe.clip, **common)

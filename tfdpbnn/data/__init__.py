@@ -1,7 +1,8 @@
-"""Data for DP training: DIGITS (offline), TFDS loaders, Poisson-subsampled batches."""
+"""Data for DP training: DIGITS (offline), TFDS loaders, Poisson-subsampled batches, sampling assertions."""
 
 from tfdpbnn.data.digits import load_digits
 from tfdpbnn.data.poisson import poisson_batches
+from tfdpbnn.data.sampling import SamplingSpec, assert_sampling
 from tfdpbnn.data.tfds_loaders import (
     DATASETS,
     DatasetNotAvailableError,
@@ -11,5 +12,6 @@ from tfdpbnn.data.tfds_loaders import (
     load_tfds,
 )
 
-__all__ = ["DATASETS", "DatasetNotAvailableError", "load_cifar10", "load_digits", "load_fashion_mnist",
+__all__ = ["DATASETS", "DatasetNotAvailableError", "SamplingSpec", "assert_sampling", "load_cifar10",
+           "load_digits", "load_fashion_mnist",
            "load_mnist", "load_tfds", "poisson_batches"]

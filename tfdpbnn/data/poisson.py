@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import math
 import numbers
+import secrets
 
 import tensorflow as tf
 
+from tfdpbnn.data.sampling import SamplingSpec, tag
 
-def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None, sample_weight=None):
+
+def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None, sample_weight=None, *,
+                    debug_fixed_seed=False):
     """A ``tf.data.Dataset`` of batches where each example joins each batch independently with prob. q.
 
     Every batch draws a fresh Bernoulli(q) mask over all n examples (Abadi et al. 2016, "lots"; Mironov et
@@ -17,12 +21,19 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
     iterated (``model.fit(ds, epochs=...)``). Pass the DP optimizer ``sampling="poisson"`` and
     ``batch_size = q * n``.
 
+    Subsampling amplification holds only if nobody but the training code knows which examples each batch
+    holds, so by default the sampling seed is drawn from the operating system's entropy (``secrets``), never
+    from TensorFlow's global seed. A fixed seed is for debugging only and needs ``debug_fixed_seed=True``;
+    the DP optimizers then claim no amplification (every step is accounted as if every example took part)
+    and the privacy statement says so.
+
     Args:
       x: array (or nested structure of arrays) with n examples on axis 0.
       y, sample_weight: optional arrays with n examples.
       sample_rate: q in (0, 1].
       steps_per_epoch: batches per epoch (integer >= 1).
-      seed: integer seed for reproducible batches, or None.
+      seed: integer seed for reproducible batches (only with ``debug_fixed_seed=True``), or None (secret).
+      debug_fixed_seed: allow ``seed``; the privacy statement reports it.
     Yields ``x_b``, ``(x_b, y_b)`` or ``(x_b, y_b, w_b)``.
     """
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Real) or not 0 < sample_rate <= 1:
@@ -32,8 +43,21 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
     if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, numbers.Integral) \
             or steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch must be an integer >= 1, got {steps_per_epoch!r}")
+    if not isinstance(debug_fixed_seed, bool):
+        raise ValueError(f"debug_fixed_seed must be True or False, got {debug_fixed_seed!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
         raise ValueError(f"seed must be an integer or None, got {seed!r}")
+    if seed is not None and not debug_fixed_seed:
+        raise ValueError(
+            f"seed: a fixed sampling seed ({seed!r}) lets anyone who knows it see which examples each batch "
+            "holds, which voids the subsampling amplification epsilon relies on. Leave seed=None (a secret "
+            "seed from OS entropy), or pass debug_fixed_seed=True to debug; epsilon is then accounted "
+            "without amplification.")
+    if debug_fixed_seed and seed is None:
+        raise ValueError("debug_fixed_seed: True needs an integer seed; got seed=None")
+    fixed = seed is not None
+    if seed is None:
+        seed = secrets.randbits(63)
     parts = [x] + [a for a in (y, sample_weight) if a is not None]
     if sample_weight is not None and y is None:
         raise ValueError("y is required when sample_weight is given")
@@ -52,7 +76,5 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
         return picked[0] if len(picked) == 1 else picked
 
     dataset = seed_stream.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    # Read by the DP optimizers' fit check (tfdpbnn.optimizers.train_step): the rate this data was sampled at.
-    dataset._tfdpbnn_poisson_sample_rate = q
-    return dataset
+    return tag(dataset, SamplingSpec("poisson", n, q, "poisson_batches", fixed))
 

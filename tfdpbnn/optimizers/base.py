@@ -14,24 +14,32 @@ weight decay) is data-independent and never clipped (docs/soundness.md, finding 
 sample rate, the sampling scheme, the neighboring relation) lives in non-trainable optimizer variables (so
 ``tf.train.Checkpoint`` and ``model.save`` carry it) and in ``get_config``; the number of steps is
 ``optimizer.iterations``.
+
+Epsilon is never derived from declarations alone: each step records its realized batch size in the privacy
+ledger (``tfdpbnn.optimizers.ledger_state``), ``fit`` checks the input against the declarations before the
+first step (``tfdpbnn.optimizers.fit_checks``), and the printed epsilon composes the phases that really ran
+(``tfdpbnn.privacy.ledger``).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import tensorflow as tf
-from keras.src.engine import data_adapter
 
+from tfdpbnn import _private_api
 from tfdpbnn.clipping import check_per_example_independence, clip_factors, clipped_gradients
 from tfdpbnn.clipping.jacobian import scaled_factors
+from tfdpbnn.optimizers import fit_checks
+from tfdpbnn.optimizers.ledger_state import LedgerState
 from tfdpbnn.optimizers.noise import gaussian_noise_like
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
 
 SAMPLING = ("shuffle", "poisson")
 NEIGHBORING = ("add_or_remove", "replace_one")
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS  # noqa: E402
-from tfdpbnn.privacy import available_accountants  # noqa: E402
+from tfdpbnn.privacy import sound_accountants  # noqa: E402
 from tfdpbnn.privacy._checks import (  # noqa: E402
     check_choice,
     check_nonnegative,
@@ -80,38 +88,56 @@ def _check_data_independent_losses(model) -> None:
                 "would break the guarantee. Remove it (or put the term into the compiled per-example loss).")
 
 
+class _LedgerLink:
+    """A plain (not trackable) holder of the optimizer that last trained a model: the model's ledger."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+
 class DPOptimizerMixin:
     """DP-SGD step, accounting state and privacy statement shared by every tfdpbnn DP optimizer.
 
     Args:
       l2_norm_clip: clip bound C > 0 on each example's data-loss gradient norm.
       noise_multiplier: sigma >= 0 (noise std sigma*C on the clipped sum). Give it, OR a budget.
-      epsilon, delta: a budget; sigma is then calibrated with ``tfdpbnn.privacy.calibrate_noise`` for
-        ``epochs`` epochs of ``ceil(num_examples / batch_size)`` steps. ``delta`` is also the delta the
-        privacy statement reports.
-      num_examples: n, the training set size (sample rate q = batch_size / n).
+      target_epsilon, delta: a budget; sigma is then calibrated with ``tfdpbnn.privacy.calibrate_noise`` for
+        ``epochs`` epochs of ``ceil(num_examples / batch_size)`` steps, and training stops before a step
+        that would exceed it (unless ``allow_exceeding_budget``). With ``noise_multiplier`` also given,
+        ``target_epsilon`` is only the budget (no calibration). ``delta`` is also the delta the privacy
+        statement reports. (``epsilon`` is never the budget: on ``DPAdamOptimizer`` it is Adam's own.)
+      num_examples: n, the training set size (sample rate q = batch_size / n); checked against the data.
       batch_size: the EXPECTED batch size B (Poisson) or the batch size (shuffle); the noised sum is divided
         by it, never by the realized size.
       epochs: training length used for calibration.
-      accountant: a ``tfdpbnn.privacy`` accountant name ("rdp" default).
-      sampling: "shuffle" (fixed-size shuffled batches, what ``model.fit`` on arrays does; accounted without
-        amplification) or "poisson" (``tfdpbnn.data.poisson_batches``).
+      accountant: a SOUND ``tfdpbnn.privacy`` accountant name ("rdp" default); approximate accountants
+        ("gdp") appear beside it in the privacy statement, labelled, never as the statement.
+      sampling: "shuffle" (passes over the data: ``model.fit`` on arrays, or an asserted pipeline; accounted
+        without amplification from the counted participations) or "poisson"
+        (``tfdpbnn.data.poisson_batches``).
       neighboring: "add_or_remove" or "replace_one".
       clipping_method: forwarded to ``tfdpbnn.clipping.clipped_gradients``.
-      initial_steps: steps already taken (``get_config`` records ``optimizer.iterations`` so a model loaded
-        from any save format keeps counting its privacy loss from there).
-      base_kwargs: base optimizer arguments whose names clash with ours (Adam's ``epsilon``).
-      **kwargs: the base Keras optimizer's arguments (learning_rate, momentum, ...).
+      allow_exceeding_budget: with a budget, keep training past it (the statement then reports the larger
+        epsilon); default False: training stops before the step that would exceed it.
+      initial_steps: steps already taken (``get_config`` records ``optimizer.iterations``).
+      privacy_ledger: the ledger of a saved optimizer (``get_config`` records it).
+      **kwargs: the base Keras optimizer's arguments (learning_rate, momentum, clipnorm, ...).
     """
 
     _dp_method = "DP-SGD"
     _DP_KEYS = ("l2_norm_clip", "noise_multiplier", "delta", "num_examples", "batch_size", "epochs",
                 "accountant", "sampling", "neighboring", "clipping_method")
 
-    def __init__(self, l2_norm_clip, noise_multiplier=None, *, epsilon=None, delta=None, num_examples=None,
-                 batch_size=None, epochs=None, accountant="rdp", sampling="shuffle",
-                 neighboring="add_or_remove", clipping_method="auto", initial_steps=0, base_kwargs=None,
-                 **kwargs):
+    def __init__(self, l2_norm_clip, noise_multiplier=None, *, target_epsilon=None, delta=None,
+                 num_examples=None, batch_size=None, epochs=None, accountant="rdp", sampling="shuffle",
+                 neighboring="add_or_remove", clipping_method="auto", allow_exceeding_budget=False,
+                 initial_steps=0, privacy_ledger=None, **kwargs):
+        if "epsilon" in kwargs:
+            raise ValueError(
+                f"epsilon: {type(self).__name__} has no 'epsilon' argument; the privacy budget is "
+                f"target_epsilon=... (with delta=...), got epsilon={kwargs['epsilon']!r}")
+        if "adam_epsilon" in kwargs:  # DPAdamOptimizer's ``epsilon`` (Adam's own), passed on under its name
+            kwargs["epsilon"] = kwargs.pop("adam_epsilon")
         clip = check_positive("l2_norm_clip", l2_norm_clip)
         if batch_size is None:
             raise ValueError("batch_size is required: the expected batch size B the noised sum is divided by")
@@ -124,36 +150,43 @@ class DPOptimizerMixin:
         sampling = check_choice("sampling", sampling, SAMPLING)
         neighboring = check_choice("neighboring", neighboring, NEIGHBORING)
         clipping_method = check_choice("clipping_method", clipping_method, CLIPPING_METHODS)
-        accountant = check_choice("accountant", accountant, available_accountants())
+        if accountant not in sound_accountants():
+            raise ValueError(
+                f"accountant must be one of the sound accountants {sound_accountants()}, got {accountant!r}; "
+                "an approximate accountant (e.g. 'gdp', a central-limit approximation under subsampling) "
+                "cannot give the printed epsilon. privacy_statement() lists it beside, labelled.")
         if delta is not None:
             delta = check_open_unit("delta", delta)
         if epochs is not None:
             epochs = check_positive_int("epochs", epochs)
+        if not isinstance(allow_exceeding_budget, bool):
+            raise ValueError(f"allow_exceeding_budget must be True or False, got {allow_exceeding_budget!r}")
         initial_steps = check_nonnegative_int("initial_steps", initial_steps)
-        has_budget = epsilon is not None
-        if (noise_multiplier is None) == (not has_budget):
+        if noise_multiplier is None and target_epsilon is None:
             raise ValueError(
-                "noise_multiplier and epsilon: give exactly one of them (noise_multiplier=sigma, or a budget "
-                f"epsilon=..., delta=... with num_examples, batch_size, epochs); got noise_multiplier="
-                f"{noise_multiplier!r}, epsilon={epsilon!r}")
+                "noise_multiplier and target_epsilon: give noise_multiplier=sigma, or a budget "
+                "target_epsilon=..., delta=... with num_examples, batch_size, epochs; got neither")
         sample_rate = batch_size / num_examples
         _check_accountable(accountant, sampling, neighboring, sample_rate)
-        if has_budget:
-            epsilon = check_positive("epsilon", epsilon)
+        if target_epsilon is not None:
+            target_epsilon = check_positive("target_epsilon", target_epsilon)
             if delta is None:
-                raise ValueError("delta is required with epsilon (a budget is (epsilon, delta)), got None")
-            if epochs is None:
-                raise ValueError("epochs is required with epsilon: calibration needs the number of steps")
-            noise_multiplier = self._calibrate_noise_multiplier(
-                epsilon, delta, sample_rate, epochs * steps_per_epoch(num_examples, batch_size), accountant,
-                neighboring, sampling)
+                raise ValueError("delta is required with target_epsilon (a budget is (epsilon, delta)), got "
+                                 "None")
+            if noise_multiplier is None:
+                if epochs is None:
+                    raise ValueError("epochs is required with target_epsilon: calibration needs the number "
+                                     "of steps")
+                noise_multiplier = self._calibrate_noise_multiplier(
+                    target_epsilon, delta, sample_rate, epochs * steps_per_epoch(num_examples, batch_size),
+                    accountant, neighboring, sampling)
         noise_multiplier = check_nonnegative("noise_multiplier", noise_multiplier)
-        self._dp_target_epsilon = epsilon
         super().__init__(l2_norm_clip=clip, noise_multiplier=noise_multiplier, num_microbatches=None,
-                         unconnected_gradients_to_zero=True, **kwargs, **(base_kwargs or {}))
+                         unconnected_gradients_to_zero=True, **kwargs)
         self._dp_static = {"delta": None if delta is None else float(delta), "num_examples": num_examples,
                            "epochs": epochs, "accountant": accountant, "sampling": sampling,
-                           "neighboring": neighboring, "clipping_method": clipping_method}
+                           "neighboring": neighboring, "clipping_method": clipping_method,
+                           "target_epsilon": target_epsilon, "allow_exceeding_budget": allow_exceeding_budget}
         self._dp_checked_models = set()
         with tf.init_scope():
             self._dp_noise_multiplier = self._dp_variable("dp_noise_multiplier", noise_multiplier)
@@ -163,6 +196,7 @@ class DPOptimizerMixin:
             # Create the step counter now (Keras creates it lazily); a restored optimizer starts from the
             # steps already taken (Keras's SavedModel loader rebuilds optimizers from config only).
             self.iterations.assign(initial_steps)
+            self._dp_ledger = LedgerState(self, privacy_ledger)
 
     # ----------------------------------------------------------------------------------------- state
     def _f32(self, variable):
@@ -202,34 +236,50 @@ class DPOptimizerMixin:
 
     @property
     def num_examples(self) -> int:
+        """n: the training set size the accounting assumes (checked against the data by ``fit``)."""
         return self._dp_static["num_examples"]
 
     @property
     def sampling(self) -> str:
+        """"poisson" or "shuffle"."""
         return self._dp_static["sampling"]
 
     @property
     def neighboring(self) -> str:
+        """"add_or_remove" or "replace_one"."""
         return self._dp_static["neighboring"]
 
     @property
     def accountant(self) -> str:
+        """The sound accountant that gives the printed epsilon."""
         return self._dp_static["accountant"]
 
     @property
     def delta(self):
+        """The delta of the privacy statement (None if not given)."""
         return self._dp_static["delta"]
 
     @property
+    def target_epsilon(self):
+        """The (epsilon) budget this optimizer carries, or None."""
+        return self._dp_static["target_epsilon"]
+
+    @property
     def steps(self) -> int:
-        """Steps taken so far (``optimizer.iterations``)."""
+        """Steps taken so far by this optimizer (``optimizer.iterations``)."""
         return int(self.iterations.numpy())
+
+    @property
+    def ledger(self):
+        """The ``tfdpbnn.privacy.PrivacyLedger`` of everything this model's training ran so far."""
+        return self._dp_ledger.ledger()
 
     def get_config(self):
         config = super().get_config()
         config.update(self._dp_static)
         config.update({"l2_norm_clip": self.l2_norm_clip, "noise_multiplier": self.noise_multiplier,
-                       "batch_size": self.batch_size, "initial_steps": self.steps})
+                       "batch_size": self.batch_size, "initial_steps": self.steps,
+                       "privacy_ledger": self._dp_ledger.to_config()})
         return config
 
     # ------------------------------------------------------------------------------------ accounting
@@ -241,12 +291,28 @@ class DPOptimizerMixin:
             raise ValueError(f"delta must be in (0, 1), got {delta!r}")
         return float(delta)
 
+    def _resolve_accountant(self, accountant):
+        accountant = self.accountant if accountant is None else accountant
+        if accountant not in sound_accountants():
+            raise ValueError(
+                f"accountant must be one of the sound accountants {sound_accountants()}, got {accountant!r}; "
+                "approximations are listed separately in privacy_statement()['approximate_epsilon']")
+        return accountant
+
+    def _dp_phase_override(self, description, steps):
+        """A ``Phase`` replacing the DP-SGD phase for ``description`` (SI-DPSGD's paper mode), or None."""
+        return None
+
     def epsilon_after(self, steps, delta=None, accountant=None) -> float:
-        """Epsilon after ``steps`` steps of this optimizer (DP-SGD's subsampled Gaussian, composed)."""
+        """Planning: epsilon of ``steps`` steps of this optimizer's DECLARED mechanism from scratch.
+
+        Poisson: ``steps`` subsampled Gaussians at q = B/n; shuffle: ``ceil(steps / ceil(n/B))`` passes. What
+        really ran is ``epsilon()``.
+        """
         from tfdpbnn import privacy
 
         delta = self._resolve_delta(delta)
-        accountant = self.accountant if accountant is None else accountant
+        accountant = self._resolve_accountant(accountant)
         if steps <= 0:
             return 0.0
         sigma = self.noise_multiplier
@@ -257,28 +323,53 @@ class DPOptimizerMixin:
                                              sampling=self.sampling))
 
     def epsilon(self, delta=None, accountant=None) -> float:
-        """Epsilon spent so far (steps = ``optimizer.iterations``), an upper bound for the code that ran."""
-        return self.epsilon_after(self.steps, delta=delta, accountant=accountant)
+        """Epsilon spent by everything this model's DP training ran (the ledger), an upper bound."""
+        return self.ledger.epsilon(self._resolve_delta(delta), self._resolve_accountant(accountant))
+
+    def _epsilon_if(self, extra_steps, delta, accountant=None) -> float:
+        """Epsilon if the open phase ran ``extra_steps`` more steps of expected batch size B."""
+        steps, examples, _ = self._dp_ledger.open_counters()
+        ledger = self._dp_ledger.ledger(steps=steps + extra_steps, examples=examples + extra_steps *
+                                        self.batch_size)
+        return ledger.epsilon(delta, self._resolve_accountant(accountant))
 
     def privacy_statement(self, delta=None) -> dict:
-        """What a reader needs to check the guarantee; ``tfdpbnn.export_saved_model`` saves it as JSON."""
+        """What a reader needs to check the guarantee; ``tfdpbnn.export_saved_model`` saves it as JSON.
+
+        ``epsilon`` is the sound accountant's bound for every phase of this model's training
+        (``phases``: what was counted and whether the sampling was verified or asserted by the user);
+        ``approximate_epsilon`` lists approximations beside it, which are not guarantees.
+        """
+        import dp_accounting
+
         from tfdpbnn import privacy
 
         delta = self._resolve_delta(delta)
-        import dp_accounting
-
+        ledger = self.ledger
         by_accountant = {}
         for name in privacy.sound_accountants():
             try:
-                by_accountant[name] = self.epsilon(delta=delta, accountant=name)
+                by_accountant[name] = ledger.epsilon(delta, name)
             except dp_accounting.UnsupportedEventError:
                 by_accountant[name] = None  # this accountant cannot bound this run's event
-
-        return {
+        approximate = {}
+        for name in privacy.available_accountants():
+            if name not in privacy.sound_accountants():
+                try:
+                    approximate[name] = ledger.approximate_epsilon(delta, name)
+                except dp_accounting.UnsupportedEventError:
+                    approximate[name] = None
+        sources = self._dp_ledger.closed_sources()
+        current = self._dp_ledger.open_description()
+        if current is not None and ledger.phases and len(ledger.phases) > len(sources):
+            sources = sources + [current["source"]]
+        asserted = [p.sampling for p, s in zip(ledger.phases, sources, strict=False)
+                    if s == "asserted_by_user"]
+        statement = {
             "method": self._dp_method,
             "optimizer": type(self).__name__,
             "accountant": self.accountant,
-            "epsilon": self.epsilon(delta=delta),
+            "epsilon": ledger.epsilon(delta, self.accountant),
             "delta": delta,
             "noise_multiplier": self.noise_multiplier,
             "l2_norm_clip": self.l2_norm_clip,
@@ -286,14 +377,89 @@ class DPOptimizerMixin:
             "batch_size": self.batch_size,
             "num_examples": self.num_examples,
             "sampling": self.sampling,
-            "steps": self.steps,
-            "neighboring": self.neighboring,
+            "steps": ledger.steps,
+            "neighboring": ledger.neighboring if ledger.phases else self.neighboring,
             "epsilon_by_accountant": by_accountant,
+            "approximate_epsilon": {"values": approximate,
+                                    "note": "approximations (e.g. GDP's central-limit step), not guarantees"},
+            "phases": [p.to_config() for p in ledger.phases],
+            "asserted_by_user": asserted,
+            "target_epsilon": self.target_epsilon,
             **self._dp_statement_extras(),
         }
+        return statement
 
     def _dp_statement_extras(self) -> dict:
         return {}
+
+    # ------------------------------------------------------------------------------- fit integration
+    def begin_training(self, model, x, y=None, batch_size=None, validation_split=0.0):
+        """Check ``x`` and ``model`` and open the ledger phase for the steps about to run.
+
+        ``model.fit`` calls it; call it yourself before a custom training loop that uses
+        ``optimizer.minimize``. Raises ``ValueError`` for input whose sampling or size does not match the
+        optimizer's declarations, and for a model or loss that couples examples of a batch.
+        """
+        link = getattr(model, "_tfdpbnn_ledger_link", None)
+        previous = None if link is None else link.optimizer
+        if previous is not None and previous is not self:
+            previous._dp_ledger.close_open_phase()
+            for phase, source in zip(previous._dp_ledger.closed_phases(),
+                                     previous._dp_ledger.closed_sources(), strict=True):
+                self._dp_ledger.append(phase, source)
+        model._tfdpbnn_ledger_link = _LedgerLink(self)
+        sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
+                                             validation_split=validation_split)
+        if id(model) not in self._dp_checked_models:
+            check_per_example_independence(model)
+            _check_data_independent_losses(model)
+            loss_fn = compiled_per_example_loss_fn(model) if getattr(model, "loss", None) else None
+            fit_checks.check_per_example(model, loss_fn, x, y)
+            self._dp_checked_models.add(id(model))
+        self._dp_ledger.open_phase(
+            kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
+            sample_rate=sampling["sample_rate"], num_examples=sampling["num_examples"],
+            source=sampling["source"], batch_size=self.batch_size)
+
+    def budget_steps_left(self):
+        """Steps the budget still allows (None without a budget or with ``allow_exceeding_budget``)."""
+        if self.target_epsilon is None or self._dp_static["allow_exceeding_budget"]:
+            return None
+        delta = self._resolve_delta(None)
+
+        def within(extra):
+            return self._epsilon_if(extra, delta) <= self.target_epsilon
+
+        if not within(0) or not within(1):
+            return 0
+        lo, hi = 1, 2
+        while within(hi):
+            lo, hi = hi, hi * 2
+            if hi > 10 ** 8:
+                return hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if within(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def warn_if_plan_exceeds_budget(self, planned_steps):
+        """Warn when ``planned_steps`` more steps would exceed the budget sigma was calibrated for."""
+        if self.target_epsilon is None or planned_steps is None or planned_steps <= 0:
+            return
+        delta = self._resolve_delta(None)
+        planned = self._epsilon_if(planned_steps, delta)
+        if planned > self.target_epsilon * (1 + 1e-9):
+            action = ("training will go on past it (allow_exceeding_budget=True)"
+                      if self._dp_static["allow_exceeding_budget"] else
+                      f"training stops before the step that would exceed it (after "
+                      f"{self.budget_steps_left()} more steps)")
+            warnings.warn(
+                f"epochs: the planned {planned_steps} steps would spend epsilon {planned:.4g} > the budget "
+                f"{self.target_epsilon:.4g} (delta {delta:g}) sigma was calibrated for; {action}",
+                UserWarning, stacklevel=3)
 
     # ------------------------------------------------------------------------------ the DP gradient
     def _dp_sum_scale(self):
@@ -332,11 +498,8 @@ class DPOptimizerMixin:
 
     def dp_train_step(self, model, data):
         """The DP ``Model.train_step``: what ``model.fit`` runs when this optimizer is compiled in."""
-        x, y, sample_weight = data_adapter.unpack_x_y_sample_weight(data)
-        if id(model) not in self._dp_checked_models:
-            check_per_example_independence(model)
-            _check_data_independent_losses(model)
-            self._dp_checked_models.add(id(model))
+        x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
+        self._require_open_phase()
         self._dp_before_step(model)
         var_list = model.trainable_variables
         result = clipped_gradients(
@@ -345,12 +508,13 @@ class DPOptimizerMixin:
             sum_scale=self._dp_sum_scale())
         regularization_grads = result.regularization_grads if model.losses else None
         grads = self._dp_gradients(result.clipped_sum, regularization_grads, var_list)
-        self._was_dp_gradients_called = True
+        _private_api.mark_dp_gradients_computed(self)
+        self._dp_ledger.record_batch(tf.shape(result.per_example_loss)[0])
         self.apply_gradients(zip(grads, var_list, strict=True))
         realized = tf.cast(tf.shape(result.per_example_loss)[0], tf.float32)
         data_loss = tf.math.divide_no_nan(tf.reduce_sum(result.per_example_loss), realized)
         total_loss = data_loss + tf.cast(result.regularization_loss, tf.float32)
-        loss_mean = getattr(model.compiled_loss, "_total_loss_mean", None)
+        loss_mean = _private_api.total_loss_metric(model)
         if loss_mean is not None:
             loss_mean.update_state(total_loss, sample_weight=realized)
         logs = model.compute_metrics(x, y, result.y_pred, sample_weight)
@@ -367,6 +531,7 @@ class DPOptimizerMixin:
         """
         if not callable(loss) and tape is None:
             raise ValueError("tape: a GradientTape is required when a Tensor loss is passed to minimize")
+        self._require_open_phase()
         tape = tape if tape is not None else tf.GradientTape()
         if callable(loss):
             with tape:
@@ -392,9 +557,18 @@ class DPOptimizerMixin:
         factors = clip_factors(tf.sqrt(tf.add_n(squared)), self._f32(self._dp_l2_norm_clip))
         factors = scaled_factors(factors, self._dp_sum_scale())
         scaled_sum = [tf.tensordot(factors, j, axes=1) for j in jacobians]
-        self._was_dp_gradients_called = True
+        _private_api.mark_dp_gradients_computed(self)
+        self._dp_ledger.record_batch(batch)
         grads = self._dp_gradients(scaled_sum, None, var_list)
         return list(zip(grads, var_list, strict=True))
+
+    def _require_open_phase(self):
+        with tf.init_scope():
+            if not self._dp_ledger.has_open_phase:
+                raise ValueError(
+                    "optimizer: no privacy-ledger phase is open, so the steps about to run could not be "
+                    "accounted. model.fit opens one; in a custom training loop call "
+                    "optimizer.begin_training(model, dataset_or_x, y) before the first step.")
 
     def get_gradients(self, loss, params):
         raise ValueError("loss/params: graph-mode get_gradients is not supported by tfdpbnn DP optimizers; "

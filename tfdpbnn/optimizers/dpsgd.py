@@ -29,9 +29,16 @@ class DPSGDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
 
     _dp_method = "DP-SGD"
 
-    def __init__(self, l2_norm_clip, noise_multiplier=None, *, learning_rate=0.01, name="DPSGDOptimizer",
-                 **kwargs):
-        super().__init__(l2_norm_clip, noise_multiplier, learning_rate=learning_rate, name=name, **kwargs)
+    def __init__(self, l2_norm_clip, noise_multiplier=None, *, target_epsilon=None, delta=None,
+                 num_examples=None, batch_size=None, epochs=None, accountant="rdp", sampling="shuffle",
+                 neighboring="add_or_remove", clipping_method="auto", allow_exceeding_budget=False,
+                 learning_rate=0.01, momentum=0.0, nesterov=False, name="DPSGDOptimizer", **kwargs):
+        super().__init__(l2_norm_clip, noise_multiplier, target_epsilon=target_epsilon, delta=delta,
+                         num_examples=num_examples, batch_size=batch_size, epochs=epochs,
+                         accountant=accountant,
+                         sampling=sampling, neighboring=neighboring, clipping_method=clipping_method,
+                         allow_exceeding_budget=allow_exceeding_budget, learning_rate=learning_rate,
+                         momentum=momentum, nesterov=nesterov, name=name, **kwargs)
 
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
@@ -39,16 +46,27 @@ class DPAdamOptimizer(DPOptimizerMixin, VectorizedDPKerasAdamOptimizer):
     """DP-Adam: Adam's update fed the DP-SGD gradient (Abadi et al. 2016; Zhang et al. (2022, section 2)).
 
     Adam's moments are post-processing of the privatized gradient, so the accounting is DP-SGD's.
-    ``learning_rate``, ``beta_1``, ``beta_2``, ``epsilon_hat`` (Adam's own epsilon) go to
-    ``tf.keras.optimizers.legacy.Adam``; ``epsilon`` here is the privacy budget.
+    ``learning_rate``, ``beta_1``, ``beta_2``, ``epsilon`` (Adam's own, as in Keras) and ``amsgrad`` go to
+    ``tf.keras.optimizers.legacy.Adam``; the privacy budget is ``target_epsilon``. ``optimizer.epsilon``
+    is Adam's float, and, called (``optimizer.epsilon(delta)``), the privacy epsilon spent.
     """
 
     _dp_method = "DP-Adam"
 
-    def __init__(self, l2_norm_clip, noise_multiplier=None, *, learning_rate=0.001, epsilon_hat=1e-7,
+    def __init__(self, l2_norm_clip, noise_multiplier=None, *, target_epsilon=None, delta=None,
+                 num_examples=None, batch_size=None, epochs=None, accountant="rdp", sampling="shuffle",
+                 neighboring="add_or_remove", clipping_method="auto", allow_exceeding_budget=False,
+                 learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7, amsgrad=False,
                  name="DPAdamOptimizer", **kwargs):
-        super().__init__(l2_norm_clip, noise_multiplier, learning_rate=learning_rate, name=name,
-                         base_kwargs={"epsilon": epsilon_hat}, **kwargs)
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
+            raise ValueError(f"epsilon: Adam's numerical epsilon must be a number > 0 (the privacy budget is "
+                             f"target_epsilon), got {epsilon!r}")
+        DPOptimizerMixin.__init__(
+            self, l2_norm_clip, noise_multiplier, target_epsilon=target_epsilon, delta=delta,
+            num_examples=num_examples, batch_size=batch_size, epochs=epochs, accountant=accountant,
+            sampling=sampling, neighboring=neighboring, clipping_method=clipping_method,
+            allow_exceeding_budget=allow_exceeding_budget, learning_rate=learning_rate, beta_1=beta_1,
+            beta_2=beta_2, adam_epsilon=float(epsilon), amsgrad=amsgrad, name=name, **kwargs)
 
     # Keras's Adam keeps its numerical epsilon in ``self.epsilon`` (a float it converts to a tensor each
     # step); ours is the privacy method ``epsilon(delta, accountant)``. One attribute serves both.
@@ -62,7 +80,7 @@ class DPAdamOptimizer(DPOptimizerMixin, VectorizedDPKerasAdamOptimizer):
 
     def get_config(self):
         config = super().get_config()
-        config["epsilon_hat"] = float(config.pop("epsilon"))
+        config["epsilon"] = float(self._adam_epsilon_hat)
         return config
 
 

@@ -35,8 +35,9 @@ class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
 
     Args:
       l2_norm_clip: C.
-      learning_rate: eta (a constant float). Give it, OR a budget (``epsilon``, ``delta``, ``epochs``), from
-        which sigma is calibrated and eta = (B / (n sigma C))^2 chosen (Theorem 1).
+      learning_rate: eta (a constant float, keyword-only). Give it, OR a budget (``target_epsilon``,
+        ``delta``, ``epochs``), from which sigma is calibrated and eta = (B / (n sigma C))^2 chosen
+        (Theorem 1).
       prior_stddev: std of an isotropic Gaussian prior N(0, prior_stddev^2) on every trainable weight
         (gradient w / prior_stddev^2); None for a flat prior.
       The regularizer also includes ``n * sum(model.losses)`` (Keras losses are per-example scaled).
@@ -46,19 +47,22 @@ class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
 
     _dp_method = "DP-SGLD"
 
-    def __init__(self, l2_norm_clip, learning_rate=None, *, epsilon=None, delta=None, num_examples=None,
-                 batch_size=None, epochs=None, prior_stddev=None, accountant="rdp", sampling="shuffle",
-                 neighboring="add_or_remove", clipping_method="auto", name="DPSGLDOptimizer", **kwargs):
+    def __init__(self, l2_norm_clip, *, learning_rate=None, target_epsilon=None, delta=None,
+                 num_examples=None, batch_size=None, epochs=None, prior_stddev=None, accountant="rdp",
+                 sampling="shuffle", neighboring="add_or_remove", clipping_method="auto",
+                 allow_exceeding_budget=False, name="DPSGLDOptimizer", **kwargs):
         for key in ("noise_multiplier", "momentum", "nesterov", "decay"):
             if kwargs.get(key):
                 raise ValueError(f"{key}: DP-SGLD takes none (noise comes from learning_rate; Langevin "
                                  f"dynamics use plain SGD), got {kwargs[key]!r}")
             kwargs.pop(key, None)
+        if "epsilon" in kwargs:
+            raise ValueError("epsilon: DPSGLDOptimizer has no 'epsilon' argument; the privacy budget is "
+                             f"target_epsilon=..., got epsilon={kwargs['epsilon']!r}")
         clip = check_positive("l2_norm_clip", l2_norm_clip)
-        if (learning_rate is None) == (epsilon is None):
-            raise ValueError("learning_rate and epsilon: give exactly one (a constant step size eta, or a "
-                             "budget epsilon=..., delta=..., epochs=...); got "
-                             f"learning_rate={learning_rate!r}, epsilon={epsilon!r}")
+        if learning_rate is None and target_epsilon is None:
+            raise ValueError("learning_rate and target_epsilon: give a constant step size eta, or a budget "
+                             "target_epsilon=..., delta=..., epochs=...; got neither")
         if prior_stddev is not None:
             prior_stddev = check_positive("prior_stddev", prior_stddev)
         self._sgld_prior_stddev = prior_stddev
@@ -70,15 +74,19 @@ class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
             if batch_size is None or num_examples is None:
                 raise ValueError("batch_size and num_examples are required (sigma = B / (n sqrt(eta) C))")
             sigma = sgld_noise_multiplier(learning_rate, clip, num_examples, batch_size)
-            super().__init__(clip, sigma, delta=delta, num_examples=num_examples, batch_size=batch_size,
-                             epochs=epochs, accountant=accountant, sampling=sampling, neighboring=neighboring,
-                             clipping_method=clipping_method, learning_rate=learning_rate, name=name,
-                             **kwargs)
-        else:
-            super().__init__(clip, None, epsilon=epsilon, delta=delta, num_examples=num_examples,
-                             batch_size=batch_size, epochs=epochs, accountant=accountant, sampling=sampling,
-                             neighboring=neighboring, clipping_method=clipping_method, learning_rate=1.0,
+            super().__init__(clip, sigma, target_epsilon=target_epsilon, delta=delta,
+                             num_examples=num_examples, batch_size=batch_size, epochs=epochs,
+                             accountant=accountant, sampling=sampling,
+                             neighboring=neighboring, clipping_method=clipping_method,
+                             allow_exceeding_budget=allow_exceeding_budget, learning_rate=learning_rate,
                              name=name, **kwargs)
+        else:
+            super().__init__(clip, None, target_epsilon=target_epsilon, delta=delta,
+                             num_examples=num_examples, batch_size=batch_size, epochs=epochs,
+                             accountant=accountant, sampling=sampling,
+                             neighboring=neighboring, clipping_method=clipping_method,
+                             allow_exceeding_budget=allow_exceeding_budget, learning_rate=1.0, name=name,
+                             **kwargs)
             if self.noise_multiplier == 0:  # pragma: no cover - calibration never returns 0
                 raise ValueError("epsilon: calibration returned sigma = 0")
             self._set_hyper("learning_rate", sgld_learning_rate(self.noise_multiplier, clip, num_examples,

@@ -44,9 +44,16 @@ class DPVDOptimizer(DPSGDOptimizer):
 
     _dp_method = "DPVD"
 
-    def __init__(self, l2_norm_clip, noise_multiplier=None, *, learning_rate=0.01, name="DPVDOptimizer",
-                 **kwargs):
-        super().__init__(l2_norm_clip, noise_multiplier, learning_rate=learning_rate, name=name, **kwargs)
+    def __init__(self, l2_norm_clip, noise_multiplier=None, *, target_epsilon=None, delta=None,
+                 num_examples=None, batch_size=None, epochs=None, accountant="rdp", sampling="shuffle",
+                 neighboring="add_or_remove", clipping_method="auto", allow_exceeding_budget=False,
+                 learning_rate=0.01, momentum=0.0, nesterov=False, name="DPVDOptimizer", **kwargs):
+        super().__init__(l2_norm_clip, noise_multiplier, target_epsilon=target_epsilon, delta=delta,
+                         num_examples=num_examples, batch_size=batch_size, epochs=epochs,
+                         accountant=accountant,
+                         sampling=sampling, neighboring=neighboring, clipping_method=clipping_method,
+                         allow_exceeding_budget=allow_exceeding_budget, learning_rate=learning_rate,
+                         momentum=momentum, nesterov=nesterov, name=name, **kwargs)
 
     def zeta(self):
         """zeta = eta * sigma * C / B (Ermis & Cemgil 2017a, eq. 12), a scalar tensor."""

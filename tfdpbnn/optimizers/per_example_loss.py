@@ -10,8 +10,8 @@ every gradient norm and no noise one DP step is the ordinary step (Abadi et al. 
 from __future__ import annotations
 
 import tensorflow as tf
-from keras.src.engine import compile_utils
-from keras.src.utils import losses_utils
+
+from tfdpbnn import _private_api
 
 
 def _reduce_to_batch(values: tf.Tensor) -> tf.Tensor:
@@ -27,8 +27,7 @@ def _one_output_loss(loss_obj, y_t, y_p, sw):
     """``[batch]`` unreduced loss of one output, weighted as ``compute_weighted_loss`` weights it."""
     y_t = tf.convert_to_tensor(y_t)
     sw = None if sw is None else tf.convert_to_tensor(sw)
-    y_t, y_p, sw = compile_utils.match_dtype_and_rank(y_t, y_p, sw)
-    sw = losses_utils.apply_mask(y_p, sw, losses_utils.get_mask(y_p))
+    y_t, y_p, sw = _private_api.weigh_like_keras(y_t, y_p, sw)
     if isinstance(loss_obj, tf.keras.losses.Loss):
         values = loss_obj.call(y_t, y_p)
     else:  # pragma: no cover - the container wraps plain functions in LossFunctionWrapper
@@ -36,7 +35,7 @@ def _one_output_loss(loss_obj, y_t, y_p, sw):
     values = tf.cast(values, tf.float32)
     if sw is not None:
         sw = tf.cast(sw, values.dtype)
-        values, _, sw = losses_utils.squeeze_or_expand_dimensions(values, None, sw)
+        values, sw = _private_api.squeeze_or_expand(values, sw)
         values = values * sw
     return _reduce_to_batch(values)
 
@@ -56,12 +55,10 @@ def compiled_per_example_loss_fn(model: tf.keras.Model):
             "such as 'sparse_categorical_crossentropy' so per-example losses can be clipped.")
 
     def per_example_loss(y, y_pred, sample_weight=None):
-        y_true = container._conform_to_outputs(y_pred, y)
-        sample_weight = container._conform_to_outputs(y_pred, sample_weight)
-        if not container._built:
-            container.build(y_pred)
+        y_true, sample_weight, losses, loss_weights = _private_api.loss_container_parts(
+            container, y_pred, y, sample_weight)
         flat = zip(tf.nest.flatten(y_true), tf.nest.flatten(y_pred), tf.nest.flatten(sample_weight),
-                   container._losses, container._loss_weights, strict=True)
+                   losses, loss_weights, strict=True)
         total = None
         for y_t, y_p, sw, loss_obj, loss_weight in flat:
             if y_t is None or loss_obj is None:

@@ -69,11 +69,19 @@ class SIDPOptimizer(DPSGDOptimizer):
 
     _dp_method = "SI-DPSGD"
 
-    def __init__(self, l2_norm_clip, noise_multiplier=None, *, paper_mean_update=False, name="SIDPOptimizer",
-                 initial_mean_sensitivity=0.0, initial_gdp_mu_squared=0.0, **kwargs):
+    def __init__(self, l2_norm_clip, noise_multiplier=None, *, paper_mean_update=False, target_epsilon=None,
+                 delta=None, num_examples=None, batch_size=None, epochs=None, accountant="rdp",
+                 sampling="shuffle", neighboring="add_or_remove", clipping_method="auto",
+                 allow_exceeding_budget=False, learning_rate=0.01, momentum=0.0, nesterov=False,
+                 name="SIDPOptimizer", initial_mean_sensitivity=0.0, initial_gdp_mu_squared=0.0, **kwargs):
         if not isinstance(paper_mean_update, bool):
             raise ValueError(f"paper_mean_update must be True or False, got {paper_mean_update!r}")
-        super().__init__(l2_norm_clip, noise_multiplier, name=name, **kwargs)
+        super().__init__(l2_norm_clip, noise_multiplier, target_epsilon=target_epsilon, delta=delta,
+                         num_examples=num_examples, batch_size=batch_size, epochs=epochs,
+                         accountant=accountant,
+                         sampling=sampling, neighboring=neighboring, clipping_method=clipping_method,
+                         allow_exceeding_budget=allow_exceeding_budget, learning_rate=learning_rate,
+                         momentum=momentum, nesterov=nesterov, name=name, **kwargs)
         self.paper_mean_update = paper_mean_update
         self._sidp_layers = None
         self._sidp_released_at_step = None
@@ -145,6 +153,38 @@ class SIDPOptimizer(DPSGDOptimizer):
         final = 0.0 if delta_now == 0 else (math.inf if s <= 0 else (delta_now / s) ** 2)
         return math.sqrt(float(self._sidp_mu_squared.numpy()) + final)
 
+    def _dp_phase_override(self, description, steps):
+        """Paper mode: one Gaussian release of noise multiplier 1 / mu (exact GDP, module docstring)."""
+        if not self.paper_mean_update:
+            return None
+        from tfdpbnn.privacy.budget import SENSITIVITY
+        from tfdpbnn.privacy.ledger import Phase
+
+        open_steps = self._dp_ledger.open_steps()
+        if steps == open_steps:
+            mu = self.paper_mode_gdp_mu()
+        else:
+            z = self.noise_multiplier
+            scale = 2.0 if self.neighboring == "replace_one" else 1.0
+            mu = math.inf if z == 0 else scale * math.sqrt(steps * (steps + 1) * (2 * steps + 1) / 6.0) / z
+        if steps <= 0 or mu == 0:
+            return Phase(kind="participations", noise_multiplier=description["noise_multiplier"],
+                         neighboring=description["neighboring"], steps=steps, participations=0,
+                         sampling="SI-DPSGD paper mode: nothing released yet")
+        sigma = 0.0 if not math.isfinite(mu) else SENSITIVITY[description["neighboring"]] / mu
+        return Phase(kind="gaussian", noise_multiplier=sigma, neighboring=description["neighboring"],
+                     steps=steps, num_examples=description["num_examples"],
+                     sampling="SI-DPSGD paper mode: exact GDP composition of the released weights "
+                              "(Dong, Roth & Su 2019)")
+
+    def epsilon(self, delta=None, accountant=None):
+        """Paper mode: the exact mu-GDP conversion of the ledger (all its releases are plain Gaussians)."""
+        if self.paper_mean_update:
+            mu = self.ledger.gaussian_mu()
+            if mu is not None:
+                return gdp_epsilon(mu, self._resolve_delta(delta))
+        return super().epsilon(delta=delta, accountant=accountant)
+
     def epsilon_after(self, steps, delta=None, accountant=None):
         if not self.paper_mean_update:
             return super().epsilon_after(steps, delta=delta, accountant=accountant)
@@ -171,6 +211,7 @@ class SIDPOptimizer(DPSGDOptimizer):
         statement = super().privacy_statement(delta=delta)
         if self.paper_mean_update:
             statement["accountant"] = "gdp-exact (Gaussian releases of theta_t; paper mean update)"
+            statement["epsilon"] = self.epsilon(delta=delta)
             statement["epsilon_by_accountant"] = {"gdp_exact": statement["epsilon"]}
             statement["gdp_mu"] = self.paper_mode_gdp_mu()
             statement["note"] = ("paper_mean_update=True: Davody et al. 2020, Lemma 4.1, does not hold; "

@@ -1,0 +1,107 @@
+"""The one place tfdpbnn touches private names of TensorFlow, Keras and tensorflow-privacy.
+
+Every private name tfdpbnn depends on is listed here, each behind a small function, so that a change of a
+pinned version breaks in one place with a clear message (``check()`` is run by the test suite):
+
+- ``tf.data``: ``Dataset._input_dataset`` of ``_PrefetchDataset`` and ``_OptionsDataset`` (to find the
+  sampling declaration of a dataset that was only prefetched or given options).
+- Keras: ``Model._steps_per_execution`` (how many steps one call of the train function runs, so a budget
+  stop never overshoots); the compiled-loss container's ``_conform_to_outputs``, ``_built``, ``_losses``,
+  ``_loss_weights`` and ``_total_loss_mean`` (to rebuild the unreduced per-example loss and keep Keras's loss
+  metric); ``keras.src.engine.compile_utils.match_dtype_and_rank`` and
+  ``keras.src.utils.losses_utils.{apply_mask, get_mask, squeeze_or_expand_dimensions}`` (Keras's own
+  weighting of a loss, reused so a per-example loss weighs examples exactly as ``compile`` does).
+- tensorflow-privacy: ``_was_dp_gradients_called`` on its vectorized Keras optimizers (set after our own
+  DP gradient so its ``apply_gradients`` check passes).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from keras.src.engine import compile_utils
+from keras.src.utils import losses_utils
+
+#: tf.data classes that neither drop, add, repeat nor reorder the elements of their input dataset.
+_ELEMENT_PRESERVING = ("_PrefetchDataset", "_OptionsDataset")
+
+
+def element_preserving_input(dataset):
+    """The input of ``dataset`` if ``dataset`` is a prefetch/with_options of it, else None."""
+    if type(dataset).__name__ in _ELEMENT_PRESERVING:
+        return getattr(dataset, "_input_dataset", None)
+    return None
+
+
+def steps_per_execution(model) -> int:
+    """Steps run by one call of ``model``'s train function (Keras's ``steps_per_execution``), at least 1."""
+    value = getattr(model, "_steps_per_execution", None)
+    if value is None:
+        return 1
+    try:
+        return max(1, int(value.numpy()))
+    except AttributeError:
+        return max(1, int(value))
+
+
+def loss_container_parts(container, y_pred, y, sample_weight):
+    """``(y_true, sample_weight, losses, loss_weights)`` of a built compiled-loss container, per output."""
+    y_true = container._conform_to_outputs(y_pred, y)
+    sample_weight = container._conform_to_outputs(y_pred, sample_weight)
+    if not container._built:
+        container.build(y_pred)
+    return y_true, sample_weight, container._losses, container._loss_weights
+
+
+def total_loss_metric(model):
+    """Keras's running-mean ``loss`` metric of ``model``'s compiled loss, or None."""
+    return getattr(getattr(model, "compiled_loss", None), "_total_loss_mean", None)
+
+
+def weigh_like_keras(y_t, y_p, sw):
+    """Keras's dtype/rank matching and masking of one output's ``(y_true, y_pred, sample_weight)``."""
+    y_t, y_p, sw = compile_utils.match_dtype_and_rank(y_t, y_p, sw)
+    sw = losses_utils.apply_mask(y_p, sw, losses_utils.get_mask(y_p))
+    return y_t, y_p, sw
+
+
+def squeeze_or_expand(values, sample_weight):
+    """Keras's alignment of per-element loss values and sample weights: ``(values, sample_weight)``."""
+    values, _, sample_weight = losses_utils.squeeze_or_expand_dimensions(values, None, sample_weight)
+    return values, sample_weight
+
+
+def mark_dp_gradients_computed(optimizer) -> None:
+    """Tell a tensorflow-privacy vectorized optimizer that the gradient it applies was privatized."""
+    optimizer._was_dp_gradients_called = True
+
+
+def check() -> None:
+    """Raise ``RuntimeError`` naming the private name that the installed versions no longer provide."""
+    base = tf.data.Dataset.range(3)
+    for made in (base.prefetch(1), base.with_options(tf.data.Options())):
+        if element_preserving_input(made) is not base:
+            raise RuntimeError(
+                f"tfdpbnn: tf.data's {type(made).__name__} no longer exposes _input_dataset as "
+                f"{_ELEMENT_PRESERVING}; update tfdpbnn/_private_api.py for tensorflow {tf.__version__}")
+    model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
+    model.compile(loss="mse", steps_per_execution=3)
+    if steps_per_execution(model) != 3:
+        raise RuntimeError("tfdpbnn: Keras's Model._steps_per_execution changed; update "
+                           f"tfdpbnn/_private_api.py for tensorflow {tf.__version__}")
+    y_pred = tf.zeros([2, 1])
+    try:
+        parts = loss_container_parts(model.compiled_loss, y_pred, tf.zeros([2, 1]), None)
+        weigh_like_keras(tf.zeros([2, 1]), y_pred, None)
+        squeeze_or_expand(tf.zeros([2]), tf.ones([2]))
+    except (AttributeError, TypeError) as err:
+        raise RuntimeError(f"tfdpbnn: Keras's compiled-loss internals changed ({err}); update "
+                           f"tfdpbnn/_private_api.py for tensorflow {tf.__version__}") from err
+    if len(parts[2]) != 1 or total_loss_metric(model) is None:
+        raise RuntimeError("tfdpbnn: Keras's LossesContainer no longer has _losses/_total_loss_mean; update "
+                           f"tfdpbnn/_private_api.py for tensorflow {tf.__version__}")
+    from tensorflow_privacy.privacy.optimizers import dp_optimizer_keras_vectorized as vectorized
+
+    source = open(vectorized.__file__).read()
+    if "_was_dp_gradients_called" not in source:
+        raise RuntimeError("tfdpbnn: tensorflow-privacy no longer uses _was_dp_gradients_called; update "
+                           "tfdpbnn/_private_api.py")

@@ -1,0 +1,193 @@
+"""Checks run before DP training starts: what the input's sampling is, and that examples stay separate.
+
+``input_sampling`` decides, from what ``model.fit`` is really given, how the steps about to run are
+accounted, and refuses what cannot be accounted (a wrong ``num_examples``, a pipeline whose sampling is
+unknown, a sample rate other than the optimizer's). ``check_per_example`` proves on a synthetic batch (no
+private data) that one example's loss depends on no other example, so per-example clipping bounds the
+sensitivity by C (Abadi et al. 2016): the model's outputs, its ``model.losses`` and the compiled loss are
+differentiated across examples and every cross-example derivative must vanish.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from tfdpbnn.data.sampling import find_spec
+
+#: Relative size above which a cross-example derivative counts as coupling (exact zeros are expected).
+COUPLING_TOLERANCE = 1e-6
+
+
+def _num_rows(x) -> int | None:
+    flat = tf.nest.flatten(x)
+    if not flat:
+        return None
+    first = flat[0]
+    shape = getattr(first, "shape", None)
+    if shape is None or len(shape) == 0 or shape[0] is None:
+        return None
+    return int(shape[0])
+
+
+def input_sampling(optimizer, x, batch_size=None, validation_split=0.0) -> dict:
+    """How the coming steps are accounted: ``{"kind", "source", "sample_rate", "num_examples"}``.
+
+    Raises ``ValueError`` for input whose sampling the optimizer's accounting cannot cover.
+    """
+    n = optimizer.num_examples
+    if isinstance(x, tf.data.Dataset):
+        spec = find_spec(x)
+        if spec is None:
+            raise ValueError(
+                "x: tfdpbnn cannot see how this tf.data pipeline draws its batches (it was not made by "
+                "tfdpbnn.data.poisson_batches, or a transformation other than prefetch/with_options was "
+                "applied after it), so no epsilon can be computed for it. Use "
+                "tfdpbnn.data.poisson_batches(x, y, sample_rate=...) (add .prefetch inside or after it), "
+                "pass arrays to model.fit, or assert the sampling yourself with "
+                "tfdpbnn.data.assert_sampling(dataset, sampling='shuffle' or 'poisson', num_examples=n, "
+                "...): the privacy statement then says it is asserted by the user.")
+        if spec.num_examples != n:
+            raise ValueError(
+                f"num_examples: the optimizer accounts for num_examples={n}, but the data's batches are "
+                f"drawn from {spec.num_examples} examples; make them equal")
+        if spec.kind != optimizer.sampling:
+            raise ValueError(
+                f"sampling: the optimizer accounts for sampling={optimizer.sampling!r}, but the data's "
+                f"batches are {spec.kind!r} ({spec.describe()}); build the optimizer with "
+                f"sampling={spec.kind!r} or feed matching batches")
+        if spec.kind == "poisson" and not math.isclose(spec.sample_rate, optimizer.sample_rate,
+                                                       rel_tol=1e-9):
+            raise ValueError(
+                f"sample_rate: batches were Poisson-sampled at rate {spec.sample_rate} but the optimizer "
+                f"accounts for sample rate {optimizer.sample_rate} (batch_size / num_examples); make them "
+                "equal")
+        source = "fixed_seed" if spec.fixed_seed else spec.source
+        return {"kind": spec.kind, "source": source, "sample_rate": spec.sample_rate, "num_examples": n}
+    if x is None or isinstance(x, tf.keras.utils.Sequence) or _num_rows(x) is None:
+        raise ValueError(
+            f"x: DP training needs arrays or a tf.data.Dataset whose sampling tfdpbnn knows; got "
+            f"{type(x).__name__}. Convert a generator or Sequence to tf.data and assert its sampling with "
+            "tfdpbnn.data.assert_sampling(...).")
+    if optimizer.sampling == "poisson":
+        raise ValueError(
+            "x: the optimizer was built with sampling='poisson', but model.fit on arrays draws shuffled "
+            "fixed-size batches; pass tfdpbnn.data.poisson_batches(x, y, sample_rate=...) or build the "
+            "optimizer with sampling='shuffle'")
+    rows = _num_rows(x)
+    train_rows = int(math.floor(rows * (1.0 - float(validation_split or 0.0))))
+    if train_rows != n:
+        detail = (f" ({rows} rows, of which model.fit keeps {train_rows} for training after "
+                  f"validation_split={validation_split})" if validation_split else "")
+        raise ValueError(
+            f"num_examples: the optimizer accounts for num_examples={n}, but model.fit trains on "
+            f"{train_rows} examples{detail}; make them equal")
+    fit_batch = 32 if batch_size is None else int(batch_size)
+    if fit_batch > optimizer.batch_size:
+        raise ValueError(
+            f"batch_size: model.fit uses batches of {fit_batch} but the optimizer divides the noised sum by "
+            f"batch_size={optimizer.batch_size}; pass the same batch_size to both")
+    return {"kind": "shuffle", "source": "keras_arrays", "sample_rate": None, "num_examples": n}
+
+
+def _synthetic(spec_like, rows: int, rng: np.random.Generator):
+    """A batch of ``rows`` synthetic values shaped and typed like ``spec_like`` (arrays or TensorSpecs)."""
+
+    def make(t):
+        shape = list(t.shape)[1:]
+        if any(s is None for s in shape):
+            raise ValueError(f"x: every non-batch dimension must be known to check per-example "
+                             f"independence, got shape {t.shape}")
+        dtype = tf.as_dtype(t.dtype)
+        if dtype.is_floating:
+            return tf.constant(rng.normal(size=[rows] + shape), dtype=dtype)
+        if dtype.is_integer or dtype.is_bool:
+            return tf.zeros([rows] + shape, dtype=dtype)
+        raise ValueError(f"x: cannot build a synthetic batch of dtype {dtype.name}")
+
+    return tf.nest.map_structure(make, spec_like)
+
+
+def _element_parts(x, y):
+    if isinstance(x, tf.data.Dataset):
+        spec = x.element_spec
+        if isinstance(spec, tuple):
+            return spec[0], (spec[1] if len(spec) > 1 else None)
+        return spec, None
+    return x, y
+
+
+def _max_abs(tensors) -> float:
+    values = [float(tf.reduce_max(tf.abs(t))) for t in tf.nest.flatten(tensors) if t is not None]
+    return max(values) if values else 0.0
+
+
+def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed: int = 0) -> None:
+    """Raise ``ValueError`` if one example's loss can depend on another example of the batch.
+
+    On a synthetic batch (Gaussian floats, zero integers: no private data is read), with ``training=True``:
+    the outputs of the first half of the batch, ``model.losses`` and the compiled per-example loss of the
+    first half must have zero derivative with respect to the other half's float inputs and predictions, and
+    the compiled loss must return one value per example.
+    """
+    x_like, y_like = _element_parts(x, y)
+    rng = np.random.default_rng(seed)
+    xs = _synthetic(x_like, rows, rng)
+    ys = None if y_like is None else _synthetic(y_like, rows, rng)
+    float_inputs = [t for t in tf.nest.flatten(xs) if t.dtype.is_floating]
+    half = rows // 2
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(float_inputs)
+        y_pred = model(xs, training=True)
+        tape.watch(tf.nest.flatten(y_pred))
+        outputs = [tf.reshape(tf.cast(o, tf.float32), [rows, -1]) for o in tf.nest.flatten(y_pred)]
+        weights = [tf.constant(rng.normal(size=o.shape), tf.float32) for o in outputs]
+        first_half = tf.add_n([tf.reduce_sum(o[:half] * w[:half]) for o, w in zip(outputs, weights,
+                                                                                   strict=True)])
+        reg = tf.add_n([tf.reduce_sum(tf.cast(r, tf.float32)) for r in model.losses]) if model.losses \
+            else None
+        per_example = loss_half = None
+        if ys is not None and per_example_loss_fn is not None:
+            per_example = tf.convert_to_tensor(per_example_loss_fn(ys, y_pred, None))
+            if per_example.shape.rank == 1 and per_example.shape[0] == rows:
+                loss_half = tf.reduce_sum(per_example[:half])
+    if float_inputs:
+        own = _max_abs(tape.gradient(first_half, float_inputs))
+        cross = [g[half:] for g in tape.gradient(first_half, float_inputs,
+                                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)]
+        if _max_abs(cross) > COUPLING_TOLERANCE * max(own, 1.0):
+            raise ValueError(
+                "model: a layer mixes examples of the batch in training (one example's output depends on "
+                "another example's input, e.g. batch statistics, or a Lambda over the batch axis), so "
+                "per-example clipping does not bound the sensitivity and DP training would not be private. "
+                "Use per-example layers (tfdpbnn.layers.PublicBatchNormalization for batch norm).")
+        if reg is not None:
+            dependence = _max_abs(tape.gradient(reg, float_inputs,
+                                                unconnected_gradients=tf.UnconnectedGradients.ZERO))
+            if dependence > 0.0:
+                raise ValueError(
+                    "model: model.losses depends on the input data (an add_loss on activations, or an "
+                    "activity regularizer). DP optimizers add model.losses unclipped, so it must be "
+                    "data-independent (weights only: KL terms, priors, weight decay); put a data-dependent "
+                    "term into the compiled per-example loss instead.")
+    if per_example is not None:
+        if loss_half is None:
+            raise ValueError(
+                f"loss: the compiled loss returned shape {per_example.shape} for a batch of {rows} "
+                "examples; DP training needs one loss per example (a loss that already reduces over the "
+                "batch cannot be clipped per example). Use a tf.keras.losses.Loss or a function "
+                "f(y_true, y_pred) that returns one value per example.")
+        preds = tf.nest.flatten(y_pred)
+        cross = tape.gradient(loss_half, preds, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        own = _max_abs([g[:half] for g in cross])
+        if _max_abs([g[half:] for g in cross]) > COUPLING_TOLERANCE * max(own, 1.0):
+            raise ValueError(
+                "loss: one example's compiled loss depends on other examples' predictions (e.g. a batch "
+                "mean inside the loss), so per-example clipping does not bound the sensitivity. Use a loss "
+                "computed per example.")
+    del tape
+
+
+__all__ = ["COUPLING_TOLERANCE", "check_per_example", "input_sampling"]

@@ -1,0 +1,287 @@
+"""A DP optimizer's privacy ledger as state that every save format carries.
+
+The ledger (``tfdpbnn.privacy.ledger``) is kept in non-trainable optimizer variables, so
+``tf.train.Checkpoint`` restores it, and in ``get_config`` (``privacy_ledger``), so every ``model.save``
+format and ``from_config`` restore it. It holds:
+
+- the closed phases: a fixed-size float64 table, one row per phase (``MAX_PHASES`` rows);
+- the open phase: the step it started at, its description (sigma, q, n, sampling source, ...) and the
+  counters the DP step updates in the graph: examples processed (sum of realized batch sizes) and the sum of
+  squared deviations of the batch sizes from the expected batch size (for the Poisson test).
+
+The open phase's description is set at the start of every ``fit`` from what that fit really feeds; when it
+differs from the open phase's (another optimizer setting, another input, a restored checkpoint built with
+other settings), the open phase is closed first. Steps already taken are never re-described.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from tfdpbnn.privacy.ledger import Phase, PrivacyLedger, new_phase_id
+
+#: Phases one optimizer's table holds (a new phase beyond it raises: the record is never truncated).
+MAX_PHASES = 64
+
+_KINDS = ("poisson", "participations", "gaussian", "shuffle")
+_NEIGHBORING = ("add_or_remove", "replace_one")
+_SOURCES = ("poisson_batches", "keras_arrays", "asserted_by_user", "paper_gdp", "failed_poisson_test",
+            "fixed_seed", "imported", "custom_loop", "failed_pass_check")
+_SOURCE_TEXT = {
+    "poisson_batches": "Poisson batches drawn by tfdpbnn.data.poisson_batches (secret seed; sizes tested)",
+    "keras_arrays": "arrays shuffled and batched by model.fit: passes over the data, counted",
+    "asserted_by_user": "sampling asserted by the user (tfdpbnn.data.assert_sampling), not verifiable",
+    "paper_gdp": "SI-DPSGD paper mode: exact GDP composition of the released weights",
+    "failed_poisson_test": "batches failed the Poisson test: every step accounted without amplification",
+    "fixed_seed": "fixed sampling seed (debug_fixed_seed): every step accounted without amplification",
+    "imported": "earlier training of this model (another optimizer object)",
+    "custom_loop": "custom training loop (optimizer.minimize): every step accounted without amplification",
+    "failed_pass_check": "a pass over the asserted dataset did not hold num_examples examples: every step "
+                         "accounted as one participation",
+}
+# Table columns.
+_COLUMNS = ("phase_id", "kind", "noise_multiplier", "neighboring", "steps", "sample_rate", "participations",
+            "examples", "num_examples", "source")
+_COL = {name: i for i, name in enumerate(_COLUMNS)}
+# Open-phase description fields.
+_DESC = ("phase_id", "kind", "noise_multiplier", "neighboring", "sample_rate", "num_examples", "source",
+         "batch_size")
+_D = {name: i for i, name in enumerate(_DESC)}
+
+
+def describe_source(source: str) -> str:
+    """The privacy statement's line for a sampling source code."""
+    return _SOURCE_TEXT[source]
+
+
+class LedgerState:
+    """The variables of one optimizer's ledger and the Python logic that opens and closes phases.
+
+    Args:
+      optimizer: the DP optimizer (its ``add_weight`` creates the variables; ``iterations`` counts steps).
+      config: ``get_config()["privacy_ledger"]`` of a saved optimizer, or None.
+    """
+
+    def __init__(self, optimizer, config=None):
+        self._optimizer = optimizer
+        config = config or {}
+        table = np.zeros([MAX_PHASES, len(_COLUMNS)])
+        phases = [Phase(**p) for p in config.get("phases", [])]
+        if len(phases) > MAX_PHASES:
+            raise ValueError(f"privacy_ledger: {len(phases)} phases exceed the table's {MAX_PHASES}")
+        for i, phase in enumerate(phases):
+            table[i] = _row(phase, config.get("sources", {}).get(str(phase.phase_id), "imported"))
+        open_config = config.get("open") or {}
+        desc = np.array([float(open_config.get(k, 0.0)) for k in _DESC]) if open_config \
+            else np.zeros(len(_DESC))
+
+        def weight(name, value, shape=(), dtype=tf.float64):
+            return optimizer.add_weight(
+                name, shape=shape, dtype=dtype, trainable=False,
+                initializer=tf.keras.initializers.Constant(value),
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+        with tf.init_scope():
+            self.table = weight("dp_ledger_phases", table, shape=table.shape)
+            self.count = weight("dp_ledger_phase_count", float(len(phases)))
+            self.open_desc = weight("dp_ledger_open_phase", desc, shape=desc.shape)
+            self.open_start = weight("dp_ledger_open_start_step", float(open_config.get("start_step", 0)))
+            self.open_examples = weight("dp_ledger_open_examples", float(open_config.get("examples", 0)))
+            self.open_squared = weight("dp_ledger_open_squared_deviation",
+                                       float(open_config.get("squared_deviation", 0.0)))
+
+    # ------------------------------------------------------------------------------------ graph side
+    def record_batch(self, batch_size: tf.Tensor) -> None:
+        """Count one step's realized (global) batch size; runs inside the DP train step."""
+        b = tf.cast(batch_size, tf.float64)
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync > 1:
+            b = context.all_reduce(tf.distribute.ReduceOp.SUM, b)
+        expected = self.open_desc[_D["batch_size"]]
+        self.open_examples.assign_add(b)
+        self.open_squared.assign_add(tf.square(b - expected))
+
+    # ----------------------------------------------------------------------------------- python side
+    def _desc(self) -> dict:
+        values = self.open_desc.numpy()
+        return {name: float(values[i]) for i, name in enumerate(_DESC)}
+
+    @property
+    def has_open_phase(self) -> bool:
+        """Whether a phase is open (a fit described it)."""
+        return self._desc()["phase_id"] != 0
+
+    def open_steps(self) -> int:
+        """Steps taken in the open phase."""
+        if not self.has_open_phase:
+            return 0
+        return int(self._optimizer.iterations.numpy()) - int(round(float(self.open_start.numpy())))
+
+    def open_counters(self) -> tuple[int, float, float]:
+        """(steps, examples, squared deviation) of the open phase."""
+        return self.open_steps(), float(self.open_examples.numpy()), float(self.open_squared.numpy())
+
+    def open_description(self) -> dict | None:
+        """The open phase's description (decoded), or None."""
+        if not self.has_open_phase:
+            return None
+        d = self._desc()
+        return {"kind": _KINDS[int(d["kind"])], "noise_multiplier": d["noise_multiplier"],
+                "neighboring": _NEIGHBORING[int(d["neighboring"])],
+                "sample_rate": d["sample_rate"] or None, "num_examples": int(d["num_examples"]),
+                "source": _SOURCES[int(d["source"])], "batch_size": d["batch_size"]}
+
+    def open_phase(self, kind, noise_multiplier, neighboring, sample_rate, num_examples, source,
+                   batch_size) -> None:
+        """Start a phase described so (closing the open one when its description differs)."""
+        wanted = {"kind": kind, "noise_multiplier": float(noise_multiplier), "neighboring": neighboring,
+                  "sample_rate": None if sample_rate is None else float(sample_rate),
+                  "num_examples": int(num_examples), "source": source, "batch_size": float(batch_size)}
+        current = self.open_description()
+        if current is not None and _same(current, wanted):
+            return
+        self.close_open_phase()
+        desc = np.zeros(len(_DESC))
+        desc[_D["phase_id"]] = float(new_phase_id())
+        desc[_D["kind"]] = _KINDS.index(kind)
+        desc[_D["noise_multiplier"]] = float(noise_multiplier)
+        desc[_D["neighboring"]] = _NEIGHBORING.index(neighboring)
+        desc[_D["sample_rate"]] = 0.0 if sample_rate is None else float(sample_rate)
+        desc[_D["num_examples"]] = int(num_examples)
+        desc[_D["source"]] = _SOURCES.index(source)
+        desc[_D["batch_size"]] = float(batch_size)
+        self.open_desc.assign(desc)
+        self.open_start.assign(float(self._optimizer.iterations.numpy()))
+        self.open_examples.assign(0.0)
+        self.open_squared.assign(0.0)
+
+    def current_phase(self, override_source=None, steps=None, examples=None) -> Phase | None:
+        """The open phase as a ``Phase`` (optionally with hypothetical ``steps``/``examples``)."""
+        d = self.open_description()
+        if d is None:
+            return None
+        real_steps, real_examples, _ = self.open_counters()
+        steps = real_steps if steps is None else int(steps)
+        examples = real_examples if examples is None else float(examples)
+        source = override_source or d["source"]
+        return _phase_from(d, steps, examples, source, int(self._desc()["phase_id"]),
+                           getattr(self._optimizer, "_dp_phase_override", lambda _d, _s: None))
+
+    def close_open_phase(self, source=None) -> None:
+        """Move the open phase (if it took a step) into the table; no phase is open afterwards."""
+        phase = self.current_phase(override_source=source)
+        if phase is not None and phase.steps > 0:
+            self.append(phase, source or self.open_description()["source"])
+        self.open_desc.assign(np.zeros(len(_DESC)))
+        self.open_examples.assign(0.0)
+        self.open_squared.assign(0.0)
+
+    def append(self, phase: Phase, source: str) -> None:
+        """Add a closed phase (phases already in the table, by id, are skipped)."""
+        if any(p.phase_id == phase.phase_id for p in self.closed_phases()):
+            return
+        count = int(round(float(self.count.numpy())))
+        if count >= MAX_PHASES:
+            raise ValueError(
+                f"privacy ledger: this optimizer already holds {MAX_PHASES} training phases; start a new "
+                "optimizer (the model's ledger carries over) rather than losing the record")
+        table = self.table.numpy()
+        table[count] = _row(phase, source)
+        self.table.assign(table)
+        self.count.assign(float(count + 1))
+
+    def closed_phases(self) -> list[Phase]:
+        """The closed phases, oldest first."""
+        count = int(round(float(self.count.numpy())))
+        return [_phase_from_row(row) for row in self.table.numpy()[:count]]
+
+    def closed_sources(self) -> list[str]:
+        """The sampling source code of each closed phase."""
+        count = int(round(float(self.count.numpy())))
+        return [_SOURCES[int(row[_COL["source"]])] for row in self.table.numpy()[:count]]
+
+    def ledger(self, steps=None, examples=None) -> PrivacyLedger:
+        """Closed phases plus the open one (with hypothetical ``steps``/``examples`` if given)."""
+        ledger = PrivacyLedger(self.closed_phases())
+        phase = self.current_phase(steps=steps, examples=examples)
+        if phase is not None:
+            ledger.add(phase)
+        return ledger
+
+    def to_config(self) -> dict:
+        """JSON-safe ledger for ``get_config``."""
+        config = {"phases": [p.to_config() for p in self.closed_phases()],
+                  "sources": {str(p.phase_id): s for p, s in zip(self.closed_phases(), self.closed_sources(),
+                                                                 strict=True)}}
+        if self.has_open_phase:
+            steps, examples, squared = self.open_counters()
+            desc = self._desc()
+            config["open"] = {**{k: desc[k] for k in _DESC}, "start_step": int(self.open_start.numpy()),
+                              "examples": examples, "squared_deviation": squared}
+        return config
+
+
+def _same(a: dict, b: dict) -> bool:
+    for key in a:
+        x, y = a[key], b[key]
+        if isinstance(x, float) or isinstance(y, float):
+            if x is None or y is None:
+                if x is not y:
+                    return False
+            elif not math.isclose(float(x), float(y), rel_tol=1e-9, abs_tol=1e-12):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def _participations(examples: float, num_examples: int) -> int:
+    return int(math.ceil(examples / num_examples - 1e-9)) if examples > 0 else 0
+
+
+def _phase_from(d: dict, steps: int, examples: float, source: str, phase_id: int, override) -> Phase:
+    special = override(d, steps)
+    if special is not None:
+        return special
+    common = dict(noise_multiplier=d["noise_multiplier"], neighboring=d["neighboring"], steps=steps,
+                  examples=int(round(examples)), num_examples=d["num_examples"],
+                  sampling=describe_source(source), phase_id=phase_id)
+    if d["kind"] == "poisson" and source not in ("failed_poisson_test", "fixed_seed", "custom_loop"):
+        return Phase(kind="poisson", sample_rate=d["sample_rate"], **common)
+    if d["kind"] == "shuffle" and source != "failed_pass_check":
+        return Phase(kind="participations", participations=_participations(examples, d["num_examples"]),
+                     **common)
+    return Phase(kind="participations", participations=steps, **common)
+
+
+def _row(phase: Phase, source: str) -> np.ndarray:
+    row = np.zeros(len(_COLUMNS))
+    row[_COL["phase_id"]] = float(phase.phase_id)
+    row[_COL["kind"]] = _KINDS.index(phase.kind)
+    row[_COL["noise_multiplier"]] = phase.noise_multiplier
+    row[_COL["neighboring"]] = _NEIGHBORING.index(phase.neighboring)
+    row[_COL["steps"]] = phase.steps
+    row[_COL["sample_rate"]] = phase.sample_rate or 0.0
+    row[_COL["participations"]] = -1 if phase.participations is None else phase.participations
+    row[_COL["examples"]] = phase.examples
+    row[_COL["num_examples"]] = phase.num_examples or 0
+    row[_COL["source"]] = _SOURCES.index(source)
+    return row
+
+
+def _phase_from_row(row) -> Phase:
+    kind = _KINDS[int(row[_COL["kind"]])]
+    participations = int(row[_COL["participations"]])
+    source = _SOURCES[int(row[_COL["source"]])]
+    return Phase(kind=kind, noise_multiplier=float(row[_COL["noise_multiplier"]]),
+                 neighboring=_NEIGHBORING[int(row[_COL["neighboring"]])], steps=int(row[_COL["steps"]]),
+                 sample_rate=float(row[_COL["sample_rate"]]) if kind == "poisson" else None,
+                 participations=participations if participations >= 0 else None,
+                 examples=int(row[_COL["examples"]]), num_examples=int(row[_COL["num_examples"]]) or None,
+                 sampling=describe_source(source), phase_id=int(row[_COL["phase_id"]]))
+
+
+__all__ = ["MAX_PHASES", "LedgerState", "describe_source"]

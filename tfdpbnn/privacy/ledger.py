@@ -1,0 +1,204 @@
+"""The privacy ledger of one model's training: what really ran, phase by phase, as one ``DpEvent``.
+
+A phase is a stretch of DP-SGD steps (Abadi et al. 2016) with one noise multiplier and one sampling scheme.
+Its ``DpEvent`` (dp-accounting's convention: noise multiplier in units of the L2 sensitivity, C for
+add/remove and 2C for replace-one) comes from COUNTED quantities:
+
+- "poisson": ``steps`` Poisson(q)-subsampled Gaussian mechanisms (Mironov, Talwar & Zhang 2019), for
+  batches drawn by ``tfdpbnn.data.poisson_batches`` with a secret seed (or asserted by the user) whose
+  realized sizes passed the Binomial test (``tfdpbnn.privacy.sampling_test``);
+- "participations": ``count`` Gaussian mechanisms without amplification, where ``count`` is the number of
+  noised sums the most-exposed example can have entered: ``ceil(examples processed / n)`` for passes over
+  the data (shuffled batches), or every step when the sampling cannot be trusted to amplify (a fixed
+  seed, or batches that failed the Poisson test);
+- "gaussian": one Gaussian mechanism of noise multiplier ``noise_multiplier`` (exact mu-GDP composition of
+  adaptively chosen Gaussian releases, Dong, Roth & Su 2019, Corollary 3.3: SI-DPSGD's paper mode).
+
+Phases compose (``ComposedDpEvent``), so recompiling, a new optimizer or a restored checkpoint with other
+settings adds a phase and never rewrites the epsilon of steps already taken.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import secrets
+
+import dp_accounting
+
+from tfdpbnn.privacy._checks import check_choice, check_open_unit
+from tfdpbnn.privacy.budget import NEIGHBORING, SENSITIVITY
+from tfdpbnn.privacy.registry import get_accountant, sound_accountants
+
+PHASE_KINDS = ("poisson", "participations", "gaussian")
+
+
+def new_phase_id() -> int:
+    """A random 52-bit identifier (exact in a float64 variable) that keeps phases unique across merges."""
+    return secrets.randbits(52)
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One stretch of training with one mechanism, described by what was counted.
+
+    Attributes:
+      kind: one of ``PHASE_KINDS`` (module docstring).
+      noise_multiplier: sigma, noise std over the clip norm C (per step; for "gaussian" the whole phase's).
+      neighboring: "add_or_remove" or "replace_one".
+      steps: DP steps taken in the phase.
+      sample_rate: q for "poisson", else None.
+      participations: for "participations", how many noised sums the most-exposed example entered.
+      examples: examples processed (sum of realized batch sizes).
+      num_examples: n of the data the batches were drawn from.
+      sampling: one line on how the batches were drawn (and whether that was checked or asserted).
+      phase_id: unique identifier.
+    """
+
+    kind: str
+    noise_multiplier: float
+    neighboring: str
+    steps: int
+    sample_rate: float | None = None
+    participations: int | None = None
+    examples: int = 0
+    num_examples: int | None = None
+    sampling: str = ""
+    phase_id: int = dataclasses.field(default_factory=new_phase_id)
+
+    def __post_init__(self):
+        check_choice("kind", self.kind, PHASE_KINDS)
+        check_choice("neighboring", self.neighboring, tuple(NEIGHBORING))
+        if not self.noise_multiplier >= 0:
+            raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier!r}")
+        if self.kind == "poisson" and not (self.sample_rate is not None and 0 < self.sample_rate <= 1):
+            raise ValueError(f"sample_rate: a poisson phase needs q in (0, 1], got {self.sample_rate!r}")
+        if self.kind == "participations" and (self.participations is None or self.participations < 0):
+            raise ValueError(f"participations must be an integer >= 0, got {self.participations!r}")
+
+    @property
+    def released(self) -> bool:
+        """Whether the phase released anything (a step was taken)."""
+        if self.kind == "participations":
+            return self.participations > 0
+        return self.steps > 0
+
+    def event(self) -> dp_accounting.DpEvent:
+        """The phase's ``DpEvent`` in units of the sensitivity (C, or 2C under replace-one)."""
+        if not self.released:
+            return dp_accounting.NoOpDpEvent()
+        if self.noise_multiplier == 0:
+            return dp_accounting.NonPrivateDpEvent()
+        gaussian = dp_accounting.GaussianDpEvent(self.noise_multiplier / SENSITIVITY[self.neighboring])
+        if self.kind == "poisson":
+            return dp_accounting.SelfComposedDpEvent(
+                dp_accounting.PoissonSampledDpEvent(float(self.sample_rate), gaussian), int(self.steps))
+        if self.kind == "participations":
+            return dp_accounting.SelfComposedDpEvent(gaussian, int(self.participations))
+        return gaussian
+
+    def to_config(self) -> dict:
+        """A JSON-safe dict (``Phase(**config)`` rebuilds it)."""
+        return dataclasses.asdict(self)
+
+
+class PrivacyLedger:
+    """The phases of one model's DP training, composed into one ``DpEvent``.
+
+    ``epsilon(delta, accountant)`` is an upper bound for everything in the ledger when ``accountant`` is
+    sound (``tfdpbnn.privacy.sound_accountants()``); approximate accountants are refused here.
+    """
+
+    def __init__(self, phases=()):
+        self._phases: list[Phase] = []
+        for phase in phases:
+            self.add(phase)
+
+    @property
+    def phases(self) -> tuple[Phase, ...]:
+        """The recorded phases, oldest first."""
+        return tuple(self._phases)
+
+    def add(self, phase: Phase) -> None:
+        """Append ``phase`` (a phase already present, by id, is not added twice)."""
+        if not isinstance(phase, Phase):
+            phase = Phase(**phase)
+        if any(p.phase_id == phase.phase_id for p in self._phases):
+            return
+        if self._phases and phase.neighboring != self._phases[0].neighboring:
+            raise ValueError(
+                f"neighboring: this model's ledger is accounted under {self._phases[0].neighboring!r}; a "
+                f"phase under {phase.neighboring!r} cannot be composed with it. Keep one neighboring "
+                "relation for all training of a model.")
+        self._phases.append(phase)
+
+    @property
+    def steps(self) -> int:
+        """DP steps over all phases."""
+        return sum(p.steps for p in self._phases)
+
+    @property
+    def neighboring(self) -> str:
+        """The neighboring relation of every phase ("add_or_remove" when empty)."""
+        return self._phases[0].neighboring if self._phases else "add_or_remove"
+
+    def event(self) -> dp_accounting.DpEvent:
+        """All phases as one ``ComposedDpEvent``."""
+        return dp_accounting.ComposedDpEvent([p.event() for p in self._phases])
+
+    def epsilon(self, delta: float, accountant: str = "rdp") -> float:
+        """Epsilon at ``delta`` of everything recorded, by a sound accountant; ``inf`` if sigma was 0."""
+        check_open_unit("delta", delta)
+        if accountant not in sound_accountants():
+            raise ValueError(
+                f"accountant: {accountant!r} is not a sound accountant (one of {sound_accountants()}); an "
+                "approximation cannot be a privacy statement (see approximate_epsilon)")
+        return _epsilon_of(self.event(), delta, accountant, self.neighboring)
+
+    def approximate_epsilon(self, delta: float, accountant: str = "gdp") -> float:
+        """Epsilon by any registered accountant, approximate ones included (label it as such)."""
+        check_open_unit("delta", delta)
+        return _epsilon_of(self.event(), delta, accountant, self.neighboring)
+
+    def gaussian_mu(self) -> float | None:
+        """mu of the exact mu-GDP composition when no phase is subsampled (Dong, Roth & Su 2019, Cor. 3.3).
+
+        Composing Gaussian mechanisms of noise multipliers sigma_i (in sensitivity units) is exactly mu-GDP
+        with mu^2 = sum_i 1 / sigma_i^2; None when a phase is Poisson-subsampled.
+        """
+        total = 0.0
+        for phase in self._phases:
+            if not phase.released:
+                continue
+            if phase.kind == "poisson":
+                return None
+            if phase.noise_multiplier == 0:
+                return math.inf
+            count = phase.participations if phase.kind == "participations" else 1
+            sigma = phase.noise_multiplier / SENSITIVITY[phase.neighboring]
+            total += count / sigma ** 2
+        return math.sqrt(total)
+
+    def to_config(self) -> list[dict]:
+        """JSON-safe list of the phases."""
+        return [p.to_config() for p in self._phases]
+
+
+def _epsilon_of(event, delta, accountant, neighboring) -> float:
+    if isinstance(event, dp_accounting.ComposedDpEvent) and not event.events:
+        return 0.0
+    if _non_private(event):
+        return math.inf
+    acc = get_accountant(accountant, neighboring_relation=NEIGHBORING[neighboring])
+    return float(acc.compose(event).get_epsilon(delta))
+
+
+def _non_private(event) -> bool:
+    if isinstance(event, dp_accounting.NonPrivateDpEvent):
+        return True
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+        return any(_non_private(e) for e in event.events)
+    return False
+
+
+__all__ = ["PHASE_KINDS", "Phase", "PrivacyLedger", "new_phase_id"]
