@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python benchmarks/accountants_table.py [--out docs/privacy_tables.md]`` (about a minute on
 2 cores). Prints markdown: (1) epsilon at delta 1e-5 of Poisson-subsampled DP-SGD by rdp, pld, zcdp, gdp, ac
-and each one's ratio to PLD; (2) the noise multiplier each accountant (and papers 000's procedures) needs for
+and each one's ratio to PLD; (2) the noise multiplier each accountant (and Ermis & Cemgil's (2017a)
+procedures) needs for
 the DPVD MNIST setting (q = 0.01, 200 epochs) at epsilon 10, 1, 0.1; (3) Poisson against shuffle.
 """
 

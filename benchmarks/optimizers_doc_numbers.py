@@ -20,7 +20,7 @@ def shuffle_vs_poisson():
     print("| setting | sigma | epochs | epsilon, Poisson (rdp) | epsilon, shuffle (rdp) "
           "| epsilon, shuffle (pld) |")
     print("| --- | --- | --- | --- | --- | --- |")
-    settings = (("DIGITS, tfdpbnn train", 1437, 287, 20), ("MNIST, paper 000", 60000, 600, 200))
+    settings = (("DIGITS, tfdpbnn train", 1437, 287, 20), ("MNIST, Ermis & Cemgil (2017a)", 60000, 600, 200))
     for name, n, b, epochs in settings:
         q = b / n
         steps = epochs * math.ceil(n / b)

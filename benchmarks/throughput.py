@@ -1,4 +1,4 @@
-"""Throughput of DP training against non-private Keras, same models and data, one process (issue 5).
+"""Throughput of DP training against non-private Keras, same models and data, one process.
 
 For each model the non-private run and the DP runs are timed in alternation (one epoch each, ``--repeats``
 times, after a warm-up epoch), so load from other processes hits both alike; the report gives the median
@@ -373,7 +373,7 @@ def targets(results):
     def mark(ok):
         return "met" if ok else "**missed**"
 
-    lines = ["", "## Targets (issue 5)", "", "| target | measured | status |", "| --- | --- | --- |"]
+    lines = ["", "## Targets", "", "| target | measured | status |", "| --- | --- | --- |"]
     for key, (times, _, memory, _, _) in results.items():
         base = statistics.median(times["non-private"])
         limit = 1.25 if key in DENSE_MLPS else 1.5

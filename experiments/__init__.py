@@ -17,19 +17,24 @@ __all__ = ["EXPERIMENTS", "available_experiments", "run_experiment"]
 # name -> (module, one-line description).
 EXPERIMENTS = {
     "sigma-curve": ("experiments.sigma_curve",
-                    "paper 000 Fig. 3: sigma against epsilon, the papers' AC/zCDP beside sound accountants"),
+                    "Ermis & Cemgil 2017a, Fig. 3: sigma against epsilon, the papers' AC/zCDP beside sound "
+                    "accountants"),
     "digits-table": ("experiments.digits_table",
-                     "papers 000/002 Table 1 on DIGITS (MNIST with --data-dir): DPVD, DPD, SVI/SGLD, DP-SGD "
+                     "Ermis & Cemgil 2017a/b, Table 1 on DIGITS (MNIST with --data-dir): DPVD, DPD, SVI/SGLD,"
+                     " "
+                     "DP-SGD "
                      "at several epsilons"),
     "digits-ablation": ("experiments.digits_ablation",
                         "which changes to the papers' DIGITS setting matter for DP-SGD at epsilon 1"),
     "dpbnn-table": ("experiments.dpbnn_table",
-                    "paper 003 Tables 1-2 on DIGITS (MNIST with --data-dir): DP-SGLD, DP-BBP, DP-MC "
+                    "Zhang et al. 2022, Tables 1-2 on DIGITS (MNIST with --data-dir): DP-SGLD, DP-BBP, DP-MC "
                     "Dropout, DP-SGD; ECE, MCE"),
     "heteroscedastic": ("experiments.heteroscedastic",
-                        "paper 003 sec. 5.2: heteroscedastic GP regression, median MSE, uncertainty bands"),
+                        "Zhang et al. 2022, sec. 5.2: heteroscedastic GP regression, median MSE, uncertainty "
+                        "bands"),
     "sidp-tables": ("experiments.sidp_tables",
-                    "paper 004 Tables 1 and 4: noisy weights with/without LN/BN; SI-DPSGD vs DP-SGD"),
+                    "Davody et al. 2020, Tables 1 and 4: noisy weights with/without LN/BN; SI-DPSGD vs "
+                    "DP-SGD"),
 }
 
 

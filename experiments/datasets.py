@@ -43,7 +43,7 @@ def load_flat(dataset: str, data_dir: str | None, experiment: str):
     else:
         try:
             (x_train, y_train), (x_test, y_test) = data.load_mnist(data_dir=data_dir, download=False)
-        except AssertionError as err:  # TFDS: "Dataset mnist: could not find data in ..."
+        except data.DatasetNotAvailableError as err:
             where = repr(data_dir) if data_dir is not None else "TFDS's default directory"
             raise ValueError(
                 f"data_dir: no prepared TFDS 'mnist' in {where}; {experiment} never downloads. Prepare it "

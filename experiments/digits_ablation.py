@@ -1,4 +1,5 @@
-"""``digits-ablation``: which changes to papers 000/002's DIGITS setting matter for DP-SGD at epsilon 1.
+"""``digits-ablation``: which changes to Ermis & Cemgil's (2017a, 2017b) DIGITS setting matter for DP-SGD at
+epsilon 1.
 
 Starting from the papers' setting (64-1000-10 ReLU, expected batch 100, 100 epochs, C = 2,
 eta_t = 0.05 / (1 + epoch)) and sound accounting (Poisson sampling, sigma from RDP for epsilon 1,

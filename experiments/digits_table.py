@@ -1,18 +1,22 @@
-"""``digits-table``: papers 000/002 Table 1 on DIGITS with sound accounting (Poisson sampling, RDP).
+"""``digits-table``: Ermis & Cemgil (2017a, 2017b) Table 1 on DIGITS with sound accounting (Poisson sampling,
+RDP).
 
 Rows (the papers' methods, all trained by ``tfdpbnn`` optimizers through ``model.compile``/``model.fit``):
 
-- ``dpvd``: DP variational dropout (paper 000): ``DenseVariational`` layers + ``DPVDOptimizer``;
-- ``dpd``: DP dropout (paper 002): dense layers with Gaussian dropout (``MCDropout(gaussian=True)``) +
+- ``dpvd``: DP variational dropout (Ermis & Cemgil 2017a): ``DenseVariational`` layers + ``DPVDOptimizer``;
+- ``dpd``: DP dropout (Ermis & Cemgil 2017b): dense layers with Gaussian dropout
+(``MCDropout(gaussian=True)``) +
   ``DPSGDOptimizer``;
-- ``svi``: SVI without dropout (paper 000's "SVI-zCDP"): Bayes-by-Backprop layers (``DenseBayesByBackprop``)
+- ``svi``: SVI without dropout (Ermis & Cemgil's (2017a) "SVI-zCDP"): Bayes-by-Backprop layers
+(``DenseBayesByBackprop``)
   + ``DPSGDOptimizer`` (DP-BBP);
-- ``sgld``: SGLD without dropout (paper 002's "SGLD-zCDP"): dense layers + ``DPSGLDOptimizer``;
+- ``sgld``: SGLD without dropout (Ermis & Cemgil's (2017b) "SGLD-zCDP"): dense layers + ``DPSGLDOptimizer``;
 - ``dpsgd``: DP-SGD (Abadi et al. 2016): dense layers + ``DPSGDOptimizer``.
 
 Two configurations:
 
-- ``paper``: the papers' settings (sec. 5 of 000/002): one ReLU hidden layer (1000 units in 000, 500 in 002),
+- ``paper``: the papers' settings (sec. 5 of Ermis & Cemgil 2017a/b): one ReLU hidden layer (1000 units in
+Ermis & Cemgil 2017a, 500 in Ermis & Cemgil 2017b),
   expected batch 100, 100 epochs, clip C = 2, eta_t = 0.05 / (1 + epoch). Sigma is calibrated by RDP for the
   Poisson-subsampled Gaussian (not by the papers' zCDP procedure, which does not give a guarantee).
 - ``tuned``: per method AND per epsilon, the candidate (``tuning_candidates(epsilon)``: expected batch,
@@ -25,8 +29,10 @@ Two configurations:
 MNIST variant: with ``data_dir`` (or ``dataset="mnist"``) the table runs on MNIST from a prepared TFDS
 directory (never downloaded; ``experiments.datasets``), inputs flattened to 784 in [0, 1], 60000
 training and 10000 test images. ``paper`` then takes the papers' MNIST setting (``paper_setting(method,
-"mnist")``; from the papers: one ReLU hidden layer of 1000 units (000 and 002), expected batch 600 (q = 0.01),
-200 epochs, eta_0 = 0.1 with eta_t = eta_0 / t, clip C = 2 (000: dpvd, svi, dpsgd) or C = 3 (002's MNIST
+"mnist")``; from the papers: one ReLU hidden layer of 1000 units (Ermis & Cemgil 2017a and 2017b), expected
+batch 600 (q = 0.01),
+200 epochs, eta_0 = 0.1 with eta_t = eta_0 / t, clip C = 2 (Ermis & Cemgil 2017a: dpvd, svi, dpsgd) or C = 3
+(Ermis & Cemgil 2017b's MNIST
 parameter study: dpd, sgld); ours, as for DIGITS: the decay per epoch (eta_0 / (1 + epoch)), Poisson
 sampling with sigma by RDP, 20 MC samples at evaluation). ``tuned`` takes ``MNIST_TUNING_GRID`` (our choices:
 tanh, C = 1, centred inputs as for DIGITS, 0-1000 hidden units, sample rates 0.005-0.1, 5-60 epochs)
@@ -59,8 +65,9 @@ __all__ = ["EPSILONS", "METHODS", "PAPER_TABLE", "PAPER_TABLE_MNIST", "Setting",
 EPSILONS = (10.0, 1.0, 0.5, 0.1)
 DELTA = 1e-5
 METHODS = ("dpvd", "dpd", "svi", "sgld", "dpsgd")
-# The papers' DIGITS numbers (000 Table 1 for dpvd/svi/dpsgd at 10/1/0.1; 002 Table 1 for dpd/sgld/dpsgd at
-# 10/1/0.5), obtained with their zCDP procedure (not a valid guarantee: docs/privacy.md).
+# The papers' DIGITS numbers (Ermis & Cemgil 2017a Table 1 for dpvd/svi/dpsgd at 10/1/0.1; Ermis & Cemgil
+# 2017b Table 1 for dpd/sgld/dpsgd at
+# 10/1/0.5), obtained with their zCDP procedure (docs/soundness.md, finding 2: not a valid guarantee).
 PAPER_TABLE = {
     ("dpvd", 10.0): 0.9417, ("dpvd", 1.0): 0.9278, ("dpvd", 0.1): 0.9038,
     ("svi", 10.0): 0.9375, ("svi", 1.0): 0.9107, ("svi", 0.1): 0.8712,
@@ -68,7 +75,8 @@ PAPER_TABLE = {
     ("sgld", 10.0): 0.9403, ("sgld", 1.0): 0.9187, ("sgld", 0.5): 0.8821,
     ("dpsgd", 10.0): 0.9450, ("dpsgd", 1.0): 0.9265, ("dpsgd", 0.5): 0.9003, ("dpsgd", 0.1): 0.8943,
 }
-# The papers' MNIST numbers, from the same tables (dpsgd at 10/1/0.1 from 000, at 0.5 from 002).
+# The papers' MNIST numbers, from the same tables (dpsgd at 10/1/0.1 from Ermis & Cemgil 2017a, at 0.5 from
+# Ermis & Cemgil 2017b).
 PAPER_TABLE_MNIST = {
     ("dpvd", 10.0): 0.9687, ("dpvd", 1.0): 0.9327, ("dpvd", 0.1): 0.9026,
     ("svi", 10.0): 0.9518, ("svi", 1.0): 0.9126, ("svi", 0.1): 0.8791,
@@ -107,11 +115,11 @@ class Setting(dict):
 
 
 def paper_setting(method: str, dataset: str = "digits") -> Setting:
-    """The papers' setting for ``method`` on ``dataset``.
+    """Ermis & Cemgil's (2017a, 2017b) setting for ``method`` on ``dataset``.
 
-    DIGITS: 000: 1000 hidden units; 002: 500.
-    MNIST (000 sec. 5, 002 sec. 5): 1000 hidden units, batch 600, 200 epochs, eta_0 = 0.1, C = 2 (000) or 3
-    (002's stated MNIST clip, for its methods dpd and sgld).
+    DIGITS: Ermis & Cemgil 2017a: 1000 hidden units; Ermis & Cemgil 2017b: 500. MNIST (Ermis & Cemgil 2017a
+    sec. 5, Ermis & Cemgil 2017b sec. 5): 1000 hidden units, batch 600, 200 epochs, eta_0 = 0.1, C = 2 (Ermis
+    & Cemgil 2017a) or 3 (Ermis & Cemgil 2017b's stated MNIST clip, for its methods dpd and sgld).
     """
     if dataset == "mnist":
         return Setting(hidden=1000, batch_size=600, epochs=200, learning_rate=0.1,
@@ -198,7 +206,8 @@ def _hidden_and_output(method, setting, n):
         stack = ([layers.DenseBayesByBackprop(h, num_examples=n, activation=act)] if h else [])
         return stack + [layers.DenseBayesByBackprop(10, num_examples=n)]
     if method == "dpd":
-        # Paper 002 puts the dropout noise on the hidden units; without a hidden layer, on the inputs.
+        # Ermis & Cemgil (2017b) puts the dropout noise on the hidden units; without a hidden layer, on the
+        # inputs.
         if h:
             return [tf.keras.layers.Dense(h, activation=act), layers.MCDropout(0.5, gaussian=True),
                     tf.keras.layers.Dense(10)]
@@ -244,7 +253,8 @@ def _optimizer(method, setting, noise_multiplier, num_examples, steps_per_epoch)
     if method == "dpvd":
         return optimizers.DPVDOptimizer(learning_rate=lr, momentum=setting["momentum"], **common)
     if method == "sgld":
-        # DP-SGLD's step size IS its noise (paper 003 Thm 1): eta = (B / (n sigma C))^2; lr is not used.
+        # DP-SGLD's step size IS its noise (Zhang et al. 2022, Thm 1): eta = (B / (n sigma C))^2; lr is not
+        # used.
         from tfdpbnn.optimizers import sgld_learning_rate
 
         if noise_multiplier <= 0:

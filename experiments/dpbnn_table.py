@@ -1,15 +1,20 @@
-"""``dpbnn-table``: paper 003 Tables 1-2 on DIGITS or MNIST (accuracy, time/epoch, ECE, MCE; DP and non-DP).
+"""``dpbnn-table``: Zhang et al.
 
-Paper 003 (Zhang, Bu, Chen & Long) compares, on MNIST with a two-layer MLP, DP-SGLD (Algorithm 2), DP-BBP
+(2022, Tables 1-2) on DIGITS or MNIST (accuracy, time/epoch, ECE, MCE; DP and non-DP).
+
+Zhang, Bu, Chen & Long (2022) compare, on MNIST with a two-layer MLP, DP-SGLD (Algorithm 2),
+DP-BBP
 (Algorithm 3), DP-MC Dropout (Algorithm 4) and DP-SGD, each with a Gaussian prior (weight decay) and
 without one, beside their non-DP counterparts. By default on DIGITS (offline), a 64-128-10 ReLU MLP
 (``SETTING``); with ``data_dir`` (or ``dataset="mnist"``) on MNIST from TFDS, never downloaded, with inputs
-flattened to 784 and ``MNIST_SETTING``: the settings paper 003 states for MNIST (Fig. 1: expected batch
+flattened to 784 and ``MNIST_SETTING``: the settings Zhang et al. (2022) states for MNIST (Fig. 1: expected
+batch
 256, 15 epochs, learning rate 0.25 for DP-SGD, C in [0.5, 5] -> 1, delta 1e-5) and, for the widths it does
 not state, the two hidden ReLU layers of 1200 units of the BNN code it builds on (JavierAntoran/
 Bayesian-Neural-Networks, ``Linear_2L``). Methods:
 
-- ``sgld``: ``DPSGLDOptimizer`` (step size eta = (B / (n sigma C))^2, paper 003 Thm 1), prediction averaged
+- ``sgld``: ``DPSGLDOptimizer`` (step size eta = (B / (n sigma C))^2, Zhang et al. (2022, Thm 1)), prediction
+averaged
   over posterior samples kept by ``PosteriorSampler`` (second half of training, every 5th step; MNIST:
   every 50th);
 - ``bbp``: ``DenseBayesByBackprop`` layers + ``DPSGDOptimizer``, MC prediction (``mc_predict``);
@@ -20,7 +25,8 @@ Prior: "gaussian" is N(0, 1) per weight (weight decay 1/(2n) on the per-example 
 SGLD; ``prior_scale=1`` for BBP); "none" is no weight decay (SGLD: flat prior; BBP: prior scale 1e3, a
 near-flat prior, since its KL needs one). DP: Poisson sampling, sigma calibrated by RDP to (epsilon, 1e-5);
 non-DP: the same model and optimizer with sigma = 0 and no effective clipping (C = 1e6; for SGLD the
-Langevin noise is kept, so it is plain SGLD). Paper 003's own epsilon for these tables is in its appendix,
+Langevin noise is kept, so it is plain SGLD). Zhang et al.'s (2022) own epsilon for these tables is in its
+appendix,
 which our copy lacks; we use epsilon 1 (``--epsilons`` to change).
 
 Outputs: ``dpbnn_table.csv`` (one row per method, prior, DP flag and seed), ``dpbnn_summary.csv`` (means and
@@ -40,10 +46,10 @@ __all__ = ["METHODS", "PAPER_TABLE1", "PAPER_TABLE2", "run"]
 METHODS = ("sgld", "bbp", "mcdropout", "sgd")
 PRIORS = ("gaussian", "none")
 DELTA = 1e-5
-# Paper 003 Table 1 (MNIST, MLP; Gaussian prior): DP time/epoch (s), DP accuracy, non-DP accuracy.
+# Zhang et al. (2022, Table 1) (MNIST, MLP; Gaussian prior): DP time/epoch (s), DP accuracy, non-DP accuracy.
 PAPER_TABLE1 = {"sgld": (10, 0.90, 0.95), "bbp": (480, 0.80, 0.97), "mcdropout": (9, 0.78, 0.98),
                 "sgd": (10, 0.77, 0.97)}
-# Paper 003 Table 2 (MNIST, MLP): (DP-ECE, DP-MCE, non-DP ECE, non-DP MCE) per (method, prior).
+# Zhang et al. (2022, Table 2) (MNIST, MLP): (DP-ECE, DP-MCE, non-DP ECE, non-DP MCE) per (method, prior).
 PAPER_TABLE2 = {
     ("bbp", "gaussian"): (0.204, 0.641, 0.024, 0.052), ("bbp", "none"): (0.167, 0.141, 0.166, 0.166),
     ("sgld", "gaussian"): (0.007, 0.175, 0.035, 0.175), ("sgld", "none"): (0.126, 0.465, 0.008, 0.289),
@@ -55,7 +61,8 @@ DATASETS = ("digits", "mnist")
 SETTING = dict(hidden=128, sample_rate=0.1, epochs=20, clip=1.0, learning_rate=0.5, mc_samples=20,
                dropout=0.2, nondp_clip=1e6)
 SMOKE_SETTING = dict(SETTING, hidden=8, sample_rate=0.25, epochs=1, mc_samples=2)
-# MNIST (n = 60000): paper 003 Fig. 1's batch 256, <= 15 epochs, eta_SGD 0.25; 3525 steps. SGLD keeps a
+# MNIST (n = 60000): Zhang et al. (2022, Fig. 1)'s batch 256, <= 15 epochs, eta_SGD 0.25; 3525 steps. SGLD
+# keeps a
 # posterior sample every 50th step of the second half (35 samples) instead of DIGITS's every 5th.
 MNIST_SETTING = dict(hidden=(1200, 1200), sample_rate=256 / 60000, epochs=15, clip=1.0, learning_rate=0.25,
                      mc_samples=20, dropout=0.2, nondp_clip=1e6, sgld_thinning=50)

@@ -1,6 +1,9 @@
-"""``heteroscedastic``: paper 003 sec. 5.2 (Table 3, Fig. 4), heteroscedastic regression, DP and non-DP.
+"""``heteroscedastic``: Zhang et al.
 
-Paper 003 fits SGLD, BBP and MC dropout networks with a Gaussian prior to 1-D data drawn from a Gaussian
+(2022, sec. 5.2) (Table 3, Fig. 4), heteroscedastic regression, DP and non-DP.
+
+Zhang et al. (2022) fits SGLD, BBP and MC dropout networks with a Gaussian prior to 1-D data drawn from a
+Gaussian
 process with input-dependent noise, trains "with DP-GD for 200 epochs" at epsilon 4.21, delta 1/250, and
 reports the median test MSE over 20 simulations (DP / non-DP: SGLD 0.510 / 0.523, BBP 1.276 / 0.562, MC
 dropout 0.682 / 0.591). Its appendix with the exact data recipe is missing from our copy, so the data here
@@ -17,7 +20,7 @@ RDP for (4.21, 1/250); DP-SGLD's step size is capped at 0.05 / n (so its epsilon
 recorded per run). Non-DP: sigma 0 and C = 1e6 (SGLD keeps its Langevin noise).
 
 Outputs: ``heteroscedastic.csv`` (one row per method, DP flag and simulation: test MSE against the noisy
-targets and against f), ``heteroscedastic_summary.csv`` (medians over simulations beside paper 003's
+targets and against f), ``heteroscedastic_summary.csv`` (medians over simulations beside Zhang et al.'s (2022)
 Table 3), ``heteroscedastic.png`` (simulation 0: mean, epistemic and aleatoric bands), ``run.json``.
 """
 
@@ -126,7 +129,8 @@ def _plot(curves, path):
         ax.plot(xs, m, color="k", lw=1.2, label="mean")
         ax.set_title(f"{'DP-' if dp else ''}{method}")
     axes[0][0].legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"Paper 003 Fig. 4 on our GP data: +-2 std bands (DP: epsilon {EPSILON}, delta 1/{N_TRAIN})")
+    fig.suptitle(f"Zhang et al. 2022, Fig. 4, our GP data: +-2 std bands (DP: epsilon {EPSILON}, "
+                 f"delta 1/{N_TRAIN})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

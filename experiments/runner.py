@@ -33,7 +33,8 @@ def sound_epsilons(noise_multiplier: float, sample_rate: float, steps: int, delt
     """Epsilon of ``steps`` subsampled Gaussian steps under every sound accountant of ``tfdpbnn.privacy``.
 
     The accountants are those ``tfdpbnn.privacy.sound_accountants()`` lists (RDP, PLD, sound zCDP, AC: each
-    an upper bound for the mechanism, unlike the GDP central-limit approximation of paper 003, Theorem 2).
+    an upper bound for the mechanism, unlike the GDP central-limit approximation of Zhang et al. (2022,
+    Theorem 2)).
     An accountant that cannot bound the event (``dp_accounting.UnsupportedEventError``) or that the sampling
     scheme does not admit (``ValueError``) is recorded as NaN, never as a number it did not prove.
     """

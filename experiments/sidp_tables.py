@@ -1,6 +1,8 @@
-"""``sidp-tables``: paper 004 (Davody et al., SI-DPSGD) Tables 1 and 4 with sound privacy accounting.
+"""``sidp-tables``: Davody et al.
 
-Paper 004 claims that networks with normalization layers after every trainable layer tolerate large
+(2020, SI-DPSGD) Tables 1 and 4 with sound privacy accounting.
+
+Davody et al. (2020) claims that networks with normalization layers after every trainable layer tolerate large
 Gaussian noise on their weights (Table 1: MNIST, LeNet-300-100 / LeNet-5 with and without BN/LN, noise
 sigma in {0, 0.01, 0.1, 1, 2}, trained and tested with noisy weights, no DP), and that SI-DPSGD (noisy
 weights theta_t = mu_t + s_t xi, s_t = eta_t C z / B, mu updated with the CLEAN clipped gradient) beats
@@ -10,9 +12,11 @@ paper's LeNet-5: conv 5x5 (6) -> pool -> conv 5x5 (16) -> pool -> 120 -> 84 -> 1
 every trainable layer, the logits included (as the paper augments its networks):
 
 - ``none``: no normalization;
-- ``ln``: Keras ``LayerNormalization`` over all hidden units of the layer (paper 004 eq. 3);
+- ``ln``: Keras ``LayerNormalization`` over all hidden units of the layer (Davody et al. 2020, eq. 3);
 - ``bn``: ``PublicBatchNormalization`` in carried mode (``AppendPublicBatch`` / ``DropPublicBatch``):
-  statistics from a public batch only (paper 004 Algorithm 2 corrected, docs/layers.md). DIGITS has no
+  statistics from a public batch only (Davody et al. 2020, Algorithm 2 corrected, docs/soundness.md, finding
+  1). DIGITS
+  has no
   public data set (the paper uses 30 KMNIST / CIFAR-100 images), so ``NUM_PUBLIC`` = 30 training images
   (3 per class, fixed seed) are held out as "public": they are removed from the private training set of
   EVERY configuration (so every row trains on the same n private examples, and the accounting covers
@@ -35,13 +39,15 @@ Table 4 analogue (``table4``): accuracy against epsilon for the ``methods``:
 - ``dpsgd``, ``dpsgd-ln``: ``DPSGDOptimizer`` on the same CNN with plain Keras layers, without / with LN;
 - ``sidp-paper-ln``: ``SIDPOptimizer(paper_mean_update=True)`` (the paper's algorithm), LN model, with the
   noise multiplier z the paper's accounting calibrates for the target epsilon (the subsampled Gaussian by
-  RDP: the epsilon the paper would claim). mu then accumulates un-noised gradients (docs/optimizers.md), and
+  RDP: the epsilon the paper would claim). mu then accumulates un-noised gradients (docs/soundness.md, finding
+  1), and
   the epsilon recorded is the optimizer's own statement (exact GDP composition of the released weight
   samples theta_t with sensitivity Delta_t = t eta C / B, plus the exported sample), beside the claimed one;
 - ``sidp-paper-real-ln`` (optional): the paper's algorithm with z calibrated so that the epsilon that HOLDS
   (the GDP composition above) is the target (``paper_mode_noise_multiplier``).
 
-For SI-DPSGD rows ``accuracy`` is that of one released sample theta_T (``release_weights``: what paper 004's
+For SI-DPSGD rows ``accuracy`` is that of one released sample theta_T (``release_weights``: what Davody et
+al.'s (2020)
 Algorithm 1 returns and what the recorded epsilon covers); ``accuracy_mu`` is that of the mean weights (in
 the sound mode mu is itself DP; in paper mode mu is NOT covered by any epsilon, reported only to show what
 the authors' code, which evaluates with noise 0, measures). DP-SGD rows: the final weights.
@@ -67,22 +73,24 @@ __all__ = ["DATASETS", "EPSILONS", "METHODS", "NOISE_LEVELS", "NORMS", "PAPER_TA
 
 DATASETS = ("digits", "mnist", "cifar10")
 NORMS = ("none", "ln", "bn")
-NOISE_LEVELS = (0.0, 0.01, 0.1, 1.0, 2.0)  # paper 004 Table 1's columns
+NOISE_LEVELS = (0.0, 0.01, 0.1, 1.0, 2.0)  # Davody et al. (2020, Table 1)'s columns
 EPSILONS = (0.5, 1.0, 2.0, 5.0, 10.0)
 METHODS = ("sidp-ln", "dpsgd", "dpsgd-ln", "sidp-paper-ln", "sidp", "sidp-bn", "sidp-paper-real-ln")
 DEFAULT_METHODS = ("sidp-ln", "dpsgd", "dpsgd-ln", "sidp-paper-ln")
 TABLES = ("table1", "table1-bn-dp", "table4")
 DELTA = 1e-5
 KINDS = ("sidp", "sidp-paper", "sidp-paper-real", "dpsgd", "nonprivate")
-NUM_PUBLIC = 30  # paper 004: 30 public images (KMNIST for MNIST, CIFAR-100 for CIFAR-10)
+NUM_PUBLIC = 30  # Davody et al. (2020): 30 public images (KMNIST for MNIST, CIFAR-100 for CIFAR-10)
 
-# Paper 004 Table 1 (MNIST test accuracy, %, mean over ten runs; "nc" = no convergence), LeNet-5 rows.
+# Davody et al. (2020, Table 1) (MNIST test accuracy, %, mean over ten runs; "nc" = no convergence), LeNet-5
+# rows.
 PAPER_TABLE1 = {
     "none": {0.0: 99.20, 0.01: 98.94, 0.1: 98.40, 1.0: "nc", 2.0: "nc"},
     "bn": {0.0: 99.20, 0.01: 99.21, 0.1: 99.18, 1.0: 99.24, 2.0: 99.25},
     "ln": {0.0: 99.16, 0.01: 99.14, 0.1: 99.13, 1.0: 99.21, 2.0: 99.19},
 }
-# Paper 004 Table 4 (MNIST, LeNet-5, delta 1e-5, %), the columns it shares with EPSILONS (1 and 0.5; it also
+# Davody et al. (2020, Table 4) (MNIST, LeNet-5, delta 1e-5, %), the columns it shares with EPSILONS (1 and
+# 0.5; it also
 # prints inf, 7, 3, 0.1, 0.05, 0.025). Its SI-DPSGD rows are the paper's mode under the paper's accounting.
 PAPER_TABLE4 = {
     "dpsgd": {1.0: 94.11, 0.5: 91.10}, "dpsgd-ln": {1.0: 96.68, 0.5: 94.81},
@@ -271,7 +279,7 @@ def train_one(kind: str, norm: str, epsilon, setting: dict, x_train, y_train, x_
                   sampling="poisson", accountant="rdp", delta=DELTA,
                   # carried public rows feed the BN statistics of every later layer: no fast-clipping rule
                   clipping_method="jacobian" if norm == "bn" else "auto")
-    if kind == "nonprivate":  # paper 004 Table 1's setting: noisy weights, no clipping, no DP noise
+    if kind == "nonprivate":  # Davody et al. 2020, Table 1: noisy weights, no clipping, no DP noise
         opt = tf.keras.optimizers.Adam(setting["nonprivate_adam_lr"])
         for layer in model.submodules:
             if hasattr(layer, "set_noise_stddev"):
@@ -304,7 +312,8 @@ def train_one(kind: str, norm: str, epsilon, setting: dict, x_train, y_train, x_
             with mc_sampling():
                 accs = [_accuracy(_predict(model, x_test), y_test) for _ in range(setting["eval_samples"])]
             result["accuracy_sample"] = float(np.mean(accs))
-        # One released sample theta_T (paper 004 Algorithm 1's output; all the paper-mode epsilon covers).
+        # One released sample theta_T (Davody et al. 2020, Algorithm 1's output; all the paper-mode epsilon
+        # covers).
         if kind == "nonprivate":
             for layer in model.submodules:
                 if hasattr(layer, "sample_weights_into_kernel"):

@@ -1,15 +1,19 @@
-"""``sigma-curve``: paper 000, Figure 3 (sigma against epsilon), with sound accountants beside the paper's.
+"""``sigma-curve``: Ermis & Cemgil (2017a, Figure 3) (sigma against epsilon), with sound accountants beside
+the paper's.
 
-Paper 000 (Ermis & Cemgil, DP Variational Dropout, sec. 5 and Fig. 3) computes the noise multiplier sigma for
+Ermis & Cemgil (2017a, DP Variational Dropout, sec. 5 and Fig. 3) computes the noise
+multiplier sigma for
 a total budget (epsilon, delta = 1e-5) with two procedures: advanced composition ("AC": Gaussian mechanism,
 amplification by subsampling, Dwork & Roth Thm 3.20) and its zCDP procedure (per-step amplification, then a
-conversion of the per-step (eps', delta')-DP to zCDP that does not hold: ``docs/privacy.md``). Its
-settings: MNIST q = 0.01 for 200 epochs, DIGITS q = 0.05 for 100 epochs; at epsilon 1 it
+conversion of the per-step (eps', delta')-DP to zCDP that does not hold: ``docs/privacy.md``,
+docs/soundness.md, finding 2). Its settings: MNIST q = 0.01 for 200 epochs, DIGITS q = 0.05 for 100 epochs; at
+epsilon 1 it
 reports sigma = 8.24 (AC) and 2.68 (zCDP) on MNIST, 9.73 and 2.97 on DIGITS.
 
 This experiment recomputes the paper's two curves (``tfdpbnn.privacy.paper``) and the sigma that sound
 accountants need for the same Poisson-subsampled Gaussian mechanism: RDP, PLD (dp-accounting), tfdpbnn's
-sound zCDP, the AC accountant, and the GDP central-limit approximation of paper 003 (approximate, marked).
+sound zCDP, the AC accountant, and the GDP central-limit approximation of Zhang et al. (2022) (approximate,
+marked).
 Outputs: ``sigma_curve.csv`` (one row per setting, accountant and epsilon) and ``sigma_curve.png``.
 """
 
@@ -20,30 +24,33 @@ from collections.abc import Callable
 
 __all__ = ["PAPER_SIGMAS", "SETTINGS", "paper_sigma", "run"]
 
-# Paper 000's two settings (sec. 5): sample rate and epochs; steps = epochs / sample rate.
+# Ermis & Cemgil's (2017a) two settings (sec. 5): sample rate and epochs; steps = epochs / sample rate.
 SETTINGS = {
     "MNIST": dict(sample_rate=0.01, epochs=200),
     "DIGITS": dict(sample_rate=0.05, epochs=100),
 }
-# Sigma values printed in paper 000's text at epsilon 1 (delta 1e-5), to check our re-implementation.
+# Sigma values printed in Ermis & Cemgil's (2017a) text at epsilon 1 (delta 1e-5), to check our
+# re-implementation.
 PAPER_SIGMAS = {("MNIST", "paper-ac"): 8.24, ("MNIST", "paper-zcdp"): 2.68,
                 ("DIGITS", "paper-ac"): 9.73, ("DIGITS", "paper-zcdp"): 2.97}
 EPSILONS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 SMOKE_EPSILONS = (1.0, 2.0)
 DELTA = 1e-5
-# Sound accountants first, then the CLT approximation (paper 003), then the papers' own procedures.
+# Sound accountants first, then the CLT approximation (Zhang et al. 2022), then the papers' own procedures.
 # The papers leave the number of compositions J unspecified: "paper-zcdp" reads J = steps (literal),
 # "paper-zcdp-epochs" J = epochs; neither reproduces the printed sigmas exactly (``tfdpbnn.privacy.paper``).
 CURVES = ("rdp", "pld", "zcdp", "ac", "gdp", "paper-zcdp", "paper-zcdp-epochs", "paper-ac")
 VALID = {"rdp": "sound", "pld": "sound", "zcdp": "sound", "ac": "sound",
-         "gdp": "approximate (CLT, paper 003 Thm 2)", "paper-zcdp": "not a guarantee (docs/privacy.md)",
-         "paper-zcdp-epochs": "not a guarantee (docs/privacy.md)",
+         "gdp": "approximate (CLT, Zhang et al. 2022, Thm 2)",
+         "paper-zcdp": "not a guarantee (docs/soundness.md, finding 2)",
+         "paper-zcdp-epochs": "not a guarantee (docs/soundness.md, finding 2)",
          "paper-ac": "not a guarantee (classical calibration beyond eps < 1)"}
 
 
 def paper_sigma(method: str, epsilon: float, delta: float, sample_rate: float, steps: int,
                 compositions: int | None = None) -> float:
-    """Sigma from papers 000/002's own procedures (``tfdpbnn.privacy.paper``); ``method`` "ac" or "zcdp".
+    """Sigma from Ermis & Cemgil's (2017a, 2017b) own procedures (``tfdpbnn.privacy.paper``); ``method`` "ac"
+    or "zcdp".
 
     ``compositions``: the zCDP procedure's J (default ``steps``).
     """
@@ -89,13 +96,14 @@ def _plot(rows, path, settings):
         for (name, curve), value in PAPER_SIGMAS.items():
             if name == setting:
                 ax.plot([1.0], [value], marker="*", ms=11, ls="none", color=styles[curve][0],
-                        label=f"{curve} as printed in paper 000")
+                        label=f"{curve} as printed in Ermis & Cemgil (2017a)")
         s = settings[setting]
         ax.set(xscale="log", yscale="log", xlabel="epsilon (delta = 1e-5)", ylabel="noise multiplier sigma",
                title=f"{setting}: q = {s['sample_rate']}, {s['epochs']} epochs")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("Paper 000 Fig. 3 redrawn: sigma needed for (epsilon, 1e-5), Poisson-subsampled Gaussian")
+    fig.suptitle("Ermis & Cemgil 2017a, Fig. 3, redrawn: sigma for (epsilon, 1e-5), Poisson-subsampled "
+                 "Gaussian")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

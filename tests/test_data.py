@@ -11,7 +11,7 @@ from tfdpbnn.data import load_cifar10, load_digits, load_fashion_mnist, load_mni
 
 def test_digits_split_scaling_and_determinism():
     (x_train, y_train), (x_test, y_test) = load_digits()
-    assert x_train.shape == (1437, 64) and x_test.shape == (360, 64)  # papers 000/002: 360 test images
+    assert x_train.shape == (1437, 64) and x_test.shape == (360, 64)  # Ermis & Cemgil 2017a/b: 360 test
     assert x_train.dtype == np.float32 and 0.0 == x_train.min() and x_train.max() == 1.0
     assert set(np.unique(y_train)) == set(range(10))
     (x2, _), (x2_test, _) = load_digits()

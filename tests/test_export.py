@@ -1,11 +1,13 @@
 """SavedModel export: serving_default and mc_predict signatures, Keras reload, privacy.json hook."""
 
 import json
+import math
 import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from _float32 import F32
 
 import tfdpbnn.layers as L
 from tfdpbnn.export import export_saved_model
@@ -62,10 +64,10 @@ def test_export_round_trip_all_layers(tmp_path):
     assert set(served.signatures) == {"serving_default", "mc_predict"}
     out1 = served.signatures["serving_default"](x=tf.constant(X))["output"].numpy()
     out2 = served.signatures["serving_default"](x=tf.constant(X))["output"].numpy()
-    np.testing.assert_array_equal(out1, out2)
+    np.testing.assert_allclose(out1, out2, **F32)
     # identical to the model's own graph; eager op order may differ in the last bit
     graph_out = tf.function(lambda x: model(x, training=False))(tf.constant(X)).numpy()
-    np.testing.assert_array_equal(out1, graph_out)
+    np.testing.assert_allclose(out1, graph_out, **F32)
     np.testing.assert_allclose(out1, det, rtol=1e-5, atol=1e-6)
     mc_fn = served.signatures["mc_predict"]
     a = mc_fn(x=tf.constant(X), num_samples=tf.constant(MC))
@@ -73,17 +75,19 @@ def test_export_round_trip_all_layers(tmp_path):
     assert set(a) == {"mean", "predictive_entropy", "mutual_information", "expected_entropy"}
     assert not np.allclose(a["mean"].numpy(), b["mean"].numpy())  # sampling is on in the signature
     # matching moments: independent MC estimates of the same predictive mean; tolerance 0.05 (each entry's
-    # std over samples is below 0.3 here, so the difference of two 300-sample means has s.e. below 0.025)
+    # std over samples is below 0.3 here, so the difference of two 300-sample means has s.e. below 0.025).
+    # Entropies vary more per sample (up to log 3 = 1.1; std below 0.6, s.e. of the difference below 0.05):
+    # tolerance 0.15 (3 s.e.). The draw order inside the graph while_loop is not fixed, so no seed pins it.
     np.testing.assert_allclose(a["mean"].numpy(), ref.mean, atol=0.05)
-    np.testing.assert_allclose(a["expected_entropy"].numpy(), ref.expected_entropy, atol=0.05)
-    np.testing.assert_allclose(a["mutual_information"].numpy(), ref.mutual_information, atol=0.05)
+    np.testing.assert_allclose(a["expected_entropy"].numpy(), ref.expected_entropy, atol=0.15)
+    np.testing.assert_allclose(a["mutual_information"].numpy(), ref.mutual_information, atol=0.15)
     assert np.all(a["mutual_information"].numpy() > 0)
     with pytest.raises(tf.errors.InvalidArgumentError, match="num_samples"):
         mc_fn(x=tf.constant(X), num_samples=tf.constant(0))
 
     # Keras reload (same files as model.save): identical deterministic outputs, MC through python
     reloaded = tf.keras.models.load_model(path)
-    np.testing.assert_array_equal(reloaded(X).numpy(), det)
+    np.testing.assert_allclose(reloaded(X).numpy(), det, **F32)
     np.testing.assert_allclose(mc_predict(reloaded, X, num_samples=MC).mean, ref.mean, atol=0.05)
     noisy = [layer for layer in reloaded.layers if isinstance(layer, L.NoisyDense)][0]
     assert noisy.noise_stddev.numpy() == pytest.approx(0.1)
@@ -91,7 +95,7 @@ def test_export_round_trip_all_layers(tmp_path):
     # plain model.save, Keras v3 format, keeps working for every layer
     keras_path = str(tmp_path / "m.keras")
     model.save(keras_path)
-    np.testing.assert_array_equal(tf.keras.models.load_model(keras_path)(X).numpy(), det)
+    np.testing.assert_allclose(tf.keras.models.load_model(keras_path)(X).numpy(), det, **F32)
 
 
 def test_export_regression_with_explicit_privacy(tmp_path):
@@ -129,3 +133,41 @@ def test_export_bad_arguments(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         export_saved_model(model, str(tmp_path / "bad"), **kwargs)
     assert not os.path.exists(tmp_path / "bad")
+
+
+def test_export_of_a_logits_model_serves_finite_entropies(tmp_path):
+    tf.random.set_seed(2)
+    model = tf.keras.Sequential([tf.keras.Input((6, 6, 1)), tf.keras.layers.Flatten(), L.MCDropout(0.3),
+                                 tf.keras.layers.Dense(3)])  # linear output: logits
+    path = export_saved_model(model, str(tmp_path / "logits"))  # from_logits read from the activation
+    with open(os.path.join(path, "assets", "mc_predict.json")) as fh:
+        assert json.load(fh)["from_logits"] is True
+    out = tf.saved_model.load(path).signatures["mc_predict"](x=tf.constant(X), num_samples=tf.constant(MC))
+    for key in ("predictive_entropy", "mutual_information", "expected_entropy"):
+        assert np.all(np.isfinite(out[key].numpy())) and np.all(out[key].numpy() >= 0)
+    np.testing.assert_allclose(out["mean"].numpy().sum(-1), 1.0, atol=1e-6)
+    ref = mc_predict(model, X, num_samples=MC)
+    np.testing.assert_allclose(out["mean"].numpy(), ref.mean, atol=0.05)  # as in the round-trip test
+    with pytest.raises(ValueError, match="from_logits=False contradicts"):
+        export_saved_model(model, str(tmp_path / "bad"), from_logits=False)
+
+
+def _no_constants(token):
+    raise ValueError(f"not strict JSON: {token}")
+
+
+def test_privacy_json_is_strict_json_at_noise_zero(tmp_path):
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2, activation="softmax")])
+    statement = {"epsilon": float("inf"), "delta": 1e-5, "noise_multiplier": 0.0,
+                 "epsilon_by_accountant": {"rdp": math.inf, "pld": math.inf}, "curve": [1.0, math.inf]}
+    path = export_saved_model(model, str(tmp_path / "m"), privacy=statement)
+    with open(os.path.join(path, "assets", "privacy.json")) as fh:
+        loaded = json.loads(fh.read(), parse_constant=_no_constants)  # Infinity / NaN would raise
+    assert loaded["epsilon"] is None and loaded["epsilon_is_infinite"] is True
+    assert loaded["epsilon_by_accountant"] == {"rdp": None, "rdp_is_infinite": True,
+                                               "pld": None, "pld_is_infinite": True}
+    assert loaded["curve"] == [1.0, "inf"] and loaded["delta"] == pytest.approx(1e-5)
+    with pytest.raises(ValueError, match="NaN"):
+        export_saved_model(model, str(tmp_path / "nan"), privacy={"epsilon": float("nan")})
+    with L.mc_sampling(), pytest.raises(ValueError, match="outside"):
+        export_saved_model(model, str(tmp_path / "inside"))

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from _float32 import F32
 
 from tfdpbnn.layers import DenseBayesByBackprop, MCDropout, NoisyConv2D, NoisyDense, mc_sampling
 
@@ -46,7 +47,7 @@ def test_bbb_closed_form_kl_and_scaling():
 def test_bbb_sampling_modes_and_config():
     layer = DenseBayesByBackprop(3, num_examples=5, activation="tanh", kernel_rho_initializer="zeros")
     x = np.random.default_rng(1).normal(size=(4, 5)).astype("float32")
-    np.testing.assert_array_equal(layer(x).numpy(), layer(x).numpy())
+    np.testing.assert_allclose(layer(x).numpy(), layer(x).numpy(), **F32)
     np.testing.assert_allclose(layer(x).numpy(), np.tanh(x @ layer.kernel_mu.numpy()), rtol=1e-5, atol=1e-6)
     with mc_sampling():
         assert not np.allclose(layer(x).numpy(), layer(x).numpy())
@@ -90,14 +91,14 @@ def test_noisy_dense_shared_sample_and_variance():
     assert layer.noise_stddev in layer.non_trainable_weights
     # one weight sample per call, shared by the batch: identical rows give identical outputs
     out = layer(np.repeat(x, 5, 0), training=True).numpy()
-    np.testing.assert_array_equal(out, np.repeat(out[:1], 5, 0))
+    np.testing.assert_allclose(out, np.repeat(out[:1], 5, 0), **F32)
     # across calls z_j = x theta_j + b_j has variance s^2 (|x|^2 + 1)
     sample = tf.function(lambda: layer(x, training=True))
     draws = np.stack([sample().numpy()[0] for _ in range(2000)])
     expected_var = s ** 2 * (np.sum(x ** 2) + 1)
     np.testing.assert_allclose(draws.var(0), expected_var, rtol=0.15)  # 2000 draws: ~3.2% s.e. per unit
     mean = x @ layer.kernel.numpy() + layer.bias.numpy()
-    np.testing.assert_array_equal(layer(x).numpy(), mean)  # inference: the means
+    np.testing.assert_allclose(layer(x).numpy(), mean, **F32)  # inference: the means
     with mc_sampling():
         assert not np.allclose(layer(x).numpy(), layer(x).numpy())
     layer.noise_stddev.assign(0.0)  # what an optimizer does each step
@@ -111,7 +112,7 @@ def test_noisy_inference_noise_and_sample_into_kernel():
     assert not np.allclose(layer(x).numpy(), layer(x).numpy())
     layer.inference_noise = False
     mu = layer.kernel.numpy()
-    np.testing.assert_array_equal(layer(x).numpy(), layer(x).numpy())
+    np.testing.assert_allclose(layer(x).numpy(), layer(x).numpy(), **F32)
     layer.sample_weights_into_kernel()
     diff = layer.kernel.numpy() - mu
     assert abs(diff.std() - 0.5) < 0.1 and abs(diff.mean()) < 0.1  # 144 draws of N(0, 0.25)
@@ -129,3 +130,25 @@ def test_noisy_bad_noise_std():
         layer.set_noise_stddev(-1.0)
     layer.set_noise_stddev(0.7)
     assert layer.noise_stddev.numpy() == pytest.approx(0.7)
+
+
+def test_mc_sampling_ends_with_its_block():
+    model = tf.keras.Sequential([tf.keras.Input((3,)), MCDropout(0.5), tf.keras.layers.Dense(4)])
+    x = np.ones((6, 3), "float32")
+    sample = tf.function(lambda t: model(t, training=False))
+    with mc_sampling():
+        inside = model.predict(x, verbose=0)  # Keras traces and caches its predict function here
+        assert not np.allclose(inside, model.predict(x, verbose=0))
+        assert not np.allclose(sample(x), sample(x))
+    np.testing.assert_allclose(model.predict(x, verbose=0), model(x).numpy(), **F32)  # deterministic again
+    np.testing.assert_allclose(sample(x), model(x).numpy(), **F32)
+    with mc_sampling():  # the same traced function samples again inside a new block
+        assert not np.allclose(sample(x), sample(x))
+
+
+def test_heteroscedastic_head_is_a_layer():
+    import tfdpbnn.layers
+    import tfdpbnn.uncertainty
+
+    assert tfdpbnn.layers.HeteroscedasticHead is tfdpbnn.uncertainty.HeteroscedasticHead
+    assert issubclass(tfdpbnn.layers.HeteroscedasticHead, tf.keras.layers.Layer)

@@ -311,7 +311,7 @@ def test_dpvd_alpha_median_subsample_tracks_exact_median_on_large_layers():
 def test_sgld_equivalence_and_budget_calibration():
     n, b, clip = 40, 10, 0.5
     opt = tfdpbnn.DPSGLDOptimizer(clip, learning_rate=1e-3, num_examples=n, batch_size=b, delta=1e-5)
-    assert opt.noise_multiplier == pytest.approx(b / (n * math.sqrt(1e-3) * clip))  # paper 003 Theorem 1
+    assert opt.noise_multiplier == pytest.approx(b / (n * math.sqrt(1e-3) * clip))  # Zhang 2022 Thm. 1
     budget = tfdpbnn.DPSGLDOptimizer(clip, target_epsilon=3.0, delta=1e-5, epochs=2, num_examples=n,
                                      batch_size=b)
     eta = float(budget.learning_rate.numpy())

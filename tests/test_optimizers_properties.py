@@ -1,4 +1,4 @@
-"""DP step properties for every optimizer on every layer type (issue 4, "Tests must show").
+"""DP step properties for every optimizer on every layer type (the properties the tests must show).
 
 For each (optimizer, layer type):
 1. sigma = 0 and a clip above every per-example gradient norm: one DP step equals the non-private step of the

@@ -107,7 +107,7 @@ def test_gdp_clt_formula_and_flag():
     assert acc.mu == pytest.approx(q * math.sqrt(steps * math.expm1(1 / sigma ** 2)), rel=1e-12)
 
 
-# ---- AC (paper 000 DPVD-AC) ----
+# ---- AC (Ermis & Cemgil (2017a) DPVD-AC) ----
 
 def test_ac_single_gaussian_is_analytic_gaussian():
     sigma, delta = 2.0, 1e-5
@@ -154,7 +154,7 @@ def test_rdp_and_pld_equal_dp_accounting(sigma, q, steps):
 
 
 def test_adaptive_pld_fixes_coarse_over_report():
-    # NOTES-style MNIST setting at epsilon ~0.09: a fixed 1e-3 interval reports about twice the epsilon.
+    # An MNIST-like setting at epsilon ~0.09: a fixed 1e-3 interval reports about twice the epsilon.
     event = dp_sgd_event(48.12, 0.01, 20000)
     coarse = dpa.pld.PLDAccountant(value_discretization_interval=1e-3).compose(event).get_epsilon(DELTA)
     adaptive = get_accountant("pld").compose(event).get_epsilon(DELTA)

@@ -35,7 +35,7 @@ def test_calibration_is_smallest_sigma():
 
 
 def test_notes_anchor_rdp_mnist():
-    # NOTES.md point 2: RDP needs sigma 5.78 for epsilon 1, q 0.01, 200 epochs, delta 1e-5.
+    # docs/soundness.md, finding 2: RDP needs sigma 5.78 for epsilon 1, q 0.01, 200 epochs, delta 1e-5.
     assert calibrate_noise(1.0, DELTA, 0.01, 20000) == pytest.approx(5.78, abs=0.01)
 
 

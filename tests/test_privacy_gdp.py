@@ -30,8 +30,9 @@ def _gdp(sigma, q, steps):
     return eps, any(issubclass(w.category, GDPApproximationWarning) for w in caught)
 
 
-# NOTES.md point 3 (GDP 2.70 vs PLD 3.50; 6.35 vs 8.06; 6.01 vs 6.19) plus points where GDP is >5% low.
-# The third NOTES point is 3% low: inside the safe region, so silent.
+# docs/soundness.md, finding 3 (GDP 2.70 vs PLD 3.50; 6.35 vs 8.06; 6.01 vs 6.19) plus points where GDP is >5%
+# low.
+# The third of those points is 3% low: inside the safe region, so silent.
 @pytest.mark.parametrize("sigma,q,steps,expected_gdp,under", [
     (1.0, 0.05, 100, 2.70, True), (0.8, 0.1, 50, 6.35, True), (1.0, 0.01, 10000, 6.01, False),
     (1.5, 0.01, 100, None, True), (2.0, 0.05, 100, None, True), (4.0, 0.02, 10, None, True)])

@@ -42,7 +42,7 @@ def test_run_record_and_csv(tmp_path):
     assert on_disk["privacy"][0]["sampling"] == "poisson" and on_disk["privacy"][0]["steps"] == 1500
     rows = _read_csv(tmp_path / "r" / "t.csv")
     assert [list(r) for r in rows][0] == ["x", "y", "z"] and rows[1]["z"] == "q" and rows[0]["z"] == ""
-    # Utility anchor: sigma 10.7 at q = 100/1437 for ~100 epochs is epsilon ~1 under RDP.
+    # Reference point: sigma 10.7 at q = 100/1437 for ~100 epochs is epsilon ~1 under RDP.
     assert 0.8 < eps["rdp"] < 1.2
     # PLD is the tightest sound accountant: every other sound one is at least as large (1% slack).
     for name, value in eps.items():
@@ -127,12 +127,14 @@ def test_sigma_curve_smoke(tmp_path, capsys):
         q, steps = float(rows[0]["sample_rate"]), int(rows[0]["steps"])
         assert privacy.compute_epsilon(sig[("rdp", eps)], q, steps, 1e-5, accountant="rdp") <= eps * 1.01
         # The reading of the papers' zCDP procedure that matches their printed sigmas (J = epochs) asks for
-        # less noise than the tightest sound accountant (docs/privacy.md).
+        # less noise than the tightest sound accountant (docs/soundness.md, finding 2).
         assert sig[("paper-zcdp-epochs", eps)] < sig[("pld", eps)]
     # Less budget, more noise.
     assert sig[("rdp", 1.0)] > sig[("rdp", 2.0)]
-    # Paper 000 prints sigma 2.97 (its zCDP) for DIGITS at epsilon 1: below what PLD needs for the same
-    # Poisson-subsampled Gaussian, i.e. the paper's noise does not give epsilon 1 (docs/privacy.md).
+    # Ermis & Cemgil (2017a) prints sigma 2.97 (its zCDP) for DIGITS at epsilon 1: below what PLD needs for
+    # the same
+    # Poisson-subsampled Gaussian, i.e. the paper's noise does not give epsilon 1 (docs/soundness.md, finding
+    # 2).
     printed = [r for r in rows if r["curve"] == "paper-zcdp" and float(r["epsilon"]) == 1.0]
     assert float(printed[0]["paper_sigma"]) == 2.97 and sig[("pld", 1.0)] > 2.97
 
@@ -299,7 +301,8 @@ def test_sidp_tables_smoke(tmp_path):
     assert all(float(r["weight_noise"]) == 0.5 for r in t1)  # the fixed Table 1 level, not eta C z / B
     sound, paper = t4["sidp-ln"], t4["sidp-paper-ln"]
     # Same noise multiplier and steps: the sound mode's epsilon is the target (RDP, Poisson); paper mode's
-    # real epsilon (GDP composition of the released samples, docs/optimizers.md) is larger than that, while
+    # real epsilon (GDP composition of the released samples, docs/soundness.md, finding 1) is larger than
+    # that, while
     # the epsilon the paper would claim is the sound one.
     assert float(sound["sigma"]) == float(paper["sigma"]) > 0
     assert float(sound["epsilon"]) <= 0.5 * 1.01
@@ -314,7 +317,7 @@ def test_sidp_tables_smoke(tmp_path):
     assert len(stated) == 1 and stated[0]["epsilon"]["gdp_exact"] == pytest.approx(float(paper["epsilon"]))
     assert stated[0]["epsilon"]["gdp_exact"] > labels["table4/sidp-ln/eps=0.5"]["epsilon"]["pld"]
     summary = _read_csv(out / "table4_summary.csv")
-    assert {r["paper_mnist"] for r in summary} == {"", "98.56"}  # paper 004 Table 4, LN-LeNet-5 at 0.5
+    assert {r["paper_mnist"] for r in summary} == {"", "98.56"}  # Davody et al. 2020, Table 4
     assert os.path.getsize(out / "sidp_tables.png") > 1000
     assert {"table1.csv", "table1_summary.csv", "table4.csv", "table4_summary.csv",
             "sidp_tables.png"} <= set(record["outputs"])
@@ -505,7 +508,8 @@ def test_mnist_variant_without_data_is_a_clear_error(tmp_path, name):
 
 
 def test_digits_table_mnist_settings():
-    """The papers' MNIST setting (000/002 sec. 5) for ``paper``; MNIST candidates for ``tuned``; 784
+    """The papers' MNIST setting (Ermis & Cemgil 2017a/b sec. 5) for ``paper``; MNIST candidates for
+    ``tuned``; 784
     inputs."""
     from experiments import digits_table as dt
 
@@ -514,7 +518,7 @@ def test_digits_table_mnist_settings():
         assert (s["hidden"], s["batch_size"], s["epochs"], s["learning_rate"], s["lr_decay"]) == (
             1000, 600, 200, 0.1, True)
         assert s["clip"] == (3.0 if method in ("dpd", "sgld") else 2.0)
-        assert dt.steps_for(s, 60000) == (100, 20000, 0.01)  # q = 0.01, 200 epochs (000 sec. 5)
+        assert dt.steps_for(s, 60000) == (100, 20000, 0.01)  # q 0.01, 200 epochs (2017a sec. 5)
     assert dt.paper_setting("dpd") == dt.Setting(hidden=500)  # DIGITS unchanged
     for eps in dt.EPSILONS:
         mnist = dt.tuning_candidates(eps, "dpsgd", "mnist")

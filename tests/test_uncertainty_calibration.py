@@ -49,13 +49,49 @@ def test_keras_metrics_match_functions(num_bins):
     assert ExpectedCalibrationError.from_config(ece.get_config()).num_bins == num_bins
 
 
-def test_reliability_diagram_writes_png(tmp_path):
+def test_reliability_diagram_returns_a_figure_and_saves_on_request(tmp_path):
+    from matplotlib.figure import Figure
+
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(200, 4)) * 2
     probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
-    path = reliability_diagram(probs, rng.integers(0, 4, size=200), str(tmp_path / "rel.png"), num_bins=8)
-    data = open(path, "rb").read()
+    labels = rng.integers(0, 4, size=200)
+    fig = reliability_diagram(probs, labels, num_bins=8)
+    assert isinstance(fig, Figure) and len(fig.axes[0].patches) == 2 * 8  # accuracy and gap bars per bin
+    path = tmp_path / "rel.png"
+    assert isinstance(reliability_diagram(probs, labels, str(path), num_bins=8), Figure)
+    data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_one_default_bin_count():
+    import inspect
+
+    from tfdpbnn.uncertainty.calibration import DEFAULT_NUM_BINS
+
+    functions = (expected_calibration_error, maximum_calibration_error, reliability_diagram,
+                 ExpectedCalibrationError.__init__, MaximumCalibrationError.__init__)
+    assert {inspect.signature(f).parameters["num_bins"].default for f in functions} == {DEFAULT_NUM_BINS}
+    assert len(reliability_diagram(PROBS, LABELS).axes[0].patches) == 2 * DEFAULT_NUM_BINS
+
+
+def test_calibration_metric_refuses_or_converts_logits():
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(64, 5)).astype("float32") * 3
+    labels = rng.integers(0, 5, size=64)
+    probs = tf.nn.softmax(logits).numpy()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="probability vectors"):
+        ExpectedCalibrationError().update_state(labels, logits)
+    for cls, fn in ((ExpectedCalibrationError, expected_calibration_error),
+                    (MaximumCalibrationError, maximum_calibration_error)):
+        metric = cls(from_logits=True)
+        metric.update_state(labels, logits)
+        value = float(metric.result())
+        assert 0.0 <= value <= 1.0
+        assert value == pytest.approx(fn(probs, labels), abs=1e-5)
+        assert cls.from_config(metric.get_config()).from_logits is True
+    with pytest.raises(ValueError, match="from_logits"):
+        ExpectedCalibrationError(from_logits="yes")
 
 
 @pytest.mark.parametrize("probs,labels,match", [

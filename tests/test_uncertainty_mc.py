@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from _float32 import F32
 from scipy import stats
 
 from tfdpbnn.layers import DenseVariational, MCDropout
@@ -31,9 +32,10 @@ def _classifier(stochastic=False):
 
 def test_mutual_information_is_zero_for_a_deterministic_model():
     model = _classifier()
-    res = mc_predict(model, X, num_samples=4, batch_size=4)
+    with pytest.warns(UserWarning, match="no tfdpbnn stochastic layer"):
+        res = mc_predict(model, X, num_samples=4, batch_size=4)
     np.testing.assert_allclose(res.mean, model(X).numpy(), rtol=1e-6)
-    np.testing.assert_array_equal(res.mutual_information, np.zeros(9))
+    np.testing.assert_allclose(res.mutual_information, np.zeros(9), atol=1e-12)  # float64 rounding only
     np.testing.assert_allclose(res.predictive_entropy, res.expected_entropy, atol=1e-12)
     expected = _entropy(model(X).numpy().astype(np.float64))
     np.testing.assert_allclose(res.predictive_entropy, expected, rtol=1e-5)
@@ -49,7 +51,7 @@ def test_stochastic_model_has_epistemic_uncertainty_and_bounded_batches():
     total = res.expected_entropy + res.mutual_information
     np.testing.assert_allclose(res.predictive_entropy, total, atol=1e-12)
     assert not np.allclose(res.mean, mc_predict(model, X, num_samples=20).mean)  # fresh samples
-    np.testing.assert_array_equal(model(X).numpy(), model(X).numpy())  # mc_predict left inference alone
+    np.testing.assert_allclose(model(X).numpy(), model(X).numpy(), **F32)  # mc_predict left inference alone
 
 
 def test_weight_snapshots_match_hand_computation():
@@ -125,9 +127,61 @@ def test_bad_arguments(kwargs, match):
         mc_predict(_classifier(), X, **kwargs)
 
 
-def test_outputs_that_are_not_distributions_are_rejected():
-    logits_model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
-    with pytest.raises(ValueError, match="from_logits"):
-        mc_predict(logits_model, X, num_samples=2)
-    res = mc_predict(logits_model, X, num_samples=2, from_logits=True)
-    np.testing.assert_allclose(res.mean, tf.nn.softmax(logits_model(X)).numpy(), rtol=1e-5)
+def test_logits_are_read_from_the_output_layer_or_refused():
+    logits_model = tf.keras.Sequential([tf.keras.Input((4,)), MCDropout(0.0), tf.keras.layers.Dense(3)])
+    expected = tf.nn.softmax(logits_model(X)).numpy()
+    # linear output layer: logits, softmax applied (the default from_logits=None reads the activation)
+    np.testing.assert_allclose(mc_predict(logits_model, X, num_samples=2).mean, expected, rtol=1e-5)
+    np.testing.assert_allclose(mc_predict(logits_model, X, num_samples=2, from_logits=True).mean, expected,
+                               rtol=1e-5)
+    with pytest.raises(ValueError, match="from_logits=False contradicts"):
+        mc_predict(logits_model, X, num_samples=2, from_logits=False)
+    with pytest.raises(ValueError, match="from_logits=True contradicts"):
+        mc_predict(_classifier(stochastic=True), X, num_samples=2, from_logits=True)
+    # an activation that says neither: the caller must say; a wrong "probabilities" claim fails in the graph
+    relu_model = tf.keras.Sequential([tf.keras.Input((4,)), MCDropout(0.1),
+                                      tf.keras.layers.Dense(3, activation="relu")])
+    with pytest.raises(ValueError, match="cannot tell"):
+        mc_predict(relu_model, X, num_samples=2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="probability vectors"):
+        mc_predict(relu_model, X + 3.0, num_samples=2, from_logits=False)
+
+
+def test_keras_dropout_alone_warns_that_mi_is_zero():
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(8), tf.keras.layers.Dropout(0.5),
+                                 tf.keras.layers.Dense(3, activation="softmax")])
+    with pytest.warns(UserWarning, match=r"\['Dropout'\] are the identity at inference.*MCDropout"):
+        res = mc_predict(model, X, num_samples=5)
+    np.testing.assert_allclose(res.mutual_information, 0.0, atol=1e-12)  # what the warning explains
+
+
+def test_dataset_input_matches_array_input():
+    tf.random.set_seed(0)
+    model = _classifier(stochastic=True)
+    labels = np.arange(9) % 3
+    ds = tf.data.Dataset.from_tensor_slices((X, labels)).batch(4)  # (x, y) as for model.fit
+    snaps = [model.get_weights()] * 2
+    np.testing.assert_allclose(mc_predict(model, ds, weight_snapshots=snaps).mean,
+                               mc_predict(model, X, weight_snapshots=snaps).mean, **F32)
+    res = mc_predict(model, tf.data.Dataset.from_tensor_slices(X).batch(5), num_samples=400)
+    assert res.mean.shape == (9, 3)
+    # independent 400-sample estimates of the same predictive mean (entries in [0, 1]): within 0.1
+    np.testing.assert_allclose(res.mean, mc_predict(model, X, num_samples=400).mean, atol=0.1)
+    with pytest.raises(ValueError, match="infinite"):
+        mc_predict(model, ds.repeat(), num_samples=2)
+
+
+def test_subclassed_model_must_say_logits_or_probabilities():
+    class Net(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.drop, self.out = MCDropout(0.2), tf.keras.layers.Dense(3, activation="softmax")
+
+        def call(self, x, training=None):
+            return tf.math.log(self.out(self.drop(x, training=training)))  # log-probabilities: logits
+
+    net = Net()
+    with pytest.raises(ValueError, match="cannot tell"):  # last layer softmax, output not
+        mc_predict(net, X, num_samples=2)
+    res = mc_predict(net, X, num_samples=2, from_logits=True)
+    np.testing.assert_allclose(res.mean.sum(-1), 1.0, atol=1e-6)

@@ -210,7 +210,8 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
 
 
 class PosteriorSampler(tf.keras.callbacks.Callback):
-    """Keep thinned weight snapshots of DP-SGLD after burn-in: posterior samples (paper 003 section 3.1).
+    """Keep thinned weight snapshots of DP-SGLD after burn-in: posterior samples (Zhang et al. 2022, section
+    3.1).
 
     After step ``burn_in``, every ``thinning``-th step's ``model.get_weights()`` is kept; at most the last
     ``max_samples`` are. ``samples`` is the list ``tfdpbnn.uncertainty.mc_predict`` accepts as weight

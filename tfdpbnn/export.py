@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import tensorflow as tf
 
 from tfdpbnn.layers import _checks
-from tfdpbnn.layers.sampling import mc_sampling
+from tfdpbnn.layers.sampling import mc_sampling_active, sample_in_trace
 from tfdpbnn.uncertainty.mc import check_task, monte_carlo_summaries
+from tfdpbnn.uncertainty.outputs import resolve_from_logits
 
 
 def _input_spec(model, input_signature):
@@ -26,6 +28,30 @@ def _input_spec(model, input_signature):
     return tf.TensorSpec(inputs[0].shape, inputs[0].dtype, name="x")
 
 
+def strict_json_value(value, name="privacy"):
+    """``value`` with every infinite float made strict JSON (RFC 8259 has no Infinity or NaN).
+
+    In a dict, ``key: inf`` becomes ``key: null`` plus ``key_is_infinite: true`` (e.g. epsilon at noise 0:
+    no privacy); ``-inf`` also sets ``key_is_infinite: "negative"``; in a list an infinity becomes the string
+    "inf" / "-inf". NaN is refused with ``ValueError`` (a NaN guarantee is a bug, not a value).
+    """
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if isinstance(item, float) and math.isinf(item):
+                out[key] = None
+                out[f"{key}_is_infinite"] = True if item > 0 else "negative"
+            else:
+                out[key] = strict_json_value(item, f"{name}[{key!r}]")
+        return out
+    if isinstance(value, list | tuple):
+        return [("inf" if v > 0 else "-inf") if isinstance(v, float) and math.isinf(v)
+                else strict_json_value(v, f"{name}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, float) and math.isnan(value):
+        raise ValueError(f"{name} is NaN, which is not JSON and not a privacy guarantee")
+    return value
+
+
 def _privacy_dict(model, privacy):
     if privacy is None:
         statement = getattr(getattr(model, "optimizer", None), "privacy_statement", None)
@@ -36,12 +62,12 @@ def _privacy_dict(model, privacy):
     if not isinstance(privacy, dict):
         raise ValueError(f"privacy must be a dict (JSON-serializable) or None, got {type(privacy).__name__}")
     try:
-        return json.dumps(privacy, indent=2, sort_keys=True)
+        return json.dumps(strict_json_value(privacy), indent=2, sort_keys=True, allow_nan=False)
     except TypeError as err:
         raise ValueError(f"privacy must be JSON-serializable: {err}") from err
 
 
-def export_saved_model(model, path, num_samples=30, privacy=None, task="classification", from_logits=False,
+def export_saved_model(model, path, num_samples=30, privacy=None, task="classification", from_logits=None,
                        input_signature=None):
     """Write ``model`` as a SavedModel at ``path`` with two signatures, reloadable by Keras and TF Serving.
 
@@ -52,13 +78,24 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
       classification: mean, predictive_entropy, mutual_information, expected_entropy; regression: mean,
       epistemic_variance, aleatoric_variance, variance (float64).
 
+    ``from_logits`` (classification): True if the model outputs logits (the signature applies softmax),
+    False for probability vectors (the signature asserts it), None to read it from the output layer's
+    activation (softmax or linear; anything else raises ``ValueError``). The resolved value is written to
+    ``mc_predict.json``.
+
     ``num_samples`` (integer >= 1) is the recommended default, written with the task to
     ``<path>/assets/mc_predict.json``. The optimizer is not saved (``include_optimizer=False``).
     If ``privacy`` (a dict) is given, or else ``model.optimizer.privacy_statement()`` exists, that dict is
-    written as JSON to ``<path>/assets/privacy.json``. Returns ``path``.
+    written as strict JSON to ``<path>/assets/privacy.json`` (an infinite epsilon, e.g. at noise 0, is
+    written as ``"epsilon": null, "epsilon_is_infinite": true``; see ``strict_json_value``). Returns ``path``.
     """
     num_samples = _checks.positive_int("num_samples", num_samples)
+    if mc_sampling_active():
+        raise ValueError("export_saved_model: call it outside `with mc_sampling():`; the saved deterministic "
+                         "functions would otherwise carry the sampling switch (the mc_predict signature "
+                         "samples on its own)")
     check_task(task)
+    from_logits = resolve_from_logits(model, from_logits) if task == "classification" else False
     spec = _input_spec(model, input_signature)
     privacy_json = _privacy_dict(model, privacy)
 
@@ -70,7 +107,7 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
         return monte_carlo_summaries(model, x, n, task, from_logits)
 
     mc_fn = tf.function(mc, input_signature=[spec, tf.TensorSpec([], tf.int32, name="num_samples")])
-    with mc_sampling():  # trace here: the traced graph samples whenever it is called
+    with sample_in_trace():  # trace here: the traced graph samples whenever it is called
         mc_concrete = mc_fn.get_concrete_function()
     det_concrete = serving_default.get_concrete_function()
     tf.keras.models.save_model(model, path, save_format="tf", include_optimizer=False,

@@ -1,7 +1,8 @@
 """Checks that one example's loss depends on no other example of the batch.
 
 Per-example clipping bounds the sensitivity of the summed gradient only if example ``i``'s loss is a function
-of example ``i`` alone. Batch normalization with batch statistics breaks that: one private
+of example ``i`` alone. Batch normalization with batch statistics breaks that (docs/soundness.md, finding 1):
+one private
 example then moves every other example's output and gradient.
 """
 

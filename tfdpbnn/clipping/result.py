@@ -20,7 +20,8 @@ class ClippedGradients:
       clipped_sum: one tensor per variable of ``var_list`` (zeros where a variable does not influence the
         data loss), times the engine's ``sum_scale`` when one was given.
       regularization_grads: one tensor per variable: the gradient of ``regularization_loss``; it never goes
-        through clipping (Zhang et al. 2021 add the prior's gradient after the noise).
+        through clipping (docs/soundness.md, finding 5; Zhang et al. (2022) adds the prior's gradient after
+        the noise).
       per_example_loss: ``[batch]`` data losses.
       per_example_norms: ``[batch]`` L2 norms of the unclipped per-example gradients.
       regularization_loss: scalar, ``sum(model.losses)`` from the same forward pass (0 when there are none).

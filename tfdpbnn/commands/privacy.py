@@ -1,6 +1,7 @@
 """``tfdpbnn privacy``: epsilon for a noise multiplier, or the noise multiplier for an epsilon, by every
 accountant (``tfdpbnn.privacy``) for a DP-SGD run of N examples, batch B, E epochs; ``--plot`` redraws
-paper 000's Figure 3 (sigma against epsilon) with the sound accountants beside the paper's procedures."""
+Ermis & Cemgil's (2017a) Figure 3 (sigma against epsilon) with the sound accountants beside the paper's
+procedures."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import argparse
 import math
 import warnings
 
-from tfdpbnn.privacy._checks import check_choice, check_open_unit, check_positive, check_positive_int
-
 # (sample rate, epochs) of the papers' settings, to place their reported sigmas on the plot.
 PAPER_SETTINGS = {"MNIST": (0.01, 200), "DIGITS": (0.05, 100)}
+# keys of ``tfdpbnn.privacy.paper.REPORTED_NOISE`` -> the paper, by author and year (docs/references.md).
+PAPER_NAMES = {"000": "Ermis & Cemgil 2017a", "002": "Ermis & Cemgil 2017b"}
 
 
 def add_parser(subparsers) -> None:
@@ -38,6 +39,7 @@ def add_parser(subparsers) -> None:
 
 def _setting(args) -> tuple[float, int]:
     from tfdpbnn.privacy import steps_per_epoch
+    from tfdpbnn.privacy._checks import check_open_unit, check_positive_int
 
     n = check_positive_int("--num-examples", args.num_examples)
     b = check_positive_int("--batch-size", args.batch_size)
@@ -75,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tfdpbnn import privacy
     from tfdpbnn.privacy import paper
+    from tfdpbnn.privacy._checks import check_choice, check_positive
 
     q, steps = _setting(args)
     if args.noise_multiplier is not None:
@@ -106,11 +109,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"| {name} | {value:.4g} | {kind} |")
     if args.epsilon is not None and args.sampling == "poisson" and args.neighboring == "add_or_remove":
         for label, sigma in (
-                ("paper 000 zCDP (J = steps)",
+                ("Ermis & Cemgil (2017a) zCDP (J = steps)",
                  paper.zcdp_noise_multiplier(args.epsilon, args.delta, q, steps)),
-                ("paper 000 zCDP (J = epochs)", paper.zcdp_noise_multiplier(
+                ("Ermis & Cemgil (2017a) zCDP (J = epochs)", paper.zcdp_noise_multiplier(
                     args.epsilon, args.delta, q, steps, compositions=args.epochs)),
-                ("paper 000 AC", paper.ac_noise_multiplier(args.epsilon, args.delta, q, steps))):
+                ("Ermis & Cemgil (2017a) AC", paper.ac_noise_multiplier(args.epsilon, args.delta, q, steps))):
             print(f"| {label} | {sigma:.4g} | NOT a guarantee (see docs/privacy.md) |")
     for note in dict.fromkeys(notes):
         print(note)
@@ -150,19 +153,19 @@ def _plot(args, q, steps, names) -> None:
             ax.plot(eps_grid, sig, style, marker="o", ms=3, label=label)
         if args.sampling == "poisson" and args.neighboring == "add_or_remove":
             ax.plot(eps_grid, [paper.zcdp_noise_multiplier(float(e), args.delta, q, steps) for e in eps_grid],
-                    "--", color="gray", label="paper 000 zCDP, J=steps (not a guarantee)")
+                    "--", color="gray", label="Ermis & Cemgil (2017a) zCDP, J=steps (not a guarantee)")
             ax.plot(eps_grid, [paper.zcdp_noise_multiplier(float(e), args.delta, q, steps,
                                                            compositions=args.epochs) for e in eps_grid],
-                    "--", color="red", label="paper 000 zCDP, J=epochs (not a guarantee)")
+                    "--", color="red", label="Ermis & Cemgil (2017a) zCDP, J=epochs (not a guarantee)")
             ax.plot(eps_grid, [paper.ac_noise_multiplier(float(e), args.delta, q, steps) for e in eps_grid],
-                    "--", color="black", label="paper 000 AC (not a guarantee)")
+                    "--", color="black", label="Ermis & Cemgil (2017a) AC (not a guarantee)")
             for (pid, data, eps), sigmas in paper.REPORTED_NOISE.items():
                 q_paper, epochs_paper = PAPER_SETTINGS[data]
                 if math.isclose(q, q_paper, rel_tol=0.02) and args.epochs == epochs_paper:
                     ax.plot([eps], [sigmas["zcdp"]], "r*", ms=10,
-                            label=f"paper {pid} reported zCDP sigma ({data}, eps {eps:g})")
+                            label=f"{PAPER_NAMES[pid]} reported zCDP sigma ({data}, eps {eps:g})")
                     ax.plot([eps], [sigmas["ac"]], "k*", ms=10,
-                            label=f"paper {pid} reported AC sigma ({data}, eps {eps:g})")
+                            label=f"{PAPER_NAMES[pid]} reported AC sigma ({data}, eps {eps:g})")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("epsilon")

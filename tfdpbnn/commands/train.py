@@ -110,7 +110,7 @@ def train(args) -> dict:
     train_seconds = time.time() - start
 
     if args.method == "sidp":
-        # Release (and evaluate, and export) one sample theta = mu + s xi, what paper 004 releases.
+        # Release (and evaluate, and export) one sample theta = mu + s xi, what Davody et al. (2020) releases.
         optimizer.release_weights(model)
     if sampler is not None and sampler.samples:
         prediction = mc_predict(model, x_test, weight_snapshots=sampler.samples, from_logits=True)
@@ -125,7 +125,8 @@ def train(args) -> dict:
                                              num_samples=recipe.mc_samples, privacy=statement,
                                              from_logits=True)
     title = f"{args.method} on {args.dataset}, epsilon {statement['epsilon']:.3g}"
-    diagram = reliability_diagram(probs, y_test, os.path.join(out, "reliability.png"), title=title)
+    diagram = os.path.join(out, "reliability.png")
+    reliability_diagram(probs, y_test, diagram, title=title)  # returns the Figure; saved at `diagram`
     summary = {
         "method": args.method, "dataset": args.dataset, "target_epsilon": args.epsilon, "delta": args.delta,
         "test_accuracy": accuracy, "ece": ece, "epsilon": statement["epsilon"],
@@ -151,7 +152,9 @@ def train(args) -> dict:
 
 
 def _approximate_gdp(optimizer, privacy):
-    """GDP's central-limit epsilon (paper 003 Thm. 2), printed marked as an approximation, not a bound."""
+    """GDP's central-limit epsilon (Zhang et al. 2022, Thm. 2), printed marked as an approximation, not a
+    bound.
+    """
     import warnings
 
     if "gdp" not in privacy.available_accountants():

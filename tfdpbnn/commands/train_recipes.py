@@ -1,4 +1,5 @@
-"""Default model and optimizer of each ``tfdpbnn train`` method (architectures from papers 000, 003, 004).
+"""Default model and optimizer of each ``tfdpbnn train`` method (architectures from Ermis & Cemgil (2017a),
+Zhang et al. (2022) and Davody et al. (2020)).
 
 DIGITS defaults (64 inputs, centred to [-0.5, 0.5]; 10 classes): one hidden layer of 64 tanh units, large
 Poisson batches (q = 0.2) and few steps (20 epochs = 100 steps), clip 1: at epsilon 1 the noise per step is
@@ -29,7 +30,7 @@ class Recipe:
 
 RECIPES = {
     "dpvd": Recipe(),
-    "dpsgld": Recipe(),  # learning rate: calibrated to the budget (paper 003 Theorem 1)
+    "dpsgld": Recipe(),  # learning rate: calibrated to the budget (Zhang et al. 2022, Theorem 1)
     "dpbbp": Recipe(learning_rate=1.0),
     "dpmcdropout": Recipe(),
     "sidp": Recipe(learning_rate=1.0),
@@ -38,8 +39,10 @@ RECIPES = {
 
 
 def build_model(method: str, input_shape, num_classes: int, num_examples: int, hidden: int, seed: int):
-    """The Keras model of ``method``: paper 000's variational dropout MLP (dpvd), paper 003's BBP / MC
-    dropout / plain MLP (dpbbp, dpmcdropout, dpsgld, dpsgd), paper 004's noisy MLP with LayerNorm (sidp)."""
+    """The Keras model of ``method``: Ermis & Cemgil's (2017a) variational dropout MLP (dpvd), Zhang et al.'s
+    (2022) BBP / MC
+    dropout / plain MLP (dpbbp, dpmcdropout, dpsgld, dpsgd), Davody et al.'s (2020) noisy MLP with LayerNorm
+    (sidp)."""
     from tfdpbnn import layers
 
     tf.keras.utils.set_random_seed(seed)

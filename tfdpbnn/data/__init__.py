@@ -3,7 +3,15 @@
 from tfdpbnn.data.digits import load_digits
 from tfdpbnn.data.poisson import poisson_batches
 from tfdpbnn.data.sampling import SamplingSpec, assert_sampling
-from tfdpbnn.data.tfds_loaders import DATASETS, load_cifar10, load_fashion_mnist, load_mnist, load_tfds
+from tfdpbnn.data.tfds_loaders import (
+    DATASETS,
+    DatasetNotAvailableError,
+    load_cifar10,
+    load_fashion_mnist,
+    load_mnist,
+    load_tfds,
+)
 
-__all__ = ["DATASETS", "SamplingSpec", "assert_sampling", "load_cifar10", "load_digits", "load_fashion_mnist",
+__all__ = ["DATASETS", "DatasetNotAvailableError", "SamplingSpec", "assert_sampling", "load_cifar10",
+           "load_digits", "load_fashion_mnist",
            "load_mnist", "load_tfds", "poisson_batches"]

@@ -1,4 +1,4 @@
-"""DIGITS: scikit-learn's bundled UCI handwritten digits, the benchmark of papers 000 and 002."""
+"""DIGITS: scikit-learn's bundled UCI handwritten digits, the benchmark of Ermis & Cemgil (2017a, 2017b)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ TEST_SIZE = 360
 def load_digits(test_size: int = TEST_SIZE, seed: int = 0, flatten: bool = True):
     """Return ``((x_train, y_train), (x_test, y_test))`` of the 1797 8x8 digits, pixels scaled to [0, 1].
 
-    Split as in papers 000/002: ``test_size`` (360) test images, the rest (1437) for training, drawn by a
+    Split as in Ermis & Cemgil (2017a, 2017b): ``test_size`` (360) test images, the rest (1437) for training,
+    drawn by a
     fixed-seed permutation (``seed``). ``flatten``: images as 64-vectors, else ``[8, 8, 1]``. Labels int64.
     """
     from sklearn import datasets

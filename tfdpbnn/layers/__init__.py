@@ -1,7 +1,10 @@
-"""Bayesian and noisy Keras layers (papers 000, 003, 004) and the MC sampling switch; see docs/layers.md."""
+"""Bayesian and noisy Keras layers (Ermis & Cemgil 2017; Zhang et al. 2023; Davody et al. 2020), the
+heteroscedastic regression head, and the MC sampling switch; see docs/layers.md.
+"""
 
 from tfdpbnn.layers.bayes_by_backprop import DenseBayesByBackprop
 from tfdpbnn.layers.dropout import MCDropout
+from tfdpbnn.layers.heteroscedastic import HeteroscedasticHead
 from tfdpbnn.layers.noisy import NoisyConv2D, NoisyDense
 from tfdpbnn.layers.normalization import AppendPublicBatch, DropPublicBatch, PublicBatchNormalization
 from tfdpbnn.layers.sampling import mc_sampling, mc_sampling_active
@@ -9,6 +12,6 @@ from tfdpbnn.layers.variational import LOG_ALPHA_RANGE, Conv2DVariational, Dense
 
 __all__ = [
     "AppendPublicBatch", "Conv2DVariational", "DenseBayesByBackprop", "DenseVariational", "DropPublicBatch",
-    "LOG_ALPHA_RANGE", "MCDropout", "NoisyConv2D", "NoisyDense", "PublicBatchNormalization", "log_uniform_kl",
-    "mc_sampling", "mc_sampling_active",
+    "HeteroscedasticHead", "LOG_ALPHA_RANGE", "MCDropout", "NoisyConv2D", "NoisyDense",
+    "PublicBatchNormalization", "log_uniform_kl", "mc_sampling", "mc_sampling_active",
 ]

@@ -1,4 +1,4 @@
-"""Bayes by Backprop dense layer (Blundell et al. 2015; paper 003 section 3.2, DP-BBP)."""
+"""Bayes by Backprop dense layer (Blundell et al. 2015; Zhang et al. (2022, section 3.2), DP-BBP)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ tfd = tfp.distributions
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class DenseBayesByBackprop(tf.keras.layers.Layer):
-    """Dense layer with a factorized Gaussian posterior, Bayes by Backprop (paper 003 sec. 3.2).
+    """Dense layer with a factorized Gaussian posterior, Bayes by Backprop (Zhang et al. 2022, sec. 3.2).
 
     Posterior per weight: w ~ N(mu, softplus(rho)^2); prior N(0, prior_scale^2). The closed-form
     KL(q || p) summed over kernel and bias (``tfp.distributions.kl_divergence`` of two Normals) is added with
-    ``add_loss`` scaled by 1/``num_examples`` (the per-example term of the ELBO, paper 003 sec. 3.2).
+    ``add_loss`` scaled by 1/``num_examples`` (the per-example term of the ELBO, Zhang et al. (2022, sec.
+    3.2)).
 
     Variables (read by the per-example clipping engine): ``kernel_mu``, ``kernel_rho`` [in, out];
     ``bias_mu``, ``bias_rho`` [out] (absent if ``use_bias=False``). Attributes ``prior_scale``,

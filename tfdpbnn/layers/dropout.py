@@ -1,4 +1,4 @@
-"""Monte Carlo dropout (Gal & Ghahramani 2016; DP-MC Dropout of paper 003 section 3.3)."""
+"""Monte Carlo dropout (Gal & Ghahramani 2016; DP-MC Dropout of Zhang et al. (2022, section 3.3))."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Layers with Gaussian-perturbed weights, theta = mu + s * eps (SI-DPSGD, paper 004 Algorithms 1-2)."""
+"""Layers with Gaussian-perturbed weights, theta = mu + s * eps (SI-DPSGD, Davody et al.
+
+(2020) Algorithms 1-2).
+"""
 
 from __future__ import annotations
 
@@ -52,7 +55,8 @@ class _NoisyMixin:
     def sample_weights_into_kernel(self):
         """Replace the means by one noisy sample: kernel <- kernel + s * eps, bias <- bias + s * eps.
 
-        SI-DPSGD (paper 004) releases sampled weights theta_T, not mu_T. Call this once before export in that
+        SI-DPSGD (Davody et al. 2020) releases sampled weights theta_T, not mu_T. Call this once before export
+        in that
         mode; afterwards deterministic inference serves the sampled weights. ``noise_stddev`` is left as it
         is (set it to 0 if further MC sampling around the released sample is not wanted).
         """
@@ -87,11 +91,14 @@ class _NoisyMixin:
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class NoisyDense(_NoisyMixin, tf.keras.layers.Layer):
-    """Dense layer with noisy weights theta = mu + s * N(0, I) (SI-DPSGD, paper 004 Algorithm 1, line 4).
+    """Dense layer with noisy weights theta = mu + s * N(0, I) (SI-DPSGD, Davody et al.
+
+    (2020, Algorithm 1), line 4).
 
     Variables (read by the per-example clipping engine): ``kernel`` (= mu, [in, out]), ``bias`` (= mu of the
     bias, [out]) and ``noise_stddev``, a non-trainable scalar variable s that the optimizer assigns each step.
-    In training one sample of (kernel, bias) is drawn per call and shared by the whole batch (paper 004 draws
+    In training one sample of (kernel, bias) is drawn per call and shared by the whole batch (Davody et al.
+    (2020) draws
     theta_t once per step); each example's output depends only on its own input and that shared sample.
     Inference: the means (``inference_noise=False``, default) or a fresh sample per call
     (``inference_noise=True``); under ``tfdpbnn.layers.mc_sampling()`` always a sample. To serve one
@@ -126,7 +133,7 @@ class NoisyDense(_NoisyMixin, tf.keras.layers.Layer):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class NoisyConv2D(_NoisyMixin, tf.keras.layers.Layer):
-    """2-D convolution (NHWC) with noisy weights theta = mu + s * N(0, I) (SI-DPSGD, paper 004).
+    """2-D convolution (NHWC) with noisy weights theta = mu + s * N(0, I) (SI-DPSGD, Davody et al. (2020)).
 
     Variables: ``kernel`` [kh, kw, in, out], ``bias`` [out], ``noise_stddev`` (non-trainable scalar);
     sampling rules as in ``NoisyDense``.
@@ -134,12 +141,14 @@ class NoisyConv2D(_NoisyMixin, tf.keras.layers.Layer):
 
     def __init__(self, filters, kernel_size, strides=1, padding="valid", noise_stddev=0.0,
                  inference_noise=False, activation=None, use_bias=True, kernel_initializer="glorot_uniform",
-                 bias_initializer="zeros", **kwargs):
+                 bias_initializer="zeros", data_format=None, dilation_rate=1, **kwargs):
         super().__init__(**kwargs)
         self.filters = _checks.positive_int("filters", filters)
         self.kernel_size = _checks.pair("kernel_size", kernel_size)
         self.strides = _checks.pair("strides", strides)
         self.padding = _checks.padding(padding)
+        self.data_format = _checks.channels_last(data_format)
+        self.dilation_rate = _checks.unit_dilation(dilation_rate)
         self._init_noise(noise_stddev, inference_noise, activation, use_bias, kernel_initializer,
                          bias_initializer)
 
@@ -160,5 +169,6 @@ class NoisyConv2D(_NoisyMixin, tf.keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update({"filters": self.filters, "kernel_size": self.kernel_size, "strides": self.strides,
-                       "padding": self.padding, **self._noise_config()})
+                       "padding": self.padding, "data_format": self.data_format,
+                       "dilation_rate": self.dilation_rate, **self._noise_config()})
         return config

@@ -1,6 +1,8 @@
-"""Batch normalization with statistics from a public batch only (paper 004's BN variant fixed, NOTES.md 1).
+"""Batch normalization with statistics from a public batch only (Davody et al.'s (2020) BN variant fixed,
+docs/soundness.md, finding 1).
 
-Paper 004 (Algorithm 2) normalizes over the public batch X^ concatenated with the private batch, so one
+Davody et al. (2020) (Algorithm 2) normalizes over the public batch X^ concatenated with the private batch, so
+one
 private example moves every other example's output and per-example clipping no longer bounds sensitivity.
 Here the statistics come from the public examples alone, in training and at inference:
 
@@ -79,6 +81,20 @@ class _PublicBatchStore:
             self.public_batch.assign(arr)
         self._public_batch_assigned = True
 
+    def _public_batch_config(self):
+        """The public batch as nested lists for ``get_config`` (None if not assigned yet).
+
+        The public batch is part of the layer's definition, like its arguments, not a learned weight: keeping
+        it in the config lets ``from_config`` and ``tf.keras.models.clone_model`` (which re-initializes all
+        weights) rebuild a layer that normalizes exactly as the original. Its size is num_public times the
+        input size, so keep public batches small.
+        """
+        if not self._public_batch_assigned:
+            return None
+        if getattr(self, "public_batch", None) is not None:
+            return tf.keras.backend.get_value(self.public_batch).tolist()
+        return None if self._pending is None else self._pending.tolist()
+
     def _require_assigned(self):
         if not self._public_batch_assigned:
             raise ValueError(f"public_batch: layer {self.name!r} has no public batch yet; pass public_batch= "
@@ -102,8 +118,20 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
     """
 
     def __init__(self, public_batch=None, num_public=None, carried=False, axis=-1, epsilon=1e-3, center=True,
-                 scale=True, beta_initializer="zeros", gamma_initializer="ones", public_batch_assigned=False,
-                 **kwargs):
+                 scale=True, beta_initializer="zeros", gamma_initializer="ones", beta_regularizer=None,
+                 gamma_regularizer=None, beta_constraint=None, gamma_constraint=None,
+                 public_batch_assigned=False, **kwargs):
+        no_averages = ("this layer keeps no moving averages: training and inference both normalize with the "
+                       "public batch's statistics, so no private example's output depends on another's")
+        _checks.refuse(kwargs, {
+            "momentum": no_averages, "moving_mean_initializer": no_averages,
+            "moving_variance_initializer": no_averages,
+            "renorm": "batch renormalization uses private batch statistics", "renorm_clipping": no_averages,
+            "renorm_momentum": no_averages,
+            "virtual_batch_size": "statistics come from the public batch, not from (virtual) private batches",
+            "adjustment": "statistics come from the public batch only",
+            "synchronized": "the public batch is the same on every replica: nothing to synchronize",
+            "fused": "the normalization is computed from the public batch in plain ops"})
         super().__init__(**kwargs)
         self.carried = bool(carried)
         if self.carried and public_batch is not None:
@@ -118,6 +146,10 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
         self.scale = bool(scale)
         self.beta_initializer = tf.keras.initializers.get(beta_initializer)
         self.gamma_initializer = tf.keras.initializers.get(gamma_initializer)
+        self.beta_regularizer = tf.keras.regularizers.get(beta_regularizer)
+        self.gamma_regularizer = tf.keras.regularizers.get(gamma_regularizer)
+        self.beta_constraint = tf.keras.constraints.get(beta_constraint)
+        self.gamma_constraint = tf.keras.constraints.get(gamma_constraint)
 
     def build(self, input_shape):
         input_shape = tf.TensorShape(input_shape)
@@ -134,8 +166,10 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
         param_shape[axis] = int(dim)
         self._param_shape = param_shape
         self.gamma = self.add_weight("gamma", shape=(int(dim),), initializer=self.gamma_initializer,
+                                     regularizer=self.gamma_regularizer, constraint=self.gamma_constraint,
                                      trainable=True) if self.scale else None
         self.beta = self.add_weight("beta", shape=(int(dim),), initializer=self.beta_initializer,
+                                    regularizer=self.beta_regularizer, constraint=self.beta_constraint,
                                     trainable=True) if self.center else None
         if not self.carried:
             self._build_store(input_shape)
@@ -191,17 +225,24 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         ser = tf.keras.initializers.serialize
+        if not self.carried:
+            config["public_batch"] = self._public_batch_config()
         config.update({"num_public": self.num_public, "carried": self.carried, "axis": self.axis,
                        "epsilon": self.epsilon, "center": self.center, "scale": self.scale,
                        "beta_initializer": ser(self.beta_initializer),
                        "gamma_initializer": ser(self.gamma_initializer),
-                       "public_batch_assigned": self._public_batch_assigned})
+                       "beta_regularizer": tf.keras.regularizers.serialize(self.beta_regularizer),
+                       "gamma_regularizer": tf.keras.regularizers.serialize(self.gamma_regularizer),
+                       "beta_constraint": tf.keras.constraints.serialize(self.beta_constraint),
+                       "gamma_constraint": tf.keras.constraints.serialize(self.gamma_constraint)})
         return config
 
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class AppendPublicBatch(_PublicBatchStore, tf.keras.layers.Layer):
-    """Concatenate a stored public batch after the private rows (input of the carried mode, paper 004 Alg. 2).
+    """Concatenate a stored public batch after the private rows (input of the carried mode, Davody et al.
+
+    (2020, Alg. 2)).
 
     Variable: ``public_batch`` (non-trainable, [num_public, *input_shape[1:]]). Output batch size is
     batch + num_public; end the network with ``DropPublicBatch(num_public)``.
@@ -225,7 +266,7 @@ class AppendPublicBatch(_PublicBatchStore, tf.keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"num_public": self.num_public, "public_batch_assigned": self._public_batch_assigned})
+        config.update({"num_public": self.num_public, "public_batch": self._public_batch_config()})
         return config
 
 

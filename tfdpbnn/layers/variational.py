@@ -1,6 +1,7 @@
 """Variational dropout layers with additive noise reparameterization and the log-uniform prior.
 
-Paper 000 (Ermis & Cemgil, DP Variational Dropout), eq. (10): theta_ij = phi_ij + zeta_ij * eps_ij with
+Ermis & Cemgil (2017a, DP Variational Dropout), eq. (10): theta_ij = phi_ij + zeta_ij *
+eps_ij with
 zeta_ij^2 = alpha_ij * phi_ij^2 = sigma_ij^2, trained with the local reparameterization trick (Kingma et al.
 2015) and the KL approximation of Molchanov, Ashukha & Vetrov (2017, "Variational dropout sparsifies deep
 neural networks", eq. 14):
@@ -36,22 +37,33 @@ class _VariationalMixin:
     """log alpha, pruning mask and KL shared by the dense and convolutional variants."""
 
     def _init_common(self, num_examples, threshold, eps, use_bias, activation, theta_initializer,
-                     log_sigma2_initializer, bias_initializer):
+                     log_sigma2_initializer, bias_initializer, kernel_regularizer=None, bias_regularizer=None,
+                     kernel_constraint=None, bias_constraint=None):
         self.num_examples = _checks.positive_int("num_examples", num_examples)
-        self.threshold = _checks.finite_float("threshold", threshold)
+        # log alpha is clipped to LOG_ALPHA_RANGE, so a threshold outside it prunes all or no weights.
+        self.threshold = _checks.finite_float("threshold", threshold, low=LOG_ALPHA_RANGE[0],
+                                              high=LOG_ALPHA_RANGE[1])
         self.eps = _checks.finite_float("eps", eps, low=0.0, low_open=True)
         self.use_bias = bool(use_bias)
         self.activation = tf.keras.activations.get(activation)
         self.theta_initializer = tf.keras.initializers.get(theta_initializer)
         self.log_sigma2_initializer = tf.keras.initializers.get(log_sigma2_initializer)
         self.bias_initializer = tf.keras.initializers.get(bias_initializer)
+        # Keras names: the "kernel" of these layers is the mean theta. Regularizers are data-independent
+        # (added to model.losses, which DP optimizers add after clipping and noise).
+        self.kernel_regularizer = tf.keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = tf.keras.regularizers.get(bias_regularizer)
+        self.kernel_constraint = tf.keras.constraints.get(kernel_constraint)
+        self.bias_constraint = tf.keras.constraints.get(bias_constraint)
 
     def _add_weights(self, kernel_shape, units):
         self.theta = self.add_weight("theta", shape=kernel_shape, initializer=self.theta_initializer,
+                                     regularizer=self.kernel_regularizer, constraint=self.kernel_constraint,
                                      trainable=True)
         self.log_sigma2 = self.add_weight("log_sigma2", shape=kernel_shape,
                                           initializer=self.log_sigma2_initializer, trainable=True)
-        self.bias = (self.add_weight("bias", shape=(units,), initializer=self.bias_initializer)
+        self.bias = (self.add_weight("bias", shape=(units,), initializer=self.bias_initializer,
+                                     regularizer=self.bias_regularizer, constraint=self.bias_constraint)
                      if self.use_bias else None)
 
     @property
@@ -96,12 +108,16 @@ class _VariationalMixin:
             "theta_initializer": tf.keras.initializers.serialize(self.theta_initializer),
             "log_sigma2_initializer": tf.keras.initializers.serialize(self.log_sigma2_initializer),
             "bias_initializer": tf.keras.initializers.serialize(self.bias_initializer),
+            "kernel_regularizer": tf.keras.regularizers.serialize(self.kernel_regularizer),
+            "bias_regularizer": tf.keras.regularizers.serialize(self.bias_regularizer),
+            "kernel_constraint": tf.keras.constraints.serialize(self.kernel_constraint),
+            "bias_constraint": tf.keras.constraints.serialize(self.bias_constraint),
         }
 
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class DenseVariational(_VariationalMixin, tf.keras.layers.Layer):
-    """Dense layer with variational dropout (paper 000 eq. 10; Molchanov et al. 2017).
+    """Dense layer with variational dropout (Ermis & Cemgil 2017a, eq. 10; Molchanov et al. 2017).
 
     Variables (read by the per-example clipping engine):
       ``theta``: kernel means, shape [in, out]; ``log_sigma2``: log sigma^2 per weight, [in, out];
@@ -118,13 +134,16 @@ class DenseVariational(_VariationalMixin, tf.keras.layers.Layer):
 
     def __init__(self, units, num_examples, activation=None, use_bias=True, threshold=3.0, eps=1e-8,
                  theta_initializer="glorot_uniform", log_sigma2_initializer=None,
-                 bias_initializer="zeros", **kwargs):
+                 bias_initializer="zeros", kernel_regularizer=None, bias_regularizer=None,
+                 kernel_constraint=None, bias_constraint=None, **kwargs):
+        _checks.refuse(kwargs, {"kernel_initializer": "the kernel is the mean theta: use theta_initializer"})
         super().__init__(**kwargs)
         self.units = _checks.positive_int("units", units)
         if log_sigma2_initializer is None:
             log_sigma2_initializer = tf.keras.initializers.Constant(-10.0)
         self._init_common(num_examples, threshold, eps, use_bias, activation, theta_initializer,
-                          log_sigma2_initializer, bias_initializer)
+                          log_sigma2_initializer, bias_initializer, kernel_regularizer, bias_regularizer,
+                          kernel_constraint, bias_constraint)
 
     def build(self, input_shape):
         in_dim = tf.TensorShape(input_shape)[-1]
@@ -169,7 +188,7 @@ class DenseVariational(_VariationalMixin, tf.keras.layers.Layer):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class Conv2DVariational(_VariationalMixin, tf.keras.layers.Layer):
-    """2-D convolution with variational dropout (paper 000 eq. 10; Molchanov et al. 2017), NHWC.
+    """2-D convolution with variational dropout (Ermis & Cemgil 2017a, eq. 10; Molchanov et al. 2017), NHWC.
 
     Variables: ``theta`` [kh, kw, in, out], ``log_sigma2`` [kh, kw, in, out], ``bias`` [out]; attributes
     ``activation``, ``num_examples``, ``threshold``, ``log_alpha`` as in ``DenseVariational``.
@@ -181,16 +200,23 @@ class Conv2DVariational(_VariationalMixin, tf.keras.layers.Layer):
 
     def __init__(self, filters, kernel_size, num_examples, strides=1, padding="valid", activation=None,
                  use_bias=True, threshold=3.0, eps=1e-8, theta_initializer="glorot_uniform",
-                 log_sigma2_initializer=None, bias_initializer="zeros", **kwargs):
+                 log_sigma2_initializer=None, bias_initializer="zeros", data_format=None, dilation_rate=1,
+                 kernel_regularizer=None, bias_regularizer=None, kernel_constraint=None, bias_constraint=None,
+                 **kwargs):
+        _checks.refuse(kwargs, {"kernel_initializer": "the kernel is the mean theta: use theta_initializer",
+                                "groups": "grouped convolutions have no per-example clipping rule here"})
         super().__init__(**kwargs)
         self.filters = _checks.positive_int("filters", filters)
         self.kernel_size = _checks.pair("kernel_size", kernel_size)
         self.strides = _checks.pair("strides", strides)
         self.padding = _checks.padding(padding)
+        self.data_format = _checks.channels_last(data_format)
+        self.dilation_rate = _checks.unit_dilation(dilation_rate)
         if log_sigma2_initializer is None:
             log_sigma2_initializer = tf.keras.initializers.Constant(-10.0)
         self._init_common(num_examples, threshold, eps, use_bias, activation, theta_initializer,
-                          log_sigma2_initializer, bias_initializer)
+                          log_sigma2_initializer, bias_initializer, kernel_regularizer, bias_regularizer,
+                          kernel_constraint, bias_constraint)
 
     def build(self, input_shape):
         input_shape = tf.TensorShape(input_shape)
@@ -233,5 +259,6 @@ class Conv2DVariational(_VariationalMixin, tf.keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update({"filters": self.filters, "kernel_size": self.kernel_size, "strides": self.strides,
-                       "padding": self.padding, **self._common_config()})
+                       "padding": self.padding, "data_format": self.data_format,
+                       "dilation_rate": self.dilation_rate, **self._common_config()})
         return config

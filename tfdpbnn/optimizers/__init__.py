@@ -1,4 +1,4 @@
-"""Differentially private optimizers for Bayesian neural networks (issue 4).
+"""Differentially private optimizers for Bayesian neural networks.
 
 Each is a subclass of a tensorflow-privacy vectorized Keras optimizer and is used as any Keras optimizer:
 ``model.compile(optimizer=tfdpbnn.DPVDOptimizer(...), loss=..., metrics=...)``, ``model.fit(...)``.

@@ -7,8 +7,10 @@ them, and replaces their gradient step with:
   g = (sum_i min(1, C/||g_i||) g_i + N(0, (sigma C)^2 I)) / B  +  grad(regularization)
 
 where ``g_i`` is the gradient of example i's DATA loss, ``B`` the EXPECTED batch size (a constant, so the
-division is post-processing; NOTES.md point 4) and the regularization (``model.losses``: KL terms, priors,
-weight decay) is data-independent and never clipped (NOTES.md point 5). What accounting needs (sigma, C, the
+division is post-processing; docs/soundness.md, finding 4) and the regularization (``model.losses``: KL terms,
+priors,
+weight decay) is data-independent and never clipped (docs/soundness.md, finding 5). What accounting needs
+(sigma, C, the
 sample rate, the sampling scheme, the neighboring relation) lives in non-trainable optimizer variables (so
 ``tf.train.Checkpoint`` and ``model.save`` carry it) and in ``get_config``; the number of steps is
 ``optimizer.iterations``.

@@ -1,6 +1,7 @@
-"""DP-SGD and DP-Adam (Abadi et al. 2016, Algorithm 1; paper 003, Algorithms 1, 3 and 4).
+"""DP-SGD and DP-Adam (Abadi et al. 2016, Algorithm 1; Zhang et al. (2022), Algorithms 1, 3 and 4).
 
-On Bayes-by-Backprop layers DP-SGD is DP-BBP (paper 003, Algorithm 3); on MC dropout layers it is DP-MC
+On Bayes-by-Backprop layers DP-SGD is DP-BBP (Zhang et al. 2022, Algorithm 3); on MC dropout layers it is
+DP-MC
 Dropout (Algorithm 4): the Bayesian part lives in the layers, the optimizer only privatizes the gradient.
 """
 
@@ -17,7 +18,9 @@ from tfdpbnn.optimizers.base import DPOptimizerMixin
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class DPSGDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
-    """DP-SGD (Abadi et al. 2016, Algorithm 1; paper 003 Algorithm 1 with the regularizer after the noise).
+    """DP-SGD (Abadi et al. 2016, Algorithm 1; Zhang et al.
+
+    (2022, Algorithm 1) with the regularizer after the noise).
 
     ``w <- w - eta * ((sum_i clip_C(g_i) + N(0, sigma^2 C^2 I)) / B + grad r(w))``; ``r`` is
     ``sum(model.losses)`` (KL terms, weight decay), never clipped. Epsilon: the subsampled Gaussian mechanism
@@ -41,7 +44,7 @@ class DPSGDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class DPAdamOptimizer(DPOptimizerMixin, VectorizedDPKerasAdamOptimizer):
-    """DP-Adam: Adam's update fed the DP-SGD gradient (Abadi et al. 2016; paper 003 section 2).
+    """DP-Adam: Adam's update fed the DP-SGD gradient (Abadi et al. 2016; Zhang et al. (2022, section 2)).
 
     Adam's moments are post-processing of the privatized gradient, so the accounting is DP-SGD's.
     ``learning_rate``, ``beta_1``, ``beta_2``, ``epsilon`` (Adam's own, as in Keras) and ``amsgrad`` go to

@@ -1,4 +1,4 @@
-"""DP-SGLD (paper 003, Algorithm 2; Theorems 1 and 3).
+"""DP-SGLD (Zhang et al. 2022, Algorithm 2; Theorems 1 and 3).
 
 ``w <- w - eta * ((n/B) sum_i clip_C(g_i) + grad r(w)) + N(0, eta I)``. Theorem 1: this is DP-SGD with
 noise multiplier ``sigma = B / (n sqrt(eta) C)`` (and learning rate ``eta n``), so its epsilon is DP-SGD's
@@ -18,7 +18,9 @@ from tfdpbnn.privacy._checks import check_positive
 
 
 def sgld_noise_multiplier(learning_rate, l2_norm_clip, num_examples, batch_size) -> float:
-    """sigma = B / (n sqrt(eta) C): DP-SGLD's equivalent DP-SGD noise multiplier (paper 003, Theorem 1)."""
+    """sigma = B / (n sqrt(eta) C): DP-SGLD's equivalent DP-SGD noise multiplier (Zhang et al. 2022, Theorem
+    1).
+    """
     return batch_size / (num_examples * math.sqrt(learning_rate) * l2_norm_clip)
 
 
@@ -29,7 +31,8 @@ def sgld_learning_rate(noise_multiplier, l2_norm_clip, num_examples, batch_size)
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
-    """DP-SGLD (paper 003, Algorithm 2): clipped, n/B-scaled data gradient, prior gradient, N(0, eta) noise.
+    """DP-SGLD (Zhang et al. 2022, Algorithm 2): clipped, n/B-scaled data gradient, prior gradient, N(0, eta)
+    noise.
 
     Args:
       l2_norm_clip: C.
@@ -113,7 +116,7 @@ class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
 
     def _dp_statement_extras(self):
         return {"learning_rate": float(self._get_hyper("learning_rate")),
-                "equivalent_dp_sgd": "paper 003 Theorem 1: sigma = B / (n sqrt(eta) C)"}
+                "equivalent_dp_sgd": "Zhang et al. (2022, Theorem 1): sigma = B / (n sqrt(eta) C)"}
 
 
 __all__ = ["DPSGLDOptimizer", "sgld_learning_rate", "sgld_noise_multiplier"]

@@ -1,9 +1,10 @@
-"""DPVD: differentially private variational dropout (papers 000/002, Ermis & Cemgil).
+"""DPVD: differentially private variational dropout (Ermis & Cemgil (2017a, 2017b), Ermis & Cemgil).
 
 The optimizer is DP-SGD applied to a network of ``DenseVariational`` / ``Conv2DVariational`` layers: the
 per-example DATA-term gradients of theta and log sigma^2 are clipped, Gaussian noise is added once per step,
 and the KL term (``model.losses``) is added unclipped. With plain SGD the noise moves each weight by
-``zeta * N(0, 1)`` with ``zeta = eta * sigma * C / B``: the additive weight noise of paper 000 eq. 12, i.e. a
+``zeta * N(0, 1)`` with ``zeta = eta * sigma * C / B``: the additive weight noise of Ermis & Cemgil (2017a,
+eq. 12), i.e. a
 Gaussian dropout of rate ``alpha = zeta^2 / theta^2`` on top of the learned one.
 """
 
@@ -29,11 +30,13 @@ def _variational_thetas(model):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class DPVDOptimizer(DPSGDOptimizer):
-    """DPVD (paper 000 Algorithm 1 with eq. 12; paper 002): DP-SGD on variational dropout layers.
+    """DPVD (Ermis & Cemgil 2017a, Algorithm 1 with eq. 12; Ermis & Cemgil (2017b)): DP-SGD on variational
+    dropout layers.
 
     Same arguments and accounting as ``DPSGDOptimizer`` (SGD family: ``learning_rate``, ``momentum``).
     Adds two metrics to the Keras logs each step: ``zeta`` = eta * sigma * C / B, the std of the privacy
-    noise on every weight (paper 000 eq. 12), and ``dp_alpha_median``, the median over the variational
+    noise on every weight (Ermis & Cemgil 2017a, eq. 12), and ``dp_alpha_median``, the median over the
+    variational
     weights theta of the dropout rate that noise implies, zeta^2 / theta^2. For more than
     ``ALPHA_MEDIAN_SAMPLE`` weights the median is taken over an evenly strided subsample of about that many
     (a full sort of every weight each step cost DPVD more than the clipping did).
@@ -53,7 +56,7 @@ class DPVDOptimizer(DPSGDOptimizer):
                          momentum=momentum, nesterov=nesterov, name=name, **kwargs)
 
     def zeta(self):
-        """zeta = eta * sigma * C / B (paper 000 eq. 12), a scalar tensor."""
+        """zeta = eta * sigma * C / B (Ermis & Cemgil 2017a, eq. 12), a scalar tensor."""
         lr = self._decayed_lr(tf.float32)
         return lr * self._f32(self._dp_noise_multiplier * self._dp_l2_norm_clip / self._dp_batch_size)
 

@@ -46,7 +46,7 @@ def compiled_per_example_loss_fn(model: tf.keras.Model):
     Works for loss strings ("sparse_categorical_crossentropy"), ``tf.keras.losses.Loss`` objects with any
     reduction (their unreduced ``call`` is used, so the reduction does not matter) and plain functions, for
     single- and multi-output models with ``loss_weights``. Regularization terms (``model.losses``) are NOT
-    included: they are data-independent and are added after clipping (NOTES.md point 5).
+    included: they are data-independent and are added after clipping (docs/soundness.md, finding 5).
     """
     container = getattr(model, "compiled_loss", None)
     if container is None:

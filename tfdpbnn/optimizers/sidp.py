@@ -1,11 +1,13 @@
-"""SI-DPSGD (paper 004, Davody et al., Algorithms 1 and 2) for ``NoisyDense`` / ``NoisyConv2D`` models.
+"""SI-DPSGD (Davody et al. 2020, Algorithms 1 and 2) for ``NoisyDense`` / ``NoisyConv2D``
+models.
 
 Each step sets every noisy layer's weight-noise std to ``s_t = eta_t C z / B`` (Algorithm 1, line 4), so the
 forward pass uses ``theta_t = mu_t + s_t xi``. By default mu is updated with the NOISED clipped mean, so
 the mu sequence is DP-SGD's and the theta's are post-processing: the DP-SGD guarantee holds.
 
 ``paper_mean_update=True`` updates mu with the clean clipped mean, as the paper does. Then the paper's
-Lemma 4.1 does not hold (NOTES.md point 1): given the released weights theta_0..theta_t, mu_t moves by up to
+Lemma 4.1 does not hold (docs/soundness.md, finding 1): given the released weights theta_0..theta_t, mu_t
+moves by up to
 ``Delta_t = (C'/B) sum_{k<t} eta_k`` when one example changes (C' = C, or 2C for replace-one), with no
 subsampling amplification, so releasing theta_t is a Gaussian mechanism with noise multiplier
 ``s_t / Delta_t``. Adaptive composition of Gaussian mechanisms is exactly mu-GDP with
@@ -36,10 +38,12 @@ def _noisy_layers(model):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class SIDPOptimizer(DPSGDOptimizer):
-    """SI-DPSGD (paper 004, Algorithm 1; Algorithm 2 with ``PublicBatchNormalization``): noisy weights.
+    """SI-DPSGD (Davody et al. 2020, Algorithm 1; Algorithm 2 with ``PublicBatchNormalization``): noisy
+    weights.
 
     Args as ``DPSGDOptimizer``; ``noise_multiplier`` is the paper's z. ``paper_mean_update``: update mu
-    with the clean clipped gradient (paper 004) and report the epsilon that holds for that (module doc),
+    with the clean clipped gradient (Davody et al. 2020) and report the epsilon that holds for that (module
+    doc),
     with a warning. Call ``release_weights(model)`` before export: it replaces each mu by one sample.
     ``weight_noise``: a constant weight-noise std s >= 0 used instead of ``s_t = eta_t C z / B`` (sound mode
     only: there mu is DP-SGD's sequence and every theta_t is post-processing of it, so any s keeps the
@@ -79,7 +83,8 @@ class SIDPOptimizer(DPSGDOptimizer):
         if paper_mean_update:
             warnings.warn(
                 "SIDPOptimizer(paper_mean_update=True): mu is updated with un-noised clipped gradients as in "
-                "paper 004, whose per-step guarantee (Lemma 4.1) does not hold: given the released weights, "
+                "Davody et al. (2020), whose per-step guarantee (Lemma 4.1) does not hold: given the "
+                "released weights, "
                 "mu_t's sensitivity grows with t. The epsilon reported is the GDP composition of the "
                 "releases theta_t = mu_t + s_t xi with sensitivity Delta_t (no amplification), "
                 "typically far larger than the paper's.", UserWarning, stacklevel=2)
@@ -132,7 +137,10 @@ class SIDPOptimizer(DPSGDOptimizer):
         return grads
 
     def release_weights(self, model):
-        """Replace every noisy layer's mean by one sample theta = mu + s xi (what paper 004 releases)."""
+        """Replace every noisy layer's mean by one sample theta = mu + s xi (what Davody et al.
+
+        (2020) releases).
+        """
         for layer in _noisy_layers(model):
             layer.sample_weights_into_kernel()
         self._sidp_released_at_step = self.steps
@@ -204,12 +212,12 @@ class SIDPOptimizer(DPSGDOptimizer):
                 "cover; call optimizer.release_weights(model) after training and before export")
         statement = super().privacy_statement(delta=delta)
         if self.paper_mean_update:
-            statement["accountant"] = "gdp-exact (Gaussian releases of theta_t; paper 004 mean update)"
+            statement["accountant"] = "gdp-exact (Gaussian releases of theta_t; paper mean update)"
             statement["epsilon"] = self.epsilon(delta=delta)
             statement["epsilon_by_accountant"] = {"gdp_exact": statement["epsilon"]}
             statement["gdp_mu"] = self.paper_mode_gdp_mu()
-            statement["note"] = ("paper_mean_update=True: paper 004's Lemma 4.1 does not hold; epsilon "
-                                 "composes every released sample theta_t with sensitivity Delta_t")
+            statement["note"] = ("paper_mean_update=True: Davody et al. 2020, Lemma 4.1, does not hold; "
+                                 "epsilon composes every released sample theta_t with sensitivity Delta_t")
         return statement
 
     def get_config(self):

@@ -2,7 +2,7 @@
 
 Accountants (all ``dp_accounting.PrivacyAccountant`` subclasses, swappable with dp-accounting's):
 "rdp", "pld" (dp-accounting), "zcdp" (``ZCDPAccountant``), "gdp" (``GDPAccountant``, approximate under
-subsampling), "ac" (``AdvancedCompositionAccountant``, paper 000's DPVD-AC). See docs/privacy.md.
+subsampling), "ac" (``AdvancedCompositionAccountant``, Ermis & Cemgil's (2017a) DPVD-AC). See docs/privacy.md.
 """
 
 from tfdpbnn.privacy.advanced_composition import AdvancedCompositionAccountant

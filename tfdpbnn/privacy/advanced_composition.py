@@ -1,16 +1,17 @@
-"""DPVD-AC accountant of paper 000 (Ermis & Cemgil), made sound for every epsilon.
+"""DPVD-AC accountant of Ermis & Cemgil (2017a), made sound for every epsilon.
 
-Per step (paper 000, Section 4.1): the Gaussian mechanism's (eps0, delta0)-DP, amplified by Poisson
-subsampling at rate q (Li, Qardaji & Su 2012, Thm. 1; paper 000 Thm. 3) to
+Per step (Ermis & Cemgil 2017a, Section 4.1): the Gaussian mechanism's (eps0, delta0)-DP, amplified by Poisson
+subsampling at rate q (Li, Qardaji & Su 2012, Thm. 1; Ermis & Cemgil (2017a, Thm. 3)) to
 (log(1 + q (e^eps0 - 1)), q delta0), then T-fold advanced composition (Dwork & Roth 2014, Thm. 3.20;
-paper 000 Thm. 1): eps = sqrt(2 T log(1/delta')) eps_step + T eps_step (e^eps_step - 1)
+Ermis & Cemgil (2017a, Thm. 1)): eps = sqrt(2 T log(1/delta')) eps_step + T eps_step (e^eps_step - 1)
 at delta = T delta_step + delta'.
 Heterogeneous steps use the same bound with sum of eps_i^2 (the Azuma step of Thm. 3.20's proof), and the
 basic composition sum eps_i at delta = sum delta_i is used when smaller.
 
 Difference from the paper: eps0 comes from the exact analytic Gaussian mechanism (Balle & Wang 2018, Thm. 8),
 delta0 = Phi(1/(2s) - eps0 s) - e^eps0 Phi(-1/(2s) - eps0 s) for noise multiplier s, instead of the classical
-sigma = sqrt(2 log(1.25/delta0)) / eps0, which is only valid for eps0 < 1 (paper 000 Thm. 2). The analytic
+sigma = sqrt(2 log(1.25/delta0)) / eps0, which is only valid for eps0 < 1 (Ermis & Cemgil 2017a, Thm. 2). The
+analytic
 form is valid for all eps0 and at least as tight wherever the classical one applies. It is the (eps, delta)
 curve of (1/s)-GDP (Dong, Roth & Su 2019), so it is computed by ``tfdpbnn.privacy.gdp.gdp_epsilon``.
 
@@ -46,7 +47,8 @@ def advanced_composition(epsilons: np.ndarray, counts: np.ndarray, delta_prime: 
 
 
 class AdvancedCompositionAccountant(EventAccountant):
-    """Paper 000's DPVD-AC analysis: Gaussian (eps0, delta0), Li-Qardaji-Su amplification, Thm. 3.20.
+    """Ermis & Cemgil's (2017a) DPVD-AC analysis: Gaussian (eps0, delta0), Li-Qardaji-Su amplification, Thm.
+    3.20.
 
     Args:
       neighboring_relation: add/remove (default) or replace-one (Gaussian events only).

@@ -1,8 +1,11 @@
-"""Gaussian differential privacy accountant (Dong, Roth & Su 2019; Bu, Dong, Long & Su 2020; paper 003).
+"""Gaussian differential privacy accountant (Dong, Roth & Su 2019; Bu, Dong, Long & Su 2020; Zhang et al.
+
+(2022)).
 
 Gaussian mechanism with noise multiplier s (noise std / L2 sensitivity Delta) is exactly mu-GDP with
 mu = Delta / sigma = 1 / s; mu-GDP mechanisms compose to sqrt(sum mu_i^2)-GDP (Dong et al. Cor. 2). Poisson
-subsampling uses the central limit theorem of paper 003, Theorem 2 (Bu et al. 2020, Thm. 5): T steps at
+subsampling uses the central limit theorem of Zhang et al. (2022, Theorem 2) (Bu et al. 2020, Thm. 5): T steps
+at
 sampling rate q are approximately mu-GDP with mu = q sqrt(T (e^{1/s^2} - 1)). That is an APPROXIMATION, not
 a bound: ``is_approximate`` becomes True and ``get_epsilon`` warns (``GDPApproximationWarning``) where the CLT
 is known to under-report against PLD by more than 5% (rule in ``clt_may_underreport``, validated against PLD
@@ -78,7 +81,9 @@ def gdp_epsilon(mu: float, delta: float) -> float:
 
 
 class GDPAccountant(EventAccountant):
-    """mu-GDP accountant: exact for Gaussians, paper 003 Thm. 2 CLT for Poisson-subsampled Gaussians.
+    """mu-GDP accountant: exact for Gaussians, Zhang et al.
+
+    (2022, Thm. 2) CLT for Poisson-subsampled Gaussians.
 
     ``mu`` is the composed GDP parameter, ``is_approximate`` True once a CLT step was composed. Not in
     ``sound_accountants()``: for subsampled events its epsilon is an approximation, not an upper bound.
@@ -116,7 +121,9 @@ class GDPAccountant(EventAccountant):
         if self._risky_blocks:
             q, sigma, count = self._risky_blocks[0]
             warnings.warn(
-                f"GDP central-limit approximation (paper 003 Thm. 2) may under-report epsilon by more than "
+                f"GDP central-limit approximation (Zhang et al. 2022, Thm. 2) may under-report epsilon by "
+                f"more "
+                f"than "
                 f"5% against PLD for sample_rate={q:g}, noise_multiplier={sigma:g}, steps={count} (measured "
                 f"safe: (noise_multiplier, steps) >= one of {CLT_SAFE_REGION}, sample_rate in "
                 f"{list(CLT_SAFE_SAMPLE_RATES)}); use 'pld' or 'rdp' for a guarantee.",

@@ -92,7 +92,8 @@ class Phase:
         gaussian = dp_accounting.GaussianDpEvent(self.noise_multiplier / SENSITIVITY[self.neighboring])
         if self.kind == "poisson":
             return dp_accounting.SelfComposedDpEvent(
-                dp_accounting.PoissonSampledDpEvent(float(self.sample_rate or 0.0), gaussian), int(self.steps))
+                dp_accounting.PoissonSampledDpEvent(float(self.sample_rate or 0.0), gaussian),
+                int(self.steps))
         if self.kind == "participations":
             return dp_accounting.SelfComposedDpEvent(gaussian, int(self.participations or 0))
         return gaussian

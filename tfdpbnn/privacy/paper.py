@@ -1,18 +1,26 @@
-"""Papers 000/002's own sigma-from-epsilon procedures (Ermis & Cemgil, DPVD / DPD). NOT privacy guarantees.
+"""Ermis & Cemgil's (2017a, 2017b) own sigma-from-epsilon procedures (Ermis & Cemgil, DPVD / DPD).
 
-Kept only to redraw paper 000's Figure 3 beside sound accountants. Do not use them to report epsilon:
+NOT privacy guarantees.
 
-- ``zcdp_noise_multiplier`` (DPVD-zCDP, paper 000 eqs. 13-14; DPD-zCDP of paper 002): from the total
+Kept only to redraw Ermis & Cemgil's (2017a) Figure 3 beside sound accountants. Do not use them to report
+epsilon:
+
+- ``zcdp_noise_multiplier`` (DPVD-zCDP, Ermis & Cemgil (2017a, eqs. 13-14); DPD-zCDP of Ermis & Cemgil
+(2017b)): from the total
   (epsilon, delta) it takes rho = (sqrt(log(1/delta) + epsilon) - sqrt(log(1/delta)))^2 (inverting Bun &
   Steinke Prop. 1.3), splits rho over J compositions, maps each rho/J to a Gaussian's (eps', delta') by the
-  classical calibration (paper 000 Thm. 2), undoes subsampling amplification (Thm. 3) to (eps_iter,
-  delta_iter) and sets sigma = sqrt(2 log(1.25/delta_iter)) / eps_iter. Why it is not a guarantee (NOTES.md
-  point 2): the subsampled step is only (eps', delta')-DP, and approximate DP does not imply zCDP; the
+  classical calibration (Ermis & Cemgil 2017a, Thm. 2), undoes subsampling amplification (Thm. 3) to
+  (eps_iter,
+  delta_iter) and sets sigma = sqrt(2 log(1.25/delta_iter)) / eps_iter. Why it is not a guarantee
+  (docs/soundness.md, finding 2): the subsampled step is only (eps', delta')-DP, and approximate DP does not
+  imply zCDP; the
   procedure treats it as a Gaussian's rho-zCDP and drops the per-step delta'. The classical calibration also
   requires eps_iter < 1, which the procedure violates (eps_iter is about 1.8 for MNIST at epsilon 1).
-  Paper 000 reports sigma 2.68 for MNIST at epsilon 1 (q = 0.01, 200 epochs); the Poisson-subsampled
+  Ermis & Cemgil (2017a) reports sigma 2.68 for MNIST at epsilon 1 (q = 0.01, 200 epochs); the
+  Poisson-subsampled
   Gaussian needs 5.78 for delta 1e-5 by RDP and 5.46 by PLD.
-- ``ac_noise_multiplier`` (DPVD-AC, paper 000 Section 4.1): classical Gaussian calibration per step,
+- ``ac_noise_multiplier`` (DPVD-AC, Ermis & Cemgil (2017a) Section 4.1): classical Gaussian calibration per
+step,
   Li-Qardaji-Su amplification, Dwork-Roth Thm. 3.20. Its steps are valid only while eps_iter < 1 (classical
   calibration); ``tfdpbnn.privacy.AdvancedCompositionAccountant`` is the sound version (analytic Gaussian).
 
@@ -39,7 +47,9 @@ REPORTED_NOISE = {
 
 
 def _classical_sigma(epsilon: float, delta: float) -> float:
-    """Classical Gaussian calibration sqrt(2 log(1.25/delta)) / epsilon (paper 000 Thm. 2, Dwork & Roth)."""
+    """Classical Gaussian calibration sqrt(2 log(1.25/delta)) / epsilon (Ermis & Cemgil 2017a, Thm. 2, Dwork &
+    Roth).
+    """
     return math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
 
 
@@ -56,7 +66,9 @@ def _check(epsilon, delta, sample_rate, steps, compositions):
 
 def zcdp_noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int,
                           compositions: int | None = None, delta_prime: float | None = None) -> float:
-    """Paper 000's DPVD-zCDP sigma (eqs. 13-14 with Thm. 2, 3). NOT a guarantee (module docstring).
+    """Ermis & Cemgil's (2017a) DPVD-zCDP sigma (eqs. 13-14 with Thm. 2, 3).
+
+    NOT a guarantee (module docstring).
 
     ``compositions`` is the paper's J (default ``steps``); ``delta_prime`` the per-composition delta'
     (default ``delta * sample_rate``, so delta_iter = delta).
@@ -74,7 +86,10 @@ def zcdp_noise_multiplier(epsilon: float, delta: float, sample_rate: float, step
 
 def ac_epsilon(noise_multiplier: float, delta: float, sample_rate: float, steps: int,
                delta_prime: float | None = None) -> float:
-    """Paper 000's DPVD-AC total epsilon for a sigma (Section 4.1). Valid only while eps_iter < 1."""
+    """Ermis & Cemgil's (2017a) DPVD-AC total epsilon for a sigma (Section 4.1).
+
+    Valid only while eps_iter < 1.
+    """
     check_positive("noise_multiplier", noise_multiplier)
     dprime = delta / 2.0 if delta_prime is None else check_open_unit("delta_prime", delta_prime)
     delta_iter = (delta - dprime) / (steps * sample_rate)
@@ -86,7 +101,10 @@ def ac_epsilon(noise_multiplier: float, delta: float, sample_rate: float, steps:
 
 def ac_noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int,
                         delta_prime: float | None = None) -> float:
-    """Paper 000's DPVD-AC sigma: root of ``ac_epsilon`` = epsilon (delta' = delta/2). NOT a guarantee."""
+    """Ermis & Cemgil's (2017a) DPVD-AC sigma: root of ``ac_epsilon`` = epsilon (delta' = delta/2).
+
+    NOT a guarantee.
+    """
     _check(epsilon, delta, sample_rate, steps, None)
     if delta_prime is not None and delta_prime >= delta:
         raise ValueError(f"delta_prime must be in (0, delta={delta!r}); got {delta_prime!r}")

@@ -4,8 +4,10 @@ Gaussian mechanism with noise multiplier s (noise std / L2 sensitivity Delta): r
 = 1 / (2 s^2) (Bun & Steinke 2016, Prop. 1.6); composition adds rho (Lemma 1.7).
 
 A Poisson-subsampled Gaussian is NOT rho-zCDP for any finite rho that subsampling would make small,
-and approximate DP does not imply zCDP, so papers 000/002's "amplify the per-step (epsilon, delta), then
-treat it as a Gaussian's zCDP" shortcut is not a guarantee (NOTES.md point 2; see ``tfdpbnn.privacy.paper``).
+and approximate DP does not imply zCDP, so Ermis & Cemgil's (2017a, 2017b) "amplify the per-step (epsilon,
+delta), then
+treat it as a Gaussian's zCDP" shortcut is not a guarantee (docs/soundness.md, finding 2; see
+``tfdpbnn.privacy.paper``).
 Instead we use truncated CDP (Bun, Dwork, Rothblum & Steinke 2018): a mechanism is (rho, omega)-tCDP when
 its Renyi divergence of every order alpha in (1, omega] is at most rho * alpha. For the subsampled Gaussian
 we read, for each omega on a grid, rho(omega) = max over grid orders alpha <= omega of eps_RDP(alpha) / alpha,

@@ -1,4 +1,6 @@
-"""Uncertainty: MC prediction, heteroscedastic regression, calibration (papers 003 sec. 5.1; Guo et al.)."""
+"""Uncertainty: MC prediction, heteroscedastic regression, calibration (Zhang et al. 2022, sec. 5.1; Guo et
+al.).
+"""
 
 from tfdpbnn.uncertainty.calibration import (
     ExpectedCalibrationError,

@@ -1,4 +1,4 @@
-"""Calibration: expected / maximum calibration error (Guo et al. 2017; paper 003 section 5.1).
+"""Calibration: expected / maximum calibration error (Guo et al. 2017; Zhang et al. (2022, section 5.1)).
 
 With M equal-width confidence bins B_m = ((m-1)/M, m/M] (confidence 0 goes to the first bin),
     ECE = sum_m |B_m|/n |acc(B_m) - conf(B_m)|,    MCE = max_{m: B_m nonempty} |acc(B_m) - conf(B_m)|,
@@ -11,9 +11,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfdpbnn.layers import _checks
+from tfdpbnn.uncertainty.outputs import SUM_TOLERANCE, to_probabilities
 
-#: rows of a probability matrix must sum to 1 within this tolerance.
-SUM_TOLERANCE = 1e-3
+#: the one default number of equal-width confidence bins (Guo et al. 2017 use 15).
+DEFAULT_NUM_BINS = 15
 
 
 def check_probabilities(probs, name="probs"):
@@ -43,7 +44,7 @@ def _labels(labels, n, num_classes):
     return arr.astype(np.int64)
 
 
-def calibration_bins(probs, labels, num_bins=15):
+def calibration_bins(probs, labels, num_bins=DEFAULT_NUM_BINS):
     """(count, confidence sum, correct count) per bin, each of shape [num_bins]."""
     num_bins = _checks.positive_int("num_bins", num_bins)
     probs = check_probabilities(probs)
@@ -57,23 +58,27 @@ def calibration_bins(probs, labels, num_bins=15):
     return count, conf_sum, correct_sum
 
 
-def expected_calibration_error(probs, labels, num_bins=15):
-    """ECE (Guo et al. 2017 eq. 3; paper 003 sec. 5.1) of predicted distributions ``probs`` [n, C]."""
+def expected_calibration_error(probs, labels, num_bins=DEFAULT_NUM_BINS):
+    """ECE (Guo et al. 2017 eq. 3; Zhang et al. (2022, sec. 5.1)) of predicted distributions ``probs`` [n,
+    C]."""
     count, conf_sum, correct_sum = calibration_bins(probs, labels, num_bins)
     return float(np.sum(np.abs(correct_sum - conf_sum)) / np.sum(count))
 
 
-def maximum_calibration_error(probs, labels, num_bins=15):
-    """MCE (Guo et al. 2017 eq. 5; paper 003 sec. 5.1): largest |accuracy - confidence| of nonempty bins."""
+def maximum_calibration_error(probs, labels, num_bins=DEFAULT_NUM_BINS):
+    """MCE (Guo et al. 2017 eq. 5; Zhang et al. (2022, sec. 5.1)): largest |accuracy - confidence| of nonempty
+    bins."""
     count, conf_sum, correct_sum = calibration_bins(probs, labels, num_bins)
     nonempty = count > 0
     return float(np.max(np.abs(correct_sum[nonempty] - conf_sum[nonempty]) / count[nonempty]))
 
 
-def reliability_diagram(probs, labels, path, num_bins=10, title=None):
-    """Save a reliability diagram (accuracy and mean confidence per bin, with ECE/MCE) as a PNG at ``path``.
+def reliability_diagram(probs, labels, path=None, num_bins=DEFAULT_NUM_BINS, title=None):
+    """Reliability diagram (Guo et al. 2017 fig. 1): accuracy and mean confidence per bin, with ECE/MCE.
 
-    Uses matplotlib's Agg canvas directly (no pyplot, no global backend change). Returns ``path``.
+    Returns a ``matplotlib.figure.Figure`` (display it in a notebook, or ``fig.savefig(...)``). If ``path``
+    is given, the figure is also saved there as a PNG. Uses matplotlib's Agg canvas directly (no pyplot,
+    no global backend change).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -98,22 +103,32 @@ def reliability_diagram(probs, labels, path, num_bins=10, title=None):
     ax.set_ylabel("accuracy")
     ax.set_title(title or f"ECE {ece:.3f}  MCE {mce:.3f}  (n = {int(np.sum(count))})")
     ax.legend(loc="upper left")
-    fig.savefig(path, format="png", dpi=100)
-    return path
+    if path is not None:
+        fig.savefig(path, format="png", dpi=100)
+    return fig
 
 
 class _CalibrationMetric(tf.keras.metrics.Metric):
-    """Streaming per-bin counts for ECE/MCE; y_true integer labels [batch] / [batch, 1] or one-hot."""
+    """Streaming per-bin counts for ECE/MCE; y_true integer labels [batch] / [batch, 1] or one-hot.
 
-    def __init__(self, num_bins=15, name=None, dtype=None):
+    ``from_logits=True``: ``y_pred`` are logits (softmax is applied). ``from_logits=False`` (default):
+    ``y_pred`` must be probability vectors; anything else fails a graph assertion instead of producing a
+    calibration error outside [0, 1].
+    """
+
+    def __init__(self, num_bins=DEFAULT_NUM_BINS, from_logits=False, name=None, dtype=None):
         super().__init__(name=name, dtype=dtype)
         self.num_bins = _checks.positive_int("num_bins", num_bins)
+        if not isinstance(from_logits, bool):
+            raise ValueError(f"from_logits must be True or False, got {from_logits!r}")
+        self.from_logits = from_logits
         self.count = self.add_weight("count", shape=(self.num_bins,), initializer="zeros")
         self.conf_sum = self.add_weight("conf_sum", shape=(self.num_bins,), initializer="zeros")
         self.correct_sum = self.add_weight("correct_sum", shape=(self.num_bins,), initializer="zeros")
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        y_pred = tf.cast(tf.convert_to_tensor(y_pred), self.dtype)
+        y_pred = to_probabilities(tf.cast(tf.convert_to_tensor(y_pred), self.dtype), self.from_logits,
+                                  name=f"{self.name}: y_pred")
         y_true = tf.convert_to_tensor(y_true)
         if y_true.shape.rank == y_pred.shape.rank and y_true.shape[-1] == y_pred.shape[-1] \
                 and (y_pred.shape[-1] or 0) > 1:
@@ -138,17 +153,17 @@ class _CalibrationMetric(tf.keras.metrics.Metric):
 
     def get_config(self):
         config = super().get_config()
-        config["num_bins"] = self.num_bins
+        config.update({"num_bins": self.num_bins, "from_logits": self.from_logits})
         return config
 
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class ExpectedCalibrationError(_CalibrationMetric):
-    """Keras metric: ECE (Guo et al. 2017; paper 003 sec. 5.1) over all batches seen; equals
+    """Keras metric: ECE (Guo et al. 2017; Zhang et al. (2022, sec. 5.1)) over all batches seen; equals
     ``expected_calibration_error`` on the concatenated data."""
 
-    def __init__(self, num_bins=15, name="ece", dtype=None):
-        super().__init__(num_bins=num_bins, name=name, dtype=dtype)
+    def __init__(self, num_bins=DEFAULT_NUM_BINS, from_logits=False, name="ece", dtype=None):
+        super().__init__(num_bins=num_bins, from_logits=from_logits, name=name, dtype=dtype)
 
     def result(self):
         return tf.math.divide_no_nan(tf.reduce_sum(tf.abs(self.correct_sum - self.conf_sum)),
@@ -157,10 +172,11 @@ class ExpectedCalibrationError(_CalibrationMetric):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class MaximumCalibrationError(_CalibrationMetric):
-    """Keras metric: MCE (Guo et al. 2017; paper 003 sec. 5.1); equals ``maximum_calibration_error``."""
+    """Keras metric: MCE (Guo et al. 2017; Zhang et al. (2022, sec. 5.1)); equals
+    ``maximum_calibration_error``."""
 
-    def __init__(self, num_bins=15, name="mce", dtype=None):
-        super().__init__(num_bins=num_bins, name=name, dtype=dtype)
+    def __init__(self, num_bins=DEFAULT_NUM_BINS, from_logits=False, name="mce", dtype=None):
+        super().__init__(num_bins=num_bins, from_logits=from_logits, name=name, dtype=dtype)
 
     def result(self):
         gaps = tf.math.divide_no_nan(tf.abs(self.correct_sum - self.conf_sum), self.count)

@@ -6,19 +6,21 @@ Classification (Depeweg et al. 2018; Gal 2016 sec. 3.3): with S samples p_s(y | 
 Regression with a ``HeteroscedasticHead`` (mean mu_s, log-variance log v_s; Kendall & Gal 2017 eq. 9):
     mean = 1/S sum mu_s,  epistemic variance = 1/S sum mu_s^2 - mean^2,  aleatoric variance = 1/S sum v_s.
 Samples come from the stochastic layers of ``tfdpbnn.layers`` (switched on by ``mc_sampling()``) or from a
-list of weight snapshots (posterior samples, e.g. collected by DP-SGLD, paper 003 sec. 3.1).
+list of weight snapshots (posterior samples, e.g. collected by DP-SGLD, Zhang et al. (2022, sec. 3.1)).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import numbers
+import warnings
 
 import numpy as np
 import tensorflow as tf
 
 from tfdpbnn.layers import _checks
 from tfdpbnn.layers.sampling import mc_sampling
+from tfdpbnn.uncertainty.outputs import resolve_from_logits, to_probabilities
 from tfdpbnn.uncertainty.regression import split_mean_log_variance
 
 TASKS = ("classification", "regression")
@@ -62,7 +64,7 @@ def sample_statistics(outputs, task, from_logits=False):
     """
     outputs = tf.cast(outputs, tf.float64)
     if task == "classification":
-        probs = tf.nn.softmax(outputs, axis=-1) if from_logits else outputs
+        probs = to_probabilities(outputs, from_logits)
         entropy = -tf.reduce_sum(tf.math.xlogy(probs, probs), axis=-1)
         return probs, entropy
     mean, log_var = split_mean_log_variance(outputs)
@@ -101,41 +103,76 @@ def monte_carlo_summaries(model, x, num_samples, task, from_logits=False):
     return summaries(list(loop[1:]), num_samples, task)
 
 
-def _check_classification_outputs(outputs):
-    probs = outputs.numpy()
-    if probs.min() < -1e-6 or probs.max() > 1 + 1e-6 or np.max(np.abs(probs.sum(axis=-1) - 1.0)) > 1e-3:
-        raise ValueError("model outputs: with task='classification' and from_logits=False the model must "
-                         "output probability distributions (non-negative, rows summing to 1); pass "
-                         "from_logits=True for logits")
+def _batches(x, batch_size):
+    """Input batches of ``x``: slices of ``batch_size`` examples, or the elements of a batched dataset
+    (its first component when elements are (x, y) or (x, y, sample_weight) tuples, as in ``model.fit``)."""
+    if isinstance(x, tf.data.Dataset):
+        if int(x.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
+            raise ValueError("x: the dataset is infinite (e.g. .repeat()); pass a finite, batched dataset")
+        for element in x:
+            yield element[0] if isinstance(element, tuple) and len(element) in (2, 3) else element
+        return
+    n = int(np.shape(tf.nest.flatten(x)[0])[0])
+    if n < 1:
+        raise ValueError("x must contain at least one example")
+    for start in range(0, n, batch_size):
+        yield tf.nest.map_structure(lambda a, s=start: a[s:s + batch_size], x)
 
 
-def _num_examples(x):
-    first = tf.nest.flatten(x)[0]
-    return int(np.shape(first)[0])
+#: Keras layers that are the identity at inference, so they add no randomness under ``mc_sampling()``.
+KERAS_INFERENCE_IDENTITY = (tf.keras.layers.Dropout, tf.keras.layers.GaussianDropout,
+                            tf.keras.layers.GaussianNoise, tf.keras.layers.AlphaDropout)
 
 
-def _slice(x, start, stop):
-    return tf.nest.map_structure(lambda a: a[start:stop], x)
+def _warn_if_not_stochastic(model):
+    from tfdpbnn.layers import (
+        Conv2DVariational,
+        DenseBayesByBackprop,
+        DenseVariational,
+        MCDropout,
+        NoisyConv2D,
+        NoisyDense,
+    )
+
+    modules = list(getattr(model, "submodules", ()))
+    keras_noise = sorted({type(m).__name__ for m in modules if isinstance(m, KERAS_INFERENCE_IDENTITY)})
+    sampling = (MCDropout, NoisyDense, NoisyConv2D, DenseBayesByBackprop, DenseVariational, Conv2DVariational)
+    if keras_noise:
+        warnings.warn(f"mc_predict: the model's Keras layers {keras_noise} are the identity at inference, so "
+                      "they add no randomness to the MC samples; use tfdpbnn.layers.MCDropout (rate, "
+                      "gaussian=...) for MC dropout", UserWarning, stacklevel=3)
+    if not any(isinstance(m, sampling) for m in modules):
+        warnings.warn("mc_predict: the model has no tfdpbnn stochastic layer (MCDropout, DenseVariational, "
+                      "Conv2DVariational, DenseBayesByBackprop, NoisyDense, NoisyConv2D), so all samples are "
+                      "equal and mutual_information is 0; use such layers or pass weight_snapshots",
+                      UserWarning, stacklevel=3)
 
 
-def mc_predict(model, x, num_samples=None, batch_size=256, task="classification", from_logits=False,
+def mc_predict(model, x, num_samples=None, batch_size=256, task="classification", from_logits=None,
                weight_snapshots=None):
     """Monte Carlo prediction of ``model`` on ``x`` (see the module docstring for the formulas).
 
     Args:
       model: a Keras model. With ``weight_snapshots=None`` its stochastic ``tfdpbnn.layers`` are sampled
-        (``mc_sampling()``, ``training=False``); ``num_samples`` defaults to 30.
-      x: inputs (array, tensor, or a nest of them with a common first axis).
+        (``mc_sampling()``, ``training=False``); ``num_samples`` defaults to 30. Keras ``Dropout`` layers
+        are the identity at inference and add nothing (a ``UserWarning`` says so; use ``MCDropout``).
+      x: inputs (array, tensor, or a nest of them with a common first axis), or a finite batched
+        ``tf.data.Dataset`` of inputs or of (x, y[, sample_weight]) tuples (labels are ignored).
       num_samples: integer >= 1 (must be None or len(weight_snapshots) when snapshots are given).
-      batch_size: examples per forward pass; memory is O(batch_size) for the passes plus the [n, C] results.
-      task: "classification" (outputs are probabilities, or logits with ``from_logits=True``) or
-        "regression" (outputs are ``HeteroscedasticHead`` [mean, log-variance]).
+      batch_size: examples per forward pass for arrays (a dataset keeps its own batches); memory is
+        O(batch_size) for the passes plus the [n, C] results.
+      task: "classification" or "regression" (outputs are ``HeteroscedasticHead`` [mean, log-variance]).
+      from_logits: classification only: True if the model outputs logits (softmax is applied), False for
+        probability vectors (checked), None to read it from the output layer's activation
+        (``tfdpbnn.uncertainty.outputs.resolve_from_logits``; softmax or linear, else ``ValueError``).
       weight_snapshots: optional list of weight lists as returned by ``model.get_weights()``; each is one
-        posterior sample evaluated deterministically. The model's weights are restored afterwards.
+        posterior sample evaluated deterministically. The model's weights are restored afterwards. A
+        dataset ``x`` is read once and its batches are kept in memory to evaluate every snapshot.
     Returns an ``MCPrediction`` (numpy float64 arrays).
     """
     check_task(task)
     batch_size = _checks.positive_int("batch_size", batch_size)
+    from_logits = resolve_from_logits(model, from_logits) if task == "classification" else False
     if weight_snapshots is not None:
         if not isinstance(weight_snapshots, (list, tuple)) or not weight_snapshots:
             raise ValueError("weight_snapshots must be a non-empty list of weight lists "
@@ -148,38 +185,35 @@ def mc_predict(model, x, num_samples=None, batch_size=256, task="classification"
         num_samples = 30
     if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral) or num_samples < 1:
         raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
-    n = _num_examples(x)
-    if n < 1:
-        raise ValueError("x must contain at least one example")
 
-    forward = tf.function(lambda xb: model(xb, training=False), reduce_retracing=True)
     results = []
     if weight_snapshots is None:
-        if task == "classification" and not from_logits:
-            _check_classification_outputs(model(_slice(x, 0, batch_size), training=False))
+        if num_samples > 1:
+            _warn_if_not_stochastic(model)
         run = tf.function(lambda xb, s: monte_carlo_summaries(model, xb, s, task, from_logits),
                           reduce_retracing=True)
         with mc_sampling():  # traced inside the context: the stochastic layers sample
-            for start in range(0, n, batch_size):
-                results.append(run(_slice(x, start, start + batch_size), tf.constant(int(num_samples))))
+            for xb in _batches(x, batch_size):
+                results.append(run(xb, tf.constant(int(num_samples))))
     else:
+        forward = tf.function(lambda xb: model(xb, training=False), reduce_retracing=True)
+        batches = list(_batches(x, batch_size))
         original = model.get_weights()
-        batch_sums = [None] * len(range(0, n, batch_size))
+        batch_sums = [None] * len(batches)
         try:
             for snapshot in weight_snapshots:
                 try:
                     model.set_weights(snapshot)
                 except ValueError as err:
                     raise ValueError(f"weight_snapshots: a snapshot does not fit the model: {err}") from err
-                for b, start in enumerate(range(0, n, batch_size)):
-                    out = forward(_slice(x, start, start + batch_size))
-                    if task == "classification" and not from_logits:
-                        _check_classification_outputs(out)
-                    stats = sample_statistics(out, task, from_logits)
+                for b, xb in enumerate(batches):
+                    stats = sample_statistics(forward(xb), task, from_logits)
                     batch_sums[b] = stats if batch_sums[b] is None else [
                         a + c for a, c in zip(batch_sums[b], stats, strict=True)]
         finally:
             model.set_weights(original)
         results = [summaries(s, num_samples, task) for s in batch_sums]
+    if not results:
+        raise ValueError("x must contain at least one example")
     merged = {k: np.concatenate([r[k].numpy() for r in results], axis=0) for k in results[0]}
     return MCPrediction(num_samples=int(num_samples), **merged)

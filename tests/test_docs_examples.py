@@ -1,0 +1,58 @@
+"""Every ```python block of README.md and docs/*.md runs, as written, in the test suite.
+
+Convention (also stated in docs/getting_started.md):
+
+* Each Markdown file is one test. Its ```python blocks run in order in one namespace (a later block may use
+  names from an earlier one), in a fresh temporary working directory, so files they write vanish.
+* The environment variable ``TFDPBNN_DOCS_FAST=1`` is set while they run. A block whose full-size settings
+  would be slow reads it to choose *argument values* (epochs, samples, ...), for example
+  ``epochs = 2 if os.environ.get("TFDPBNN_DOCS_FAST") else 30``; the code path is the same either way.
+* A file containing the line ``<!-- docs-test: slow -->`` is marked ``slow`` (still part of the suite).
+* Snippets that are not meant to run (shell commands, pseudo-code, output) use ```text or ```bash fences.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
+SLOW_MARK = "<!-- docs-test: slow -->"
+FAST_ENV = "TFDPBNN_DOCS_FAST"
+
+
+def python_blocks(text):
+    """The ```python blocks of a Markdown text, in order, each as (first line number, source)."""
+    return [(text.count("\n", 0, m.start(1)) + 1, m.group(1)) for m in FENCE.finditer(text)]
+
+
+def _doc_files():
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    params = []
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        if not python_blocks(text):
+            continue
+        marks = [pytest.mark.slow] if SLOW_MARK in text else []
+        params.append(pytest.param(path, id=str(path.relative_to(ROOT)), marks=marks))
+    return params
+
+
+def test_python_blocks_parser():
+    text = "a\n```python\nx = 1\n```\n```text\nnot run\n```\n```python\ny = x + 1\n```\n"
+    assert python_blocks(text) == [(3, "x = 1\n"), (9, "y = x + 1\n")]
+
+
+@pytest.mark.parametrize("path", _doc_files())
+def test_doc_python_blocks_run(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(FAST_ENV, "1")
+    namespace = {"__name__": "__docs__"}
+    rel = path.relative_to(ROOT)
+    for line, source in python_blocks(path.read_text(encoding="utf-8")):
+        # Pad with newlines so tracebacks point at the Markdown line numbers.
+        code = compile("\n" * (line - 1) + source, str(rel), "exec")
+        exec(code, namespace)  # noqa: S102 - running the documentation is the point of this test
