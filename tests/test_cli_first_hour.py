@@ -66,3 +66,16 @@ def test_load_tfds_without_download_names_the_fix(tmp_path):
     with pytest.raises(DatasetNotAvailableError, match=r"fashion_mnist is not prepared in data_dir.*"
                                                        r"download_and_prepare\(\)"):
         load_tfds("fashion_mnist", data_dir=str(tmp_path), download=False)
+
+
+def test_console_entry_point_help_imports_no_tensorflow():
+    """The installed ``tfdpbnn`` command (``tfdpbnn_cli:main``) answers --help without TensorFlow."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tfdpbnn_cli\n"
+            "try:\n    tfdpbnn_cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'tensorflow' not in sys.modules and 'tfdpbnn' not in sys.modules, sorted(sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "privacy" in done.stdout and "audit" in done.stdout
