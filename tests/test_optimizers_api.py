@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import tfdpbnn
 from tfdpbnn import privacy
-from tfdpbnn.optimizers.sidp import gdp_epsilon
+from tfdpbnn.privacy import gdp_epsilon
 
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 COMMON = dict(num_examples=40, batch_size=10, delta=1e-5)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tfdpbnn.optimizers.sidp import gdp_epsilon
+from tfdpbnn.privacy import gdp_epsilon
 from tfdpbnn.privacy.ledger import Phase, PrivacyLedger
 from tfdpbnn.privacy.sampling_test import poisson_batch_test
 

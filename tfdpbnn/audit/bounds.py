@@ -28,7 +28,7 @@ import math
 import numpy as np
 from scipy import optimize, special, stats
 
-from tfdpbnn.privacy._checks import check_open_unit
+from tfdpbnn._validation import check_open_unit
 
 
 def _check_confidence(confidence) -> float:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tfdpbnn.privacy._checks import check_positive_int
+from tfdpbnn._validation import check_positive_int
 
 #: Target of the canary output (mean absolute error): far above any reachable prediction, so the gradient
 #: of |TARGET - gain w_j| with respect to w_j is -gain throughout training.

@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tfdpbnn._validation import check_positive_int
 from tfdpbnn.audit.canaries import canary_weights, gradient_canary_data
 from tfdpbnn.data.sampling import assert_sampling
-from tfdpbnn.privacy._checks import check_positive_int
 
 
 def check_stateless(optimizer) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from tfdpbnn.privacy._checks import check_open_unit, check_positive, check_positive_int
+from tfdpbnn._validation import check_open_unit, check_positive, check_positive_int
 
 # The same names as tfdpbnn.audit.experiment.METHODS / BROKEN (kept here so building the parser imports no
 # TensorFlow; tests/test_audit_cli.py checks they agree).

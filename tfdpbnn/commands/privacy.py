@@ -38,8 +38,8 @@ def add_parser(subparsers) -> None:
 
 
 def _setting(args) -> tuple[float, int]:
+    from tfdpbnn._validation import check_open_unit, check_positive_int
     from tfdpbnn.privacy import steps_per_epoch
-    from tfdpbnn.privacy._checks import check_open_unit, check_positive_int
 
     n = check_positive_int("--num-examples", args.num_examples)
     b = check_positive_int("--batch-size", args.batch_size)
@@ -76,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
     import dp_accounting
 
     from tfdpbnn import privacy
+    from tfdpbnn._validation import check_choice, check_positive
     from tfdpbnn.privacy import paper
-    from tfdpbnn.privacy._checks import check_choice, check_positive
 
     q, steps = _setting(args)
     if args.noise_multiplier is not None:

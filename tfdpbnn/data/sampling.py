@@ -21,7 +21,7 @@ import dataclasses
 import tensorflow as tf
 
 from tfdpbnn import _private_api
-from tfdpbnn.privacy._checks import check_choice, check_positive_int, check_sample_rate
+from tfdpbnn._validation import check_choice, check_positive_int, check_sample_rate
 
 #: Sampling schemes the accountants model (see ``tfdpbnn.privacy.budget``).
 KINDS = ("poisson", "shuffle")

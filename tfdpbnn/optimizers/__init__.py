@@ -11,7 +11,7 @@ from tfdpbnn.optimizers.dpsgd import DPAdamOptimizer, DPSGDOptimizer
 from tfdpbnn.optimizers.dpsgld import DPSGLDOptimizer, sgld_learning_rate, sgld_noise_multiplier
 from tfdpbnn.optimizers.dpvd import DPVDOptimizer
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
-from tfdpbnn.optimizers.sidp import SIDPOptimizer, gdp_epsilon
+from tfdpbnn.optimizers.sidp import SIDPOptimizer
 
 _train_step.install()
 
@@ -23,7 +23,6 @@ __all__ = [
     "DPVDOptimizer",
     "SIDPOptimizer",
     "compiled_per_example_loss_fn",
-    "gdp_epsilon",
     "sgld_learning_rate",
     "sgld_noise_multiplier",
 ]

@@ -29,14 +29,7 @@ import warnings
 import tensorflow as tf
 
 from tfdpbnn import _private_api
-from tfdpbnn.clipping import check_per_example_independence, clipped_gradients, jacobian_clipped_sum
-from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
-from tfdpbnn.optimizers import fit_checks
-from tfdpbnn.optimizers.ledger_state import LedgerState
-from tfdpbnn.optimizers.noise import gaussian_noise_like
-from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
-from tfdpbnn.privacy import sound_accountants
-from tfdpbnn.privacy._checks import (
+from tfdpbnn._validation import (
     check_choice,
     check_nonnegative,
     check_nonnegative_int,
@@ -44,6 +37,13 @@ from tfdpbnn.privacy._checks import (
     check_positive,
     check_positive_int,
 )
+from tfdpbnn.clipping import check_per_example_independence, clipped_gradients, jacobian_clipped_sum
+from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
+from tfdpbnn.optimizers import fit_checks
+from tfdpbnn.optimizers.ledger_state import LedgerState
+from tfdpbnn.optimizers.noise import gaussian_noise_like
+from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
+from tfdpbnn.privacy import sound_accountants
 from tfdpbnn.privacy.budget import NEIGHBORING, SAMPLINGS, steps_per_epoch
 
 

@@ -13,8 +13,8 @@ import numbers
 import tensorflow as tf
 from tensorflow_privacy.privacy.optimizers.dp_optimizer_keras_vectorized import VectorizedDPKerasSGDOptimizer
 
+from tfdpbnn._validation import check_positive
 from tfdpbnn.optimizers.base import DPOptimizerMixin
-from tfdpbnn.privacy._checks import check_positive
 
 
 def sgld_noise_multiplier(learning_rate, l2_norm_clip, num_examples, batch_size) -> float:

@@ -26,7 +26,7 @@ import secrets
 
 import dp_accounting
 
-from tfdpbnn.privacy._checks import check_choice, check_open_unit
+from tfdpbnn._validation import check_choice, check_open_unit
 from tfdpbnn.privacy.budget import NEIGHBORING, SENSITIVITY
 from tfdpbnn.privacy.registry import get_accountant, sound_accountants
 
