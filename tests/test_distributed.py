@@ -62,6 +62,10 @@ def test_mirrored_strategy_one_noise_draw_per_step(tmp_path):
     from scipy import stats
 
     assert stats.binomtest(poisson["members"], 200 * 60, 0.1).pvalue > 1e-3
+    # Streamed shards (file k holds the ids i with i mod 2 = k): replica k's batches hold only its file's ids.
+    assert len(r["stream"]) == 10 and sum(len(a) + len(b) for a, b in r["stream"]) > 0
+    for first, second in r["stream"]:
+        assert all(i % 2 == 0 for i in first) and all(i % 2 == 1 for i in second)
 
 
 def _free_ports(k):
@@ -145,7 +149,11 @@ def _main_mirrored():
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
     import tfdpbnn
-    from tfdpbnn.data.distributed import distributed_poisson_batches
+    from tfdpbnn.data.distributed import (
+        distributed_poisson_batches,
+        distributed_poisson_stream,
+        tfrecord_shards,
+    )
 
     reference = _sigma0_weights(tf, tf.distribute.get_strategy())
     out = {}
@@ -191,6 +199,19 @@ def _main_mirrored():
         overlaps += len(parts[0] & parts[1])
         members += sum(len(p) for p in parts)
     out["poisson"] = {"overlaps": overlaps, "members": members, "steps": int(popt.iterations.numpy())}
+    # Streamed from two TFRecord files, one shard per replica.
+    files = [os.path.join(os.environ["CKPT_DIR"], f"ids-{k}.tfrecord") for k in range(2)]
+    for k, name in enumerate(files):
+        with tf.io.TFRecordWriter(name) as writer:
+            for i in range(k, 40, 2):
+                writer.write(tf.io.serialize_tensor(tf.constant(i, tf.int64)).numpy())
+    shards = tfrecord_shards(files, lambda r: tf.reshape(tf.io.parse_tensor(r, tf.int64), [1]))
+    iterator = iter(distributed_poisson_stream(strategy, shards, 0.3))
+    stream = []
+    for _ in range(10):
+        stream.append([sorted(v.numpy().ravel().tolist())
+                       for v in strategy.experimental_local_results(next(iterator))])
+    out["stream"] = stream
     print(json.dumps(out))
 
 
