@@ -13,8 +13,8 @@ examples use different coordinates of one replica's stream or different replicas
 different steps use different step seeds, so all memberships are independent Bernoulli(q). No example can
 be in two replicas' batches of one step (shards are disjoint). Accounting is then the single-device
 Poisson accounting with sample rate q and expected global batch size q n (pass the DP optimizer
-``sampling="poisson"``, ``batch_size = q n``, ``num_examples = n``); every replica runs the same number of
-steps (``steps_per_epoch``), possibly on an empty batch.
+``sampling="poisson"``, ``batch_size = q n``, ``num_examples = n``); every replica takes part in every
+step, possibly with an empty batch.
 
 Seeds: nobody else may know which examples a batch holds (amplification), so by default each worker draws
 its seed from the operating system's entropy (``secrets``), and replicas' streams differ by their shard
@@ -110,10 +110,13 @@ def _interleave_replicas(per_replica):
     return tf.data.Dataset.zip(tuple(per_replica)).flat_map(steps)
 
 
-def _tag(dataset, q, sharded=False):
-    # Read by the DP optimizers' fit check: the rate these batches were drawn at; and by
-    # check_distributed_input: batches drawn per replica from disjoint shards.
+def _tag(dataset, q, num_examples, fixed_seed, sharded=False):
+    """Record how the batches were drawn: the rate (read by the DP optimizers' fit check), n, whether a
+    fixed debug seed drew them, and (read by ``check_distributed_input``) whether replicas sample disjoint
+    shards."""
     dataset._tfdpbnn_poisson_sample_rate = q
+    dataset._tfdpbnn_poisson_num_examples = num_examples
+    dataset._tfdpbnn_poisson_fixed_seed = fixed_seed
     dataset._tfdpbnn_sharded_poisson = sharded
     return dataset
 
@@ -162,7 +165,7 @@ def distributed_poisson_batches(strategy, x, y=None, sample_rate=None, seed=None
         return _interleave_replicas([
             _array_shard_batches(parts, s, count, q, None, _shard_seed(base, s)) for s in shards])
 
-    return _tag(strategy.distribute_datasets_from_function(dataset_fn), q, sharded=True)
+    return _tag(strategy.distribute_datasets_from_function(dataset_fn), q, n, seed is not None, sharded=True)
 
 
 def _empty_batch(spec):
@@ -225,18 +228,21 @@ def poisson_stream(dataset, sample_rate, num_examples, steps_per_epoch=None, see
     q, steps = _check_rate_steps(sample_rate, steps_per_epoch)
     base = _base_seed(seed, debug_fixed_seed)
     return _tag(_stream_batches(dataset, q, steps, _shard_seed(base, 0), int(chunk_size), int(num_examples)),
-                q)
+                q, int(num_examples), seed is not None)
 
 
-def distributed_poisson_stream(strategy, shard_fn, sample_rate, seed=None, *, debug_fixed_seed=False,
-                               chunk_size=4096):
+def distributed_poisson_stream(strategy, shard_fn, sample_rate, num_examples, seed=None, *,
+                               debug_fixed_seed=False, chunk_size=4096):
     """``poisson_stream`` under ``strategy``: replica g streams ``shard_fn(g, R)`` and samples it at rate q.
 
     Endless, like ``distributed_poisson_batches``: pass ``steps_per_epoch`` to ``model.fit``.
     ``shard_fn(index, count)`` must return the records of shard ``index`` of ``count``, the shards disjoint
-    and together the n records of the accounting (``tfrecord_shards`` builds one from TFRecord files); the
-    union of the replicas' batches is then a Poisson(q) draw over all n (module docstring).
+    and together the ``num_examples`` records of the accounting (``tfrecord_shards`` builds one from
+    TFRecord files; the user asserts n, which no worker can count alone); the union of the replicas'
+    batches is then a Poisson(q) draw over all n (module docstring).
     """
+    if isinstance(num_examples, bool) or not isinstance(num_examples, numbers.Integral) or num_examples < 1:
+        raise ValueError(f"num_examples must be an integer >= 1, got {num_examples!r}")
     if not callable(shard_fn):
         raise ValueError(f"shard_fn must be callable (index, count) -> tf.data.Dataset, got {shard_fn!r}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
@@ -250,7 +256,8 @@ def distributed_poisson_stream(strategy, shard_fn, sample_rate, seed=None, *, de
             _stream_batches(shard_fn(s, count), q, None, _shard_seed(base, s), int(chunk_size))
             for s in shards])
 
-    return _tag(strategy.distribute_datasets_from_function(dataset_fn), q, sharded=True)
+    return _tag(strategy.distribute_datasets_from_function(dataset_fn), q, int(num_examples),
+                seed is not None, sharded=True)
 
 
 def tfrecord_shards(files, parse_fn):

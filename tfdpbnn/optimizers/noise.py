@@ -33,11 +33,12 @@ Seeds. Every draw is stateless from a 128-bit step seed (``step_seed``): by defa
 worker's state. Philox (TensorFlow's generator) then expands the seed; it is a counter-based generator, not
 a cryptographic one, with no known practical attack.
 
-Replicas. Under ``tf.distribute`` (``gaussian_noise_like(..., across_replicas=True)``) each of the R
-replicas in sync adds an independent ``N(0, s^2 / R)`` share from its own streams (the step seed folded
-with the global replica id, so workers that share ``tf.random.set_seed`` still draw independently); the
-optimizer's all-reduce SUMS the replicas' gradients, so the update holds exactly one ``N(0, s^2)`` per
-coordinate and step: a sum of R independent Gaussians of variance s^2 / R is Gaussian with variance s^2.
+Replicas. Under ``tf.distribute`` (``gaussian_noise_like(..., across_replicas=True)``) the replica with
+global id 0 draws the whole ``N(0, s^2)`` and the others add zeros; the optimizer's all-reduce SUMS the
+replicas' gradients, so the update holds exactly one ``N(0, s^2)`` per coordinate and step, whatever seeds
+the workers share. (Independent ``N(0, s^2 / R)`` shares on every replica would sum to the same law, but
+need R independent streams and cost R draws of compute per step; on replicas that share cores, as logical
+CPU devices do, that is R times the noise cost.)
 """
 
 from __future__ import annotations
@@ -144,21 +145,27 @@ def step_seed(secure: bool | None = None, op_seed=None) -> tf.Tensor:
     return tf.random.uniform([2], minval=tf.int64.min, maxval=tf.int64.max, dtype=tf.int64, seed=op_seed)
 
 
-#: Streams reserved per replica (radius words + angle), so replicas' streams never overlap.
-_STREAMS_PER_REPLICA = 64
+def _flat_noise(total, stddev, seed):
+    """``total`` independent N(0, stddev^2) float32 numbers: Box-Muller over exact-tailed radii."""
+    pairs = (total + 1) // 2
+    # Streams of the seed: 0 .. RADIUS_WORDS - 1 the radius words, RADIUS_WORDS the angle.
+    energy = exponential_variates(pairs, seed)
+    radius = tf.sqrt(energy * (2.0 * tf.square(tf.cast(stddev, tf.float32))))
+    angle = _TWO_PI * tf.random.stateless_uniform([pairs], seed=_seed_for(seed, RADIUS_WORDS))
+    flat = tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], axis=0)
+    return flat[:total] if 2 * pairs != total else flat
 
 
 def gaussian_noise_like(tensors, stddev, seed=None, *, secure: bool | None = None,
                         across_replicas: bool = False):
     """Independent N(0, stddev^2) noise shaped like each tensor of ``tensors`` (float32), in one draw.
 
-    With ``across_replicas=True``, in a ``tf.distribute`` replica context with R replicas in sync
-    (``MirroredStrategy``, ``MultiWorkerMirroredStrategy``): this replica's share ``N(0, stddev^2 / R)`` of
-    one ``N(0, stddev^2)`` per global step, from the streams of the global replica id
-    (``replica_id_in_sync_group``), independent of every other replica's even when all workers set the same
-    global seed. The optimizers' all-reduce SUMS the replicas' gradients, and a sum of R independent
-    N(0, s^2 / R) is exactly N(0, s^2): the single-device noise. Outside a replica context (no strategy, or a
-    cross-replica call) R = 1 and the share is the whole draw.
+    With ``across_replicas=True``, in a ``tf.distribute`` replica context with R > 1 replicas in sync
+    (``MirroredStrategy``, ``MultiWorkerMirroredStrategy``): the replica with global id 0
+    (``replica_id_in_sync_group``) draws the whole ``N(0, stddev^2)`` and every other replica returns zeros.
+    The optimizers' all-reduce SUMS the replicas' gradients, so the update holds exactly one draw per global
+    step, the single-device noise, whatever seeds the workers share (Opacus adds its noise on rank 0 the
+    same way). Outside a replica context (no strategy, or a cross-replica call) this is the plain draw.
 
     Args:
       tensors: tensors (or variables) with fully defined static shapes; only their shapes and dtypes are
@@ -167,7 +174,7 @@ def gaussian_noise_like(tensors, stddev, seed=None, *, secure: bool | None = Non
       seed: None (a fresh ``step_seed``), an integer (op seed of that draw, with the global seed, as
         ``tf.random.normal``), or a [2] int64 tensor (a stateless seed).
       secure: with ``seed=None``, seed from ``os.urandom`` (default: ``secure_mode()``).
-      across_replicas: draw this replica's share (above).
+      across_replicas: add the noise on one replica only (above).
     Returns:
       one tensor per input, same shape and dtype.
     """
@@ -181,25 +188,26 @@ def gaussian_noise_like(tensors, stddev, seed=None, *, secure: bool | None = Non
         shapes.append(t.shape)
     sizes = [int(s.num_elements()) for s in shapes]
     total = sum(sizes)
-    if total == 0:
+
+    def zeros():
         return [tf.zeros(s, t.dtype) for s, t in zip(shapes, tensors, strict=True)]
-    if seed is None or isinstance(seed, int):
-        seed = step_seed(secure, op_seed=seed)
-    seed = tf.cast(seed, tf.int64)
-    stream = 0
+
+    if total == 0:
+        return zeros()
     context = tf.distribute.get_replica_context() if across_replicas else None
-    replicas = 1 if context is None else int(context.num_replicas_in_sync)
-    if replicas > 1:
-        stddev = tf.cast(stddev, tf.float32) / np.float32(math.sqrt(replicas))
-        stream = tf.cast(context.replica_id_in_sync_group, tf.int64) * _STREAMS_PER_REPLICA
-    pairs = (total + 1) // 2
-    # Streams: stream + 0 .. stream + RADIUS_WORDS - 1 for the radius words, stream + RADIUS_WORDS the angle.
-    energy = exponential_variates(pairs, seed, stream=stream)
-    radius = tf.sqrt(energy * (2.0 * tf.square(tf.cast(stddev, tf.float32))))
-    angle = _TWO_PI * tf.random.stateless_uniform([pairs], seed=_seed_for(seed, stream + RADIUS_WORDS))
-    flat = tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], axis=0)
-    if 2 * pairs != total:
-        flat = flat[:total]
+    replica = None
+    if context is not None and int(context.num_replicas_in_sync) > 1:
+        replica = context.replica_id_in_sync_group
+        if tf.get_static_value(replica) is not None:
+            if int(tf.get_static_value(replica)) != 0:
+                return zeros()
+            replica = None
+
+    def draw():
+        step = step_seed(secure, op_seed=seed) if seed is None or isinstance(seed, int) else seed
+        return _flat_noise(total, stddev, tf.cast(step, tf.int64))
+
+    flat = draw() if replica is None else tf.cond(tf.equal(replica, 0), draw, lambda: tf.zeros([total]))
     pieces = tf.split(flat, sizes) if len(sizes) > 1 else [flat]
     return [tf.cast(tf.reshape(p, s), t.dtype) if t.dtype != tf.float32 else tf.reshape(p, s)
             for p, s, t in zip(pieces, shapes, tensors, strict=True)]
