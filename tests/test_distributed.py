@@ -53,9 +53,7 @@ def test_mirrored_strategy_one_noise_draw_per_step(tmp_path):
         assert abs(case["noise_std_ratio"] - 1) < 0.03, (replicas, case)     # std sigma C / B, not sqrt(R)x
         assert case["steps"] == 1
         assert case["epsilon"] == pytest.approx(_epsilon_single_device(1, 16, 16), rel=1e-9)
-    restored = r["checkpoint"]
-    assert restored["steps"] == restored["saved_steps"] == 1 and restored["weight_diff"] == 0
-    assert restored["epsilon"] == pytest.approx(restored["saved_epsilon"], rel=1e-12)
+    _check_restored(r["checkpoint"])
     poisson = r["poisson"]
     assert poisson["overlaps"] == 0 and poisson["steps"] == 3
     # Membership count over 60 steps x 60 examples at q = 0.1: Binomial(3600, 0.1).
@@ -78,11 +76,17 @@ def _free_ports(k):
     return ports
 
 
-def test_multi_worker_mirrored_two_processes():
+def _check_restored(restored):
+    assert restored["steps"] == restored["saved_steps"] == 1 and restored["weight_diff"] == 0
+    assert restored["epsilon"] == pytest.approx(restored["saved_epsilon"], rel=1e-12)
+
+
+def test_multi_worker_mirrored_two_processes(tmp_path):
     ports = _free_ports(2)
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
     procs = [_run(["worker"], {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker",
-                                                                                      "index": i}})})
+                                                                                      "index": i}}),
+                               "CKPT_DIR": str(tmp_path), "WORKER_NAME": f"worker{i}"})
              for i in range(2)]
     import tensorflow as tf
 
@@ -94,6 +98,7 @@ def test_multi_worker_mirrored_two_processes():
         assert r["steps"] == 1
         assert r["epsilon"] == pytest.approx(_epsilon_single_device(1, 16, 16), rel=1e-9)
         assert r["refused"] == ["dataset", "shuffle"]
+        _check_restored(r["checkpoint"])
     np.testing.assert_allclose(results[0]["noised_kernel_head"], results[1]["noised_kernel_head"], rtol=1e-6)
     # Poisson shards: no example in both workers' batches of any step, and the shards are disjoint.
     a, b = results[0]["poisson_batches"], results[1]["poisson_batches"]
@@ -143,6 +148,22 @@ def _noise_case(tf, strategy):
                         "noised_kernel_head": kernel.ravel()[:50].tolist()}
 
 
+def _checkpoint_round_trip(tf, strategy, model, opt, folder):
+    """Save the noise case's model and optimizer, restore them into fresh ones under ``strategy``."""
+    import tfdpbnn
+
+    path = tf.train.Checkpoint(model=model, optimizer=opt).save(os.path.join(folder, "ckpt"))
+    with strategy.scope():
+        fresh = _dense_model(tf, 400, 500, bias=False)
+        fresh_opt = tfdpbnn.DPSGDOptimizer(CLIP, SIGMA, learning_rate=1.0, num_examples=16, batch_size=16,
+                                           delta=1e-5)
+        fresh.compile(fresh_opt, loss="mse")
+        tf.train.Checkpoint(model=fresh, optimizer=fresh_opt).restore(path).assert_existing_objects_matched()
+    return {"saved_steps": int(opt.iterations.numpy()), "saved_epsilon": opt.epsilon(),
+            "steps": int(fresh_opt.iterations.numpy()), "epsilon": fresh_opt.epsilon(),
+            "weight_diff": _max_diff(fresh.get_weights(), model.get_weights())}
+
+
 def _main_mirrored():
     import tensorflow as tf
 
@@ -164,19 +185,7 @@ def _main_mirrored():
             [f"/cpu:{i}" for i in range(replicas)], cross_device_ops=tf.distribute.ReductionToOneDevice())
         model, opt, out[str(replicas)] = _noise_case(tf, strategy)
         if replicas == 2:
-            # Checkpoint the R = 2 job and restore it into a fresh model and optimizer.
-            path = tf.train.Checkpoint(model=model, optimizer=opt).save(
-                os.path.join(os.environ["CKPT_DIR"], "ckpt"))
-            with strategy.scope():
-                fresh = _dense_model(tf, 400, 500, bias=False)
-                fresh_opt = tfdpbnn.DPSGDOptimizer(CLIP, SIGMA, learning_rate=1.0, num_examples=16,
-                                                   batch_size=16, delta=1e-5)
-                fresh.compile(fresh_opt, loss="mse")
-                status = tf.train.Checkpoint(model=fresh, optimizer=fresh_opt).restore(path)
-                status.assert_existing_objects_matched()
-            out["checkpoint"] = {"saved_steps": int(opt.iterations.numpy()), "saved_epsilon": opt.epsilon(),
-                                 "steps": int(fresh_opt.iterations.numpy()), "epsilon": fresh_opt.epsilon(),
-                                 "weight_diff": _max_diff(fresh.get_weights(), model.get_weights())}
+            out["checkpoint"] = _checkpoint_round_trip(tf, strategy, model, opt, os.environ["CKPT_DIR"])
             two = strategy
     out["4"]["sigma0_max_weight_diff"] = _max_diff(_sigma0_weights(tf, strategy), reference)
     strategy = two
@@ -222,7 +231,10 @@ def _main_worker():
     from tfdpbnn.data.distributed import check_distributed_input, distributed_poisson_batches
 
     out = {"sigma0_weights": [w.tolist() for w in _sigma0_weights(tf, strategy)]}
-    out.update(_noise_case(tf, strategy)[2])
+    model, opt, noise = _noise_case(tf, strategy)
+    out.update(noise)
+    folder = os.path.join(os.environ["CKPT_DIR"], os.environ["WORKER_NAME"])
+    out["checkpoint"] = _checkpoint_round_trip(tf, strategy, model, opt, folder)
     refused = []
     for name, x, shuffle in (("dataset", tf.data.Dataset.range(4), False), ("shuffle", np.zeros(4), True)):
         try:
