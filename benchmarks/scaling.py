@@ -66,6 +66,7 @@ def worker(replicas, args):
 
 
 def run(replicas, args):
+    """Run ``worker(replicas)`` in a fresh process: (its seconds per epoch, wall seconds)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(replicas), "--examples",
            str(args.examples), "--batch-size", str(args.batch_size), "--repeats", str(args.repeats)]
     start = time.perf_counter()
@@ -76,6 +77,7 @@ def run(replicas, args):
 
 
 def section(results, args, load, wall):
+    """The markdown section for docs/benchmarks.md."""
     lines = [
         BEGIN,
         "## Scaling under tf.distribute",
@@ -104,7 +106,10 @@ def section(results, args, load, wall):
 
 def write_section(text, path):
     """Replace the marked scaling section of ``path`` (or append it)."""
-    doc = open(path).read() if os.path.exists(path) else ""
+    doc = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            doc = f.read()
     if BEGIN in doc and END in doc:
         doc = doc[: doc.index(BEGIN)] + text + doc[doc.index(END) + len(END):]
     else:
@@ -114,6 +119,7 @@ def write_section(text, path):
 
 
 def main(argv=None):
+    """Command-line entry point (``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--examples", type=int, default=4800)
     parser.add_argument("--batch-size", type=int, default=480)

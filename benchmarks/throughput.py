@@ -311,7 +311,10 @@ def report(results, args):
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, TensorFlow "
         f"{tf.__version__}. 1-minute load average when the run started: {LOAD_AT_START:.2f} (anything "
         "near the core count means other work competed with this run: absolute rates are then noisy, and "
-        "the interleaved ratios are the meaningful part).",
+        "the interleaved ratios are the meaningful part)."
+        + (" This run's load was above the core count: even the ratios are unreliable (a ratio below 1.00x "
+           "is a load artifact), and the targets below are no verdict; rerun on an idle machine."
+           if (os.cpu_count() or 1) < LOAD_AT_START else ""),
         "",
         "Time ratio = DP seconds per epoch / non-private seconds per epoch of the same model (medians). "
         "Memory: each system once more in a fresh process (warm-up epoch + one epoch): peak resident memory "
@@ -464,7 +467,10 @@ def main(argv=None):
     if not args.no_write:
         # Keep the section benchmarks/scaling.py wrote between its markers.
         begin, end = "<!-- scaling:begin -->", "<!-- scaling:end -->"
-        old = open(args.out).read() if os.path.exists(args.out) else ""
+        old = ""
+        if os.path.exists(args.out):
+            with open(args.out) as f:
+                old = f.read()
         if begin in old and end in old:
             text = text.rstrip("\n") + "\n\n" + old[old.index(begin): old.index(end) + len(end)] + "\n"
         with open(args.out, "w") as f:

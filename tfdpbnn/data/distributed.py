@@ -36,6 +36,8 @@ import secrets
 import numpy as np
 import tensorflow as tf
 
+from tfdpbnn.data.sampling import SamplingSpec, tag
+
 _SHARD_SALT = 0x5D3A9C71
 
 
@@ -73,8 +75,10 @@ def _shard_seed(base, shard):
 
 
 def _step_seeds(seed, steps_per_epoch):
-    """One int64 seed per step, a fresh sequence every time the dataset is iterated (every epoch);
-    ``steps_per_epoch=None``: an endless sequence (distributed input, which ``model.fit`` iterates once)."""
+    """One int64 seed per step, a fresh sequence every time the dataset is iterated (every epoch).
+
+    ``steps_per_epoch=None``: an endless sequence (distributed input, which ``model.fit`` iterates once).
+    """
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
     return seeds if steps_per_epoch is None else seeds.take(steps_per_epoch)
 
@@ -110,15 +114,16 @@ def _interleave_replicas(per_replica):
     return tf.data.Dataset.zip(tuple(per_replica)).flat_map(steps)
 
 
-def _tag(dataset, q, num_examples, fixed_seed, sharded=False):
-    """Record how the batches were drawn: the rate (read by the DP optimizers' fit check), n, whether a
-    fixed debug seed drew them, and (read by ``check_distributed_input``) whether replicas sample disjoint
-    shards."""
-    dataset._tfdpbnn_poisson_sample_rate = q
-    dataset._tfdpbnn_poisson_num_examples = num_examples
-    dataset._tfdpbnn_poisson_fixed_seed = fixed_seed
+def _tag(dataset, q, num_examples, fixed_seed, sharded=False, element_spec=None):
+    """Attach how the batches were drawn, for the DP optimizers' checks, and return ``dataset``.
+
+    The ``SamplingSpec`` (Poisson at rate q over n examples, drawn by tfdpbnn; a fixed debug seed voids
+    amplification), whether replicas sample disjoint shards (``check_distributed_input``) and, for a
+    distributed dataset, one replica's element spec (the fit checks build a synthetic batch from it).
+    """
     dataset._tfdpbnn_sharded_poisson = sharded
-    return dataset
+    dataset._tfdpbnn_element_spec = element_spec
+    return tag(dataset, SamplingSpec("poisson", num_examples, q, "poisson_batches", fixed_seed))
 
 
 def _local_shards(context, strategy):
@@ -140,9 +145,13 @@ def distributed_poisson_batches(strategy, x, y=None, sample_rate=None, seed=None
 
     Args:
       strategy: a ``tf.distribute`` strategy (MirroredStrategy, MultiWorkerMirroredStrategy, or the default).
-      x, y, sample_weight: arrays (or nested structures) with n examples on axis 0, the same on every worker.
+      x: array (or nested structure of arrays) with n examples on axis 0, the same on every worker.
+      y: optional array with n examples.
       sample_rate: q in (0, 1]; give the optimizer ``batch_size = q n`` (the global expected batch size).
       seed: None (a secret seed per worker from OS entropy), or an integer with ``debug_fixed_seed=True``.
+      sample_weight: optional array with n examples (needs ``y``).
+      debug_fixed_seed: allow a fixed ``seed`` (debugging only; no amplification is claimed).
+
     Returns:
       a ``tf.distribute.DistributedDataset``; pass ``steps_per_epoch`` to ``model.fit`` as well.
     """
@@ -165,7 +174,9 @@ def distributed_poisson_batches(strategy, x, y=None, sample_rate=None, seed=None
         return _interleave_replicas([
             _array_shard_batches(parts, s, count, q, None, _shard_seed(base, s)) for s in shards])
 
-    return _tag(strategy.distribute_datasets_from_function(dataset_fn), q, n, seed is not None, sharded=True)
+    one_replica = _array_shard_batches(parts, 0, 1, q, 1, 0).element_spec
+    return _tag(strategy.distribute_datasets_from_function(dataset_fn), q, n, seed is not None, sharded=True,
+                element_spec=one_replica)
 
 
 def _empty_batch(spec):
@@ -216,8 +227,12 @@ def poisson_stream(dataset, sample_rate, num_examples, steps_per_epoch=None, see
     Args:
       dataset: ``tf.data.Dataset`` of single examples of fixed shape (a structure such as ``(x, y)``), the
         same records, in any order, on every iteration.
-      sample_rate: q in (0, 1]. num_examples: n, the number of records.
+      sample_rate: q in (0, 1].
+      num_examples: n, the number of records.
+      steps_per_epoch: batches per iteration (default ``ceil(1 / q)``).
       seed: None (secret, OS entropy) or an integer with ``debug_fixed_seed=True``.
+      debug_fixed_seed: allow a fixed ``seed`` (debugging only; no amplification is claimed).
+      chunk_size: records filtered per vectorized Bernoulli draw.
     """
     if not isinstance(dataset, tf.data.Dataset):
         raise ValueError(f"dataset must be a tf.data.Dataset, got {type(dataset).__name__}")
@@ -256,8 +271,10 @@ def distributed_poisson_stream(strategy, shard_fn, sample_rate, num_examples, se
             _stream_batches(shard_fn(s, count), q, None, _shard_seed(base, s), int(chunk_size))
             for s in shards])
 
+    one_replica = tf.nest.map_structure(lambda t: tf.TensorSpec([None] + t.shape.as_list(), t.dtype),
+                                        shard_fn(0, int(strategy.num_replicas_in_sync)).element_spec)
     return _tag(strategy.distribute_datasets_from_function(dataset_fn), q, int(num_examples),
-                seed is not None, sharded=True)
+                seed is not None, sharded=True, element_spec=one_replica)
 
 
 def tfrecord_shards(files, parse_fn):
@@ -301,7 +318,7 @@ def check_distributed_input(strategy, x, shuffle=True):
     """
     if num_workers(strategy) == 1 or getattr(x, "_tfdpbnn_sharded_poisson", False):
         return
-    if isinstance(x, (tf.data.Dataset, tf.distribute.DistributedDataset)):
+    if isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
         raise ValueError(
             "x: under a multi-worker strategy each worker draws this dataset's batches on its own, so an "
             "example can be in two workers' parts of one step and epsilon would not hold. Use "

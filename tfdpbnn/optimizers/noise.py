@@ -58,10 +58,11 @@ _SECURE = False
 
 
 def set_secure_mode(enabled: bool) -> None:
-    """Secure mode for every DP optimizer that has no per-optimizer setting: seed each step's noise from
-    ``os.urandom`` (128 bits) instead of TensorFlow's seeded generator (Opacus's ``secure_mode``).
+    """Turn secure mode on or off for every DP optimizer without a per-optimizer setting.
 
-    Read when a train step is traced: set it before ``model.fit`` (or recompile the model).
+    Secure mode seeds each step's noise from ``os.urandom`` (128 bits) instead of TensorFlow's seeded
+    generator (Opacus's ``secure_mode``). Read when a train step is traced: set it before ``model.fit`` (or
+    recompile the model).
     """
     if not isinstance(enabled, bool):
         raise ValueError(f"enabled must be True or False, got {enabled!r}")
@@ -98,8 +99,10 @@ def tail_reveal_probability(noise_multiplier: float, words: int = RADIUS_WORDS) 
 
 
 def _seed_for(seed, stream):
-    """Seed ``stream`` of a [2] int64 step seed: its second half XOR the stream index (Philox scrambles the
-    whole 128-bit seed into key and counter, so distinct seeds give independent streams)."""
+    """Seed ``stream`` of a [2] int64 step seed: its second half XOR the stream index.
+
+    Philox scrambles the whole 128-bit seed into key and counter, so distinct seeds give independent streams.
+    """
     return tf.stack([seed[0], tf.bitwise.bitwise_xor(seed[1], tf.cast(stream, tf.int64))])
 
 
@@ -115,6 +118,9 @@ def exponential_variates(size, seed, words: int = RADIUS_WORDS, word_bits: int =
     Args:
       size: number of variates (Python int).
       seed: [2] int64 stateless seed; word k uses stream ``stream + k`` of it.
+      words: most words one variate may use (the tail is cut only when all are 0).
+      word_bits: random bits per word (32; fewer only to test the recursion).
+      stream: first stream of ``seed`` used.
     """
     def level(k):
         w = tf.random.stateless_uniform([size], seed=_seed_for(seed, stream + k), minval=None, maxval=None,
