@@ -4,7 +4,7 @@ Each R runs in a fresh process with 4 logical CPU devices (``tf.config.set_logic
 and a ``MirroredStrategy`` over the first R of them; the non-private and DP models train the same MLP
 (784-1000-10, random MNIST-shaped data) with ``model.fit`` on the same global batches, their epochs
 interleaved after a warm-up epoch. The DP model uses ``tfdpbnn.DPSGDOptimizer`` (one N(0, sigma^2 C^2) per
-global step, drawn as R independent shares). Logical devices share the machine's physical cores, so on a
+global step, drawn by replica 0). Logical devices share the machine's physical cores, so on a
 2-core machine R > 1 measures the cost of distribution (splitting, all-reduce, per-replica noise shares),
 not a speed-up.
 
@@ -89,8 +89,10 @@ def section(results, args, load, wall):
         f"one process; median of {args.repeats} interleaved epochs after a warm-up epoch. Machine: "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores; 1-minute load average "
         f"at the start: {load:.2f}. The logical devices share these cores: R > 1 shows what distribution "
-        "costs (batch split, all-reduce, one noise share per replica), not a speed-up; on a shared machine "
-        "absolute rates are noisy and the interleaved DP / non-private ratio is the meaningful number.",
+        "costs (batch split, all-reduce, the noise drawn on replica 0), not a speed-up; on a shared machine "
+        "absolute rates are noisy and the interleaved DP / non-private ratio is the meaningful number."
+        + (" This run's load was above the core count: even the ratios are unreliable; rerun on an idle "
+           "machine." if (os.cpu_count() or 1) < load else ""),
         "",
         "| R | non-private examples/s | DP-SGD examples/s | DP / non-private throughput |",
         "| ---: | ---: | ---: | ---: |",
