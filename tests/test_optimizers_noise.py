@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 from scipy import stats
 
-from tfdpbnn.optimizers.noise import gaussian_noise_like
+from tfdpbnn.optimizers import noise
+from tfdpbnn.optimizers.noise import exponential_variates, gaussian_noise_like, max_radius
 
 SHAPES = [(301, 200), (7,), (200, 3), (1,)]   # 60,808 numbers: an even total, with odd-sized variables
 
@@ -44,7 +45,7 @@ def test_distribution_matches_gaussian():
     # Tails: P(|z| > 3 s) = 0.0027; the count is binomial. The largest |z| is near the expected maximum.
     tail = np.sum(np.abs(z) > 3 * s)
     assert stats.binomtest(int(tail), k, 2 * stats.norm.sf(3)).pvalue > 1e-3
-    assert 3.8 * s < np.abs(z).max() < 5.7 * s   # float32 uniforms bound the radius at 5.65 s
+    assert 3.8 * s < np.abs(z).max() < 5.7 * s   # the expected maximum of 121,616 |z| is about 4.4 s
 
 
 def test_halves_variables_and_steps_are_independent():
@@ -84,3 +85,80 @@ def test_unknown_shape_is_refused():
 
     with pytest.raises(ValueError, match="tensors"):
         f.get_concrete_function()
+
+
+def test_radius_tail_is_not_cut_where_it_matters():
+    # The largest attainable radius (every one of the 4 words 0): sqrt(2 (32 * 4 + 1) log 2) = 13.37.
+    assert max_radius(2.0) == pytest.approx(2.0 * np.sqrt(2 * 129 * np.log(2)), rel=1e-12)
+    assert max_radius(1.0) > 13.3
+    # The Gaussian mass beyond it is < 1e-39 per coordinate; the per-step reveal probability of an example
+    # whose clipped gradient lies in one coordinate, exp(-(r_max - 1/sigma)^2 / 2), is < 1e-28 at sigma 0.5.
+    assert 2 * stats.norm.sf(max_radius(1.0)) < 1e-39
+    assert noise.tail_reveal_probability(0.5) < 1e-28
+    assert noise.tail_reveal_probability(1.0) == pytest.approx(np.exp(-(max_radius(1.0) - 1) ** 2 / 2))
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        noise.tail_reveal_probability(0.0)
+
+
+def test_radius_recursion_is_exact_with_short_words():
+    # 4-bit words make the continuation frequent: E > 4k log 2 exactly when the first k words are 0, with
+    # probability 16^-k; beyond one word, E - 4 log 2 is again distributed as E (memorylessness).
+    size, bits = 1_000_000, 4
+    e = exponential_variates(size, tf.constant([5, 6], tf.int64), words=4, word_bits=bits).numpy()
+    step = bits * np.log(2)
+    for k in (1, 2, 3):
+        count = int(np.sum(e > k * step + 1e-4))
+        assert stats.binomtest(count, size, 16.0 ** -k).pvalue > 1e-3, (k, count)
+    assert e.max() == pytest.approx((4 * bits + 1) * np.log(2), rel=1e-6)   # the cut: all 4 words 0
+    assert e.min() >= 0
+    rest = e[e > step + 1e-4] - step   # rounded: both are 16 atoms per word, equal up to float32 rounding
+    assert stats.ks_2samp(np.round(rest, 4), np.round(e[:200_000], 4)).pvalue > 1e-3
+
+
+def test_tail_frequencies_beyond_five_sigma():
+    # 10^8 numbers in 20 fixed-seed chunks. |z| > 5: probability 5.73e-7, about 57 expected. A radius above
+    # 5.66 (probability exp(-5.66^2 / 2) = 1.1e-7 per pair, about 5.5 expected in 5e7 pairs) was impossible
+    # with float32 uniforms (their radius stops at 5.65).
+    pairs = 2_500_000
+
+    @tf.function
+    def counts(seed):
+        z = gaussian_noise_like([tf.zeros((2 * pairs,))], 1.0, seed)[0]
+        r2 = tf.square(z[:pairs]) + tf.square(z[pairs:])
+        return (tf.reduce_sum(tf.cast(tf.abs(z) > 5.0, tf.int64)),
+                tf.reduce_sum(tf.cast(r2 > 5.66 ** 2, tf.int64)), tf.reduce_max(tf.abs(z)))
+
+    beyond5 = radius = 0
+    for chunk in range(20):
+        a, b, top = counts(tf.constant([chunk, 99], tf.int64))
+        beyond5, radius = beyond5 + int(a), radius + int(b)
+        assert float(top) <= max_radius(1.0)
+    assert stats.binomtest(beyond5, 40 * pairs, 2 * stats.norm.sf(5.0)).pvalue > 1e-3, beyond5
+    assert radius >= 1
+    assert stats.binomtest(radius, 20 * pairs, np.exp(-5.66 ** 2 / 2)).pvalue > 1e-3, radius
+
+
+def test_secure_mode_seeds_from_os_entropy():
+    with pytest.raises(ValueError, match="enabled"):
+        noise.set_secure_mode(1)
+    assert noise.secure_mode() is False
+
+    @tf.function
+    def f():
+        return gaussian_noise_like([tf.zeros((40000,))], 2.0, secure=True)[0]
+
+    tf.keras.utils.set_random_seed(0)
+    first = f().numpy()
+    tf.keras.utils.set_random_seed(0)
+    second = f().numpy()   # the global seed does not replay secure noise
+    assert abs(np.corrcoef(first, second)[0, 1]) < 5 / np.sqrt(40000)
+    assert abs(first.std() / 2.0 - 1) < 0.02
+    noise.set_secure_mode(True)
+    try:
+        tf.keras.utils.set_random_seed(0)
+        a = gaussian_noise_like([tf.zeros((1000,))], 1.0)[0].numpy()
+        tf.keras.utils.set_random_seed(0)
+        b = gaussian_noise_like([tf.zeros((1000,))], 1.0)[0].numpy()
+    finally:
+        noise.set_secure_mode(False)
+    assert not np.allclose(a, b)

@@ -464,9 +464,15 @@ class DPOptimizerMixin:
 
     def _dp_noise(self, scaled_sum):
         """``N(0, (sigma C s)^2)`` shaped like each variable, ``s = _dp_sum_scale()``: the noise of
-        ``sum + N(0, (sigma C)^2 I)``, scaled with the sum; one fused draw (``gaussian_noise_like``)."""
+        ``sum + N(0, (sigma C)^2 I)``, scaled with the sum; one fused draw (``gaussian_noise_like``).
+
+        Under ``tf.distribute`` only the replica with global id 0 adds it (the others add zeros), so the
+        all-reduced SUM of the replicas' gradients holds exactly one such draw per global step.
+        ``self._dp_secure_noise`` (True/False; unset: the module-wide
+        ``tfdpbnn.optimizers.noise.secure_mode()``) seeds each step from ``os.urandom``."""
         stddev = self._f32(self._dp_noise_multiplier * self._dp_l2_norm_clip) * self._dp_sum_scale()
-        return gaussian_noise_like(scaled_sum, stddev)
+        return gaussian_noise_like(scaled_sum, stddev, secure=getattr(self, "_dp_secure_noise", None),
+                                   across_replicas=True)
 
     def _dp_noised_mean(self, scaled_sum):
         """``(sum + N(0, (sigma C)^2)) s`` per variable from ``scaled_sum = sum s``, ``s = _dp_sum_scale()``

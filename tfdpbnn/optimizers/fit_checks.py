@@ -38,7 +38,7 @@ def input_sampling(optimizer, x, batch_size=None, validation_split=0.0) -> dict:
     Raises ``ValueError`` for input whose sampling the optimizer's accounting cannot cover.
     """
     n = optimizer.num_examples
-    if isinstance(x, tf.data.Dataset):
+    if isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
         spec = find_spec(x)
         if spec is None:
             raise ValueError(
@@ -111,8 +111,9 @@ def _synthetic(spec_like, rows: int, rng: np.random.Generator):
 
 
 def _element_parts(x, y):
-    if isinstance(x, tf.data.Dataset):
-        spec = x.element_spec
+    if isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
+        # A distributed dataset's element_spec is per replica; tfdpbnn.data.distributed's carry one replica's.
+        spec = getattr(x, "_tfdpbnn_element_spec", None) or x.element_spec
         if isinstance(spec, tuple):
             return spec[0], (spec[1] if len(spec) > 1 else None)
         return spec, None
