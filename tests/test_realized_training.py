@@ -389,3 +389,15 @@ def test_private_api_adapter_matches_the_pinned_versions():
     from tfdpbnn import _private_api
 
     _private_api.check()
+
+
+def test_secure_mode_is_an_optimizer_argument_reported_in_the_statement():
+    x, y = _data()
+    model, opt = _compiled(secure_mode=True)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    noise = opt.privacy_statement()["noise"]
+    assert noise["secure_mode"] is True and noise["max_abs_noise_over_sigma_c"] > 13.0
+    assert noise["tail_reveal_probability_per_step"] < 1e-28
+    assert tfdpbnn.DPSGDOptimizer.from_config(opt.get_config())._dp_static["secure_mode"] is True
+    with pytest.raises(ValueError, match="secure_mode"):
+        _compiled(secure_mode="yes")

@@ -39,7 +39,8 @@ from tfdpbnn._validation import (
 )
 from tfdpbnn.clipping import check_per_example_independence, clipped_gradients, jacobian_clipped_sum
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
-from tfdpbnn.optimizers import fit_checks
+from tfdpbnn.data.distributed import check_distributed_input
+from tfdpbnn.optimizers import fit_checks, noise
 from tfdpbnn.optimizers.ledger_state import LedgerState
 from tfdpbnn.optimizers.noise import gaussian_noise_like
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
@@ -109,6 +110,9 @@ class DPOptimizerMixin:
         (``tfdpbnn.data.poisson_batches``).
       neighboring: "add_or_remove" or "replace_one".
       clipping_method: forwarded to ``tfdpbnn.clipping.clipped_gradients``.
+      secure_mode: draw every step's noise from a generator seeded with 16 bytes of ``os.urandom``
+        (as Opacus's ``secure_mode``), so no seed set in the process can replay it
+        (``tfdpbnn.optimizers.noise``); default False: TensorFlow's own random stream.
       allow_exceeding_budget: with a budget, keep training past it (the statement then reports the larger
         epsilon); default False: training stops before the step that would exceed it.
       initial_steps: steps already taken (``get_config`` records ``optimizer.iterations``).
@@ -123,6 +127,7 @@ class DPOptimizerMixin:
     def __init__(self, l2_norm_clip, noise_multiplier=None, *, target_epsilon=None, delta=None,
                  num_examples=None, batch_size=None, epochs=None, accountant="rdp", sampling="shuffle",
                  neighboring="add_or_remove", clipping_method="auto", allow_exceeding_budget=False,
+                 secure_mode=False,
                  initial_steps=0, privacy_ledger=None, **kwargs):
         if "epsilon" in kwargs:
             raise ValueError(
@@ -151,6 +156,9 @@ class DPOptimizerMixin:
             delta = check_open_unit("delta", delta)
         if epochs is not None:
             epochs = check_positive_int("epochs", epochs)
+        if not isinstance(secure_mode, bool):
+            raise ValueError(f"secure_mode must be True or False, got {secure_mode!r}")
+        self._dp_secure_noise = secure_mode
         if not isinstance(allow_exceeding_budget, bool):
             raise ValueError(f"allow_exceeding_budget must be True or False, got {allow_exceeding_budget!r}")
         initial_steps = check_nonnegative_int("initial_steps", initial_steps)
@@ -178,7 +186,8 @@ class DPOptimizerMixin:
         self._dp_static = {"delta": None if delta is None else float(delta), "num_examples": num_examples,
                            "epochs": epochs, "accountant": accountant, "sampling": sampling,
                            "neighboring": neighboring, "clipping_method": clipping_method,
-                           "target_epsilon": target_epsilon, "allow_exceeding_budget": allow_exceeding_budget}
+                           "target_epsilon": target_epsilon, "allow_exceeding_budget": allow_exceeding_budget,
+                           "secure_mode": secure_mode}
         self._dp_checked_models = set()
         with tf.init_scope():
             self._dp_noise_multiplier = self._dp_variable("dp_noise_multiplier", noise_multiplier)
@@ -377,6 +386,13 @@ class DPOptimizerMixin:
             "phases": [p.to_config() for p in ledger.phases],
             "asserted_by_user": asserted,
             "target_epsilon": self.target_epsilon,
+            "noise": {"secure_mode": self._dp_static["secure_mode"],
+                      "max_abs_noise_over_sigma_c": noise.max_radius(),
+                      "tail_reveal_probability_per_step": (
+                          noise.tail_reveal_probability(self.noise_multiplier) if self.noise_multiplier > 0
+                          else 1.0),
+                      "note": "float32 Gaussian noise whose radius uses up to 128 random bits; the "
+                              "accountants treat it as exact"},
             **self._dp_statement_extras(),
         }
         return statement
@@ -385,7 +401,7 @@ class DPOptimizerMixin:
         return {}
 
     # ------------------------------------------------------------------------------- fit integration
-    def begin_training(self, model, x, y=None, batch_size=None, validation_split=0.0):
+    def begin_training(self, model, x, y=None, batch_size=None, validation_split=0.0, shuffle=True):
         """Check ``x`` and ``model`` and open the ledger phase for the steps about to run.
 
         ``model.fit`` calls it; call it yourself before a custom training loop that uses
@@ -400,6 +416,7 @@ class DPOptimizerMixin:
                                      previous._dp_ledger.closed_sources(), strict=True):
                 self._dp_ledger.append(phase, source)
         model._tfdpbnn_ledger_link = _LedgerLink(self)
+        check_distributed_input(model.distribute_strategy, x, shuffle=shuffle)
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
         if id(model) not in self._dp_checked_models:

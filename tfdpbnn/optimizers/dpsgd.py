@@ -33,12 +33,14 @@ class DPSGDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
     def __init__(self, l2_norm_clip, noise_multiplier=None, *, target_epsilon=None, delta=None,
                  num_examples=None, batch_size=None, epochs=None, accountant="rdp", sampling="shuffle",
                  neighboring="add_or_remove", clipping_method="auto", allow_exceeding_budget=False,
+                 secure_mode=False,
                  learning_rate=0.01, momentum=0.0, nesterov=False, name="DPSGDOptimizer", **kwargs):
         super().__init__(l2_norm_clip, noise_multiplier, target_epsilon=target_epsilon, delta=delta,
                          num_examples=num_examples, batch_size=batch_size, epochs=epochs,
                          accountant=accountant,
                          sampling=sampling, neighboring=neighboring, clipping_method=clipping_method,
-                         allow_exceeding_budget=allow_exceeding_budget, learning_rate=learning_rate,
+                         allow_exceeding_budget=allow_exceeding_budget, secure_mode=secure_mode,
+                         learning_rate=learning_rate,
                          momentum=momentum, nesterov=nesterov, name=name, **kwargs)
 
 
@@ -57,6 +59,7 @@ class DPAdamOptimizer(DPOptimizerMixin, VectorizedDPKerasAdamOptimizer):
     def __init__(self, l2_norm_clip, noise_multiplier=None, *, target_epsilon=None, delta=None,
                  num_examples=None, batch_size=None, epochs=None, accountant="rdp", sampling="shuffle",
                  neighboring="add_or_remove", clipping_method="auto", allow_exceeding_budget=False,
+                 secure_mode=False,
                  learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7, amsgrad=False,
                  name="DPAdamOptimizer", **kwargs):
         if isinstance(epsilon, bool) or not isinstance(epsilon, int | float) or not epsilon > 0:
@@ -66,7 +69,8 @@ class DPAdamOptimizer(DPOptimizerMixin, VectorizedDPKerasAdamOptimizer):
             self, l2_norm_clip, noise_multiplier, target_epsilon=target_epsilon, delta=delta,
             num_examples=num_examples, batch_size=batch_size, epochs=epochs, accountant=accountant,
             sampling=sampling, neighboring=neighboring, clipping_method=clipping_method,
-            allow_exceeding_budget=allow_exceeding_budget, learning_rate=learning_rate, beta_1=beta_1,
+            allow_exceeding_budget=allow_exceeding_budget, secure_mode=secure_mode,
+            learning_rate=learning_rate, beta_1=beta_1,
             beta_2=beta_2, adam_epsilon=float(epsilon), amsgrad=amsgrad, name=name, **kwargs)
 
     # Keras's Adam keeps its numerical epsilon in ``self.epsilon`` (a float it converts to a tensor each

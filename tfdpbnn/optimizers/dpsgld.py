@@ -51,7 +51,7 @@ class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
     def __init__(self, l2_norm_clip, *, learning_rate=None, target_epsilon=None, delta=None,
                  num_examples=None, batch_size=None, epochs=None, prior_stddev=None, accountant="rdp",
                  sampling="shuffle", neighboring="add_or_remove", clipping_method="auto",
-                 allow_exceeding_budget=False, name="DPSGLDOptimizer", **kwargs):
+                 allow_exceeding_budget=False, secure_mode=False, name="DPSGLDOptimizer", **kwargs):
         for key in ("noise_multiplier", "momentum", "nesterov", "decay"):
             if kwargs.get(key):
                 raise ValueError(f"{key}: DP-SGLD takes none (noise comes from learning_rate; Langevin "
@@ -79,14 +79,16 @@ class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
                              num_examples=num_examples, batch_size=batch_size, epochs=epochs,
                              accountant=accountant, sampling=sampling,
                              neighboring=neighboring, clipping_method=clipping_method,
-                             allow_exceeding_budget=allow_exceeding_budget, learning_rate=learning_rate,
+                             allow_exceeding_budget=allow_exceeding_budget, secure_mode=secure_mode,
+                             learning_rate=learning_rate,
                              name=name, **kwargs)
         else:
             super().__init__(clip, None, target_epsilon=target_epsilon, delta=delta,
                              num_examples=num_examples, batch_size=batch_size, epochs=epochs,
                              accountant=accountant, sampling=sampling,
                              neighboring=neighboring, clipping_method=clipping_method,
-                             allow_exceeding_budget=allow_exceeding_budget, learning_rate=1.0, name=name,
+                             allow_exceeding_budget=allow_exceeding_budget, secure_mode=secure_mode,
+                             learning_rate=1.0, name=name,
                              **kwargs)
             if self.noise_multiplier == 0:  # pragma: no cover - calibration never returns 0
                 raise ValueError("epsilon: calibration returned sigma = 0")

@@ -47,12 +47,14 @@ class DPVDOptimizer(DPSGDOptimizer):
     def __init__(self, l2_norm_clip, noise_multiplier=None, *, target_epsilon=None, delta=None,
                  num_examples=None, batch_size=None, epochs=None, accountant="rdp", sampling="shuffle",
                  neighboring="add_or_remove", clipping_method="auto", allow_exceeding_budget=False,
+                 secure_mode=False,
                  learning_rate=0.01, momentum=0.0, nesterov=False, name="DPVDOptimizer", **kwargs):
         super().__init__(l2_norm_clip, noise_multiplier, target_epsilon=target_epsilon, delta=delta,
                          num_examples=num_examples, batch_size=batch_size, epochs=epochs,
                          accountant=accountant,
                          sampling=sampling, neighboring=neighboring, clipping_method=clipping_method,
-                         allow_exceeding_budget=allow_exceeding_budget, learning_rate=learning_rate,
+                         allow_exceeding_budget=allow_exceeding_budget, secure_mode=secure_mode,
+                         learning_rate=learning_rate,
                          momentum=momentum, nesterov=nesterov, name=name, **kwargs)
 
     def zeta(self):

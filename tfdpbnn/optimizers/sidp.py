@@ -57,7 +57,8 @@ class SIDPOptimizer(DPSGDOptimizer):
     def __init__(self, l2_norm_clip, noise_multiplier=None, *, paper_mean_update=False, weight_noise=None,
                  target_epsilon=None, delta=None, num_examples=None, batch_size=None, epochs=None,
                  accountant="rdp", sampling="shuffle", neighboring="add_or_remove", clipping_method="auto",
-                 allow_exceeding_budget=False, learning_rate=0.01, momentum=0.0, nesterov=False,
+                 allow_exceeding_budget=False, secure_mode=False, learning_rate=0.01, momentum=0.0,
+                 nesterov=False,
                  name="SIDPOptimizer", initial_mean_sensitivity=0.0, initial_gdp_mu_squared=0.0, **kwargs):
         if not isinstance(paper_mean_update, bool):
             raise ValueError(f"paper_mean_update must be True or False, got {paper_mean_update!r}")
@@ -71,6 +72,7 @@ class SIDPOptimizer(DPSGDOptimizer):
                          num_examples=num_examples, batch_size=batch_size, epochs=epochs,
                          accountant=accountant, sampling=sampling, neighboring=neighboring,
                          clipping_method=clipping_method, allow_exceeding_budget=allow_exceeding_budget,
+                         secure_mode=secure_mode,
                          learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, name=name,
                          **kwargs)
         self.paper_mean_update = paper_mean_update

@@ -51,7 +51,8 @@ def _dp_fit_arguments(model, optimizer, arguments):
 
     x = arguments.get("x")
     optimizer.begin_training(model, x, arguments.get("y"), batch_size=arguments.get("batch_size"),
-                             validation_split=arguments.get("validation_split") or 0.0)
+                             validation_split=arguments.get("validation_split") or 0.0,
+                             shuffle=arguments.get("shuffle", True))
     optimizer.warn_if_plan_exceeds_budget(_planned_steps(model, x, arguments))
     callbacks = arguments.get("callbacks")
     if isinstance(callbacks, tf.keras.callbacks.CallbackList):
