@@ -19,5 +19,6 @@ from tfdpbnn.data.tfds_loaders import (
 )
 
 __all__ = ["DATASETS", "DatasetNotAvailableError", "SamplingSpec", "assert_sampling",
-           "distributed_poisson_batches", "distributed_poisson_stream", "load_cifar10", "load_digits", "load_fashion_mnist", "load_mnist",
-           "load_tfds", "poisson_batches", "poisson_stream", "tfrecord_shards"]
+           "distributed_poisson_batches", "distributed_poisson_stream", "load_cifar10", "load_digits",
+           "load_fashion_mnist", "load_mnist", "load_tfds", "poisson_batches", "poisson_stream",
+           "tfrecord_shards"]
