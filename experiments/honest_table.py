@@ -82,6 +82,7 @@ def main():
     p.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
     p.add_argument("--epsilons", nargs="*", type=float, default=[1.0, 0.5, 2.0, 10.0])
     p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     p.add_argument("--mean-trials", type=float, default=3.0)
     p.add_argument("--naive", action="store_true", help="naive composition of all candidates instead")
     p.add_argument("--nonprivate", action="store_true", help="also the non-private reference rows")
@@ -113,7 +114,7 @@ def main():
                 dict(c, noise_multiplier=s["noise_multiplier"])
                 for c, s in zip(cands, calibrated[key], strict=True)
             ]
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 start = time.time()
                 res = private_search(
                     lambda hp, m=method: build(m, hp, n),

@@ -63,7 +63,7 @@ VARIANTS = {
     "2x2 average pooling (16 inputs)": {"features": "pool"},
     "per-example L2 input normalization": {"features": "l2"},
     "no hidden layer": {"hidden": 0},
-    "large batches, many steps (q 0.5, 200 steps)": {"q": 0.5, "epochs": 100},
+    "large batches, many steps (q 0.5, 100 epochs)": {"q": 0.5, "epochs": 100},
     "fewer steps (q 0.2, 60 steps)": {"epochs": 10},
     "small batches, many steps (q 0.1, 300 steps)": {"q": 0.1, "epochs": 30, "lr": 0.5},
     "momentum 0.9 (lr 0.2)": {"momentum": 0.9, "lr": 0.2},
