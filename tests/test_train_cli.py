@@ -56,3 +56,29 @@ def test_every_method_recipe_builds_a_model_and_calibrated_optimizer(method):
     assert model.output_shape == (None, 10)
     assert opt.epsilon_after(6 * RECIPES[method].epochs) <= 1.0  # calibrated for the recipe's epochs
     assert opt.sampling == "poisson" and opt.accountant == "rdp"
+
+
+@pytest.mark.parametrize("method", ["dpvd", "dpsgld", "dpmcdropout", "dpsgd"])
+def test_no_hidden_layer_models(method):
+    model = build_model(method, (64,), 10, 1437, 0, seed=0)
+    assert model.output_shape == (None, 10)
+    assert model.count_params() <= 2 * (64 * 10 + 10)  # one (Bayesian: mean and variance) layer
+
+
+def test_pld_calibrated_recipe_meets_the_budget_by_pld_only():
+    import dataclasses
+
+    recipe = dataclasses.replace(RECIPES["dpsgd"], hidden=0, accountant="pld")
+    opt = build_optimizer("dpsgd", recipe, 1.0, 1e-5, 1437, 287)
+    steps = 6 * recipe.epochs
+    assert opt.accountant == "pld" and opt.epsilon_after(steps) <= 1.0
+    # PLD needs less noise than RDP for the same budget: RDP's epsilon of this run is above 1.
+    assert opt.epsilon_after(steps, accountant="rdp") > 1.0
+
+
+def test_bad_hidden_is_refused(tmp_path, capsys):
+    code = cli.main(["train", "--method", "dpsgd", "--epsilon", "1", "--hidden", "-1",
+                     "--out", str(tmp_path)])
+    assert code == 2 and "--hidden" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="hidden"):
+        build_model("sidp", (64,), 10, 1437, 0, seed=0)

@@ -33,7 +33,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--out", default=None, help="output directory (default runs/<method>-<dataset>-eps<E>)")
     p.add_argument("--mc-samples", type=int, default=None,
                    help="Monte Carlo samples for evaluation and the export's default (recipe: 30)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden", type=int, default=None,
+                   help="tanh units of the hidden layer, 0 for none (default: the method's recipe, 64)")
+    p.add_argument("--accountant", default=None, choices=("rdp", "pld"),
+                   help="accountant that calibrates the noise (default: the recipe's, rdp)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initialization, batches and noise; the "
+                   "run is one seed (docs/results.md gives the spread over seeds)")
     p.add_argument("--data-dir", default=None, help="TFDS data directory (mnist, fashion_mnist, cifar10)")
     p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")
     p.set_defaults(func=run)
@@ -58,6 +63,8 @@ def _check(args):
         raise ValueError(f"--epochs must be an integer >= 1, got {args.epochs}")
     if args.mc_samples is not None and args.mc_samples < 1:
         raise ValueError(f"--mc-samples must be an integer >= 1, got {args.mc_samples}")
+    if args.hidden is not None and args.hidden < 0:
+        raise ValueError(f"--hidden must be an integer >= 0, got {args.hidden}")
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"--batch-size must be an integer >= 1, got {args.batch_size}")
 
@@ -78,6 +85,10 @@ def train(args) -> dict:
         recipe.epochs = args.epochs
     if args.mc_samples is not None:
         recipe.mc_samples = args.mc_samples
+    if args.hidden is not None:
+        recipe.hidden = args.hidden
+    if args.accountant is not None:
+        recipe.accountant = args.accountant
     (x, y), (x_test, y_test) = _load(args.dataset, args.data_dir, args.seed)
     n = len(x)
     batch_size = args.batch_size or max(1, int(round(recipe.sample_rate * n)))
@@ -103,8 +114,9 @@ def train(args) -> dict:
         callbacks.append(sampler)
     print(f"tfdpbnn train: {args.method} on {args.dataset} ({n} train / {len(x_test)} test), "
           f"epsilon={args.epsilon:g}, delta={args.delta:g}: sigma={optimizer.noise_multiplier:.4g}, "
-          f"C={optimizer.l2_norm_clip:g}, expected batch {batch_size} (q={q:.4g}, Poisson), "
-          f"{recipe.epochs} epochs x {steps_per_epoch} steps")
+          f"C={optimizer.l2_norm_clip:g} (calibrated by {recipe.accountant}), expected batch {batch_size} "
+          f"(q={q:.4g}, Poisson), {recipe.epochs} epochs x {steps_per_epoch} steps, "
+          f"{recipe.hidden or 'no'} hidden units, seed {args.seed}")
     start = time.time()
     model.fit(batches, epochs=recipe.epochs, verbose=args.verbose, callbacks=callbacks)
     train_seconds = time.time() - start
@@ -141,8 +153,9 @@ def train(args) -> dict:
     with open(os.path.join(out, "summary.json"), "w") as fh:
         json.dump(summary, fh, indent=2, default=float)
     print(f"test accuracy: {accuracy:.4f}   ECE: {ece:.4f}   ({train_seconds:.1f} s training, "
-          f"{optimizer.steps} steps)")
-    print(f"epsilon at delta={args.delta:g} (upper bounds for the run):")
+          f"{optimizer.steps} steps; one seed, --seed {args.seed})")
+    print(f"epsilon at delta={args.delta:g}, upper bounds for everything this command did with the training "
+          f"data (one training run; the test set is public):")
     for name, value in statement["epsilon_by_accountant"].items():
         print(f"  {name:>6}: {value:.4f}")
     if summary["approximate_epsilon_gdp"] is not None:

@@ -1,0 +1,304 @@
+"""``private_search``: hyperparameter selection on private data with one privacy statement for all of it.
+
+The private input is the pair (training split, validation split), fixed before the search; two inputs are
+neighbours when one record is added to or removed from one of the two splits (replace-one likewise, if the
+optimizers use it). One trial Q:
+
+1. draws a candidate uniformly at random from the fixed list (data-independent);
+2. trains it from scratch on the training split through ``model.compile``/``model.fit`` with a tfdpbnn DP
+   optimizer (RDP curve eps_c(lambda) of the DP-SGD run: ``bounds.training_rdp``);
+3. scores it on the validation split with a noisy count of correct predictions,
+   ``count + N(0, s^2)`` (a Gaussian mechanism of sensitivity 1: RDP lambda / (2 s^2)),
+   and outputs (model, hyperparameters, noisy score).
+
+Why the score costs (almost) nothing: the splits are disjoint. If the neighbour differs in the training
+split, the validation data are the same and the score is post-processing of the model, so the divergence
+is at most eps_c; if it differs in the validation split, the model's distribution is the same and the
+divergence is that of the noisy count given the model, lambda / (2 s^2) (a mixture with identical weights
+on both sides). So Q is (lambda, max(max_c eps_c(lambda), lambda / (2 s^2)))-RDP (the max over candidates:
+``bounds.trial_rdp``). ``score_noise_multiplier=None`` picks the smallest s with lambda / (2 s^2) <=
+min_c eps_c(lambda) at every order, so the score adds nothing to the trial's curve.
+
+Selection:
+
+- random stopping (``distribution`` a ``TruncatedNegativeBinomial`` or ``PoissonTrials``): run Q K times, K
+  drawn from the distribution and kept secret, output only the trial with the best noisy score; RDP from
+  Papernot & Steinke (2022) Theorem 2 (truncated negative binomial) or 6 (Poisson), ``bounds.selection_rdp``.
+  With Poisson, K = 0 happens with probability e^(-mu) and the search then returns no model.
+- naive (``distribution=None``): run every candidate once, release them all, keep the best: the curves of
+  all trials add up (``bounds.composed_rdp``).
+
+The selected model IS the selected trial's model (trained on the training split): there is no retraining, so
+the statement covers every use of the private data. Everything the search returns besides ``diagnostics``
+is covered; ``diagnostics`` (K, every trial's noisy score) is not, since the random-stopping analysis releases
+the best trial only: use it to debug, do not publish it. The guarantee also needs the search's randomness (K,
+the draws, the noise, the batches) to be secret: pass ``seed`` only for experiments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable
+
+import numpy as np
+
+from tfdpbnn.privacy._checks import check_open_unit, check_positive
+from tfdpbnn.tuning import bounds
+
+_REQUIRED = ("noise_multiplier", "batch_size", "epochs")
+
+
+@dataclasses.dataclass
+class SearchResult:
+    """The search's output: ``model`` and ``hparams`` of the selected trial (None if Poisson drew K = 0),
+    its noisy validation accuracy ``score``, and ``privacy``, the one statement covering the whole search.
+    ``diagnostics`` (number of trials, every trial's candidate and noisy score, wall time) is NOT covered
+    by the statement (random stopping releases the best trial only)."""
+
+    model: object
+    hparams: dict | None
+    score: float | None
+    privacy: dict
+    diagnostics: dict
+
+
+def _check_candidates(candidates, sampling_default="poisson"):
+    if not isinstance(candidates, (list, tuple)) or not candidates:
+        raise ValueError(f"candidates must be a non-empty list of dicts; got {candidates!r}")
+    out = []
+    for i, c in enumerate(candidates):
+        if not isinstance(c, dict):
+            raise ValueError(f"candidates[{i}] must be a dict; got {c!r}")
+        missing = [k for k in _REQUIRED if k not in c]
+        if missing:
+            raise ValueError(f"candidates[{i}] must give {_REQUIRED} (the DP parameters the accounting "
+                             "needs); "
+                             f"missing {missing}")
+        c = dict(c)
+        c.setdefault("sampling", sampling_default)
+        if c["sampling"] not in ("poisson", "shuffle"):
+            raise ValueError(f"candidates[{i}]['sampling'] must be 'poisson' or 'shuffle'; "
+                             f"got {c['sampling']!r}")
+        if not (isinstance(c["epochs"], int) and c["epochs"] >= 1):
+            raise ValueError(f"candidates[{i}]['epochs'] must be an integer >= 1; got {c['epochs']!r}")
+        if not (isinstance(c["batch_size"], int) and c["batch_size"] >= 1):
+            raise ValueError(f"candidates[{i}]['batch_size'] must be an integer >= 1; "
+                             f"got {c['batch_size']!r}")
+        if not (isinstance(c["noise_multiplier"], (int, float)) and c["noise_multiplier"] > 0):
+            raise ValueError(f"candidates[{i}]['noise_multiplier'] must be > 0; "
+                             f"got {c['noise_multiplier']!r}")
+        out.append(c)
+    return out
+
+
+def planned_steps(candidate: dict, num_examples: int) -> tuple[float, int]:
+    """(sample rate q = batch_size / n, steps) of one candidate: epochs * ceil(1 / q) for Poisson batches
+    (``tfdpbnn.data.poisson_batches``' default epoch), epochs * ceil(n / B) for shuffled batches."""
+    batch = candidate["batch_size"]
+    if batch > num_examples:
+        raise ValueError(f"batch_size must be <= the training split's size {num_examples}; got {batch}")
+    q = batch / num_examples
+    per_epoch = (math.ceil(1.0 / q - 1e-9) if candidate.get("sampling", "poisson") == "poisson"
+                 else math.ceil(num_examples / batch))
+    return q, per_epoch * candidate["epochs"]
+
+
+def _candidate_curves(candidates, num_examples, neighboring):
+    curves = []
+    for c in candidates:
+        q, steps = planned_steps(c, num_examples)
+        curves.append(bounds.training_rdp(c["noise_multiplier"], q, steps, c["sampling"], neighboring))
+    return np.asarray(curves)
+
+
+def auto_score_noise(train_curves) -> float:
+    """Smallest s with lambda / (2 s^2) <= min over candidates of eps_c(lambda) at every order: the noisy
+    count then leaves the trial's RDP curve unchanged (parallel composition over the disjoint splits)."""
+    floor = np.min(np.asarray(train_curves), axis=0)
+    if np.any(floor <= 0):
+        raise ValueError("a candidate has zero RDP at some order; give score_noise_multiplier explicitly")
+    return float(math.sqrt(np.max(bounds.ORDERS / (2.0 * floor))))
+
+
+def search_rdp(candidates, num_examples: int, distribution, score_noise_multiplier=None,
+               neighboring: str = "add_or_remove"):
+    """(RDP curve of the whole search at ``bounds.ORDERS``, per-trial curve, score noise multiplier, the
+    candidates' training curves) for ``candidates`` trained on ``num_examples`` examples."""
+    candidates = _check_candidates(candidates)
+    train = _candidate_curves(candidates, num_examples, neighboring)
+    s = auto_score_noise(train) if score_noise_multiplier is None else float(score_noise_multiplier)
+    per_candidate = np.maximum(train, bounds.gaussian_rdp(s)[None, :])  # parallel composition (module doc)
+    if distribution is None:
+        total = bounds.composed_rdp(per_candidate)
+        trial = bounds.trial_rdp(per_candidate)
+    else:
+        trial = bounds.trial_rdp(per_candidate)
+        total = bounds.selection_rdp(bounds.ORDERS, trial, distribution)
+    return total, trial, s, train
+
+
+def calibrate_search(target_epsilon: float, delta: float, candidates, num_examples: int, distribution,
+                     neighboring: str = "add_or_remove", tolerance: float = 1e-3) -> list[dict]:
+    """The candidates with ``noise_multiplier`` set so that the whole search (``distribution``; None =
+    naive composition) is (``target_epsilon``, ``delta``)-DP: every candidate is calibrated by RDP
+    (``tfdpbnn.privacy.calibrate_noise``) to the same per-trial epsilon, the largest one (Brent's method on
+    it, to ``tolerance`` relative) whose search total is <= the target. Each candidate needs "batch_size"
+    and "epochs"; a given "noise_multiplier" is replaced."""
+    from scipy.optimize import brentq
+
+    from tfdpbnn import privacy
+
+    check_positive("target_epsilon", target_epsilon)
+    check_open_unit("delta", delta)
+    check_positive("tolerance", tolerance)
+    base = _check_candidates([dict(c, noise_multiplier=1.0) for c in candidates])
+    sigmas = {}  # (q, steps, sampling, per-trial epsilon) -> sigma; candidates often share (q, steps)
+
+    def with_trial_epsilon(eps_t):
+        out = []
+        for c in base:
+            q, steps = planned_steps(c, num_examples)
+            key = (q, steps, c["sampling"], eps_t)
+            if key not in sigmas:
+                sigmas[key] = float(privacy.calibrate_noise(eps_t, delta, q, steps, accountant="rdp",
+                                                            neighboring=neighboring, sampling=c["sampling"]))
+            out.append(dict(c, noise_multiplier=sigmas[key]))
+        return out
+
+    def excess(eps_t):
+        curve, *_ = search_rdp(with_trial_epsilon(eps_t), num_examples, distribution, neighboring=neighboring)
+        return bounds.epsilon(bounds.ORDERS, curve, delta) - target_epsilon
+
+    hi = float(target_epsilon)  # a search's total is at least one trial's epsilon
+    if excess(hi) <= 0:
+        return with_trial_epsilon(hi)
+    lo = hi / 4
+    while excess(lo) > 0:
+        lo /= 4
+        if lo < 1e-6 * target_epsilon:
+            raise ValueError(f"target_epsilon {target_epsilon} is too small for this search")
+    xtol = tolerance * target_epsilon
+    eps_t = brentq(excess, lo, hi, xtol=xtol)
+    while excess(eps_t) > 0:  # Brent's root may sit just above it: step down to the safe side
+        eps_t -= xtol
+    return with_trial_epsilon(eps_t)
+
+
+def _fit(model, hp, x, y, callbacks, verbose):
+    from tfdpbnn import data
+    from tfdpbnn.optimizers.base import DPOptimizerMixin
+
+    opt = model.optimizer
+    if not isinstance(opt, DPOptimizerMixin):
+        raise ValueError(f"build must return a model compiled with a tfdpbnn DP optimizer; got {type(opt)}")
+    n = len(x)
+    q, steps = planned_steps(hp, n)
+    checks = {"noise_multiplier": (opt.noise_multiplier, hp["noise_multiplier"]),
+              "batch_size": (opt.batch_size, hp["batch_size"]), "num_examples": (opt.num_examples, n),
+              "sampling": (opt.sampling, hp["sampling"])}
+    for name, (got, want) in checks.items():
+        if (got != want) if isinstance(want, str) else not math.isclose(got, want, rel_tol=1e-6):
+            raise ValueError(f"build: the optimizer's {name} is {got!r} but the candidate (and its "
+                             f"accounting) says {want!r}")
+    start = opt.steps
+    if hp["sampling"] == "poisson":
+        batches = data.poisson_batches(x, y, sample_rate=q)
+        model.fit(batches, epochs=hp["epochs"], verbose=verbose, callbacks=callbacks)
+    else:
+        model.fit(x, y, batch_size=hp["batch_size"], epochs=hp["epochs"], shuffle=True, verbose=verbose,
+                  callbacks=callbacks)
+    ran = opt.steps - start
+    if ran != steps:
+        raise RuntimeError(f"the trial ran {ran} steps but its accounting assumed {steps}")
+
+
+def _default_predict(model, x):
+    return model(x, training=False)
+
+
+def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, *, delta: float,
+                   distribution=None, score_noise_multiplier: float | None = None, predict: Callable = None,
+                   callbacks: Callable | None = None, seed: int | None = None, verbose: int = 0
+                   ) -> SearchResult:
+    """Select hyperparameters on private data; one privacy statement covers the search (module docstring).
+
+    Args:
+      build: ``build(hparams) -> model`` compiled with a tfdpbnn DP optimizer whose noise_multiplier,
+        batch_size, sampling match the candidate and whose num_examples is ``len(x_train)``; the search fits
+        it (Poisson batches ``tfdpbnn.data.poisson_batches`` or shuffled arrays) for ``hparams["epochs"]``.
+      candidates: list of dicts, each with "noise_multiplier", "batch_size", "epochs" (and optionally
+        "sampling", default "poisson"), plus whatever ``build`` reads. ``calibrate_search`` sets the noise
+        for a total budget.
+      x_train, y_train, x_val, y_val: the private training and validation splits (disjoint, fixed before).
+      delta: the delta of the statement.
+      distribution: ``TruncatedNegativeBinomial``/``PoissonTrials`` (random stopping), or None (naive: every
+        candidate once, all composed).
+      score_noise_multiplier: std s of the noise on the count of correct validation predictions; None: the
+        smallest s that leaves the trial's RDP unchanged (``auto_score_noise``).
+      predict: ``predict(model, x) -> scores [n, classes]`` whose argmax is the prediction (default: the
+        model's deterministic call); e.g. an MC average for Bayesian layers.
+      callbacks: ``callbacks(hparams) -> list`` of Keras callbacks for each fit (e.g. an EMA of the weights:
+        post-processing), or None.
+      seed: None (secret randomness: what a published guarantee needs) or an integer for reproducible
+        experiments (it also sets TensorFlow's global seed before each trial).
+    """
+    import tensorflow as tf
+
+    check_open_unit("delta", delta)
+    candidates = _check_candidates(candidates)
+    n, n_val = len(x_train), len(x_val)
+    if n_val < 1:
+        raise ValueError("x_val must hold at least one example")
+    total, trial, s, train = search_rdp(candidates, n, distribution, score_noise_multiplier,
+                                        neighboring="add_or_remove")
+    predict = predict or _default_predict
+    rng = np.random.default_rng(seed)
+    if distribution is None:
+        plan = list(range(len(candidates)))
+    else:
+        k = distribution.sample(rng)
+        plan = [int(rng.integers(len(candidates))) for _ in range(k)]
+
+    start = time.time()
+    records, best = [], None
+    for i in plan:
+        hp = candidates[i]
+        if seed is not None:
+            tf.keras.utils.set_random_seed(int(rng.integers(2**31 - 1)))
+        model = build(dict(hp))
+        _fit(model, hp, x_train, y_train, callbacks(dict(hp)) if callbacks else None, verbose)
+        correct = int(np.sum(np.argmax(np.asarray(predict(model, x_val)), axis=-1) == np.asarray(y_val)))
+        noisy = (correct + s * rng.standard_normal()) / n_val
+        records.append({"candidate": i, "noisy_score": float(noisy)})
+        if best is None or noisy > best[0]:
+            best = (noisy, model, i)
+        else:
+            del model
+    wall = time.time() - start
+
+    eps = bounds.epsilon(bounds.ORDERS, total, delta)
+    per_candidate = [bounds.epsilon(bounds.ORDERS, c, delta) for c in train]
+    statement = {
+        "epsilon": eps, "delta": delta, "accountant": "rdp",
+        "selection": ("naive composition of every candidate (Mironov 2017)" if distribution is None else
+                      f"random stopping, Papernot & Steinke 2022 Theorem "
+                      f"{6 if isinstance(distribution, bounds.PoissonTrials) else 2}"),
+        "distribution": None if distribution is None else {"type": type(distribution).__name__,
+                                                           **dataclasses.asdict(distribution),
+                                                           "expected_trials": distribution.mean()},
+        "num_candidates": len(candidates),
+        "trial_epsilon": bounds.epsilon(bounds.ORDERS, trial, delta),
+        "candidate_training_epsilons": per_candidate,
+        "score_noise_multiplier": s, "train_examples": n, "validation_examples": n_val,
+        "neighboring": "add_or_remove (one record added to or removed from the training or validation split)",
+        "covers": "every trial's training, the noisy validation scores and the selection; the returned model "
+                  "is the selected trial's (no retraining)",
+        "randomness": ("secret" if seed is None else
+                       f"fixed seed {seed} (reproducible experiment; the guarantee assumes it is secret)"),
+    }
+    if best is None:
+        return SearchResult(None, None, None, statement, {"trials": records, "num_trials": 0, "wall_s": wall})
+    return SearchResult(best[1], dict(candidates[best[2]]), float(best[0]), statement,
+                        {"trials": records, "num_trials": len(plan), "wall_s": wall})
