@@ -20,7 +20,8 @@ STOCHASTIC = ("dpvd", "dpd", "svi")
 
 def load(validation_fraction: float = 0.2, seed: int = 1234):
     """DIGITS centred, split into a private training split, a private validation split (stratified, fixed
-    seed; both private) and the public test set."""
+    seed; both private) and the public test set.
+    """
     (x, y), (xt, yt) = tfdpbnn.data.load_digits()
     x, xt = (x - 0.5).astype("float32"), (xt - 0.5).astype("float32")
     rng = np.random.default_rng(seed)
@@ -34,7 +35,8 @@ def load(validation_fraction: float = 0.2, seed: int = 1234):
 
 def ood_inputs(x_test, seed: int = 0):
     """Two data-independent out-of-distribution sets, centred like the inputs: uniform noise images, and the
-    test digits turned upside down and mirrored (rotated 180 degrees)."""
+    test digits turned upside down and mirrored (rotated 180 degrees).
+    """
     rng = np.random.default_rng(seed)
     noise = rng.uniform(0, 1, size=x_test.shape).astype("float32") - 0.5
     rotated = x_test.reshape(-1, 8, 8)[:, ::-1, ::-1].reshape(len(x_test), 64)
@@ -61,7 +63,8 @@ def _layers(method, hidden, n, kl_weight):
 
 def build(method: str, hp: dict, n: int, input_dim: int = 64):
     """The compiled model of ``method`` for candidate ``hp`` (keys: hidden, lr, batch_size, epochs,
-    noise_multiplier, optional kl_weight, schedule "cosine", clip), trained on ``n`` examples."""
+    noise_multiplier, optional kl_weight, schedule "cosine", clip), trained on ``n`` examples.
+    """
     clip = hp.get("clip", 1.0)
     model = tf.keras.Sequential(
         [tf.keras.Input((input_dim,))] + _layers(method, hp["hidden"], n, hp.get("kl_weight", 1.0))
@@ -92,7 +95,8 @@ def mc_probs(model, x, method, mc_samples=20):
 
 def auroc(in_scores, out_scores) -> float:
     """Area under the ROC curve for telling OOD (positive) from in-distribution by ``score`` (Mann-Whitney
-    U / (n_in n_out), ties counted half)."""
+    U / (n_in n_out), ties counted half).
+    """
     a, b = np.asarray(out_scores, float), np.asarray(in_scores, float)
     allv = np.concatenate([a, b])
     order = allv.argsort(kind="mergesort")
@@ -111,7 +115,8 @@ def entropy(p):
 
 def evaluate(model, method, x_test, y_test, ood, mc_samples=20) -> dict:
     """Test accuracy (MC for stochastic methods, and of one deterministic pass), ECE, NLL and the AUROC of
-    predictive entropy against each OOD set."""
+    predictive entropy against each OOD set.
+    """
     p = mc_probs(model, x_test, method, mc_samples)
     det = np.asarray(tf.nn.softmax(model(x_test, training=False)))
     out = {
@@ -128,7 +133,8 @@ def evaluate(model, method, x_test, y_test, ood, mc_samples=20) -> dict:
 
 class EMA(tf.keras.callbacks.Callback):
     """Exponential moving average of the trainable weights after every step (post-processing of the DP
-    iterates; Polyak averaging while t / (t + 1) < decay), loaded into the model when training ends."""
+    iterates; Polyak averaging while t / (t + 1) < decay), loaded into the model when training ends.
+    """
 
     def __init__(self, decay: float):
         super().__init__()

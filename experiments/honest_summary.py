@@ -1,6 +1,6 @@
 """Markdown tables (mean ± std over seeds) from one or more ``honest_runs.csv`` files of ``honest_table.py``.
 
-    python experiments/honest_summary.py runs/honest-v2-eps1/honest_runs.csv runs/honest-eps1/honest_runs.csv
+python experiments/honest_summary.py runs/honest-v2-eps1/honest_runs.csv runs/honest-eps1/honest_runs.csv
 """
 
 from __future__ import annotations

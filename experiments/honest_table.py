@@ -40,11 +40,13 @@ SCHEDULE = {10.0: (0.2, 40), 2.0: (0.2, 30), 1.0: (0.2, 20), 0.5: (0.2, 10)}
 
 
 def candidates(method: str, epsilon: float, n: int, grid: str = "v1") -> list[dict]:
-    """The method's candidates at ``epsilon``. ``v1`` (the first run): no hidden layer or 64 tanh units, lr 1,
-    or lr 2 with cosine decay (DPVD: KL weight 0.01 instead, see docs/results.md's DPVD anomaly; DP-SGLD
-    ignores lr). ``v2`` (after experiments/recipes.py): every candidate also averages its iterates (EMA 0.9);
-    no hidden layer with lr 1, no hidden layer with lr 2 and cosine decay, 64 units with lr 1 (DPVD: KL
-    0.01)."""
+    """The method's candidates at ``epsilon``.
+
+    ``v1`` (the first run): no hidden layer or 64 tanh units, lr 1, or lr 2 with cosine decay (DPVD: KL weight
+    0.01 instead, see docs/results.md's DPVD anomaly; DP-SGLD ignores lr). ``v2`` (after
+    experiments/recipes.py): every candidate also averages its iterates (EMA 0.9); no hidden layer with lr 1,
+    no hidden layer with lr 2 and cosine decay, 64 units with lr 1 (DPVD: KL 0.01).
+    """
     q, epochs = SCHEDULE[min(SCHEDULE, key=lambda e: abs(np.log(e) - np.log(epsilon)))]
     base = dict(batch_size=int(round(q * n)), epochs=epochs)
     if grid == "v2":
@@ -65,7 +67,8 @@ def candidates(method: str, epsilon: float, n: int, grid: str = "v1") -> list[di
 
 def nonprivate(method, x, y, xt, yt, ood, seed):
     """Reference without privacy: the 64-unit model of ``method`` trained by plain SGD (no clipping, no
-    noise), 30 epochs of batches of 64, lr 0.1 (DP-SGLD's row: plain SGD on the same network)."""
+    noise), 30 epochs of batches of 64, lr 0.1 (DP-SGLD's row: plain SGD on the same network).
+    """
     tf.keras.utils.set_random_seed(seed)
     hp = dict(hidden=64, lr=0.1, batch_size=64, epochs=30, noise_multiplier=1.0)
     model = build("dpsgd" if method == "sgld" else method, hp, len(x))  # for its layers only

@@ -28,7 +28,8 @@ DELTA = 1e-5
 class ShiftCopies(tf.keras.layers.Layer):
     """Augmentation multiplicity (De et al. 2022): in training, M copies of each 8x8 image shifted by a random
     -1..1 pixel offset (zero padding) -> [B, M, 64]; at inference the image itself -> [B, 1, 64]. With a loss
-    averaged over the copies, the per-example gradient that is clipped is the average over augmentations."""
+    averaged over the copies, the per-example gradient that is clipped is the average over augmentations.
+    """
 
     def __init__(self, copies, shift=True, **kw):
         super().__init__(**kw)

@@ -19,6 +19,21 @@ from tfdpbnn.commands.train_recipes import METHODS, RECIPES, STOCHASTIC
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10")
 
 
+def read_or_create_secret(path: str) -> int:
+    """A 63-bit secret seed from ``path``, created from ``os.urandom`` (mode 0600) on first use."""
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(os.urandom(8).hex() + "\n")
+    with open(path) as handle:
+        text = handle.read().strip()
+    try:
+        return int(text, 16) % (2 ** 63)
+    except ValueError as err:
+        raise ValueError(f"--secret-key-file: {path} does not hold a hexadecimal seed") from err
+
+
 def add_parser(subparsers) -> None:
     """Register the ``train`` subcommand."""
     p = subparsers.add_parser("train", help="train a DP Bayesian network at a privacy budget and export it",
@@ -37,8 +52,13 @@ def add_parser(subparsers) -> None:
                    help="tanh units of the hidden layer, 0 for none (default: the method's recipe, 64)")
     p.add_argument("--accountant", default=None, choices=("rdp", "pld"),
                    help="accountant that calibrates the noise (default: the recipe's, rdp)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the initialization, batches and noise; the "
-                   "run is one seed (docs/results.md gives the spread over seeds)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initialization (public); the run is one "
+                   "seed (docs/results.md gives the spread over seeds)")
+    p.add_argument("--secret-key-file", default=os.path.join("runs", ".sampling-key"),
+                   help="file holding this machine's secret seed of the batch sampling and the DP noise "
+                        "(created from OS entropy if missing, readable by you only; never publish it): runs "
+                        "repeat exactly here, and nobody without the file can know the batches or the noise "
+                        "(default runs/.sampling-key)")
     p.add_argument("--data-dir", default=None, help="TFDS data directory (mnist, fashion_mnist, cifar10)")
     p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")
     p.set_defaults(func=run)
@@ -104,8 +124,10 @@ def train(args) -> dict:
     model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     steps_per_epoch = int(math.ceil(n / batch_size))
+    secret = read_or_create_secret(args.secret_key_file)
+    tf.random.set_seed(secret % (2 ** 31))  # the DP noise of the steps traced below: secret, not --seed
     batches = tfdpbnn.data.poisson_batches(x, y, sample_rate=q, steps_per_epoch=steps_per_epoch,
-                                           seed=args.seed)
+                                           secret_seed=secret)
     callbacks = [tfdpbnn.PrivacyCallback(args.delta, stop_at_epsilon=args.epsilon)]
     sampler = None
     if args.method == "dpsgld":

@@ -12,7 +12,7 @@ from tfdpbnn.data.sampling import SamplingSpec, tag
 
 
 def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None, sample_weight=None, *,
-                    debug_fixed_seed=False):
+                    debug_fixed_seed=False, secret_seed=None):
     """A ``tf.data.Dataset`` of batches where each example joins each batch independently with prob. q.
 
     Every batch draws a fresh Bernoulli(q) mask over all n examples (Abadi et al. 2016, "lots"; Mironov et
@@ -34,6 +34,9 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
       steps_per_epoch: batches per epoch (integer >= 1).
       seed: integer seed for reproducible batches (only with ``debug_fixed_seed=True``), or None (secret).
       debug_fixed_seed: allow ``seed``; the privacy statement reports it.
+      secret_seed: an integer seed YOU keep secret (e.g. read from a local key file that is never published),
+        for runs that must repeat exactly on one machine. Amplification is then claimed on your word: the
+        privacy statement lists the seed's secrecy under ``asserted_by_user``.
     Yields ``x_b``, ``(x_b, y_b)`` or ``(x_b, y_b, w_b)``.
     """
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Real) or not 0 < sample_rate <= 1:
@@ -55,7 +58,16 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
             "without amplification.")
     if debug_fixed_seed and seed is None:
         raise ValueError("debug_fixed_seed: True needs an integer seed; got seed=None")
+    if secret_seed is not None:
+        if isinstance(secret_seed, bool) or not isinstance(secret_seed, numbers.Integral):
+            raise ValueError(f"secret_seed must be an integer or None, got {type(secret_seed).__name__}")
+        if seed is not None:
+            raise ValueError("seed and secret_seed: give at most one (a public debugging seed, or a seed you "
+                             "keep secret)")
     fixed = seed is not None
+    asserted_secret = secret_seed is not None
+    if asserted_secret:
+        seed = int(secret_seed) % (2 ** 63)
     if seed is None:
         seed = secrets.randbits(63)
     parts = [x] + [a for a in (y, sample_weight) if a is not None]
@@ -76,5 +88,6 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
         return picked[0] if len(picked) == 1 else picked
 
     dataset = seed_stream.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return tag(dataset, SamplingSpec("poisson", n, q, "poisson_batches", fixed))
+    source = "asserted_by_user" if asserted_secret else "poisson_batches"
+    return tag(dataset, SamplingSpec("poisson", n, q, source, fixed))
 

@@ -55,8 +55,8 @@ class SamplingSpec:
         """One line for the privacy statement."""
         text = {"poisson_batches": "Poisson batches drawn by tfdpbnn.data.poisson_batches",
                 "keras_arrays": "arrays shuffled and batched by model.fit (one pass per epoch)",
-                "asserted_by_user": "sampling asserted by the user (tfdpbnn.data.assert_sampling); "
-                                    "tfdpbnn cannot inspect this pipeline"}[self.source]
+                "asserted_by_user": "sampling asserted by the user (tfdpbnn.data.assert_sampling, or a "
+                                    "poisson_batches secret_seed the user keeps secret)"}[self.source]
         if self.fixed_seed:
             text += "; fixed sampling seed (debug_fixed_seed): no subsampling amplification is claimed"
         return text

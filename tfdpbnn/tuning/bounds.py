@@ -77,14 +77,15 @@ class TruncatedNegativeBinomial:
     gamma: float
 
     def __post_init__(self):
-        if not (isinstance(self.eta, (int, float)) and math.isfinite(self.eta) and self.eta > -1):
+        if not (isinstance(self.eta, int | float) and math.isfinite(self.eta) and self.eta > -1):
             raise ValueError(f"eta must be a finite number > -1; got {self.eta!r}")
         check_open_unit("gamma", self.gamma)
 
     @classmethod
     def from_mean(cls, mean: float, eta: float = 0.0) -> TruncatedNegativeBinomial:
         """The distribution with shape ``eta`` whose E[K] is ``mean`` (> 1), gamma by bisection (the mean
-        decreases in gamma)."""
+        decreases in gamma).
+        """
         check_positive("mean", mean)
         if mean <= 1:
             raise ValueError(f"mean must be > 1 (K >= 1 always; mean 1 needs gamma = 1); got {mean}")
@@ -174,7 +175,8 @@ def selection_rdp(orders, rdp, distribution) -> np.ndarray:
 
 def trial_rdp(curves) -> np.ndarray:
     """RDP of one trial that picks one of several candidates at random, data-independently: the largest of
-    their curves at each order (joint quasi-convexity of the Renyi divergence)."""
+    their curves at each order (joint quasi-convexity of the Renyi divergence).
+    """
     curves = np.asarray(curves, dtype=np.float64)
     if curves.ndim != 2 or curves.shape[0] == 0:
         raise ValueError("curves must be a non-empty 2-D array [candidates, orders]; got shape "
@@ -201,7 +203,8 @@ def epsilon(orders, rdp, delta: float) -> float:
 def training_rdp(noise_multiplier: float, sample_rate: float, steps: int, sampling: str = "poisson",
                  neighboring: str = "add_or_remove", orders=ORDERS) -> np.ndarray:
     """RDP curve of one DP-SGD training run (the event ``tfdpbnn.privacy.dp_sgd_event`` builds), from
-    dp-accounting's ``RdpAccountant``."""
+    dp-accounting's ``RdpAccountant``.
+    """
     from tfdpbnn.privacy.budget import NEIGHBORING, SENSITIVITY, dp_sgd_event
 
     if neighboring not in NEIGHBORING:
@@ -214,6 +217,7 @@ def training_rdp(noise_multiplier: float, sample_rate: float, steps: int, sampli
 
 def gaussian_rdp(noise_multiplier: float, orders=ORDERS) -> np.ndarray:
     """RDP of a Gaussian mechanism of sensitivity 1 (e.g. a noisy count): lambda / (2 s^2) (Mironov 2017,
-    Prop. 7)."""
+    Prop. 7).
+    """
     check_positive("noise_multiplier", noise_multiplier)
     return np.asarray(orders, dtype=np.float64) / (2.0 * noise_multiplier ** 2)

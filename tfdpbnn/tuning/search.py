@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -55,7 +55,8 @@ class SearchResult:
     """The search's output: ``model`` and ``hparams`` of the selected trial (None if Poisson drew K = 0),
     its noisy validation accuracy ``score``, and ``privacy``, the one statement covering the whole search.
     ``diagnostics`` (number of trials, every trial's candidate and noisy score, wall time) is NOT covered
-    by the statement (random stopping releases the best trial only)."""
+    by the statement (random stopping releases the best trial only).
+    """
 
     model: object
     hparams: dict | None
@@ -65,7 +66,7 @@ class SearchResult:
 
 
 def _check_candidates(candidates, sampling_default="poisson"):
-    if not isinstance(candidates, (list, tuple)) or not candidates:
+    if not isinstance(candidates, list | tuple) or not candidates:
         raise ValueError(f"candidates must be a non-empty list of dicts; got {candidates!r}")
     out = []
     for i, c in enumerate(candidates):
@@ -86,7 +87,7 @@ def _check_candidates(candidates, sampling_default="poisson"):
         if not (isinstance(c["batch_size"], int) and c["batch_size"] >= 1):
             raise ValueError(f"candidates[{i}]['batch_size'] must be an integer >= 1; "
                              f"got {c['batch_size']!r}")
-        if not (isinstance(c["noise_multiplier"], (int, float)) and c["noise_multiplier"] > 0):
+        if not (isinstance(c["noise_multiplier"], int | float) and c["noise_multiplier"] > 0):
             raise ValueError(f"candidates[{i}]['noise_multiplier'] must be > 0; "
                              f"got {c['noise_multiplier']!r}")
         out.append(c)
@@ -95,7 +96,8 @@ def _check_candidates(candidates, sampling_default="poisson"):
 
 def planned_steps(candidate: dict, num_examples: int) -> tuple[float, int]:
     """(sample rate q = batch_size / n, steps) of one candidate: epochs * ceil(1 / q) for Poisson batches
-    (``tfdpbnn.data.poisson_batches``' default epoch), epochs * ceil(n / B) for shuffled batches."""
+    (``tfdpbnn.data.poisson_batches``' default epoch), epochs * ceil(n / B) for shuffled batches.
+    """
     batch = candidate["batch_size"]
     if batch > num_examples:
         raise ValueError(f"batch_size must be <= the training split's size {num_examples}; got {batch}")
@@ -115,7 +117,8 @@ def _candidate_curves(candidates, num_examples, neighboring):
 
 def auto_score_noise(train_curves) -> float:
     """Smallest s with lambda / (2 s^2) <= min over candidates of eps_c(lambda) at every order: the noisy
-    count then leaves the trial's RDP curve unchanged (parallel composition over the disjoint splits)."""
+    count then leaves the trial's RDP curve unchanged (parallel composition over the disjoint splits).
+    """
     floor = np.min(np.asarray(train_curves), axis=0)
     if np.any(floor <= 0):
         raise ValueError("a candidate has zero RDP at some order; give score_noise_multiplier explicitly")
@@ -125,7 +128,8 @@ def auto_score_noise(train_curves) -> float:
 def search_rdp(candidates, num_examples: int, distribution, score_noise_multiplier=None,
                neighboring: str = "add_or_remove"):
     """(RDP curve of the whole search at ``bounds.ORDERS``, per-trial curve, score noise multiplier, the
-    candidates' training curves) for ``candidates`` trained on ``num_examples`` examples."""
+    candidates' training curves) for ``candidates`` trained on ``num_examples`` examples.
+    """
     candidates = _check_candidates(candidates)
     train = _candidate_curves(candidates, num_examples, neighboring)
     s = auto_score_noise(train) if score_noise_multiplier is None else float(score_noise_multiplier)
@@ -145,7 +149,8 @@ def calibrate_search(target_epsilon: float, delta: float, candidates, num_exampl
     naive composition) is (``target_epsilon``, ``delta``)-DP: every candidate is calibrated by RDP
     (``tfdpbnn.privacy.calibrate_noise``) to the same per-trial epsilon, the largest one (Brent's method on
     it, to ``tolerance`` relative) whose search total is <= the target. Each candidate needs "batch_size"
-    and "epochs"; a given "noise_multiplier" is replaced."""
+    and "epochs"; a given "noise_multiplier" is replaced.
+    """
     from scipy.optimize import brentq
 
     from tfdpbnn import privacy
