@@ -196,7 +196,7 @@ def _approximate_gdp(optimizer, privacy):
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # its under-reporting warning: we already label it as approximate
-        return optimizer.epsilon(accountant="gdp")
+        return optimizer.ledger.approximate_epsilon(optimizer.delta, "gdp")
 
 
 def run(args) -> int:

@@ -38,7 +38,7 @@ import dp_accounting
 import numpy as np
 from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS, compute_delta
 
-from tfdpbnn.privacy._checks import check_open_unit, check_positive
+from tfdpbnn._validation import check_open_unit, check_positive
 
 #: Renyi orders on which every curve of this package is evaluated (dp-accounting's default grid).
 ORDERS = np.asarray(DEFAULT_RDP_ORDERS, dtype=np.float64)

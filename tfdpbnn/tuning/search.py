@@ -44,7 +44,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tfdpbnn.privacy._checks import check_open_unit, check_positive
+from tfdpbnn._validation import check_open_unit, check_positive
 from tfdpbnn.tuning import bounds
 
 _REQUIRED = ("noise_multiplier", "batch_size", "epochs")
