@@ -115,8 +115,8 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
     - Budget (optimizer built from ``epsilon``/``delta``, or ``target_epsilon``): training stops before the
       step (or the ``steps_per_execution`` block) that would exceed it; a ``fit`` with nothing left raises.
     - Poisson sampling: the realized batch sizes are tested against Binomial(n, q)
-      (``tfdpbnn.privacy.sampling_test``; whole-run false-alarm rate ``false_alarm_rate``) after each of the
-      first 16 steps and at every epoch end. On rejection the steps taken are re-accounted without
+      (``tfdpbnn.privacy.sampling_test``; whole-run false-alarm rate ``false_alarm_rate``) after 8, 16, 32,
+      ... steps and at every epoch end. On rejection the steps taken are re-accounted without
       amplification (every step as if every example took part) and training stops with ``ValueError``
       saying what was observed.
     - Passes over the data (``check_passes=True``: a dataset iterated whole each epoch): every epoch must
@@ -141,6 +141,10 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         optimizer = _dp_optimizer(self.model)
+        # Steps are counted here in Python, so a batch end costs no read of a training variable.
+        self._steps = optimizer.steps
+        self._open_steps = optimizer._dp_ledger.open_steps()
+        self._per_call = _private_api.steps_per_execution(self.model)
         left = optimizer.budget_steps_left()
         self.max_steps = None
         if left is not None:
@@ -175,14 +179,13 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
                 "tfdpbnn.data.poisson_batches output (or fix the asserted sampling).")
 
     def on_train_batch_end(self, batch, logs=None):
-        optimizer = self.model.optimizer
-        if optimizer._dp_ledger.open_steps() <= 16:
-            self._poisson_check(optimizer)
-        if self.max_steps is not None:
-            steps = int(optimizer.iterations.numpy())
-            if steps + _private_api.steps_per_execution(self.model) > self.max_steps:
-                self.model.stop_training = True
-                self.stopped_at_step = steps
+        self._steps += self._per_call
+        self._open_steps += self._per_call
+        if self._open_steps >= 8 and self._open_steps & (self._open_steps - 1) == 0:  # 8, 16, 32, ...
+            self._poisson_check(self.model.optimizer)
+        if self.max_steps is not None and self._steps + self._per_call > self.max_steps:
+            self.model.stop_training = True
+            self.stopped_at_step = self._steps
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start_examples = self.model.optimizer._dp_ledger.open_counters()[1]

@@ -175,7 +175,8 @@ def train(args) -> dict:
     with open(os.path.join(out, "summary.json"), "w") as fh:
         json.dump(summary, fh, indent=2, default=float)
     print(f"test accuracy: {accuracy:.4f}   ECE: {ece:.4f}   ({train_seconds:.1f} s training, "
-          f"{optimizer.steps} steps; one seed, --seed {args.seed})")
+          f"{optimizer.steps} steps; one seed: --seed {args.seed} and the secret key in "
+          f"{args.secret_key_file})")
     print(f"epsilon at delta={args.delta:g}, upper bounds for everything this command did with the training "
           f"data (one training run; the test set is public):")
     for name, value in statement["epsilon_by_accountant"].items():

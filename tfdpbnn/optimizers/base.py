@@ -357,7 +357,9 @@ class DPOptimizerMixin:
         for name in privacy.available_accountants():
             if name not in privacy.sound_accountants():
                 try:
-                    approximate[name] = ledger.approximate_epsilon(delta, name)
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # labelled an approximation below
+                        approximate[name] = ledger.approximate_epsilon(delta, name)
                 except dp_accounting.UnsupportedEventError:
                     approximate[name] = None
         sources = self._dp_ledger.closed_sources()
