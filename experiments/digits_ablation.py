@@ -68,7 +68,7 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
     x_train = np.asarray(x_train, np.float32).reshape(len(x_train), -1)
     xa, ya, xv, yv = _split_validation(x_train, np.asarray(y_train).astype(int).ravel())
     rows = []
-    for method in methods:
+    for method in run_.progress(methods, "method"):
         for eps in epsilons:
             setting = dict(paper_setting(method))
             for label, change in STEPS:

@@ -512,7 +512,7 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
     run_.note("chosen_settings", {f"{c}/{m}/eps={e:g}": dict(s) for (c, m, e), s in chosen.items()})
 
     rows = []
-    for (config, method, eps), setting in chosen.items():
+    for (config, method, eps), setting in run_.progress(chosen.items(), "setting"):
         for seed in range(n_seeds):
             r = train_and_evaluate(method, setting, eps, x_train, y_train, x_test, y_test, seed=seed)
             r["config"] = config

@@ -218,7 +218,7 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
                                             n_test=len(x_test)),
                seeds=range(n_seeds), log=log)
     rows = []
-    for method in methods:
+    for method in run_.progress(methods, "method"):
         for prior in priors:
             for dp in (True, False):
                 if smoke and not dp and method != "sgd":

@@ -155,7 +155,7 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
                                                 delta=1.0 / N_TRAIN, sample_rate=1.0, smoke=smoke),
                seeds=range(sims), log=log)
     rows, curves = [], {}
-    for method in methods:
+    for method in run_.progress(methods, "method"):
         for dp in (True, False):
             for sim in range(sims):
                 x, y, xt, yt, ft = make_data(sim)

@@ -133,6 +133,19 @@ class Run:
         if self._log is not None:
             self._log(f"[{self.name} {time.time() - self._start:7.1f}s] {message}")
 
+    def progress(self, items: Iterable, what: str = "step"):
+        """Yield ``items``, logging ``what k/N`` and the estimated time left before each one."""
+        items = list(items)
+        total, start = len(items), time.time()
+        for k, item in enumerate(items):
+            if k == 0:
+                self.log(f"{what} 1/{total}")
+            else:
+                left = (time.time() - start) / k * (total - k)
+                self.log(f"{what} {k + 1}/{total}, about {left:.0f} s left")
+            yield item
+        self.log(f"{what}: {total}/{total} done in {time.time() - start:.0f} s")
+
     def path(self, filename: str) -> str:
         """Path of ``filename`` inside the run directory, remembered as one of the run's outputs."""
         p = os.path.join(self.out_dir, filename)

@@ -485,7 +485,7 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
     if "table1-bn-dp" in tables and "bn" in norms:
         grid += [(e, "bn") for e in table1_epsilons]
     t1_rows, t1_summary = [], []
-    for eps, norm in grid:
+    for eps, norm in run_.progress(grid, "table1 setting"):
         kind = "nonprivate" if eps is None else "sidp"
         for s in noise_levels:
             for seed in range(n_seeds):
@@ -511,7 +511,7 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
 
     t4_rows, t4_summary = [], []
     if "table4" in tables:
-        for method in methods:
+        for method in run_.progress(methods, "table4 method"):
             kind, norm = _method_spec(method)
             for eps in epsilons:
                 for seed in range(n_seeds):

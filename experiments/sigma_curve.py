@@ -128,7 +128,7 @@ def run(out_dir: str, seeds: int | None = None, smoke: bool = False, data_dir: s
                                             curves=list(CURVES), sampling="poisson", smoke=smoke),
                seeds=(), log=log)
     rows = []
-    for setting, s in settings.items():
+    for setting, s in run_.progress(settings.items(), "setting"):
         steps = int(round(s["epochs"] / s["sample_rate"]))
         for curve in CURVES:
             for eps in epsilons:

@@ -528,3 +528,13 @@ def test_digits_table_mnist_settings():
         dt.DPVD_KL_WEIGHTS)
     model = dt.build_model("dpd", dt.paper_setting("dpd", "mnist"), 60000, seed=0, input_dim=784)
     assert model.input_shape == (None, 784) and model.output_shape == (None, 10)
+
+
+def test_run_progress_logs_position_and_time_left(tmp_path):
+    lines = []
+    run_ = Run("demo", str(tmp_path), {}, log=lines.append)
+    assert list(run_.progress(["a", "b", "c"], "setting")) == ["a", "b", "c"]
+    assert "setting 1/3" in lines[0]
+    assert "setting 2/3, about" in lines[1] and "s left" in lines[1]
+    assert "setting 3/3, about" in lines[2]
+    assert "3/3 done in" in lines[3]
