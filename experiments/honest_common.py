@@ -1,9 +1,10 @@
 """Shared pieces of the honest-epsilon experiments (``honest_table.py``, ``recipes.py``); public API only.
 
 Methods (one optional tanh hidden layer, 10 logits, clip C = 1, inputs centred as x - 0.5):
-``dpsgd`` (Dense + ``DPSGDOptimizer``), ``dpvd`` (``DenseVariational`` + ``DPVDOptimizer``, Ermis & Cemgil 2017a),
-``dpd`` (Dense + Gaussian ``MCDropout`` + DP-SGD, Ermis & Cemgil 2017b), ``svi`` (``DenseBayesByBackprop`` + DP-SGD,
-Ermis & Cemgil 2017a's SVI / DP-BBP), ``sgld`` (Dense + ``DPSGLDOptimizer``, step size (B / (n sigma C))^2).
+``dpsgd`` (Dense + ``DPSGDOptimizer``), ``dpvd`` (``DenseVariational`` + ``DPVDOptimizer``, Ermis & Cemgil
+2017a), ``dpd`` (Dense + Gaussian ``MCDropout`` + DP-SGD, Ermis & Cemgil 2017b), ``svi``
+(``DenseBayesByBackprop`` + DP-SGD, Ermis & Cemgil 2017a's SVI / DP-BBP), ``sgld`` (Dense +
+``DPSGLDOptimizer``, step size (B / (n sigma C))^2).
 """
 
 from __future__ import annotations
