@@ -16,9 +16,11 @@ from tfdpbnn.commands.train_recipes import METHODS, RECIPES, build_model, build_
 @pytest.mark.parametrize("method", ["dpvd", "dpsgld", "sidp"])
 def test_train_writes_model_privacy_json_diagram_and_summary(method, tmp_path, capsys):
     out = str(tmp_path / method)
+    key = tmp_path / "sampling-key"
+    key.write_text("0000000000001eef\n")  # a fixed test key: the batches and noise are the same on every run
     code = cli.main(["train", "--method", method, "--dataset", "digits", "--epsilon", "2", "--delta", "1e-5",
                      "--epochs", "1", "--batch-size", "480", "--mc-samples", "3", "--out", out,
-                     "--verbose", "0"])
+                     "--verbose", "0", "--secret-key-file", str(key)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "test accuracy:" in printed and "ECE:" in printed
@@ -82,3 +84,17 @@ def test_bad_hidden_is_refused(tmp_path, capsys):
     assert code == 2 and "--hidden" in capsys.readouterr().err
     with pytest.raises(ValueError, match="hidden"):
         build_model("sidp", (64,), 10, 1437, 0, seed=0)
+
+
+def test_secret_key_file_is_created_private_and_read_back(tmp_path):
+    from tfdpbnn.commands.train import read_or_create_secret
+
+    path = tmp_path / "keys" / "sampling-key"
+    first = read_or_create_secret(str(path))
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert read_or_create_secret(str(path)) == first and 0 <= first < 2 ** 63
+    other = tmp_path / "other-key"
+    assert read_or_create_secret(str(other)) != first  # 63 random bits: equal with probability 2^-63
+    other.write_text("not hex\n")
+    with pytest.raises(ValueError, match="secret-key-file"):
+        read_or_create_secret(str(other))
