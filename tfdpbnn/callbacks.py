@@ -57,31 +57,10 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
         self.max_steps = None
         self.stopped_at_step = None
 
-    def _max_steps(self, optimizer) -> int:
-        """Largest T with epsilon(T) <= budget (epsilon grows with T: exponential then binary search)."""
-
-        def within(extra):
-            return optimizer._epsilon_if(extra, self.delta, self.accountant) <= self.stop_at_epsilon
-
-        if not within(0) or not within(1):
-            return 0
-        lo, hi = 1, 2
-        while within(hi):
-            lo, hi = hi, hi * 2
-            if hi > 10 ** 9:
-                return hi
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if within(mid):
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
     def on_train_begin(self, logs=None):
         optimizer = _dp_optimizer(self.model)
         if self.stop_at_epsilon is not None:
-            left = self._max_steps(optimizer)
+            left = optimizer.steps_within(self.stop_at_epsilon, self.delta, self.accountant)
             if left <= 0:
                 raise ValueError(
                     f"stop_at_epsilon: the budget {self.stop_at_epsilon} is spent ({optimizer.steps} steps "

@@ -436,17 +436,23 @@ class DPOptimizerMixin:
         """Steps the budget still allows (None without a budget or with ``allow_exceeding_budget``)."""
         if self.target_epsilon is None or self._dp_static["allow_exceeding_budget"]:
             return None
-        delta = self._resolve_delta(None)
+        return self.steps_within(self.target_epsilon, self._resolve_delta(None))
+
+    def steps_within(self, budget, delta, accountant=None) -> int:
+        """Largest number of further steps whose epsilon stays <= ``budget`` (0 if none).
+
+        Epsilon grows with the steps, so an exponential then a binary search over ``_epsilon_if`` finds it.
+        """
 
         def within(extra):
-            return self._epsilon_if(extra, delta) <= self.target_epsilon
+            return self._epsilon_if(extra, delta, accountant) <= budget
 
         if not within(0) or not within(1):
             return 0
         lo, hi = 1, 2
         while within(hi):
             lo, hi = hi, hi * 2
-            if hi > 10 ** 8:
+            if hi > 10 ** 9:
                 return hi
         while hi - lo > 1:
             mid = (lo + hi) // 2
