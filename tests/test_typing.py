@@ -1,5 +1,7 @@
-"""mypy is clean on ``tfdpbnn/privacy`` and ``tfdpbnn/_validation.py`` (configuration: ``[tool.mypy]`` in
-pyproject.toml, which lists the checked files)."""
+"""mypy is clean on ``tfdpbnn/privacy``, ``tfdpbnn/_validation.py`` and the DP mechanism.
+
+Configuration: ``[tool.mypy]`` in pyproject.toml, which lists the checked files.
+"""
 
 from __future__ import annotations
 

@@ -50,6 +50,8 @@ from tfdpbnn import callbacks, data  # noqa: E402,F401
 from tfdpbnn.callbacks import PosteriorSampler, PrivacyCallback  # noqa: E402,F401
 from tfdpbnn.optimizers import (  # noqa: E402,F401
     DPAdamOptimizer,
+    DPGradients,
+    DPMechanism,
     DPSGDOptimizer,
     DPSGLDOptimizer,
     DPVDOptimizer,

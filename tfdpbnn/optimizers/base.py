@@ -1,17 +1,17 @@
-"""The machinery every tfdpbnn DP optimizer shares (DP-SGD, Abadi et al. 2016, Algorithm 1).
+"""The state, checks and privacy statement every tfdpbnn DP optimizer shares (DP-SGD, Abadi et al. 2016).
 
 ``DPOptimizerMixin`` sits in front of one of tensorflow-privacy's vectorized Keras optimizers
 (``VectorizedDPKerasSGDOptimizer``, ``VectorizedDPKerasAdamOptimizer``), so each public optimizer IS one of
-them, and replaces their gradient step with:
+them, and replaces their gradient step with its ``DPMechanism`` (``optimizer.mechanism``,
+``tfdpbnn.optimizers.mechanism``):
 
   g = (sum_i min(1, C/||g_i||) g_i + N(0, (sigma C)^2 I)) / B  +  grad(regularization)
 
 where ``g_i`` is the gradient of example i's DATA loss, ``B`` the EXPECTED batch size (a constant, so the
-division is post-processing; docs/soundness.md, finding 4) and the regularization (``model.losses``: KL terms,
-priors,
-weight decay) is data-independent and never clipped (docs/soundness.md, finding 5). What accounting needs
-(sigma, C, the
-sample rate, the sampling scheme, the neighboring relation) lives in non-trainable optimizer variables (so
+division is post-processing; docs/soundness.md, finding 4) and the regularization (``model.losses``: KL
+terms, priors, weight decay) is data-independent and never clipped (docs/soundness.md, finding 5). Each
+subclass's module holds only its update rule (``_dp_gradients``). What accounting needs (sigma, C, the sample
+rate, the sampling scheme, the neighboring relation) lives in non-trainable optimizer variables (so
 ``tf.train.Checkpoint`` and ``model.save`` carry it) and in ``get_config``; the number of steps is
 ``optimizer.iterations``.
 
@@ -37,22 +37,15 @@ from tfdpbnn._validation import (
     check_positive,
     check_positive_int,
 )
-from tfdpbnn.clipping import check_per_example_independence, clipped_gradients, jacobian_clipped_sum
+from tfdpbnn.clipping import check_per_example_independence
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.data.distributed import check_distributed_input
-from tfdpbnn.optimizers import fit_checks, noise
+from tfdpbnn.optimizers import fit_checks, keras_integration, noise
 from tfdpbnn.optimizers.ledger_state import LedgerState
-from tfdpbnn.optimizers.noise import gaussian_noise_like
+from tfdpbnn.optimizers.mechanism import DPMechanism
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
 from tfdpbnn.privacy import sound_accountants
 from tfdpbnn.privacy.budget import NEIGHBORING, SAMPLINGS, steps_per_epoch
-
-
-def add_regularization(grads, regularization_grads):
-    """``g + r`` per variable; ``grads`` unchanged when ``regularization_grads`` is None (no model.losses)."""
-    if regularization_grads is None:
-        return list(grads)
-    return [g + tf.cast(r, g.dtype) for g, r in zip(grads, regularization_grads, strict=True)]
 
 
 def _check_accountable(accountant, sampling, neighboring, sample_rate) -> None:
@@ -158,7 +151,6 @@ class DPOptimizerMixin:
             epochs = check_positive_int("epochs", epochs)
         if not isinstance(secure_mode, bool):
             raise ValueError(f"secure_mode must be True or False, got {secure_mode!r}")
-        self._dp_secure_noise = secure_mode
         if not isinstance(allow_exceeding_budget, bool):
             raise ValueError(f"allow_exceeding_budget must be True or False, got {allow_exceeding_budget!r}")
         initial_steps = check_nonnegative_int("initial_steps", initial_steps)
@@ -198,6 +190,11 @@ class DPOptimizerMixin:
             # steps already taken (Keras's SavedModel loader rebuilds optimizers from config only).
             self.iterations.assign(initial_steps)
             self._dp_ledger = LedgerState(self, privacy_ledger)
+        keras_integration.install()
+        self.mechanism = DPMechanism(
+            self._dp_l2_norm_clip, self._dp_noise_multiplier, self._dp_batch_size, scale=self._dp_sum_scale,
+            clipping_method=clipping_method, secure_mode=secure_mode, neighboring=neighboring,
+            on_batch=self._dp_count_batch)
 
     # ----------------------------------------------------------------------------------------- state
     def _f32(self, variable):
@@ -480,37 +477,25 @@ class DPOptimizerMixin:
 
     # ------------------------------------------------------------------------------ the DP gradient
     def _dp_sum_scale(self):
-        """The constant the clipped sum is multiplied by: ``1 / B`` (B the expected batch size).
+        """The constant s the clipped sum and its noise are multiplied by: ``1 / B`` (B the expected size).
 
-        The engine folds it into the clip factors (``clipped_gradients(sum_scale=...)``), so the division
-        costs no pass over the gradients; the noise is drawn already scaled (``_dp_noise``).
+        ``self.mechanism`` folds it into the clip factors, so the division costs no pass over the gradients.
         """
         return 1.0 / self._f32(self._dp_batch_size)
 
-    def _dp_noise(self, scaled_sum):
-        """``N(0, (sigma C s)^2)`` shaped like each variable, ``s = _dp_sum_scale()``: the noise of
-        ``sum + N(0, (sigma C)^2 I)``, scaled with the sum; one fused draw (``gaussian_noise_like``).
+    def _dp_count_batch(self, batch_size):
+        """``self.mechanism``'s ``on_batch``: count the batch in the ledger; mark the gradient as private."""
+        self._require_open_phase()
+        self._dp_ledger.record_batch(batch_size)
+        _private_api.mark_dp_gradients_computed(self)
 
-        Under ``tf.distribute`` only the replica with global id 0 adds it (the others add zeros), so the
-        all-reduced SUM of the replicas' gradients holds exactly one such draw per global step.
-        ``self._dp_secure_noise`` (True/False; unset: the module-wide
-        ``tfdpbnn.optimizers.noise.secure_mode()``) seeds each step from ``os.urandom``."""
-        stddev = self._f32(self._dp_noise_multiplier * self._dp_l2_norm_clip) * self._dp_sum_scale()
-        return gaussian_noise_like(scaled_sum, stddev, secure=getattr(self, "_dp_secure_noise", None),
-                                   across_replicas=True)
+    def _dp_gradients(self, clipped, var_list):
+        """This optimizer's update direction from one clipped batch (``self.mechanism.clip_*``).
 
-    def _dp_noised_mean(self, scaled_sum):
-        """``(sum + N(0, (sigma C)^2)) s`` per variable from ``scaled_sum = sum s``, ``s = _dp_sum_scale()``
-        (DP-SGD: ``s = 1 / B``): noise once per step, constant scale."""
-        return [g + z for g, z in zip(scaled_sum, self._dp_noise(scaled_sum), strict=True)]
-
-    def _dp_gradients(self, scaled_sum, regularization_grads, var_list):
-        """The gradient handed to the base optimizer's update (DP-SGD: noised mean + regularization).
-
-        ``scaled_sum``: the clipped sum times ``_dp_sum_scale()``; ``regularization_grads``: one tensor per
-        variable, or None when the model has no ``model.losses``.
+        DP-SGD: the mechanism's release, noised mean plus the regularization gradient. DP-SGLD and SI-DPSGD
+        override it with their papers' rules.
         """
-        return add_regularization(self._dp_noised_mean(scaled_sum), regularization_grads)
+        return self.mechanism.release(clipped).gradients
 
     def _dp_before_step(self, model):
         """Hook run before the forward pass of each step (SI-DPSGD sets the weight noise here)."""
@@ -520,27 +505,25 @@ class DPOptimizerMixin:
         return {}
 
     def dp_train_step(self, model, data):
-        """The DP ``Model.train_step``: what ``model.fit`` runs when this optimizer is compiled in."""
+        """The DP ``Model.train_step``: what ``model.fit`` runs when this optimizer is compiled in.
+
+        Call it from a ``train_step`` override to take this optimizer's DP step on ``data``
+        (``(x, y)`` or ``(x, y, sample_weight)``); it returns the Keras logs.
+        """
         x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
         self._require_open_phase()
         self._dp_before_step(model)
         var_list = model.trainable_variables
-        result = clipped_gradients(
-            model, x, y, sample_weight, compiled_per_example_loss_fn(model), self._f32(self._dp_l2_norm_clip),
-            var_list=var_list, training=True, method=self._dp_static["clipping_method"],
-            sum_scale=self._dp_sum_scale())
-        regularization_grads = result.regularization_grads if model.losses else None
-        grads = self._dp_gradients(result.clipped_sum, regularization_grads, var_list)
-        _private_api.mark_dp_gradients_computed(self)
-        self._dp_ledger.record_batch(tf.shape(result.per_example_loss)[0])
+        clipped = self.mechanism.clip_model(model, x, y, sample_weight, var_list=var_list)
+        grads = self._dp_gradients(clipped, var_list)
         self.apply_gradients(zip(grads, var_list, strict=True))
-        realized = tf.cast(tf.shape(result.per_example_loss)[0], tf.float32)
-        data_loss = tf.math.divide_no_nan(tf.reduce_sum(result.per_example_loss), realized)
-        total_loss = data_loss + tf.cast(result.regularization_loss, tf.float32)
+        realized = tf.cast(tf.shape(clipped.per_example_loss)[0], tf.float32)
+        data_loss = tf.math.divide_no_nan(tf.reduce_sum(clipped.per_example_loss), realized)
+        total_loss = data_loss + tf.cast(clipped.regularization_loss, tf.float32)
         loss_mean = _private_api.total_loss_metric(model)
         if loss_mean is not None:
             loss_mean.update_state(total_loss, sample_weight=realized)
-        logs = model.compute_metrics(x, y, result.y_pred, sample_weight)
+        logs = model.compute_metrics(x, y, clipped.y_pred, sample_weight)
         logs = dict(logs)
         logs.setdefault("loss", total_loss)
         logs.update(self._dp_extra_logs(model))
@@ -550,7 +533,8 @@ class DPOptimizerMixin:
         """``optimizer.minimize(loss, vars, tape=tape)`` from a custom train step (tf-privacy's contract).
 
         ``loss`` must be a per-example loss VECTOR ``[batch]`` (or ``[batch, ...]``, averaged per example);
-        every term in it is clipped, including any regularization added to it. A scalar raises.
+        every term in it is clipped (``self.mechanism.clip_losses``), including any regularization added to
+        it. A scalar raises.
         """
         if not callable(loss) and tape is None:
             raise ValueError("tape: a GradientTape is required when a Tensor loss is passed to minimize")
@@ -572,11 +556,8 @@ class DPOptimizerMixin:
                 "shape [batch] (e.g. tf.keras.losses.SparseCategoricalCrossentropy(reduction='none')(y, "
                 "y_pred)) to optimizer.minimize(loss, var_list, tape=tape), or do not override train_step: "
                 "model.fit's train step builds per-example losses from model.compile(loss=...).")
-        scaled_sum, _ = jacobian_clipped_sum(loss, tape, var_list, self._f32(self._dp_l2_norm_clip),
-                                             sum_scale=self._dp_sum_scale())
-        _private_api.mark_dp_gradients_computed(self)
-        self._dp_ledger.record_batch(tf.shape(loss)[0])
-        grads = self._dp_gradients(scaled_sum, None, var_list)
+        clipped = self.mechanism.clip_losses(loss, var_list, tape)
+        grads = self._dp_gradients(clipped, var_list)
         return list(zip(grads, var_list, strict=True))
 
     def _require_open_phase(self):

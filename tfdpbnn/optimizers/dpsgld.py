@@ -99,12 +99,14 @@ class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
         """n / B: the clipped sum enters the update as the unbiased estimate of the full-data gradient."""
         return tf.cast(self.num_examples, tf.float32) / self._f32(self._dp_batch_size)
 
-    def _dp_gradients(self, scaled_sum, regularization_grads, var_list):
+    def _dp_gradients(self, clipped, var_list):
         """``(n/B)(sum + N(0, (sigma C)^2)) + n grad(model.losses) + w / prior_stddev^2``."""
         n = tf.cast(self.num_examples, tf.float32)
-        noised = self._dp_noised_mean(scaled_sum)
-        if regularization_grads is not None:
-            noised = [g + n * tf.cast(r, g.dtype) for g, r in zip(noised, regularization_grads, strict=True)]
+        released = self.mechanism.release(clipped)
+        noised = released.noised_gradients
+        if released.regularization_gradients is not None:
+            noised = [g + n * tf.cast(r, g.dtype)
+                      for g, r in zip(noised, released.regularization_gradients, strict=True)]
         if self._sgld_prior_stddev is None:
             return noised
         return [g + tf.cast(v, g.dtype) / self._sgld_prior_stddev ** 2

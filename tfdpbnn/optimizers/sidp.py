@@ -25,8 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfdpbnn._validation import check_nonnegative
-from tfdpbnn.optimizers.base import add_regularization
 from tfdpbnn.optimizers.dpsgd import DPSGDOptimizer
+from tfdpbnn.optimizers.mechanism import add_regularization
 from tfdpbnn.privacy.gdp import gdp_epsilon
 
 
@@ -119,12 +119,12 @@ class SIDPOptimizer(DPSGDOptimizer):
             self.track_model(model)
         self._set_layer_noise()
 
-    def _dp_gradients(self, scaled_sum, regularization_grads, var_list):
+    def _dp_gradients(self, clipped, var_list):
         """Sound mode: DP-SGD's. Paper mode: the clipped mean without noise (+ regularization)."""
         if self._sidp_layers is None:
             raise ValueError("model: call optimizer.track_model(model) before a custom training loop")
         if not self.paper_mean_update:
-            grads = super()._dp_gradients(scaled_sum, regularization_grads, var_list)
+            grads = super()._dp_gradients(clipped, var_list)
         else:
             # Account for the release theta_t = mu_t + s_t xi used by this step's forward pass.
             s = tf.cast(self._sidp_layers[0].noise_stddev, tf.float64)
@@ -134,7 +134,7 @@ class SIDPOptimizer(DPSGDOptimizer):
             sensitivity = self._dp_l2_norm_clip * (2.0 if self.neighboring == "replace_one" else 1.0)
             self._sidp_delta.assign_add(
                 tf.cast(self._decayed_lr(tf.float32), tf.float64) * sensitivity / self._dp_batch_size)
-            grads = add_regularization(scaled_sum, regularization_grads)
+            grads = add_regularization(clipped.clipped_sum, clipped.regularization_grads)
         self._set_layer_noise()
         return grads
 

@@ -33,6 +33,23 @@ from tfdpbnn.privacy.registry import get_accountant, sound_accountants
 PHASE_KINDS = ("poisson", "participations", "gaussian")
 
 
+def step_event(noise_multiplier: float, neighboring: str = "add_or_remove",
+               sample_rate: float | None = None) -> dp_accounting.DpEvent:
+    """The ``DpEvent`` of one release of a clipped sum plus ``N(0, (sigma C)^2)`` (Abadi et al. 2016).
+
+    In units of the sensitivity (C under add-or-remove, 2C under replace-one, so the Gaussian's noise
+    multiplier is ``sigma / sensitivity``); ``NonPrivateDpEvent`` for sigma = 0. With ``sample_rate`` q the
+    batch was Poisson-sampled (``PoissonSampledDpEvent``); without it the event is one participation of an
+    example, without amplification.
+    """
+    if noise_multiplier == 0:
+        return dp_accounting.NonPrivateDpEvent()
+    gaussian = dp_accounting.GaussianDpEvent(noise_multiplier / SENSITIVITY[neighboring])
+    if sample_rate is None:
+        return gaussian
+    return dp_accounting.PoissonSampledDpEvent(float(sample_rate), gaussian)
+
+
 def new_phase_id() -> int:
     """A random 52-bit identifier (exact in a float64 variable) that keeps phases unique across merges."""
     return secrets.randbits(52)
@@ -89,11 +106,11 @@ class Phase:
             return dp_accounting.NoOpDpEvent()
         if self.noise_multiplier == 0:
             return dp_accounting.NonPrivateDpEvent()
-        gaussian = dp_accounting.GaussianDpEvent(self.noise_multiplier / SENSITIVITY[self.neighboring])
         if self.kind == "poisson":
             return dp_accounting.SelfComposedDpEvent(
-                dp_accounting.PoissonSampledDpEvent(float(self.sample_rate or 0.0), gaussian),
+                step_event(self.noise_multiplier, self.neighboring, float(self.sample_rate or 0.0)),
                 int(self.steps))
+        gaussian = step_event(self.noise_multiplier, self.neighboring)
         if self.kind == "participations":
             return dp_accounting.SelfComposedDpEvent(gaussian, int(self.participations or 0))
         return gaussian
@@ -202,4 +219,4 @@ def _non_private(event) -> bool:
     return False
 
 
-__all__ = ["PHASE_KINDS", "Phase", "PrivacyLedger", "new_phase_id"]
+__all__ = ["PHASE_KINDS", "Phase", "PrivacyLedger", "new_phase_id", "step_event"]

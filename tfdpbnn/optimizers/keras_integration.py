@@ -1,15 +1,24 @@
-"""Route ``model.fit``'s train step to a DP optimizer's own step, and account for what ``fit`` really feeds.
+"""The Keras integration: ``model.fit`` with a tfdpbnn DP optimizer runs the DP step and counts what it ran.
 
-Keras 2.15's ``Model.train_step`` reduces the loss to a scalar before the optimizer sees it, leaving nothing
-to clip per example. ``install()`` (run once when ``tfdpbnn.optimizers`` is imported) wraps
-``tf.keras.Model.train_step``: when the compiled optimizer is a tfdpbnn DP optimizer the step is
-``optimizer.dp_train_step(model, data)`` (per-example clipping, noise, update, metrics); any other optimizer
-gets Keras's original step unchanged. ``Model.fit`` is wrapped too: with a DP optimizer it first calls
-``optimizer.begin_training`` (checks the input and the model, opens the privacy-ledger phase), warns when
-the planned training exceeds the optimizer's budget, and puts ``DPTrainingMonitor`` (budget stop, Poisson
-test of the realized batch sizes, epsilon in the logs) and any ``PrivacyCallback`` at the front of the
-callbacks, so that ``History`` and ``TensorBoard`` see epsilon. Models that override ``train_step``
-themselves must pass a per-example loss vector to ``optimizer.minimize`` (a scalar raises ``ValueError``).
+Importing tfdpbnn changes nothing in Keras. Keras 2.15's ``Model.train_step`` reduces the loss to a scalar
+before the optimizer sees it, leaving nothing to clip per example, and ``compile``/``fit`` call nothing on
+the optimizer before tracing the train step, so ``fit`` can only learn that its optimizer is private through
+``tf.keras.Model`` itself. ``install()`` is therefore run by the constructor of the first tfdpbnn DP optimizer
+(the first act of DP training in the process), once, and puts two dispatching methods on
+``tf.keras.Model``:
+
+- ``train_step``: when ``model.optimizer`` is a tfdpbnn DP optimizer, ``optimizer.dp_train_step(model,
+  data)`` (``optimizer.mechanism``: per-example clipping, one noise draw, update, metrics); for any other
+  optimizer, Keras's original ``train_step``, called unchanged.
+- ``fit``: with a DP optimizer it first calls ``optimizer.begin_training`` (checks the input and the model,
+  opens the privacy-ledger phase), warns when the planned training exceeds the optimizer's budget, and puts
+  ``DPTrainingMonitor`` (budget stop, Poisson test of the realized batch sizes, epsilon in the logs) and any
+  ``PrivacyCallback`` at the front of the callbacks, so that ``History`` and ``TensorBoard`` see epsilon; for
+  any other optimizer, Keras's original ``fit``, called unchanged.
+
+Models that override ``train_step`` keep their own: they call ``self.optimizer.dp_train_step(self, data)``,
+or ``self.optimizer.minimize(per_example_loss, vars, tape=tape)`` (a scalar raises ``ValueError``), or
+``self.optimizer.mechanism`` directly; ``fit`` still runs the checks and the monitor.
 """
 
 from __future__ import annotations
@@ -67,12 +76,17 @@ def _dp_fit_arguments(model, optimizer, arguments):
     return arguments
 
 
+def installed() -> bool:
+    """Whether ``install()`` has run in this process."""
+    return bool(getattr(tf.keras.Model.train_step, "_tfdpbnn_hook", False))
+
+
 def install() -> None:
-    """Install the train-step and fit hooks on ``tf.keras.Model`` (idempotent)."""
+    """Put the dispatching ``train_step`` and ``fit`` on ``tf.keras.Model`` (idempotent; see the module)."""
     global _original_train_step
-    current = tf.keras.Model.train_step
-    if getattr(current, "_tfdpbnn_hook", False):
+    if installed():
         return
+    current = tf.keras.Model.train_step
     _original_train_step = current
 
     @functools.wraps(current)

@@ -1,0 +1,245 @@
+"""The DP gradient mechanism: per-example clipping, one Gaussian draw, a constant scale, and its ``DpEvent``.
+
+One step of DP-SGD (Abadi et al. 2016, Algorithm 1) releases
+
+  g = s (sum_i min(1, C / ||g_i||) g_i + N(0, (sigma C)^2 I))  +  grad(regularization)
+
+where ``g_i`` is the gradient of example i's DATA loss, ``s`` a constant (``1 / B`` with B the EXPECTED batch
+size; the division is post-processing) and the regularization (``model.losses``: KL terms, priors) is
+data-independent, so it is added after the noise and never clipped. ``DPMechanism`` computes exactly that,
+and nothing else: every tfdpbnn optimizer builds its update from it (``optimizer.mechanism``), and custom
+training loops and ``train_step`` overrides call it directly. The mechanism's ``step_event`` is the
+dp-accounting ``DpEvent`` of one such release, so a loop that composes one event per step into a
+``dp_accounting.PrivacyAccountant`` accounts for what it ran.
+
+Data flow of one step (``docs/architecture.md``): batch -> per-example losses -> per-example gradient norms
+(``tfdpbnn.clipping``: one rule per layer, the jacobian as the fallback) -> clip factors -> clipped sum ->
+one noise draw (``tfdpbnn.optimizers.noise``) -> scaled, noised gradient -> update -> ``DpEvent``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+import dp_accounting
+import tensorflow as tf
+
+from tfdpbnn._validation import check_choice, check_nonnegative, check_positive, check_sample_rate
+from tfdpbnn.clipping import clipped_gradients, jacobian_clipped_sum
+from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
+from tfdpbnn.clipping.result import ClippedGradients
+from tfdpbnn.optimizers.noise import gaussian_noise_like
+from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
+from tfdpbnn.privacy.budget import NEIGHBORING
+from tfdpbnn.privacy.ledger import step_event
+
+#: What a mechanism parameter may be: a number, or a scalar tensor/variable (read at every step), or a
+#: function of no arguments returning one.
+Scalar = Any
+
+
+def add_regularization(grads, regularization_grads):
+    """``g + r`` per variable; ``grads`` unchanged when ``regularization_grads`` is None (no model.losses)."""
+    if regularization_grads is None:
+        return list(grads)
+    return [g + tf.cast(r, g.dtype) for g, r in zip(grads, regularization_grads, strict=True)]
+
+
+@dataclasses.dataclass
+class DPGradients:
+    """One step's released gradient, as ``DPMechanism`` returns it.
+
+    Attributes:
+      noised_gradients: ``s (sum_i clip(g_i) + z)`` per variable, ``z ~ N(0, (sigma C)^2 I)`` drawn once:
+        the privatized data gradient (the only part that depends on the data).
+      regularization_gradients: the gradient of ``sum(model.losses)`` per variable (data-independent, not
+        clipped), or None when there is none (the loss-vector path, or a model without ``model.losses``).
+      clipped: the ``tfdpbnn.clipping.ClippedGradients`` the noise was added to (per-example losses and
+        norms, the model's output for metrics).
+    """
+
+    noised_gradients: list[tf.Tensor]
+    regularization_gradients: list[tf.Tensor] | None
+    clipped: ClippedGradients
+
+    @property
+    def gradients(self) -> list[tf.Tensor]:
+        """DP-SGD's update direction: ``noised_gradients + regularization_gradients``."""
+        return add_regularization(self.noised_gradients, self.regularization_gradients)
+
+
+def _read(value: Scalar) -> tf.Tensor:
+    """A mechanism parameter as a float32 scalar tensor (numbers, tensors, variables, callables)."""
+    if callable(value) and not isinstance(value, tf.Variable):
+        value = value()
+    return tf.cast(value, tf.float32)
+
+
+def _number(value: Scalar) -> float:
+    """A mechanism parameter as a Python float (for the ``DpEvent``), outside any traced function."""
+    if callable(value) and not isinstance(value, tf.Variable):
+        value = value()
+    if isinstance(value, numbers.Real):
+        return float(value)
+    with tf.init_scope():
+        return float(tf.get_static_value(value) if not isinstance(value, tf.Variable) else value.numpy())
+
+
+class DPMechanism:
+    """The sampled Gaussian mechanism on per-example gradients (Abadi et al. 2016, Algorithm 1).
+
+    Args:
+      l2_norm_clip: C > 0, the bound on each example's data-gradient L2 norm.
+      noise_multiplier: sigma >= 0; the noise added to the clipped sum is ``N(0, (sigma C)^2 I)``.
+      expected_batch_size: B > 0, the expected (Poisson) or fixed batch size; the released gradient is
+        divided by it, never by the realized size.
+      scale: the constant s the noised sum is multiplied by; default ``1 / expected_batch_size`` (DP-SGD).
+        DP-SGLD uses ``n / B`` (Zhang et al. 2022). It is folded into the clip factors, so it costs no pass.
+      clipping_method: "auto" (a registered per-layer rule for every variable, else the jacobian with one
+        warning), "ghost" or "jacobian" (``tfdpbnn.clipping.clipped_gradients``).
+      secure_mode: seed every step's noise from ``os.urandom`` (None: the process-wide
+        ``tfdpbnn.optimizers.noise.secure_mode()``).
+      neighboring: "add_or_remove" (sensitivity C) or "replace_one" (2C), for ``step_event``.
+      on_batch: optional ``f(realized_batch_size)`` run inside the step for every clipped batch (the
+        optimizers count the examples they really saw with it).
+
+    ``l2_norm_clip``, ``noise_multiplier``, ``expected_batch_size`` and ``scale`` may be numbers, scalar
+    tensors or ``tf.Variable`` (read at every step, so an optimizer's restored state is what runs) or
+    functions of no arguments returning one.
+
+    Under ``tf.distribute`` (``MirroredStrategy``, ``MultiWorkerMirroredStrategy``) only the replica with
+    global id 0 adds the noise, so the all-reduced sum of the replicas' gradients holds exactly one draw.
+    """
+
+    def __init__(self, l2_norm_clip: Scalar, noise_multiplier: Scalar, expected_batch_size: Scalar, *,
+                 scale: Scalar = None, clipping_method: str = "auto", secure_mode: bool | None = None,
+                 neighboring: str = "add_or_remove",
+                 on_batch: Callable[[tf.Tensor], None] | None = None) -> None:
+        if isinstance(l2_norm_clip, numbers.Real):
+            l2_norm_clip = check_positive("l2_norm_clip", l2_norm_clip)
+        if isinstance(noise_multiplier, numbers.Real):
+            noise_multiplier = check_nonnegative("noise_multiplier", noise_multiplier)
+        if isinstance(expected_batch_size, numbers.Real):
+            expected_batch_size = check_positive("expected_batch_size", expected_batch_size)
+        if isinstance(scale, numbers.Real):
+            scale = check_positive("scale", scale)
+        self.clipping_method = str(check_choice("clipping_method", clipping_method, CLIPPING_METHODS))
+        if secure_mode is not None and not isinstance(secure_mode, bool):
+            raise ValueError(f"secure_mode must be True, False or None, got {secure_mode!r}")
+        self.neighboring = str(check_choice("neighboring", neighboring, tuple(NEIGHBORING)))
+        if on_batch is not None and not callable(on_batch):
+            raise ValueError(f"on_batch must be a function of the realized batch size, got {on_batch!r}")
+        self._clip = l2_norm_clip
+        self._sigma = noise_multiplier
+        self._batch = expected_batch_size
+        self._scale = scale
+        self._secure = secure_mode
+        self._on_batch = on_batch
+
+    # ------------------------------------------------------------------------------------ parameters
+    @property
+    def l2_norm_clip(self) -> float:
+        """C, as a Python float."""
+        return _number(self._clip)
+
+    @property
+    def noise_multiplier(self) -> float:
+        """Sigma, as a Python float."""
+        return _number(self._sigma)
+
+    def scale(self) -> tf.Tensor:
+        """The constant s the clipped sum and the noise are multiplied by (float32 scalar tensor)."""
+        if self._scale is None:
+            return 1.0 / _read(self._batch)
+        return _read(self._scale)
+
+    def noise_stddev(self) -> tf.Tensor:
+        """``sigma C s``: the standard deviation of the noise on each coordinate of the released gradient."""
+        return _read(self._sigma) * _read(self._clip) * self.scale()
+
+    # -------------------------------------------------------------------------------------- clipping
+    def clip_model(self, model: tf.keras.Model, x, y, sample_weight=None, *, loss_fn=None, var_list=None,
+                   training: bool = True) -> ClippedGradients:
+        """Run ``model`` on one batch and return the scaled, per-example-clipped data-gradient sum.
+
+        ``loss_fn(y, y_pred, sample_weight) -> [batch]`` gives the per-example DATA losses (default: the
+        model's compiled loss, unreduced: ``compiled_per_example_loss_fn``);
+        ``model.losses`` are the data-independent regularization, differentiated beside it and never
+        clipped. No noise is added here: ``release`` adds it.
+        """
+        if loss_fn is None:
+            loss_fn = compiled_per_example_loss_fn(model)
+        result = clipped_gradients(model, x, y, sample_weight, loss_fn, _read(self._clip), var_list=var_list,
+                                   training=training, method=self.clipping_method, sum_scale=self.scale())
+        if not model.losses:
+            result = dataclasses.replace(result, regularization_grads=None)
+        self._count(result.per_example_loss)
+        return result
+
+    def clip_losses(self, per_example_loss, var_list, tape: tf.GradientTape) -> ClippedGradients:
+        """The scaled, clipped sum of the gradients of ``per_example_loss`` ``[batch]`` recorded on ``tape``.
+
+        Every term of ``per_example_loss`` is clipped (any regularization added into it too); the per-example
+        gradients come from ``tape.jacobian``, so this works for any model and loss.
+        """
+        per_example_loss = tf.convert_to_tensor(per_example_loss)
+        if per_example_loss.shape.rank == 0:
+            raise ValueError(
+                "per_example_loss: got an already-reduced scalar loss, which cannot be clipped per example. "
+                "Pass the vector of shape [batch], e.g. tf.keras.losses.SparseCategoricalCrossentropy("
+                "reduction='none')(y, y_pred).")
+        var_list = tf.nest.flatten(var_list)
+        scaled_sum, norms = jacobian_clipped_sum(per_example_loss, tape, var_list, _read(self._clip),
+                                                 sum_scale=self.scale())
+        loss = per_example_loss
+        if loss.shape.rank is not None and loss.shape.rank > 1:
+            loss = tf.reduce_mean(tf.reshape(loss, [tf.shape(loss)[0], -1]), axis=1)
+        self._count(loss)
+        return ClippedGradients(y_pred=None, clipped_sum=scaled_sum, regularization_grads=None,
+                                per_example_loss=loss, per_example_norms=norms,
+                                regularization_loss=tf.constant(0.0))
+
+    def _count(self, per_example_loss) -> None:
+        if self._on_batch is not None:
+            self._on_batch(tf.shape(per_example_loss)[0])
+
+    # ----------------------------------------------------------------------------------------- noise
+    def noise_like(self, tensors) -> list[tf.Tensor]:
+        """One draw of ``N(0, (sigma C s)^2)`` shaped like each tensor (one fused draw for all of them)."""
+        return gaussian_noise_like(tensors, self.noise_stddev(), secure=self._secure, across_replicas=True)
+
+    def release(self, clipped: ClippedGradients) -> DPGradients:
+        """Add the step's one noise draw to a clipped sum from ``clip_model`` or ``clip_losses``."""
+        noise = self.noise_like(clipped.clipped_sum)
+        noised = [g + z for g, z in zip(clipped.clipped_sum, noise, strict=True)]
+        return DPGradients(noised_gradients=noised, regularization_gradients=clipped.regularization_grads,
+                           clipped=clipped)
+
+    def privatize_model(self, model: tf.keras.Model, x, y, sample_weight=None, *, loss_fn=None,
+                        var_list=None, training: bool = True) -> DPGradients:
+        """``release(clip_model(...))``: one DP step's gradient for ``model`` on one batch."""
+        return self.release(self.clip_model(model, x, y, sample_weight, loss_fn=loss_fn, var_list=var_list,
+                                            training=training))
+
+    def privatize_losses(self, per_example_loss, var_list, tape: tf.GradientTape) -> DPGradients:
+        """``release(clip_losses(...))``: one DP step's gradient from per-example losses on a tape."""
+        return self.release(self.clip_losses(per_example_loss, var_list, tape))
+
+    # ------------------------------------------------------------------------------------ accounting
+    def step_event(self, sample_rate: float | None = None) -> dp_accounting.DpEvent:
+        """The ``DpEvent`` of one release (``tfdpbnn.privacy.ledger.step_event``).
+
+        With ``sample_rate`` q the batch was Poisson-sampled (each example independently with probability
+        q, as ``tfdpbnn.data.poisson_batches`` draws it): ``PoissonSampledDpEvent(q, GaussianDpEvent)``.
+        Without it, the event of one participation (no amplification): compose it once per step in which
+        an example may appear.
+        """
+        if sample_rate is not None:
+            sample_rate = check_sample_rate("sample_rate", sample_rate)
+        return step_event(self.noise_multiplier, self.neighboring, sample_rate)
+
+
+__all__ = ["DPGradients", "DPMechanism", "add_regularization"]
