@@ -80,7 +80,7 @@ def update_unit(optimizer):
     """
     from tfdpbnn.optimizers import DPSGDOptimizer, DPSGLDOptimizer, SIDPOptimizer
 
-    if not isinstance(optimizer, (DPSGDOptimizer, DPSGLDOptimizer)):
+    if not isinstance(optimizer, DPSGDOptimizer | DPSGLDOptimizer):
         return None
     if isinstance(optimizer, SIDPOptimizer) and optimizer.paper_mean_update:
         return None

@@ -46,7 +46,8 @@ def build_model(method: str, input_shape, num_classes: int, num_examples: int, h
     """The Keras model of ``method``: Ermis & Cemgil's (2017a) variational dropout MLP (dpvd), Zhang et al.'s
     (2022) BBP / MC
     dropout / plain MLP (dpbbp, dpmcdropout, dpsgld, dpsgd), Davody et al.'s (2020) noisy MLP with LayerNorm
-    (sidp)."""
+    (sidp).
+    """
     from tfdpbnn import layers
 
     tf.keras.utils.set_random_seed(seed)
@@ -81,7 +82,8 @@ def build_model(method: str, input_shape, num_classes: int, num_examples: int, h
 def build_optimizer(method: str, recipe: Recipe, epsilon: float, delta: float, num_examples: int,
                     batch_size: int):
     """The DP optimizer of ``method``, its noise calibrated to (epsilon, delta) by ``recipe.accountant`` under
-    Poisson sampling for ``recipe.epochs`` epochs."""
+    Poisson sampling for ``recipe.epochs`` epochs.
+    """
     from tfdpbnn import optimizers
 
     common = dict(target_epsilon=epsilon, delta=delta, num_examples=num_examples, batch_size=batch_size,

@@ -96,6 +96,6 @@ def select(training, train_fn, infer_fn, mc_fn=None):
     rest = _inference_fn(infer_fn, mc_fn)
     if training is None:
         return rest()
-    if isinstance(training, (bool, int)):
+    if isinstance(training, bool | int):
         return train_fn() if training else rest()
     return tf.__internal__.smart_cond.smart_cond(training, train_fn, rest)

@@ -60,14 +60,16 @@ def calibration_bins(probs, labels, num_bins=DEFAULT_NUM_BINS):
 
 def expected_calibration_error(probs, labels, num_bins=DEFAULT_NUM_BINS):
     """ECE (Guo et al. 2017 eq. 3; Zhang et al. (2022, sec. 5.1)) of predicted distributions ``probs`` [n,
-    C]."""
+    C].
+    """
     count, conf_sum, correct_sum = calibration_bins(probs, labels, num_bins)
     return float(np.sum(np.abs(correct_sum - conf_sum)) / np.sum(count))
 
 
 def maximum_calibration_error(probs, labels, num_bins=DEFAULT_NUM_BINS):
     """MCE (Guo et al. 2017 eq. 5; Zhang et al. (2022, sec. 5.1)): largest |accuracy - confidence| of nonempty
-    bins."""
+    bins.
+    """
     count, conf_sum, correct_sum = calibration_bins(probs, labels, num_bins)
     nonempty = count > 0
     return float(np.max(np.abs(correct_sum[nonempty] - conf_sum[nonempty]) / count[nonempty]))
@@ -160,7 +162,8 @@ class _CalibrationMetric(tf.keras.metrics.Metric):
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class ExpectedCalibrationError(_CalibrationMetric):
     """Keras metric: ECE (Guo et al. 2017; Zhang et al. (2022, sec. 5.1)) over all batches seen; equals
-    ``expected_calibration_error`` on the concatenated data."""
+    ``expected_calibration_error`` on the concatenated data.
+    """
 
     def __init__(self, num_bins=DEFAULT_NUM_BINS, from_logits=False, name="ece", dtype=None):
         super().__init__(num_bins=num_bins, from_logits=from_logits, name=name, dtype=dtype)
@@ -173,7 +176,8 @@ class ExpectedCalibrationError(_CalibrationMetric):
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class MaximumCalibrationError(_CalibrationMetric):
     """Keras metric: MCE (Guo et al. 2017; Zhang et al. (2022, sec. 5.1)); equals
-    ``maximum_calibration_error``."""
+    ``maximum_calibration_error``.
+    """
 
     def __init__(self, num_bins=DEFAULT_NUM_BINS, from_logits=False, name="mce", dtype=None):
         super().__init__(num_bins=num_bins, from_logits=from_logits, name=name, dtype=dtype)

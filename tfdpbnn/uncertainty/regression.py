@@ -41,7 +41,8 @@ def heteroscedastic_nll(y_true, y_pred):
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class HeteroscedasticGaussianNLL(tf.keras.losses.Loss):
     """Keras loss wrapping ``heteroscedastic_nll``; ``reduction=tf.keras.losses.Reduction.NONE`` gives the
-    per-example vector (what per-example clipping needs)."""
+    per-example vector (what per-example clipping needs).
+    """
 
     def __init__(self, reduction=tf.keras.losses.Reduction.AUTO, name="heteroscedastic_gaussian_nll"):
         super().__init__(reduction=reduction, name=name)
