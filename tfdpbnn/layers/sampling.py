@@ -65,8 +65,9 @@ def mc_sampling():
 
 @contextlib.contextmanager
 def sample_in_trace():
-    """Context manager for export: functions traced inside it sample at inference on every later call,
-    with no runtime switch (the SavedModel ``mc_predict`` signature of ``tfdpbnn.export_saved_model``).
+    """Context manager for export: functions traced inside it sample at inference on every later call.
+
+    There is no runtime switch (the SavedModel ``mc_predict`` signature of ``tfdpbnn.export_saved_model``).
     """
     _STATE.static = getattr(_STATE, "static", 0) + 1
     try:
