@@ -90,8 +90,10 @@ def summaries(sums, num_samples, task):
 
 
 def monte_carlo_summaries(model, x, num_samples, task, from_logits=False):
-    """Graph-friendly core: run ``model(x, training=False)`` ``num_samples`` times in a ``tf.while_loop``
-    and return the ``summaries`` dict. Call (or trace) it inside ``mc_sampling()`` to sample.
+    """Graph-friendly core: ``num_samples`` runs of ``model(x, training=False)``, summarized.
+
+    The runs happen in a ``tf.while_loop``; returns the ``summaries`` dict. Call (or trace) it inside
+    ``mc_sampling()`` to sample.
     """
     tf.debugging.assert_greater_equal(num_samples, 1, message="num_samples must be >= 1")
     first = sample_statistics(model(x, training=False), task, from_logits)
@@ -105,8 +107,10 @@ def monte_carlo_summaries(model, x, num_samples, task, from_logits=False):
 
 
 def _batches(x, batch_size):
-    """Input batches of ``x``: slices of ``batch_size`` examples, or the elements of a batched dataset
-    (its first component when elements are (x, y) or (x, y, sample_weight) tuples, as in ``model.fit``).
+    """Input batches of ``x``: slices of ``batch_size`` examples, or the elements of a batched dataset.
+
+    For a dataset whose elements are (x, y) or (x, y, sample_weight) tuples (as in ``model.fit``), the
+    first component.
     """
     if isinstance(x, tf.data.Dataset):
         if int(x.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
