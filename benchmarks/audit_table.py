@@ -31,6 +31,7 @@ def _save(path, results):
 
 
 def run_sections(args, results):
+    """Run the audit sections in ``args.sections`` into ``results``, saving the JSON after every new row."""
     from tfdpbnn.audit import experiment
 
     if "gaussian" in args.sections:
@@ -71,6 +72,10 @@ def _f(x, digits=3):
 
 
 def render(results, md_path, figure_path, doc_path="docs/audit.md"):
+    """Write the tables of ``results`` to ``md_path`` and into ``doc_path``'s marked spots; draw the figure.
+
+    The figure is drawn when ``results`` has method or broken-configuration rows.
+    """
     from tfdpbnn.audit.experiment import BROKEN
 
     sections = {}
@@ -168,6 +173,7 @@ def _figure(results, path):
 
 
 def main():
+    """Run the sections given on the command line (unless ``--render-only``); render tables and figure."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
     p.add_argument("--runs", type=int, default=2000, help="multi-run audits: runs per epsilon")

@@ -1,5 +1,6 @@
-"""``digits-ablation``: which changes to Ermis & Cemgil's (2017a, 2017b) DIGITS setting matter for DP-SGD at
-epsilon 1.
+"""``digits-ablation``: which changes to Ermis & Cemgil's (2017a, 2017b) DIGITS setting matter for DP-SGD.
+
+The budget is epsilon 1 throughout.
 
 Starting from the papers' setting (64-1000-10 ReLU, expected batch 100, 100 epochs, C = 2,
 eta_t = 0.05 / (1 + epoch)) and sound accounting (Poisson sampling, sigma from RDP for epsilon 1,

@@ -1,24 +1,23 @@
-"""``digits-table``: Ermis & Cemgil (2017a, 2017b) Table 1 on DIGITS with sound accounting (Poisson sampling,
-RDP).
+"""``digits-table``: Ermis & Cemgil (2017a, 2017b) Table 1 on DIGITS with sound accounting.
+
+Sound accounting here means Poisson sampling and RDP.
 
 Rows (the papers' methods, all trained by ``tfdpbnn`` optimizers through ``model.compile``/``model.fit``):
 
 - ``dpvd``: DP variational dropout (Ermis & Cemgil 2017a): ``DenseVariational`` layers + ``DPVDOptimizer``;
 - ``dpd``: DP dropout (Ermis & Cemgil 2017b): dense layers with Gaussian dropout
-(``MCDropout(gaussian=True)``) +
-  ``DPSGDOptimizer``;
+  (``MCDropout(gaussian=True)``) + ``DPSGDOptimizer``;
 - ``svi``: SVI without dropout (Ermis & Cemgil's (2017a) "SVI-zCDP"): Bayes-by-Backprop layers
-(``DenseBayesByBackprop``)
-  + ``DPSGDOptimizer`` (DP-BBP);
+  (``DenseBayesByBackprop``) + ``DPSGDOptimizer`` (DP-BBP);
 - ``sgld``: SGLD without dropout (Ermis & Cemgil's (2017b) "SGLD-zCDP"): dense layers + ``DPSGLDOptimizer``;
 - ``dpsgd``: DP-SGD (Abadi et al. 2016): dense layers + ``DPSGDOptimizer``.
 
 Two configurations:
 
 - ``paper``: the papers' settings (sec. 5 of Ermis & Cemgil 2017a/b): one ReLU hidden layer (1000 units in
-Ermis & Cemgil 2017a, 500 in Ermis & Cemgil 2017b),
-  expected batch 100, 100 epochs, clip C = 2, eta_t = 0.05 / (1 + epoch). Sigma is calibrated by RDP for the
-  Poisson-subsampled Gaussian (not by the papers' zCDP procedure, which does not give a guarantee).
+  Ermis & Cemgil 2017a, 500 in Ermis & Cemgil 2017b), expected batch 100, 100 epochs, clip C = 2,
+  eta_t = 0.05 / (1 + epoch). Sigma is calibrated by RDP for the Poisson-subsampled Gaussian (not by the
+  papers' zCDP procedure, which does not give a guarantee).
 - ``tuned``: per method AND per epsilon, the candidate (``tuning_candidates(epsilon)``: expected batch,
   epochs, learning rate and schedule, hidden units) and the iterate average (raw last iterate or an
   exponential moving average of the weights, ``EMA_DECAYS``) with the best accuracy on a validation split
@@ -30,12 +29,11 @@ MNIST variant: with ``data_dir`` (or ``dataset="mnist"``) the table runs on MNIS
 directory (never downloaded; ``experiments.datasets``), inputs flattened to 784 in [0, 1], 60000
 training and 10000 test images. ``paper`` then takes the papers' MNIST setting (``paper_setting(method,
 "mnist")``; from the papers: one ReLU hidden layer of 1000 units (Ermis & Cemgil 2017a and 2017b), expected
-batch 600 (q = 0.01),
-200 epochs, eta_0 = 0.1 with eta_t = eta_0 / t, clip C = 2 (Ermis & Cemgil 2017a: dpvd, svi, dpsgd) or C = 3
-(Ermis & Cemgil 2017b's MNIST
-parameter study: dpd, sgld); ours, as for DIGITS: the decay per epoch (eta_0 / (1 + epoch)), Poisson
-sampling with sigma by RDP, 20 MC samples at evaluation). ``tuned`` takes ``MNIST_TUNING_GRID`` (our choices:
-tanh, C = 1, centred inputs as for DIGITS, 0-1000 hidden units, sample rates 0.005-0.1, 5-60 epochs)
+batch 600 (q = 0.01), 200 epochs, eta_0 = 0.1 with eta_t = eta_0 / t, clip C = 2 (Ermis & Cemgil 2017a: dpvd,
+svi, dpsgd) or C = 3 (Ermis & Cemgil 2017b's MNIST parameter study: dpd, sgld); ours, as for DIGITS: the
+decay per epoch (eta_0 / (1 + epoch)), Poisson sampling with sigma by RDP, 20 MC samples at evaluation).
+``tuned`` takes ``MNIST_TUNING_GRID`` (our choices: tanh, C = 1, centred inputs as for DIGITS, 0-1000 hidden
+units, sample rates 0.005-0.1, 5-60 epochs)
 on the same 20% stratified validation split of MNIST's training set. The ``paper`` column is then the
 papers' MNIST Table 1 (``PAPER_TABLE_MNIST``).
 

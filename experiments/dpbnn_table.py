@@ -1,6 +1,6 @@
-"""``dpbnn-table``: Zhang et al.
+"""``dpbnn-table``: Zhang et al. (2022, Tables 1-2) on DIGITS or MNIST.
 
-(2022, Tables 1-2) on DIGITS or MNIST (accuracy, time/epoch, ECE, MCE; DP and non-DP).
+Accuracy, time/epoch, ECE, MCE; DP and non-DP.
 
 Zhang, Bu, Chen & Long (2022) compare, on MNIST with a two-layer MLP, DP-SGLD (Algorithm 2),
 DP-BBP

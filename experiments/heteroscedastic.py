@@ -1,6 +1,6 @@
-"""``heteroscedastic``: Zhang et al.
+"""``heteroscedastic``: Zhang et al. (2022, sec. 5.2; Table 3, Fig. 4), heteroscedastic regression.
 
-(2022, sec. 5.2) (Table 3, Fig. 4), heteroscedastic regression, DP and non-DP.
+DP and non-DP.
 
 Zhang et al. (2022) fits SGLD, BBP and MC dropout networks with a Gaussian prior to 1-D data drawn from a
 Gaussian

@@ -20,8 +20,9 @@ STOCHASTIC = ("dpvd", "dpd", "svi")
 
 
 def load(validation_fraction: float = 0.2, seed: int = 1234):
-    """DIGITS centred, split into a private training split, a private validation split (stratified, fixed
-    seed; both private) and the public test set.
+    """DIGITS centred, split into private training and validation splits and the public test set.
+
+    The validation split is stratified with a fixed seed; both it and the training split are private data.
     """
     (x, y), (xt, yt) = tfdpbnn.data.load_digits()
     x, xt = (x - 0.5).astype("float32"), (xt - 0.5).astype("float32")
@@ -35,8 +36,10 @@ def load(validation_fraction: float = 0.2, seed: int = 1234):
 
 
 def ood_inputs(x_test, seed: int = 0):
-    """Two data-independent out-of-distribution sets, centred like the inputs: uniform noise images, and the
-    test digits turned upside down and mirrored (rotated 180 degrees).
+    """Two data-independent out-of-distribution sets, centred like the inputs.
+
+    The sets are uniform noise images, and the test digits turned upside down and mirrored (rotated 180
+    degrees).
     """
     rng = np.random.default_rng(seed)
     noise = rng.uniform(0, 1, size=x_test.shape).astype("float32") - 0.5
@@ -63,8 +66,10 @@ def _layers(method, hidden, n, kl_weight):
 
 
 def build(method: str, hp: dict, n: int, input_dim: int = 64):
-    """The compiled model of ``method`` for candidate ``hp`` (keys: hidden, lr, batch_size, epochs,
-    noise_multiplier, optional kl_weight, schedule "cosine", clip), trained on ``n`` examples.
+    """The compiled model of ``method`` for candidate ``hp``, to be trained on ``n`` examples.
+
+    ``hp`` keys: hidden, lr, batch_size, epochs, noise_multiplier, optional kl_weight, schedule "cosine",
+    clip.
     """
     clip = hp.get("clip", 1.0)
     model = tf.keras.Sequential(
@@ -95,8 +100,9 @@ def mc_probs(model, x, method, mc_samples=20):
 
 
 def auroc(in_scores, out_scores) -> float:
-    """Area under the ROC curve for telling OOD (positive) from in-distribution by ``score`` (Mann-Whitney
-    U / (n_in n_out), ties counted half).
+    """Area under the ROC curve for telling OOD (positive) from in-distribution by score.
+
+    Computed as the Mann-Whitney U / (n_in n_out), ties counted half.
     """
     a, b = np.asarray(out_scores, float), np.asarray(in_scores, float)
     allv = np.concatenate([a, b])
@@ -111,12 +117,14 @@ def auroc(in_scores, out_scores) -> float:
 
 
 def entropy(p):
+    """Predictive entropy (nats) of each row of class probabilities ``p``; probabilities floored at 1e-12."""
     return -np.sum(p * np.log(np.clip(p, 1e-12, 1.0)), axis=1)
 
 
 def evaluate(model, method, x_test, y_test, ood, mc_samples=20) -> dict:
-    """Test accuracy (MC for stochastic methods, and of one deterministic pass), ECE, NLL and the AUROC of
-    predictive entropy against each OOD set.
+    """Test accuracy, ECE, NLL and the AUROC of predictive entropy against each OOD set.
+
+    Accuracy is reported MC-averaged for the stochastic methods and for one deterministic pass.
     """
     p = mc_probs(model, x_test, method, mc_samples)
     det = np.asarray(tf.nn.softmax(model(x_test, training=False)))
@@ -133,8 +141,9 @@ def evaluate(model, method, x_test, y_test, ood, mc_samples=20) -> dict:
 
 
 class EMA(tf.keras.callbacks.Callback):
-    """Exponential moving average of the trainable weights after every step (post-processing of the DP
-    iterates; Polyak averaging while t / (t + 1) < decay), loaded into the model when training ends.
+    """Exponential moving average of the trainable weights after every step, loaded into the model at the end.
+
+    Post-processing of the DP iterates; Polyak averaging while t / (t + 1) < decay.
     """
 
     def __init__(self, decay: float):
@@ -142,13 +151,16 @@ class EMA(tf.keras.callbacks.Callback):
         self.decay = decay
 
     def on_train_end(self, logs=None):
+        """Load the averaged weights into the model."""
         self.swap_in()
 
     def on_train_begin(self, logs=None):
+        """Start the average at the model's current trainable weights."""
         self.t = 0
         self.avg = [w.numpy() for w in self.model.trainable_variables]
 
     def on_train_batch_end(self, batch, logs=None):
+        """Fold the weights after this step into the average with weight 1 - min(decay, t / (t + 1))."""
         self.t += 1
         d = min(self.decay, self.t / (self.t + 1.0))
         for a, w in zip(self.avg, self.model.trainable_variables, strict=True):
@@ -156,5 +168,6 @@ class EMA(tf.keras.callbacks.Callback):
             a += (1.0 - d) * w.numpy()
 
     def swap_in(self):
+        """Assign the averaged weights to the model's trainable variables."""
         for a, w in zip(self.avg, self.model.trainable_variables, strict=True):
             w.assign(a)

@@ -15,6 +15,7 @@ COLUMNS = ("accuracy", "ece", "nll", "auroc_noise", "auroc_rot180", "trial_epsil
 
 
 def main():
+    """Read the ``honest_runs.csv`` files given on the command line; print one Markdown row per group."""
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("files", nargs="+")
     args = p.parse_args()

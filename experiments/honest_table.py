@@ -66,8 +66,9 @@ def candidates(method: str, epsilon: float, n: int, grid: str = "v1") -> list[di
 
 
 def nonprivate(method, x, y, xt, yt, ood, seed):
-    """Reference without privacy: the 64-unit model of ``method`` trained by plain SGD (no clipping, no
-    noise), 30 epochs of batches of 64, lr 0.1 (DP-SGLD's row: plain SGD on the same network).
+    """Reference without privacy: the 64-unit model of ``method`` trained by plain SGD (no clipping or noise).
+
+    30 epochs of batches of 64, lr 0.1 (DP-SGLD's row: plain SGD on the same network).
     """
     tf.keras.utils.set_random_seed(seed)
     hp = dict(hidden=64, lr=0.1, batch_size=64, epochs=30, noise_multiplier=1.0)
@@ -81,6 +82,7 @@ def nonprivate(method, x, y, xt, yt, ood, seed):
 
 
 def main():
+    """Run the private searches for the methods, epsilons and seeds given; write and print the results."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
     p.add_argument("--epsilons", nargs="*", type=float, default=[1.0, 0.5, 2.0, 10.0])

@@ -45,6 +45,7 @@ def curve(eps, q, epochs, n):
 
 
 def main():
+    """Print, per target epsilon and method, the total epsilon of the search plus one and five final runs."""
     print("| target epsilon | method | tuning runs | total epsilon, 1 final model | total, 5 final models |")
     for eps, grid in GRID.items():
         for method, extra in (("dpd, svi, sgld, dpsgd", 0), ("dpvd", 2)):

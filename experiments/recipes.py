@@ -26,9 +26,11 @@ DELTA = 1e-5
 
 
 class ShiftCopies(tf.keras.layers.Layer):
-    """Augmentation multiplicity (De et al. 2022): in training, M copies of each 8x8 image shifted by a random
-    -1..1 pixel offset (zero padding) -> [B, M, 64]; at inference the image itself -> [B, 1, 64]. With a loss
-    averaged over the copies, the per-example gradient that is clipped is the average over augmentations.
+    """Augmentation multiplicity (De et al. 2022): M randomly shifted copies of each 8x8 image in training.
+
+    In training, M copies of each 8x8 image shifted by a random -1..1 pixel offset (zero padding) ->
+    [B, M, 64]; at inference the image itself -> [B, 1, 64]. With a loss averaged over the copies, the
+    per-example gradient that is clipped is the average over augmentations.
     """
 
     def __init__(self, copies, shift=True, **kw):
@@ -36,6 +38,7 @@ class ShiftCopies(tf.keras.layers.Layer):
         self.copies, self.shift = copies, shift
 
     def call(self, x, training=None):
+        """Return [B, M, 64] shifted copies in training (unshifted if ``shift`` is False), else [B, 1, 64]."""
         img = tf.reshape(x + 0.5, [-1, 8, 8, 1])
         if not training or not self.shift:
             if training:
@@ -89,6 +92,7 @@ VARIANTS = {
 
 
 def features(x, kind):
+    """Input features: "pool" (2x2 average pooling -> 16), "l2" (rows scaled to unit L2 norm), else ``x``."""
     if kind == "pool":
         return (x.reshape(-1, 4, 2, 4, 2).mean(axis=(2, 4)).reshape(len(x), 16)).astype("float32")
     if kind == "l2":
@@ -97,6 +101,7 @@ def features(x, kind):
 
 
 def run_one(variant, epsilon, seed, data):
+    """Train one DP-SGD run of recipe ``variant`` at ``epsilon``; return test accuracy, sigma and epsilons."""
     (x, y), (xt, yt) = data
     cfg = {**dict(hidden=64, q=0.2, epochs=20, lr=1.0, accountant="rdp", momentum=0.0), **variant}
     x, xt = features(x, cfg.get("features")), features(xt, cfg.get("features"))
@@ -152,6 +157,7 @@ def run_one(variant, epsilon, seed, data):
 
 
 def main():
+    """Run the recipes named on the command line for each seed; write recipes.csv and print the table."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--epsilon", type=float, default=1.0)
     p.add_argument("--seeds", type=int, default=5)

@@ -1,6 +1,4 @@
-"""``sidp-tables``: Davody et al.
-
-(2020, SI-DPSGD) Tables 1 and 4 with sound privacy accounting.
+"""``sidp-tables``: Davody et al. (2020, SI-DPSGD) Tables 1 and 4 with sound privacy accounting.
 
 Davody et al. (2020) claims that networks with normalization layers after every trainable layer tolerate large
 Gaussian noise on their weights (Table 1: MNIST, LeNet-300-100 / LeNet-5 with and without BN/LN, noise

@@ -1,19 +1,16 @@
-"""``sigma-curve``: Ermis & Cemgil (2017a, Figure 3) (sigma against epsilon), with sound accountants beside
-the paper's.
+"""``sigma-curve``: Ermis & Cemgil (2017a, Figure 3), sigma against epsilon, with sound accountants beside it.
 
-Ermis & Cemgil (2017a, DP Variational Dropout, sec. 5 and Fig. 3) computes the noise
-multiplier sigma for
+Ermis & Cemgil (2017a, DP Variational Dropout, sec. 5 and Fig. 3) computes the noise multiplier sigma for
 a total budget (epsilon, delta = 1e-5) with two procedures: advanced composition ("AC": Gaussian mechanism,
 amplification by subsampling, Dwork & Roth Thm 3.20) and its zCDP procedure (per-step amplification, then a
 conversion of the per-step (eps', delta')-DP to zCDP that does not hold: ``docs/privacy.md``,
 docs/soundness.md, finding 2). Its settings: MNIST q = 0.01 for 200 epochs, DIGITS q = 0.05 for 100 epochs; at
-epsilon 1 it
-reports sigma = 8.24 (AC) and 2.68 (zCDP) on MNIST, 9.73 and 2.97 on DIGITS.
+epsilon 1 it reports sigma = 8.24 (AC) and 2.68 (zCDP) on MNIST, 9.73 and 2.97 on DIGITS.
 
 This experiment recomputes the paper's two curves (``tfdpbnn.privacy.paper``) and the sigma that sound
 accountants need for the same Poisson-subsampled Gaussian mechanism: RDP, PLD (dp-accounting), tfdpbnn's
-sound zCDP, the AC accountant, and the GDP central-limit approximation of Zhang et al. (2022) (approximate,
-marked).
+sound zCDP, the AC accountant, and the GDP central-limit approximation of Zhang et al. (2022)
+(approximate, marked).
 Outputs: ``sigma_curve.csv`` (one row per setting, accountant and epsilon) and ``sigma_curve.png``.
 """
 
@@ -49,9 +46,9 @@ VALID = {"rdp": "sound", "pld": "sound", "zcdp": "sound", "ac": "sound",
 
 def paper_sigma(method: str, epsilon: float, delta: float, sample_rate: float, steps: int,
                 compositions: int | None = None) -> float:
-    """Sigma from Ermis & Cemgil's (2017a, 2017b) own procedures (``tfdpbnn.privacy.paper``); ``method`` "ac"
-    or "zcdp".
+    """Sigma from Ermis & Cemgil's (2017a, 2017b) own procedures (``tfdpbnn.privacy.paper``).
 
+    ``method``: "ac" (advanced composition) or "zcdp" (the papers' zCDP procedure).
     ``compositions``: the zCDP procedure's J (default ``steps``).
     """
     from tfdpbnn.privacy import paper

@@ -12,7 +12,7 @@ from tfdpbnn.data import load_cifar10, load_digits, load_fashion_mnist, load_mni
 def test_digits_split_scaling_and_determinism():
     (x_train, y_train), (x_test, y_test) = load_digits()
     assert x_train.shape == (1437, 64) and x_test.shape == (360, 64)  # Ermis & Cemgil 2017a/b: 360 test
-    assert x_train.dtype == np.float32 and 0.0 == x_train.min() and x_train.max() == 1.0
+    assert x_train.dtype == np.float32 and x_train.min() == 0.0 and x_train.max() == 1.0
     assert set(np.unique(y_train)) == set(range(10))
     (x2, _), (x2_test, _) = load_digits()
     np.testing.assert_array_equal(x_train, x2)
@@ -39,7 +39,7 @@ def test_tfds_loaders_on_mock_data(loader, shape, tmp_path):
     with tfds.testing.mock_data(num_examples=6, data_dir=str(tmp_path)):
         (x_train, y_train), (x_test, y_test) = loader(data_dir=str(tmp_path))
     assert x_train.shape == (6,) + shape and x_test.shape == (6,) + shape
-    assert x_train.dtype == np.float32 and 0.0 <= x_train.min() and x_train.max() <= 1.0
+    assert x_train.dtype == np.float32 and x_train.min() >= 0.0 and x_train.max() <= 1.0
     assert y_train.dtype == np.int64 and y_train.shape == (6,)
     with pytest.raises(ValueError, match="name"):
         load_tfds("imagenet")

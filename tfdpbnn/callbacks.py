@@ -58,6 +58,7 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
         self.stopped_at_step = None
 
     def on_train_begin(self, logs=None):
+        """With ``stop_at_epsilon``: the most steps within it (``optimizer.steps_within``); raise if spent."""
         optimizer = _dp_optimizer(self.model)
         if self.stop_at_epsilon is not None:
             left = optimizer.steps_within(self.stop_at_epsilon, self.delta, self.accountant)
@@ -68,6 +69,7 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
             self.max_steps = optimizer.steps + left
 
     def on_train_batch_end(self, batch, logs=None):
+        """Stop training before the step (or ``steps_per_execution`` block) that would pass the budget."""
         if self.max_steps is not None:
             steps = int(self.model.optimizer.iterations.numpy())
             if steps + _private_api.steps_per_execution(self.model) > self.max_steps:
@@ -75,6 +77,7 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
                 self.stopped_at_step = steps
 
     def on_epoch_end(self, epoch, logs=None):
+        """Write ``epsilon`` to ``logs`` (with ``all_sound`` also ``epsilon_<name>`` per sound accountant)."""
         if logs is None:
             return
         optimizer = _dp_optimizer(self.model)
@@ -119,6 +122,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         self.stopped_at_step = None
 
     def on_train_begin(self, logs=None):
+        """Start the step counts and set the budget stop; raise if the optimizer's budget is already spent."""
         optimizer = _dp_optimizer(self.model)
         # Steps are counted here in Python, so a batch end costs no read of a training variable.
         self._steps = optimizer.steps
@@ -158,6 +162,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
                 "tfdpbnn.data.poisson_batches output (or fix the asserted sampling).")
 
     def on_train_batch_end(self, batch, logs=None):
+        """Count steps; run the Poisson test after 8, 16, 32, ... steps; stop before passing the budget."""
         self._steps += self._per_call
         self._open_steps += self._per_call
         if self._open_steps >= 8 and self._open_steps & (self._open_steps - 1) == 0:  # 8, 16, 32, ...
@@ -167,6 +172,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
             self.stopped_at_step = self._steps
 
     def on_epoch_begin(self, epoch, logs=None):
+        """Remember how many examples the open phase has processed, for the pass check at the epoch's end."""
         self._epoch_start_examples = self.model.optimizer._dp_ledger.open_counters()[1]
 
     def _pass_check(self, optimizer):
@@ -184,6 +190,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
                 "as one participation each. Assert the dataset's real size.")
 
     def on_epoch_end(self, epoch, logs=None):
+        """Run the Poisson test and the pass check; write ``epsilon`` to ``logs`` when the delta is known."""
         optimizer = _dp_optimizer(self.model)
         self._poisson_check(optimizer)
         self._pass_check(optimizer)
@@ -192,8 +199,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
 
 
 class PosteriorSampler(tf.keras.callbacks.Callback):
-    """Keep thinned weight snapshots of DP-SGLD after burn-in: posterior samples (Zhang et al. 2022, section
-    3.1).
+    """Keep thinned DP-SGLD weight snapshots after burn-in: posterior samples (Zhang et al. 2022, sec. 3.1).
 
     After step ``burn_in``, every ``thinning``-th step's ``model.get_weights()`` is kept; at most the last
     ``max_samples`` are. ``samples`` is the list ``tfdpbnn.uncertainty.mc_predict`` accepts as weight
@@ -220,6 +226,7 @@ class PosteriorSampler(tf.keras.callbacks.Callback):
         return list(self._samples)
 
     def on_train_batch_end(self, batch, logs=None):
+        """Keep ``model.get_weights()`` after every ``thinning``-th step past ``burn_in``."""
         step = int(self.model.optimizer.iterations.numpy())
         if step > self.burn_in and (step - self.burn_in) % self.thinning == 0:
             self._samples.append(self.model.get_weights())

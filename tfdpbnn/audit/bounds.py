@@ -104,9 +104,11 @@ def _split_runs(in_scores, out_scores, fraction, seed):
 
 
 def _best_threshold(in_scores, out_scores, delta, alpha, pessimistic=False):
-    """The threshold maximizing the bound on these runs. ``pessimistic``: score every threshold at level
-    alpha / (number of thresholds), which keeps a threshold chosen on one split from resting on a handful
-    of extreme runs (it only chooses t; the bound itself is computed on the other split at level alpha).
+    """The threshold maximizing the bound on these runs.
+
+    ``pessimistic``: score every threshold at level alpha / (number of thresholds), which keeps a threshold
+    chosen on one split from resting on a handful of extreme runs (it only chooses t; the bound itself is
+    computed on the other split at level alpha).
     """
     in_sorted, out_sorted = np.sort(in_scores), np.sort(out_scores)
     thresholds = np.unique(np.concatenate([in_sorted, out_sorted]))
@@ -129,7 +131,9 @@ def multi_run_epsilon(in_scores, out_scores, delta=0.0, confidence=0.95, thresho
     log((1 - delta - FPR)/FNR)) (Kairouz et al. 2015, Theorem 2.1) holds with probability >= ``confidence``.
 
     Args:
-      in_scores, out_scores: one score per run (higher = more evidence the canary was in); runs independent.
+      in_scores: one score per run with the canary (higher = more evidence the canary was in); runs
+        independent.
+      out_scores: one score per run without the canary, on the same scale; runs independent.
       delta: the delta of the claim being tested (0 <= delta < 1).
       confidence: probability that the returned value is a valid lower bound.
       threshold: a float (fixed before seeing the scores); "split" (choose t on a random ``split_fraction``
@@ -300,16 +304,16 @@ class GDPResult:
 
 def gdp_lower_bound(in_scores, out_scores, delta, confidence=0.95, threshold="split", split_fraction=0.5,
                     seed=0) -> GDPResult:
-    """Lower bound on mu for any mu-GDP claim, and the epsilon at ``delta`` it implies (Nasr et al. 2023,
-    with Clopper-Pearson intervals; Dong, Roth & Su 2019).
+    """Lower bound on mu for any mu-GDP claim, and the epsilon at ``delta`` it implies (Nasr et al. 2023).
 
-    A mu-GDP mechanism has FNR >= G_mu(FPR) = Phi(Phi^-1(1 - FPR) - mu) for every test (Dong et al. 2019),
-    so ``mu >= Phi^-1(1 - FPR_ub) - Phi^-1(FNR_ub)`` (and with the roles of the two worlds
-    swapped) with probability >= ``confidence``. This refutes a GDP claim (the Gaussian mechanism; DP-SGD
-    with full batches or shuffled batches, whose accounting is an exact Gaussian composition) at a
-    tradeoff point hundreds of runs can resolve, where the (epsilon, delta) bound of
-    ``multi_run_epsilon`` would need FPR near delta. ``epsilon`` = epsilon(delta) of mu-GDP (Dong et al.
-    2019, Corollary 2.13): a lower bound on the epsilon of a GDP claim, NOT of an arbitrary mechanism.
+    Nasr et al. (2023) with Clopper-Pearson intervals; Dong, Roth & Su (2019). A mu-GDP mechanism has FNR >=
+    G_mu(FPR) = Phi(Phi^-1(1 - FPR) - mu) for every test (Dong et al. 2019), so ``mu >= Phi^-1(1 - FPR_ub) -
+    Phi^-1(FNR_ub)`` (and with the roles of the two worlds swapped) with probability >= ``confidence``. This
+    refutes a GDP claim (the Gaussian mechanism; DP-SGD with full batches or shuffled batches, whose
+    accounting is an exact Gaussian composition) at a tradeoff point hundreds of runs can resolve, where the
+    (epsilon, delta) bound of ``multi_run_epsilon`` would need FPR near delta. ``epsilon`` = epsilon(delta) of
+    mu-GDP (Dong et al. 2019, Corollary 2.13): a lower bound on the epsilon of a GDP claim, NOT of an
+    arbitrary mechanism.
     ``threshold``: a float, "split" or "bonferroni", as for ``multi_run_epsilon``.
     """
     from tfdpbnn.privacy.gdp import gdp_epsilon

@@ -44,17 +44,21 @@ class UnclippedCanaryLoss(tf.keras.layers.Layer):
         self.scale = float(scale)
 
     def call(self, inputs):
+        """Add the loss ``-scale * sum(inputs)`` (never clipped) and return ``inputs`` unchanged."""
         self.add_loss(-self.scale * tf.reduce_sum(inputs))
         return inputs
 
     def get_config(self):
+        """The layer's config with ``scale``, for Keras serialization."""
         return {**super().get_config(), "scale": self.scale}
 
 
 def with_gradient_canaries(model, num_canaries, l2_norm_clip, gain_factor=10.0, noisy=False,
                            unclipped_scale=None):
-    """``model`` with a canary input and output (module docstring): inputs ``{"features", "canary_input"}``,
-    outputs ``{"task", "canary"}``. The canary weights are ``canary_weights(audit_model)``.
+    """``model`` with a canary input and output (module docstring).
+
+    Inputs ``{"features", "canary_input"}``, outputs ``{"task", "canary"}``. The canary weights are
+    ``canary_weights(audit_model)``.
 
     Args:
       model: any Keras model taking one input tensor (the user's model, unchanged).
@@ -89,23 +93,26 @@ def with_gradient_canaries(model, num_canaries, l2_norm_clip, gain_factor=10.0, 
 
 
 def canary_weights(audit_model) -> np.ndarray:
-    """The m canary weights w of a ``with_gradient_canaries`` model (SI-DPSGD: the mean mu, or the
-    released sample after ``release_weights``).
+    """The m canary weights w of a ``with_gradient_canaries`` model.
+
+    SI-DPSGD: the mean mu, or the released sample after ``release_weights``.
     """
     layer = audit_model.get_layer("canary_weights")
     return layer.trainable_weights[0].numpy().reshape(-1)[1:].astype(np.float64)
 
 
 def canary_losses(task_loss):
-    """``model.compile(loss=...)`` for a ``with_gradient_canaries`` model: the user's loss on the task
-    output, mean absolute error on the canary output.
+    """``model.compile(loss=...)`` for a ``with_gradient_canaries`` model.
+
+    The user's loss on the task output, mean absolute error on the canary output.
     """
     return {TASK: task_loss, CANARY: tf.keras.losses.MeanAbsoluteError()}
 
 
 def gradient_canary_data(x, y, included):
-    """Training inputs for a ``with_gradient_canaries`` model: the real (x, y) followed by one row per
-    canary (``included``: boolean per canary). Returns ``(inputs, targets, sample_weights)`` dicts of
+    """Training inputs for a ``with_gradient_canaries`` model: the real (x, y), then one row per canary.
+
+    ``included``: boolean per canary. Returns ``(inputs, targets, sample_weights)`` dicts of
     arrays for ``tfdpbnn.data.poisson_batches(inputs, targets, sample_weight=...)`` or ``model.fit``.
     """
     x = np.asarray(x, dtype=np.float32)
@@ -133,8 +140,10 @@ def sample_inclusion(num_canaries, seed) -> np.ndarray:
 
 
 def mislabeled_canaries(x_pool, y_pool, num_classes, num_canaries, seed):
-    """Input-space canaries: ``num_canaries`` held-out inputs from ``(x_pool, y_pool)`` with a label drawn
-    uniformly among the wrong ones (Jagielski et al. 2020). Returns ``(x, y_wrong)``.
+    """Input-space canaries: held-out inputs with a wrong label (Jagielski et al. 2020).
+
+    ``num_canaries`` inputs from ``(x_pool, y_pool)``, each with a label drawn uniformly among the wrong ones.
+    Returns ``(x, y_wrong)``.
     """
     x_pool, y_pool = np.asarray(x_pool), np.asarray(y_pool)
     if not 1 <= num_canaries <= len(x_pool):

@@ -36,8 +36,10 @@ LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 def claimed_epsilon(noise_multiplier, sample_rate, steps, delta) -> float:
-    """Epsilon of the Poisson-subsampled Gaussian computed directly with dp-accounting's RDP accountant
-    (independent of tfdpbnn's accounting code), for a configuration as DECLARED.
+    """Epsilon of the Poisson-subsampled Gaussian from dp-accounting's RDP accountant, as DECLARED.
+
+    Computed directly with dp-accounting (independent of tfdpbnn's accounting code), for a configuration as
+    declared.
     """
     import dp_accounting
 
@@ -55,8 +57,9 @@ def _digits():
 
 
 def build_method_model(method, num_examples, hidden, seed, x_public=None):
-    """The DIGITS model of ``method`` (``tfdpbnn train``'s, ``tfdpbnn/commands/train_recipes.py``; sidp-bn:
-    NoisyDense with carried ``PublicBatchNormalization`` over ``x_public``).
+    """The DIGITS model of ``method``, as ``tfdpbnn train`` builds it (``tfdpbnn/commands/train_recipes.py``).
+
+    sidp-bn: NoisyDense with carried ``PublicBatchNormalization`` over ``x_public``.
     """
     from tfdpbnn import layers
     from tfdpbnn.commands.train_recipes import build_model
@@ -104,9 +107,10 @@ def _optimizer(method, budget, num_examples, batch_size, epochs, delta, noise_mu
 
 
 def _blackbox(base_model, x_canary, y_canary, included, delta, confidence) -> dict:
-    """Black-box baseline on mislabeled input canaries: score = -loss of the trained model (the loss
-    threshold attack of tensorflow-privacy's membership-inference tests, Yeom et al. 2018), its AUC, and the
-    one-run bound from the same scores.
+    """Black-box baseline on mislabeled input canaries: loss-threshold scores, their AUC and one-run bound.
+
+    Score = -loss of the trained model (the loss threshold attack of tensorflow-privacy's
+    membership-inference tests, Yeom et al. 2018); returns its AUC and the one-run bound from the same scores.
     """
     from sklearn.metrics import roc_auc_score
 
@@ -221,8 +225,10 @@ def _bounds(ins, outs, delta, threshold, confidence, seed):
 
 
 def validate_gaussian(epsilon, delta=1e-5, num_runs=2000, seed=0, confidence=0.95) -> dict:
-    """The estimators on the Gaussian mechanism N(mu, 1) against N(0, 1) (``num_runs`` draws in all, half
-    each), mu set so its epsilon at ``delta`` is ``epsilon``; GDP threshold mu / 2 fixed in advance.
+    """The estimators on the Gaussian mechanism N(mu, 1) against N(0, 1), whose epsilon is known.
+
+    ``num_runs`` draws in all, half each; mu is set so its epsilon at ``delta`` is ``epsilon``; the GDP
+    threshold mu / 2 is fixed in advance.
     """
     mu = gaussian_mu(epsilon, delta)
     rng = np.random.default_rng(seed)

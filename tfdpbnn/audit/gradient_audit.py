@@ -48,8 +48,9 @@ class GradientCanaryAudit:
         self._initial = None
 
     def wrap(self, model, l2_norm_clip, noisy=False, unclipped_scale=None):
-        """``tfdpbnn.audit.with_gradient_canaries(model, m, l2_norm_clip, ...)``; remembers the initial
-        canary weights.
+        """``tfdpbnn.audit.with_gradient_canaries(model, m, l2_norm_clip, ...)``.
+
+        Also remembers the initial canary weights.
         """
         audit_model = C.with_gradient_canaries(model, self.num_canaries, l2_norm_clip, self.gain_factor,
                                                noisy=noisy, unclipped_scale=unclipped_scale)
@@ -62,11 +63,14 @@ class GradientCanaryAudit:
 
     @staticmethod
     def losses(task_loss):
+        """``model.compile(loss=...)`` for the wrapped model: ``tfdpbnn.audit.canary_losses(task_loss)``."""
         return C.canary_losses(task_loss)
 
     def scores(self, model, optimizer, score="auto"):
-        """Per-canary scores: "likelihood_ratio" (every update; SGD-type optimizers with sigma > 0),
-        "displacement" (final weights only) or "auto" (the first that applies).
+        """Per-canary scores: "likelihood_ratio", "displacement" or "auto" (the first that applies).
+
+        "likelihood_ratio" uses every update (SGD-type optimizers with sigma > 0); "displacement" uses the
+        final weights only.
         """
         if score not in ("auto", "likelihood_ratio", "displacement"):
             raise ValueError(f"score must be 'auto', 'likelihood_ratio' or 'displacement', got {score!r}")

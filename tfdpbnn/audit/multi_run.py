@@ -50,11 +50,15 @@ def multi_run_scores(model, optimizer, x, y, num_runs, steps_per_run):
     """Scores of ``num_runs`` full-batch runs of ``steps_per_run`` steps; the canary is in the even ones.
 
     Args:
-      model: a ``with_gradient_canaries(user_model, 1, ...)`` model compiled with ``optimizer`` (built with
-        ``batch_size = num_examples = len(x) + 1``: every step is one full batch, so the run is a composition
-        of ``steps_per_run`` Gaussian mechanisms) and ``canary_losses(task_loss)``.
-      x, y: the real training data (the canary is appended as the last example).
-      num_runs: R (even); steps_per_run: T.
+      model: a ``with_gradient_canaries(user_model, 1, ...)`` model compiled with ``optimizer`` and
+        ``canary_losses(task_loss)``.
+      optimizer: the model's DP optimizer, built with ``batch_size = num_examples = len(x) + 1``: every step
+        is one full batch, so the run is a composition of ``steps_per_run`` Gaussian mechanisms.
+      x: the real training inputs (the canary is appended as the last example).
+      y: the real training labels.
+      num_runs: R (even).
+      steps_per_run: T.
+
     Returns ``(in_scores, out_scores)``: final minus initial canary weight of each run.
     """
     num_runs = check_positive_int("num_runs", num_runs)

@@ -30,9 +30,11 @@ class UpdateRecorder(tf.keras.callbacks.Callback):
         self._rows = []
 
     def on_train_begin(self, logs=None):
+        """Start a new record with the canary kernel before training."""
         self._rows = [canary_weights(self.model)]
 
     def on_train_batch_end(self, batch, logs=None):
+        """Record the canary kernel after this step."""
         self._rows.append(canary_weights(self.model))
 
     @property
@@ -42,6 +44,7 @@ class UpdateRecorder(tf.keras.callbacks.Callback):
 
     @property
     def weights(self) -> np.ndarray:
+        """The recorded canary kernels as one [T + 1, m] array (before training, then after each step)."""
         return np.stack(self._rows)
 
 
@@ -56,7 +59,8 @@ def likelihood_ratio_scores(weights, unit, noise_multiplier, sample_rate) -> np.
     Args:
       weights: [T + 1, m] canary kernel before training and after each step (``UpdateRecorder.weights``).
       unit: how far one clipped canary gradient moves the weight (``update_unit``).
-      noise_multiplier: sigma > 0; sample_rate: q in (0, 1].
+      noise_multiplier: sigma > 0.
+      sample_rate: q in (0, 1].
     """
     weights = np.asarray(weights, dtype=np.float64)
     if weights.ndim != 2 or weights.shape[0] < 2:
@@ -75,12 +79,14 @@ def likelihood_ratio_scores(weights, unit, noise_multiplier, sample_rate) -> np.
 
 
 def update_unit(optimizer):
-    """How far one clipped canary gradient moves its weight in one step, or None if the update is not
-    linear in the gradient (Adam, momentum, a learning-rate schedule, SI-DPSGD's paper mode).
+    """How far one clipped canary gradient moves its weight in one step; None if the update is not linear.
+
+    None when the update is not linear in the gradient (Adam, momentum, a learning-rate schedule, SI-DPSGD's
+    paper mode).
     """
     from tfdpbnn.optimizers import DPSGDOptimizer, DPSGLDOptimizer, SIDPOptimizer
 
-    if not isinstance(optimizer, (DPSGDOptimizer, DPSGLDOptimizer)):
+    if not isinstance(optimizer, DPSGDOptimizer | DPSGLDOptimizer):
         return None
     if isinstance(optimizer, SIDPOptimizer) and optimizer.paper_mean_update:
         return None

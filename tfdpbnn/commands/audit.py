@@ -43,6 +43,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    """Entry point of ``tfdpbnn audit``: run the one-run (or ``--multi-run``) audit; print (and save) it."""
     from tfdpbnn.audit import experiment
 
     check_positive("--epsilon", args.epsilon)

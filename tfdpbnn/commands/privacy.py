@@ -1,7 +1,9 @@
-"""``tfdpbnn privacy``: epsilon for a noise multiplier, or the noise multiplier for an epsilon, by every
-accountant (``tfdpbnn.privacy``) for a DP-SGD run of N examples, batch B, E epochs; ``--plot`` redraws
-Ermis & Cemgil's (2017a) Figure 3 (sigma against epsilon) with the sound accountants beside the paper's
-procedures."""
+"""``tfdpbnn privacy``: epsilon for a noise multiplier or noise multiplier for an epsilon, per accountant.
+
+By every accountant of ``tfdpbnn.privacy``, for a DP-SGD run of N examples, batch B, E epochs. ``--plot``
+redraws Ermis & Cemgil's (2017a) Figure 3 (sigma against epsilon) with the sound accountants beside the
+paper's procedures.
+"""
 
 from __future__ import annotations
 

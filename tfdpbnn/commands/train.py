@@ -188,8 +188,9 @@ def train(args) -> dict:
 
 
 def _approximate_gdp(optimizer, privacy):
-    """GDP's central-limit epsilon (Zhang et al. 2022, Thm. 2), printed marked as an approximation, not a
-    bound.
+    """GDP's central-limit epsilon (Zhang et al. 2022, Thm. 2), printed marked as an approximation.
+
+    It is not a bound.
     """
     import warnings
 

@@ -1,5 +1,6 @@
-"""Default model and optimizer of each ``tfdpbnn train`` method (architectures from Ermis & Cemgil (2017a),
-Zhang et al. (2022) and Davody et al. (2020)).
+"""Default model and optimizer of each ``tfdpbnn train`` method.
+
+Architectures from Ermis & Cemgil (2017a), Zhang et al. (2022) and Davody et al. (2020).
 
 DIGITS defaults (64 inputs, centred to [-0.5, 0.5]; 10 classes): one hidden layer of 64 tanh units
 (``hidden``; 0 = none), large Poisson batches (q = 0.2) and few steps (20 epochs = 120 steps), clip 1:
@@ -43,10 +44,11 @@ RECIPES = {
 
 
 def build_model(method: str, input_shape, num_classes: int, num_examples: int, hidden: int, seed: int):
-    """The Keras model of ``method``: Ermis & Cemgil's (2017a) variational dropout MLP (dpvd), Zhang et al.'s
-    (2022) BBP / MC
-    dropout / plain MLP (dpbbp, dpmcdropout, dpsgld, dpsgd), Davody et al.'s (2020) noisy MLP with LayerNorm
-    (sidp)."""
+    """The Keras model of ``method``, built on ``seed``.
+
+    Ermis & Cemgil's (2017a) variational dropout MLP (dpvd), Zhang et al.'s (2022) BBP / MC dropout / plain
+    MLP (dpbbp, dpmcdropout, dpsgld, dpsgd), Davody et al.'s (2020) noisy MLP with LayerNorm (sidp).
+    """
     from tfdpbnn import layers
 
     tf.keras.utils.set_random_seed(seed)
@@ -80,8 +82,10 @@ def build_model(method: str, input_shape, num_classes: int, num_examples: int, h
 
 def build_optimizer(method: str, recipe: Recipe, epsilon: float, delta: float, num_examples: int,
                     batch_size: int):
-    """The DP optimizer of ``method``, its noise calibrated to (epsilon, delta) by ``recipe.accountant`` under
-    Poisson sampling for ``recipe.epochs`` epochs."""
+    """The DP optimizer of ``method``, its noise calibrated to (epsilon, delta) by ``recipe.accountant``.
+
+    Calibrated under Poisson sampling for ``recipe.epochs`` epochs.
+    """
     from tfdpbnn import optimizers
 
     common = dict(target_epsilon=epsilon, delta=delta, num_examples=num_examples, batch_size=batch_size,

@@ -16,7 +16,7 @@ def load_digits(test_size: int = TEST_SIZE, seed: int = 0, flatten: bool = True)
     """
     from sklearn import datasets
 
-    if isinstance(test_size, bool) or not isinstance(test_size, (int, np.integer)) \
+    if isinstance(test_size, bool) or not isinstance(test_size, int | np.integer) \
             or not 0 < test_size < 1797:
         raise ValueError(f"test_size must be an integer in [1, 1796], got {test_size!r}")
     bunch = datasets.load_digits()

@@ -29,7 +29,8 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
 
     Args:
       x: array (or nested structure of arrays) with n examples on axis 0.
-      y, sample_weight: optional arrays with n examples.
+      y: optional targets: array (or nested structure of arrays) with n examples.
+      sample_weight: optional per-example weights with n examples (array or nested structure); needs ``y``.
       sample_rate: q in (0, 1].
       steps_per_epoch: batches per epoch (integer >= 1).
       seed: integer seed for reproducible batches (only with ``debug_fixed_seed=True``), or None (secret).

@@ -14,8 +14,9 @@ _TFDS_HOST = "storage.googleapis.com"
 
 
 class DatasetNotAvailableError(ValueError):
-    """A TFDS data set is not prepared in ``data_dir`` and cannot be downloaded; the message says how to
-    fetch it elsewhere and where to put it.
+    """A TFDS data set is not prepared in ``data_dir`` and cannot be downloaded.
+
+    The message says how to fetch it elsewhere and where to put it.
     """
 
 

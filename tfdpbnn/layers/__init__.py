@@ -1,5 +1,6 @@
-"""Bayesian and noisy Keras layers (Ermis & Cemgil 2017; Zhang et al. 2023; Davody et al. 2020), the
-heteroscedastic regression head, and the MC sampling switch; see docs/layers.md.
+"""Bayesian and noisy Keras layers (Ermis & Cemgil 2017; Zhang et al. 2023; Davody et al. 2020).
+
+Also the heteroscedastic regression head and the MC sampling switch; see docs/layers.md.
 """
 
 from tfdpbnn.layers.bayes_by_backprop import DenseBayesByBackprop

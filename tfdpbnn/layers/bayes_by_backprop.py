@@ -48,6 +48,7 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
         self.bias_rho_initializer = tf.keras.initializers.get(bias_rho_initializer or default_rho)
 
     def build(self, input_shape):
+        """Create ``kernel_mu``, ``kernel_rho`` [in, units] and (``use_bias``) ``bias_mu``, ``bias_rho``."""
         in_dim = tf.TensorShape(input_shape)[-1]
         if in_dim is None:
             raise ValueError("inputs: the last dimension of the input must be known")
@@ -104,6 +105,10 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
         return self.activation(z) if self.activation is not None else z
 
     def call(self, inputs, training=None):
+        """Sampled pre-activation (local reparameterization) in training or MC sampling, else posterior mean.
+
+        Either way the bias mean, the KL term and the activation follow (``outputs_from_preactivation``).
+        """
         inputs = tf.convert_to_tensor(inputs, dtype=self.kernel_mu.dtype)
 
         def sample():
@@ -115,9 +120,11 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
         return self.outputs_from_preactivation(select(training, sample, mean))
 
     def compute_output_shape(self, input_shape):
+        """The input shape with the last dimension replaced by ``units``."""
         return tf.TensorShape(input_shape)[:-1].concatenate([self.units])
 
     def get_config(self):
+        """The constructor arguments (initializers, activation serialized), for Keras serialization."""
         config = super().get_config()
         ser = tf.keras.initializers.serialize
         config.update({

@@ -25,6 +25,7 @@ class MCDropout(tf.keras.layers.Layer):
         self.gaussian = bool(gaussian)
 
     def call(self, inputs, training=None):
+        """Apply a fresh dropout mask in training or under ``mc_sampling()``; otherwise return ``inputs``."""
         inputs = tf.convert_to_tensor(inputs)
         if self.rate == 0.0:
             return inputs
@@ -38,9 +39,11 @@ class MCDropout(tf.keras.layers.Layer):
         return select(training, sample, lambda: tf.identity(inputs))
 
     def compute_output_shape(self, input_shape):
+        """The input shape (dropout keeps it)."""
         return tf.TensorShape(input_shape)
 
     def get_config(self):
+        """The layer's config with ``rate`` and ``gaussian``, for Keras serialization."""
         config = super().get_config()
         config.update({"rate": self.rate, "gaussian": self.gaussian})
         return config

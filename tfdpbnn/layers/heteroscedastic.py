@@ -23,6 +23,7 @@ class HeteroscedasticHead(tf.keras.layers.Layer):
         self.bias_initializer = tf.keras.initializers.get(bias_initializer)
 
     def build(self, input_shape):
+        """Create ``kernel`` [in, 2 units] and ``bias`` [2 units]."""
         in_dim = tf.TensorShape(input_shape)[-1]
         if in_dim is None:
             raise ValueError("inputs: the last dimension of the input must be known")
@@ -32,13 +33,16 @@ class HeteroscedasticHead(tf.keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, inputs):
+        """``inputs @ kernel + bias``: means in the first ``units`` columns, log-variances in the rest."""
         inputs = tf.convert_to_tensor(inputs, self.kernel.dtype)
         return tf.nn.bias_add(tf.matmul(inputs, self.kernel), self.bias)
 
     def compute_output_shape(self, input_shape):
+        """The input shape with the last dimension replaced by ``2 * units``."""
         return tf.TensorShape(input_shape)[:-1].concatenate([2 * self.units])
 
     def get_config(self):
+        """The config with ``units`` and the serialized initializers, for Keras serialization."""
         config = super().get_config()
         config.update({"units": self.units,
                        "kernel_initializer": tf.keras.initializers.serialize(self.kernel_initializer),

@@ -1,7 +1,4 @@
-"""Layers with Gaussian-perturbed weights, theta = mu + s * eps (SI-DPSGD, Davody et al.
-
-(2020) Algorithms 1-2).
-"""
+"""Layers with Gaussian-perturbed weights, theta = mu + s * eps (SI-DPSGD, Davody et al. (2020) Alg. 1-2)."""
 
 from __future__ import annotations
 
@@ -56,9 +53,8 @@ class _NoisyMixin:
         """Replace the means by one noisy sample: kernel <- kernel + s * eps, bias <- bias + s * eps.
 
         SI-DPSGD (Davody et al. 2020) releases sampled weights theta_T, not mu_T. Call this once before export
-        in that
-        mode; afterwards deterministic inference serves the sampled weights. ``noise_stddev`` is left as it
-        is (set it to 0 if further MC sampling around the released sample is not wanted).
+        in that mode; afterwards deterministic inference serves the sampled weights. ``noise_stddev`` is left
+        as it is (set it to 0 if further MC sampling around the released sample is not wanted).
         """
         self.kernel.assign(self._noisy(self.kernel))
         if self.use_bias:
@@ -76,6 +72,7 @@ class _NoisyMixin:
         return tf.nn.bias_add(z, bias) if self.use_bias else z
 
     def call(self, inputs, training=None):
+        """The activation of ``preactivation(inputs, training)``."""
         z = self.preactivation(inputs, training=training)
         return self.activation(z) if self.activation is not None else z
 
@@ -91,18 +88,16 @@ class _NoisyMixin:
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class NoisyDense(_NoisyMixin, tf.keras.layers.Layer):
-    """Dense layer with noisy weights theta = mu + s * N(0, I) (SI-DPSGD, Davody et al.
+    """Dense layer with noisy weights theta = mu + s * N(0, I) (SI-DPSGD, Davody et al. (2020), Algorithm 1).
 
-    (2020, Algorithm 1), line 4).
-
+    The noisy weights are line 4 of Davody et al.'s (2020) Algorithm 1.
     Variables (read by the per-example clipping engine): ``kernel`` (= mu, [in, out]), ``bias`` (= mu of the
     bias, [out]) and ``noise_stddev``, a non-trainable scalar variable s that the optimizer assigns each step.
     In training one sample of (kernel, bias) is drawn per call and shared by the whole batch (Davody et al.
-    (2020) draws
-    theta_t once per step); each example's output depends only on its own input and that shared sample.
-    Inference: the means (``inference_noise=False``, default) or a fresh sample per call
-    (``inference_noise=True``); under ``tfdpbnn.layers.mc_sampling()`` always a sample. To serve one
-    released sample as in the paper, call ``sample_weights_into_kernel()`` before export.
+    (2020) draws theta_t once per step); each example's output depends only on its own input and that shared
+    sample. Inference: the means (``inference_noise=False``, default) or a fresh sample per call
+    (``inference_noise=True``); under ``tfdpbnn.layers.mc_sampling()`` always a sample. To serve one released
+    sample as in the paper, call ``sample_weights_into_kernel()`` before export.
     """
 
     def __init__(self, units, noise_stddev=0.0, inference_noise=False, activation=None, use_bias=True,
@@ -113,6 +108,7 @@ class NoisyDense(_NoisyMixin, tf.keras.layers.Layer):
                          bias_initializer)
 
     def build(self, input_shape):
+        """Create ``kernel`` [in, units], ``bias`` [units] and the ``noise_stddev`` variable."""
         in_dim = tf.TensorShape(input_shape)[-1]
         if in_dim is None:
             raise ValueError("inputs: the last dimension of the input must be known")
@@ -123,9 +119,11 @@ class NoisyDense(_NoisyMixin, tf.keras.layers.Layer):
         return tf.matmul(inputs, kernel)
 
     def compute_output_shape(self, input_shape):
+        """The input shape with the last dimension replaced by ``units``."""
         return tf.TensorShape(input_shape)[:-1].concatenate([self.units])
 
     def get_config(self):
+        """The config with ``units`` and the noise settings, for Keras serialization."""
         config = super().get_config()
         config.update({"units": self.units, **self._noise_config()})
         return config
@@ -153,6 +151,7 @@ class NoisyConv2D(_NoisyMixin, tf.keras.layers.Layer):
                          bias_initializer)
 
     def build(self, input_shape):
+        """Create ``kernel`` [kh, kw, in, filters], ``bias`` [filters] and the ``noise_stddev`` variable."""
         input_shape = tf.TensorShape(input_shape)
         if input_shape.rank != 4 or input_shape[-1] is None:
             raise ValueError(f"inputs: expected shape [batch, height, width, channels] with known channels, "
@@ -164,9 +163,11 @@ class NoisyConv2D(_NoisyMixin, tf.keras.layers.Layer):
         return tf.nn.conv2d(inputs, kernel, strides=(1,) + self.strides + (1,), padding=self.padding.upper())
 
     def compute_output_shape(self, input_shape):
+        """[batch, out_height, out_width, filters] for the kernel size, strides and padding."""
         return conv2d_output_shape(input_shape, self.kernel_size, self.strides, self.padding, self.filters)
 
     def get_config(self):
+        """The config with the convolution and noise settings, for Keras serialization."""
         config = super().get_config()
         config.update({"filters": self.filters, "kernel_size": self.kernel_size, "strides": self.strides,
                        "padding": self.padding, "data_format": self.data_format,

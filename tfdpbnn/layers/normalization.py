@@ -1,10 +1,9 @@
-"""Batch normalization with statistics from a public batch only (Davody et al.'s (2020) BN variant fixed,
-docs/soundness.md, finding 1).
+"""Batch normalization with statistics from a public batch only (Davody et al.'s (2020) BN variant fixed).
 
-Davody et al. (2020) (Algorithm 2) normalizes over the public batch X^ concatenated with the private batch, so
-one
-private example moves every other example's output and per-example clipping no longer bounds sensitivity.
-Here the statistics come from the public examples alone, in training and at inference:
+docs/soundness.md, finding 1: Davody et al. (2020) (Algorithm 2) normalizes over the public batch X^
+concatenated with the private batch, so one private example moves every other example's output and per-example
+clipping no longer bounds sensitivity. Here the statistics come from the public examples alone, in training
+and at inference:
 
     y = gamma * (x - mean(P)) / sqrt(var(P) + epsilon) + beta,
 
@@ -152,6 +151,7 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
         self.gamma_constraint = tf.keras.constraints.get(gamma_constraint)
 
     def build(self, input_shape):
+        """Create ``gamma``/``beta`` along the normalized axis and, in stored mode, the public batch store."""
         input_shape = tf.TensorShape(input_shape)
         rank = input_shape.rank
         axis = self.axis + rank if self.axis < 0 else self.axis
@@ -217,12 +217,15 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
         return outputs
 
     def call(self, inputs, training=None):
+        """``scale_and_shift(normalize(inputs))``: the same public statistics in training and inference."""
         return self.scale_and_shift(self.normalize(inputs))
 
     def compute_output_shape(self, input_shape):
+        """The input shape (normalization keeps it)."""
         return tf.TensorShape(input_shape)
 
     def get_config(self):
+        """The constructor arguments (and, in stored mode, the public batch), for Keras serialization."""
         config = super().get_config()
         ser = tf.keras.initializers.serialize
         if not self.carried:
@@ -240,9 +243,9 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class AppendPublicBatch(_PublicBatchStore, tf.keras.layers.Layer):
-    """Concatenate a stored public batch after the private rows (input of the carried mode, Davody et al.
+    """Concatenate a stored public batch after the private rows (input of the carried mode).
 
-    (2020, Alg. 2)).
+    The carried mode of Davody et al. (2020, Alg. 2).
 
     Variable: ``public_batch`` (non-trainable, [num_public, *input_shape[1:]]). Output batch size is
     batch + num_public; end the network with ``DropPublicBatch(num_public)``.
@@ -253,18 +256,22 @@ class AppendPublicBatch(_PublicBatchStore, tf.keras.layers.Layer):
         self._init_store(public_batch, num_public, public_batch_assigned)
 
     def build(self, input_shape):
+        """Create the non-trainable ``public_batch`` variable for this input shape."""
         self._build_store(input_shape)
         super().build(input_shape)
 
     def call(self, inputs):
+        """``inputs`` followed by the public batch along axis 0; raises if no public batch was set."""
         inputs = tf.convert_to_tensor(inputs)
         self._require_assigned()
         return tf.concat([inputs, tf.cast(self.public_batch, inputs.dtype)], axis=0)
 
     def compute_output_shape(self, input_shape):
+        """The input shape, as given (the batch dimension is not increased by ``num_public`` here)."""
         return tf.TensorShape(input_shape)
 
     def get_config(self):
+        """The config with ``num_public`` and the public batch, for Keras serialization."""
         config = super().get_config()
         config.update({"num_public": self.num_public, "public_batch": self._public_batch_config()})
         return config
@@ -279,12 +286,15 @@ class DropPublicBatch(tf.keras.layers.Layer):
         self.num_public = _checks.positive_int("num_public", num_public)
 
     def call(self, inputs):
+        """``inputs`` without its last ``num_public`` rows."""
         return inputs[:-self.num_public]
 
     def compute_output_shape(self, input_shape):
+        """The input shape, as given (the batch dimension is not reduced by ``num_public`` here)."""
         return tf.TensorShape(input_shape)
 
     def get_config(self):
+        """The config with ``num_public``, for Keras serialization."""
         config = super().get_config()
         config.update({"num_public": self.num_public})
         return config

@@ -65,8 +65,9 @@ def mc_sampling():
 
 @contextlib.contextmanager
 def sample_in_trace():
-    """Context manager for export: functions traced inside it sample at inference on every later call,
-    with no runtime switch (the SavedModel ``mc_predict`` signature of ``tfdpbnn.export_saved_model``).
+    """Context manager for export: functions traced inside it sample at inference on every later call.
+
+    There is no runtime switch (the SavedModel ``mc_predict`` signature of ``tfdpbnn.export_saved_model``).
     """
     _STATE.static = getattr(_STATE, "static", 0) + 1
     try:
@@ -96,6 +97,6 @@ def select(training, train_fn, infer_fn, mc_fn=None):
     rest = _inference_fn(infer_fn, mc_fn)
     if training is None:
         return rest()
-    if isinstance(training, (bool, int)):
+    if isinstance(training, bool | int):
         return train_fn() if training else rest()
     return tf.__internal__.smart_cond.smart_cond(training, train_fn, rest)

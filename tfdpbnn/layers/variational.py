@@ -146,6 +146,7 @@ class DenseVariational(_VariationalMixin, tf.keras.layers.Layer):
                           kernel_constraint, bias_constraint)
 
     def build(self, input_shape):
+        """Create ``theta``, ``log_sigma2`` [in, units] and, with ``use_bias``, ``bias`` [units]."""
         in_dim = tf.TensorShape(input_shape)[-1]
         if in_dim is None:
             raise ValueError("inputs: the last dimension of the input must be known")
@@ -153,6 +154,11 @@ class DenseVariational(_VariationalMixin, tf.keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, inputs, training=None):
+        """Variational-dropout pre-activation (Ermis & Cemgil 2017a, eq. 10), then KL term, bias, activation.
+
+        Training: sampled by local reparameterization; inference: x (theta * m) with the pruning mask m;
+        under ``mc_sampling()``: sampled with the masked theta and variance.
+        """
         inputs = tf.convert_to_tensor(inputs, dtype=self.theta.dtype)
 
         def train():
@@ -178,9 +184,11 @@ class DenseVariational(_VariationalMixin, tf.keras.layers.Layer):
         return tf.matmul(inputs, self.theta), tf.matmul(tf.square(inputs), tf.exp(self.log_sigma2))
 
     def compute_output_shape(self, input_shape):
+        """The input shape with the last dimension replaced by ``units``."""
         return tf.TensorShape(input_shape)[:-1].concatenate([self.units])
 
     def get_config(self):
+        """The config with ``units`` and the variational-dropout settings, for Keras serialization."""
         config = super().get_config()
         config.update({"units": self.units, **self._common_config()})
         return config
@@ -219,6 +227,7 @@ class Conv2DVariational(_VariationalMixin, tf.keras.layers.Layer):
                           kernel_constraint, bias_constraint)
 
     def build(self, input_shape):
+        """Create ``theta``, ``log_sigma2`` [kh, kw, in, filters] and (``use_bias``) ``bias`` [filters]."""
         input_shape = tf.TensorShape(input_shape)
         if input_shape.rank != 4 or input_shape[-1] is None:
             raise ValueError(f"inputs: expected shape [batch, height, width, channels] with known channels, "
@@ -238,6 +247,11 @@ class Conv2DVariational(_VariationalMixin, tf.keras.layers.Layer):
         return self._conv(inputs, self.theta), self._conv(tf.square(inputs), tf.exp(self.log_sigma2))
 
     def call(self, inputs, training=None):
+        """Convolutional pre-activation by variational dropout, then KL term, bias and activation.
+
+        Training: sampled by local reparameterization; inference: conv(x, theta * m) with the pruning mask m;
+        under ``mc_sampling()``: sampled with the masked theta and variance.
+        """
         inputs = tf.convert_to_tensor(inputs, dtype=self.theta.dtype)
 
         def train():
@@ -254,9 +268,11 @@ class Conv2DVariational(_VariationalMixin, tf.keras.layers.Layer):
         return self.outputs_from_preactivation(select(training, train, infer, mc))
 
     def compute_output_shape(self, input_shape):
+        """[batch, out_height, out_width, filters] for the kernel size, strides and padding."""
         return conv2d_output_shape(input_shape, self.kernel_size, self.strides, self.padding, self.filters)
 
     def get_config(self):
+        """The config with the convolution and variational-dropout settings, for Keras serialization."""
         config = super().get_config()
         config.update({"filters": self.filters, "kernel_size": self.kernel_size, "strides": self.strides,
                        "padding": self.padding, "data_format": self.data_format,

@@ -47,8 +47,10 @@ def advanced_composition(epsilons: np.ndarray, counts: np.ndarray, delta_prime: 
 
 
 class AdvancedCompositionAccountant(EventAccountant):
-    """Ermis & Cemgil's (2017a) DPVD-AC analysis: Gaussian (eps0, delta0), Li-Qardaji-Su amplification, Thm.
-    3.20.
+    """Ermis & Cemgil's (2017a) DPVD-AC analysis: Gaussian (eps0, delta0), amplification, Thm. 3.20.
+
+    Amplification by subsampling: Li, Qardaji & Su (2012); Thm. 3.20: Dwork & Roth's (2014) advanced
+    composition.
 
     Args:
       neighboring_relation: add/remove (default) or replace-one (Gaussian events only).

@@ -1,6 +1,4 @@
-"""Gaussian differential privacy accountant (Dong, Roth & Su 2019; Bu, Dong, Long & Su 2020; Zhang et al.
-
-(2022)).
+"""Gaussian DP (GDP) accountant (Dong, Roth & Su 2019; Bu, Dong, Long & Su 2020; Zhang et al. 2022).
 
 Gaussian mechanism with noise multiplier s (noise std / L2 sensitivity Delta) is exactly mu-GDP with
 mu = Delta / sigma = 1 / s; mu-GDP mechanisms compose to sqrt(sum mu_i^2)-GDP (Dong et al. Cor. 2). Poisson
@@ -81,9 +79,7 @@ def gdp_epsilon(mu: float, delta: float) -> float:
 
 
 class GDPAccountant(EventAccountant):
-    """mu-GDP accountant: exact for Gaussians, Zhang et al.
-
-    (2022, Thm. 2) CLT for Poisson-subsampled Gaussians.
+    """mu-GDP accountant: exact for Gaussians, Zhang et al. (2022, Thm. 2) CLT for Poisson-subsampled ones.
 
     ``mu`` is the composed GDP parameter, ``is_approximate`` True once a CLT step was composed. Not in
     ``sound_accountants()``: for subsampled events its epsilon is an approximation, not an upper bound.

@@ -47,8 +47,9 @@ REPORTED_NOISE = {
 
 
 def _classical_sigma(epsilon: float, delta: float) -> float:
-    """Classical Gaussian calibration sqrt(2 log(1.25/delta)) / epsilon (Ermis & Cemgil 2017a, Thm. 2, Dwork &
-    Roth).
+    """Classical Gaussian calibration sqrt(2 log(1.25/delta)) / epsilon (Ermis & Cemgil 2017a, Thm. 2).
+
+    The calibration is Dwork & Roth's (2014).
     """
     return math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
 

@@ -83,8 +83,9 @@ class TruncatedNegativeBinomial:
 
     @classmethod
     def from_mean(cls, mean: float, eta: float = 0.0) -> TruncatedNegativeBinomial:
-        """The distribution with shape ``eta`` whose E[K] is ``mean`` (> 1), gamma by bisection (the mean
-        decreases in gamma).
+        """The distribution with shape ``eta`` whose E[K] is ``mean`` (> 1).
+
+        gamma is found by bisection (the mean decreases in gamma).
         """
         check_positive("mean", mean)
         if mean <= 1:
@@ -139,12 +140,15 @@ class PoissonTrials:
         check_positive("mu", self.mu)
 
     def mean(self) -> float:
+        """E[K] = mu."""
         return float(self.mu)
 
     def pmf(self, k: int) -> float:
+        """P(K = k) = mu^k e^-mu / k! (0 for k < 0)."""
         return 0.0 if k < 0 else math.exp(k * math.log(self.mu) - self.mu - math.lgamma(k + 1))
 
     def sample(self, rng: np.random.Generator) -> int:
+        """One draw of K ~ Poisson(mu) from ``rng``."""
         return int(rng.poisson(self.mu))
 
 
@@ -174,8 +178,9 @@ def selection_rdp(orders, rdp, distribution) -> np.ndarray:
 
 
 def trial_rdp(curves) -> np.ndarray:
-    """RDP of one trial that picks one of several candidates at random, data-independently: the largest of
-    their curves at each order (joint quasi-convexity of the Renyi divergence).
+    """RDP of one trial that picks one of several candidates at random, data-independently.
+
+    The largest of their curves at each order (joint quasi-convexity of the Renyi divergence).
     """
     curves = np.asarray(curves, dtype=np.float64)
     if curves.ndim != 2 or curves.shape[0] == 0:
@@ -202,8 +207,9 @@ def epsilon(orders, rdp, delta: float) -> float:
 
 def training_rdp(noise_multiplier: float, sample_rate: float, steps: int, sampling: str = "poisson",
                  neighboring: str = "add_or_remove", orders=ORDERS) -> np.ndarray:
-    """RDP curve of one DP-SGD training run (the event ``tfdpbnn.privacy.dp_sgd_event`` builds), from
-    dp-accounting's ``RdpAccountant``.
+    """RDP curve of one DP-SGD training run, from dp-accounting's ``RdpAccountant``.
+
+    The run is the event ``tfdpbnn.privacy.dp_sgd_event`` builds.
     """
     from tfdpbnn.privacy.budget import NEIGHBORING, SENSITIVITY, dp_sgd_event
 
@@ -216,8 +222,9 @@ def training_rdp(noise_multiplier: float, sample_rate: float, steps: int, sampli
 
 
 def gaussian_rdp(noise_multiplier: float, orders=ORDERS) -> np.ndarray:
-    """RDP of a Gaussian mechanism of sensitivity 1 (e.g. a noisy count): lambda / (2 s^2) (Mironov 2017,
-    Prop. 7).
+    """RDP of a Gaussian mechanism of sensitivity 1 (e.g. a noisy count): lambda / (2 s^2).
+
+    Mironov (2017), Prop. 7.
     """
     check_positive("noise_multiplier", noise_multiplier)
     return np.asarray(orders, dtype=np.float64) / (2.0 * noise_multiplier ** 2)

@@ -52,10 +52,12 @@ _REQUIRED = ("noise_multiplier", "batch_size", "epochs")
 
 @dataclasses.dataclass
 class SearchResult:
-    """The search's output: ``model`` and ``hparams`` of the selected trial (None if Poisson drew K = 0),
-    its noisy validation accuracy ``score``, and ``privacy``, the one statement covering the whole search.
-    ``diagnostics`` (number of trials, every trial's candidate and noisy score, wall time) is NOT covered
-    by the statement (random stopping releases the best trial only).
+    """The search's output: the selected trial and the one privacy statement covering the whole search.
+
+    ``model`` and ``hparams`` of the selected trial (None if Poisson drew K = 0), its noisy validation
+    accuracy ``score``, and ``privacy``, the one statement covering the whole search. ``diagnostics`` (number
+    of trials, every trial's candidate and noisy score, wall time) is NOT covered by the statement (random
+    stopping releases the best trial only).
     """
 
     model: object
@@ -95,8 +97,10 @@ def _check_candidates(candidates, sampling_default="poisson"):
 
 
 def planned_steps(candidate: dict, num_examples: int) -> tuple[float, int]:
-    """(sample rate q = batch_size / n, steps) of one candidate: epochs * ceil(1 / q) for Poisson batches
-    (``tfdpbnn.data.poisson_batches``' default epoch), epochs * ceil(n / B) for shuffled batches.
+    """(sample rate q = batch_size / n, steps) of one candidate.
+
+    Steps are epochs * ceil(1 / q) for Poisson batches (``tfdpbnn.data.poisson_batches``' default epoch),
+    epochs * ceil(n / B) for shuffled batches.
     """
     batch = candidate["batch_size"]
     if batch > num_examples:
@@ -116,8 +120,10 @@ def _candidate_curves(candidates, num_examples, neighboring):
 
 
 def auto_score_noise(train_curves) -> float:
-    """Smallest s with lambda / (2 s^2) <= min over candidates of eps_c(lambda) at every order: the noisy
-    count then leaves the trial's RDP curve unchanged (parallel composition over the disjoint splits).
+    """Smallest score noise s with lambda / (2 s^2) <= min over candidates of eps_c(lambda) at every order.
+
+    The noisy count then leaves the trial's RDP curve unchanged (parallel composition over the disjoint
+    splits).
     """
     floor = np.min(np.asarray(train_curves), axis=0)
     if np.any(floor <= 0):
@@ -127,8 +133,10 @@ def auto_score_noise(train_curves) -> float:
 
 def search_rdp(candidates, num_examples: int, distribution, score_noise_multiplier=None,
                neighboring: str = "add_or_remove"):
-    """(RDP curve of the whole search at ``bounds.ORDERS``, per-trial curve, score noise multiplier, the
-    candidates' training curves) for ``candidates`` trained on ``num_examples`` examples.
+    """RDP of a search over ``candidates`` trained on ``num_examples`` examples.
+
+    Returns (RDP curve of the whole search at ``bounds.ORDERS``, per-trial curve, score noise multiplier,
+    the candidates' training curves).
     """
     candidates = _check_candidates(candidates)
     train = _candidate_curves(candidates, num_examples, neighboring)
@@ -145,8 +153,9 @@ def search_rdp(candidates, num_examples: int, distribution, score_noise_multipli
 
 def calibrate_search(target_epsilon: float, delta: float, candidates, num_examples: int, distribution,
                      neighboring: str = "add_or_remove", tolerance: float = 1e-3) -> list[dict]:
-    """The candidates with ``noise_multiplier`` set so that the whole search (``distribution``; None =
-    naive composition) is (``target_epsilon``, ``delta``)-DP: every candidate is calibrated by RDP
+    """The candidates with ``noise_multiplier`` set so that the whole search is (target_epsilon, delta)-DP.
+
+    The search is ``distribution`` (None = naive composition). Every candidate is calibrated by RDP
     (``tfdpbnn.privacy.calibrate_noise``) to the same per-trial epsilon, the largest one (Brent's method on
     it, to ``tolerance`` relative) whose search total is <= the target. Each candidate needs "batch_size"
     and "epochs"; a given "noise_multiplier" is replaced.
@@ -236,7 +245,10 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
       candidates: list of dicts, each with "noise_multiplier", "batch_size", "epochs" (and optionally
         "sampling", default "poisson"), plus whatever ``build`` reads. ``calibrate_search`` sets the noise
         for a total budget.
-      x_train, y_train, x_val, y_val: the private training and validation splits (disjoint, fixed before).
+      x_train: inputs of the private training split (disjoint from the validation split, fixed before).
+      y_train: labels of the private training split.
+      x_val: inputs of the private validation split (disjoint from the training split, fixed before).
+      y_val: labels of the private validation split.
       delta: the delta of the statement.
       distribution: ``TruncatedNegativeBinomial``/``PoissonTrials`` (random stopping), or None (naive: every
         candidate once, all composed).
@@ -248,6 +260,7 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
         post-processing), or None.
       seed: None (secret randomness: what a published guarantee needs) or an integer for reproducible
         experiments (it also sets TensorFlow's global seed before each trial).
+      verbose: Keras ``fit`` verbosity for each trial's training (0 = silent).
     """
     import tensorflow as tf
 

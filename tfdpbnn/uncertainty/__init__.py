@@ -1,5 +1,6 @@
-"""Uncertainty: MC prediction, heteroscedastic regression, calibration (Zhang et al. 2022, sec. 5.1; Guo et
-al.).
+"""Uncertainty: MC prediction, heteroscedastic regression, calibration (Zhang et al. 2022, sec. 5.1).
+
+Calibration metrics follow Guo et al. (2017).
 """
 
 from tfdpbnn.uncertainty.calibration import (

@@ -59,15 +59,19 @@ def calibration_bins(probs, labels, num_bins=DEFAULT_NUM_BINS):
 
 
 def expected_calibration_error(probs, labels, num_bins=DEFAULT_NUM_BINS):
-    """ECE (Guo et al. 2017 eq. 3; Zhang et al. (2022, sec. 5.1)) of predicted distributions ``probs`` [n,
-    C]."""
+    """ECE (Guo et al. 2017 eq. 3; Zhang et al. 2022, sec. 5.1) of predicted distributions ``probs``.
+
+    ``probs``: [n, C] predicted class probabilities; ``labels``: [n] integer classes (or one-hot [n, C]).
+    """
     count, conf_sum, correct_sum = calibration_bins(probs, labels, num_bins)
     return float(np.sum(np.abs(correct_sum - conf_sum)) / np.sum(count))
 
 
 def maximum_calibration_error(probs, labels, num_bins=DEFAULT_NUM_BINS):
-    """MCE (Guo et al. 2017 eq. 5; Zhang et al. (2022, sec. 5.1)): largest |accuracy - confidence| of nonempty
-    bins."""
+    """MCE (Guo et al. 2017 eq. 5; Zhang et al. (2022, sec. 5.1)): largest |accuracy - confidence| of a bin.
+
+    Only nonempty bins count.
+    """
     count, conf_sum, correct_sum = calibration_bins(probs, labels, num_bins)
     nonempty = count > 0
     return float(np.max(np.abs(correct_sum[nonempty] - conf_sum[nonempty]) / count[nonempty]))
@@ -159,25 +163,31 @@ class _CalibrationMetric(tf.keras.metrics.Metric):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class ExpectedCalibrationError(_CalibrationMetric):
-    """Keras metric: ECE (Guo et al. 2017; Zhang et al. (2022, sec. 5.1)) over all batches seen; equals
-    ``expected_calibration_error`` on the concatenated data."""
+    """Keras metric: ECE (Guo et al. 2017; Zhang et al. (2022, sec. 5.1)) over all batches seen.
+
+    Equals ``expected_calibration_error`` on the concatenated data.
+    """
 
     def __init__(self, num_bins=DEFAULT_NUM_BINS, from_logits=False, name="ece", dtype=None):
         super().__init__(num_bins=num_bins, from_logits=from_logits, name=name, dtype=dtype)
 
     def result(self):
+        """ECE of the bins accumulated so far: sum |correct - confidence| over bins / examples (0 if none)."""
         return tf.math.divide_no_nan(tf.reduce_sum(tf.abs(self.correct_sum - self.conf_sum)),
                                      tf.reduce_sum(self.count))
 
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class MaximumCalibrationError(_CalibrationMetric):
-    """Keras metric: MCE (Guo et al. 2017; Zhang et al. (2022, sec. 5.1)); equals
-    ``maximum_calibration_error``."""
+    """Keras metric: MCE (Guo et al. 2017; Zhang et al. (2022, sec. 5.1)) over all batches seen.
+
+    Equals ``maximum_calibration_error`` on the concatenated data.
+    """
 
     def __init__(self, num_bins=DEFAULT_NUM_BINS, from_logits=False, name="mce", dtype=None):
         super().__init__(num_bins=num_bins, from_logits=from_logits, name=name, dtype=dtype)
 
     def result(self):
+        """MCE of the bins accumulated so far: the largest |accuracy - confidence| of a nonempty bin."""
         gaps = tf.math.divide_no_nan(tf.abs(self.correct_sum - self.conf_sum), self.count)
         return tf.reduce_max(tf.where(self.count > 0, gaps, tf.zeros_like(gaps)))

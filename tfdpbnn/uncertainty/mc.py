@@ -90,8 +90,11 @@ def summaries(sums, num_samples, task):
 
 
 def monte_carlo_summaries(model, x, num_samples, task, from_logits=False):
-    """Graph-friendly core: run ``model(x, training=False)`` ``num_samples`` times in a ``tf.while_loop``
-    and return the ``summaries`` dict. Call (or trace) it inside ``mc_sampling()`` to sample."""
+    """Graph-friendly core: ``num_samples`` runs of ``model(x, training=False)``, summarized.
+
+    The runs happen in a ``tf.while_loop``; returns the ``summaries`` dict. Call (or trace) it inside
+    ``mc_sampling()`` to sample.
+    """
     tf.debugging.assert_greater_equal(num_samples, 1, message="num_samples must be >= 1")
     first = sample_statistics(model(x, training=False), task, from_logits)
 
@@ -104,8 +107,11 @@ def monte_carlo_summaries(model, x, num_samples, task, from_logits=False):
 
 
 def _batches(x, batch_size):
-    """Input batches of ``x``: slices of ``batch_size`` examples, or the elements of a batched dataset
-    (its first component when elements are (x, y) or (x, y, sample_weight) tuples, as in ``model.fit``)."""
+    """Input batches of ``x``: slices of ``batch_size`` examples, or the elements of a batched dataset.
+
+    For a dataset whose elements are (x, y) or (x, y, sample_weight) tuples (as in ``model.fit``), the
+    first component.
+    """
     if isinstance(x, tf.data.Dataset):
         if int(x.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
             raise ValueError("x: the dataset is infinite (e.g. .repeat()); pass a finite, batched dataset")
@@ -174,7 +180,7 @@ def mc_predict(model, x, num_samples=None, batch_size=256, task="classification"
     batch_size = _checks.positive_int("batch_size", batch_size)
     from_logits = resolve_from_logits(model, from_logits) if task == "classification" else False
     if weight_snapshots is not None:
-        if not isinstance(weight_snapshots, (list, tuple)) or not weight_snapshots:
+        if not isinstance(weight_snapshots, list | tuple) or not weight_snapshots:
             raise ValueError("weight_snapshots must be a non-empty list of weight lists "
                              "(as returned by model.get_weights())")
         if num_samples is not None and num_samples != len(weight_snapshots):

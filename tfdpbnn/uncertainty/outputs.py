@@ -35,8 +35,10 @@ def _pass_through_types():
 
 
 def output_layer(model):
-    """The layer that produces ``model``'s single output, skipping row-selecting/reshaping layers
-    (``DropPublicBatch``, ``Flatten``, ``Reshape``, Keras ``Dropout``); None if it cannot be determined.
+    """The layer that produces ``model``'s single output; None if it cannot be determined.
+
+    Row-selecting/reshaping layers (``DropPublicBatch``, ``Flatten``, ``Reshape``, Keras ``Dropout``) are
+    skipped.
     """
     layers = list(getattr(model, "layers", None) or [])
     outputs = getattr(model, "outputs", None)

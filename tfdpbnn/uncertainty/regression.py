@@ -40,11 +40,15 @@ def heteroscedastic_nll(y_true, y_pred):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class HeteroscedasticGaussianNLL(tf.keras.losses.Loss):
-    """Keras loss wrapping ``heteroscedastic_nll``; ``reduction=tf.keras.losses.Reduction.NONE`` gives the
-    per-example vector (what per-example clipping needs)."""
+    """Keras loss wrapping ``heteroscedastic_nll`` (Kendall & Gal 2017).
+
+    ``reduction=tf.keras.losses.Reduction.NONE`` gives the per-example vector (what per-example clipping
+    needs).
+    """
 
     def __init__(self, reduction=tf.keras.losses.Reduction.AUTO, name="heteroscedastic_gaussian_nll"):
         super().__init__(reduction=reduction, name=name)
 
     def call(self, y_true, y_pred):
+        """Per-example ``heteroscedastic_nll(y_true, y_pred)``, before the reduction."""
         return heteroscedastic_nll(y_true, y_pred)
