@@ -39,41 +39,49 @@ CLIP, SIGMA, LR = 1.0, 1.0, 0.05
 
 # ------------------------------------------------------------------------------------------------- models
 def mlp(n):
+    """The DP-SGD paper's 784-1000-10 ReLU MLP (Abadi et al. 2016)."""
     return [tf.keras.Input((784,)), tf.keras.layers.Dense(1000, activation="relu"), tf.keras.layers.Dense(10)]
 
 
 def vd_mlp(n):
+    """DPVD's 784-1000-10 network of DenseVariational layers (Ermis & Cemgil 2017a)."""
     return [tf.keras.Input((784,)), L.DenseVariational(1000, num_examples=n, activation="relu"),
             L.DenseVariational(10, num_examples=n)]
 
 
 def bbp_mlp(n):
+    """DP-BBP's 784-1000-10 network of DenseBayesByBackprop layers (Zhang et al. 2022)."""
     return [tf.keras.Input((784,)), L.DenseBayesByBackprop(1000, num_examples=n, activation="relu"),
             L.DenseBayesByBackprop(10, num_examples=n)]
 
 
 def mcdropout_mlp(n):
+    """DP-MC Dropout's 784-1000-MCDropout(0.5)-10 network (Zhang et al. 2022)."""
     return [tf.keras.Input((784,)), tf.keras.layers.Dense(1000, activation="relu"), L.MCDropout(0.5),
             tf.keras.layers.Dense(10)]
 
 
 def noisy_ln_mlp(n):
+    """SI-DPSGD's 784-1000-LayerNorm-10 network of NoisyDense layers (Davody et al. 2020)."""
     return [tf.keras.Input((784,)), L.NoisyDense(1000), tf.keras.layers.LayerNormalization(),
             tf.keras.layers.Activation("relu"), L.NoisyDense(10)]
 
 
 def cnn(n):
+    """A conv16-pool-conv32-pool-10 CNN on 28x28 images."""
     return [tf.keras.Input((28, 28, 1)), tf.keras.layers.Conv2D(16, 3, activation="relu"),
             tf.keras.layers.MaxPool2D(), tf.keras.layers.Conv2D(32, 3, activation="relu"),
             tf.keras.layers.MaxPool2D(), tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)]
 
 
 def dp_kwargs(n, batch):
+    """The DP arguments every tfdpbnn optimizer of the benchmark gets."""
     return dict(num_examples=n, batch_size=batch)
 
 
 # (model key, description, layer builder, input shape, {system: optimizer factory})
 def tfdpbnn_opt(cls, **extra):
+    """A factory of ``cls`` optimizers with the benchmark's DP arguments."""
     def make(n, batch):
         if cls is tfdpbnn.DPSGLDOptimizer:
             return cls(CLIP, learning_rate=1e-4, **dp_kwargs(n, batch), **extra)
@@ -100,6 +108,7 @@ MODELS = {
 
 
 def data(shape, n, seed=0):
+    """Random inputs of ``shape`` and 10-class labels, ``n`` examples."""
     rng = np.random.default_rng(seed)
     x = rng.uniform(0, 1, size=(n, *shape)).astype("float32")
     y = rng.integers(0, 10, size=n).astype("int32")
@@ -107,8 +116,11 @@ def data(shape, n, seed=0):
 
 
 def build(key, system, n, batch):
-    """A compiled model for ``system`` ("non-private", "tf-privacy vectorized", "tf-privacy DPSequential",
-    or one of the model's tfdpbnn systems)."""
+    """A compiled model for ``system``.
+
+    ``system``: "non-private", "tf-privacy vectorized", "tf-privacy DPSequential", or one of the model's
+    tfdpbnn systems.
+    """
     tf.keras.utils.set_random_seed(1)
     _, layers_fn, _, systems = MODELS[key]
     layers = layers_fn(n)
@@ -135,6 +147,7 @@ def build(key, system, n, batch):
 
 
 def systems_for(key, with_baselines):
+    """The systems timed for model ``key`` (non-private first)."""
     systems = ["non-private"] + list(MODELS[key][3])
     if with_baselines and key == "mlp":
         systems += ["tf-privacy DPSequential", "tf-privacy vectorized"]
@@ -150,10 +163,16 @@ class _EpochTimer(tf.keras.callbacks.Callback):
 
 
 def dataset(x, y, batch):
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).cache().prefetch(2)
+    """A batched, cached ``tf.data`` pipeline of passes over ``(x, y)``, asserted as such.
+
+    The DP optimizers refuse a pipeline whose sampling they cannot see (``tfdpbnn.data.assert_sampling``).
+    """
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).cache().prefetch(2)
+    return tfdpbnn.data.assert_sampling(ds, "shuffle", num_examples=len(x))
 
 
 def run_epoch(model, ds):
+    """Seconds of one ``model.fit`` epoch over ``ds``."""
     timer = _EpochTimer()
     model.fit(ds, epochs=1, verbose=0, callbacks=[timer])
     return timer.seconds
@@ -207,6 +226,7 @@ def memory_probe(key, system, args):
 
 
 def measure_memory(key, system, args):
+    """Run ``memory_probe`` in a fresh subprocess; (peak MiB, increment MiB)."""
     cmd = [sys.executable, __file__, "--probe", key, system, "--examples", str(args.examples),
            "--batch-size", str(args.batch_size), "--jacobian-steps", str(args.jacobian_steps)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -258,10 +278,12 @@ def engine_overhead(key, args):
 
 
 def noise_cost(key, args):
-    """Milliseconds per step to draw the DP noise for every trainable variable of ``key``'s model: one
-    ``tf.random.normal`` per variable (what the optimizers did before) against the fused Box-Muller draw
+    """Milliseconds per step to draw the DP noise for every trainable variable of ``key``'s model.
+
+    One ``tf.random.normal`` per variable (what the optimizers did before) against the fused Box-Muller draw
     they use (``tfdpbnn.optimizers.noise.gaussian_noise_like``), seeded by TensorFlow's generator and in
-    secure mode (``os.urandom`` each step); interleaved bare ``tf.function`` calls."""
+    secure mode (``os.urandom`` each step); interleaved bare ``tf.function`` calls.
+    """
     from tfdpbnn.optimizers.noise import gaussian_noise_like
 
     variables = build(key, "non-private", args.examples, args.batch_size).trainable_variables
@@ -295,6 +317,7 @@ def noise_cost(key, args):
 
 # ------------------------------------------------------------------------------------------------- report
 def report(results, args):
+    """Write the Markdown report (docs/benchmarks.md) from the measurements."""
     lines = [
         "# Throughput: DP training vs non-private Keras",
         "",
@@ -414,6 +437,7 @@ def targets(results):
 
 
 def main(argv=None):
+    """Parse the arguments, run the measurements and print or write the report."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--examples", type=int, default=6000)
     parser.add_argument("--batch-size", type=int, default=600)

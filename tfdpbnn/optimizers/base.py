@@ -273,6 +273,7 @@ class DPOptimizerMixin:
         return self._dp_ledger.ledger()
 
     def get_config(self):
+        """The Keras config plus every DP setting, the steps taken and the privacy ledger."""
         config = super().get_config()
         config.update(self._dp_static)
         config.update({"l2_norm_clip": self.l2_norm_clip, "noise_multiplier": self.noise_multiplier,
@@ -569,5 +570,6 @@ class DPOptimizerMixin:
                     "optimizer.begin_training(model, dataset_or_x, y) before the first step.")
 
     def get_gradients(self, loss, params):
+        """Refused: graph-mode gradients would bypass per-example clipping."""
         raise ValueError("loss/params: graph-mode get_gradients is not supported by tfdpbnn DP optimizers; "
                          "use model.fit or optimizer.minimize(per_example_loss, var_list, tape=tape)")

@@ -18,9 +18,7 @@ from tfdpbnn.optimizers.base import DPOptimizerMixin
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class DPSGDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
-    """DP-SGD (Abadi et al. 2016, Algorithm 1; Zhang et al.
-
-    (2022, Algorithm 1) with the regularizer after the noise).
+    """DP-SGD (Abadi et al. 2016, Algorithm 1; Zhang et al. 2022, Algorithm 1, regularizer after the noise).
 
     ``w <- w - eta * ((sum_i clip_C(g_i) + N(0, sigma^2 C^2 I)) / B + grad r(w))``; ``r`` is
     ``sum(model.losses)`` (KL terms, weight decay), never clipped. Epsilon: the subsampled Gaussian mechanism
@@ -77,6 +75,7 @@ class DPAdamOptimizer(DPOptimizerMixin, VectorizedDPKerasAdamOptimizer):
     # step); ours is the privacy method ``epsilon(delta, accountant)``. One attribute serves both.
     @property
     def epsilon(self):
+        """Adam's numerical epsilon, also callable as the privacy method ``epsilon(delta, accountant)``."""
         return _AdamEpsilon(self._adam_epsilon_hat, self)
 
     @epsilon.setter
@@ -84,6 +83,7 @@ class DPAdamOptimizer(DPOptimizerMixin, VectorizedDPKerasAdamOptimizer):
         self._adam_epsilon_hat = float(value)
 
     def get_config(self):
+        """The optimizer's config, with Adam's numerical ``epsilon``."""
         config = super().get_config()
         config["epsilon"] = float(self._adam_epsilon_hat)
         return config

@@ -18,9 +18,7 @@ from tfdpbnn.optimizers.base import DPOptimizerMixin
 
 
 def sgld_noise_multiplier(learning_rate, l2_norm_clip, num_examples, batch_size) -> float:
-    """sigma = B / (n sqrt(eta) C): DP-SGLD's equivalent DP-SGD noise multiplier (Zhang et al. 2022, Theorem
-    1).
-    """
+    """sigma = B / (n sqrt(eta) C): DP-SGLD's DP-SGD noise multiplier (Zhang et al. 2022, Theorem 1)."""
     return batch_size / (num_examples * math.sqrt(learning_rate) * l2_norm_clip)
 
 
@@ -31,8 +29,7 @@ def sgld_learning_rate(noise_multiplier, l2_norm_clip, num_examples, batch_size)
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
-    """DP-SGLD (Zhang et al. 2022, Algorithm 2): clipped, n/B-scaled data gradient, prior gradient, N(0, eta)
-    noise.
+    """DP-SGLD (Zhang et al. 2022, Algorithm 2): n/B-scaled clipped gradient, prior gradient, N(0, eta) noise.
 
     Args:
       l2_norm_clip: C.
@@ -113,6 +110,7 @@ class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
                 for g, v in zip(noised, var_list, strict=True)]
 
     def get_config(self):
+        """The config: no ``noise_multiplier`` (the learning rate implies it), plus ``prior_stddev``."""
         config = super().get_config()
         config.pop("noise_multiplier", None)
         config["prior_stddev"] = self._sgld_prior_stddev

@@ -30,14 +30,12 @@ def _variational_thetas(model):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class DPVDOptimizer(DPSGDOptimizer):
-    """DPVD (Ermis & Cemgil 2017a, Algorithm 1 with eq. 12; Ermis & Cemgil (2017b)): DP-SGD on variational
-    dropout layers.
+    """DPVD (Ermis & Cemgil 2017a, Algorithm 1 with eq. 12; 2017b): DP-SGD on variational dropout layers.
 
     Same arguments and accounting as ``DPSGDOptimizer`` (SGD family: ``learning_rate``, ``momentum``).
     Adds two metrics to the Keras logs each step: ``zeta`` = eta * sigma * C / B, the std of the privacy
     noise on every weight (Ermis & Cemgil 2017a, eq. 12), and ``dp_alpha_median``, the median over the
-    variational
-    weights theta of the dropout rate that noise implies, zeta^2 / theta^2. For more than
+    variational weights theta of the dropout rate that noise implies, zeta^2 / theta^2. For more than
     ``ALPHA_MEDIAN_SAMPLE`` weights the median is taken over an evenly strided subsample of about that many
     (a full sort of every weight each step cost DPVD more than the clipping did).
     """

@@ -181,6 +181,7 @@ def gaussian_noise_like(tensors, stddev, seed=None, *, secure: bool | None = Non
         ``tf.random.normal``), or a [2] int64 tensor (a stateless seed).
       secure: with ``seed=None``, seed from ``os.urandom`` (default: ``secure_mode()``).
       across_replicas: add the noise on one replica only (above).
+
     Returns:
       one tensor per input, same shape and dtype.
     """

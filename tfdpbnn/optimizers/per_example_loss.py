@@ -28,10 +28,8 @@ def _one_output_loss(loss_obj, y_t, y_p, sw):
     y_t = tf.convert_to_tensor(y_t)
     sw = None if sw is None else tf.convert_to_tensor(sw)
     y_t, y_p, sw = _private_api.weigh_like_keras(y_t, y_p, sw)
-    if isinstance(loss_obj, tf.keras.losses.Loss):
-        values = loss_obj.call(y_t, y_p)
-    else:  # pragma: no cover - the container wraps plain functions in LossFunctionWrapper
-        values = loss_obj(y_t, y_p)
+    # The container wraps plain functions in LossFunctionWrapper; a bare function is called as it is.
+    values = loss_obj.call(y_t, y_p) if isinstance(loss_obj, tf.keras.losses.Loss) else loss_obj(y_t, y_p)
     values = tf.cast(values, tf.float32)
     if sw is not None:
         sw = tf.cast(sw, values.dtype)

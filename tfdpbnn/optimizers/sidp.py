@@ -1,5 +1,4 @@
-"""SI-DPSGD (Davody et al. 2020, Algorithms 1 and 2) for ``NoisyDense`` / ``NoisyConv2D``
-models.
+"""SI-DPSGD (Davody et al. 2020, Algorithms 1 and 2) for ``NoisyDense`` / ``NoisyConv2D`` models.
 
 Each step sets every noisy layer's weight-noise std to ``s_t = eta_t C z / B`` (Algorithm 1, line 4), so the
 forward pass uses ``theta_t = mu_t + s_t xi``. By default mu is updated with the NOISED clipped mean, so
@@ -38,13 +37,11 @@ def _noisy_layers(model):
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
 class SIDPOptimizer(DPSGDOptimizer):
-    """SI-DPSGD (Davody et al. 2020, Algorithm 1; Algorithm 2 with ``PublicBatchNormalization``): noisy
-    weights.
+    """SI-DPSGD, noisy weights (Davody et al. 2020, Alg. 1; Alg. 2 with ``PublicBatchNormalization``).
 
     Args as ``DPSGDOptimizer``; ``noise_multiplier`` is the paper's z. ``paper_mean_update``: update mu
     with the clean clipped gradient (Davody et al. 2020) and report the epsilon that holds for that (module
-    doc),
-    with a warning. Call ``release_weights(model)`` before export: it replaces each mu by one sample.
+    doc), with a warning. Call ``release_weights(model)`` before export: it replaces each mu by one sample.
     ``weight_noise``: a constant weight-noise std s >= 0 used instead of ``s_t = eta_t C z / B`` (sound mode
     only: there mu is DP-SGD's sequence and every theta_t is post-processing of it, so any s keeps the
     guarantee; paper mode's accounting depends on s_t, so it refuses this option).
@@ -139,10 +136,7 @@ class SIDPOptimizer(DPSGDOptimizer):
         return grads
 
     def release_weights(self, model):
-        """Replace every noisy layer's mean by one sample theta = mu + s xi (what Davody et al.
-
-        (2020) releases).
-        """
+        """Replace each noisy layer's mean by one sample theta = mu + s xi (Davody et al. 2020 release it)."""
         for layer in _noisy_layers(model):
             layer.sample_weights_into_kernel()
         self._sidp_released_at_step = self.steps
