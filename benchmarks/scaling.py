@@ -5,7 +5,7 @@ and a ``MirroredStrategy`` over the first R of them; the non-private and DP mode
 (784-1000-10, random MNIST-shaped data) with ``model.fit`` on the same global batches, their epochs
 interleaved after a warm-up epoch. The DP model uses ``tfdpbnn.DPSGDOptimizer`` (one N(0, sigma^2 C^2) per
 global step, drawn by replica 0). Logical devices share the machine's physical cores, so on a
-2-core machine R > 1 measures the cost of distribution (splitting, all-reduce, per-replica noise shares),
+2-core machine R > 1 measures the cost of distribution (splitting, all-reduce, the noise on replica 0),
 not a speed-up.
 
     python benchmarks/scaling.py                    # the run in docs/benchmarks.md

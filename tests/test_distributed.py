@@ -38,6 +38,13 @@ def _result(proc, timeout=300):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def stats_binom_pvalue(k, trials, p):
+    """Two-sided exact binomial test p-value of ``k`` successes in ``trials`` at probability ``p``."""
+    from scipy import stats
+
+    return stats.binomtest(k, trials, p).pvalue
+
+
 def _epsilon_single_device(steps, n, batch):
     import tfdpbnn
 
@@ -55,11 +62,16 @@ def test_mirrored_strategy_one_noise_draw_per_step(tmp_path):
         assert case["epsilon"] == pytest.approx(_epsilon_single_device(1, 16, 16), rel=1e-9)
     _check_restored(r["checkpoint"])
     poisson = r["poisson"]
-    assert poisson["overlaps"] == 0 and poisson["steps"] == 3
+    assert poisson["overlaps"] == 0
+    # 3 + 40 steps of the right sampling (one ledger phase: the same input) passed the Poisson test; the wrong
+    # rate was caught within 32 steps.
+    assert poisson["monitored_steps"] == 43 and "not Poisson-sampled" in poisson["caught"]
+    assert poisson["last_source"] == "failed_poisson_test"
+    assert 3 + 40 < poisson["steps"] <= 3 + 40 + 32
+    # The monitored examples are the global batches (both replicas' parts): Binomial(43 x 60, 0.1).
+    assert stats_binom_pvalue(poisson["monitored_examples"], 43 * 60, 0.1) > 1e-3
     # Membership count over 60 steps x 60 examples at q = 0.1: Binomial(3600, 0.1).
-    from scipy import stats
-
-    assert stats.binomtest(poisson["members"], 60 * 60, 0.1).pvalue > 1e-3
+    assert stats_binom_pvalue(poisson["members"], 60 * 60, 0.1) > 1e-3
     # Streamed shards (file k holds the ids i with i mod 2 = k): replica k's batches hold only its file's ids.
     assert len(r["stream"]) == 10 and sum(len(a) + len(b) for a, b in r["stream"]) > 0
     for first, second in r["stream"]:
@@ -201,13 +213,33 @@ def _main_mirrored():
         pm.compile(popt, loss="mse")
     data = distributed_poisson_batches(strategy, feats, ids.astype("float32")[:, None], sample_rate=q)
     pm.fit(data, epochs=1, steps_per_epoch=3, verbose=0)
+    # The Poisson test of the realized (global, all-reduced) batch sizes under R = 2: 40 steps of the right
+    # sampling pass it; a pipeline drawn at rate 3q but asserted at q is caught (the phase is then
+    # re-accounted without amplification).
+    pm.fit(data, epochs=1, steps_per_epoch=40, verbose=0)
+    counted_steps, counted_examples, _ = popt._dp_ledger.open_counters()
+    targets = ids.astype("float32")[:, None]
+
+    def wrong_rate(step):
+        mask = tf.random.stateless_uniform([n], seed=tf.stack([tf.constant(7, tf.int64), step])) < 3 * q
+        return tf.boolean_mask(feats, mask), tf.boolean_mask(targets, mask)
+
+    wrong = tfdpbnn.data.assert_sampling(tf.data.Dataset.range(10_000).map(wrong_rate), "poisson",
+                                         num_examples=n, sample_rate=q)
+    try:
+        pm.fit(wrong, epochs=1, steps_per_epoch=32, verbose=0)
+        caught = ""
+    except ValueError as err:
+        caught = str(err)
     overlaps = members = 0
     iterator = iter(distributed_poisson_batches(strategy, ids[:, None], sample_rate=q))
     for _ in range(60):
         parts = [set(v.numpy().ravel().tolist()) for v in strategy.experimental_local_results(next(iterator))]
         overlaps += len(parts[0] & parts[1])
         members += sum(len(p) for p in parts)
-    out["poisson"] = {"overlaps": overlaps, "members": members, "steps": int(popt.iterations.numpy())}
+    out["poisson"] = {"overlaps": overlaps, "members": members, "steps": int(popt.iterations.numpy()),
+                      "monitored_steps": int(counted_steps), "monitored_examples": int(counted_examples),
+                      "caught": caught, "last_source": popt._dp_ledger.closed_sources()[-1]}
     # Streamed from two TFRecord files, one shard per replica.
     files = [os.path.join(os.environ["CKPT_DIR"], f"ids-{k}.tfrecord") for k in range(2)]
     for k, name in enumerate(files):

@@ -40,10 +40,11 @@ from tfdpbnn._validation import (
 from tfdpbnn.clipping import check_per_example_independence
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.data.distributed import check_distributed_input
-from tfdpbnn.optimizers import fit_checks, keras_integration, noise
+from tfdpbnn.optimizers import fit_checks, keras_integration
 from tfdpbnn.optimizers.ledger_state import LedgerState
 from tfdpbnn.optimizers.mechanism import DPMechanism
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
+from tfdpbnn.optimizers.statement import build_statement
 from tfdpbnn.privacy import sound_accountants
 from tfdpbnn.privacy.budget import NEIGHBORING, SAMPLINGS, steps_per_epoch
 
@@ -339,63 +340,7 @@ class DPOptimizerMixin:
         (``phases``: what was counted and whether the sampling was verified or asserted by the user);
         ``approximate_epsilon`` lists approximations beside it, which are not guarantees.
         """
-        import dp_accounting
-
-        from tfdpbnn import privacy
-
-        delta = self._resolve_delta(delta)
-        ledger = self.ledger
-        by_accountant = {}
-        for name in privacy.sound_accountants():
-            try:
-                by_accountant[name] = ledger.epsilon(delta, name)
-            except dp_accounting.UnsupportedEventError:
-                by_accountant[name] = None  # this accountant cannot bound this run's event
-        approximate = {}
-        for name in privacy.available_accountants():
-            if name not in privacy.sound_accountants():
-                try:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")  # labelled an approximation below
-                        approximate[name] = ledger.approximate_epsilon(delta, name)
-                except dp_accounting.UnsupportedEventError:
-                    approximate[name] = None
-        sources = self._dp_ledger.closed_sources()
-        current = self._dp_ledger.open_description()
-        if current is not None and ledger.phases and len(ledger.phases) > len(sources):
-            sources = sources + [current["source"]]
-        asserted = [p.sampling for p, s in zip(ledger.phases, sources, strict=False)
-                    if s == "asserted_by_user"]
-        statement = {
-            "method": self._dp_method,
-            "optimizer": type(self).__name__,
-            "accountant": self.accountant,
-            "epsilon": ledger.epsilon(delta, self.accountant),
-            "delta": delta,
-            "noise_multiplier": self.noise_multiplier,
-            "l2_norm_clip": self.l2_norm_clip,
-            "sample_rate": self.sample_rate,
-            "batch_size": self.batch_size,
-            "num_examples": self.num_examples,
-            "sampling": self.sampling,
-            "steps": ledger.steps,
-            "neighboring": ledger.neighboring if ledger.phases else self.neighboring,
-            "epsilon_by_accountant": by_accountant,
-            "approximate_epsilon": {"values": approximate,
-                                    "note": "approximations (e.g. GDP's central-limit step), not guarantees"},
-            "phases": [p.to_config() for p in ledger.phases],
-            "asserted_by_user": asserted,
-            "target_epsilon": self.target_epsilon,
-            "noise": {"secure_mode": self._dp_static["secure_mode"],
-                      "max_abs_noise_over_sigma_c": noise.max_radius(),
-                      "tail_reveal_probability_per_step": (
-                          noise.tail_reveal_probability(self.noise_multiplier) if self.noise_multiplier > 0
-                          else 1.0),
-                      "note": "float32 Gaussian noise whose radius uses up to 128 random bits; the "
-                              "accountants treat it as exact"},
-            **self._dp_statement_extras(),
-        }
-        return statement
+        return build_statement(self, self._resolve_delta(delta))
 
     def _dp_statement_extras(self) -> dict:
         return {}

@@ -1,0 +1,76 @@
+"""The privacy statement of a DP optimizer: what a reader needs to check the guarantee.
+
+``optimizer.privacy_statement()`` returns it and ``tfdpbnn.export_saved_model`` saves it as JSON beside the
+model. ``epsilon`` is the optimizer's sound accountant's bound for every phase of the model's training (the
+privacy ledger: what was counted, and whether the sampling was verified or asserted by the user);
+``approximate_epsilon`` lists approximations beside it, which are not guarantees.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from tfdpbnn.optimizers import noise
+
+
+def build_statement(optimizer, delta: float) -> dict:
+    """The privacy statement of ``optimizer`` (a ``DPOptimizerMixin``) at ``delta`` (see the module)."""
+    import dp_accounting
+
+    from tfdpbnn import privacy
+
+    ledger = optimizer.ledger
+    by_accountant = {}
+    for name in privacy.sound_accountants():
+        try:
+            by_accountant[name] = ledger.epsilon(delta, name)
+        except dp_accounting.UnsupportedEventError:
+            by_accountant[name] = None  # this accountant cannot bound this run's event
+    approximate = {}
+    for name in privacy.available_accountants():
+        if name not in privacy.sound_accountants():
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # labelled an approximation below
+                    approximate[name] = ledger.approximate_epsilon(delta, name)
+            except dp_accounting.UnsupportedEventError:
+                approximate[name] = None
+    sources = optimizer._dp_ledger.closed_sources()
+    current = optimizer._dp_ledger.open_description()
+    if current is not None and ledger.phases and len(ledger.phases) > len(sources):
+        sources = sources + [current["source"]]
+    asserted = [p.sampling for p, s in zip(ledger.phases, sources, strict=False)
+                if s == "asserted_by_user"]
+    statement = {
+        "method": optimizer._dp_method,
+        "optimizer": type(optimizer).__name__,
+        "accountant": optimizer.accountant,
+        "epsilon": ledger.epsilon(delta, optimizer.accountant),
+        "delta": delta,
+        "noise_multiplier": optimizer.noise_multiplier,
+        "l2_norm_clip": optimizer.l2_norm_clip,
+        "sample_rate": optimizer.sample_rate,
+        "batch_size": optimizer.batch_size,
+        "num_examples": optimizer.num_examples,
+        "sampling": optimizer.sampling,
+        "steps": ledger.steps,
+        "neighboring": ledger.neighboring if ledger.phases else optimizer.neighboring,
+        "epsilon_by_accountant": by_accountant,
+        "approximate_epsilon": {"values": approximate,
+                                "note": "approximations (e.g. GDP's central-limit step), not guarantees"},
+        "phases": [p.to_config() for p in ledger.phases],
+        "asserted_by_user": asserted,
+        "target_epsilon": optimizer.target_epsilon,
+        "noise": {"secure_mode": optimizer._dp_static["secure_mode"],
+                  "max_abs_noise_over_sigma_c": noise.max_radius(),
+                  "tail_reveal_probability_per_step": (
+                      noise.tail_reveal_probability(optimizer.noise_multiplier)
+                      if optimizer.noise_multiplier > 0 else 1.0),
+                  "note": "float32 Gaussian noise whose radius uses up to 128 random bits; the "
+                          "accountants treat it as exact"},
+        **optimizer._dp_statement_extras(),
+    }
+    return statement
+
+
+__all__ = ["build_statement"]
