@@ -8,7 +8,7 @@ import os
 
 import tensorflow as tf
 
-from tfdpbnn.layers import _checks
+from tfdpbnn._validation import check_positive_int
 from tfdpbnn.layers.sampling import mc_sampling_active, sample_in_trace
 from tfdpbnn.uncertainty.mc import check_task, monte_carlo_summaries
 from tfdpbnn.uncertainty.outputs import resolve_from_logits
@@ -89,7 +89,7 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
     written as strict JSON to ``<path>/assets/privacy.json`` (an infinite epsilon, e.g. at noise 0, is
     written as ``"epsilon": null, "epsilon_is_infinite": true``; see ``strict_json_value``). Returns ``path``.
     """
-    num_samples = _checks.positive_int("num_samples", num_samples)
+    num_samples = check_positive_int("num_samples", num_samples)
     if mc_sampling_active():
         raise ValueError("export_saved_model: call it outside `with mc_sampling():`; the saved deterministic "
                          "functions would otherwise carry the sampling switch (the mc_predict signature "

@@ -1,15 +1,6 @@
-"""The layers' former names for the argument checks of ``tfdpbnn._validation`` (one implementation)."""
+"""Argument checks only the layers need; the generic checks are in ``tfdpbnn._validation``."""
 
-from tfdpbnn._validation import check_pair as pair
-from tfdpbnn._validation import check_positive_int as positive_int
-from tfdpbnn._validation import check_real as finite_float
-
-
-def padding(value: object) -> str:
-    """``check_padding("padding", value)``: 'valid' or 'same', lower-cased."""
-    from tfdpbnn._validation import check_padding
-
-    return check_padding("padding", value)
+from tfdpbnn._validation import check_pair
 
 
 def refuse(kwargs: dict, reasons: dict) -> None:
@@ -24,7 +15,7 @@ def refuse(kwargs: dict, reasons: dict) -> None:
 
 def unit_dilation(value) -> tuple:
     """``dilation_rate``: only 1 (or (1, 1)): the per-example clipping rules assume undilated kernels."""
-    rate = pair("dilation_rate", value)
+    rate = check_pair("dilation_rate", value)
     if rate != (1, 1):
         raise ValueError(f"dilation_rate must be 1 (or (1, 1)), got {value!r}: the layer's per-example "
                          "clipping rule computes gradients for undilated convolutions only")
@@ -40,4 +31,4 @@ def channels_last(value) -> str:
     return "channels_last"
 
 
-__all__ = ["channels_last", "finite_float", "pair", "padding", "positive_int", "refuse", "unit_dilation"]
+__all__ = ["channels_last", "refuse", "unit_dilation"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from tfdpbnn.layers import _checks
+from tfdpbnn._validation import check_positive_int, check_real
 from tfdpbnn.layers.sampling import select
 
 tfd = tfp.distributions
@@ -36,9 +36,9 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
                  kernel_mu_initializer="glorot_uniform", kernel_rho_initializer=None,
                  bias_mu_initializer="zeros", bias_rho_initializer=None, **kwargs):
         super().__init__(**kwargs)
-        self.units = _checks.positive_int("units", units)
-        self.num_examples = _checks.positive_int("num_examples", num_examples)
-        self.prior_scale = _checks.finite_float("prior_scale", prior_scale, low=0.0, low_open=True)
+        self.units = check_positive_int("units", units)
+        self.num_examples = check_positive_int("num_examples", num_examples)
+        self.prior_scale = check_real("prior_scale", prior_scale, low=0.0, low_open=True)
         self.activation = tf.keras.activations.get(activation)
         self.use_bias = bool(use_bias)
         default_rho = tf.keras.initializers.Constant(-5.0)

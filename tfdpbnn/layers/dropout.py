@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdpbnn.layers import _checks
+from tfdpbnn._validation import check_real
 from tfdpbnn.layers.sampling import select
 
 
@@ -21,7 +21,7 @@ class MCDropout(tf.keras.layers.Layer):
 
     def __init__(self, rate, gaussian=False, **kwargs):
         super().__init__(**kwargs)
-        self.rate = _checks.finite_float("rate", rate, low=0.0, high=1.0, high_open=True)
+        self.rate = check_real("rate", rate, low=0.0, high=1.0, high_open=True)
         self.gaussian = bool(gaussian)
 
     def call(self, inputs, training=None):

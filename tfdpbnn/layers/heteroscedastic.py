@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdpbnn.layers import _checks
+from tfdpbnn._validation import check_positive_int
 
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
@@ -18,7 +18,7 @@ class HeteroscedasticHead(tf.keras.layers.Layer):
 
     def __init__(self, units=1, kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs):
         super().__init__(**kwargs)
-        self.units = _checks.positive_int("units", units)
+        self.units = check_positive_int("units", units)
         self.kernel_initializer = tf.keras.initializers.get(kernel_initializer)
         self.bias_initializer = tf.keras.initializers.get(bias_initializer)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfdpbnn._validation import check_padding, check_pair, check_positive_int, check_real
 from tfdpbnn.layers import _checks
 from tfdpbnn.layers._conv import conv2d_output_shape
 from tfdpbnn.layers.sampling import select
@@ -14,7 +15,7 @@ class _NoisyMixin:
 
     def _init_noise(self, noise_stddev, inference_noise, activation, use_bias, kernel_initializer,
                     bias_initializer):
-        self._initial_noise_stddev = _checks.finite_float("noise_stddev", noise_stddev, low=0.0)
+        self._initial_noise_stddev = check_real("noise_stddev", noise_stddev, low=0.0)
         self.inference_noise = bool(inference_noise)
         self.activation = tf.keras.activations.get(activation)
         self.use_bias = bool(use_bias)
@@ -31,7 +32,7 @@ class _NoisyMixin:
 
     def set_noise_stddev(self, value):
         """Assign the noise std s (>= 0); optimizers may also ``assign`` the ``noise_stddev`` variable."""
-        self.noise_stddev.assign(_checks.finite_float("noise_stddev", value, low=0.0))
+        self.noise_stddev.assign(check_real("noise_stddev", value, low=0.0))
 
     def _noisy(self, var):
         noise = tf.random.normal(tf.shape(var), dtype=var.dtype)
@@ -103,7 +104,7 @@ class NoisyDense(_NoisyMixin, tf.keras.layers.Layer):
     def __init__(self, units, noise_stddev=0.0, inference_noise=False, activation=None, use_bias=True,
                  kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs):
         super().__init__(**kwargs)
-        self.units = _checks.positive_int("units", units)
+        self.units = check_positive_int("units", units)
         self._init_noise(noise_stddev, inference_noise, activation, use_bias, kernel_initializer,
                          bias_initializer)
 
@@ -141,10 +142,10 @@ class NoisyConv2D(_NoisyMixin, tf.keras.layers.Layer):
                  inference_noise=False, activation=None, use_bias=True, kernel_initializer="glorot_uniform",
                  bias_initializer="zeros", data_format=None, dilation_rate=1, **kwargs):
         super().__init__(**kwargs)
-        self.filters = _checks.positive_int("filters", filters)
-        self.kernel_size = _checks.pair("kernel_size", kernel_size)
-        self.strides = _checks.pair("strides", strides)
-        self.padding = _checks.padding(padding)
+        self.filters = check_positive_int("filters", filters)
+        self.kernel_size = check_pair("kernel_size", kernel_size)
+        self.strides = check_pair("strides", strides)
+        self.padding = check_padding("padding", padding)
         self.data_format = _checks.channels_last(data_format)
         self.dilation_rate = _checks.unit_dilation(dilation_rate)
         self._init_noise(noise_stddev, inference_noise, activation, use_bias, kernel_initializer,

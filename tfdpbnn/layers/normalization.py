@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tfdpbnn._validation import check_positive_int, check_real
 from tfdpbnn.layers import _checks
 
 
@@ -37,14 +38,14 @@ class _PublicBatchStore:
             if arr.ndim < 1 or arr.shape[0] < 1:
                 raise ValueError(f"public_batch: expected an array of shape [M, ...] with M >= 1, got shape "
                                  f"{arr.shape}")
-            if num_public is not None and _checks.positive_int("num_public", num_public) != arr.shape[0]:
+            if num_public is not None and check_positive_int("num_public", num_public) != arr.shape[0]:
                 raise ValueError(f"num_public must equal public_batch.shape[0] = {arr.shape[0]}, "
                                  f"got {num_public}")
             num_public = arr.shape[0]
             self._pending = arr
         elif num_public is None:
             raise ValueError("public_batch or num_public must be given (num_public: an integer >= 1)")
-        self.num_public = _checks.positive_int("num_public", num_public)
+        self.num_public = check_positive_int("num_public", num_public)
         self._public_batch_assigned = bool(public_batch_assigned) or public_batch is not None
 
     def _check_public(self, arr, feature_shape):
@@ -140,7 +141,7 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
         if isinstance(axis, bool) or not isinstance(axis, int):
             raise ValueError(f"axis must be an integer, got {axis!r}")
         self.axis = axis
-        self.epsilon = _checks.finite_float("epsilon", epsilon, low=0.0, low_open=True)
+        self.epsilon = check_real("epsilon", epsilon, low=0.0, low_open=True)
         self.center = bool(center)
         self.scale = bool(scale)
         self.beta_initializer = tf.keras.initializers.get(beta_initializer)
@@ -283,7 +284,7 @@ class DropPublicBatch(tf.keras.layers.Layer):
 
     def __init__(self, num_public, **kwargs):
         super().__init__(**kwargs)
-        self.num_public = _checks.positive_int("num_public", num_public)
+        self.num_public = check_positive_int("num_public", num_public)
 
     def call(self, inputs):
         """``inputs`` without its last ``num_public`` rows."""

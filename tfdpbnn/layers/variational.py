@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfdpbnn._validation import check_padding, check_pair, check_positive_int, check_real
 from tfdpbnn.layers import _checks
 from tfdpbnn.layers._conv import conv2d_output_shape
 from tfdpbnn.layers.sampling import select
@@ -39,11 +40,11 @@ class _VariationalMixin:
     def _init_common(self, num_examples, threshold, eps, use_bias, activation, theta_initializer,
                      log_sigma2_initializer, bias_initializer, kernel_regularizer=None, bias_regularizer=None,
                      kernel_constraint=None, bias_constraint=None):
-        self.num_examples = _checks.positive_int("num_examples", num_examples)
+        self.num_examples = check_positive_int("num_examples", num_examples)
         # log alpha is clipped to LOG_ALPHA_RANGE, so a threshold outside it prunes all or no weights.
-        self.threshold = _checks.finite_float("threshold", threshold, low=LOG_ALPHA_RANGE[0],
+        self.threshold = check_real("threshold", threshold, low=LOG_ALPHA_RANGE[0],
                                               high=LOG_ALPHA_RANGE[1])
-        self.eps = _checks.finite_float("eps", eps, low=0.0, low_open=True)
+        self.eps = check_real("eps", eps, low=0.0, low_open=True)
         self.use_bias = bool(use_bias)
         self.activation = tf.keras.activations.get(activation)
         self.theta_initializer = tf.keras.initializers.get(theta_initializer)
@@ -138,7 +139,7 @@ class DenseVariational(_VariationalMixin, tf.keras.layers.Layer):
                  kernel_constraint=None, bias_constraint=None, **kwargs):
         _checks.refuse(kwargs, {"kernel_initializer": "the kernel is the mean theta: use theta_initializer"})
         super().__init__(**kwargs)
-        self.units = _checks.positive_int("units", units)
+        self.units = check_positive_int("units", units)
         if log_sigma2_initializer is None:
             log_sigma2_initializer = tf.keras.initializers.Constant(-10.0)
         self._init_common(num_examples, threshold, eps, use_bias, activation, theta_initializer,
@@ -214,10 +215,10 @@ class Conv2DVariational(_VariationalMixin, tf.keras.layers.Layer):
         _checks.refuse(kwargs, {"kernel_initializer": "the kernel is the mean theta: use theta_initializer",
                                 "groups": "grouped convolutions have no per-example clipping rule here"})
         super().__init__(**kwargs)
-        self.filters = _checks.positive_int("filters", filters)
-        self.kernel_size = _checks.pair("kernel_size", kernel_size)
-        self.strides = _checks.pair("strides", strides)
-        self.padding = _checks.padding(padding)
+        self.filters = check_positive_int("filters", filters)
+        self.kernel_size = check_pair("kernel_size", kernel_size)
+        self.strides = check_pair("strides", strides)
+        self.padding = check_padding("padding", padding)
         self.data_format = _checks.channels_last(data_format)
         self.dilation_rate = _checks.unit_dilation(dilation_rate)
         if log_sigma2_initializer is None:

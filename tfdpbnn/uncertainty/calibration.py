@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tfdpbnn.layers import _checks
+from tfdpbnn._validation import check_positive_int
 from tfdpbnn.uncertainty.outputs import SUM_TOLERANCE, to_probabilities
 
 #: the one default number of equal-width confidence bins (Guo et al. 2017 use 15).
@@ -46,7 +46,7 @@ def _labels(labels, n, num_classes):
 
 def calibration_bins(probs, labels, num_bins=DEFAULT_NUM_BINS):
     """(count, confidence sum, correct count) per bin, each of shape [num_bins]."""
-    num_bins = _checks.positive_int("num_bins", num_bins)
+    num_bins = check_positive_int("num_bins", num_bins)
     probs = check_probabilities(probs)
     labels = _labels(labels, probs.shape[0], probs.shape[1])
     conf = probs.max(axis=1)
@@ -122,7 +122,7 @@ class _CalibrationMetric(tf.keras.metrics.Metric):
 
     def __init__(self, num_bins=DEFAULT_NUM_BINS, from_logits=False, name=None, dtype=None):
         super().__init__(name=name, dtype=dtype)
-        self.num_bins = _checks.positive_int("num_bins", num_bins)
+        self.num_bins = check_positive_int("num_bins", num_bins)
         if not isinstance(from_logits, bool):
             raise ValueError(f"from_logits must be True or False, got {from_logits!r}")
         self.from_logits = from_logits

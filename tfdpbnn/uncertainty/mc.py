@@ -18,7 +18,7 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from tfdpbnn.layers import _checks
+from tfdpbnn._validation import check_positive_int
 from tfdpbnn.layers.sampling import mc_sampling
 from tfdpbnn.uncertainty.outputs import resolve_from_logits, to_probabilities
 from tfdpbnn.uncertainty.regression import split_mean_log_variance
@@ -177,7 +177,7 @@ def mc_predict(model, x, num_samples=None, batch_size=256, task="classification"
     Returns an ``MCPrediction`` (numpy float64 arrays).
     """
     check_task(task)
-    batch_size = _checks.positive_int("batch_size", batch_size)
+    batch_size = check_positive_int("batch_size", batch_size)
     from_logits = resolve_from_logits(model, from_logits) if task == "classification" else False
     if weight_snapshots is not None:
         if not isinstance(weight_snapshots, list | tuple) or not weight_snapshots:
