@@ -323,15 +323,16 @@ def _largest_layer_steps(key, args):
     """Bare ``tf.function`` forward, and forward + backward, of the model's largest layer on one batch.
 
     The backward pass of the largest layer, what the DP noise is compared with, is their difference: the
-    gradient of ``sum(outputs * upstream)`` with respect to the layer's trainable weights (and to its input,
-    unless it is the model's first layer, whose input gradient Keras never computes).
+    gradient of ``sum(outputs^2) / 2`` with respect to the layer's trainable weights (and to its input,
+    unless it is the model's first layer, whose input gradient Keras never computes). The upstream gradient
+    is the layer's own output, so the backward pass waits for the forward pass (as in training) instead of
+    running beside it.
     """
     model = build(key, "non-private", args.examples, args.batch_size)
     layer = max(model.layers, key=lambda lay: sum(int(v.shape.num_elements()) for v in lay.trainable_weights))
     first = layer is model.layers[0]
     x, _ = data(MODELS[key][2], args.batch_size)
     inputs = tf.constant(tf.keras.Model(model.inputs, layer.input)(x))
-    upstream = tf.random.normal(layer(inputs, training=True).shape)
 
     @tf.function
     def forward():
@@ -341,7 +342,7 @@ def _largest_layer_steps(key, args):
     def forward_backward():
         with tf.GradientTape() as tape:
             tape.watch(inputs)
-            loss = tf.reduce_sum(layer(inputs, training=True) * upstream)
+            loss = 0.5 * tf.reduce_sum(tf.square(layer(inputs, training=True)))
         return tape.gradient(loss, layer.trainable_weights + ([] if first else [inputs]))
 
     return forward, forward_backward
