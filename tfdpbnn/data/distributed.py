@@ -29,42 +29,21 @@ step costs one pass over the data on disk.
 
 from __future__ import annotations
 
-import math
 import numbers
 import secrets
 
 import numpy as np
 import tensorflow as tf
 
+from tfdpbnn.data.poisson import check_debug_seed, check_rate_and_steps
 from tfdpbnn.data.sampling import SamplingSpec, tag
 
 _SHARD_SALT = 0x5D3A9C71
 
 
-def _check_rate_steps(sample_rate, steps_per_epoch):
-    if isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Real) or not 0 < sample_rate <= 1:
-        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
-    if steps_per_epoch is None:
-        steps_per_epoch = int(math.ceil(1.0 / sample_rate))
-    if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, numbers.Integral) \
-            or steps_per_epoch < 1:
-        raise ValueError(f"steps_per_epoch must be an integer >= 1, got {steps_per_epoch!r}")
-    return float(sample_rate), int(steps_per_epoch)
-
-
 def _base_seed(seed, debug_fixed_seed):
-    """The worker's secret seed (``secrets``), or the debug seed; refuse a fixed seed without the flag."""
-    if not isinstance(debug_fixed_seed, bool):
-        raise ValueError(f"debug_fixed_seed must be True or False, got {debug_fixed_seed!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise ValueError(f"seed must be an integer or None, got {seed!r}")
-    if seed is not None and not debug_fixed_seed:
-        raise ValueError(
-            f"seed: a fixed sampling seed ({seed!r}) lets anyone who knows it see which examples each batch "
-            "holds, which voids the subsampling amplification epsilon relies on. Leave seed=None (a secret "
-            "seed from OS entropy on each worker), or pass debug_fixed_seed=True to debug.")
-    if debug_fixed_seed and seed is None:
-        raise ValueError("debug_fixed_seed: True needs an integer seed; got seed=None")
+    """The worker's secret seed (``secrets``), or the debug seed (``check_debug_seed``)."""
+    check_debug_seed(seed, debug_fixed_seed)
     return secrets.randbits(63) if seed is None else int(seed)
 
 
@@ -155,7 +134,7 @@ def distributed_poisson_batches(strategy, x, y=None, sample_rate=None, seed=None
     Returns:
       a ``tf.distribute.DistributedDataset``; pass ``steps_per_epoch`` to ``model.fit`` as well.
     """
-    q, _ = _check_rate_steps(sample_rate, None)
+    q, _ = check_rate_and_steps(sample_rate, None)
     base = _base_seed(seed, debug_fixed_seed)
     if sample_weight is not None and y is None:
         raise ValueError("y is required when sample_weight is given")
@@ -240,7 +219,7 @@ def poisson_stream(dataset, sample_rate, num_examples, steps_per_epoch=None, see
         raise ValueError(f"num_examples must be an integer >= 1, got {num_examples!r}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
         raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
-    q, steps = _check_rate_steps(sample_rate, steps_per_epoch)
+    q, steps = check_rate_and_steps(sample_rate, steps_per_epoch)
     base = _base_seed(seed, debug_fixed_seed)
     return _tag(_stream_batches(dataset, q, steps, _shard_seed(base, 0), int(chunk_size), int(num_examples)),
                 q, int(num_examples), seed is not None)
@@ -262,7 +241,7 @@ def distributed_poisson_stream(strategy, shard_fn, sample_rate, num_examples, se
         raise ValueError(f"shard_fn must be callable (index, count) -> tf.data.Dataset, got {shard_fn!r}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
         raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
-    q, _ = _check_rate_steps(sample_rate, None)
+    q, _ = check_rate_and_steps(sample_rate, None)
     base = _base_seed(seed, debug_fixed_seed)
 
     def dataset_fn(context):

@@ -11,6 +11,34 @@ import tensorflow as tf
 from tfdpbnn.data.sampling import SamplingSpec, tag
 
 
+def check_rate_and_steps(sample_rate, steps_per_epoch) -> tuple[float, int]:
+    """``(q, steps_per_epoch)`` after checking them; ``steps_per_epoch`` None means ``ceil(1 / q)``."""
+    if isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Real) or not 0 < sample_rate <= 1:
+        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+    if steps_per_epoch is None:
+        steps_per_epoch = int(math.ceil(1.0 / sample_rate))
+    if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, numbers.Integral) \
+            or steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch must be an integer >= 1, got {steps_per_epoch!r}")
+    return float(sample_rate), int(steps_per_epoch)
+
+
+def check_debug_seed(seed, debug_fixed_seed) -> None:
+    """Refuse a fixed sampling ``seed`` without ``debug_fixed_seed=True``, and the flag without a seed."""
+    if not isinstance(debug_fixed_seed, bool):
+        raise ValueError(f"debug_fixed_seed must be True or False, got {debug_fixed_seed!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise ValueError(f"seed must be an integer or None, got {seed!r}")
+    if seed is not None and not debug_fixed_seed:
+        raise ValueError(
+            f"seed: a fixed sampling seed ({seed!r}) lets anyone who knows it see which examples each batch "
+            "holds, which voids the subsampling amplification epsilon relies on. Leave seed=None (a secret "
+            "seed from OS entropy, drawn by each process), or pass debug_fixed_seed=True to debug; epsilon "
+            "is then accounted without amplification.")
+    if debug_fixed_seed and seed is None:
+        raise ValueError("debug_fixed_seed: True needs an integer seed; got seed=None")
+
+
 def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None, sample_weight=None, *,
                     debug_fixed_seed=False, secret_seed=None):
     """A ``tf.data.Dataset`` of batches where each example joins each batch independently with prob. q.
@@ -40,25 +68,8 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
         privacy statement lists the seed's secrecy under ``asserted_by_user``.
     Yields ``x_b``, ``(x_b, y_b)`` or ``(x_b, y_b, w_b)``.
     """
-    if isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Real) or not 0 < sample_rate <= 1:
-        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
-    if steps_per_epoch is None:
-        steps_per_epoch = int(math.ceil(1.0 / sample_rate))
-    if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, numbers.Integral) \
-            or steps_per_epoch < 1:
-        raise ValueError(f"steps_per_epoch must be an integer >= 1, got {steps_per_epoch!r}")
-    if not isinstance(debug_fixed_seed, bool):
-        raise ValueError(f"debug_fixed_seed must be True or False, got {debug_fixed_seed!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise ValueError(f"seed must be an integer or None, got {seed!r}")
-    if seed is not None and not debug_fixed_seed:
-        raise ValueError(
-            f"seed: a fixed sampling seed ({seed!r}) lets anyone who knows it see which examples each batch "
-            "holds, which voids the subsampling amplification epsilon relies on. Leave seed=None (a secret "
-            "seed from OS entropy), or pass debug_fixed_seed=True to debug; epsilon is then accounted "
-            "without amplification.")
-    if debug_fixed_seed and seed is None:
-        raise ValueError("debug_fixed_seed: True needs an integer seed; got seed=None")
+    sample_rate, steps_per_epoch = check_rate_and_steps(sample_rate, steps_per_epoch)
+    check_debug_seed(seed, debug_fixed_seed)
     if secret_seed is not None:
         if isinstance(secret_seed, bool) or not isinstance(secret_seed, numbers.Integral):
             raise ValueError(f"secret_seed must be an integer or None, got {type(secret_seed).__name__}")

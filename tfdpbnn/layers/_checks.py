@@ -1,6 +1,6 @@
 """Argument checks only the layers need; the generic checks are in ``tfdpbnn._validation``."""
 
-from tfdpbnn._validation import check_pair
+from tfdpbnn._validation import check_padding, check_pair, check_positive_int
 
 
 def refuse(kwargs: dict, reasons: dict) -> None:
@@ -31,4 +31,14 @@ def channels_last(value) -> str:
     return "channels_last"
 
 
-__all__ = ["channels_last", "refuse", "unit_dilation"]
+def conv2d_arguments(filters, kernel_size, strides, padding, data_format, dilation_rate) -> tuple:
+    """The checked ``(filters, kernel_size, strides, padding, data_format, dilation_rate)`` of a 2-D conv.
+
+    For the convolutions that have a per-example clipping rule: NHWC and undilated.
+    """
+    return (check_positive_int("filters", filters), check_pair("kernel_size", kernel_size),
+            check_pair("strides", strides), check_padding("padding", padding), channels_last(data_format),
+            unit_dilation(dilation_rate))
+
+
+__all__ = ["channels_last", "conv2d_arguments", "refuse", "unit_dilation"]

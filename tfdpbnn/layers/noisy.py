@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdpbnn._validation import check_padding, check_pair, check_positive_int, check_real
+from tfdpbnn._validation import check_positive_int, check_real
 from tfdpbnn.layers import _checks
 from tfdpbnn.layers._conv import conv2d_output_shape
 from tfdpbnn.layers.sampling import select
@@ -142,12 +142,9 @@ class NoisyConv2D(_NoisyMixin, tf.keras.layers.Layer):
                  inference_noise=False, activation=None, use_bias=True, kernel_initializer="glorot_uniform",
                  bias_initializer="zeros", data_format=None, dilation_rate=1, **kwargs):
         super().__init__(**kwargs)
-        self.filters = check_positive_int("filters", filters)
-        self.kernel_size = check_pair("kernel_size", kernel_size)
-        self.strides = check_pair("strides", strides)
-        self.padding = check_padding("padding", padding)
-        self.data_format = _checks.channels_last(data_format)
-        self.dilation_rate = _checks.unit_dilation(dilation_rate)
+        (self.filters, self.kernel_size, self.strides, self.padding, self.data_format,
+         self.dilation_rate) = _checks.conv2d_arguments(filters, kernel_size, strides, padding, data_format,
+                                                        dilation_rate)
         self._init_noise(noise_stddev, inference_noise, activation, use_bias, kernel_initializer,
                          bias_initializer)
 

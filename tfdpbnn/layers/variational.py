@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdpbnn._validation import check_padding, check_pair, check_positive_int, check_real
+from tfdpbnn._validation import check_positive_int, check_real
 from tfdpbnn.layers import _checks
 from tfdpbnn.layers._conv import conv2d_output_shape
 from tfdpbnn.layers.sampling import select
@@ -215,12 +215,9 @@ class Conv2DVariational(_VariationalMixin, tf.keras.layers.Layer):
         _checks.refuse(kwargs, {"kernel_initializer": "the kernel is the mean theta: use theta_initializer",
                                 "groups": "grouped convolutions have no per-example clipping rule here"})
         super().__init__(**kwargs)
-        self.filters = check_positive_int("filters", filters)
-        self.kernel_size = check_pair("kernel_size", kernel_size)
-        self.strides = check_pair("strides", strides)
-        self.padding = check_padding("padding", padding)
-        self.data_format = _checks.channels_last(data_format)
-        self.dilation_rate = _checks.unit_dilation(dilation_rate)
+        (self.filters, self.kernel_size, self.strides, self.padding, self.data_format,
+         self.dilation_rate) = _checks.conv2d_arguments(filters, kernel_size, strides, padding, data_format,
+                                                        dilation_rate)
         if log_sigma2_initializer is None:
             log_sigma2_initializer = tf.keras.initializers.Constant(-10.0)
         self._init_common(num_examples, threshold, eps, use_bias, activation, theta_initializer,
