@@ -1,4 +1,4 @@
-"""The state, checks and privacy statement every tfdpbnn DP optimizer shares (DP-SGD, Abadi et al. 2016).
+"""The state and checks every tfdpbnn DP optimizer shares (DP-SGD, Abadi et al. 2016).
 
 ``DPOptimizerMixin`` sits in front of one of tensorflow-privacy's vectorized Keras optimizers
 (``VectorizedDPKerasSGDOptimizer``, ``VectorizedDPKerasAdamOptimizer``), so each public optimizer IS one of
