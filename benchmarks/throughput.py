@@ -33,6 +33,7 @@ import tensorflow as tf  # noqa: E402
 
 import tfdpbnn  # noqa: E402
 import tfdpbnn.layers as L  # noqa: E402
+from tfdpbnn._private_api import VECTORIZED_OPTIMIZERS, tensorflow_privacy_module  # noqa: E402
 
 CLIP, SIGMA, LR = 1.0, 1.0, 0.05
 
@@ -126,8 +127,10 @@ def build(key, system, n, batch):
     layers = layers_fn(n)
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     if system == "tf-privacy DPSequential":
-        from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
-        from tensorflow_privacy.privacy.keras_models.dp_keras_model import DPSequential
+        layer_registry = tensorflow_privacy_module(
+            "tensorflow_privacy.privacy.fast_gradient_clipping.layer_registry")
+        DPSequential = tensorflow_privacy_module(  # noqa: N806 - tensorflow-privacy's class
+            "tensorflow_privacy.privacy.keras_models.dp_keras_model").DPSequential
         model = DPSequential(l2_norm_clip=CLIP, noise_multiplier=SIGMA,
                              layer_registry=layer_registry.make_default_layer_registry(), layers=layers)
         model.compile(optimizer=tf.keras.optimizers.legacy.SGD(LR), loss=loss)
@@ -136,8 +139,9 @@ def build(key, system, n, batch):
     if system == "non-private":
         opt = tf.keras.optimizers.legacy.SGD(LR)
     elif system == "tf-privacy vectorized":
-        from tensorflow_privacy import VectorizedDPKerasSGDOptimizer
-        opt = VectorizedDPKerasSGDOptimizer(l2_norm_clip=CLIP, noise_multiplier=SIGMA, learning_rate=LR)
+        vectorized = tensorflow_privacy_module(VECTORIZED_OPTIMIZERS)
+        opt = vectorized.VectorizedDPKerasSGDOptimizer(l2_norm_clip=CLIP, noise_multiplier=SIGMA,
+                                                       learning_rate=LR)
         loss = tf.keras.losses.SparseCategoricalCrossentropy(
             from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
     else:

@@ -64,8 +64,8 @@ def _versions() -> dict[str, str]:
     versions = {"python": sys.version.split()[0], "platform": platform.platform()}
     from importlib import metadata
 
-    for mod in ("tensorflow", "keras", "tensorflow_privacy", "tensorflow_probability", "dp_accounting",
-                "numpy", "tfdpbnn"):
+    for mod in ("tensorflow", "keras", "tf_keras", "tensorflow_privacy", "tensorflow_probability",
+                "dp_accounting", "tensorflow_datasets", "numpy", "tfdpbnn"):
         try:  # the installed distribution's version (dp_accounting has no __version__ attribute)
             versions[mod] = metadata.version(mod.replace("_", "-"))
         except metadata.PackageNotFoundError:
@@ -73,6 +73,9 @@ def _versions() -> dict[str, str]:
                 versions[mod] = getattr(__import__(mod), "__version__", "?")
             except Exception:  # noqa: BLE001 - a missing optional package is recorded, not fatal
                 versions[mod] = "not importable"
+    from tfdpbnn import _keras_version
+
+    versions["tf.keras"] = _keras_version.KERAS_PACKAGE     # which Keras 2 package tf.keras was
     try:  # the code that ran: commit and whether the working tree differed from it
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,

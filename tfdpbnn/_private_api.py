@@ -8,18 +8,28 @@ pinned version breaks in one place with a clear message (``check()`` is run by t
 - Keras: ``Model._steps_per_execution`` (how many steps one call of the train function runs, so a budget
   stop never overshoots); the compiled-loss container's ``_conform_to_outputs``, ``_built``, ``_losses``,
   ``_loss_weights`` and ``_total_loss_mean`` (to rebuild the unreduced per-example loss and keep Keras's loss
-  metric); ``keras.src.engine.compile_utils.match_dtype_and_rank`` and
-  ``keras.src.utils.losses_utils.{apply_mask, get_mask, squeeze_or_expand_dimensions}`` (Keras's own
-  weighting of a loss, reused so a per-example loss weighs examples exactly as ``compile`` does).
+  metric); ``src.engine.compile_utils.match_dtype_and_rank`` and
+  ``src.utils.losses_utils.{apply_mask, get_mask, squeeze_or_expand_dimensions}`` (Keras's own
+  weighting of a loss, reused so a per-example loss weighs examples exactly as ``compile`` does). Keras 2
+  lives in the ``keras`` package on TensorFlow 2.15 and in ``tf_keras`` on TensorFlow >= 2.16 (where
+  ``keras`` is Keras 3): the same internals, under the package that ``tf.keras`` resolved to
+  (``tfdpbnn._keras_version``).
 - tensorflow-privacy: ``_was_dp_gradients_called`` on its vectorized Keras optimizers (set after our own
-  DP gradient so its ``apply_gradients`` check passes).
+  DP gradient so its ``apply_gradients`` check passes); and the ``sys.skip_tf_privacy_import`` flag that its
+  package ``__init__`` reads (``tensorflow_privacy_module``).
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
+
 import tensorflow as tf
-from keras.src.engine import compile_utils
-from keras.src.utils import losses_utils
+
+from tfdpbnn import _keras_version
+
+compile_utils = importlib.import_module(f"{_keras_version.KERAS_PACKAGE}.src.engine.compile_utils")
+losses_utils = importlib.import_module(f"{_keras_version.KERAS_PACKAGE}.src.utils.losses_utils")
 
 #: tf.data classes that neither drop, add, repeat nor reorder the elements of their input dataset.
 _ELEMENT_PRESERVING = ("_PrefetchDataset", "_OptionsDataset")
@@ -75,6 +85,31 @@ def mark_dp_gradients_computed(optimizer) -> None:
     optimizer._was_dp_gradients_called = True
 
 
+#: tensorflow-privacy's vectorized Keras optimizers (the base classes of tfdpbnn's DP optimizers).
+VECTORIZED_OPTIMIZERS = "tensorflow_privacy.privacy.optimizers.dp_optimizer_keras_vectorized"
+
+
+def tensorflow_privacy_module(name: str):
+    """The tensorflow-privacy module ``name``, imported without tensorflow-privacy's estimator code.
+
+    tensorflow-privacy 0.9.0's package ``__init__`` imports its TF1/estimator code
+    (``tensorflow_privacy.v1``, ``tensorflow_estimator``), which fails to import on TensorFlow >= 2.16
+    (the estimator was removed from TensorFlow; tensorflow-privacy issue "Cannot import tensorflow_privacy
+    with TensorFlow 2.16"). Its ``__init__`` skips those imports when ``sys.skip_tf_privacy_import`` is set,
+    so the flag is set only while the package is first imported, then removed. tfdpbnn uses only the
+    vectorized Keras optimizers and the fast-clipping modules, which need none of it.
+    """
+    if "tensorflow_privacy" not in sys.modules:
+        had_flag = hasattr(sys, "skip_tf_privacy_import")
+        sys.skip_tf_privacy_import = True
+        try:
+            importlib.import_module("tensorflow_privacy")
+        finally:
+            if not had_flag:
+                del sys.skip_tf_privacy_import
+    return importlib.import_module(name)
+
+
 def check() -> None:
     """Raise ``RuntimeError`` naming the private name that the installed versions no longer provide."""
     base = tf.data.Dataset.range(3)
@@ -99,7 +134,7 @@ def check() -> None:
     if len(parts[2]) != 1 or total_loss_metric(model) is None:
         raise RuntimeError("tfdpbnn: Keras's LossesContainer no longer has _losses/_total_loss_mean; update "
                            f"tfdpbnn/_private_api.py for tensorflow {tf.__version__}")
-    from tensorflow_privacy.privacy.optimizers import dp_optimizer_keras_vectorized as vectorized
+    vectorized = tensorflow_privacy_module(VECTORIZED_OPTIMIZERS)
 
     with open(vectorized.__file__) as handle:
         source = handle.read()

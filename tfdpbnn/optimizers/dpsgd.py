@@ -8,16 +8,15 @@ Dropout (Algorithm 4): the Bayesian part lives in the layers, the optimizer only
 from __future__ import annotations
 
 import tensorflow as tf
-from tensorflow_privacy.privacy.optimizers.dp_optimizer_keras_vectorized import (
-    VectorizedDPKerasAdamOptimizer,
-    VectorizedDPKerasSGDOptimizer,
-)
 
+from tfdpbnn._private_api import VECTORIZED_OPTIMIZERS, tensorflow_privacy_module
 from tfdpbnn.optimizers.base import DPOptimizerMixin
+
+_vectorized = tensorflow_privacy_module(VECTORIZED_OPTIMIZERS)
 
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
-class DPSGDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
+class DPSGDOptimizer(DPOptimizerMixin, _vectorized.VectorizedDPKerasSGDOptimizer):
     """DP-SGD (Abadi et al. 2016, Algorithm 1; Zhang et al. 2022, Algorithm 1, regularizer after the noise).
 
     ``w <- w - eta * ((sum_i clip_C(g_i) + N(0, sigma^2 C^2 I)) / B + grad r(w))``; ``r`` is
@@ -43,7 +42,7 @@ class DPSGDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
 
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
-class DPAdamOptimizer(DPOptimizerMixin, VectorizedDPKerasAdamOptimizer):
+class DPAdamOptimizer(DPOptimizerMixin, _vectorized.VectorizedDPKerasAdamOptimizer):
     """DP-Adam: Adam's update fed the DP-SGD gradient (Abadi et al. 2016; Zhang et al. (2022, section 2)).
 
     Adam's moments are post-processing of the privatized gradient, so the accounting is DP-SGD's.

@@ -11,10 +11,12 @@ import math
 import numbers
 
 import tensorflow as tf
-from tensorflow_privacy.privacy.optimizers.dp_optimizer_keras_vectorized import VectorizedDPKerasSGDOptimizer
 
+from tfdpbnn._private_api import VECTORIZED_OPTIMIZERS, tensorflow_privacy_module
 from tfdpbnn._validation import check_positive
 from tfdpbnn.optimizers.base import DPOptimizerMixin
+
+_vectorized = tensorflow_privacy_module(VECTORIZED_OPTIMIZERS)
 
 
 def sgld_noise_multiplier(learning_rate, l2_norm_clip, num_examples, batch_size) -> float:
@@ -28,7 +30,7 @@ def sgld_learning_rate(noise_multiplier, l2_norm_clip, num_examples, batch_size)
 
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
-class DPSGLDOptimizer(DPOptimizerMixin, VectorizedDPKerasSGDOptimizer):
+class DPSGLDOptimizer(DPOptimizerMixin, _vectorized.VectorizedDPKerasSGDOptimizer):
     """DP-SGLD (Zhang et al. 2022, Algorithm 2): n/B-scaled clipped gradient, prior gradient, N(0, eta) noise.
 
     Args:
