@@ -106,14 +106,14 @@ def section(results, args, load, wall):
     return "\n".join(lines)
 
 
-def write_section(text, path):
-    """Replace the marked scaling section of ``path`` (or append it)."""
+def write_section(text, path, begin=BEGIN, end=END):
+    """Replace the section of ``path`` between the markers ``begin`` and ``end`` (or append it)."""
     doc = ""
     if os.path.exists(path):
         with open(path) as f:
             doc = f.read()
-    if BEGIN in doc and END in doc:
-        doc = doc[: doc.index(BEGIN)] + text + doc[doc.index(END) + len(END):]
+    if begin in doc and end in doc:
+        doc = doc[: doc.index(begin)] + text + doc[doc.index(end) + len(end):]
     else:
         doc = doc.rstrip("\n") + "\n\n" + text + "\n"
     with open(path, "w") as f:

@@ -518,6 +518,9 @@ def main(argv=None):
     parser.add_argument("--no-write", action="store_true", help="print only; do not write docs/benchmarks.md")
     parser.add_argument("--out",
                         default=os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks.md"))
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also write the timings (model -> system -> median examples/s, time ratio) as "
+                             "JSON (benchmarks/tf_versions.py reads it)")
     parser.add_argument("--probe", nargs=2, metavar=("MODEL", "SYSTEM"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -555,16 +558,26 @@ def main(argv=None):
               f"{noise[1] * 1e3:.2f} ms, fused {noise[2] * 1e3:.2f} ms, secure {noise[3] * 1e3:.2f} ms; "
               f"largest layer's backward {noise[4] * 1e3:.2f} ms",
               flush=True)
+    if args.json:
+        summary = {}
+        for key, (times, examples, _, _, _) in results.items():
+            base = statistics.median(times["non-private"])
+            summary[key] = {system: {"examples_per_s": examples / statistics.median(ts),
+                                     "time_ratio": statistics.median(ts) / base}
+                            for system, ts in times.items()}
+        with open(args.json, "w") as f:
+            json.dump({"tensorflow": tf.__version__, "results": summary}, f, indent=1)
     text = report(results, args)
     if not args.no_write:
-        # Keep the section benchmarks/scaling.py wrote between its markers.
-        begin, end = "<!-- scaling:begin -->", "<!-- scaling:end -->"
+        # Keep the sections benchmarks/scaling.py and benchmarks/tf_versions.py wrote between their markers.
         old = ""
         if os.path.exists(args.out):
             with open(args.out) as f:
                 old = f.read()
-        if begin in old and end in old:
-            text = text.rstrip("\n") + "\n\n" + old[old.index(begin): old.index(end) + len(end)] + "\n"
+        for name in ("scaling", "tf-versions"):
+            begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+            if begin in old and end in old:
+                text = text.rstrip("\n") + "\n\n" + old[old.index(begin): old.index(end) + len(end)] + "\n"
         with open(args.out, "w") as f:
             f.write(text)
         print(f"wrote {os.path.normpath(args.out)}")
