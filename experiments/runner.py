@@ -73,9 +73,9 @@ def _versions() -> dict[str, str]:
                 versions[mod] = getattr(__import__(mod), "__version__", "?")
             except Exception:  # noqa: BLE001 - a missing optional package is recorded, not fatal
                 versions[mod] = "not importable"
-    from tfdpbnn import _keras_version
+    import tensorflow as tf
 
-    versions["tf.keras"] = _keras_version.KERAS_PACKAGE     # which Keras 2 package tf.keras was
+    versions["tf.keras"] = tf.keras.Model.__module__.split(".")[0]     # which Keras package tf.keras was
     try:  # the code that ran: commit and whether the working tree differed from it
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
