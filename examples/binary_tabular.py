@@ -113,7 +113,8 @@ def main():
           f"sample requests in {requests}")
     print("summary:", json.dumps({
         "epsilon": statement["epsilon"], "delta": statement["delta"], "budget": EPSILON,
-        "steps": statement["steps"], "accuracy": accuracy, "brier": brier, "ece": ece,
+        "steps": statement["steps"], "noise_multiplier": statement["noise_multiplier"],
+        "sample_rate": statement["sample_rate"], "accuracy": accuracy, "brier": brier, "ece": ece,
         "p_min": float(p.min()), "p_max": float(p.max()), "export_dir": path, "requests": requests}))
 
 

@@ -83,7 +83,8 @@ def main():
           f"sample requests in {requests}")
     print("summary:", json.dumps({
         "epsilon": statement["epsilon"], "delta": statement["delta"], "budget": EPSILON,
-        "steps": statement["steps"], "test_accuracy": accuracy, "ece": ece, "export_dir": path,
+        "steps": statement["steps"], "noise_multiplier": statement["noise_multiplier"],
+        "sample_rate": statement["sample_rate"], "test_accuracy": accuracy, "ece": ece, "export_dir": path,
         "requests": requests}))
 
 
