@@ -73,18 +73,21 @@ def main():
         return tf.reduce_mean(result.clipped.per_example_loss)
 
     batches = tfdpbnn.data.poisson_batches(x_train, y_train, sample_rate=q, steps_per_epoch=steps_per_epoch)
-    steps = 0
+    steps, budget_left = 0, True
     for epoch in range(epochs):
-        for x, y in batches:
+        for x, y in batches:     # every pass over the dataset draws new Poisson batches
             # Refuse a step that would exceed the budget (never here: sigma was calibrated for the plan).
             next_epsilon = dp_accounting.rdp.RdpAccountant().compose(event, steps + 1).get_epsilon(DELTA)
             if next_epsilon > EPSILON:
                 print(f"stopping before step {steps + 1}: it would reach epsilon {next_epsilon:.4f}")
+                budget_left = False
                 break
             dp_step(x, y)                # a DP release of this batch ...
             accountant.compose(event)    # ... so it is counted, whatever its realized size (even 0)
             steps += 1
         print(f"epoch {epoch + 1}: {steps} steps, epsilon so far {accountant.get_epsilon(DELTA):.4f}")
+        if not budget_left:
+            break
 
     epsilon = accountant.get_epsilon(DELTA)
     pld = dp_accounting.pld.PLDAccountant().compose(event, steps).get_epsilon(DELTA)
