@@ -15,7 +15,7 @@ this one was written by the example's authors, who had seen DIGITS. Each trial t
 only (the selected model is that trial's model, no retraining), so the statement covers every use of both
 private splits. ``result.diagnostics`` (K and every trial's noisy score) is not covered: do not publish it::
 
-    python examples/private_search.py            # a few minutes on a 2-core CPU (K is random)
+    python examples/private_search.py            # under a minute per trial on a 2-core CPU (K is random)
 
 ``--fast`` (or ``TFDPBNN_EXAMPLES_FAST=1``) runs the same search with 1-epoch candidates and 3 MC samples.
 ``--seed`` makes the search's randomness reproducible, for experiments only: a published guarantee needs
