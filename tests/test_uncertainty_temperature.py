@@ -95,6 +95,7 @@ def test_noisy_bisection_finds_the_root_and_its_noise_has_the_stated_scale():
     ({"clip": 0.0}, "clip"), ({"steps": 0}, "steps"), ({"epsilon": 0.0}, "epsilon"),
     ({"delta": 1.0}, "delta"), ({"bounds": (2.0, 1.0)}, r"bounds\[1\]"), ({"bounds": 3.0}, "bounds"),
     ({"accountant": "nope"}, "accountant"), ({"neighboring": "swap"}, "neighboring"),
+    ({"epsilon": [1.0]}, "epsilon"), ({"accountant": ["rdp"]}, "accountant"),
 ])
 def test_bad_arguments(kwargs, match):
     probs, labels = _miscalibrated(20, 1.0, seed=5)

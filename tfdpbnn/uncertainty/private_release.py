@@ -19,7 +19,7 @@ import functools
 import dp_accounting
 import numpy as np
 
-from tfdpbnn._validation import check_positive, check_positive_int
+from tfdpbnn._validation import check_choice, check_open_unit, check_positive, check_positive_int
 from tfdpbnn.privacy.budget import SENSITIVITY, calibrate_noise, compute_epsilon, dp_sgd_event
 
 
@@ -71,14 +71,21 @@ def _named_tuple_dict(value):
     return value
 
 
-@functools.lru_cache(maxsize=64)
 def gaussian_queries(epsilon, delta, queries, mechanism, accountant="rdp", neighboring="add_or_remove"):
     """(noise multiplier sigma, ``PrivacyCost``) for ``queries`` Gaussian queries meeting (epsilon, delta).
 
     The noise standard deviation of a query of sensitivity Delta is sigma * Delta (module docstring).
-    Cached: the calibration is deterministic, and both results are immutable.
     """
-    queries = check_positive_int("queries", queries)
+    check_choice("neighboring", neighboring, tuple(SENSITIVITY))
+    if not isinstance(accountant, str):
+        raise ValueError(f"accountant must be the name of a registered accountant, got {accountant!r}")
+    return _gaussian_queries(check_positive("epsilon", epsilon), check_open_unit("delta", delta),
+                             check_positive_int("queries", queries), mechanism, accountant, neighboring)
+
+
+@functools.lru_cache(maxsize=64)
+def _gaussian_queries(epsilon, delta, queries, mechanism, accountant, neighboring):
+    """``gaussian_queries`` on checked arguments; cached (deterministic calibration, immutable results)."""
     sigma = calibrate_noise(epsilon, delta, 1.0, queries, accountant, neighboring, sampling="shuffle")
     event = dp_sgd_event(sigma / SENSITIVITY[neighboring], 1.0, queries, sampling="shuffle")
     spent = compute_epsilon(sigma, 1.0, queries, delta, accountant, neighboring, sampling="shuffle")
