@@ -10,9 +10,10 @@ import tensorflow as tf
 
 from tfdpbnn._validation import check_positive_int
 from tfdpbnn.layers.sampling import mc_sampling_active, sample_in_trace
+from tfdpbnn.uncertainty.conformal import ConformalThreshold
 from tfdpbnn.uncertainty.mc import check_task, monte_carlo_summaries
 from tfdpbnn.uncertainty.outputs import resolve_from_logits
-from tfdpbnn.uncertainty.temperature import scale_probabilities
+from tfdpbnn.uncertainty.temperature import TemperatureScaling, scale_probabilities
 
 
 def _input_spec(model, input_signature):
@@ -53,17 +54,15 @@ def strict_json_value(value, name="privacy"):
     return value
 
 
-def _privacy_dict(model, privacy, calibration_records=()):
+def _privacy_dict(model, privacy):
     if privacy is None:
         statement = getattr(getattr(model, "optimizer", None), "privacy_statement", None)
         if callable(statement):
             privacy = statement()
-    if privacy is None and not calibration_records:
+    if privacy is None:
         return None
-    if privacy is not None and not isinstance(privacy, dict):
+    if not isinstance(privacy, dict):
         raise ValueError(f"privacy must be a dict (JSON-serializable) or None, got {type(privacy).__name__}")
-    if calibration_records:
-        privacy = {**(privacy or {}), "calibration": list(calibration_records)}
     try:
         return json.dumps(strict_json_value(privacy), indent=2, sort_keys=True, allow_nan=False)
     except TypeError as err:
@@ -71,9 +70,6 @@ def _privacy_dict(model, privacy, calibration_records=()):
 
 
 def _check_calibration(calibration, prediction_sets, task):
-    from tfdpbnn.uncertainty.conformal import ConformalThreshold
-    from tfdpbnn.uncertainty.temperature import TemperatureScaling
-
     if calibration is not None and not isinstance(calibration, TemperatureScaling):
         raise ValueError("calibration must be None or a TemperatureScaling (tfdpbnn.uncertainty."
                          f"fit_temperature or fit_temperature_private), got {type(calibration).__name__}")
@@ -84,6 +80,15 @@ def _check_calibration(calibration, prediction_sets, task):
     if task != "classification" and (calibration is not None or prediction_sets is not None):
         raise ValueError("calibration and prediction_sets apply to task='classification' only")
     return [item.as_dict() for item in (calibration, prediction_sets) if item is not None]
+
+
+def _with_calibration(privacy_json, records):
+    """``privacy_json`` (or an empty statement) with the calibration records listed under "calibration"."""
+    if not records:
+        return privacy_json
+    privacy = json.loads(privacy_json) if privacy_json is not None else {}
+    privacy["calibration"] = strict_json_value(records, "calibration")
+    return json.dumps(privacy, indent=2, sort_keys=True, allow_nan=False)
 
 
 def export_saved_model(model, path, num_samples=30, privacy=None, task="classification", from_logits=None,
@@ -124,7 +129,7 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
     from_logits = resolve_from_logits(model, from_logits) if task == "classification" else False
     spec = _input_spec(model, input_signature)
     records = _check_calibration(calibration, prediction_sets, task)
-    privacy_json = _privacy_dict(model, privacy, records)
+    privacy_json = _with_calibration(_privacy_dict(model, privacy), records)
 
     @tf.function(input_signature=[spec])
     def serving_default(x):
