@@ -15,11 +15,12 @@ c (n + 1) by c < 1), so n need not be public. A Gaussian noisy bisection of b ov
 f(b) + noise >= t, with the margin t = sigma * Phi^-1(1 - beta / steps); q is the final right end (1 if
 nothing was accepted, the set of all labels).
 
-Coverage: a miscovered test point needs s_{n+1} > q. If q < s_(K) (the K-th smallest score; all of them if
-K > n), q was accepted with N(q) <= K - 1 < c (n + 1), i.e. f(q) < 0, so that query's noise exceeded t:
-probability at most beta by the union bound over the ``steps`` queries. Otherwise s_{n+1} > q >= s_(K),
-probability at most 1 - K / (n + 1) <= alpha' by exchangeability. Hence P(Y not in C(X)) <= alpha' + beta =
-alpha, over the held-out split, the test point and the noise. The paper selects the quantile with the
+Coverage: a miscovered test point needs s_{n+1} > q, so q < 1. If q < s_(K) (the K-th smallest score;
++inf if K > n), q was accepted with N(q) <= K - 1 < c (n + 1), i.e. f(q) < 0, so that query's noise
+exceeded t: probability at most beta by the union bound over the ``steps`` queries. Otherwise
+s_{n+1} > q >= s_(K), probability at most 1 - K / (n + 1) <= alpha' by exchangeability. Hence
+P(Y not in C(X)) <= alpha' + beta = alpha, over the held-out split, the test point and the noise. The paper
+selects the quantile with the
 exponential mechanism (pure DP); the Gaussian bisection used here has a dp-accounting event
 (``SelfComposed(Gaussian)``) that composes with training's under RDP or PLD.
 """
