@@ -20,9 +20,8 @@ Coverage: a miscovered test point needs s_{n+1} > q, so q < 1. If q < s_(K) (the
 exceeded t: probability at most beta by the union bound over the ``steps`` queries. Otherwise
 s_{n+1} > q >= s_(K), probability at most 1 - K / (n + 1) <= alpha' by exchangeability. Hence
 P(Y not in C(X)) <= alpha' + beta = alpha, over the held-out split, the test point and the noise. The paper
-selects the quantile with the
-exponential mechanism (pure DP); the Gaussian bisection used here has a dp-accounting event
-(``SelfComposed(Gaussian)``) that composes with training's under RDP or PLD.
+selects the quantile with the exponential mechanism (pure DP); the Gaussian bisection used here has a
+dp-accounting event (``SelfComposed(Gaussian)``) that composes with training's under RDP or PLD.
 """
 
 from __future__ import annotations
