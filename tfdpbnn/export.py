@@ -10,8 +10,10 @@ import tensorflow as tf
 
 from tfdpbnn._validation import check_positive_int
 from tfdpbnn.layers.sampling import mc_sampling_active, sample_in_trace
+from tfdpbnn.uncertainty.conformal import ConformalThreshold
 from tfdpbnn.uncertainty.mc import check_task, monte_carlo_summaries
 from tfdpbnn.uncertainty.outputs import resolve_from_logits
+from tfdpbnn.uncertainty.temperature import TemperatureScaling, scale_probabilities
 
 
 def _input_spec(model, input_signature):
@@ -67,8 +69,30 @@ def _privacy_dict(model, privacy):
         raise ValueError(f"privacy must be JSON-serializable: {err}") from err
 
 
+def _check_calibration(calibration, prediction_sets, task):
+    if calibration is not None and not isinstance(calibration, TemperatureScaling):
+        raise ValueError("calibration must be None or a TemperatureScaling (tfdpbnn.uncertainty."
+                         f"fit_temperature or fit_temperature_private), got {type(calibration).__name__}")
+    if prediction_sets is not None and not isinstance(prediction_sets, ConformalThreshold):
+        raise ValueError("prediction_sets must be None or a ConformalThreshold (tfdpbnn.uncertainty."
+                         "conformal_threshold or private_conformal_threshold), got "
+                         f"{type(prediction_sets).__name__}")
+    if task != "classification" and (calibration is not None or prediction_sets is not None):
+        raise ValueError("calibration and prediction_sets apply to task='classification' only")
+    return [item.as_dict() for item in (calibration, prediction_sets) if item is not None]
+
+
+def _with_calibration(privacy_json, records):
+    """``privacy_json`` (or an empty statement) with the calibration records listed under "calibration"."""
+    if not records:
+        return privacy_json
+    privacy = json.loads(privacy_json) if privacy_json is not None else {}
+    privacy["calibration"] = strict_json_value(records, "calibration")
+    return json.dumps(privacy, indent=2, sort_keys=True, allow_nan=False)
+
+
 def export_saved_model(model, path, num_samples=30, privacy=None, task="classification", from_logits=None,
-                       input_signature=None):
+                       input_signature=None, calibration=None, prediction_sets=None):
     """Write ``model`` as a SavedModel at ``path`` with two signatures, reloadable by Keras and TF Serving.
 
     * ``serving_default(x) -> {"output"}``: deterministic prediction (``training=False``, no sampling).
@@ -82,6 +106,13 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
     False for probability vectors (the signature asserts it), None to read it from the output layer's
     activation (softmax or linear; anything else raises ``ValueError``). The resolved value is written to
     ``mc_predict.json``.
+
+    ``calibration`` (a ``tfdpbnn.uncertainty.TemperatureScaling``) adds the output ``calibrated_mean``
+    (the MC mean scaled by its temperature); ``prediction_sets`` (a ``ConformalThreshold``) adds
+    ``prediction_set``, a boolean [n, C] mask {y : 1 - p(y | x) <= q} of the calibrated mean when
+    ``calibration`` is given (fit the threshold on calibrated probabilities then), else of the mean. Their
+    parameters go to ``mc_predict.json``; their privacy costs (event and epsilon) are listed under
+    ``"calibration"`` in ``privacy.json`` (written even without a training statement).
 
     ``num_samples`` (integer >= 1) is the recommended default, written with the task to
     ``<path>/assets/mc_predict.json``. The optimizer is not saved (``include_optimizer=False``).
@@ -97,14 +128,21 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
     check_task(task)
     from_logits = resolve_from_logits(model, from_logits) if task == "classification" else False
     spec = _input_spec(model, input_signature)
-    privacy_json = _privacy_dict(model, privacy)
+    records = _check_calibration(calibration, prediction_sets, task)
+    privacy_json = _with_calibration(_privacy_dict(model, privacy), records)
 
     @tf.function(input_signature=[spec])
     def serving_default(x):
         return {"output": model(x, training=False)}
 
     def mc(x, n):
-        return monte_carlo_summaries(model, x, n, task, from_logits)
+        out = monte_carlo_summaries(model, x, n, task, from_logits)
+        probs = out["mean"]
+        if calibration is not None:
+            probs = out["calibrated_mean"] = scale_probabilities(probs, calibration.temperature)
+        if prediction_sets is not None:
+            out["prediction_set"] = 1.0 - probs <= tf.cast(prediction_sets.threshold, probs.dtype)
+        return out
 
     mc_fn = tf.function(mc, input_signature=[spec, tf.TensorSpec([], tf.int32, name="num_samples")])
     with sample_in_trace():  # trace here: the traced graph samples whenever it is called
@@ -115,7 +153,10 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
     assets = os.path.join(path, "assets")
     os.makedirs(assets, exist_ok=True)
     with open(os.path.join(assets, "mc_predict.json"), "w") as fh:
-        json.dump({"default_num_samples": num_samples, "task": task, "from_logits": bool(from_logits)}, fh)
+        json.dump({"default_num_samples": num_samples, "task": task, "from_logits": bool(from_logits),
+                   "temperature": None if calibration is None else calibration.temperature,
+                   "prediction_set_threshold": None if prediction_sets is None
+                   else prediction_sets.threshold}, fh)
     if privacy_json is not None:
         with open(os.path.join(assets, "privacy.json"), "w") as fh:
             fh.write(privacy_json + "\n")

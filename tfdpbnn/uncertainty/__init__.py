@@ -1,6 +1,7 @@
 """Uncertainty: MC prediction, heteroscedastic regression, calibration (Zhang et al. 2022, sec. 5.1).
 
-Calibration metrics follow Guo et al. (2017).
+Calibration metrics and temperature scaling follow Guo et al. (2017); private calibration and private
+split-conformal prediction sets (Angelopoulos et al. 2022) report their privacy cost as a dp-accounting event.
 """
 
 from tfdpbnn.uncertainty.calibration import (
@@ -10,15 +11,31 @@ from tfdpbnn.uncertainty.calibration import (
     maximum_calibration_error,
     reliability_diagram,
 )
+from tfdpbnn.uncertainty.conformal import (
+    ConformalThreshold,
+    conformal_threshold,
+    conformity_scores,
+    coverage_and_size,
+    private_conformal_threshold,
+)
 from tfdpbnn.uncertainty.mc import MCPrediction, mc_predict
+from tfdpbnn.uncertainty.private_release import PrivacyCost
 from tfdpbnn.uncertainty.regression import (
     HeteroscedasticGaussianNLL,
     HeteroscedasticHead,
     heteroscedastic_nll,
 )
+from tfdpbnn.uncertainty.temperature import (
+    TemperatureScaling,
+    fit_temperature,
+    fit_temperature_private,
+    scale_probabilities,
+)
 
 __all__ = [
-    "ExpectedCalibrationError", "HeteroscedasticGaussianNLL", "HeteroscedasticHead", "MCPrediction",
-    "MaximumCalibrationError", "expected_calibration_error", "heteroscedastic_nll",
-    "maximum_calibration_error", "mc_predict", "reliability_diagram",
+    "ConformalThreshold", "ExpectedCalibrationError", "HeteroscedasticGaussianNLL", "HeteroscedasticHead",
+    "MCPrediction", "MaximumCalibrationError", "PrivacyCost", "TemperatureScaling", "conformal_threshold",
+    "conformity_scores", "coverage_and_size", "expected_calibration_error", "fit_temperature",
+    "fit_temperature_private", "heteroscedastic_nll", "maximum_calibration_error", "mc_predict",
+    "private_conformal_threshold", "reliability_diagram", "scale_probabilities",
 ]

@@ -3,6 +3,8 @@
 With M equal-width confidence bins B_m = ((m-1)/M, m/M] (confidence 0 goes to the first bin),
     ECE = sum_m |B_m|/n |acc(B_m) - conf(B_m)|,    MCE = max_{m: B_m nonempty} |acc(B_m) - conf(B_m)|,
 where confidence is the largest predicted probability and accuracy compares its class with the label.
+A binary model's [n, 1] probabilities p of label 1 are read as the Bernoulli distributions [1 - p, p]
+(confidence max(p, 1 - p), predicted label 1 where p > 1/2), as in ``tfdpbnn.uncertainty.outputs``.
 """
 
 from __future__ import annotations
@@ -18,12 +20,18 @@ DEFAULT_NUM_BINS = 15
 
 
 def check_probabilities(probs, name="probs"):
-    """Return ``probs`` as float64 [n, C] after checking each row is a distribution; else ``ValueError``."""
+    """Return ``probs`` as float64 [n, C] after checking each row is a distribution; else ``ValueError``.
+
+    A one-column [n, 1] array holds Bernoulli probabilities p of label 1 and is returned as [1 - p, p].
+    """
     arr = np.asarray(probs, dtype=np.float64)
     if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 1:
-        raise ValueError(f"{name}: expected a [num_examples, num_classes] array, got shape {arr.shape}")
+        raise ValueError(f"{name}: expected a [num_examples, num_classes] array (or [num_examples, 1] "
+                         f"probabilities of label 1 for a binary model), got shape {arr.shape}")
     if not np.all(np.isfinite(arr)) or arr.min() < 0.0 or arr.max() > 1.0:
         raise ValueError(f"{name}: entries must be probabilities in [0, 1]")
+    if arr.shape[1] == 1:
+        return np.concatenate([1.0 - arr, arr], axis=1)
     worst = float(np.max(np.abs(arr.sum(axis=1) - 1.0)))
     if worst > SUM_TOLERANCE:
         raise ValueError(f"{name}: every row must sum to 1 (tolerance {SUM_TOLERANCE}); worst row is off by "

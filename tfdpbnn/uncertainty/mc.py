@@ -3,6 +3,8 @@
 Classification (Depeweg et al. 2018; Gal 2016 sec. 3.3): with S samples p_s(y | x),
     predictive mean  p(y|x) = 1/S sum_s p_s,   predictive entropy H[p(y|x)],
     expected entropy (aleatoric) 1/S sum_s H[p_s],   mutual information (epistemic) = difference (>= 0).
+A one-unit (binary) output is Bernoulli: p_s = [1 - q_s, q_s] with q_s = sigmoid(logit) or the probability
+itself, so ``mean`` is [n, 2] (column 1: probability of label 1) and the entropies are Bernoulli entropies.
 Regression with a ``HeteroscedasticHead`` (mean mu_s, log-variance log v_s; Kendall & Gal 2017 eq. 9):
     mean = 1/S sum mu_s,  epistemic variance = 1/S sum mu_s^2 - mean^2,  aleatoric variance = 1/S sum v_s.
 Samples come from the stochastic layers of ``tfdpbnn.layers`` (switched on by ``mc_sampling()``) or from a
@@ -14,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import warnings
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -154,6 +157,34 @@ def _warn_if_not_stochastic(model):
                       UserWarning, stacklevel=3)
 
 
+#: per model, its traced MC and forward functions keyed by (kind, task, from_logits): one tf.function per
+#: model and setting, reused across calls (a fresh one per call would retrace every time). Weak keys: the
+#: functions reach the model through a weak reference, so caching does not keep a model alive.
+_FUNCTIONS = weakref.WeakKeyDictionary()
+
+
+def traced_function(model, kind, task, from_logits):
+    """The cached ``tf.function`` of ``model`` for ``kind`` "mc" or "forward".
+
+    "mc": ``monte_carlo_summaries`` of a batch and a sample count (call it inside ``mc_sampling()``);
+    "forward": ``model(x, training=False)``. ``reduce_retracing=True`` relaxes the batch dimension after a
+    second shape, so batches of any size reuse at most a few traces
+    (``fn.experimental_get_tracing_count()`` counts them).
+    """
+    per_model = _FUNCTIONS.setdefault(model, {})
+    key = (kind, task, bool(from_logits))
+    if key not in per_model:
+        ref = weakref.ref(model)
+        if kind == "mc":
+            def fn(xb, s):
+                return monte_carlo_summaries(ref(), xb, s, task, from_logits)
+        else:
+            def fn(xb):
+                return ref()(xb, training=False)
+        per_model[key] = tf.function(fn, reduce_retracing=True)
+    return per_model[key]
+
+
 def mc_predict(model, x, num_samples=None, batch_size=256, task="classification", from_logits=None,
                weight_snapshots=None):
     """Monte Carlo prediction of ``model`` on ``x`` (see the module docstring for the formulas).
@@ -168,9 +199,10 @@ def mc_predict(model, x, num_samples=None, batch_size=256, task="classification"
       batch_size: examples per forward pass for arrays (a dataset keeps its own batches); memory is
         O(batch_size) for the passes plus the [n, C] results.
       task: "classification" or "regression" (outputs are ``HeteroscedasticHead`` [mean, log-variance]).
-      from_logits: classification only: True if the model outputs logits (softmax is applied), False for
-        probability vectors (checked), None to read it from the output layer's activation
-        (``tfdpbnn.uncertainty.outputs.resolve_from_logits``; softmax or linear, else ``ValueError``).
+      from_logits: classification only: True if the model outputs logits (softmax is applied; sigmoid for
+        one unit), False for probability vectors (checked; for one unit, a probability of label 1), None to
+        read it from the output layer's activation (``tfdpbnn.uncertainty.outputs.resolve_from_logits``;
+        softmax, linear or one-unit sigmoid, else ``ValueError``). A one-unit model's ``mean`` is [n, 2].
       weight_snapshots: optional list of weight lists as returned by ``model.get_weights()``; each is one
         posterior sample evaluated deterministically. The model's weights are restored afterwards. A
         dataset ``x`` is read once and its batches are kept in memory to evaluate every snapshot.
@@ -196,13 +228,12 @@ def mc_predict(model, x, num_samples=None, batch_size=256, task="classification"
     if weight_snapshots is None:
         if num_samples > 1:
             _warn_if_not_stochastic(model)
-        run = tf.function(lambda xb, s: monte_carlo_summaries(model, xb, s, task, from_logits),
-                          reduce_retracing=True)
+        run = traced_function(model, "mc", task, from_logits)
         with mc_sampling():  # traced inside the context: the stochastic layers sample
             for xb in _batches(x, batch_size):
                 results.append(run(xb, tf.constant(int(num_samples))))
     else:
-        forward = tf.function(lambda xb: model(xb, training=False), reduce_retracing=True)
+        forward = traced_function(model, "forward", task, from_logits)
         batches = list(_batches(x, batch_size))
         original = model.get_weights()
         batch_sums = [None] * len(batches)

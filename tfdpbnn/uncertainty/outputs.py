@@ -7,8 +7,14 @@ error. So every consumer here either knows what the outputs are or refuses:
 * ``from_logits=True``: softmax is applied first.
 * ``from_logits=False``: the outputs must be probability vectors; a graph assertion fails otherwise.
 * ``from_logits=None`` (default of ``mc_predict`` and ``export_saved_model``): read from the model's output
-  layer: a ``softmax`` activation (or a ``Softmax`` layer) means probabilities, a linear one means logits;
-  anything else raises ``ValueError`` asking for ``from_logits``.
+  layer: a ``softmax`` activation (or a ``Softmax`` layer) means probabilities, a linear one means logits,
+  a one-unit ``sigmoid`` means a Bernoulli probability; anything else raises ``ValueError`` asking for
+  ``from_logits``.
+
+Binary models: an output with one unit is a Bernoulli model of the positive class (label 1). Its logit z
+(``from_logits=True``) becomes p = sigmoid(z), a probability p is checked to lie in [0, 1], and both are
+returned as the two-class distribution [1 - p, p], so entropies, mutual information, ECE/MCE and reliability
+diagrams are those of the Bernoulli distribution (a softmax over one logit would always be 1).
 """
 
 from __future__ import annotations
@@ -69,16 +75,31 @@ def _output_of(layer):
         return object()
 
 
+def _output_width(model):
+    outputs = getattr(model, "outputs", None)
+    if not outputs or len(outputs) != 1 or outputs[0].shape.rank is None:
+        return None
+    return outputs[0].shape[-1]
+
+
 def resolve_from_logits(model, from_logits):
     """Return True if ``model`` outputs logits, False if probabilities (see the module docstring).
 
-    An explicit ``from_logits`` that contradicts the output layer's activation raises ``ValueError``.
+    An explicit ``from_logits`` that contradicts the output layer's activation raises ``ValueError``; so does
+    a one-unit softmax (always 1) and a sigmoid over several units (independent labels, not a distribution).
     """
     if from_logits is not None and not isinstance(from_logits, bool):
         raise ValueError(f"from_logits must be True, False or None (read from the model), got "
                          f"{from_logits!r}")
     name = _activation_name(output_layer(model)) if model is not None else None
-    inferred = {"softmax": False, "linear": True}.get(name)
+    width = _output_width(model) if model is not None else None
+    if name == "softmax" and width == 1:
+        raise ValueError("model: a softmax over one output unit is always 1; for a binary model use a linear "
+                         "output (logit, from_logits=True) or a sigmoid (probability of label 1)")
+    if name == "sigmoid" and width not in (1, None):
+        raise ValueError(f"model: a sigmoid over {width} output units models independent labels, not one "
+                         "class distribution; use a softmax (or linear logits) for classification")
+    inferred = {"softmax": False, "linear": True, "sigmoid": False if width == 1 else None}.get(name)
     if from_logits is None:
         if inferred is None:
             raise ValueError("from_logits: cannot tell whether the model outputs logits or probabilities "
@@ -86,16 +107,27 @@ def resolve_from_logits(model, from_logits):
                              "from_logits=False for probability vectors")
         return inferred
     if inferred is not None and inferred != from_logits:
-        kind = "logits (linear activation)" if inferred else "probabilities (softmax)"
+        kind = "logits (linear activation)" if inferred else f"probabilities ({name})"
         raise ValueError(f"from_logits={from_logits} contradicts the model's output layer, which outputs "
                          f"{kind}; pass from_logits={inferred} or None")
     return from_logits
 
 
 def assert_probabilities(outputs, name="model outputs"):
-    """Graph assertion that ``outputs`` [..., C] are probability vectors; returns ``outputs``."""
+    """Graph assertion that ``outputs`` [..., C] are probability vectors; returns ``outputs``.
+
+    One unit (C = 1): a Bernoulli probability in [0, 1], returned as [1 - p, p] (module docstring).
+    """
     outputs = tf.convert_to_tensor(outputs)
     tol = tf.cast(SUM_TOLERANCE, outputs.dtype)
+    if outputs.shape[-1] == 1:
+        message = f"{name}: expected a probability in [0, 1] (one-unit Bernoulli output); for a logit pass " \
+                  "from_logits=True"
+        checks = [tf.debugging.assert_greater_equal(outputs, -tol * 1e-3, message=message),
+                  tf.debugging.assert_less_equal(outputs, 1 + tol * 1e-3, message=message)]
+        with tf.control_dependencies(checks):
+            p = tf.clip_by_value(outputs, 0.0, 1.0)  # only float rounding passes the checks above
+            return tf.concat([1.0 - p, p], axis=-1)
     message = (f"{name}: expected probability vectors (entries >= 0, rows summing to 1 within "
                f"{SUM_TOLERANCE}); for logits pass from_logits=True")
     checks = [
@@ -107,7 +139,13 @@ def assert_probabilities(outputs, name="model outputs"):
 
 
 def to_probabilities(outputs, from_logits, name="model outputs"):
-    """Softmax of logits, or checked probability vectors (``assert_probabilities``)."""
+    """Softmax of logits, or checked probability vectors (``assert_probabilities``).
+
+    One unit: [1 - p, p] with p = sigmoid(logit) or the checked probability (module docstring).
+    """
+    outputs = tf.convert_to_tensor(outputs)
+    if from_logits and outputs.shape[-1] == 1:
+        return tf.concat([tf.math.sigmoid(-outputs), tf.math.sigmoid(outputs)], axis=-1)
     if from_logits:
         return tf.nn.softmax(outputs, axis=-1)
     return assert_probabilities(outputs, name)

@@ -1,0 +1,93 @@
+"""Split-conformal prediction sets: exact threshold, coverage within binomial tolerance, private epsilon."""
+
+import dp_accounting
+import numpy as np
+import pytest
+from scipy import stats
+
+from tfdpbnn.uncertainty import (
+    conformal_threshold,
+    conformity_scores,
+    coverage_and_size,
+    private_conformal_threshold,
+)
+
+CLASSES = 5
+
+
+def _calibrated(n, rng):
+    """Probabilities from a Dirichlet and labels drawn from them: exchangeable, continuous scores."""
+    probs = rng.dirichlet(np.full(CLASSES, 0.5), size=n)
+    labels = (rng.random(n)[:, None] > probs.cumsum(1)).sum(1)
+    return probs, np.minimum(labels, CLASSES - 1)
+
+
+def test_threshold_is_the_conformal_order_statistic():
+    probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.3, 0.7], [0.2, 0.8], [0.45, 0.55]])
+    labels = np.array([0, 1, 1, 0, 0])
+    np.testing.assert_allclose(conformity_scores(probs, labels), [0.1, 0.6, 0.3, 0.8, 0.55])
+    # n = 5, alpha = 0.35: K = ceil(6 * 0.65) = 4 -> 4th smallest score 0.6
+    fit = conformal_threshold(probs, labels, alpha=0.35)
+    assert fit.threshold == pytest.approx(0.6) and fit.privacy.epsilon == 0.0
+    sets = fit.predict_sets(probs)  # p(y) >= 0.4
+    np.testing.assert_array_equal(sets, [[1, 0], [1, 1], [0, 1], [0, 1], [1, 1]])
+    assert coverage_and_size(sets, labels) == pytest.approx((0.8, 1.4))
+    # alpha = 0.1: K = ceil(5.4) = 6 > n: every label
+    assert conformal_threshold(probs, labels, alpha=0.1).threshold == 1.0
+    # a binary column is Bernoulli
+    np.testing.assert_allclose(conformity_scores(probs[:, 1:], labels), [0.1, 0.6, 0.3, 0.8, 0.55])
+
+
+def _coverage_trials(fit, trials, n, seed):
+    """Indicators that a fresh test point is covered, one fresh calibration split per trial, and set sizes."""
+    rng = np.random.default_rng(seed)
+    hits, sizes = [], []
+    for t in range(trials):
+        probs, labels = _calibrated(n + 1, rng)
+        result = fit(probs[:n], labels[:n], t)
+        sets = result.predict_sets(probs[n:])
+        hits.append(bool(sets[0, labels[n]]))
+        sizes.append(int(sets.sum()))
+    return np.array(hits), np.array(sizes)
+
+
+def test_public_coverage_within_binomial_tolerance():
+    trials, n, alpha = 3000, 100, 0.1
+    hits, _ = _coverage_trials(lambda p, y, t: conformal_threshold(p, y, alpha), trials, n, seed=0)
+    # exact marginal coverage lies in [1 - alpha, 1 - alpha + 1 / (n + 1)] = [0.9, 0.9099]; each trial is a
+    # Bernoulli of it: two-sided binomial tolerance at level 1e-3 around that interval
+    low = stats.binom.ppf(0.0005, trials, 1 - alpha)
+    high = stats.binom.isf(0.0005, trials, 1 - alpha + 1 / (n + 1))
+    assert low <= hits.sum() <= high, hits.mean()
+
+
+def test_private_coverage_holds_and_epsilon_is_accounted():
+    trials, n, alpha = 1500, 2000, 0.1
+    hits, sizes = _coverage_trials(
+        lambda p, y, t: private_conformal_threshold(p, y, alpha, epsilon=1.0, delta=1e-5, seed=t), trials, n,
+        seed=1)
+    # guaranteed coverage >= 1 - alpha: the count must not be significantly below Binomial(trials, 0.9)
+    assert stats.binom.cdf(hits.sum(), trials, 1 - alpha) > 1e-3, hits.mean()
+    public_hits, public_sizes = _coverage_trials(lambda p, y, t: conformal_threshold(p, y, alpha), 300, n, 1)
+    # the price of privacy: larger sets than the public threshold's, still informative (fewer than all labels)
+    assert public_sizes.mean() <= sizes.mean() < CLASSES - 1
+    fit = private_conformal_threshold(*_calibrated(n, np.random.default_rng(2)), alpha, 1.0, 1e-5, seed=0)
+    cost = fit.privacy
+    assert cost.dp_event == dp_accounting.SelfComposedDpEvent(
+        dp_accounting.GaussianDpEvent(cost.noise_multiplier), 6)
+    pld = dp_accounting.pld.PLDAccountant().compose(cost.dp_event).get_epsilon(1e-5)
+    rdp = dp_accounting.rdp.RdpAccountant().compose(cost.dp_event).get_epsilon(1e-5)
+    assert cost.epsilon == pytest.approx(rdp, rel=1e-9) and pld <= cost.epsilon <= 1.0
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"alpha": 0.0}, "alpha"), ({"alpha": 1.0}, "alpha"), ({"gamma": 1.0}, "gamma"), ({"steps": 0}, "steps"),
+    ({"epsilon": -1.0}, "epsilon"),
+])
+def test_bad_arguments(kwargs, match):
+    probs, labels = _calibrated(10, np.random.default_rng(3))
+    args = {"alpha": 0.1, "epsilon": 1.0, "delta": 1e-5, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        private_conformal_threshold(probs, labels, **args)
+    with pytest.raises(ValueError, match="sets"):
+        coverage_and_size(np.ones(3, bool), [0, 0, 0])

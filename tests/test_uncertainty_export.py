@@ -1,0 +1,48 @@
+"""The exported MC signature serves calibrated probabilities and prediction sets; privacy.json: the cost."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdpbnn.export import export_saved_model
+from tfdpbnn.layers import MCDropout
+from tfdpbnn.uncertainty import conformal_threshold, fit_temperature_private, scale_probabilities
+
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(6, 4)).astype("float32")
+
+
+def test_calibration_is_served_and_its_cost_recorded(tmp_path):
+    model = tf.keras.Sequential([tf.keras.Input((4,)), MCDropout(0.3), tf.keras.layers.Dense(3)])
+    held_out = RNG.normal(size=(200, 4)).astype("float32")
+    probs = tf.nn.softmax(model(held_out)).numpy()
+    labels = RNG.integers(0, 3, size=200)
+    temperature = fit_temperature_private(probs, labels, epsilon=0.5, delta=1e-5, seed=0)
+    sets = conformal_threshold(temperature.apply(probs), labels, alpha=0.2)
+    path = export_saved_model(model, str(tmp_path / "m"), privacy={"epsilon": 1.0, "delta": 1e-5},
+                              calibration=temperature, prediction_sets=sets)
+    out = tf.saved_model.load(path).signatures["mc_predict"](x=tf.constant(X), num_samples=tf.constant(4))
+    mean = out["mean"].numpy()
+    calibrated = out["calibrated_mean"].numpy()
+    np.testing.assert_allclose(calibrated, scale_probabilities(mean, temperature.temperature), rtol=1e-6)
+    np.testing.assert_array_equal(out["prediction_set"].numpy(), 1.0 - calibrated <= sets.threshold)
+    with open(os.path.join(path, "assets", "privacy.json")) as fh:
+        privacy = json.load(fh)
+    assert privacy["epsilon"] == 1.0  # the training statement is kept
+    spent = privacy["calibration"][0]
+    assert spent["temperature"] == pytest.approx(temperature.temperature)
+    assert spent["privacy"]["epsilon"] == pytest.approx(temperature.privacy.epsilon) and spent["privacy"][
+        "epsilon"] > 0.4
+    assert spent["privacy"]["dp_event"]["name"] == "SelfComposedDpEvent"
+    assert privacy["calibration"][1]["privacy"]["epsilon"] == 0.0  # public threshold: no cost
+    with open(os.path.join(path, "assets", "mc_predict.json")) as fh:
+        assert json.load(fh)["temperature"] == pytest.approx(temperature.temperature)
+    # without a training statement, privacy.json still lists what calibration spent
+    bare = export_saved_model(model, str(tmp_path / "bare"), calibration=temperature)
+    with open(os.path.join(bare, "assets", "privacy.json")) as fh:
+        assert list(json.load(fh)) == ["calibration"]
+    with pytest.raises(ValueError, match="calibration must be None or a TemperatureScaling"):
+        export_saved_model(model, str(tmp_path / "bad"), calibration=1.5)

@@ -1,0 +1,118 @@
+"""Split-conformal prediction sets (Vovk et al. 2005), with a differentially private threshold.
+
+Score s(x, y) = 1 - p(y | x) in [0, 1] for predictive probabilities p; prediction set C(x) = {y : s(x, y)
+<= q}. With n held-out scores and K = ceil((n + 1)(1 - alpha)), the K-th smallest score as q (q = 1, every
+label, when K > n) gives P(Y in C(X)) >= 1 - alpha for a test point exchangeable with the held-out split
+(Vovk et al. 2005; Angelopoulos & Bates 2021, sec. 1). ``conformal_threshold`` does this on public data.
+
+Private threshold (``private_conformal_threshold``), after Angelopoulos, Bates, Zrnic & Jordan (2022,
+"Private prediction sets"): the quantile is computed with DP and the level is raised so that coverage still
+holds. A share ``gamma`` of alpha pays for the noise: alpha' = (1 - gamma) alpha, beta = gamma alpha,
+c = 1 - alpha'. The statistic f(b) = N(b) - c (n + 1), N(b) = #{i : s_i <= b}, is nondecreasing in b and
+changes by at most 1 when one example is added, removed or replaced (adding one moves N by 0 or 1 and
+c (n + 1) by c < 1), so n need not be public. A Gaussian noisy bisection of b over [0, 1]
+(``tfdpbnn.uncertainty.private_release``; ``steps`` queries, noise std sigma) accepts b (moves left) when
+f(b) + noise >= t, with the margin t = sigma * Phi^-1(1 - beta / steps); q is the final right end (1 if
+nothing was accepted, the set of all labels).
+
+Coverage: a miscovered test point needs s_{n+1} > q, so q < 1. If q < s_(K) (the K-th smallest score;
++inf if K > n), q was accepted with N(q) <= K - 1 < c (n + 1), i.e. f(q) < 0, so that query's noise
+exceeded t: probability at most beta by the union bound over the ``steps`` queries. Otherwise
+s_{n+1} > q >= s_(K), probability at most 1 - K / (n + 1) <= alpha' by exchangeability. Hence
+P(Y not in C(X)) <= alpha' + beta = alpha, over the held-out split, the test point and the noise. The paper
+selects the quantile with the exponential mechanism (pure DP); the Gaussian bisection used here has a
+dp-accounting event (``SelfComposed(Gaussian)``) that composes with training's under RDP or PLD.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+from scipy import stats
+
+from tfdpbnn._validation import check_positive_int, check_real
+from tfdpbnn.uncertainty.calibration import _labels, check_probabilities
+from tfdpbnn.uncertainty.private_release import PrivacyCost, gaussian_queries, noisy_bisection
+
+
+def conformity_scores(probs, labels):
+    """s_i = 1 - p(y_i | x_i) for [n, C] probabilities (a [n, 1] binary column: Bernoulli) and [n] labels."""
+    probs = check_probabilities(probs)
+    labels = _labels(labels, probs.shape[0], probs.shape[1])
+    return 1.0 - probs[np.arange(len(labels)), labels]
+
+
+@dataclasses.dataclass(frozen=True)
+class ConformalThreshold:
+    """A split-conformal threshold q for level 1 - ``alpha`` and what computing it cost (``privacy``).
+
+    ``predict_sets(probs)`` returns the sets {y : 1 - p(y | x) <= q} as a boolean [n, C] mask.
+    """
+
+    threshold: float
+    alpha: float
+    num_examples: int
+    privacy: PrivacyCost
+    gamma: float | None = None
+
+    def predict_sets(self, probs):
+        """Boolean [n, C] mask of the prediction sets (C = 2 for a [n, 1] binary column)."""
+        return 1.0 - check_probabilities(probs) <= self.threshold
+
+    def as_dict(self):
+        """JSON-ready record."""
+        return {"method": "split_conformal", "threshold": self.threshold, "alpha": self.alpha,
+                "gamma": self.gamma, "num_examples": self.num_examples, "privacy": self.privacy.as_dict()}
+
+
+def _check_alpha(alpha):
+    return check_real("alpha", alpha, low=0.0, high=1.0, low_open=True, high_open=True)
+
+
+def conformal_threshold(probs, labels, alpha=0.1):
+    """Split-conformal threshold on public (or already spent) held-out data: the K-th smallest score.
+
+    K = ceil((n + 1)(1 - alpha)); q = 1 (all labels) when K > n. No privacy cost.
+    """
+    alpha = _check_alpha(alpha)
+    scores = np.sort(conformity_scores(probs, labels))
+    k = math.ceil((len(scores) + 1) * (1.0 - alpha) - 1e-12)
+    threshold = 1.0 if k > len(scores) else float(scores[k - 1])
+    return ConformalThreshold(threshold=threshold, alpha=alpha, num_examples=len(scores),
+                              privacy=PrivacyCost.public("split_conformal_public_data"))
+
+
+def private_conformal_threshold(probs, labels, alpha, epsilon, delta, steps=6, gamma=0.1, accountant="rdp",
+                                neighboring="add_or_remove", seed=None):
+    """Split-conformal threshold from a private held-out split, (epsilon, delta)-DP (module docstring).
+
+    Coverage >= 1 - ``alpha``; ``steps`` Gaussian queries (resolution 2^-steps of the score scale);
+    ``gamma`` in (0, 1): the share of alpha spent on the noise (larger: smaller margin, larger sets from the
+    stricter alpha'). The returned ``ConformalThreshold.privacy`` holds the ``DpEvent`` and its epsilon.
+    """
+    alpha = _check_alpha(alpha)
+    gamma = check_real("gamma", gamma, low=0.0, high=1.0, low_open=True, high_open=True)
+    steps = check_positive_int("steps", steps)
+    scores = conformity_scores(probs, labels)
+    n = len(scores)
+    sigma, cost = gaussian_queries(epsilon, delta, steps, "split_conformal_gaussian_bisection", accountant,
+                                   neighboring)
+    c = 1.0 - (1.0 - gamma) * alpha
+    margin = sigma * float(stats.norm.isf(gamma * alpha / steps))
+
+    def query(b):
+        return float(np.sum(scores <= b)) - c * (n + 1)
+
+    _, hi = noisy_bisection(query, 0.0, 1.0, steps, noise_std=sigma, margin=margin, rng=seed)
+    return ConformalThreshold(threshold=float(hi), alpha=alpha, num_examples=n, privacy=cost, gamma=gamma)
+
+
+def coverage_and_size(sets, labels):
+    """(fraction of rows whose set holds the label, mean set size) of a boolean [n, C] mask of sets."""
+    sets = np.asarray(sets, dtype=bool)
+    if sets.ndim != 2:
+        raise ValueError(f"sets: expected a boolean [num_examples, num_classes] mask, got shape {sets.shape}")
+    labels = _labels(labels, sets.shape[0], sets.shape[1])
+    return float(np.mean(sets[np.arange(len(labels)), labels])), float(np.mean(sets.sum(axis=1)))

@@ -1,0 +1,111 @@
+"""Gaussian noisy bisection on held-out data, and the privacy cost it carries as a dp-accounting ``DpEvent``.
+
+Private calibration here (temperature, conformal threshold) finds where a monotone statistic of a held-out
+split changes sign, f(x) = sum_i f_i(x) with every |f_i| (or the change from adding/removing one example)
+bounded by a sensitivity Delta. Each bisection step releases f(x_mid) + N(0, (sigma Delta)^2) and keeps the
+half where the noisy sign says the root lies: ``queries`` adaptive Gaussian mechanisms (Dwork & Roth 2014,
+Theorem A.1; their composition is accounted exactly by RDP or PLD, Mironov 2017), so the release is the
+DpEvent ``SelfComposed(Gaussian(sigma / s), queries)``, the same event as ``queries`` full-batch DP-SGD
+steps (``tfdpbnn.privacy.dp_sgd_event`` with ``sample_rate=1``; s = 1 under add/remove, 2 under
+replace-one, as in ``tfdpbnn.privacy.budget``). sigma is calibrated to a target (epsilon, delta) by
+``tfdpbnn.privacy.calibrate_noise``. A mechanism that asks fewer queries is covered by the same event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import dp_accounting
+import numpy as np
+
+from tfdpbnn._validation import check_choice, check_open_unit, check_positive, check_positive_int
+from tfdpbnn.privacy.budget import SENSITIVITY, calibrate_noise, compute_epsilon, dp_sgd_event
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyCost:
+    """What a calibration released about its held-out data: a ``DpEvent`` and its epsilon at ``delta``.
+
+    ``dp_event`` composes with training's event (``dp_accounting.ComposedDpEvent([training, dp_event])``);
+    ``epsilon`` is this release alone, by ``accountant`` under ``neighboring``. A fit on public data has
+    ``dp_event = NoOpDpEvent()`` and epsilon 0 (``PrivacyCost.public()``).
+    """
+
+    mechanism: str
+    dp_event: dp_accounting.DpEvent
+    epsilon: float
+    delta: float
+    accountant: str | None = None
+    neighboring: str | None = None
+    noise_multiplier: float | None = None
+    queries: int = 0
+
+    @classmethod
+    def public(cls, mechanism):
+        """The cost of a fit on public data: nothing."""
+        return cls(mechanism=mechanism, dp_event=dp_accounting.NoOpDpEvent(), epsilon=0.0, delta=0.0)
+
+    def as_dict(self):
+        """JSON-ready record; the event as nested dicts of its class name and fields."""
+        return {"mechanism": self.mechanism, "epsilon": self.epsilon, "delta": self.delta,
+                "accountant": self.accountant, "neighboring": self.neighboring,
+                "noise_multiplier": self.noise_multiplier, "queries": self.queries,
+                "dp_event": _event_dict(self.dp_event)}
+
+
+def _event_dict(event):
+    """{"name": class name, field: value, ...} of a dp-accounting event (nested events as dicts)."""
+    return _named_tuple_dict(event.to_named_tuple())
+
+
+def _named_tuple_dict(value):
+    if hasattr(value, "_asdict") and "class_name" in value._fields:
+        fields = value._asdict()
+        out = {"name": fields.pop("class_name")}
+        fields.pop("module_name", None)
+        out.update({key: _named_tuple_dict(item) for key, item in fields.items()})
+        return out
+    if isinstance(value, list | tuple):
+        return [_named_tuple_dict(item) for item in value]
+    return value
+
+
+def gaussian_queries(epsilon, delta, queries, mechanism, accountant="rdp", neighboring="add_or_remove"):
+    """(noise multiplier sigma, ``PrivacyCost``) for ``queries`` Gaussian queries meeting (epsilon, delta).
+
+    The noise standard deviation of a query of sensitivity Delta is sigma * Delta (module docstring).
+    """
+    check_choice("neighboring", neighboring, tuple(SENSITIVITY))
+    if not isinstance(accountant, str):
+        raise ValueError(f"accountant must be the name of a registered accountant, got {accountant!r}")
+    return _gaussian_queries(check_positive("epsilon", epsilon), check_open_unit("delta", delta),
+                             check_positive_int("queries", queries), mechanism, accountant, neighboring)
+
+
+@functools.lru_cache(maxsize=64)
+def _gaussian_queries(epsilon, delta, queries, mechanism, accountant, neighboring):
+    """``gaussian_queries`` on checked arguments; cached (deterministic calibration, immutable results)."""
+    sigma = calibrate_noise(epsilon, delta, 1.0, queries, accountant, neighboring, sampling="shuffle")
+    event = dp_sgd_event(sigma / SENSITIVITY[neighboring], 1.0, queries, sampling="shuffle")
+    spent = compute_epsilon(sigma, 1.0, queries, delta, accountant, neighboring, sampling="shuffle")
+    return sigma, PrivacyCost(mechanism=mechanism, dp_event=event, epsilon=spent, delta=float(delta),
+                              accountant=accountant, neighboring=neighboring, noise_multiplier=sigma,
+                              queries=queries)
+
+
+def noisy_bisection(query, lo, hi, queries, noise_std, margin=0.0, rng=None):
+    """Bisection of [lo, hi] on the noisy sign of ``query(mid) + N(0, noise_std^2) - margin``.
+
+    ``query`` is nondecreasing; where the noisy value is >= 0 the root is taken to be left of ``mid``
+    (``hi = mid``), else right (``lo = mid``). Exactly ``queries`` steps; returns the final (lo, hi).
+    """
+    check_positive("noise_std", noise_std)
+    rng = np.random.default_rng(rng)
+    for _ in range(check_positive_int("queries", queries)):
+        mid = 0.5 * (lo + hi)
+        if query(mid) + rng.normal(0.0, noise_std) - margin >= 0.0:
+            hi = mid
+        else:
+            lo = mid
+    return lo, hi
