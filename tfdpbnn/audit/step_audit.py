@@ -5,15 +5,16 @@ multi-run audit), through the optimizer users compile.
 
 The method's model (``experiment.build_method_model``, tiny sizes) gets one Dirac gradient canary
 (``with_gradient_canaries``: its clipped gradient is exactly ``-C e_j`` on a coordinate no other example
-touches); its optimizer is the user-facing one, calibrated by its own accountant to ``epsilon`` for
-``steps`` full-batch steps, so the claim is exactly mu-GDP with ``mu = sqrt(steps) / sigma``. One step of
-a run is what ``dp_train_step`` does: ``optimizer.mechanism.clip_model`` on the batch (with or without the
-canary), then ``optimizer._dp_gradients`` (the method's own update direction: the mechanism's one noise
-draw, DP-SGLD's ``n / B`` scale and prior term, SI-DPSGD's layer noise). The runs are vectorized: the
-clipped sum is tiled ``runs`` times, so one call of the method's ``_dp_gradients`` draws the noise of all
-runs at once (one fused draw of the real mechanism, one independent row per run). A run's score is the
-canary coordinate of its released gradient summed over its steps (SGD-type updates move that coordinate by
-``-lr`` times it; Adam's moments are post-processing of it).
+touches); its optimizer is the user-facing one, its noise calibrated by the PLD accountant to ``epsilon``
+for ``steps`` full-batch steps (``tfdpbnn.privacy.calibrate_noise``, as ``target_epsilon`` does; the
+optimizer's own epsilon for those steps is reported beside it), so the claim is exactly mu-GDP with ``mu =
+sqrt(steps) / sigma``. One step of a run is what ``dp_train_step`` does: ``optimizer.mechanism.clip_model``
+on the batch (with or without the canary), then ``optimizer._dp_gradients`` (the method's own update
+direction: the mechanism's one noise draw, DP-SGLD's ``n / B`` scale and prior term, SI-DPSGD's layer
+noise). The runs are vectorized: the clipped sum is tiled ``runs`` times, so one call of the method's
+``_dp_gradients`` draws the noise of all runs at once (one fused draw of the real mechanism, one independent
+row per run). A run's score is the canary coordinate of its released gradient summed over its steps
+(SGD-type updates move that coordinate by ``-lr`` times it; Adam's moments are post-processing of it).
 
 Run k with the canary and run k without it form a pair (independent noise draws); ``paired_shift_bound``
 turns the K pairs into an exact lower bound on mu (noncentral t, ``tfdpbnn.audit.shift``), and
@@ -30,6 +31,7 @@ coordinate).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 import warnings
@@ -76,18 +78,29 @@ class StepAuditResult:
         return dataclasses.asdict(self)
 
 
+@functools.lru_cache(maxsize=64)
+def _calibrated_sigma(epsilon, delta, steps) -> float:
+    """Sigma of ``steps`` full-batch steps at (epsilon, delta): what the optimizers' PLD calibration gives."""
+    from tfdpbnn.privacy import calibrate_noise
+
+    return float(calibrate_noise(epsilon, delta, 1.0, steps, accountant="pld", sampling="shuffle"))
+
+
 def _optimizer(method, epsilon, delta, num_examples, steps):
+    """The method's optimizer for ``steps`` full-batch steps, its noise calibrated to (epsilon, delta)."""
     from tfdpbnn import optimizers as O
 
-    common = dict(target_epsilon=epsilon, delta=delta, num_examples=num_examples, batch_size=num_examples,
-                  epochs=steps, sampling="shuffle", accountant="pld")
+    sigma = _calibrated_sigma(float(epsilon), float(delta), int(steps))
+    common = dict(delta=delta, num_examples=num_examples, batch_size=num_examples, epochs=steps,
+                  sampling="shuffle", accountant="pld")
     if method == "dpsgld":
-        return O.DPSGLDOptimizer(1.0, **common)
+        lr = O.sgld_learning_rate(sigma, 1.0, num_examples, num_examples)
+        return O.DPSGLDOptimizer(1.0, learning_rate=lr, **common)
     if method == "dpadam":
-        return O.DPAdamOptimizer(1.0, None, learning_rate=0.01, **common)
+        return O.DPAdamOptimizer(1.0, sigma, learning_rate=0.01, **common)
     cls = {"dpvd": O.DPVDOptimizer, "sidp-ln": O.SIDPOptimizer, "sidp-bn": O.SIDPOptimizer}.get(
         method, O.DPSGDOptimizer)
-    return cls(1.0, None, learning_rate=0.1, **common)
+    return cls(1.0, sigma, learning_rate=0.1, **common)
 
 
 def _canary_coordinate(grads, var_list):
