@@ -30,6 +30,7 @@ coordinate).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -112,19 +113,126 @@ def _canary_coordinate(grads, var_list):
     raise ValueError("model: no canary_weights variable among the trainable variables")
 
 
-def _released(optimizer, model, data, runs, steps):
-    """The canary coordinate of each run's released gradient, summed over ``steps`` steps: [runs]."""
+def _clipped_tiled(optimizer, model, data, runs):
+    """One step's clipped sum of ``data`` (what ``dp_train_step`` computes), tiled ``runs`` times."""
     inputs, targets, weights = data
     var_list = model.trainable_variables
     optimizer._dp_before_step(model)
     clipped = optimizer.mechanism.clip_model(model, inputs, targets, weights, var_list=var_list)
-    tiled = dataclasses.replace(clipped, clipped_sum=[
+    return dataclasses.replace(clipped, clipped_sum=[
         tf.tile(tf.convert_to_tensor(g)[None], [runs] + [1] * len(g.shape)) for g in clipped.clipped_sum])
-    total = tf.zeros([runs], tf.float64)
+
+
+def _released(optimizer, model, tiled, steps):
+    """The canary coordinate of each run's released gradient, summed over ``steps`` steps: [runs]."""
+    var_list = model.trainable_variables
+    total = 0.0
     for _ in range(steps):
         grads = optimizer._dp_gradients(tiled, var_list)
         total += tf.cast(_canary_coordinate(grads, var_list), tf.float64)
     return total.numpy()
+
+
+class StepAuditor:
+    """One method's audited step at one claim, built once and audited any number of times.
+
+    Builds the method's tiny model with one canary and its optimizer for ``steps`` full-batch steps at
+    (``epsilon``, ``delta``) (module docstring); ``audit`` then draws fresh runs each time it is called, so
+    repeated audits (power tables) cost the noise draws only.
+
+    Args:
+      method: one of ``METHODS``.
+      epsilon: the budget the method's optimizer calibrates its noise to (PLD).
+      delta: delta of the claim.
+      steps: full-batch steps per run (the claim: ``sqrt(steps) / sigma``-GDP).
+      seed: seeds the model, then the noise (``tf.keras.utils.set_random_seed``).
+    """
+
+    def __init__(self, method="dpsgd", epsilon=1.0, delta=1e-5, steps=1, seed=0):
+        from tfdpbnn.audit.experiment import build_method_model
+
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        steps = int(steps)
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        start = time.perf_counter()
+        rng = np.random.default_rng(seed)
+        x = rng.normal(size=(NUM_REAL, NUM_FEATURES)).astype(np.float32)
+        y = rng.integers(0, NUM_CLASSES, NUM_REAL)
+        x_public = rng.normal(size=(8, NUM_FEATURES)).astype(np.float32)
+        n = NUM_REAL + 1
+        self.method, self.delta, self.steps, self.seed = method, float(delta), steps, seed
+        self.canary_layer = "NoisyDense" if method.startswith("sidp") else "Embedding"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            self.optimizer = _optimizer(method, epsilon, delta, n, steps)
+            base = build_method_model(method, n, HIDDEN, seed, x_public=x_public, num_features=NUM_FEATURES,
+                                      num_classes=NUM_CLASSES)
+            self.model = with_gradient_canaries(base, 1, self.optimizer.l2_norm_clip,
+                                                noisy=method.startswith("sidp"))
+            self.model.compile(optimizer=self.optimizer, loss=canary_losses(LOSS))
+            self.with_canary = gradient_canary_data(x, y, np.array([True]))
+            self.without = gradient_canary_data(x, y, np.array([False]))
+            self.optimizer.begin_training(self.model, self.with_canary[0], self.with_canary[1], batch_size=n)
+        self.claimed_mu = math.sqrt(steps) / self.optimizer.noise_multiplier
+        self.library_epsilon = float(self.optimizer.epsilon_after(steps))
+        self._clipped = {}
+        self.setup_seconds = time.perf_counter() - start
+        tf.keras.utils.set_random_seed(seed)
+
+    def runs(self, runs, broken=None, argument=None):
+        """``(with, without)``: the canary coordinate's released sum in ``runs`` fresh runs of each world.
+
+        ``broken``/``argument``: a mutation injected for these steps only (``tfdpbnn.audit.inject_bug``;
+        "unclipped-layer" defaults to the canary's layer type).
+        """
+        if broken is not None and broken not in mutations.MUTATIONS:
+            raise ValueError(f"broken must be None or one of {sorted(mutations.MUTATIONS)}, got {broken!r}")
+        if broken == "unclipped-layer" and argument is None:
+            argument = self.canary_layer
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            with mutations.inject_bug(broken, argument) if broken else contextlib.nullcontext():
+                key = (broken, argument, int(runs))
+                if key not in self._clipped:  # deterministic for the canary coordinate: clipped once
+                    self._clipped = {key: [_clipped_tiled(self.optimizer, self.model, data, runs)
+                                           for data in (self.with_canary, self.without)]}
+                ins, outs = (_released(self.optimizer, self.model, tiled, self.steps)
+                             for tiled in self._clipped[key])
+        return ins, outs
+
+    def audit(self, runs=20000, broken=None, argument=None, confidence=0.999,
+              assumption_free=True) -> StepAuditResult:
+        """Audit ``runs`` fresh pairs of runs (module docstring).
+
+        ``assumption_free=False`` skips the Clopper-Pearson bounds (reported as NaN), which only inform.
+        """
+        from tfdpbnn.privacy.gdp import gdp_epsilon
+
+        runs = int(runs)
+        if runs < 3:
+            raise ValueError(f"runs must be >= 3, got {runs}")
+        start = time.perf_counter()
+        ins, outs = self.runs(runs, broken, argument)
+        # The canary's gradient is -gain e_j: with the canary the coordinate is lower; orient the scores up.
+        shift = paired_shift_bound(outs - ins, confidence)
+        tradeoff_mu = cp_epsilon = math.nan
+        if assumption_free:
+            tradeoff_mu = gdp_lower_bound(-ins, -outs, delta=self.delta, confidence=0.95, threshold="split",
+                                          seed=self.seed).mu
+            cp_epsilon = multi_run_epsilon(-ins, -outs, delta=self.delta, confidence=0.95, threshold="split",
+                                           seed=self.seed).epsilon
+        mu_lower, claimed = shift.mu_lower, self.claimed_mu
+        return StepAuditResult(
+            method=self.method, broken=broken, steps=self.steps, runs=runs,
+            noise_multiplier=float(self.optimizer.noise_multiplier), claimed_mu=float(claimed),
+            claimed_epsilon=float(gdp_epsilon(claimed, self.delta)), library_epsilon=self.library_epsilon,
+            mu_hat=shift.mu_hat, mu_lower=mu_lower,
+            epsilon_lower=float(gdp_epsilon(mu_lower, self.delta)) if math.isfinite(mu_lower) else math.inf,
+            tradeoff_mu_lower=float(tradeoff_mu), clopper_pearson_epsilon_lower=float(cp_epsilon),
+            flagged=bool(mu_lower > claimed), power_1_5x=paired_shift_power(claimed, runs, 1.5, confidence),
+            confidence=float(confidence), delta=self.delta, seconds=time.perf_counter() - start)
 
 
 def step_audit(method="dpsgd", epsilon=1.0, delta=1e-5, runs=20000, steps=1, broken=None, confidence=0.999,
@@ -142,64 +250,14 @@ def step_audit(method="dpsgd", epsilon=1.0, delta=1e-5, runs=20000, steps=1, bro
       confidence: confidence of the bounds that decide (the mean-shift bound; 0.999: an honest method is
         flagged with probability at most 0.001).
       seed: seeds the model and the noise (``tf.keras.utils.set_random_seed``).
-    """
-    from tfdpbnn.audit.experiment import build_method_model
-    from tfdpbnn.privacy.gdp import gdp_epsilon
 
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    ``seconds`` of the result includes building the model and optimizer.
+    """
     if broken is not None and broken not in mutations.MUTATIONS:
         raise ValueError(f"broken must be None or one of {sorted(mutations.MUTATIONS)}, got {broken!r}")
-    runs, steps = int(runs), int(steps)
-    if runs < 3 or steps < 1:
-        raise ValueError(f"runs must be >= 3 and steps >= 1, got runs={runs}, steps={steps}")
-    start = time.perf_counter()
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(NUM_REAL, NUM_FEATURES)).astype(np.float32)
-    y = rng.integers(0, NUM_CLASSES, NUM_REAL)
-    x_public = rng.normal(size=(8, NUM_FEATURES)).astype(np.float32)
-    n = NUM_REAL + 1
-    noisy = method.startswith("sidp")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        optimizer = _optimizer(method, epsilon, delta, n, steps)
-        base = build_method_model(method, n, HIDDEN, seed, x_public=x_public, num_features=NUM_FEATURES,
-                                  num_classes=NUM_CLASSES)
-        model = with_gradient_canaries(base, 1, optimizer.l2_norm_clip, noisy=noisy)
-        model.compile(optimizer=optimizer, loss=canary_losses(LOSS))
-        with_canary = gradient_canary_data(x, y, np.array([True]))
-        without = gradient_canary_data(x, y, np.array([False]))
-        optimizer.begin_training(model, with_canary[0], with_canary[1], batch_size=n)
-        tf.keras.utils.set_random_seed(seed)
-        argument = ("NoisyDense" if noisy else "Embedding") if broken == "unclipped-layer" else None
-        with mutations.inject_bug(broken, argument) if broken else _honest():
-            ins = _released(optimizer, model, with_canary, runs, steps)
-            outs = _released(optimizer, model, without, runs, steps)
-    sigma = optimizer.noise_multiplier
-    claimed_mu = math.sqrt(steps) / sigma
-    # The canary's gradient is -gain e_j: with the canary the coordinate is lower; orient the scores up.
-    shift = paired_shift_bound(outs - ins, confidence)
-    tradeoff = gdp_lower_bound(-ins, -outs, delta=delta, confidence=0.95, threshold="split", seed=seed)
-    cp = multi_run_epsilon(-ins, -outs, delta=delta, confidence=0.95, threshold="split", seed=seed)
-    mu_lower = shift.mu_lower
-    return StepAuditResult(
-        method=method, broken=broken, steps=steps, runs=runs, noise_multiplier=float(sigma),
-        claimed_mu=float(claimed_mu), claimed_epsilon=float(gdp_epsilon(claimed_mu, delta)),
-        library_epsilon=float(optimizer.epsilon_after(steps)), mu_hat=shift.mu_hat, mu_lower=mu_lower,
-        epsilon_lower=float(gdp_epsilon(mu_lower, delta)) if math.isfinite(mu_lower) else math.inf,
-        tradeoff_mu_lower=float(tradeoff.mu), clopper_pearson_epsilon_lower=float(cp.epsilon),
-        flagged=bool(mu_lower > claimed_mu), power_1_5x=paired_shift_power(claimed_mu, runs, 1.5, confidence),
-        confidence=float(confidence), delta=float(delta), seconds=time.perf_counter() - start)
+    auditor = StepAuditor(method, epsilon, delta, steps, seed)
+    result = auditor.audit(runs, broken, confidence=confidence)
+    return dataclasses.replace(result, seconds=result.seconds + auditor.setup_seconds)
 
 
-class _honest:
-    """A ``with`` block that injects nothing."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-__all__ = ["METHODS", "StepAuditResult", "step_audit"]
+__all__ = ["METHODS", "StepAuditResult", "StepAuditor", "step_audit"]
