@@ -6,7 +6,9 @@ broken variants in ``MUTATIONS`` for the length of a ``with`` block, through a s
 (``mechanism._AUDIT_INJECTED_BUG``) read when a step is built; outside the block the mechanism is the honest
 one. Nothing in the public optimizer API can set it, and its name says what it is: it exists so that
 ``tfdpbnn.audit.step_audit`` and the tests can show that each bug would be caught. Each variant keeps the
-accounting of the honest mechanism (the claim does not change), as a shipped bug would.
+accounting of the honest mechanism (the claim does not change), as a shipped bug would. The noise variants
+act on every noise draw; the clipping variants ("clip-1.5x", "double-count", "unclipped-layer") on
+``DPMechanism.clip_model``, the path ``model.fit`` and ``dp_train_step`` take.
 """
 
 from __future__ import annotations

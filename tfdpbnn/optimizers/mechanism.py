@@ -204,8 +204,8 @@ class DPMechanism:
             loss_fn = compiled_per_example_loss_fn(model)
         clip = _read(self._clip) * (_audit_bug("clip-1.5x") or 1.0)
         if _audit_bug("double-count"):  # AUDIT BUG: the batch's last example counted twice
-            x, y, sample_weight = tf.nest.map_structure(lambda a: tf.concat([a, a[-1:]], 0),
-                                                        (x, y, sample_weight))
+            x, y, sample_weight = tf.nest.map_structure(
+                lambda a: a if a is None else tf.concat([a, a[-1:]], 0), (x, y, sample_weight))
         result = clipped_gradients(model, x, y, sample_weight, loss_fn, clip, var_list=var_list,
                                    training=training, method=self.clipping_method, sum_scale=self.scale())
         layer_type = _audit_bug("unclipped-layer")
