@@ -36,7 +36,7 @@ BUG_SIZES = (1.0, 1.25, 1.5)
 
 def _step_power(args):
     """Detection rate of ``args.repeats`` step audits per method x claim x bug size (noise x 1/size)."""
-    from tfdpbnn.audit.step_audit import METHODS, StepAuditor
+    from tfdpbnn.audit.step import METHODS, StepAuditor
 
     rows = []
     for method in METHODS:
@@ -62,7 +62,7 @@ def _step_power(args):
 def _step_mutations(args):
     """One step audit per method x claim x mutation, and the honest one, with every bound."""
     from tfdpbnn.audit.mutations import MUTATIONS
-    from tfdpbnn.audit.step_audit import METHODS, StepAuditor
+    from tfdpbnn.audit.step import METHODS, StepAuditor
 
     rows = []
     for method in METHODS:

@@ -6,12 +6,12 @@ import json
 import pytest
 
 from tfdpbnn import cli
-from tfdpbnn.audit import experiment, mutations, sampling, step_audit
+from tfdpbnn.audit import experiment, mutations, sampling, step
 from tfdpbnn.commands import audit as audit_command
 
 
 def test_cli_names_match_the_experiment():
-    assert audit_command.METHODS == experiment.METHODS == step_audit.METHODS
+    assert audit_command.METHODS == experiment.METHODS == step.METHODS
     assert set(audit_command.BROKEN) == set(experiment.BROKEN)
     assert set(audit_command.STEP_BROKEN) == set(mutations.MUTATIONS)
     assert set(audit_command.SAMPLING_BROKEN) == set(sampling.SAMPLING_MUTATIONS)

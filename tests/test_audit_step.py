@@ -8,7 +8,7 @@ Seeded; each audit's decision has error probability <= 0.001 (honest flagged) an
 import pytest
 
 from tfdpbnn.audit import mutations
-from tfdpbnn.audit.step_audit import METHODS, step_audit
+from tfdpbnn.audit.step import METHODS, step_audit
 from tfdpbnn.optimizers import mechanism
 
 RUNS = 4000  # pairs: power against 1.5x at claim epsilon 1 is 0.99 (asserted below)

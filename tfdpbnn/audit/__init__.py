@@ -27,7 +27,7 @@ from tfdpbnn.audit.mutations import MUTATIONS, inject_bug
 from tfdpbnn.audit.sampling import SamplingAuditResult, audit_participation, sampling_audit
 from tfdpbnn.audit.scores import UpdateRecorder, displacement_scores, likelihood_ratio_scores, update_unit
 from tfdpbnn.audit.shift import ShiftBound, paired_shift_bound, paired_shift_power
-from tfdpbnn.audit.step_audit import StepAuditor, StepAuditResult, step_audit
+from tfdpbnn.audit.step import StepAuditor, StepAuditResult, step_audit
 
 __all__ = [
     "MUTATIONS",

@@ -84,7 +84,7 @@ def _check_arguments(args, mode) -> None:
 
 def _step(args) -> dict:
     from tfdpbnn.audit.mutations import MUTATIONS
-    from tfdpbnn.audit.step_audit import step_audit
+    from tfdpbnn.audit.step import step_audit
 
     runs = check_positive_int("--runs", 20000 if args.runs is None else args.runs)
     if runs < 3:
