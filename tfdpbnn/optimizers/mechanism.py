@@ -202,7 +202,9 @@ class DPMechanism:
         """
         if loss_fn is None:
             loss_fn = compiled_per_example_loss_fn(model)
-        clip = _read(self._clip) * (_audit_bug("clip-1.5x") or 1.0)
+        clip = _read(self._clip)
+        if _audit_bug("clip-1.5x"):  # AUDIT BUG: examples clipped to a multiple of the C the noise assumes
+            clip = clip * _audit_bug("clip-1.5x")
         if _audit_bug("double-count"):  # AUDIT BUG: the batch's last example counted twice
             x, y, sample_weight = tf.nest.map_structure(
                 lambda a: a if a is None else tf.concat([a, a[-1:]], 0), (x, y, sample_weight))
@@ -250,7 +252,9 @@ class DPMechanism:
     # ----------------------------------------------------------------------------------------- noise
     def noise_like(self, tensors) -> list[tf.Tensor]:
         """One draw of ``N(0, (sigma C s)^2)`` shaped like each tensor (one fused draw for all of them)."""
-        stddev = self.noise_stddev() * (_audit_bug("noise-2/3") or 1.0)
+        stddev = self.noise_stddev()
+        if _audit_bug("noise-2/3"):  # AUDIT BUG: less noise than the accountant assumes
+            stddev = stddev * _audit_bug("noise-2/3")
         if _audit_bug("reused-seed"):  # AUDIT BUG: every draw from the same seed
             return gaussian_noise_like(tensors, stddev, tf.constant([1, 2], tf.int64), across_replicas=True)
         return gaussian_noise_like(tensors, stddev, secure=self._secure, across_replicas=True)
