@@ -82,6 +82,11 @@ def _check_arguments(args, mode) -> None:
                          "method shares; leave --method at its default")
 
 
+def _probability(p: float) -> str:
+    """A probability with three decimals; above 0.999 as "> 0.999" (not a rounded 1.000)."""
+    return "> 0.999" if p > 0.999 else f"{p:.3f}"
+
+
 def _step(args) -> dict:
     from tfdpbnn.audit.mutations import MUTATIONS
     from tfdpbnn.audit.step import step_audit
@@ -103,7 +108,8 @@ def _step(args) -> dict:
           f"epsilon >= {r.epsilon_lower:.4g} for a GDP mechanism; {r.mu_lower / r.claimed_mu:.3g}x the claim")
     print(f"          assumption-free (Clopper-Pearson, confidence 0.95): mu >= {r.tradeoff_mu_lower:.4g}, "
           f"(epsilon, delta) epsilon >= {r.clopper_pearson_epsilon_lower:.4g}")
-    print(f"power:    would have flagged a 1.5x sensitivity error with probability {r.power_1_5x:.3f}")
+    print("power:    would have flagged a 1.5x sensitivity error with probability",
+          _probability(r.power_1_5x))
     print("FLAGGED: the measured lower bound exceeds the claim" if r.flagged
           else "passed: the measured lower bound is within the claim")
     return r.as_dict()
@@ -123,7 +129,8 @@ def _sampling(args) -> dict:
     print(f"sampling audit of {what}: n {r.num_examples}, declared q {r.sample_rate:g}, {r.steps} batches")
     print(f"participations {r.participations} (expected {r.expected_participations:.1f}); p-values: total "
           f"{r.p_total:.3g}, per-example counts {r.p_counts:.3g}, batch sizes {r.p_batch_sizes:.3g}")
-    print(f"power:    would have flagged a 1.5x sample-rate error with probability {r.power_1_5x:.3f}")
+    print("power:    would have flagged a 1.5x sample-rate error with probability",
+          _probability(r.power_1_5x))
     print("FLAGGED: the batches do not follow Poisson sampling at the declared rate" if r.flagged
           else "passed: the batches are consistent with Poisson sampling at the declared rate")
     return r.as_dict()
@@ -166,8 +173,8 @@ def _one_run(args) -> dict:
     print(f"claimed epsilon: {result['claimed_epsilon']:.4g}  [{result['claim_source']}]")
     print(f"lower bound:     {result['lower_bound']:.4g}  ({result['correct']}/{result['guesses']} "
           f"guesses correct; confidence {confidence})")
-    print("power: the one-run audit does not see a 1.5x or 2x sensitivity error (docs/audit.md); use the "
-          "step audit (--mode step) for that")
+    print("power: not established against a 1.5x or 2x sensitivity error (docs/audit.md); the step audit "
+          "(--mode step) states its power")
     if args.broken:
         print("CAUGHT: lower bound above the claim" if result["caught"] else "NOT caught")
     elif result["caught"]:
