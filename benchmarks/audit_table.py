@@ -1,6 +1,10 @@
-"""Audit tables and figure of docs/audit.md: auditor validation, every method, every broken configuration.
+"""Audit tables and figure of docs/audit.md (step audit, sampling audit, one-run and multi-run audits).
 
-    python benchmarks/audit_table.py                      # everything (about 25 minutes on 2 CPU cores)
+Sections: the step audit's power and mutations, the sampling audit, auditor validation, every method's
+one-run audit, every broken configuration.
+
+    python benchmarks/audit_table.py                      # everything (about an hour on 2 CPU cores)
+    python benchmarks/audit_table.py --sections step-power step-mutations sampling   # the step audit
     python benchmarks/audit_table.py --sections methods   # one section; results merge into the JSON
     python benchmarks/audit_table.py --render-only        # tables + figure from the saved JSON
 
@@ -17,12 +21,73 @@ import platform
 import sys
 import time
 
+import numpy as np
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 EPSILONS_VALIDATION = (1.0, 2.0, 4.0, 8.0)
 EPSILONS_METHODS = (1.0, 4.0, 8.0)
 CLAIMS_BROKEN = (1.0, 4.0)
-SECTIONS = ("gaussian", "dpsgd", "methods", "broken")
+SECTIONS = ("step-power", "step-mutations", "sampling", "gaussian", "dpsgd", "methods", "broken")
+CLAIMS_STEP = (1.0, 2.0, 4.0)
+#: Injected bug sizes of the power table: sensitivity / noise ratio (1 = honest), injected as noise x 1/size.
+BUG_SIZES = (1.0, 1.25, 1.5)
+
+
+def _step_power(args):
+    """Detection rate of ``args.repeats`` step audits per method x claim x bug size (noise x 1/size)."""
+    from tfdpbnn.audit.step import METHODS, StepAuditor
+
+    rows = []
+    for method in METHODS:
+        for e in CLAIMS_STEP:
+            start = time.perf_counter()
+            auditor = StepAuditor(method, e, steps=args.step_steps, seed=0)
+            for size in BUG_SIZES:
+                broken, argument = (None, None) if size == 1.0 else ("noise-2/3", 1.0 / size)
+                audits = [auditor.audit(args.step_runs, broken, argument, assumption_free=False)
+                          for _ in range(args.repeats)]
+                rows.append({"method": method, "claim": e, "size": size, "repeats": args.repeats,
+                             "flagged": sum(a.flagged for a in audits), "runs": args.step_runs,
+                             "steps": args.step_steps, "claimed_mu": audits[0].claimed_mu,
+                             "mu_lower_over_claim": [a.mu_lower / a.claimed_mu for a in audits],
+                             "stated_power_1_5x": audits[0].power_1_5x,
+                             "seconds": time.perf_counter() - start})
+                start = time.perf_counter()
+                print("step-power", {k: v for k, v in rows[-1].items() if k != "mu_lower_over_claim"},
+                      flush=True)
+    return rows
+
+
+def _step_mutations(args):
+    """One step audit per method x claim x mutation, and the honest one, with every bound."""
+    from tfdpbnn.audit.mutations import MUTATIONS
+    from tfdpbnn.audit.step import METHODS, StepAuditor
+
+    rows = []
+    for method in METHODS:
+        start = time.perf_counter()
+        for e in CLAIMS_STEP:
+            auditor = StepAuditor(method, e, steps=args.step_steps, seed=1)
+            for broken in (None, *MUTATIONS):
+                rows.append(auditor.audit(args.step_runs, broken).as_dict())
+                print("step-mutations", rows[-1], flush=True)
+        for r in rows[-3 * (1 + len(MUTATIONS)):]:
+            r["suite_seconds"] = time.perf_counter() - start
+    return rows
+
+
+def _sampling(args):
+    """The sampling audit of poisson_batches and its broken pipelines at q = 0.01, n = 2000, 300 batches."""
+    from tfdpbnn.audit.sampling import SAMPLING_MUTATIONS, sampling_audit
+
+    rows = []
+    for broken in (None, *SAMPLING_MUTATIONS):
+        start = time.perf_counter()
+        r = sampling_audit(2000, 0.01, 300, broken=broken, seed=0).as_dict()
+        rows.append({**r, "broken": broken, "seconds": time.perf_counter() - start})
+        print("sampling", rows[-1], flush=True)
+    return rows
 
 
 def _save(path, results):
@@ -34,6 +99,11 @@ def run_sections(args, results):
     """Run the audit sections in ``args.sections`` into ``results``, saving the JSON after every new row."""
     from tfdpbnn.audit import experiment
 
+    step_sections = {"step-power": _step_power, "step-mutations": _step_mutations, "sampling": _sampling}
+    for name, fn in step_sections.items():
+        if name in args.sections:
+            results[name] = fn(args)
+            _save(args.json, results)
     if "gaussian" in args.sections:
         counts = sorted({args.runs, 200_000} | {r["runs"] for r in results.get("dpsgd", [])})
         results["gaussian"] = [experiment.validate_gaussian(e, num_runs=runs, seed=0)
@@ -80,6 +150,49 @@ def render(results, md_path, figure_path, doc_path="docs/audit.md"):
 
     sections = {}
     lines = []
+    if "step-power" in results:
+        rows = results["step-power"]
+        r0 = rows[0]
+        lines += [f"### Step audit: detection rate in {r0['repeats']} repeated audits ({r0['runs']} pairs of "
+                  f"runs, {r0['steps']} full-batch step(s) each, confidence 0.999)", "",
+                  "Bug size = (sensitivity / noise) of the code that ran over the claim's (injected as noise "
+                  "x 1 / size); 1 = the honest code. Median mu lower bound / claimed mu in parentheses.", "",
+                  "| method | claim epsilon | claimed mu | size 1 (honest) | size 1.25 | size 1.5 | stated "
+                  "power at 1.5x | s |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for method in dict.fromkeys(r["method"] for r in rows):
+            for e in dict.fromkeys(r["claim"] for r in rows if r["method"] == method):
+                cell = {r["size"]: r for r in rows if r["method"] == method and r["claim"] == e}
+                text = [f"{c['flagged']}/{c['repeats']} ({float(np.median(c['mu_lower_over_claim'])):.2f})"
+                        for c in (cell[s] for s in BUG_SIZES)]
+                lines.append(f"| {method} | {e:g} | {cell[1.0]['claimed_mu']:.3f} | " + " | ".join(text)
+                             + f" | {cell[1.0]['stated_power_1_5x']:.3f} | "
+                             f"{sum(c['seconds'] for c in cell.values()):.0f} |")
+        sections["step-power"], lines = lines, []
+    if "step-mutations" in results:
+        rows = results["step-mutations"]
+        lines += ["### Step audit of every mutation (one audit each; mu lower bound / claimed mu, FLAGGED "
+                  "when > 1)", "", "| method | claim epsilon | honest | " + " | ".join(
+                      dict.fromkeys(r["broken"] for r in rows if r["broken"])) + " | suite s |",
+                  "| --- | --- | --- |" + " --- |" * (len({r['broken'] for r in rows}) - 1) + " --- |"]
+        for method in dict.fromkeys(r["method"] for r in rows):
+            for e in dict.fromkeys(r["claimed_epsilon"] for r in rows if r["method"] == method):
+                cells = [r for r in rows if r["method"] == method and r["claimed_epsilon"] == e]
+                text = [(f"{r['mu_lower'] / r['claimed_mu']:.2f}" if r["mu_lower"] < 1000 * r["claimed_mu"]
+                         else "> 1000")
+                        + (" FLAGGED" if r["flagged"] else "") for r in cells]
+                lines.append(f"| {method} | {e:.3g} | " + " | ".join(text)
+                             + f" | {cells[0]['suite_seconds']:.0f} |")
+        sections["step-mutations"], lines = lines, []
+    if "sampling" in results:
+        lines += ["### Sampling audit (n = 2000, declared q = 0.01, 300 batches; alpha 0.001)", "",
+                  "| pipeline | participations (expected) | p total | p counts | p batch sizes | flagged | "
+                  "power at 1.5x q | s |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in results["sampling"]:
+            lines.append(f"| {r['broken'] or 'poisson_batches'} | {r['participations']} "
+                         f"({r['expected_participations']:.0f}) | {r['p_total']:.3g} | {r['p_counts']:.3g} | "
+                         f"{r['p_batch_sizes']:.3g} | {'yes' if r['flagged'] else 'no'} | "
+                         f"{r['power_1_5x']:.3f} | {r['seconds']:.1f} |")
+        sections["sampling"], lines = lines, []
     if "gaussian" in results or "dpsgd" in results:
         lines += ["### Auditor validation: mechanisms with a known epsilon (delta 1e-5, 95% confidence)", "",
                   "| mechanism | runs | epsilon | (eps, delta) bound | ratio | GDP bound: mu_lb / mu | "
@@ -177,6 +290,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
     p.add_argument("--runs", type=int, default=2000, help="multi-run audits: runs per epsilon")
+    p.add_argument("--step-runs", type=int, default=20000, help="step audits: pairs of runs")
+    p.add_argument("--step-steps", type=int, default=1, help="step audits: full-batch steps per run")
+    p.add_argument("--repeats", type=int, default=20, help="step power table: audits per cell")
     p.add_argument("--validation-epsilons", type=float, nargs="+", default=list(EPSILONS_VALIDATION),
                    help="multi-run DP-SGD: the epsilons to validate at")
     p.add_argument("--steps", type=int, default=4, help="multi-run DP-SGD: steps per run")

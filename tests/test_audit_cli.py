@@ -1,27 +1,54 @@
-"""``tfdpbnn audit``: argument errors, and a tiny multi-run audit end to end."""
+"""``tfdpbnn audit``: argument errors, the step audit end to end (flags a broken DPVD, passes the honest
+one, prints its power), the sampling mode, and a tiny multi-run audit."""
 
 import json
 
 import pytest
 
 from tfdpbnn import cli
-from tfdpbnn.audit import experiment
+from tfdpbnn.audit import experiment, mutations, sampling, step
 from tfdpbnn.commands import audit as audit_command
 
 
 def test_cli_names_match_the_experiment():
-    assert audit_command.METHODS == experiment.METHODS
+    assert audit_command.METHODS == experiment.METHODS == step.METHODS
     assert set(audit_command.BROKEN) == set(experiment.BROKEN)
+    assert set(audit_command.STEP_BROKEN) == set(mutations.MUTATIONS)
+    assert set(audit_command.SAMPLING_BROKEN) == set(sampling.SAMPLING_MUTATIONS)
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--epsilon", "0"], "--epsilon"),
     (["--epsilon", "1", "--multi-run", "--runs", "3"], "--runs"),
-    (["--epsilon", "1", "--sample-rate", "1.5"], "--sample-rate"),
+    (["--epsilon", "1", "--mode", "one-run", "--sample-rate", "1.5"], "--sample-rate"),
+    (["--epsilon", "1", "--sample-rate", "0.1"], "--sample-rate"),  # the step audit has no sampling
+    (["--epsilon", "1", "--broken", "sigma0"], "--broken"),  # a one-run configuration, not a step mutation
+    (["--epsilon", "1", "--multi-run", "--method", "dpvd"], "--method"),
+    (["--epsilon", "1", "--multi-run", "--broken", "noise-2/3"], "--broken"),
+    (["--epsilon", "1", "--mode", "sampling", "--broken", "noise-2/3"], "--broken"),
 ])
 def test_bad_arguments_exit_2(argv, message, capsys):
     assert cli.main(["audit", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("broken", [None, "noise-2/3"])
+def test_step_audit_of_dpvd_flags_the_broken_noise_only(broken, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    argv = ["audit", "--method", "dpvd", "--epsilon", "1", "--runs", "5000", "--json", str(out)]
+    assert cli.main(argv + (["--broken", broken] if broken else [])) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["method"] == "dpvd" and result["broken"] == broken and result["runs"] == 5000
+    assert result["flagged"] == (broken is not None)
+    assert ("FLAGGED" in printed) == (broken is not None)
+    assert "would have flagged a 1.5x sensitivity error with probability" in printed
+    assert result["power_1_5x"] > 0.95
+
+
+def test_sampling_mode_flags_a_1_5x_rate(capsys):
+    assert cli.main(["audit", "--mode", "sampling", "--epsilon", "1", "--broken", "sample-rate-1.5x"]) == 0
+    assert "FLAGGED" in capsys.readouterr().out
 
 
 def test_multi_run_tiny(tmp_path, capsys):

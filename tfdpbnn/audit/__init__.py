@@ -23,9 +23,24 @@ from tfdpbnn.audit.canaries import (
 )
 from tfdpbnn.audit.gradient_audit import GradientCanaryAudit
 from tfdpbnn.audit.multi_run import multi_run_scores
+from tfdpbnn.audit.mutations import MUTATIONS, inject_bug
+from tfdpbnn.audit.sampling import SamplingAuditResult, audit_participation, sampling_audit
 from tfdpbnn.audit.scores import UpdateRecorder, displacement_scores, likelihood_ratio_scores, update_unit
+from tfdpbnn.audit.shift import ShiftBound, paired_shift_bound, paired_shift_power
+from tfdpbnn.audit.step import StepAuditor, StepAuditResult, step_audit
 
 __all__ = [
+    "MUTATIONS",
+    "SamplingAuditResult",
+    "ShiftBound",
+    "StepAuditResult",
+    "StepAuditor",
+    "audit_participation",
+    "inject_bug",
+    "paired_shift_bound",
+    "paired_shift_power",
+    "sampling_audit",
+    "step_audit",
     "GradientCanaryAudit",
     "UpdateRecorder",
     "canary_losses",

@@ -56,10 +56,11 @@ def _digits():
     return (x - 0.5, y), (x_test - 0.5, y_test)
 
 
-def build_method_model(method, num_examples, hidden, seed, x_public=None):
+def build_method_model(method, num_examples, hidden, seed, x_public=None, num_features=64, num_classes=10):
     """The DIGITS model of ``method``, as ``tfdpbnn train`` builds it (``tfdpbnn/commands/train_recipes.py``).
 
-    sidp-bn: NoisyDense with carried ``PublicBatchNormalization`` over ``x_public``.
+    sidp-bn: NoisyDense with carried ``PublicBatchNormalization`` over ``x_public``. ``num_features`` and
+    ``num_classes`` (DIGITS: 64 and 10) give the same architecture for other input and output sizes.
     """
     from tfdpbnn import layers
     from tfdpbnn.commands.train_recipes import build_model
@@ -67,14 +68,14 @@ def build_method_model(method, num_examples, hidden, seed, x_public=None):
     if method == "sidp-bn":
         tf.keras.utils.set_random_seed(seed)
         m = len(x_public)
-        inp = tf.keras.Input((64,))
+        inp = tf.keras.Input((num_features,))
         h = layers.AppendPublicBatch(public_batch=np.asarray(x_public, np.float32))(inp)
         h = layers.NoisyDense(hidden)(h)
         h = tf.keras.layers.Activation("tanh")(layers.PublicBatchNormalization(num_public=m, carried=True)(h))
-        out = layers.DropPublicBatch(m)(layers.NoisyDense(10)(h))
+        out = layers.DropPublicBatch(m)(layers.NoisyDense(num_classes)(h))
         return tf.keras.Model(inp, out)
     base = {"dpadam": "dpsgd", "sidp-ln": "sidp"}.get(method, method)
-    return build_model(base, (64,), 10, num_examples, hidden, seed)
+    return build_model(base, (num_features,), num_classes, num_examples, hidden, seed)
 
 
 @contextlib.contextmanager
@@ -256,13 +257,16 @@ def validate_dpsgd(epsilon, delta=1e-5, num_runs=2000, steps=4, num_examples=255
     n = num_examples + 1
     lr = 1.0
     sigma = tfdpbnn.privacy.calibrate_noise(epsilon, delta, 1.0, steps, accountant="pld", sampling="shuffle")
-    opt = tfdpbnn.DPSGDOptimizer(1.0, sigma, delta=delta, num_examples=n, batch_size=n, sampling="shuffle",
+    # No delta in the optimizer: fit's monitor would compute the ledger's epsilon at every epoch end (one
+    # epoch per run), a cost growing with the steps so far; the claim is computed once below instead.
+    opt = tfdpbnn.DPSGDOptimizer(1.0, sigma, num_examples=n, batch_size=n, sampling="shuffle",
                                  accountant="pld", learning_rate=lr)
     model = with_gradient_canaries(build_method_model("dpsgd", n, hidden, seed), 1, 1.0)
     model.compile(optimizer=opt, loss=canary_losses(LOSS))
     ins, outs = multi_run_scores(model, opt, x, y, num_runs, steps)
     seconds = time.perf_counter() - start
-    reported = opt.epsilon_after(steps)  # one run's epsilon (the runs reuse the data: one run is audited)
+    # One run's epsilon (the runs reuse the data: one run is audited).
+    reported = opt.epsilon_after(steps, delta=delta)
     unit = lr * 1.0 / n
     return {"epsilon": epsilon, "reported_epsilon": reported, "noise_multiplier": opt.noise_multiplier,
             "mu": math.sqrt(steps) / opt.noise_multiplier, "runs": num_runs, "steps": steps,

@@ -1,10 +1,13 @@
-"""``tfdpbnn audit``: a measured lower bound on epsilon beside the accountant's upper bound (DIGITS).
+"""``tfdpbnn audit``: a measured lower bound on privacy beside the claimed one, and the audit's power.
 
-One-run audit (default; Steinke, Nasr & Jagielski 2023): one training run of ``--method``'s DIGITS model
-with ``--num-canaries`` Dirac gradient canaries, each included with probability 1/2, through compile/fit.
-``--broken NAME`` runs a deliberately broken configuration instead and says whether the audit catches it.
-``--multi-run``: the multi-run audit of full-batch DP-SGD (``--runs`` runs of ``--steps`` steps). See
-docs/audit.md.
+``--mode step`` (default): the step audit of ``--method`` (``tfdpbnn.audit.step_audit``): ``--runs`` pairs
+of runs of ``--steps`` full-batch steps with and without a white-box canary, through the method's own
+optimizer, vectorized (seconds). ``--broken NAME`` injects a deliberately broken mechanism
+(``tfdpbnn.audit.mutations``) and shows whether the audit flags it. ``--mode sampling``: the conformance test
+of Poisson batches (``tfdpbnn.audit.sampling``; ``--broken`` a broken pipeline). ``--mode one-run``: one
+training run of the method's DIGITS model with ``--num-canaries`` canaries (Steinke, Nasr & Jagielski 2023;
+``--broken`` one of its broken configurations). ``--mode multi-run`` (or ``--multi-run``): the multi-run
+audit of full-batch DP-SGD through ``model.fit`` (DP-SGD only). See docs/audit.md.
 """
 
 from __future__ import annotations
@@ -13,73 +16,179 @@ import json
 
 from tfdpbnn._validation import check_open_unit, check_positive, check_positive_int
 
-# The same names as tfdpbnn.audit.experiment.METHODS / BROKEN (kept here so building the parser imports no
-# TensorFlow; tests/test_audit_cli.py checks they agree).
+# The same names as tfdpbnn.audit.experiment.METHODS / BROKEN, tfdpbnn.audit.mutations.MUTATIONS and
+# tfdpbnn.audit.sampling.SAMPLING_MUTATIONS (kept here so building the parser imports no TensorFlow;
+# tests/test_audit_cli.py checks they agree).
 METHODS = ("dpsgd", "dpadam", "dpvd", "dpsgld", "sidp-ln", "sidp-bn", "dpbbp", "dpmcdropout")
 BROKEN = ("sigma0", "sidp-paper", "num-examples", "unclipped")
+STEP_BROKEN = ("noise-2/3", "clip-1.5x", "double-count", "unclipped-layer", "reused-seed")
+SAMPLING_BROKEN = ("sample-rate-1.5x", "fixed-batches")
+MODES = ("step", "sampling", "one-run", "multi-run")
+_BROKEN_BY_MODE = {"step": STEP_BROKEN, "sampling": SAMPLING_BROKEN, "one-run": BROKEN, "multi-run": ()}
+#: The options each mode reads (besides --method, --epsilon, --delta, --broken, --confidence, --seed, --json).
+_OPTIONS_BY_MODE = {"step": ("runs", "steps"), "sampling": ("steps", "sample_rate", "num_examples"),
+                    "one-run": ("num_canaries", "epochs", "sample_rate"),
+                    "multi-run": ("runs", "steps", "num_examples")}
 
 
 def add_parser(subparsers) -> None:
     """Register the ``audit`` subcommand."""
-    p = subparsers.add_parser("audit", help="empirical lower bound on epsilon (privacy audit) on DIGITS",
+    p = subparsers.add_parser("audit", help="empirical lower bound on epsilon (privacy audit)",
                               description=__doc__)
     p.add_argument("--method", default="dpsgd", choices=METHODS, help="method to audit (default dpsgd)")
     p.add_argument("--epsilon", type=float, required=True, help="privacy budget the noise is calibrated to")
     p.add_argument("--delta", type=float, default=1e-5, help="delta (default 1e-5)")
-    p.add_argument("--num-canaries", type=int, default=1000, help="one-run audit: canaries m (default 1000)")
-    p.add_argument("--epochs", type=int, default=20, help="one-run audit: epochs (default 20)")
-    p.add_argument("--sample-rate", type=float, default=0.2, help="one-run audit: Poisson rate q (0.2)")
-    p.add_argument("--broken", default=None, choices=BROKEN,
-                   help="audit a deliberately broken configuration instead of --method (docs/audit.md)")
-    p.add_argument("--multi-run", action="store_true",
-                   help="multi-run audit of full-batch DP-SGD instead of the one-run audit")
-    p.add_argument("--runs", type=int, default=2000, help="multi-run: training runs, half with the canary")
-    p.add_argument("--steps", type=int, default=4, help="multi-run: steps per run (default 4)")
-    p.add_argument("--num-examples", type=int, default=255, help="multi-run: DIGITS examples (default 255)")
-    p.add_argument("--confidence", type=float, default=0.95, help="confidence of the lower bound (0.95)")
+    p.add_argument("--mode", default="step", choices=MODES, help="which audit (default step)")
+    p.add_argument("--broken", default=None, choices=sorted(set(STEP_BROKEN + SAMPLING_BROKEN + BROKEN)),
+                   help="audit a deliberately broken variant; step: " + ", ".join(STEP_BROKEN)
+                   + "; sampling: " + ", ".join(SAMPLING_BROKEN) + "; one-run: " + ", ".join(BROKEN))
+    p.add_argument("--runs", type=int, default=None,
+                   help="step: pairs of runs (default 20000); multi-run: runs, half with the canary (2000)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="step: full-batch steps per run (default 1); multi-run: (default 4); sampling: "
+                        "batches drawn (default 300)")
+    p.add_argument("--num-canaries", type=int, default=None, help="one-run audit: canaries m (default 1000)")
+    p.add_argument("--epochs", type=int, default=None, help="one-run audit: epochs (default 20)")
+    p.add_argument("--sample-rate", type=float, default=None,
+                   help="one-run audit: Poisson rate q (0.2); sampling: declared q (0.01)")
+    p.add_argument("--multi-run", action="store_true", help="same as --mode multi-run")
+    p.add_argument("--num-examples", type=int, default=None,
+                   help="multi-run: DIGITS examples (default 255); sampling: n (default 2000)")
+    p.add_argument("--confidence", type=float, default=None,
+                   help="confidence of the lower bound (step: 0.999; others: 0.95)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="OUT.json", help="also write the result as JSON")
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
-    """Entry point of ``tfdpbnn audit``: run the one-run (or ``--multi-run``) audit; print (and save) it."""
-    from tfdpbnn.audit import experiment
-
+def _check_arguments(args, mode) -> None:
     check_positive("--epsilon", args.epsilon)
     check_open_unit("--delta", args.delta)
-    check_open_unit("--confidence", args.confidence)
-    if args.multi_run:
-        runs = check_positive_int("--runs", args.runs)
-        if runs < 4 or runs % 2:
-            raise ValueError(f"--runs must be an even integer >= 4, got {runs}")
-        result = experiment.validate_dpsgd(
-            args.epsilon, args.delta, runs, check_positive_int("--steps", args.steps),
-            check_positive_int("--num-examples", args.num_examples), seed=args.seed,
-            confidence=args.confidence)
-        print(f"multi-run audit, full-batch DP-SGD: {result['runs']} runs x {result['steps']} steps, "
-              f"sigma {result['noise_multiplier']:.4g} ({result['seconds']:.1f} s)")
-        print(f"reported epsilon (pld): {result['reported_epsilon']:.4g}   mu-GDP: {result['mu']:.4g}")
-        print(f"lower bound, (epsilon, delta): {result['epsilon_lb']:.4g}")
-        print(f"lower bound, mu-GDP claim:     mu >= {result['gdp_mu_lb']:.4g}, "
-              f"epsilon >= {result['gdp_epsilon_lb']:.4g}   (confidence {args.confidence})")
-    else:
-        if not 0 < args.sample_rate <= 1:
-            raise ValueError(f"--sample-rate must be in (0, 1], got {args.sample_rate!r}")
-        result = experiment.audit_method(
-            args.method, args.epsilon, args.delta, check_positive_int("--num-canaries", args.num_canaries),
-            check_positive_int("--epochs", args.epochs), args.sample_rate, seed=args.seed, broken=args.broken,
-            confidence=args.confidence)
-        what = f"BROKEN {args.broken}" if args.broken else result["method"]
-        print(f"one-run audit of {what}: {result['num_canaries']} canaries, {result['steps']} steps, "
-              f"score {result['score']} ({result['seconds']:.1f} s)")
-        print(f"claimed epsilon: {result['claimed_epsilon']:.4g}  [{result['claim_source']}]")
-        print(f"lower bound:     {result['lower_bound']:.4g}  ({result['correct']}/{result['guesses']} "
-              f"guesses correct; confidence {args.confidence})")
-        if args.broken:
-            print("CAUGHT: lower bound above the claim" if result["caught"] else "NOT caught")
-        elif result["caught"]:
-            print("VIOLATION: the lower bound exceeds the reported epsilon")
+    if args.confidence is not None:
+        check_open_unit("--confidence", args.confidence)
+    for option in ("runs", "steps", "num_canaries", "epochs", "sample_rate", "num_examples"):
+        if getattr(args, option) is not None and option not in _OPTIONS_BY_MODE[mode]:
+            flag = "--" + option.replace("_", "-")
+            raise ValueError(f"{flag} does not apply to --mode {mode} (it reads: "
+                             + ", ".join("--" + o.replace("_", "-") for o in _OPTIONS_BY_MODE[mode]) + ")")
+    if args.broken is not None and args.broken not in _BROKEN_BY_MODE[mode]:
+        allowed = ", ".join(_BROKEN_BY_MODE[mode]) or "none"
+        raise ValueError(f"--broken {args.broken} does not apply to --mode {mode} (allowed: {allowed})")
+    if mode == "multi-run" and args.method != "dpsgd":
+        raise ValueError(f"--method {args.method}: --mode multi-run audits full-batch DP-SGD only; the step "
+                         "audit (--mode step, the default) audits every method")
+    if mode == "sampling" and args.method != "dpsgd":
+        raise ValueError("--method: --mode sampling audits the data pipeline (poisson_batches), which every "
+                         "method shares; leave --method at its default")
+
+
+def _probability(p: float) -> str:
+    """A probability with three decimals; above 0.999 as "> 0.999" (not a rounded 1.000)."""
+    return "> 0.999" if p > 0.999 else f"{p:.3f}"
+
+
+def _step(args) -> dict:
+    from tfdpbnn.audit.mutations import MUTATIONS
+    from tfdpbnn.audit.step import step_audit
+
+    runs = check_positive_int("--runs", 20000 if args.runs is None else args.runs)
+    if runs < 3:
+        raise ValueError(f"--runs must be >= 3, got {runs}")
+    steps = check_positive_int("--steps", 1 if args.steps is None else args.steps)
+    confidence = 0.999 if args.confidence is None else args.confidence
+    r = step_audit(args.method, args.epsilon, args.delta, runs, steps, broken=args.broken,
+                   confidence=confidence, seed=args.seed)
+    what = r.method + (f", BROKEN {args.broken}: {MUTATIONS[args.broken][0]}" if args.broken else "")
+    print(f"step audit of {what}")
+    print(f"  {r.runs} pairs of runs x {r.steps} full-batch step(s), sigma {r.noise_multiplier:.4g} "
+          f"({r.seconds:.1f} s)")
+    print(f"claimed:  mu = {r.claimed_mu:.4g}-GDP, epsilon {r.claimed_epsilon:.4g} at delta {r.delta:g} "
+          f"(the optimizer's PLD epsilon: {r.library_epsilon:.4g})")
+    print(f"measured: mu >= {r.mu_lower:.4g} (estimate {r.mu_hat:.4g}; confidence {r.confidence}), "
+          f"epsilon >= {r.epsilon_lower:.4g} for a GDP mechanism; {r.mu_lower / r.claimed_mu:.3g}x the claim")
+    print(f"          assumption-free (Clopper-Pearson, confidence 0.95): mu >= {r.tradeoff_mu_lower:.4g}, "
+          f"(epsilon, delta) epsilon >= {r.clopper_pearson_epsilon_lower:.4g}")
+    print("power:    would have flagged a 1.5x sensitivity error with probability",
+          _probability(r.power_1_5x))
+    print("FLAGGED: the measured lower bound exceeds the claim" if r.flagged
+          else "passed: the measured lower bound is within the claim")
+    return r.as_dict()
+
+
+def _sampling(args) -> dict:
+    from tfdpbnn.audit.sampling import SAMPLING_MUTATIONS, sampling_audit
+
+    n = check_positive_int("--num-examples", 2000 if args.num_examples is None else args.num_examples)
+    q = 0.01 if args.sample_rate is None else args.sample_rate
+    if not 0 < q <= 1:
+        raise ValueError(f"--sample-rate must be in (0, 1], got {q!r}")
+    steps = check_positive_int("--steps", 300 if args.steps is None else args.steps)
+    alpha = 1e-3 if args.confidence is None else 1.0 - args.confidence
+    r = sampling_audit(n, q, steps, broken=args.broken, seed=args.seed, alpha=alpha)
+    what = f"BROKEN {args.broken}: {SAMPLING_MUTATIONS[args.broken]}" if args.broken else "poisson_batches"
+    print(f"sampling audit of {what}: n {r.num_examples}, declared q {r.sample_rate:g}, {r.steps} batches")
+    print(f"participations {r.participations} (expected {r.expected_participations:.1f}); p-values: total "
+          f"{r.p_total:.3g}, per-example counts {r.p_counts:.3g}, batch sizes {r.p_batch_sizes:.3g}")
+    print("power:    would have flagged a 1.5x sample-rate error with probability",
+          _probability(r.power_1_5x))
+    print("FLAGGED: the batches do not follow Poisson sampling at the declared rate" if r.flagged
+          else "passed: the batches are consistent with Poisson sampling at the declared rate")
+    return r.as_dict()
+
+
+def _multi_run(args) -> dict:
+    from tfdpbnn.audit import experiment
+
+    runs = check_positive_int("--runs", 2000 if args.runs is None else args.runs)
+    if runs < 4 or runs % 2:
+        raise ValueError(f"--runs must be an even integer >= 4, got {runs}")
+    confidence = 0.95 if args.confidence is None else args.confidence
+    steps = check_positive_int("--steps", 4 if args.steps is None else args.steps)
+    n = check_positive_int("--num-examples", 255 if args.num_examples is None else args.num_examples)
+    result = experiment.validate_dpsgd(args.epsilon, args.delta, runs, steps, n, seed=args.seed,
+                                       confidence=confidence)
+    print(f"multi-run audit, full-batch DP-SGD: {result['runs']} runs x {result['steps']} steps, "
+          f"sigma {result['noise_multiplier']:.4g} ({result['seconds']:.1f} s)")
+    print(f"reported epsilon (pld): {result['reported_epsilon']:.4g}   mu-GDP: {result['mu']:.4g}")
+    print(f"lower bound, (epsilon, delta): {result['epsilon_lb']:.4g}")
+    print(f"lower bound, mu-GDP claim:     mu >= {result['gdp_mu_lb']:.4g}, "
+          f"epsilon >= {result['gdp_epsilon_lb']:.4g}   (confidence {confidence})")
+    return result
+
+
+def _one_run(args) -> dict:
+    from tfdpbnn.audit import experiment
+
+    q = 0.2 if args.sample_rate is None else args.sample_rate
+    if not 0 < q <= 1:
+        raise ValueError(f"--sample-rate must be in (0, 1], got {q!r}")
+    confidence = 0.95 if args.confidence is None else args.confidence
+    canaries = check_positive_int("--num-canaries", 1000 if args.num_canaries is None else args.num_canaries)
+    epochs = check_positive_int("--epochs", 20 if args.epochs is None else args.epochs)
+    result = experiment.audit_method(args.method, args.epsilon, args.delta, canaries, epochs, q,
+                                     seed=args.seed, broken=args.broken, confidence=confidence)
+    what = f"BROKEN {args.broken}" if args.broken else result["method"]
+    print(f"one-run audit of {what}: {result['num_canaries']} canaries, {result['steps']} steps, "
+          f"score {result['score']} ({result['seconds']:.1f} s)")
+    print(f"claimed epsilon: {result['claimed_epsilon']:.4g}  [{result['claim_source']}]")
+    print(f"lower bound:     {result['lower_bound']:.4g}  ({result['correct']}/{result['guesses']} "
+          f"guesses correct; confidence {confidence})")
+    print("power: not established against a 1.5x or 2x sensitivity error (docs/audit.md); the step audit "
+          "(--mode step) states its power")
+    if args.broken:
+        print("CAUGHT: lower bound above the claim" if result["caught"] else "NOT caught")
+    elif result["caught"]:
+        print("VIOLATION: the lower bound exceeds the reported epsilon")
+    return result
+
+
+def run(args) -> int:
+    """Entry point of ``tfdpbnn audit``: run the audit of ``--mode``; print (and save) it."""
+    mode = "multi-run" if args.multi_run else args.mode
+    if args.multi_run and args.mode not in ("step", "multi-run"):
+        raise ValueError(f"--multi-run contradicts --mode {args.mode}")
+    _check_arguments(args, mode)
+    result = {"step": _step, "sampling": _sampling, "multi-run": _multi_run, "one-run": _one_run}[mode](args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

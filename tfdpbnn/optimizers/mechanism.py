@@ -36,6 +36,36 @@ from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
 from tfdpbnn.privacy.budget import NEIGHBORING
 from tfdpbnn.privacy.ledger import step_event
 
+#: AUDIT-ONLY FAULT INJECTION, never set in a real run: ``tfdpbnn.audit.mutations.inject_bug`` sets it, for
+#: the length of a ``with`` block, to ``(name, argument)`` of a deliberately broken variant of this mechanism
+#: (``tfdpbnn.audit.mutations.MUTATIONS``), so the audit can show it would catch that bug. Read when a step
+#: is built (traced), by ``_audit_bug`` only. None: the honest mechanism.
+_AUDIT_INJECTED_BUG: tuple[str, Any] | None = None
+
+
+def _audit_bug(name: str):
+    """The argument of the injected audit bug ``name`` if that one is injected, else None (honest code)."""
+    bug = _AUDIT_INJECTED_BUG
+    return None if bug is None or bug[0] != name else bug[1]
+
+
+def _unclipped_layer_sums(model, x, y, sample_weight, loss_fn, var_list, training, scale, layer_type):
+    """AUDIT BUG ``unclipped-layer``: the scaled UNCLIPPED gradient sum of ``layer_type`` layers.
+
+    ``scale * sum_i g_i`` for each variable of a layer whose class is named ``layer_type``; None for others.
+    """
+    owned = {id(v) for layer in model.submodules if type(layer).__name__ == layer_type
+             for v in layer.trainable_variables}
+    targets = [v for v in var_list if id(v) in owned]
+    if not targets:
+        raise ValueError(f"unclipped-layer: the model has no trainable {layer_type} layer")
+    with tf.GradientTape() as tape:
+        total = tf.reduce_sum(loss_fn(y, model(x, training=training), sample_weight))
+    grads = tape.gradient(total, targets)
+    by_id = {id(v): tf.convert_to_tensor(g) * scale for v, g in zip(targets, grads, strict=True)}
+    return [by_id.get(id(v)) for v in var_list]
+
+
 #: What a mechanism parameter may be: a number, or a scalar tensor/variable (read at every step), or a
 #: function of no arguments returning one.
 Scalar = Any
@@ -172,8 +202,21 @@ class DPMechanism:
         """
         if loss_fn is None:
             loss_fn = compiled_per_example_loss_fn(model)
-        result = clipped_gradients(model, x, y, sample_weight, loss_fn, _read(self._clip), var_list=var_list,
+        clip = _read(self._clip)
+        if _audit_bug("clip-1.5x"):  # AUDIT BUG: examples clipped to a multiple of the C the noise assumes
+            clip = clip * _audit_bug("clip-1.5x")
+        if _audit_bug("double-count"):  # AUDIT BUG: the batch's last example counted twice
+            x, y, sample_weight = tf.nest.map_structure(
+                lambda a: a if a is None else tf.concat([a, a[-1:]], 0), (x, y, sample_weight))
+        result = clipped_gradients(model, x, y, sample_weight, loss_fn, clip, var_list=var_list,
                                    training=training, method=self.clipping_method, sum_scale=self.scale())
+        layer_type = _audit_bug("unclipped-layer")
+        if layer_type:
+            variables = model.trainable_variables if var_list is None else list(var_list)
+            raw = _unclipped_layer_sums(model, x, y, sample_weight, loss_fn, variables, training,
+                                        self.scale(), layer_type)
+            result = dataclasses.replace(result, clipped_sum=[
+                g if r is None else r for g, r in zip(result.clipped_sum, raw, strict=True)])
         if not model.losses:
             result = dataclasses.replace(result, regularization_grads=None)
         self._count(result.per_example_loss)
@@ -209,7 +252,12 @@ class DPMechanism:
     # ----------------------------------------------------------------------------------------- noise
     def noise_like(self, tensors) -> list[tf.Tensor]:
         """One draw of ``N(0, (sigma C s)^2)`` shaped like each tensor (one fused draw for all of them)."""
-        return gaussian_noise_like(tensors, self.noise_stddev(), secure=self._secure, across_replicas=True)
+        stddev = self.noise_stddev()
+        if _audit_bug("noise-2/3"):  # AUDIT BUG: less noise than the accountant assumes
+            stddev = stddev * _audit_bug("noise-2/3")
+        if _audit_bug("reused-seed"):  # AUDIT BUG: every draw from the same seed
+            return gaussian_noise_like(tensors, stddev, tf.constant([1, 2], tf.int64), across_replicas=True)
+        return gaussian_noise_like(tensors, stddev, secure=self._secure, across_replicas=True)
 
     def release(self, clipped: ClippedGradients) -> DPGradients:
         """Add the step's one noise draw to a clipped sum from ``clip_model`` or ``clip_losses``."""

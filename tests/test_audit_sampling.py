@@ -1,0 +1,50 @@
+"""The sampling audit (tfdpbnn.audit.sampling): poisson_batches passes, a 1.5x rate and fixed-size batches
+declared as Poisson are flagged, and the stated power against 1.5x matches the exact binomial law."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from tfdpbnn.audit.sampling import audit_participation, rate_test_power, sampling_audit
+
+
+def test_poisson_batches_pass():
+    r = sampling_audit(num_examples=2000, sample_rate=0.01, steps=300, seed=0)
+    assert not r.flagged
+    assert r.power_1_5x > 0.999  # 6000 expected participations against 9000
+
+
+@pytest.mark.parametrize("broken", ["sample-rate-1.5x", "fixed-batches"])
+def test_broken_pipelines_are_flagged(broken):
+    assert sampling_audit(num_examples=2000, sample_rate=0.01, steps=300, broken=broken, seed=0).flagged
+
+
+def test_honest_simulated_batches_are_flagged_rarely():
+    # 200 simulated Poisson pipelines (numpy): flagged ones ~ Binomial(200, <= alpha) with alpha = 0.05.
+    rng = np.random.default_rng(0)
+    n, q, steps = 300, 0.05, 60
+    flagged = 0
+    for _ in range(200):
+        batches = [np.flatnonzero(rng.random(n) < q) for _ in range(steps)]
+        flagged += audit_participation(batches, n, q, alpha=0.05).flagged
+    assert stats.binomtest(flagged, 200, 0.05, alternative="greater").pvalue > 1e-3
+
+
+def test_power_matches_simulation():
+    # A small audit where 1.5x is caught only sometimes: the stated power vs 300 simulated 1.5x pipelines.
+    rng = np.random.default_rng(1)
+    n, q, steps, alpha = 50, 0.02, 20, 0.05
+    power = rate_test_power(n, steps, q, 1.5, alpha)
+    assert 0.2 < power < 0.9
+    hits = 0
+    for _ in range(300):
+        batches = [np.flatnonzero(rng.random(n) < 1.5 * q) for _ in range(steps)]
+        r = audit_participation(batches, n, q, alpha=alpha)
+        lo, hi = stats.binom.ppf(alpha / 6, n * steps, q), stats.binom.isf(alpha / 6, n * steps, q)
+        hits += not lo <= r.participations <= hi  # the participation-total test alone
+    assert stats.binomtest(hits, 300, power).pvalue > 1e-3
+
+
+def test_ids_out_of_range_are_refused():
+    with pytest.raises(ValueError, match="batches"):
+        audit_participation([np.array([0, 5])], 5, 0.1)
