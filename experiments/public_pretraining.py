@@ -136,6 +136,22 @@ def run_one(method: str, epsilon: float, arm: str, seed: int, learning_rate: flo
             "epsilon": float(statement["epsilon"])}
 
 
+def pretrained_only(seeds) -> dict:
+    """DIGITS test accuracy of the pretrained networks before any private training (inference mode)."""
+    import tfdpbnn
+    from tfdpbnn.commands import train_recipes
+
+    out = {}
+    for method in METHODS:
+        for seed in seeds:
+            model = train_recipes.build_model(method, (64,), 10, NUM_PRIVATE, 64, seed)
+            model.set_weights(pretrained_weights(method, _public(seed)["all"], seed))
+            _, (x_test, y_test) = tfdpbnn.data.load_digits(seed=seed)
+            logits = model.predict(x_test - 0.5, verbose=0)
+            out[f"{method} seed={seed}"] = float(np.mean(np.argmax(logits, axis=1) == y_test))
+    return out
+
+
 def table(rows) -> str:
     """Markdown table: mean (min-max over seeds) per method, epsilon and arm (in order of appearance)."""
     lines = ["| method | epsilon | public data | learning rate | seeds | accuracy | ECE | NLL "
@@ -169,9 +185,14 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.path.join("runs", "public_pretraining"))
     parser.add_argument("--diagnostic-lrs", type=float, nargs="*", default=[],
                         help="also fine-tune the pretrained network at these fixed rates (diagnostic)")
+    parser.add_argument("--pretrained-only", action="store_true",
+                        help="only print the pretrained networks' DIGITS accuracy (no private training)")
     parser.add_argument("--skip-selection", action="store_true",
                         help="run only the diagnostic arms (no selection, no selected arms)")
     args = parser.parse_args(argv)
+    if args.pretrained_only:
+        print(json.dumps(pretrained_only(args.seeds)))
+        return 0
     os.makedirs(args.out, exist_ok=True)
     rows, selections, start = [], {}, time.time()
 
