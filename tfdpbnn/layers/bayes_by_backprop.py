@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
@@ -15,7 +16,9 @@ tfd = tfp.distributions
 class DenseBayesByBackprop(tf.keras.layers.Layer):
     """Dense layer with a factorized Gaussian posterior, Bayes by Backprop (Zhang et al. 2022, sec. 3.2).
 
-    Posterior per weight: w ~ N(mu, softplus(rho)^2); prior N(0, prior_scale^2). The closed-form
+    Posterior per weight: w ~ N(mu, softplus(rho)^2); prior N(0, prior_scale^2), or per-weight N(loc, scale^2)
+    set by ``set_prior`` (non-trainable variables ``prior_kernel_loc``, ``prior_kernel_scale``,
+    ``prior_bias_loc``, ``prior_bias_scale``, saved with the weights). The closed-form
     KL(q || p) summed over kernel and bias (``tfp.distributions.kl_divergence`` of two Normals) is added with
     ``add_loss`` scaled by 1/``num_examples`` (the per-example term of the ELBO, Zhang et al. (2022, sec.
     3.2)).
@@ -62,14 +65,75 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
                                             initializer=self.bias_rho_initializer)
         else:
             self.bias_mu = self.bias_rho = None
+        # The prior N(loc, scale^2) per weight: not trained, N(0, prior_scale^2) until set_prior.
+        zeros, scale = "zeros", tf.keras.initializers.Constant(self.prior_scale)
+        self.prior_kernel_loc = self.add_weight("prior_kernel_loc", shape=shape, initializer=zeros,
+                                                trainable=False)
+        self.prior_kernel_scale = self.add_weight("prior_kernel_scale", shape=shape, initializer=scale,
+                                                  trainable=False)
+        if self.use_bias:
+            self.prior_bias_loc = self.add_weight("prior_bias_loc", shape=(self.units,), initializer=zeros,
+                                                  trainable=False)
+            self.prior_bias_scale = self.add_weight("prior_bias_scale", shape=(self.units,),
+                                                    initializer=scale, trainable=False)
+        else:
+            self.prior_bias_loc = self.prior_bias_scale = None
         super().build(input_shape)
 
+    def set_prior(self, kernel_loc, kernel_scale, bias_loc=None, bias_scale=None):
+        """Set the Gaussian prior N(loc, scale^2) of every weight (e.g. a posterior fit on public data).
+
+        Empirical-Bayes use of public data (Blundell et al. 2015's prior, its parameters from a public fit):
+        ``kernel_loc``/``kernel_scale`` broadcast to [in, units], ``bias_loc``/``bias_scale`` to [units]
+        (required with ``use_bias``, refused without). Scales must be > 0 and finite. The prior is data the
+        DP optimizers treat as public: its KL term enters after clipping and noise. Build the layer first.
+        """
+        if not self.built:
+            raise ValueError("set_prior: build the layer first (call it on an input or build the model)")
+        if self.use_bias and (bias_loc is None or bias_scale is None):
+            raise ValueError("bias_loc and bias_scale are required: the layer has a bias (use_bias=True)")
+        if not self.use_bias and (bias_loc is not None or bias_scale is not None):
+            raise ValueError("bias_loc and bias_scale must be None: the layer has no bias (use_bias=False)")
+        pairs = [("kernel", self.prior_kernel_loc, self.prior_kernel_scale, kernel_loc, kernel_scale)]
+        if self.use_bias:
+            pairs.append(("bias", self.prior_bias_loc, self.prior_bias_scale, bias_loc, bias_scale))
+        values = []
+        for name, loc_var, scale_var, loc, scale in pairs:
+            shape = tuple(loc_var.shape)
+            try:
+                loc = np.broadcast_to(np.asarray(loc, dtype=np.float64), shape)
+                scale = np.broadcast_to(np.asarray(scale, dtype=np.float64), shape)
+            except ValueError as err:
+                raise ValueError(f"{name}_loc and {name}_scale must broadcast to {shape}") from err
+            if not np.all(np.isfinite(loc)):
+                raise ValueError(f"{name}_loc must be finite")
+            if not (np.all(np.isfinite(scale)) and np.all(scale > 0)):
+                raise ValueError(f"{name}_scale must be finite and > 0 everywhere")
+            values.append((loc_var, loc, scale_var, scale))
+        for loc_var, loc, scale_var, scale in values:
+            loc_var.assign(loc.astype(loc_var.dtype.as_numpy_dtype))
+            scale_var.assign(scale.astype(scale_var.dtype.as_numpy_dtype))
+
+    def posterior(self):
+        """The posterior's per-weight ``(kernel_loc, kernel_scale, bias_loc, bias_scale)`` as numpy arrays.
+
+        loc = mu, scale = softplus(rho) (Blundell et al. 2015); bias entries None without a bias.
+        """
+        softplus = tf.nn.softplus
+        kernel = (self.kernel_mu.numpy(), softplus(self.kernel_rho).numpy())
+        bias = (self.bias_mu.numpy(), softplus(self.bias_rho).numpy()) if self.use_bias else (None, None)
+        return kernel + bias
+
     def kl_divergence(self):
-        """Closed-form KL(q || N(0, prior_scale^2)) summed over all weights (unscaled)."""
-        prior = tfd.Normal(0.0, tf.cast(self.prior_scale, self.kernel_mu.dtype))
+        """Closed-form KL(q || prior) summed over the weights (unscaled); default prior N(0, prior_scale^2).
+
+        Blundell et al. (2015); the prior is per-weight N(loc, scale^2), set by ``set_prior``.
+        """
+        prior = tfd.Normal(self.prior_kernel_loc, self.prior_kernel_scale)
         posterior = tfd.Normal(self.kernel_mu, tf.nn.softplus(self.kernel_rho))
         kl = tf.reduce_sum(tfd.kl_divergence(posterior, prior))
         if self.use_bias:
+            prior = tfd.Normal(self.prior_bias_loc, self.prior_bias_scale)
             posterior = tfd.Normal(self.bias_mu, tf.nn.softplus(self.bias_rho))
             kl += tf.reduce_sum(tfd.kl_divergence(posterior, prior))
         return kl
