@@ -221,3 +221,4 @@ def test_dict_multi_input_model_with_a_penalty_on_the_integer_branch_is_refused(
     x = {"tokens": x_tokens, "values": _data()[0]}
     with pytest.raises(ValueError, match="model.losses depends on the input data"):
         _fit_tokens(model, x, y)
+

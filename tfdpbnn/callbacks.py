@@ -209,7 +209,13 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         if optimizer.accountant == "rdp":
             logs["epsilon"] = optimizer.epsilon()
             return
-        logs["epsilon_rdp"] = optimizer.epsilon(accountant="rdp")
+        import dp_accounting
+
+        try:
+            logs["epsilon_rdp"] = optimizer.epsilon(accountant="rdp")
+        except dp_accounting.UnsupportedEventError:  # e.g. Poisson under replace-one: only PLD bounds it
+            logs["epsilon"] = optimizer.epsilon()
+            return
         planned = (self.params or {}).get("epochs")
         if self.model.stop_training or planned is None or epoch + 1 >= planned:
             logs["epsilon"] = optimizer.epsilon()

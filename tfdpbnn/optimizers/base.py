@@ -418,22 +418,26 @@ class DPOptimizerMixin:
         return {}
 
     # ------------------------------------------------------------------------------- fit integration
-    def begin_training(self, model, x, y=None, batch_size=None, validation_split=0.0, shuffle=True):
+    def begin_training(self, model, x, y=None, batch_size=None, validation_split=0.0, shuffle=True, *,
+                       _fit=False):
         """Check ``x`` and ``model`` and open the ledger phase for the steps about to run.
 
         ``model.fit`` calls it; call it yourself before a custom training loop that uses
         ``optimizer.minimize``. Raises ``ValueError`` for input whose sampling or size does not match the
-        optimizer's declarations, and for a model or loss that couples examples of a batch.
+        optimizer's declarations, and for a model or loss that couples examples of a batch. In a custom loop
+        the loop picks the batches (it may feed one batch again and again), so every step is counted as one
+        participation of every example, without amplification.
         """
         self._adopt_model_ledger(model)
         check_distributed_input(model.distribute_strategy, x, shuffle=shuffle)
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
         self._check_model(model, x, y)
+        source = sampling["source"] if _fit else "custom_loop"
         self._dp_ledger.open_phase(
             kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
             sample_rate=sampling["sample_rate"], num_examples=sampling["num_examples"],
-            source=sampling["source"], batch_size=self.batch_size)
+            source=source, batch_size=self.batch_size)
 
     def begin_batch_call(self, model, x, y=None):
         """Check ``model`` and open the ledger phase for one ``model.train_on_batch(x, y)`` call.
@@ -642,7 +646,9 @@ class DPOptimizerMixin:
                 "from optimizer.minimize(per_example_loss, var_list, tape=tape), "
                 "optimizer.dp_train_step(model, data) or optimizer.mechanism.privatize_model/"
                 "privatize_losses (read .gradients).")
-        self._dp_released = []
+        # Forget what is applied now (only that: under tf.distribute, replicas trace their steps in turns).
+        applied = [g for g, _ in grads_and_vars if g is not None]
+        self._dp_released = [r for r in released if not any(r is g for g in applied)]
         return super().apply_gradients(grads_and_vars, *args, **kwargs)
 
     def _require_open_phase(self):

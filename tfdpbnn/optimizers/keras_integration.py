@@ -89,7 +89,7 @@ def _dp_fit_arguments(model, optimizer, arguments):
     x = arguments.get("x")
     optimizer.begin_training(model, x, arguments.get("y"), batch_size=arguments.get("batch_size"),
                              validation_split=arguments.get("validation_split") or 0.0,
-                             shuffle=arguments.get("shuffle", True))
+                             shuffle=arguments.get("shuffle", True), _fit=True)
     planned = _planned_steps(model, x, arguments)
     optimizer.warn_if_plan_exceeds_budget(planned)
     from tfdpbnn.privacy.store import input_fingerprint

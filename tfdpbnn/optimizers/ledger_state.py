@@ -38,7 +38,8 @@ _SOURCE_TEXT = {
     "failed_poisson_test": "batches failed the Poisson test: every step accounted without amplification",
     "fixed_seed": "fixed sampling seed (debug_fixed_seed): every step accounted without amplification",
     "imported": "earlier training of this model (another optimizer object)",
-    "custom_loop": "custom training loop (optimizer.minimize): every step accounted without amplification",
+    "custom_loop": "custom training loop (optimizer.begin_training, then minimize or dp_train_step): every "
+                   "step accounted as one participation of every example, without amplification",
     "failed_pass_check": "a pass over the asserted dataset did not hold num_examples examples: every step "
                          "accounted as one participation",
     "train_on_batch": "model.train_on_batch calls: every step accounted as one participation of every "
@@ -269,7 +270,7 @@ def _phase_from(d: dict, steps: int, examples: float, source: str, phase_id: int
                   sampling=describe_source(source), phase_id=phase_id)
     if d["kind"] == "poisson" and source not in ("failed_poisson_test", "fixed_seed", "custom_loop"):
         return Phase(kind="poisson", sample_rate=d["sample_rate"], **common)
-    if d["kind"] == "shuffle" and source != "failed_pass_check":
+    if d["kind"] == "shuffle" and source not in ("failed_pass_check", "custom_loop"):
         return Phase(kind="participations", participations=_participations(examples, d["num_examples"]),
                      **common)
     return Phase(kind="participations", participations=steps, **common)
