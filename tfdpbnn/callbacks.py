@@ -104,8 +104,11 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
     - Passes over the data (``check_passes=True``: a dataset iterated whole each epoch): every epoch must
       process exactly ``num_examples`` examples; otherwise the steps taken are re-accounted as one
       participation each and training stops with ``ValueError`` naming both numbers.
+    - The privacy record store (``tfdpbnn.privacy.store``): a snapshot of the run at every epoch end and
+      a final one at the end of training.
     - ``logs["epsilon"]`` (with the optimizer's delta) at every epoch end, for ``History`` and
-      ``TensorBoard``.
+      ``TensorBoard`` (with an accountant other than "rdp": ``logs["epsilon_rdp"]`` at every epoch end and
+      ``logs["epsilon"]`` at the last; ``on_epoch_end``).
     """
 
     def __init__(self, false_alarm_rate=None, check_passes=False):
@@ -190,12 +193,38 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
                 "as one participation each. Assert the dataset's real size.")
 
     def on_epoch_end(self, epoch, logs=None):
-        """Run the Poisson test and the pass check; write ``epsilon`` to ``logs`` when the delta is known."""
+        """Run the Poisson test and the pass check; write epsilon to ``logs`` when the delta is known.
+
+        With the "rdp" accountant, ``logs["epsilon"]`` at every epoch end (its per-step curves are cached, so
+        the cost does not grow with the steps). With another accountant (PLD costs seconds at thousands of
+        steps), ``logs["epsilon_rdp"]`` (RDP's bound, also an upper bound) at every epoch end and
+        ``logs["epsilon"]`` by the optimizer's accountant at the last planned epoch or when training stops.
+        """
         optimizer = _dp_optimizer(self.model)
         self._poisson_check(optimizer)
         self._pass_check(optimizer)
-        if logs is not None and optimizer.delta is not None:
+        optimizer._dp_record.snapshot(self.model)
+        if logs is None or optimizer.delta is None:
+            return
+        if optimizer.accountant == "rdp":
             logs["epsilon"] = optimizer.epsilon()
+            return
+        import dp_accounting
+
+        try:
+            logs["epsilon_rdp"] = optimizer.epsilon(accountant="rdp")
+        except dp_accounting.UnsupportedEventError:  # e.g. Poisson under replace-one: only PLD bounds it
+            logs["epsilon"] = optimizer.epsilon()
+            return
+        planned = (self.params or {}).get("epochs")
+        if self.model.stop_training or planned is None or epoch + 1 >= planned:
+            logs["epsilon"] = optimizer.epsilon()
+
+
+    def on_train_end(self, logs=None):
+        """Write the run's final snapshot to the privacy record store."""
+        optimizer = _dp_optimizer(self.model)
+        optimizer._dp_record.snapshot(self.model, final=True)
 
 
 class PosteriorSampler(tf.keras.callbacks.Callback):

@@ -9,6 +9,7 @@ import secrets
 import tensorflow as tf
 
 from tfdpbnn.data.sampling import SamplingSpec, tag
+from tfdpbnn.privacy.store import data_fingerprint, tag_data_fingerprint
 
 
 def check_rate_and_steps(sample_rate, steps_per_epoch) -> tuple[float, int]:
@@ -101,5 +102,7 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
 
     dataset = seed_stream.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     source = "asserted_by_user" if asserted_secret else "poisson_batches"
+    dataset = tag_data_fingerprint(dataset, data_fingerprint([t.numpy() for p in parts
+                                                              for t in tf.nest.flatten(p)]))
     return tag(dataset, SamplingSpec("poisson", n, q, source, fixed))
 

@@ -42,8 +42,9 @@ from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.data.distributed import check_distributed_input
 from tfdpbnn.optimizers import fit_checks, keras_integration
 from tfdpbnn.optimizers.ledger_state import LedgerState
-from tfdpbnn.optimizers.mechanism import DPMechanism
+from tfdpbnn.optimizers.mechanism import DPGradients, DPMechanism
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
+from tfdpbnn.optimizers.run_record import RunRecord
 from tfdpbnn.optimizers.statement import build_statement
 from tfdpbnn.privacy import sound_accountants
 from tfdpbnn.privacy.budget import NEIGHBORING, SAMPLINGS, steps_per_epoch
@@ -73,6 +74,57 @@ def _check_data_independent_losses(model) -> None:
                 f"model: layer {layer.name!r} has an activity_regularizer, a loss on the layer's outputs "
                 "that depends on the private examples; DP optimizers add model.losses unclipped, so it "
                 "would break the guarantee. Remove it (or put the term into the compiled per-example loss).")
+
+
+class _RecordedDPGradients(DPGradients):
+    """``DPGradients`` whose update direction is recorded as released when it is read."""
+
+    @property
+    def gradients(self):
+        grads = super().gradients
+        self._record(grads)
+        return grads
+
+
+class _OptimizerMechanism(DPMechanism):
+    """An optimizer's ``DPMechanism`` that records each release (``DPOptimizerMixin.apply_gradients``)."""
+
+    def __init__(self, *args, record, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._record = record
+
+    def release(self, clipped):
+        released = super().release(clipped)
+        self._record(released.noised_gradients)
+        result = _RecordedDPGradients(released.noised_gradients, released.regularization_gradients,
+                                      released.clipped)
+        result._record = self._record
+        return result
+
+
+def check_compute_dtype(model) -> None:
+    """Refuse a model under a float16/bfloat16 dtype policy (``tf.keras.mixed_precision``), naming it.
+
+    Keras wraps the optimizer of such a model in a ``LossScaleOptimizer`` that applies unscaled gradients
+    it computed itself, outside the DP mechanism; and the per-example norms and noise would be float16.
+    """
+    policy = tf.keras.mixed_precision.global_policy()
+    names = {policy.name} if policy.compute_dtype in ("float16", "bfloat16") else set()
+    for layer in getattr(model, "submodules", ()):
+        layer_policy = getattr(layer, "dtype_policy", None)
+        if layer_policy is not None and getattr(layer_policy, "compute_dtype", None) in ("float16",
+                                                                                          "bfloat16"):
+            names.add(layer_policy.name)
+    if getattr(model, "optimizer", None) is not None and isinstance(
+            model.optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
+        names.add(policy.name)
+    if names:
+        raise ValueError(
+            f"dtype policy: the model computes under the mixed-precision policy {sorted(names)} "
+            "(tf.keras.mixed_precision); tfdpbnn DP optimizers do not support it (a LossScaleOptimizer "
+            "would apply gradients outside the DP mechanism, and per-example norms and noise would lose "
+            "precision). "
+            "Build and compile the model under tf.keras.mixed_precision.set_global_policy('float32').")
 
 
 class _LedgerLink:
@@ -192,10 +244,14 @@ class DPOptimizerMixin:
             self.iterations.assign(initial_steps)
             self._dp_ledger = LedgerState(self, privacy_ledger)
         keras_integration.install()
-        self.mechanism = DPMechanism(
+        self._dp_released = []
+        self._dp_batch_call_limit = None
+        self._dp_record = RunRecord(self)
+        self._dp_uncovered = {}
+        self.mechanism = _OptimizerMechanism(
             self._dp_l2_norm_clip, self._dp_noise_multiplier, self._dp_batch_size, scale=self._dp_sum_scale,
             clipping_method=clipping_method, secure_mode=secure_mode, neighboring=neighboring,
-            on_batch=self._dp_count_batch)
+            on_batch=self._dp_count_batch, record=self._dp_record_release)
 
     # ----------------------------------------------------------------------------------------- state
     def _f32(self, variable):
@@ -342,17 +398,79 @@ class DPOptimizerMixin:
         """
         return build_statement(self, self._resolve_delta(delta))
 
+    #: What a run can release beside the DP gradients, which no epsilon covers (``note_uncovered_release``).
+    UNCOVERED_RELEASES = {
+        "training_metrics": "loss and compiled metrics of the private training batches, computed without "
+                            "noise, in the Keras logs (History, progress bar, TensorBoard) and the return "
+                            "value of train_on_batch",
+        "validation_split": "loss and metrics on the validation_split rows of the private arrays, computed "
+                            "without noise, in the Keras logs",
+        "validation_data": "loss and metrics on validation_data, computed without noise, in the Keras logs "
+                           "(a release of private data if that data is private)",
+    }
+
+    def note_uncovered_release(self, kind: str) -> None:
+        """Record that this run released ``kind`` (a key of ``UNCOVERED_RELEASES``), for the statement."""
+        self._dp_uncovered[check_choice("kind", kind, tuple(self.UNCOVERED_RELEASES))] = \
+            self.UNCOVERED_RELEASES[kind]
+
     def _dp_statement_extras(self) -> dict:
         return {}
 
     # ------------------------------------------------------------------------------- fit integration
-    def begin_training(self, model, x, y=None, batch_size=None, validation_split=0.0, shuffle=True):
+    def begin_training(self, model, x, y=None, batch_size=None, validation_split=0.0, shuffle=True, *,
+                       _fit=False):
         """Check ``x`` and ``model`` and open the ledger phase for the steps about to run.
 
         ``model.fit`` calls it; call it yourself before a custom training loop that uses
         ``optimizer.minimize``. Raises ``ValueError`` for input whose sampling or size does not match the
-        optimizer's declarations, and for a model or loss that couples examples of a batch.
+        optimizer's declarations, and for a model or loss that couples examples of a batch. In a custom loop
+        the loop picks the batches (it may feed one batch again and again), so every step is counted as one
+        participation of every example, without amplification.
         """
+        self._adopt_model_ledger(model)
+        check_distributed_input(model.distribute_strategy, x, shuffle=shuffle)
+        sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
+                                             validation_split=validation_split)
+        self._check_model(model, x, y)
+        source = sampling["source"] if _fit else "custom_loop"
+        self._dp_ledger.open_phase(
+            kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
+            sample_rate=sampling["sample_rate"], num_examples=sampling["num_examples"],
+            source=source, batch_size=self.batch_size)
+
+    def begin_batch_call(self, model, x, y=None):
+        """Check ``model`` and open the ledger phase for one ``model.train_on_batch(x, y)`` call.
+
+        The batch is given by the caller, so nothing says that its examples differ from the last call's:
+        every such step counts as one participation of every example (no amplification, no pooling of
+        examples into passes across calls). Raises ``ValueError`` when the optimizer's budget leaves no step.
+        """
+        self._adopt_model_ledger(model)
+        self._check_model(model, x, y)
+        self._dp_ledger.open_phase(
+            kind="participations", noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
+            sample_rate=None, num_examples=self.num_examples, source="train_on_batch",
+            batch_size=self.batch_size)
+        phase_id = self._dp_ledger.open_phase_id()
+        if self._dp_batch_call_limit is None or self._dp_batch_call_limit[0] != phase_id:
+            left = self.budget_steps_left()  # searched once per phase, not at every call
+            self._dp_batch_call_limit = (phase_id, None if left is None else self.steps + left)
+        limit = self._dp_batch_call_limit[1]
+        if limit is not None and self.steps >= limit:
+            raise ValueError(
+                f"epsilon: the budget target_epsilon={self.target_epsilon:g} (delta={self.delta:g}) is "
+                f"spent: epsilon is {self.epsilon():.4g} after {self.ledger.steps} steps and one more "
+                "train_on_batch step would exceed it. Build the optimizer with allow_exceeding_budget=True "
+                "to go on (the privacy statement then reports the larger epsilon).")
+        from tfdpbnn.privacy.store import input_fingerprint
+
+        self._dp_record.begin(model, input_fingerprint(x, y), planned_steps=1)
+        self.note_uncovered_release("training_metrics")
+
+    def _adopt_model_ledger(self, model):
+        """Make this optimizer the holder of ``model``'s ledger, importing the previous holder's phases."""
+        check_compute_dtype(model)
         link = getattr(model, "_tfdpbnn_ledger_link", None)
         previous = None if link is None else link.optimizer
         if previous is not None and previous is not self:
@@ -360,20 +478,17 @@ class DPOptimizerMixin:
             for phase, source in zip(previous._dp_ledger.closed_phases(),
                                      previous._dp_ledger.closed_sources(), strict=True):
                 self._dp_ledger.append(phase, source)
+            self._dp_batch_call_limit = None
         model._tfdpbnn_ledger_link = _LedgerLink(self)
-        check_distributed_input(model.distribute_strategy, x, shuffle=shuffle)
-        sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
-                                             validation_split=validation_split)
+
+    def _check_model(self, model, x, y):
+        """The per-example checks of ``model`` on a synthetic batch shaped like ``x`` (once per model)."""
         if id(model) not in self._dp_checked_models:
             check_per_example_independence(model)
             _check_data_independent_losses(model)
             loss_fn = compiled_per_example_loss_fn(model) if getattr(model, "loss", None) else None
             fit_checks.check_per_example(model, loss_fn, x, y)
             self._dp_checked_models.add(id(model))
-        self._dp_ledger.open_phase(
-            kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
-            sample_rate=sampling["sample_rate"], num_examples=sampling["num_examples"],
-            source=sampling["source"], batch_size=self.batch_size)
 
     def budget_steps_left(self):
         """Steps the budget still allows (None without a budget or with ``allow_exceeding_budget``)."""
@@ -461,7 +576,7 @@ class DPOptimizerMixin:
         self._dp_before_step(model)
         var_list = model.trainable_variables
         clipped = self.mechanism.clip_model(model, x, y, sample_weight, var_list=var_list)
-        grads = self._dp_gradients(clipped, var_list)
+        grads = self._dp_record_release(self._dp_gradients(clipped, var_list))
         self.apply_gradients(zip(grads, var_list, strict=True))
         realized = tf.cast(tf.shape(clipped.per_example_loss)[0], tf.float32)
         data_loss = tf.math.divide_no_nan(tf.reduce_sum(clipped.per_example_loss), realized)
@@ -503,8 +618,38 @@ class DPOptimizerMixin:
                 "y_pred)) to optimizer.minimize(loss, var_list, tape=tape), or do not override train_step: "
                 "model.fit's train step builds per-example losses from model.compile(loss=...).")
         clipped = self.mechanism.clip_losses(loss, var_list, tape)
-        grads = self._dp_gradients(clipped, var_list)
+        grads = self._dp_record_release(self._dp_gradients(clipped, var_list))
         return list(zip(grads, var_list, strict=True))
+
+    def _dp_record_release(self, grads):
+        """Remember ``grads`` as released by this optimizer's mechanism in the current step."""
+        self._dp_released.extend(g for g in grads if g is not None)
+        return grads
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        """Apply gradients released by this optimizer's mechanism in this step; refuse any others.
+
+        The gradients must be the very tensors that ``minimize``/``_compute_gradients``, ``dp_train_step`` or
+        ``optimizer.mechanism``'s ``release`` returned since the last ``apply_gradients`` (under
+        ``tf.function`` the check runs when the step is traced). Ordinary gradients (a custom loop, a
+        ``train_step`` override computing ``tape.gradient``) would be applied unclipped and un-noised.
+        """
+        grads_and_vars = list(grads_and_vars)
+        released = self._dp_released
+        foreign = [v.name for g, v in grads_and_vars
+                   if g is not None and not any(g is r for r in released)]
+        if foreign:
+            raise ValueError(
+                f"grads_and_vars: the gradients for {foreign[:3]} did not come from this optimizer's DP "
+                "mechanism in this step, so applying them would not be private (no per-example clipping, "
+                f"no noise) and no epsilon would cover them. {type(self).__name__} applies only gradients "
+                "from optimizer.minimize(per_example_loss, var_list, tape=tape), "
+                "optimizer.dp_train_step(model, data) or optimizer.mechanism.privatize_model/"
+                "privatize_losses (read .gradients).")
+        # Forget what is applied now (only that: under tf.distribute, replicas trace their steps in turns).
+        applied = [g for g, _ in grads_and_vars if g is not None]
+        self._dp_released = [r for r in released if not any(r is g for g in applied)]
+        return super().apply_gradients(grads_and_vars, *args, **kwargs)
 
     def _require_open_phase(self):
         with tf.init_scope():

@@ -105,6 +105,8 @@ def _synthetic(spec_like, rows: int, rng: np.random.Generator):
             return tf.constant(rng.normal(size=[rows] + shape), dtype=dtype)
         if dtype.is_integer or dtype.is_bool:
             return tf.zeros([rows] + shape, dtype=dtype)
+        if dtype == tf.string:
+            return tf.fill([rows] + shape, "a")
         raise ValueError(f"x: cannot build a synthetic batch of dtype {dtype.name}")
 
     return tf.nest.map_structure(make, spec_like)
@@ -128,10 +130,12 @@ def _max_abs(tensors) -> float:
 def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed: int = 0) -> None:
     """Raise ``ValueError`` if one example's loss can depend on another example of the batch.
 
-    On a synthetic batch (Gaussian floats, zero integers: no private data is read), with ``training=True``:
-    the outputs of the first half of the batch, ``model.losses`` and the compiled per-example loss of the
-    first half must have zero derivative with respect to the other half's float inputs and predictions, and
-    the compiled loss must return one value per example.
+    On a synthetic batch (Gaussian floats, zero integers, constant strings: no private data is read), with
+    ``training=True``: the outputs of the first half of the batch, ``model.losses`` and the compiled
+    per-example loss of the first half must have zero derivative with respect to the other half's float
+    inputs and predictions, and the compiled loss must return one value per example. Integer, boolean and
+    string inputs have no derivative: changing the second half of them must move neither the first half's
+    outputs nor ``model.losses`` (``_check_discrete_inputs``).
     """
     x_like, y_like = _element_parts(x, y)
     rng = np.random.default_rng(seed)
@@ -189,6 +193,75 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
                 "mean inside the loss), so per-example clipping does not bound the sensitivity. Use a loss "
                 "computed per example.")
     del tape
+    discrete = [t for t in tf.nest.flatten(xs) if not t.dtype.is_floating]
+    if discrete:
+        _check_discrete_inputs(model, xs, rows, half)
+
+
+def _changed_second_half(xs, half: int):
+    """``xs`` with the rows from ``half`` on of every integer, boolean and string input changed."""
+
+    def change(t):
+        if t.dtype.is_floating:
+            return t
+        if t.dtype == tf.string:
+            other = tf.fill(tf.shape(t), "b")
+        elif t.dtype.is_bool:
+            other = tf.logical_not(t)
+        else:
+            other = tf.ones_like(t)
+        rows = tf.range(tf.shape(t)[0])
+        mask = tf.reshape(rows >= half, [-1] + [1] * (t.shape.rank - 1))
+        return tf.where(tf.broadcast_to(mask, tf.shape(t)), other, t)
+
+    return tf.nest.map_structure(change, xs)
+
+
+def _forward(model, xs, rows):
+    y_pred = model(xs, training=True)
+    outputs = [tf.reshape(tf.cast(o, tf.float32), [rows, -1]) for o in tf.nest.flatten(y_pred)]
+    reg = tf.add_n([tf.reduce_sum(tf.cast(r, tf.float32)) for r in model.losses]) if model.losses else None
+    return outputs, reg
+
+
+def _close(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    scale = max(1.0, _max_abs(a))
+    return _max_abs(tf.nest.map_structure(lambda u, v: u - v, a, b)) <= COUPLING_TOLERANCE * scale
+
+
+def _check_discrete_inputs(model, xs, rows: int, half: int) -> None:
+    """The per-example proof for integer, boolean and string inputs, which have no derivative.
+
+    The second half of every such input is changed (zeros to ones, "a" to "b", False to True): the first
+    half's outputs and ``model.losses`` must not move. Where the model draws random numbers, a comparison
+    needs the draws repeated: ``model.losses`` must then be equal on two calls with the same batch, or the
+    model is refused (nothing could prove its regularization data-independent); stochastic outputs are
+    compared only where two calls with the same batch agree.
+    """
+    outputs, reg = _forward(model, xs, rows)
+    outputs_again, reg_again = _forward(model, xs, rows)
+    changed_outputs, changed_reg = _forward(model, _changed_second_half(xs, half), rows)
+    if reg is not None:
+        if not _close(reg, reg_again):
+            raise ValueError(
+                "model: model.losses differs between two calls on the same batch of integer/string inputs, "
+                "so tfdpbnn cannot prove that it does not depend on the input data (integer and string "
+                "inputs have no derivative to check). DP optimizers add model.losses unclipped: make it "
+                "deterministic (e.g. an exact KL term) or feed float inputs.")
+        if not _close(reg, changed_reg):
+            raise ValueError(
+                "model: model.losses depends on the input data (an add_loss on activations, or an "
+                "activity regularizer, seen by changing integer/string inputs). DP optimizers add "
+                "model.losses unclipped, so it must be data-independent (weights only: KL terms, priors, "
+                "weight decay); put a data-dependent term into the compiled per-example loss instead.")
+    for out, again, changed in zip(outputs, outputs_again, changed_outputs, strict=True):
+        if _close(out, again) and not _close(out[:half], changed[:half]):
+            raise ValueError(
+                "model: a layer mixes examples of the batch in training (one example's output depends on "
+                "another example's integer/string input), so per-example clipping does not bound the "
+                "sensitivity and DP training would not be private. Use per-example layers.")
 
 
 __all__ = ["COUPLING_TOLERANCE", "check_per_example", "input_sampling"]

@@ -16,6 +16,13 @@ the optimizer before tracing the train step, so ``fit`` can only learn that its 
   ``PrivacyCallback`` at the front of the callbacks, so that ``History`` and ``TensorBoard`` see epsilon; for
   any other optimizer, Keras's original ``fit``, called unchanged.
 
+- ``train_on_batch``: with a DP optimizer it first calls ``optimizer.begin_batch_call`` (the model checks;
+  each call's step counted as one participation of every example, never pooled into passes across calls;
+  refused once the budget is spent).
+
+A DP optimizer only applies gradients its mechanism released in that step (``apply_gradients`` refuses any
+others), and a DP optimizer wrapped in a ``LossScaleOptimizer`` (mixed precision) is refused.
+
 Models that override ``train_step`` keep their own: they call ``self.optimizer.dp_train_step(self, data)``,
 or ``self.optimizer.minimize(per_example_loss, vars, tape=tape)`` (a scalar raises ``ValueError``), or
 ``self.optimizer.mechanism`` directly; ``fit`` still runs the checks and the monitor.
@@ -31,6 +38,27 @@ import tensorflow as tf
 
 _original_train_step = None
 _original_fit = None
+_original_train_on_batch = None
+
+
+def dp_optimizer_of(model):
+    """``model.optimizer`` when it is a tfdpbnn DP optimizer, else None.
+
+    Raises ``ValueError`` for a DP optimizer wrapped in a ``LossScaleOptimizer`` (a mixed-precision dtype
+    policy), which would apply gradients outside the DP mechanism.
+    """
+    from tfdpbnn.optimizers.base import DPOptimizerMixin, check_compute_dtype
+
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(optimizer, DPOptimizerMixin):
+        return optimizer
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if isinstance(inner, DPOptimizerMixin):
+        check_compute_dtype(model)
+        raise ValueError(f"optimizer: {type(inner).__name__} is wrapped in {type(optimizer).__name__}; "
+                         "tfdpbnn DP optimizers cannot be wrapped (it would apply gradients outside the DP "
+                         "mechanism)")
+    return None
 
 
 def _planned_steps(model, x, arguments):
@@ -61,8 +89,17 @@ def _dp_fit_arguments(model, optimizer, arguments):
     x = arguments.get("x")
     optimizer.begin_training(model, x, arguments.get("y"), batch_size=arguments.get("batch_size"),
                              validation_split=arguments.get("validation_split") or 0.0,
-                             shuffle=arguments.get("shuffle", True))
-    optimizer.warn_if_plan_exceeds_budget(_planned_steps(model, x, arguments))
+                             shuffle=arguments.get("shuffle", True), _fit=True)
+    planned = _planned_steps(model, x, arguments)
+    optimizer.warn_if_plan_exceeds_budget(planned)
+    from tfdpbnn.privacy.store import input_fingerprint
+
+    optimizer._dp_record.begin(model, input_fingerprint(x, arguments.get("y")), planned)
+    optimizer.note_uncovered_release("training_metrics")
+    if arguments.get("validation_split"):
+        optimizer.note_uncovered_release("validation_split")
+    if arguments.get("validation_data") is not None:
+        optimizer.note_uncovered_release("validation_data")
     callbacks = arguments.get("callbacks")
     if isinstance(callbacks, tf.keras.callbacks.CallbackList):
         callbacks = list(callbacks.callbacks)
@@ -91,10 +128,8 @@ def install() -> None:
 
     @functools.wraps(current)
     def train_step(self, data):
-        from tfdpbnn.optimizers.base import DPOptimizerMixin
-
-        optimizer = getattr(self, "optimizer", None)
-        if isinstance(optimizer, DPOptimizerMixin):
+        optimizer = dp_optimizer_of(self)
+        if optimizer is not None:
             return optimizer.dp_train_step(self, data)
         return _original_train_step(self, data)
 
@@ -107,10 +142,8 @@ def install() -> None:
 
     @functools.wraps(_original_fit)
     def fit(self, *args, **kwargs):
-        from tfdpbnn.optimizers.base import DPOptimizerMixin
-
-        optimizer = getattr(self, "optimizer", None)
-        if not isinstance(optimizer, DPOptimizerMixin):
+        optimizer = dp_optimizer_of(self)
+        if optimizer is None:
             return _original_fit(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
@@ -121,3 +154,20 @@ def install() -> None:
         return _original_fit(self, **arguments, **extra)
 
     tf.keras.Model.fit = fit
+
+    global _original_train_on_batch
+    _original_train_on_batch = tf.keras.Model.train_on_batch
+    batch_signature = inspect.signature(_original_train_on_batch)
+
+    @functools.wraps(_original_train_on_batch)
+    def train_on_batch(self, *args, **kwargs):
+        optimizer = dp_optimizer_of(self)
+        if optimizer is not None:
+            bound = batch_signature.bind(self, *args, **kwargs)
+            optimizer.begin_batch_call(self, bound.arguments.get("x"), bound.arguments.get("y"))
+            result = _original_train_on_batch(self, *args, **kwargs)
+            optimizer._dp_record.snapshot(self, final=True)
+            return result
+        return _original_train_on_batch(self, *args, **kwargs)
+
+    tf.keras.Model.train_on_batch = train_on_batch

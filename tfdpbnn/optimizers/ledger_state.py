@@ -29,7 +29,7 @@ MAX_PHASES = 64
 _KINDS = ("poisson", "participations", "gaussian", "shuffle")
 _NEIGHBORING = ("add_or_remove", "replace_one")
 _SOURCES = ("poisson_batches", "keras_arrays", "asserted_by_user", "paper_gdp", "failed_poisson_test",
-            "fixed_seed", "imported", "custom_loop", "failed_pass_check")
+            "fixed_seed", "imported", "custom_loop", "failed_pass_check", "train_on_batch", "record_store")
 _SOURCE_TEXT = {
     "poisson_batches": "Poisson batches drawn by tfdpbnn.data.poisson_batches (secret seed; sizes tested)",
     "keras_arrays": "arrays shuffled and batched by model.fit: passes over the data, counted",
@@ -38,9 +38,14 @@ _SOURCE_TEXT = {
     "failed_poisson_test": "batches failed the Poisson test: every step accounted without amplification",
     "fixed_seed": "fixed sampling seed (debug_fixed_seed): every step accounted without amplification",
     "imported": "earlier training of this model (another optimizer object)",
-    "custom_loop": "custom training loop (optimizer.minimize): every step accounted without amplification",
+    "custom_loop": "custom training loop (optimizer.begin_training, then minimize or dp_train_step): every "
+                   "step accounted as one participation of every example, without amplification",
     "failed_pass_check": "a pass over the asserted dataset did not hold num_examples examples: every step "
                          "accounted as one participation",
+    "train_on_batch": "model.train_on_batch calls: every step accounted as one participation of every "
+                      "example (batches given by the caller)",
+    "record_store": "earlier training of these weights, found in the privacy record store by the weights' "
+                    "fingerprint",
 }
 # Table columns.
 _COLUMNS = ("phase_id", "kind", "noise_multiplier", "neighboring", "steps", "sample_rate", "participations",
@@ -114,6 +119,10 @@ class LedgerState:
         """Whether a phase is open (a fit described it)."""
         return self._desc()["phase_id"] != 0
 
+    def open_phase_id(self) -> int:
+        """The open phase's identifier (0 when none is open)."""
+        return int(self._desc()["phase_id"])
+
     def open_steps(self) -> int:
         """Steps taken in the open phase."""
         if not self.has_open_phase:
@@ -157,6 +166,16 @@ class LedgerState:
         self.open_start.assign(float(self._optimizer.iterations.numpy()))
         self.open_examples.assign(0.0)
         self.open_squared.assign(0.0)
+
+    def extend_open_phase(self, steps: int, examples: float) -> None:
+        """Count ``steps`` and ``examples`` more in the open phase.
+
+        They are steps an earlier copy of this phase took, found in the privacy record store.
+        """
+        if steps > 0:
+            self.open_start.assign_sub(float(steps))
+        if examples > 0:
+            self.open_examples.assign_add(float(examples))
 
     def current_phase(self, override_source=None, steps=None, examples=None) -> Phase | None:
         """The open phase as a ``Phase`` (optionally with hypothetical ``steps``/``examples``)."""
@@ -251,7 +270,7 @@ def _phase_from(d: dict, steps: int, examples: float, source: str, phase_id: int
                   sampling=describe_source(source), phase_id=phase_id)
     if d["kind"] == "poisson" and source not in ("failed_poisson_test", "fixed_seed", "custom_loop"):
         return Phase(kind="poisson", sample_rate=d["sample_rate"], **common)
-    if d["kind"] == "shuffle" and source != "failed_pass_check":
+    if d["kind"] == "shuffle" and source not in ("failed_pass_check", "custom_loop"):
         return Phase(kind="participations", participations=_participations(examples, d["num_examples"]),
                      **common)
     return Phase(kind="participations", participations=steps, **common)

@@ -68,6 +68,9 @@ def build_statement(optimizer, delta: float) -> dict:
                       if optimizer.noise_multiplier > 0 else 1.0),
                   "note": "float32 Gaussian noise whose radius uses up to 128 random bits; the "
                           "accountants treat it as exact"},
+        "record": optimizer._dp_record.statement(delta),
+        "not_covered": {"releases": dict(optimizer._dp_uncovered),
+                        "note": "released by these runs but covered by no epsilon above"},
         **optimizer._dp_statement_extras(),
     }
     return statement

@@ -1,0 +1,321 @@
+"""The privacy record store: an append-only SQLite record of every DP training run, per data set.
+
+Choosing settings by training again and again on the same private data spends privacy too; and trained
+weights carry the privacy cost of the runs that produced them, whatever path (a file, ``set_weights``,
+``clone_model``, another process) carried them. One record covers both (budget scheduling over shared
+data, Luo et al. 2021):
+
+- each run (one ``fit``, or the ``train_on_batch`` calls of one ledger phase) gets a row in ``runs``: the
+  data set's fingerprint (SHA-256 of the training arrays' bytes, never the data), the fingerprint of the
+  weights it started from, and its planned phase (``tfdpbnn.privacy.ledger.Phase`` with the steps the run may
+  take), written before its first step;
+- ``snapshots`` rows (at every epoch end and at the end of the run) hold the run's own phase as counted,
+  the model's whole ledger (every phase that produced the weights) and the fingerprint of the weights
+  (SHA-256 of ``model.get_weights()``).
+
+A run starting from weights that an earlier run's snapshot holds inherits that run's whole ledger, up to
+its LAST snapshot (loading older weights does not erase what was spent after them). A data set's spending
+is the composition of every run's own phase on it (a run with no final snapshot, e.g. killed, counts its
+planned phase: an upper bound). A budget set on a data set (``set_budget``) makes ``fit`` refuse, before
+its first step, a run whose planned phase would exceed it.
+
+The file is in write-ahead-log mode (``PRAGMA journal_mode=WAL``) and every write is one transaction, so
+another process reads a consistent record while a run writes, and a killed process leaves whole rows
+only. Rows are only ever inserted. Location: the ``TFDPBNN_PRIVACY_STORE`` environment variable (a file
+path, or ``off`` to keep no record), else ``~/.tfdpbnn/privacy_record.sqlite``; a team shares one store
+by pointing every machine at one file on a file system with working locks (``docs/privacy.md``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import secrets
+import socket
+import sqlite3
+import time
+
+import numpy as np
+
+from tfdpbnn._validation import check_open_unit, check_positive
+from tfdpbnn.privacy.ledger import Phase, PrivacyLedger
+
+#: Environment variable naming the store file ("off": keep no record).
+ENV_VAR = "TFDPBNN_PRIVACY_STORE"
+#: The store used when ``ENV_VAR`` is unset.
+DEFAULT_PATH = os.path.join("~", ".tfdpbnn", "privacy_record.sqlite")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, dataset TEXT NOT NULL, started REAL NOT NULL, start_weights TEXT NOT NULL,
+    planned_phase TEXT NOT NULL, phase_id INTEGER NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS snapshots (
+    snapshot INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL REFERENCES runs(run_id),
+    recorded REAL NOT NULL, final INTEGER NOT NULL, weights TEXT NOT NULL, phase TEXT NOT NULL,
+    ledger TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS snapshots_weights ON snapshots(weights);
+CREATE INDEX IF NOT EXISTS snapshots_run ON snapshots(run_id);
+CREATE INDEX IF NOT EXISTS runs_dataset ON runs(dataset);
+CREATE INDEX IF NOT EXISTS runs_phase ON runs(phase_id);
+CREATE TABLE IF NOT EXISTS budgets (
+    dataset TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, accountant TEXT NOT NULL,
+    set_at REAL NOT NULL);
+"""
+
+
+def _hash_arrays(arrays) -> str:
+    digest = hashlib.sha256()
+    for array in arrays:
+        array = np.ascontiguousarray(np.asarray(array))
+        if array.dtype == object:
+            array = np.asarray([str(v).encode() for v in array.ravel()], dtype=object)
+            digest.update(f"object{array.shape}".encode())
+            for item in array:
+                digest.update(len(item).to_bytes(8, "little") + item)
+            continue
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def data_fingerprint(x, y=None) -> str:
+    """SHA-256 of the training data's contents (every array of ``x`` and ``y``, dtype and shape included).
+
+    The data never leaves the process; equal data gives equal fingerprints in any process.
+    """
+    import tensorflow as tf
+
+    return "data:" + _hash_arrays(tf.nest.flatten(x) + ([] if y is None else tf.nest.flatten(y)))
+
+
+#: Name of the attribute a tf.data pipeline carries its data fingerprint in (``tag_data_fingerprint``).
+_FINGERPRINT_ATTRIBUTE = "_tfdpbnn_data_fingerprint"
+
+
+def tag_data_fingerprint(dataset, fingerprint: str):
+    """Attach a data fingerprint (``data_fingerprint``) to a tf.data pipeline (in place) and return it.
+
+    ``tfdpbnn.data.poisson_batches`` tags its output; tag a pipeline of your own before ``fit`` so that its
+    runs count against the data set's record.
+    """
+    if not isinstance(fingerprint, str) or not fingerprint.startswith("data:"):
+        raise ValueError(f"fingerprint must come from tfdpbnn.privacy.store.data_fingerprint, got "
+                         f"{fingerprint!r}")
+    setattr(dataset, _FINGERPRINT_ATTRIBUTE, fingerprint)
+    return dataset
+
+
+def input_fingerprint(x, y=None) -> str | None:
+    """The data fingerprint of ``fit``'s input: arrays are hashed; a pipeline carries its tag (or None)."""
+    import tensorflow as tf
+
+    from tfdpbnn import _private_api
+
+    if isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
+        seen, dataset = 0, x
+        while dataset is not None and seen < 64:
+            found = getattr(dataset, _FINGERPRINT_ATTRIBUTE, None)
+            if found is not None:
+                return found
+            dataset = _private_api.element_preserving_input(dataset)
+            seen += 1
+        return None
+    return data_fingerprint(x, y)
+
+
+def weights_fingerprint(model) -> str:
+    """SHA-256 of ``model.get_weights()`` (every variable's bytes, in order): the weights' identity."""
+    return "weights:" + _hash_arrays(model.get_weights())
+
+
+def default_path() -> str | None:
+    """The store file ``ENV_VAR`` names (None for "off"), else ``DEFAULT_PATH`` expanded."""
+    value = os.environ.get(ENV_VAR)
+    if value is not None and value.strip().lower() == "off":
+        return None
+    return os.path.expanduser(value or DEFAULT_PATH)
+
+
+def default_store() -> RunStore | None:
+    """The ``RunStore`` at ``default_path()`` (None when the record is switched off)."""
+    path = default_path()
+    return None if path is None else RunStore(path)
+
+
+def _phase_json(phase: Phase) -> str:
+    return json.dumps(phase.to_config(), sort_keys=True)
+
+
+def _max_steps(phases):
+    """One phase per id: the version with the most steps (a phase is only ever extended)."""
+    best: dict[int, Phase] = {}
+    for phase in phases:
+        current = best.get(phase.phase_id)
+        if current is None or _size(phase) > _size(current):
+            best[phase.phase_id] = phase
+    return list(best.values())
+
+
+def _size(phase: Phase) -> tuple:
+    return (phase.steps, phase.participations or 0, phase.examples)
+
+
+class RunStore:
+    """An append-only SQLite record of DP training runs (see the module).
+
+    Args:
+      path: the SQLite file (created with its directory if missing).
+      timeout: seconds to wait for another process's write lock.
+    """
+
+    def __init__(self, path, timeout: float = 60.0):
+        self.path = os.fspath(path)
+        if not self.path:
+            raise ValueError("path: the privacy record store needs a file path, got ''")
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        self._timeout = float(timeout)
+        conn = self._open()
+        try:
+            conn.executescript(_SCHEMA)
+        finally:
+            conn.close()
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        return conn
+
+    def _connect(self) -> _Transaction:
+        return _Transaction(self._open())
+
+    # ------------------------------------------------------------------------------------------ writes
+    def begin_run(self, dataset: str, start_weights: str, planned_phase: Phase) -> str:
+        """Insert a run (before its first step) and return its id."""
+        run_id = secrets.token_hex(16)
+        with self._connect() as conn:
+            conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                         (run_id, dataset, time.time(), start_weights, _phase_json(planned_phase),
+                          int(planned_phase.phase_id), socket.gethostname(), os.getpid()))
+        return run_id
+
+    def snapshot(self, run_id: str, weights: str, phase: Phase | None, ledger: PrivacyLedger,
+                 final: bool = False) -> None:
+        """Append what the run has counted so far (``final``: the run ended) and the weights it produced."""
+        with self._connect() as conn:
+            conn.execute(
+                "INSERT INTO snapshots (run_id, recorded, final, weights, phase, ledger) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, time.time(), int(bool(final)), weights,
+                 "null" if phase is None else _phase_json(phase), json.dumps(ledger.to_config())))
+
+    def set_budget(self, dataset: str, epsilon: float, delta: float, accountant: str = "rdp") -> None:
+        """Set the data set's budget (the latest one set holds; earlier ones stay in the record)."""
+        from tfdpbnn.privacy.registry import sound_accountants
+
+        epsilon = check_positive("epsilon", epsilon)
+        delta = check_open_unit("delta", delta)
+        if accountant not in sound_accountants():
+            raise ValueError(f"accountant must be one of the sound accountants {sound_accountants()}, got "
+                             f"{accountant!r}")
+        with self._connect() as conn:
+            conn.execute("INSERT INTO budgets VALUES (?, ?, ?, ?, ?)",
+                         (dataset, float(epsilon), float(delta), accountant, time.time()))
+
+    # ------------------------------------------------------------------------------------------- reads
+    def budget(self, dataset: str) -> dict | None:
+        """The data set's budget ``{"epsilon", "delta", "accountant"}``, or None."""
+        with self._connect() as conn:
+            row = conn.execute("SELECT epsilon, delta, accountant FROM budgets WHERE dataset = ? "
+                               "ORDER BY set_at DESC, rowid DESC LIMIT 1", (dataset,)).fetchone()
+        return None if row is None else {"epsilon": row[0], "delta": row[1], "accountant": row[2]}
+
+    def runs(self, dataset: str | None = None) -> list[dict]:
+        """Every run (of ``dataset``), oldest first: id, data set, start, host, pid, whether it ended."""
+        query = ("SELECT r.run_id, r.dataset, r.started, r.host, r.pid, "
+                 "EXISTS (SELECT 1 FROM snapshots s WHERE s.run_id = r.run_id AND s.final = 1) FROM runs r")
+        args = ()
+        if dataset is not None:
+            query += " WHERE r.dataset = ?"
+            args = (dataset,)
+        with self._connect() as conn:
+            rows = conn.execute(query + " ORDER BY r.started, r.rowid", args).fetchall()
+        return [{"run_id": r[0], "dataset": r[1], "started": r[2], "host": r[3], "pid": r[4],
+                 "ended": bool(r[5])} for r in rows]
+
+    def _run_phase(self, conn, run_id: str) -> Phase:
+        """The run's own phase: as counted at its final snapshot, else its planned phase (upper bound)."""
+        row = conn.execute("SELECT phase FROM snapshots WHERE run_id = ? AND final = 1 "
+                           "ORDER BY snapshot DESC LIMIT 1", (run_id,)).fetchone()
+        if row is not None and row[0] != "null":
+            return Phase(**json.loads(row[0]))
+        planned = conn.execute("SELECT planned_phase FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0]
+        return Phase(**json.loads(planned))
+
+    def dataset_phases(self, dataset: str) -> list[Phase]:
+        """The phases every run on ``dataset`` spent (one per phase id, the largest version)."""
+        with self._connect() as conn:
+            ids = [r[0] for r in conn.execute("SELECT run_id FROM runs WHERE dataset = ? ORDER BY rowid",
+                                              (dataset,))]
+            return _max_steps(self._run_phase(conn, run_id) for run_id in ids)
+
+    def dataset_epsilon(self, dataset: str, delta: float, accountant: str = "rdp",
+                        extra: Phase | None = None) -> float:
+        """Epsilon the data set has spent over every recorded run (plus ``extra``, a planned phase)."""
+        phases = self.dataset_phases(dataset) + ([] if extra is None else [extra])
+        return PrivacyLedger(_max_steps(phases)).epsilon(delta, accountant)
+
+    def weights_record(self, weights: str) -> list[Phase]:
+        """The ledger of the runs whose snapshots hold these weights, each phase as far as any run took it.
+
+        A run that never wrote a final snapshot (killed, or still running elsewhere) adds its planned phase.
+        """
+        with self._connect() as conn:
+            run_ids = [r[0] for r in conn.execute(
+                "SELECT DISTINCT run_id FROM snapshots WHERE weights = ?", (weights,))]
+            phases = []
+            for run_id in run_ids:
+                row = conn.execute("SELECT ledger FROM snapshots WHERE run_id = ? "
+                                   "ORDER BY snapshot DESC LIMIT 1", (run_id,)).fetchone()
+                phases.extend(Phase(**p) for p in json.loads(row[0]))
+                phases.append(self._run_phase(conn, run_id))
+            # A phase that later runs extended (the same optimizer went on after these weights) counts in
+            # full: loading older weights does not erase what was spent after them.
+            for phase_id in {p.phase_id for p in phases}:
+                phases.extend(self._run_phase(conn, r[0]) for r in conn.execute(
+                    "SELECT run_id FROM runs WHERE phase_id = ?", (int(phase_id),)))
+        return _max_steps(phases)
+
+    def summary(self, dataset: str, delta: float, accountant: str = "rdp") -> dict:
+        """What the privacy statement says about the data set: runs, epsilon spent, budget."""
+        runs = self.runs(dataset)
+        epsilon = self.dataset_epsilon(dataset, delta, accountant) if runs else 0.0
+        return {"store": self.path, "dataset": dataset, "runs": len(runs),
+                "runs_not_ended": sum(not r["ended"] for r in runs),
+                "epsilon": None if math.isinf(epsilon) else epsilon,
+                "epsilon_is_infinite": math.isinf(epsilon),
+                "delta": delta, "accountant": accountant, "budget": self.budget(dataset)}
+
+
+class _Transaction:
+    """A connection used as one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction, closed afterwards."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self._conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._conn.execute("BEGIN IMMEDIATE")
+        return self._conn
+
+    def __exit__(self, kind, value, traceback) -> None:
+        try:
+            self._conn.execute("ROLLBACK" if kind is not None else "COMMIT")
+        finally:
+            self._conn.close()
+
+
+__all__ = ["DEFAULT_PATH", "ENV_VAR", "RunStore", "data_fingerprint", "default_path", "default_store",
+           "input_fingerprint", "tag_data_fingerprint", "weights_fingerprint"]
