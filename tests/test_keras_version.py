@@ -28,7 +28,7 @@ def _run(code, **env_changes):
 
 def test_this_process_runs_keras_2():
     expected = "tf_keras" if NEW_TF else "keras"
-    assert _keras_version.KERAS_PACKAGE == expected
+    assert expected == _keras_version.KERAS_PACKAGE
     assert tf.keras.Model.__module__.split(".")[0] == expected
     assert tf.keras.optimizers.legacy.SGD.__module__.split(".")[0] == expected
 
@@ -75,9 +75,11 @@ def test_missing_tf_keras_is_refused():
 def test_tensorflow_privacy_imports_quietly_without_its_package_flag():
     done = _run("import sys\nimport tfdpbnn\n"
                 "print('FLAG', hasattr(sys, 'skip_tf_privacy_import'))\n"
-                "print('LOADED', 'tensorflow_privacy' in sys.modules, 'tensorflow_estimator' in sys.modules)\n")
+                "print('LOADED', 'tensorflow_privacy' in sys.modules,"
+                " 'tensorflow_estimator' in sys.modules)\n")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "FLAG False" in done.stdout        # the flag is set only while tensorflow-privacy is imported
     # tensorflow-privacy's estimator code is never imported (on TF >= 2.16 it cannot be)
     assert "LOADED True False" in done.stdout
-    assert not re.search(r"\w+Warning: ", done.stderr), done.stderr[-3000:]   # Python warnings a user sees
+    # no Python warning a user would see
+    assert not re.search(r"\w+Warning: ", done.stderr), done.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""A SavedModel exported by tfdpbnn on TensorFlow 2.15 loads, serves and states its privacy on this TensorFlow.
+"""A SavedModel exported by tfdpbnn on TensorFlow 2.15 loads, serves and states its privacy on this TF.
 
 The fixture (``tests/fixtures/savedmodel_tf2.15``) was written on the oldest supported set by
 ``tests/fixtures/make_savedmodel_tf2_15.py``: a DPVD classifier on DIGITS after 5 DP steps, its outputs on ten
