@@ -162,3 +162,25 @@ def test_bad_arguments(kwargs, name):
         DenseVariational(**kwargs)
     with pytest.raises(ValueError, match="padding"):
         Conv2DVariational(2, 3, num_examples=3, padding="full")
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.25, 1.0])
+def test_kl_weight_scales_the_added_kl_exactly(weight):
+    x = np.random.default_rng(0).normal(size=(4, 5)).astype("float32")
+    base = DenseVariational(3, num_examples=50)
+    base(x)
+    tempered = DenseVariational(3, num_examples=50, kl_weight=weight)
+    tempered(x)
+    tempered.set_weights(base.get_weights())
+    base(x, training=True)
+    tempered(x, training=True)
+    kl = float(tf.reduce_sum(log_uniform_kl(base.log_alpha))) / 50.0
+    assert float(base.losses[-1]) == pytest.approx(kl, rel=1e-5)
+    assert float(tempered.losses[-1]) == pytest.approx(weight * kl, rel=1e-5, abs=1e-7)
+    assert DenseVariational.from_config(tempered.get_config()).kl_weight == weight
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("nan"), "1", None])
+def test_kl_weight_refuses_bad_values(bad):
+    with pytest.raises(ValueError, match="kl_weight"):
+        DenseVariational(3, num_examples=50, kl_weight=bad)

@@ -39,8 +39,9 @@ class _VariationalMixin:
 
     def _init_common(self, num_examples, threshold, eps, use_bias, activation, theta_initializer,
                      log_sigma2_initializer, bias_initializer, kernel_regularizer=None, bias_regularizer=None,
-                     kernel_constraint=None, bias_constraint=None):
+                     kernel_constraint=None, bias_constraint=None, kl_weight=1.0):
         self.num_examples = check_positive_int("num_examples", num_examples)
+        self.kl_weight = check_real("kl_weight", kl_weight, low=0.0)
         # log alpha is clipped to LOG_ALPHA_RANGE, so a threshold outside it prunes all or no weights.
         self.threshold = check_real("threshold", threshold, low=LOG_ALPHA_RANGE[0],
                                               high=LOG_ALPHA_RANGE[1])
@@ -87,7 +88,7 @@ class _VariationalMixin:
         Adds the KL term (``add_loss``), the bias and the activation. ``call`` and the per-example clipping
         rule both end with it.
         """
-        self.add_loss(self.kl_divergence() / float(self.num_examples))
+        self.add_loss(self.kl_weight * self.kl_divergence() / float(self.num_examples))
         if self.use_bias:
             z = tf.nn.bias_add(z, self.bias)
         return self.activation(z) if self.activation is not None else z
@@ -102,6 +103,7 @@ class _VariationalMixin:
     def _common_config(self):
         return {
             "num_examples": self.num_examples,
+            "kl_weight": self.kl_weight,
             "threshold": self.threshold,
             "eps": self.eps,
             "use_bias": self.use_bias,
@@ -123,8 +125,12 @@ class DenseVariational(_VariationalMixin, tf.keras.layers.Layer):
     Variables (read by the per-example clipping engine):
       ``theta``: kernel means, shape [in, out]; ``log_sigma2``: log sigma^2 per weight, [in, out];
       ``bias``: deterministic bias [out] (absent if ``use_bias=False``). Attributes: ``activation``,
-      ``num_examples`` (the KL is added with ``add_loss`` scaled by 1/num_examples, the per-example ELBO
-      term), ``threshold`` (pruning), ``log_alpha`` (property, clipped to ``LOG_ALPHA_RANGE`` = [-8, 8]).
+      ``num_examples`` (the KL is added with ``add_loss`` scaled by ``kl_weight`` / num_examples, the
+      per-example ELBO term), ``kl_weight`` (1.0: the ELBO of Ermis & Cemgil 2017a; below 1 a tempered
+      posterior, Wenzel et al. 2020: under DP the clipped data term is weaker than the unclipped KL, whose
+      gradient in theta, about 1/theta per weight, then shrinks the means and the logits, making the model
+      under-confident; docs/results.md measures it), ``threshold`` (pruning), ``log_alpha`` (property,
+      clipped to ``LOG_ALPHA_RANGE`` = [-8, 8]).
 
     Training (local reparameterization, independent noise per example and unit):
       z = x theta + b + sqrt(x^2 exp(log_sigma2) + eps) * N(0, 1).
@@ -136,7 +142,7 @@ class DenseVariational(_VariationalMixin, tf.keras.layers.Layer):
     def __init__(self, units, num_examples, activation=None, use_bias=True, threshold=3.0, eps=1e-8,
                  theta_initializer="glorot_uniform", log_sigma2_initializer=None,
                  bias_initializer="zeros", kernel_regularizer=None, bias_regularizer=None,
-                 kernel_constraint=None, bias_constraint=None, **kwargs):
+                 kernel_constraint=None, bias_constraint=None, kl_weight=1.0, **kwargs):
         _checks.refuse(kwargs, {"kernel_initializer": "the kernel is the mean theta: use theta_initializer"})
         super().__init__(**kwargs)
         self.units = check_positive_int("units", units)
@@ -144,7 +150,7 @@ class DenseVariational(_VariationalMixin, tf.keras.layers.Layer):
             log_sigma2_initializer = tf.keras.initializers.Constant(-10.0)
         self._init_common(num_examples, threshold, eps, use_bias, activation, theta_initializer,
                           log_sigma2_initializer, bias_initializer, kernel_regularizer, bias_regularizer,
-                          kernel_constraint, bias_constraint)
+                          kernel_constraint, bias_constraint, kl_weight)
 
     def build(self, input_shape):
         """Create ``theta``, ``log_sigma2`` [in, units] and, with ``use_bias``, ``bias`` [units]."""
@@ -211,7 +217,7 @@ class Conv2DVariational(_VariationalMixin, tf.keras.layers.Layer):
                  use_bias=True, threshold=3.0, eps=1e-8, theta_initializer="glorot_uniform",
                  log_sigma2_initializer=None, bias_initializer="zeros", data_format=None, dilation_rate=1,
                  kernel_regularizer=None, bias_regularizer=None, kernel_constraint=None, bias_constraint=None,
-                 **kwargs):
+                 kl_weight=1.0, **kwargs):
         _checks.refuse(kwargs, {"kernel_initializer": "the kernel is the mean theta: use theta_initializer",
                                 "groups": "grouped convolutions have no per-example clipping rule here"})
         super().__init__(**kwargs)
@@ -222,7 +228,7 @@ class Conv2DVariational(_VariationalMixin, tf.keras.layers.Layer):
             log_sigma2_initializer = tf.keras.initializers.Constant(-10.0)
         self._init_common(num_examples, threshold, eps, use_bias, activation, theta_initializer,
                           log_sigma2_initializer, bias_initializer, kernel_regularizer, bias_regularizer,
-                          kernel_constraint, bias_constraint)
+                          kernel_constraint, bias_constraint, kl_weight)
 
     def build(self, input_shape):
         """Create ``theta``, ``log_sigma2`` [kh, kw, in, filters] and (``use_bias``) ``bias`` [filters]."""
