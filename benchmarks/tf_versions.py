@@ -56,17 +56,24 @@ def section(runs, args, load, seconds):
              f".venv/bin/python --rounds {args.rounds}` (wall time {seconds:.0f} s): "
              f"`benchmarks/throughput.py --no-baselines --no-memory --examples {args.examples} --batch-size "
              f"{args.batch_size} --repeats {args.repeats}` under each environment, alternating, "
-             f"{args.rounds} rounds; median examples/s over the rounds. Machine: "
+             f"{args.rounds} round(s); median examples/s over the rounds. Machine: "
              f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores; 1-minute load "
              f"average at the start {load:.2f}. Oldest set: `constraints/oldest.txt` (Keras 2.15); newest: "
              "the default install (tf-keras).", "",
-             f"| model | system | TF {old_tf} examples/s | TF {new_tf} examples/s | newest / oldest |",
-             "| --- | --- | ---: | ---: | ---: |"]
+             "Time ratio: the DP system's time per epoch over the non-private model's, on the same "
+             "TensorFlow (what tfdpbnn adds); newest / oldest: examples/s on the newest TensorFlow over the "
+             "oldest (what the TensorFlow version changes, for Keras alone as well).", "",
+             f"| model | system | TF {old_tf} examples/s | TF {new_tf} examples/s | newest / oldest | "
+             f"time ratio on {old_tf} | time ratio on {new_tf} |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for model in old_runs[0]:
+        base_old = median(old_runs, model, "non-private")
+        base_new = median(new_runs, model, "non-private")
         for system in old_runs[0][model]:
             old = median(old_runs, model, system)
             new = median(new_runs, model, system)
-            lines.append(f"| {model} | {system} | {old:,.0f} | {new:,.0f} | {new / old:.2f} |")
+            lines.append(f"| {model} | {system} | {old:,.0f} | {new:,.0f} | {new / old:.2f} | "
+                         f"{base_old / old:.2f}x | {base_new / new:.2f}x |")
     lines += ["", END]
     return "\n".join(lines)
 

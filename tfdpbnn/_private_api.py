@@ -42,6 +42,21 @@ def element_preserving_input(dataset):
     return None
 
 
+def attached_attribute(dataset, name):
+    """The attribute ``name`` of ``dataset``, or of the dataset it was made from by prefetch/with_options.
+
+    Follows ``element_preserving_input`` through up to 64 such wrappers; None if none has it.
+    """
+    for _ in range(64):
+        if dataset is None:
+            return None
+        found = getattr(dataset, name, None)
+        if found is not None:
+            return found
+        dataset = element_preserving_input(dataset)
+    return None
+
+
 def steps_per_execution(model) -> int:
     """Steps run by one call of ``model``'s train function (Keras's ``steps_per_execution``), at least 1."""
     value = getattr(model, "_steps_per_execution", None)

@@ -70,14 +70,7 @@ def tag(dataset: tf.data.Dataset, spec: SamplingSpec) -> tf.data.Dataset:
 
 def find_spec(dataset) -> SamplingSpec | None:
     """The spec attached to ``dataset`` or to the dataset it was made from by prefetch/with_options."""
-    seen = 0
-    while dataset is not None and seen < 64:
-        spec = getattr(dataset, _ATTRIBUTE, None)
-        if spec is not None:
-            return spec
-        dataset = _private_api.element_preserving_input(dataset)
-        seen += 1
-    return None
+    return _private_api.attached_attribute(dataset, _ATTRIBUTE)
 
 
 def assert_sampling(dataset: tf.data.Dataset, sampling: str, num_examples: int,

@@ -114,14 +114,7 @@ def input_fingerprint(x, y=None) -> str | None:
     from tfdpbnn import _private_api
 
     if isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
-        seen, dataset = 0, x
-        while dataset is not None and seen < 64:
-            found = getattr(dataset, _FINGERPRINT_ATTRIBUTE, None)
-            if found is not None:
-                return found
-            dataset = _private_api.element_preserving_input(dataset)
-            seen += 1
-        return None
+        return _private_api.attached_attribute(x, _FINGERPRINT_ATTRIBUTE)
     return data_fingerprint(x, y)
 
 
