@@ -196,11 +196,12 @@ def _hidden_and_output(method, setting, n):
             raise ValueError(f"kl_weight: only dpvd and svi have a KL term, got {kl_weight} for {method!r}")
         if not kl_weight > 0:
             raise ValueError(f"kl_weight: must be > 0, got {kl_weight}")
-        n = int(round(n / kl_weight))  # the layers add KL / num_examples
     if method == "dpvd":
-        stack = ([layers.DenseVariational(h, num_examples=n, activation=act)] if h else [])
-        return stack + [layers.DenseVariational(10, num_examples=n)]
+        stack = ([layers.DenseVariational(h, num_examples=n, activation=act, kl_weight=kl_weight)] if h
+                 else [])
+        return stack + [layers.DenseVariational(10, num_examples=n, kl_weight=kl_weight)]
     if method == "svi":
+        n = int(round(n / kl_weight))  # DenseBayesByBackprop adds its KL / num_examples
         stack = ([layers.DenseBayesByBackprop(h, num_examples=n, activation=act)] if h else [])
         return stack + [layers.DenseBayesByBackprop(10, num_examples=n)]
     if method == "dpd":

@@ -449,7 +449,7 @@ def test_digits_kl_weight_scales_the_variational_layers_kl():
     from experiments.digits_table import Setting, build_model
 
     model = build_model("dpvd", Setting(hidden=4, kl_weight=0.1), 1437, seed=0)
-    assert [layer.num_examples for layer in model.layers] == [14370, 14370]  # KL / (n / 0.1) = 0.1 KL / n
+    assert [(layer.num_examples, layer.kl_weight) for layer in model.layers] == [(1437, 0.1), (1437, 0.1)]
     with pytest.raises(ValueError, match="kl_weight"):
         build_model("dpsgd", Setting(hidden=4, kl_weight=0.1), 1437, seed=0)
     with pytest.raises(ValueError, match="ema"):

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+import tfdpbnn
 from tfdpbnn import cli, privacy
 from tfdpbnn.commands.train_recipes import METHODS, RECIPES, build_model, build_optimizer
 
@@ -59,6 +60,15 @@ def test_every_method_recipe_builds_a_model_and_calibrated_optimizer(method):
     assert model.output_shape == (None, 10)
     assert opt.epsilon_after(6 * RECIPES[method].epochs) <= 1.0  # calibrated for the recipe's epochs
     assert opt.sampling == "poisson" and opt.accountant == "rdp"
+
+
+@pytest.mark.parametrize("hidden", [0, 8])
+def test_dpvd_recipe_kl_weight_reaches_every_variational_layer(hidden):
+    weight = RECIPES["dpvd"].kl_weight
+    assert 0 < weight < 1      # chosen on public data (docs/results.md, dpvd-kl-public); 1 is the ELBO
+    model = build_model("dpvd", (64,), 10, 1437, hidden, seed=0, kl_weight=weight)
+    kls = [layer.kl_weight for layer in model.layers if isinstance(layer, tfdpbnn.layers.DenseVariational)]
+    assert kls == [weight] * (1 + bool(hidden))
 
 
 @pytest.mark.parametrize("method", ["dpvd", "dpsgld", "dpmcdropout", "dpsgd"])

@@ -116,12 +116,12 @@ def tensorflow_privacy_module(name: str):
     """
     if "tensorflow_privacy" not in sys.modules:
         had_flag = hasattr(sys, "skip_tf_privacy_import")
-        sys.skip_tf_privacy_import = True
+        setattr(sys, "skip_tf_privacy_import", True)  # noqa: B010 - tensorflow-privacy's own flag on sys
         try:
             importlib.import_module("tensorflow_privacy")
         finally:
             if not had_flag:
-                del sys.skip_tf_privacy_import
+                delattr(sys, "skip_tf_privacy_import")
     return importlib.import_module(name)
 
 

@@ -134,7 +134,8 @@ def train(args) -> dict:
     os.makedirs(out, exist_ok=True)
 
     num_classes = int(max(y.max(), y_test.max()) + 1)
-    model = build_model(args.method, x.shape[1:], num_classes, n, recipe.hidden, args.seed)
+    model = build_model(args.method, x.shape[1:], num_classes, n, recipe.hidden, args.seed,
+                        kl_weight=recipe.kl_weight)
     public = getattr(args, "public", None)
     public_info = None
     if public is not None:
@@ -167,7 +168,8 @@ def train(args) -> dict:
           f"epsilon={args.epsilon:g}, delta={args.delta:g}: sigma={optimizer.noise_multiplier:.4g}, "
           f"C={optimizer.l2_norm_clip:g} (calibrated by {recipe.accountant}), expected batch {batch_size} "
           f"(q={q:.4g}, Poisson), {recipe.epochs} epochs x {steps_per_epoch} steps, "
-          f"{recipe.hidden or 'no'} hidden units, seed {args.seed}")
+          f"{recipe.hidden or 'no'} hidden units, seed {args.seed}"
+          + (f", KL weight {recipe.kl_weight:g} (chosen on public data)" if args.method == "dpvd" else ""))
     start = time.time()
     model.fit(batches, epochs=recipe.epochs, verbose=args.verbose, callbacks=callbacks)
     train_seconds = time.time() - start

@@ -230,7 +230,7 @@ class RunStore:
         """Every run (of ``dataset``), oldest first: id, data set, start, host, pid, whether it ended."""
         query = ("SELECT r.run_id, r.dataset, r.started, r.host, r.pid, "
                  "EXISTS (SELECT 1 FROM snapshots s WHERE s.run_id = r.run_id AND s.final = 1) FROM runs r")
-        args = ()
+        args: tuple[str, ...] = ()
         if dataset is not None:
             query += " WHERE r.dataset = ?"
             args = (dataset,)
@@ -269,7 +269,7 @@ class RunStore:
         with self._connect() as conn:
             run_ids = [r[0] for r in conn.execute(
                 "SELECT DISTINCT run_id FROM snapshots WHERE weights = ?", (weights,))]
-            phases = []
+            phases: list[Phase] = []
             for run_id in run_ids:
                 row = conn.execute("SELECT ledger FROM snapshots WHERE run_id = ? "
                                    "ORDER BY snapshot DESC LIMIT 1", (run_id,)).fetchone()
