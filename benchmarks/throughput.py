@@ -569,12 +569,12 @@ def main(argv=None):
             json.dump({"tensorflow": tf.__version__, "results": summary}, f, indent=1)
     text = report(results, args)
     if not args.no_write:
-        # Keep the sections benchmarks/scaling.py and benchmarks/tf_versions.py wrote between their markers.
+        # Keep the sections benchmarks/scaling.py, tf_versions.py and epsilon_cost.py wrote between markers.
         old = ""
         if os.path.exists(args.out):
             with open(args.out) as f:
                 old = f.read()
-        for name in ("scaling", "tf-versions"):
+        for name in ("scaling", "tf-versions", "epsilon-cost"):
             begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
             if begin in old and end in old:
                 text = text.rstrip("\n") + "\n\n" + old[old.index(begin): old.index(end) + len(end)] + "\n"
