@@ -16,22 +16,10 @@ import dp_accounting
 import numpy as np
 import pytest
 import tensorflow as tf
+from _small_runs import DELTA, LOSS, N, gaussians_epsilon, rdp_epsilon, small_data, small_model
 
 import tfdpbnn
 from tfdpbnn.privacy import store as record_store
-
-N, D, DELTA = 64, 4, 1e-5
-LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-def _data(n=N, seed=0):
-    rng = np.random.default_rng(seed)
-    return rng.normal(size=(n, D)).astype(np.float32), rng.integers(0, 3, n)
-
-
-def _model(seed=0):
-    tf.keras.utils.set_random_seed(seed)
-    return tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3)])
 
 
 def _compile(model, sigma=1.0):
@@ -40,17 +28,9 @@ def _compile(model, sigma=1.0):
     return opt
 
 
-def _rdp(event):
-    return dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(DELTA)
-
-
-def _gaussians(sigma, count):
-    return _rdp(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma), count))
-
-
 def _train_first(epochs=2):
-    x, y = _data()
-    model = _model()
+    x, y = small_data()
+    model = small_model()
     _compile(model)
     model.fit(x, y, batch_size=8, epochs=epochs, verbose=0)
     return model, x, y
@@ -63,7 +43,7 @@ def test_set_weights_into_a_clone_inherits_the_record():
     clone.set_weights(model.get_weights())
     opt = _compile(clone)
     clone.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    assert opt.epsilon() == pytest.approx(_gaussians(1.0, 3), rel=0.01)
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)
 
 
 def test_load_model_without_compile_inherits_the_record(tmp_path):
@@ -72,7 +52,7 @@ def test_load_model_without_compile_inherits_the_record(tmp_path):
     loaded = tf.keras.models.load_model(str(tmp_path / "m.keras"), compile=False)
     opt = _compile(loaded, sigma=2.0)
     loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    expected = _rdp(dp_accounting.ComposedDpEvent([
+    expected = rdp_epsilon(dp_accounting.ComposedDpEvent([
         dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.0), 2),
         dp_accounting.GaussianDpEvent(2.0)]))
     assert opt.epsilon() == pytest.approx(expected, rel=0.01)
@@ -80,39 +60,39 @@ def test_load_model_without_compile_inherits_the_record(tmp_path):
 
 @pytest.mark.parametrize("suffix", [".h5", "ckpt"])
 def test_load_weights_of_an_earlier_checkpoint_keeps_what_was_spent_after_it(tmp_path, suffix):
-    x, y = _data()
-    model = _model()
+    x, y = small_data()
+    model = small_model()
     first = _compile(model)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     path = str(tmp_path / f"w{suffix}")
     model.save_weights(path)
     model.fit(x, y, batch_size=8, epochs=3, verbose=0)  # 3 more passes, released (metrics, files)
-    assert first.epsilon() == pytest.approx(_gaussians(1.0, 4), rel=0.01)
-    fresh = _model(seed=1)
+    assert first.epsilon() == pytest.approx(gaussians_epsilon(1.0, 4), rel=0.01)
+    fresh = small_model(seed=1)
     fresh.load_weights(path)
     opt = _compile(fresh)
     fresh.fit(x, y, batch_size=8, epochs=1, verbose=0)
     # The earlier optimizer's 4 passes (not only the 1 before the checkpoint) plus this one.
-    assert opt.epsilon() == pytest.approx(_gaussians(1.0, 5), rel=0.01)
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 5), rel=0.01)
 
 
 def test_tf_train_checkpoint_of_the_model_alone_inherits(tmp_path):
     model, x, y = _train_first(epochs=2)
     path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
-    fresh = _model(seed=3)
+    fresh = small_model(seed=3)
     tf.train.Checkpoint(model=fresh).restore(path).expect_partial()
     opt = _compile(fresh)
     fresh.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    assert opt.epsilon() == pytest.approx(_gaussians(1.0, 3), rel=0.01)
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)
 
 
 def test_same_optimizer_continuing_is_not_counted_twice():
-    x, y = _data()
-    model = _model()
+    x, y = small_data()
+    model = small_model()
     opt = _compile(model)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    assert opt.epsilon() == pytest.approx(_gaussians(1.0, 3), rel=0.01)
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)
 
 
 # ----------------------------------------------------------------------------- a data set's budget
@@ -120,9 +100,9 @@ def test_dataset_budget_refuses_a_run_before_its_first_step():
     model, x, y = _train_first(epochs=2)
     fingerprint = record_store.data_fingerprint(x, y)
     store = record_store.default_store()
-    assert store.dataset_epsilon(fingerprint, DELTA) == pytest.approx(_gaussians(1.0, 2), rel=0.01)
-    store.set_budget(fingerprint, _gaussians(1.0, 3) * 1.001, DELTA)
-    other = _model(seed=5)  # new weights: nothing inherited, but the same data
+    assert store.dataset_epsilon(fingerprint, DELTA) == pytest.approx(gaussians_epsilon(1.0, 2), rel=0.01)
+    store.set_budget(fingerprint, gaussians_epsilon(1.0, 3) * 1.001, DELTA)
+    other = small_model(seed=5)  # new weights: nothing inherited, but the same data
     opt = _compile(other)
     before = [w.copy() for w in other.get_weights()]
     with pytest.raises(ValueError, match="dataset budget"):
@@ -131,14 +111,14 @@ def test_dataset_budget_refuses_a_run_before_its_first_step():
     for w, b in zip(other.get_weights(), before, strict=True):
         np.testing.assert_array_equal(w, b)
     other.fit(x, y, batch_size=8, epochs=1, verbose=0)  # one pass still fits the budget
-    assert store.dataset_epsilon(fingerprint, DELTA) == pytest.approx(_gaussians(1.0, 3), rel=0.01)
+    assert store.dataset_epsilon(fingerprint, DELTA) == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)
     record = opt.privacy_statement()["record"]
     assert record["runs"] == 2 and record["runs_not_ended"] == 0
-    assert record["epsilon"] == pytest.approx(_gaussians(1.0, 3), rel=0.01)
+    assert record["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)
 
 
 def test_poisson_batches_carry_the_data_fingerprint():
-    x, y = _data()
+    x, y = small_data()
     batches = tfdpbnn.data.poisson_batches(x, y, sample_rate=0.125)
     assert record_store.input_fingerprint(batches.prefetch(1)) == record_store.data_fingerprint(x, y)
 
@@ -176,14 +156,14 @@ def _child(seed, epochs, sleep=0.0):
 
 @pytest.mark.slow
 def test_two_processes_see_each_others_runs_and_a_killed_one_leaves_whole_rows():
-    x, y = _data()
+    x, y = small_data()
     fingerprint = record_store.data_fingerprint(x, y)
     first, second = _child(1, 1), _child(2, 2)
     assert first.wait(timeout=300) == 0 and second.wait(timeout=300) == 0
     store = record_store.default_store()
     runs = store.runs(fingerprint)
     assert len(runs) == 2 and all(r["ended"] for r in runs) and len({r["pid"] for r in runs}) == 2
-    assert store.dataset_epsilon(fingerprint, DELTA) == pytest.approx(_gaussians(1.0, 3), rel=0.01)
+    assert store.dataset_epsilon(fingerprint, DELTA) == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)
     # A process killed during its run: the store stays whole, and the run counts its planned 5 passes.
     killed = _child(3, 5, sleep=60.0)
     assert killed.stdout.readline().startswith("epoch 0")
@@ -193,10 +173,10 @@ def test_two_processes_see_each_others_runs_and_a_killed_one_leaves_whole_rows()
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     runs = store.runs(fingerprint)
     assert len(runs) == 3 and [r["ended"] for r in runs].count(False) == 1
-    assert store.dataset_epsilon(fingerprint, DELTA) == pytest.approx(_gaussians(1.0, 8), rel=0.01)
+    assert store.dataset_epsilon(fingerprint, DELTA) == pytest.approx(gaussians_epsilon(1.0, 8), rel=0.01)
     # The budget set now is spent: a new run in this process is refused before its first step.
-    store.set_budget(fingerprint, _gaussians(1.0, 8) * 1.001, DELTA)
-    model = _model(seed=9)
+    store.set_budget(fingerprint, gaussians_epsilon(1.0, 8) * 1.001, DELTA)
+    model = small_model(seed=9)
     opt = _compile(model)
     with pytest.raises(ValueError, match="dataset budget"):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)

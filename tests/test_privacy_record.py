@@ -9,16 +9,9 @@ import dp_accounting
 import numpy as np
 import pytest
 import tensorflow as tf
+from _small_runs import DELTA, LOSS, D, N, gaussians_epsilon, small_data
 
 import tfdpbnn
-
-N, D, DELTA = 64, 4, 1e-5
-LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-def _data(n=N, seed=0):
-    rng = np.random.default_rng(seed)
-    return rng.normal(size=(n, D)).astype(np.float32), rng.integers(0, 3, n)
 
 
 def _compiled(sigma=1.0, batch_size=8, **kwargs):
@@ -29,13 +22,8 @@ def _compiled(sigma=1.0, batch_size=8, **kwargs):
     return model, opt
 
 
-def _gaussians(sigma, count):
-    event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma), count)
-    return dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(DELTA)
-
-
 def test_apply_gradients_refuses_ordinary_gradients_after_dp_fit():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     before = [w.copy() for w in model.get_weights()]
@@ -49,7 +37,7 @@ def test_apply_gradients_refuses_ordinary_gradients_after_dp_fit():
 
 
 def test_apply_gradients_refused_in_a_train_step_override():
-    x, y = _data()
+    x, y = small_data()
 
     class Plain(tf.keras.Model):
         def train_step(self, data):
@@ -70,7 +58,7 @@ def test_apply_gradients_refused_in_a_train_step_override():
 
 
 def test_mechanism_release_and_minimize_are_applied():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled()
     opt.begin_training(model, x, y, batch_size=8)
     released = opt.mechanism.privatize_model(model, x[:8], y[:8])
@@ -82,20 +70,20 @@ def test_mechanism_release_and_minimize_are_applied():
 
 
 def test_train_on_batch_counts_every_call_as_a_participation():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # one pass: 1 participation
     for _ in range(20):
         model.train_on_batch(x[:8], y[:8])
     assert opt.steps == 8 + 20
-    assert opt.epsilon() == pytest.approx(_gaussians(1.0, 21), rel=0.01)
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 21), rel=0.01)
     statement = opt.privacy_statement()
     assert [p["participations"] for p in statement["phases"]] == [1, 20]
 
 
 def test_train_on_batch_stops_at_the_budget():
-    x, y = _data()
-    budget = _gaussians(1.0, 5) * 1.001  # room for exactly 5 participations
+    x, y = small_data()
+    budget = gaussians_epsilon(1.0, 5) * 1.001  # room for exactly 5 participations
     model, opt = _compiled(target_epsilon=budget)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     with pytest.raises(ValueError, match="target_epsilon=.* is spent"):
@@ -103,19 +91,19 @@ def test_train_on_batch_stops_at_the_budget():
             model.train_on_batch(x[:8], y[:8])
     assert opt.steps == 8 + 4
     assert opt.epsilon() <= budget
-    assert opt.epsilon() == pytest.approx(_gaussians(1.0, 5), rel=0.01)
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 5), rel=0.01)
 
 
 def test_train_on_batch_alone_is_counted():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled()
     for _ in range(3):
         model.train_on_batch(x[:8], y[:8])
-    assert opt.epsilon() == pytest.approx(_gaussians(1.0, 3), rel=0.01)
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)
 
 
 def test_mixed_precision_is_refused_naming_the_policy():
-    x, y = _data()
+    x, y = small_data()
     tf.keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         model, _ = _compiled()
@@ -143,17 +131,17 @@ def test_cached_rdp_epsilon_equals_dp_accounting_composition():
 
 
 def test_pld_optimizer_logs_rdp_each_epoch_and_pld_at_the_last():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(accountant="pld")
     history = model.fit(x, y, batch_size=8, epochs=3, verbose=0)
     assert len(history.history["epsilon_rdp"]) == 3
-    assert history.history["epsilon_rdp"][-1] == pytest.approx(_gaussians(1.0, 3), rel=0.01)
+    assert history.history["epsilon_rdp"][-1] == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)
     assert history.history["epsilon"] == [pytest.approx(opt.epsilon(), rel=1e-9)]
 
 
 # --------------------------------------------------------------------------- releases not covered
 def test_statement_names_the_releases_no_epsilon_covers():
-    x, y = _data(n=80)
+    x, y = small_data(n=80)
     model, opt = _compiled()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, validation_split=0.2)
     statement = opt.privacy_statement()
@@ -206,7 +194,7 @@ def test_integer_inputs_mixing_examples_are_refused_and_plain_ones_train():
         _fit_tokens(_token_model(mix=True), x, y)
     model = _token_model()
     _fit_tokens(model, x, y)
-    assert model.optimizer.epsilon() == pytest.approx(_gaussians(1.0, 1), rel=0.01)
+    assert model.optimizer.epsilon() == pytest.approx(gaussians_epsilon(1.0, 1), rel=0.01)
 
 
 def test_dict_multi_input_model_with_a_penalty_on_the_integer_branch_is_refused():
@@ -218,7 +206,7 @@ def test_dict_multi_input_model_with_a_penalty_on_the_integer_branch_is_refused(
     model = tf.keras.Model({"tokens": tokens, "values": values},
                            tf.keras.layers.Dense(3)(tf.keras.layers.Concatenate()([h, values])))
     x_tokens, y = _tokens()
-    x = {"tokens": x_tokens, "values": _data()[0]}
+    x = {"tokens": x_tokens, "values": small_data()[0]}
     with pytest.raises(ValueError, match="model.losses depends on the input data"):
         _fit_tokens(model, x, y)
 

@@ -11,41 +11,20 @@ import math
 import warnings
 
 import dp_accounting
-import numpy as np
 import pytest
 import tensorflow as tf
+from _small_runs import DELTA, LOSS, D, N, gaussians_epsilon, rdp_epsilon, small_data, small_model
 
 import tfdpbnn
 
-N, D, DELTA = 64, 4, 1e-5
-LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-def _data(n=N, seed=0):
-    rng = np.random.default_rng(seed)
-    return rng.normal(size=(n, D)).astype(np.float32), rng.integers(0, 3, n)
-
-
-def _model(seed=0):
-    tf.keras.utils.set_random_seed(seed)
-    return tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3)])
-
-
-def _rdp(event):
-    return dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(DELTA)
-
-
-def _gaussians(sigma, count):
-    return _rdp(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma), count))
-
 
 def _poisson(sigma, q, steps):
-    return _rdp(dp_accounting.SelfComposedDpEvent(
+    return rdp_epsilon(dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps))
 
 
 def _compiled(sigma=1.0, batch_size=8, sampling="shuffle", num_examples=N, **kwargs):
-    model = _model()
+    model = small_model()
     opt = tfdpbnn.DPSGDOptimizer(1.0, sigma, num_examples=num_examples, batch_size=batch_size, delta=DELTA,
                                  sampling=sampling, **kwargs)
     model.compile(optimizer=opt, loss=LOSS)
@@ -54,7 +33,7 @@ def _compiled(sigma=1.0, batch_size=8, sampling="shuffle", num_examples=N, **kwa
 
 # ------------------------------------------------------------------------ passes over the data (shuffle)
 def test_unverifiable_pipeline_is_refused_and_an_assertion_counts_passes():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(batch_size=8)
     batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)  # 2 batches a pass, not the declared 8
     with pytest.raises(ValueError, match="assert_sampling"):
@@ -63,34 +42,34 @@ def test_unverifiable_pipeline_is_refused_and_an_assertion_counts_passes():
     model.fit(tfdpbnn.data.assert_sampling(batches, "shuffle", num_examples=N), epochs=4, verbose=0)
     assert opt.steps == 8
     # 4 passes: the most-exposed example is in 4 noised sums (steps x declared batch / n would say 1).
-    assert opt.epsilon() == pytest.approx(_gaussians(1.0, 4), rel=0.01)
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 4), rel=0.01)
     statement = opt.privacy_statement()
     assert statement["asserted_by_user"] and "asserted by the user" in statement["asserted_by_user"][0]
 
 
 def test_asserted_pass_of_another_size_is_caught():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(batch_size=8)
     half = tfdpbnn.data.assert_sampling(tf.data.Dataset.from_tensor_slices((x[:32], y[:32])).batch(8),
                                         "shuffle", num_examples=N)  # asserts 64 examples, holds 32
     with pytest.raises(ValueError, match="held 32 examples"):
         model.fit(half, epochs=3, verbose=0)
     assert opt.steps == 4
-    assert opt.epsilon() == pytest.approx(_gaussians(1.0, 4), rel=0.01)
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 4), rel=0.01)
 
 
 def test_full_batch_pipeline_counts_every_step_as_a_participation():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(batch_size=8)
     full = tfdpbnn.data.assert_sampling(tf.data.Dataset.from_tensor_slices((x, y)).batch(N), "shuffle",
                                         num_examples=N)
     model.fit(full, epochs=6, verbose=0)
     assert opt.steps == 6
-    assert opt.epsilon() == pytest.approx(_gaussians(1.0, 6), rel=0.01)
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 6), rel=0.01)
 
 
 def test_shuffle_optimizer_fed_poisson_batches_is_refused():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled()
     with pytest.raises(ValueError, match="sampling"):
         model.fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=0.5), verbose=0)
@@ -98,7 +77,7 @@ def test_shuffle_optimizer_fed_poisson_batches_is_refused():
 
 
 def test_arrays_must_match_num_examples():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(num_examples=10 * N)
     with pytest.raises(ValueError, match=rf"num_examples={10 * N}.*{N} examples"):
         model.fit(x, y, batch_size=8, verbose=0)
@@ -106,29 +85,29 @@ def test_arrays_must_match_num_examples():
 
 
 def test_validation_split_is_counted():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(num_examples=N)
     with pytest.raises(ValueError, match="validation_split"):
         model.fit(x, y, batch_size=8, validation_split=0.25, verbose=0)
     model, opt = _compiled(num_examples=48)
     model.fit(x, y, batch_size=8, validation_split=0.25, epochs=3, verbose=0)
     assert opt.steps == 18  # 3 epochs of 48 / 8
-    assert opt.epsilon() == pytest.approx(_gaussians(1.0, 3), rel=0.01)
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)
 
 
 def test_arrays_epsilon_counts_epochs_from_examples_processed():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(batch_size=8)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # a second fit continues the same phase
     assert opt.steps == 24 and len(opt.ledger.phases) == 1
     assert opt.ledger.phases[0].examples == 3 * N
-    assert opt.epsilon() == pytest.approx(_gaussians(1.0, 3), rel=0.01)
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)
 
 
 # ------------------------------------------------------------------------------------ Poisson sampling
 def test_prefetched_poisson_batches_keep_their_declaration():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(batch_size=8, sampling="poisson")
     model.fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=0.125).prefetch(1), epochs=2, verbose=0)
     assert opt.steps == 16
@@ -137,7 +116,7 @@ def test_prefetched_poisson_batches_keep_their_declaration():
 
 
 def test_plain_batches_under_poisson_are_refused_and_asserted_ones_are_tested():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(batch_size=8, sampling="poisson")
     with pytest.raises(ValueError, match="assert_sampling"):
         model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(N), verbose=0)
@@ -149,32 +128,32 @@ def test_plain_batches_under_poisson_are_refused_and_asserted_ones_are_tested():
     steps = opt.steps
     assert 1 <= steps <= 16
     # The steps that ran are accounted without amplification: every step as a full Gaussian.
-    assert opt.epsilon() == pytest.approx(_gaussians(1.0, steps), rel=0.01)
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, steps), rel=0.01)
 
 
 def test_fixed_size_batches_of_the_expected_size_fail_the_poisson_test():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(batch_size=8, sampling="poisson")
     fixed = tfdpbnn.data.assert_sampling(tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8),
                                          "poisson", num_examples=N, sample_rate=0.125)
     with pytest.raises(ValueError, match="too-regular"):
         model.fit(fixed, epochs=1, steps_per_epoch=40, verbose=0)
-    assert opt.epsilon() == pytest.approx(_gaussians(1.0, opt.steps), rel=0.01)
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, opt.steps), rel=0.01)
 
 
 def test_fixed_sampling_seed_needs_a_flag_and_voids_amplification():
-    x, y = _data()
+    x, y = small_data()
     with pytest.raises(ValueError, match="debug_fixed_seed"):
         tfdpbnn.data.poisson_batches(x, y, sample_rate=0.125, seed=0)
     model, opt = _compiled(batch_size=8, sampling="poisson")
     ds = tfdpbnn.data.poisson_batches(x, y, sample_rate=0.125, seed=0, debug_fixed_seed=True)
     model.fit(ds, epochs=1, verbose=0)
-    assert opt.epsilon() == pytest.approx(_gaussians(1.0, 8), rel=0.01)
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 8), rel=0.01)
     assert "fixed sampling seed" in opt.privacy_statement()["phases"][0]["sampling"]
 
 
 def test_secret_seed_ignores_the_global_seed():
-    x, y = _data()
+    x, y = small_data()
     tf.keras.utils.set_random_seed(0)
     first = [len(b[1]) for b in tfdpbnn.data.poisson_batches(x, y, sample_rate=0.5)]
     tf.keras.utils.set_random_seed(0)
@@ -184,13 +163,13 @@ def test_secret_seed_ignores_the_global_seed():
 
 # ------------------------------------------------------------------ the ledger belongs to the training
 def test_recompiling_with_a_fresh_optimizer_keeps_earlier_steps():
-    x, y = _data()
+    x, y = small_data()
     model, first = _compiled(batch_size=8)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
     second = tfdpbnn.DPSGDOptimizer(1.0, 2.0, num_examples=N, batch_size=8, delta=DELTA)
     model.compile(optimizer=second, loss=LOSS)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    expected = _rdp(dp_accounting.ComposedDpEvent([
+    expected = rdp_epsilon(dp_accounting.ComposedDpEvent([
         dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.0), 2),
         dp_accounting.GaussianDpEvent(2.0)]))
     assert second.epsilon() == pytest.approx(expected, rel=0.01)
@@ -199,7 +178,7 @@ def test_recompiling_with_a_fresh_optimizer_keeps_earlier_steps():
 
 
 def test_restoring_a_checkpoint_into_other_settings_never_rewrites_epsilon(tmp_path):
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(batch_size=8, sampling="poisson")
     model.fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=0.125), epochs=2, verbose=0)
     before = opt.epsilon()
@@ -208,11 +187,11 @@ def test_restoring_a_checkpoint_into_other_settings_never_rewrites_epsilon(tmp_p
     tf.train.Checkpoint(model=model2, optimizer=opt2).restore(path).expect_partial()
     assert opt2.steps == 16
     assert opt2.epsilon() == pytest.approx(before, rel=1e-9)
-    x2, y2 = _data(n=32)
+    x2, y2 = small_data(n=32)
     model2.fit(tfdpbnn.data.poisson_batches(x2, y2, sample_rate=0.25), epochs=1, verbose=0)
     phases = opt2.ledger.phases
     assert [p.steps for p in phases] == [16, 4]
-    expected = _rdp(dp_accounting.ComposedDpEvent([
+    expected = rdp_epsilon(dp_accounting.ComposedDpEvent([
         dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
             0.125, dp_accounting.GaussianDpEvent(1.0)), 16),
         dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
@@ -222,7 +201,7 @@ def test_restoring_a_checkpoint_into_other_settings_never_rewrites_epsilon(tmp_p
 
 @pytest.mark.parametrize("save_format", ["tf", "keras", "h5"])
 def test_model_save_formats_keep_the_ledger(tmp_path, save_format):
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(batch_size=8)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
     path = str(tmp_path / ("m.keras" if save_format == "keras" else "m.h5" if save_format == "h5" else "m"))
@@ -230,11 +209,11 @@ def test_model_save_formats_keep_the_ledger(tmp_path, save_format):
     loaded = tf.keras.models.load_model(path)
     assert loaded.optimizer.epsilon() == pytest.approx(opt.epsilon(), rel=1e-9)
     loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    assert loaded.optimizer.epsilon() == pytest.approx(_gaussians(1.0, 3), rel=0.01)
+    assert loaded.optimizer.epsilon() == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)
 
 
 def test_custom_loop_needs_begin_training():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(batch_size=8)
     with pytest.raises(ValueError, match="begin_training"):
         with tf.GradientTape() as tape:
@@ -249,14 +228,14 @@ def test_custom_loop_needs_begin_training():
         opt.minimize(loss, model.trainable_variables, tape=tape)
     assert opt.ledger.phases[0].examples == N
     # The loop picks its batches (it could feed one batch 8 times): each step is one participation.
-    assert opt.epsilon() == pytest.approx(_gaussians(1.0, 8), rel=0.01)
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 8), rel=0.01)
 
 
 # ------------------------------------------------------------------------------ accountants, sigma = 0
 def test_optimizer_epsilon_comes_from_a_sound_accountant():
     with pytest.raises(ValueError, match="sound"):
         tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, accountant="gdp")
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(batch_size=8, sampling="poisson")
     model.fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=0.125), epochs=1, verbose=0)
     statement = opt.privacy_statement()
@@ -268,7 +247,7 @@ def test_optimizer_epsilon_comes_from_a_sound_accountant():
 
 
 def test_sigma_zero_is_infinite_epsilon():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(sigma=0.0)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert math.isinf(opt.epsilon())
@@ -281,7 +260,7 @@ def test_data_dependent_add_loss_is_refused():
     model = tf.keras.Model(inputs, tf.keras.layers.Dense(3)(hidden))
     model.add_loss(tf.reduce_mean(tf.square(hidden)))
     model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8), loss=LOSS)
-    x, y = _data()
+    x, y = small_data()
     with pytest.raises(ValueError, match="model.losses depends on the input"):
         model.fit(x, y, batch_size=8, verbose=0)
 
@@ -290,7 +269,7 @@ def test_weight_regularization_is_allowed():
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3, kernel_regularizer="l2")])
     model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8), loss=LOSS)
-    x, y = _data()
+    x, y = small_data()
     model.fit(x, y, batch_size=8, verbose=0)
     assert model.optimizer.steps == 8
 
@@ -301,41 +280,41 @@ def test_batch_statistics_in_a_lambda_are_refused():
         tf.keras.layers.Lambda(lambda h: h - tf.reduce_mean(h, axis=0, keepdims=True)),
         tf.keras.layers.Dense(3)])
     model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8), loss=LOSS)
-    x, y = _data()
+    x, y = small_data()
     with pytest.raises(ValueError, match="mixes examples"):
         model.fit(x, y, batch_size=8, verbose=0)
 
 
 def test_already_reduced_compiled_loss_is_refused():
-    model = _model()
+    model = small_model()
 
     def mean_loss(y_true, y_pred):
         per_example = tf.keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
         return tf.reduce_mean(per_example)
 
     model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8), loss=mean_loss)
-    x, y = _data()
+    x, y = small_data()
     with pytest.raises(ValueError, match="one loss per example"):
         model.fit(x, y, batch_size=8, verbose=0)
 
 
 def test_loss_that_couples_examples_is_refused():
-    model = _model()
+    model = small_model()
 
     def centered(y_true, y_pred):
         per = tf.keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
         return per - tf.reduce_mean(per)
 
     model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8), loss=centered)
-    x, y = _data()
+    x, y = small_data()
     with pytest.raises(ValueError, match="other examples"):
         model.fit(x, y, batch_size=8, verbose=0)
 
 
 # ---------------------------------------------------------------------------------------------- budgets
 def test_budget_warns_and_stops_before_it_would_be_exceeded():
-    x, y = _data()
-    model = _model()
+    x, y = small_data()
+    model = small_model()
     opt = tfdpbnn.DPSGDOptimizer(1.0, target_epsilon=2.0, delta=DELTA, num_examples=N, batch_size=8, epochs=2,
                                  sampling="poisson")
     model.compile(optimizer=opt, loss=LOSS)
@@ -350,8 +329,8 @@ def test_budget_warns_and_stops_before_it_would_be_exceeded():
 
 
 def test_budget_can_be_exceeded_only_by_asking():
-    x, y = _data()
-    model = _model()
+    x, y = small_data()
+    model = small_model()
     opt = tfdpbnn.DPSGDOptimizer(1.0, target_epsilon=2.0, delta=DELTA, num_examples=N, batch_size=8, epochs=1,
                                  allow_exceeding_budget=True)
     model.compile(optimizer=opt, loss=LOSS)
@@ -364,12 +343,12 @@ def test_budget_can_be_exceeded_only_by_asking():
 
 
 def test_epsilon_reaches_tensorboard_whatever_the_callback_order(tmp_path):
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(batch_size=8)
     board = tf.keras.callbacks.TensorBoard(str(tmp_path / "logs"))
     history = model.fit(x, y, batch_size=8, epochs=2, verbose=0,
                         callbacks=[board, tfdpbnn.PrivacyCallback(delta=DELTA)])
-    assert history.history["epsilon"][-1] == pytest.approx(_gaussians(1.0, 2), rel=0.01)
+    assert history.history["epsilon"][-1] == pytest.approx(gaussians_epsilon(1.0, 2), rel=0.01)
     events = list((tmp_path / "logs" / "train").glob("events.out.tfevents.*"))
     tags = set()
     for event_file in events:
@@ -379,7 +358,7 @@ def test_epsilon_reaches_tensorboard_whatever_the_callback_order(tmp_path):
 
 
 def test_privacy_statement_is_json():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     text = json.dumps(opt.privacy_statement(), allow_nan=False)
@@ -393,7 +372,7 @@ def test_private_api_adapter_matches_the_pinned_versions():
 
 
 def test_secure_mode_is_an_optimizer_argument_reported_in_the_statement():
-    x, y = _data()
+    x, y = small_data()
     model, opt = _compiled(secure_mode=True)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     noise = opt.privacy_statement()["noise"]

@@ -177,10 +177,21 @@ class RunStore:
             conn.close()
 
     def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        return conn
+        # Switching a file to WAL needs an exclusive lock, and SQLite may answer "database is locked" at once
+        # (without its busy handler) when another process opens the same new file at that moment: retried
+        # until ``timeout``.
+        deadline = time.monotonic() + self._timeout
+        while True:
+            conn = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=FULL")
+                return conn
+            except sqlite3.OperationalError as err:
+                conn.close()
+                if "locked" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def _connect(self) -> _Transaction:
         return _Transaction(self._open())
