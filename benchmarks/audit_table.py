@@ -61,7 +61,7 @@ def _step_power(args):
 
 def _step_mutations(args):
     """One step audit per method x claim x mutation, and the honest one, with every bound."""
-    from tfdpbnn.audit.mutations import MUTATIONS
+    from tfdpbnn.audit.mutations import STEP_MUTATIONS
     from tfdpbnn.audit.step import METHODS, StepAuditor
 
     rows = []
@@ -69,10 +69,10 @@ def _step_mutations(args):
         start = time.perf_counter()
         for e in CLAIMS_STEP:
             auditor = StepAuditor(method, e, steps=args.step_steps, seed=1)
-            for broken in (None, *MUTATIONS):
+            for broken in (None, *STEP_MUTATIONS):
                 rows.append(auditor.audit(args.step_runs, broken).as_dict())
                 print("step-mutations", rows[-1], flush=True)
-        for r in rows[-3 * (1 + len(MUTATIONS)):]:
+        for r in rows[-3 * (1 + len(STEP_MUTATIONS)):]:
             r["suite_seconds"] = time.perf_counter() - start
     return rows
 

@@ -13,7 +13,7 @@ from tfdpbnn.commands import audit as audit_command
 def test_cli_names_match_the_experiment():
     assert audit_command.METHODS == experiment.METHODS == step.METHODS
     assert set(audit_command.BROKEN) == set(experiment.BROKEN)
-    assert set(audit_command.STEP_BROKEN) == set(mutations.MUTATIONS)
+    assert set(audit_command.STEP_BROKEN) == set(mutations.STEP_MUTATIONS)
     assert set(audit_command.SAMPLING_BROKEN) == set(sampling.SAMPLING_MUTATIONS)
 
 
@@ -26,6 +26,7 @@ def test_cli_names_match_the_experiment():
     (["--epsilon", "1", "--multi-run", "--method", "dpvd"], "--method"),
     (["--epsilon", "1", "--multi-run", "--broken", "noise-2/3"], "--broken"),
     (["--epsilon", "1", "--mode", "sampling", "--broken", "noise-2/3"], "--broken"),
+    (["--epsilon", "1", "--replicas", "2"], "--replicas"),  # the step audit has no replicas
 ])
 def test_bad_arguments_exit_2(argv, message, capsys):
     assert cli.main(["audit", *argv]) == 2
@@ -49,6 +50,15 @@ def test_step_audit_of_dpvd_flags_the_broken_noise_only(broken, tmp_path, capsys
 def test_sampling_mode_flags_a_1_5x_rate(capsys):
     assert cli.main(["audit", "--mode", "sampling", "--epsilon", "1", "--broken", "sample-rate-1.5x"]) == 0
     assert "FLAGGED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("broken", [None, "shard-overlap"])
+def test_sampling_mode_audits_replica_shards(broken, capsys):
+    args = ["audit", "--mode", "sampling", "--epsilon", "1", "--replicas", "2"]
+    assert cli.main(args + (["--broken", broken] if broken else [])) == 0
+    printed = capsys.readouterr().out
+    assert ("FLAGGED" in printed) == (broken is not None) and "drawn by two replicas" in printed
+    assert "would have flagged one example placed in two shards with probability" in printed
 
 
 def test_multi_run_tiny(tmp_path, capsys):

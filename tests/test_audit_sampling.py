@@ -1,5 +1,6 @@
-"""The sampling audit (tfdpbnn.audit.sampling): poisson_batches passes, a 1.5x rate and fixed-size batches
-declared as Poisson are flagged, and the stated power against 1.5x matches the exact binomial law."""
+"""The sampling audit (tfdpbnn.audit.sampling): poisson_batches and the replicas' shards pass; a 1.5x rate
+injected into them, an example placed in two replicas' shards, and fixed-size batches declared as Poisson are
+flagged; the stated powers match the exact binomial law and a simulation."""
 
 import numpy as np
 import pytest
@@ -17,6 +18,40 @@ def test_poisson_batches_pass():
 @pytest.mark.parametrize("broken", ["sample-rate-1.5x", "fixed-batches"])
 def test_broken_pipelines_are_flagged(broken):
     assert sampling_audit(num_examples=2000, sample_rate=0.01, steps=300, broken=broken, seed=0).flagged
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_replica_shards_pass_and_their_mutations_are_flagged(replicas):
+    honest = sampling_audit(num_examples=600, sample_rate=0.05, steps=100, seed=1, replicas=replicas)
+    assert not honest.flagged and honest.replicas == replicas
+    assert honest.in_two_batches_of_a_step == 0 and honest.on_two_replicas == 0
+    assert honest.power_shard_overlap == pytest.approx((1 - 0.95 ** 100) ** 2)
+    overlap = sampling_audit(num_examples=600, sample_rate=0.05, steps=100, seed=1, replicas=replicas,
+                             broken="shard-overlap")
+    assert overlap.flagged and overlap.on_two_replicas == 1  # example 0: in shard 0 and in shard 1
+    rate = sampling_audit(num_examples=600, sample_rate=0.05, steps=100, seed=1, replicas=replicas,
+                          broken="sample-rate-1.5x")
+    assert rate.flagged and rate.participations > 1.3 * rate.expected_participations
+    # The injection ended with the audit: the same pipeline is honest again.
+    again = sampling_audit(num_examples=600, sample_rate=0.05, steps=100, seed=1, replicas=replicas)
+    assert not again.flagged
+
+
+def test_an_example_twice_in_one_step_is_flagged_however_rare():
+    # Honest Poisson batches except one step where example 3 reaches two replicas: flagged outright.
+    rng = np.random.default_rng(2)
+    n, q = 200, 0.05
+    steps = [[np.flatnonzero((rng.random(n) < q) & (np.arange(n) % 2 == r)) for r in range(2)]
+             for _ in range(50)]
+    assert not audit_participation(steps, n, q).flagged
+    steps[7] = [np.union1d(steps[7][0], [3]), np.union1d(steps[7][1], [3])]
+    r = audit_participation(steps, n, q)
+    assert r.flagged and r.in_two_batches_of_a_step == 1
+
+
+def test_shard_overlap_needs_replicas():
+    with pytest.raises(ValueError, match="replicas"):
+        sampling_audit(broken="shard-overlap")
 
 
 def test_honest_simulated_batches_are_flagged_rarely():

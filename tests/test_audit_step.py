@@ -7,9 +7,9 @@ Seeded; each audit's decision has error probability <= 0.001 (honest flagged) an
 
 import pytest
 
+from tfdpbnn import _audit_hook
 from tfdpbnn.audit import mutations
 from tfdpbnn.audit.step import METHODS, step_audit
-from tfdpbnn.optimizers import mechanism
 
 RUNS = 4000  # pairs: power against 1.5x at claim epsilon 1 is 0.99 (asserted below)
 # One mutation per method, so that every mutation runs through more than one method's optimizer.
@@ -27,10 +27,10 @@ def test_honest_passes_and_mutation_is_flagged(method):
     assert honest.mu_lower <= honest.claimed_mu < honest.mu_hat + 0.1  # estimate sd about 0.022
     broken = step_audit(method, 1.0, runs=RUNS, seed=1, broken=MUTATION_FOR[method])
     assert broken.flagged
-    assert mechanism._AUDIT_INJECTED_BUG is None  # the injection ended with the audit
+    assert _audit_hook.INJECTED is None  # the injection ended with the audit
 
 
-@pytest.mark.parametrize("broken", sorted(mutations.MUTATIONS))
+@pytest.mark.parametrize("broken", sorted(mutations.STEP_MUTATIONS))
 def test_every_mutation_is_flagged_at_claim_1(broken):
     assert step_audit("dpsgd", 1.0, runs=RUNS, seed=2, broken=broken).flagged
 
@@ -54,5 +54,5 @@ def test_injection_is_scoped_and_checked():
     with pytest.raises(ValueError, match="argument"), mutations.inject_bug("unclipped-layer"):
         pass
     with mutations.inject_bug("clip-1.5x"):
-        assert mechanism._audit_bug("clip-1.5x") == 1.5 and mechanism._audit_bug("noise-2/3") is None
-    assert mechanism._AUDIT_INJECTED_BUG is None
+        assert _audit_hook.audit_bug("clip-1.5x") == 1.5 and _audit_hook.audit_bug("noise-2/3") is None
+    assert _audit_hook.INJECTED is None

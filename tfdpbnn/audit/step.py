@@ -187,8 +187,9 @@ class StepAuditor:
         ``broken``/``argument``: a mutation injected for these steps only (``tfdpbnn.audit.inject_bug``;
         "unclipped-layer" defaults to the canary's layer type).
         """
-        if broken is not None and broken not in mutations.MUTATIONS:
-            raise ValueError(f"broken must be None or one of {sorted(mutations.MUTATIONS)}, got {broken!r}")
+        if broken is not None and broken not in mutations.STEP_MUTATIONS:
+            raise ValueError(f"broken must be None or one of {sorted(mutations.STEP_MUTATIONS)}, "
+                             f"got {broken!r}")
         if broken == "unclipped-layer" and argument is None:
             argument = self.canary_layer
         with warnings.catch_warnings():
@@ -245,7 +246,7 @@ def step_audit(method="dpsgd", epsilon=1.0, delta=1e-5, runs=20000, steps=1, bro
       delta: delta of the claim.
       runs: K pairs of runs (K with the canary, K without).
       steps: full-batch steps per run (the claim: ``sqrt(steps) / sigma``-GDP).
-      broken: None (the honest code) or a key of ``tfdpbnn.audit.mutations.MUTATIONS``, injected for the
+      broken: None (the honest code) or a key of ``tfdpbnn.audit.mutations.STEP_MUTATIONS``, injected for the
         audit's steps only.
       confidence: confidence of the bounds that decide (the mean-shift bound; 0.999: an honest method is
         flagged with probability at most 0.001).
@@ -253,8 +254,8 @@ def step_audit(method="dpsgd", epsilon=1.0, delta=1e-5, runs=20000, steps=1, bro
 
     ``seconds`` of the result includes building the model and optimizer.
     """
-    if broken is not None and broken not in mutations.MUTATIONS:
-        raise ValueError(f"broken must be None or one of {sorted(mutations.MUTATIONS)}, got {broken!r}")
+    if broken is not None and broken not in mutations.STEP_MUTATIONS:
+        raise ValueError(f"broken must be None or one of {sorted(mutations.STEP_MUTATIONS)}, got {broken!r}")
     auditor = StepAuditor(method, epsilon, delta, steps, seed)
     result = auditor.audit(runs, broken, confidence=confidence)
     return dataclasses.replace(result, seconds=result.seconds + auditor.setup_seconds)

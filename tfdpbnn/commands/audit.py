@@ -22,11 +22,12 @@ from tfdpbnn._validation import check_open_unit, check_positive, check_positive_
 METHODS = ("dpsgd", "dpadam", "dpvd", "dpsgld", "sidp-ln", "sidp-bn", "dpbbp", "dpmcdropout")
 BROKEN = ("sigma0", "sidp-paper", "num-examples", "unclipped")
 STEP_BROKEN = ("noise-2/3", "clip-1.5x", "double-count", "unclipped-layer", "reused-seed")
-SAMPLING_BROKEN = ("sample-rate-1.5x", "fixed-batches")
+SAMPLING_BROKEN = ("sample-rate-1.5x", "shard-overlap", "fixed-batches")
 MODES = ("step", "sampling", "one-run", "multi-run")
 _BROKEN_BY_MODE = {"step": STEP_BROKEN, "sampling": SAMPLING_BROKEN, "one-run": BROKEN, "multi-run": ()}
 #: The options each mode reads (besides --method, --epsilon, --delta, --broken, --confidence, --seed, --json).
-_OPTIONS_BY_MODE = {"step": ("runs", "steps"), "sampling": ("steps", "sample_rate", "num_examples"),
+_OPTIONS_BY_MODE = {"step": ("runs", "steps"),
+                    "sampling": ("steps", "sample_rate", "num_examples", "replicas"),
                     "one-run": ("num_canaries", "epochs", "sample_rate"),
                     "multi-run": ("runs", "steps", "num_examples")}
 
@@ -46,7 +47,7 @@ def add_parser(subparsers) -> None:
                    help="step: pairs of runs (default 20000); multi-run: runs, half with the canary (2000)")
     p.add_argument("--steps", type=int, default=None,
                    help="step: full-batch steps per run (default 1); multi-run: (default 4); sampling: "
-                        "batches drawn (default 300)")
+                        "batches drawn (default 300; 1000 with --replicas)")
     p.add_argument("--num-canaries", type=int, default=None, help="one-run audit: canaries m (default 1000)")
     p.add_argument("--epochs", type=int, default=None, help="one-run audit: epochs (default 20)")
     p.add_argument("--sample-rate", type=float, default=None,
@@ -54,6 +55,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--multi-run", action="store_true", help="same as --mode multi-run")
     p.add_argument("--num-examples", type=int, default=None,
                    help="multi-run: DIGITS examples (default 255); sampling: n (default 2000)")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="sampling: audit the shards of R replicas (distributed_poisson_batches; default 1)")
     p.add_argument("--confidence", type=float, default=None,
                    help="confidence of the lower bound (step: 0.999; others: 0.95)")
     p.add_argument("--seed", type=int, default=0)
@@ -66,7 +69,7 @@ def _check_arguments(args, mode) -> None:
     check_open_unit("--delta", args.delta)
     if args.confidence is not None:
         check_open_unit("--confidence", args.confidence)
-    for option in ("runs", "steps", "num_canaries", "epochs", "sample_rate", "num_examples"):
+    for option in ("runs", "steps", "num_canaries", "epochs", "sample_rate", "num_examples", "replicas"):
         if getattr(args, option) is not None and option not in _OPTIONS_BY_MODE[mode]:
             flag = "--" + option.replace("_", "-")
             raise ValueError(f"{flag} does not apply to --mode {mode} (it reads: "
@@ -122,15 +125,23 @@ def _sampling(args) -> dict:
     q = 0.01 if args.sample_rate is None else args.sample_rate
     if not 0 < q <= 1:
         raise ValueError(f"--sample-rate must be in (0, 1], got {q!r}")
-    steps = check_positive_int("--steps", 300 if args.steps is None else args.steps)
+    steps = None if args.steps is None else check_positive_int("--steps", args.steps)
     alpha = 1e-3 if args.confidence is None else 1.0 - args.confidence
-    r = sampling_audit(n, q, steps, broken=args.broken, seed=args.seed, alpha=alpha)
-    what = f"BROKEN {args.broken}: {SAMPLING_MUTATIONS[args.broken]}" if args.broken else "poisson_batches"
+    replicas = check_positive_int("--replicas", 1 if args.replicas is None else args.replicas)
+    r = sampling_audit(n, q, steps, broken=args.broken, seed=args.seed, alpha=alpha, replicas=replicas)
+    source = "poisson_batches" if replicas == 1 else f"the shards of {replicas} replicas"
+    what = f"BROKEN {args.broken}: {SAMPLING_MUTATIONS[args.broken]}" if args.broken else source
     print(f"sampling audit of {what}: n {r.num_examples}, declared q {r.sample_rate:g}, {r.steps} batches")
     print(f"participations {r.participations} (expected {r.expected_participations:.1f}); p-values: total "
           f"{r.p_total:.3g}, per-example counts {r.p_counts:.3g}, batch sizes {r.p_batch_sizes:.3g}")
+    if replicas > 1:
+        print(f"shards: {r.in_two_batches_of_a_step} examples in two replicas' batches of one step, "
+              f"{r.on_two_replicas} drawn by two replicas (both must be 0)")
     print("power:    would have flagged a 1.5x sample-rate error with probability",
           _probability(r.power_1_5x))
+    if replicas > 1:
+        print("power:    would have flagged one example placed in two shards with probability",
+              _probability(r.power_shard_overlap))
     print("FLAGGED: the batches do not follow Poisson sampling at the declared rate" if r.flagged
           else "passed: the batches are consistent with Poisson sampling at the declared rate")
     return r.as_dict()

@@ -35,6 +35,7 @@ import secrets
 import numpy as np
 import tensorflow as tf
 
+from tfdpbnn._audit_hook import audit_bug
 from tfdpbnn.data.poisson import check_debug_seed, check_rate_and_steps
 from tfdpbnn.data.sampling import SamplingSpec, tag
 
@@ -63,12 +64,18 @@ def _step_seeds(seed, steps_per_epoch):
 
 
 def _mask(step_seed, size, q, salt):
+    if audit_bug("sample-rate-1.5x"):  # AUDIT BUG only: a rate other than the declared one
+        q = q * audit_bug("sample-rate-1.5x")
     return tf.random.stateless_uniform([size], seed=tf.stack([step_seed, tf.cast(salt, tf.int64)])) < q
 
 
 def _array_shard_batches(parts, shard, num_shards, q, steps_per_epoch, seed):
     """The batches of one shard of in-memory arrays: examples ``i mod num_shards == shard``."""
     shard_parts = [tf.nest.map_structure(lambda t: t[shard::num_shards], p) for p in parts]
+    overlap = audit_bug("shard-overlap")
+    if overlap is not None and shard == 1:  # AUDIT BUG only: shard 0's example ``overlap`` is also in shard 1
+        shard_parts = [tf.nest.map_structure(lambda full, own: tf.concat([full[overlap:overlap + 1], own], 0),
+                                             p, sp) for p, sp in zip(parts, shard_parts, strict=True)]
     size = int(tf.nest.flatten(shard_parts[0])[0].shape[0])
 
     def batch(s):
@@ -156,6 +163,22 @@ def distributed_poisson_batches(strategy, x, y=None, sample_rate=None, seed=None
     one_replica = _array_shard_batches(parts, 0, 1, q, 1, 0).element_spec
     return _tag(strategy.distribute_datasets_from_function(dataset_fn), q, n, seed is not None, sharded=True,
                 element_spec=one_replica)
+
+
+def replica_shard_batches(x, num_replicas, sample_rate, steps, seed=None, *, debug_fixed_seed=False):
+    """The batches each of ``num_replicas`` replicas draws from its shard, as ``distributed_poisson_batches``.
+
+    One ``tf.data.Dataset`` per replica, ``steps`` batches each, built by the same shard split, shard seeds
+    and masks as the datasets ``distributed_poisson_batches`` hands a strategy's replicas (without the
+    strategy): what the sampling audit (``tfdpbnn.audit.sampling_audit(replicas=R)``) inspects.
+    """
+    q, steps = check_rate_and_steps(sample_rate, steps)
+    if isinstance(num_replicas, bool) or not isinstance(num_replicas, numbers.Integral) or num_replicas < 1:
+        raise ValueError(f"num_replicas must be an integer >= 1, got {num_replicas!r}")
+    base = _base_seed(seed, debug_fixed_seed)
+    parts = [tf.nest.map_structure(tf.convert_to_tensor, x)]
+    return [_array_shard_batches(parts, s, int(num_replicas), q, steps, _shard_seed(base, s))
+            for s in range(int(num_replicas))]
 
 
 def _empty_batch(spec):
@@ -311,4 +334,5 @@ def check_distributed_input(strategy, x, shuffle=True):
 
 
 __all__ = ["check_distributed_input", "distributed_poisson_batches", "distributed_poisson_stream",
+           "replica_shard_batches",
            "num_workers", "poisson_stream", "tfrecord_shards"]

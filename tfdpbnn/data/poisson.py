@@ -8,6 +8,7 @@ import secrets
 
 import tensorflow as tf
 
+from tfdpbnn._audit_hook import audit_bug
 from tfdpbnn.data.sampling import SamplingSpec, tag
 from tfdpbnn.privacy.store import data_fingerprint, tag_data_fingerprint
 
@@ -93,10 +94,11 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
                          f"{sorted(sizes)}")
     n = sizes.pop()
     q = float(sample_rate)
+    drawn = q * audit_bug("sample-rate-1.5x") if audit_bug("sample-rate-1.5x") else q  # AUDIT BUG only
     seed_stream = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).take(steps_per_epoch)
 
     def batch(s):
-        mask = tf.random.stateless_uniform([n], seed=tf.stack([s, tf.constant(7, tf.int64)])) < q
+        mask = tf.random.stateless_uniform([n], seed=tf.stack([s, tf.constant(7, tf.int64)])) < drawn
         picked = tuple(tf.nest.map_structure(lambda t: tf.boolean_mask(t, mask), p) for p in parts)
         return picked[0] if len(picked) == 1 else picked
 

@@ -27,6 +27,7 @@ from typing import Any
 import dp_accounting
 import tensorflow as tf
 
+from tfdpbnn._audit_hook import audit_bug as _audit_bug
 from tfdpbnn._validation import check_choice, check_nonnegative, check_positive, check_sample_rate
 from tfdpbnn.clipping import clipped_gradients, jacobian_clipped_sum
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
@@ -35,18 +36,6 @@ from tfdpbnn.optimizers.noise import gaussian_noise_like
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
 from tfdpbnn.privacy.budget import NEIGHBORING
 from tfdpbnn.privacy.ledger import step_event
-
-#: AUDIT-ONLY FAULT INJECTION, never set in a real run: ``tfdpbnn.audit.mutations.inject_bug`` sets it, for
-#: the length of a ``with`` block, to ``(name, argument)`` of a deliberately broken variant of this mechanism
-#: (``tfdpbnn.audit.mutations.MUTATIONS``), so the audit can show it would catch that bug. Read when a step
-#: is built (traced), by ``_audit_bug`` only. None: the honest mechanism.
-_AUDIT_INJECTED_BUG: tuple[str, Any] | None = None
-
-
-def _audit_bug(name: str):
-    """The argument of the injected audit bug ``name`` if that one is injected, else None (honest code)."""
-    bug = _AUDIT_INJECTED_BUG
-    return None if bug is None or bug[0] != name else bug[1]
 
 
 def _unclipped_layer_sums(model, x, y, sample_weight, loss_fn, var_list, training, scale, layer_type):
