@@ -28,7 +28,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 EPSILONS_VALIDATION = (1.0, 2.0, 4.0, 8.0)
 EPSILONS_METHODS = (1.0, 4.0, 8.0)
 CLAIMS_BROKEN = (1.0, 4.0)
-SECTIONS = ("step-power", "step-mutations", "sampling", "gaussian", "dpsgd", "methods", "broken")
+SECTIONS = ("step-power", "step-mutations", "sampling", "one-run-power", "gaussian", "dpsgd", "methods",
+            "broken")
 CLAIMS_STEP = (1.0, 2.0, 4.0)
 #: Injected bug sizes of the power table: sensitivity / noise ratio (1 = honest), injected as noise x 1/size.
 BUG_SIZES = (1.0, 1.25, 1.5)
@@ -78,15 +79,55 @@ def _step_mutations(args):
 
 
 def _sampling(args):
-    """The sampling audit of poisson_batches and its broken pipelines at q = 0.01, n = 2000, 300 batches."""
-    from tfdpbnn.audit.sampling import SAMPLING_MUTATIONS, sampling_audit
+    """The sampling audit of poisson_batches, the replicas' shards and the broken pipelines.
+
+    q = 0.01, n = 2000; 300 batches on one device, 1000 with replicas.
+    """
+    from tfdpbnn.audit.sampling import sampling_audit
 
     rows = []
-    for broken in (None, *SAMPLING_MUTATIONS):
+    for replicas, broken in ((1, None), (1, "sample-rate-1.5x"), (1, "fixed-batches"), (2, None),
+                             (2, "sample-rate-1.5x"), (2, "shard-overlap"), (4, None), (4, "shard-overlap")):
         start = time.perf_counter()
-        r = sampling_audit(2000, 0.01, 300, broken=broken, seed=0).as_dict()
+        r = sampling_audit(2000, 0.01, broken=broken, seed=0, replicas=replicas).as_dict()
         rows.append({**r, "broken": broken, "seconds": time.perf_counter() - start})
         print("sampling", rows[-1], flush=True)
+    return rows
+
+
+def _one_run_power(args):
+    """Detection rates of the two one-run estimators against a claim, for bugs of several sizes.
+
+    The one-run experiment of a full-batch run with Dirac gradient canaries: canary j's coordinate is
+    released as ``mu b_j + N(0, 1)`` in units of its noise, ``b_j ~ Bernoulli(1/2)`` (exactly mu-GDP per
+    canary, the best case for a one-run audit). The claim is the mu whose mu-GDP epsilon at delta 1e-5 is
+    the claimed epsilon; a bug of size f runs at f mu. Flagged: Steinke et al.'s epsilon bound above the
+    claimed epsilon, or Mahloujifar et al.'s mu bound above the claimed mu (95% confidence each).
+    """
+    from tfdpbnn.audit.bounds import one_run_epsilon
+    from tfdpbnn.audit.experiment import gaussian_mu
+    from tfdpbnn.audit.fdp_one_run import one_run_gdp_bound
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for claim in (1.0, 2.0, 4.0):
+        mu_claim = gaussian_mu(claim, 1e-5)
+        for size in (1.0, 1.5, 2.0, 3.0, 4.0):
+            start = time.perf_counter()
+            steinke, fdp = [], []
+            for _ in range(args.repeats):
+                included = rng.random(args.canaries) < 0.5
+                scores = size * mu_claim * included + rng.normal(size=args.canaries)
+                steinke.append(one_run_epsilon(scores, included, 1e-5).epsilon)
+                fdp.append(one_run_gdp_bound(scores, included, 1e-5))
+            rows.append({"claim_epsilon": claim, "claimed_mu": mu_claim, "size": size,
+                         "repeats": args.repeats, "canaries": args.canaries,
+                         "steinke_flagged": int(sum(e > claim for e in steinke)),
+                         "fdp_flagged": int(sum(r.mu > mu_claim for r in fdp)),
+                         "steinke_median_epsilon": float(np.median(steinke)),
+                         "fdp_median_epsilon": float(np.median([r.epsilon for r in fdp])),
+                         "seconds": time.perf_counter() - start})
+            print("one-run-power", rows[-1], flush=True)
     return rows
 
 
@@ -99,10 +140,13 @@ def run_sections(args, results):
     """Run the audit sections in ``args.sections`` into ``results``, saving the JSON after every new row."""
     from tfdpbnn.audit import experiment
 
-    step_sections = {"step-power": _step_power, "step-mutations": _step_mutations, "sampling": _sampling}
+    step_sections = {"step-power": _step_power, "step-mutations": _step_mutations, "sampling": _sampling,
+                     "one-run-power": _one_run_power}
     for name, fn in step_sections.items():
         if name in args.sections:
+            start = time.perf_counter()
             results[name] = fn(args)
+            results.setdefault("section_seconds", {})[name] = time.perf_counter() - start
             _save(args.json, results)
     if "gaussian" in args.sections:
         counts = sorted({args.runs, 200_000} | {r["runs"] for r in results.get("dpsgd", [])})
@@ -184,15 +228,38 @@ def render(results, md_path, figure_path, doc_path="docs/audit.md"):
                              + f" | {cells[0]['suite_seconds']:.0f} |")
         sections["step-mutations"], lines = lines, []
     if "sampling" in results:
-        lines += ["### Sampling audit (n = 2000, declared q = 0.01, 300 batches; alpha 0.001)", "",
-                  "| pipeline | participations (expected) | p total | p counts | p batch sizes | flagged | "
-                  "power at 1.5x q | s |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += ["### Sampling audit (n = 2000, declared q = 0.01, alpha 0.001)", "",
+                  "| pipeline | replicas | batches | participations (expected) | p total | p counts | "
+                  "p batch sizes | in two batches of a step / on two replicas | flagged | power at 1.5x q | "
+                  "power against one example in two shards | s |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in results["sampling"]:
-            lines.append(f"| {r['broken'] or 'poisson_batches'} | {r['participations']} "
+            replicas = r.get("replicas", 1)
+            source = "poisson_batches" if replicas == 1 else "replica shards"
+            overlap = r.get("power_shard_overlap")
+            lines.append(f"| {r['broken'] or source} | {replicas} | {r['steps']} | {r['participations']} "
                          f"({r['expected_participations']:.0f}) | {r['p_total']:.3g} | {r['p_counts']:.3g} | "
-                         f"{r['p_batch_sizes']:.3g} | {'yes' if r['flagged'] else 'no'} | "
-                         f"{r['power_1_5x']:.3f} | {r['seconds']:.1f} |")
+                         f"{r['p_batch_sizes']:.3g} | "
+                         + (f"{r['in_two_batches_of_a_step']} / {r['on_two_replicas']}" if replicas > 1
+                            else "-")
+                         + f" | {'yes' if r['flagged'] else 'no'} | {r['power_1_5x']:.3f} | "
+                         + (f"{overlap:.4f}" if overlap is not None else "-") + f" | {r['seconds']:.1f} |")
         sections["sampling"], lines = lines, []
+    if "one-run-power" in results:
+        rows = results["one-run-power"]
+        lines += [f"### One-run audit: detection rate in {rows[0]['repeats']} repeated audits "
+                  f"({rows[0]['canaries']} canaries, delta 1e-5, 95% confidence)", "",
+                  "Bug size f: the canaries' mechanism runs at f times the claimed mu. Median epsilon lower "
+                  "bound in parentheses (f-DP: the epsilon of the mu-GDP claim it rejects).", "",
+                  "| claim epsilon | claimed mu | bug size | Steinke et al. 2023: flagged (median bound) | "
+                  "Mahloujifar et al. 2024, f-DP: flagged (median bound) | s |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for r in rows:
+            lines.append(f"| {r['claim_epsilon']:g} | {r['claimed_mu']:.3f} | {r['size']:g} | "
+                         f"{r['steinke_flagged']}/{r['repeats']} ({r['steinke_median_epsilon']:.2f}) | "
+                         f"{r['fdp_flagged']}/{r['repeats']} ({r['fdp_median_epsilon']:.2f}) | "
+                         f"{r['seconds']:.0f} |")
+        sections["one-run-power"], lines = lines, []
     if "gaussian" in results or "dpsgd" in results:
         lines += ["### Auditor validation: mechanisms with a known epsilon (delta 1e-5, 95% confidence)", "",
                   "| mechanism | runs | epsilon | (eps, delta) bound | ratio | GDP bound: mu_lb / mu | "
@@ -230,8 +297,11 @@ def render(results, md_path, figure_path, doc_path="docs/audit.md"):
         lines += ["", "Configurations: " + "; ".join(f"`{k}`: {v}" for k, v in BROKEN.items()) + "."]
         sections["broken"], lines = lines, []
     meta = results.get("meta", {})
-    footer = [f"_Machine: {meta['machine']}; total wall time {meta['seconds']:.0f} s; command "
-              f"`{meta['command']}`._"] if meta else []
+    timed = results.get("section_seconds", {})
+    times = "; ".join(f"{name} {seconds:.0f} s" for name, seconds in timed.items())
+    footer = [f"_Machine: {meta['machine']}; command `{meta['command']}`; wall time of each section's last "
+              f"run: {times or 'not recorded'} (sections run at different times; the methods, broken, "
+              "gaussian and dpsgd sections time each row in its table)._"] if meta else []
     with open(md_path, "w") as f:
         f.write("\n\n".join(["<!-- generated by benchmarks/audit_table.py; do not edit -->"]
                             + ["\n".join(v) for v in sections.values()] + footer) + "\n")
@@ -311,13 +381,9 @@ def main():
         with open(args.json) as f:
             results = json.load(f)
     if not args.render_only:
-        start = time.perf_counter()
         run_sections(args, results)
-        seconds = time.perf_counter() - start
-        previous = results.get("meta", {}).get("seconds", 0.0) if set(args.sections) != set(SECTIONS) else 0.0
         results["meta"] = {"machine": f"{platform.machine()}, {os.cpu_count()} CPU cores (shared), no GPU",
-                           "seconds": previous + seconds,
-                           "command": "python benchmarks/audit_table.py"}
+                           "command": "python benchmarks/audit_table.py --sections SECTION ..."}
         _save(args.json, results)
     render(results, args.md, args.figure, args.doc)
 

@@ -21,16 +21,22 @@ from tfdpbnn.audit.canaries import (
     sample_inclusion,
     with_gradient_canaries,
 )
+from tfdpbnn.audit.fdp_one_run import FdpOneRunResult, fdp_claim_rejected, one_run_gdp_bound
 from tfdpbnn.audit.gradient_audit import GradientCanaryAudit
 from tfdpbnn.audit.multi_run import multi_run_scores
-from tfdpbnn.audit.mutations import MUTATIONS, inject_bug
+from tfdpbnn.audit.mutations import MUTATIONS, PIPELINE_MUTATIONS, STEP_MUTATIONS, inject_bug
 from tfdpbnn.audit.sampling import SamplingAuditResult, audit_participation, sampling_audit
 from tfdpbnn.audit.scores import UpdateRecorder, displacement_scores, likelihood_ratio_scores, update_unit
 from tfdpbnn.audit.shift import ShiftBound, paired_shift_bound, paired_shift_power
 from tfdpbnn.audit.step import StepAuditor, StepAuditResult, step_audit
 
 __all__ = [
+    "FdpOneRunResult",
     "MUTATIONS",
+    "PIPELINE_MUTATIONS",
+    "STEP_MUTATIONS",
+    "fdp_claim_rejected",
+    "one_run_gdp_bound",
     "SamplingAuditResult",
     "ShiftBound",
     "StepAuditResult",
