@@ -105,3 +105,31 @@ def test_calibrate_noise_bad_input(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         calibrate_noise(**args)
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_calibrate_noise_leaves_room_for_other_releases(accountant):
+    # Training at q = 0.2 for 120 steps plus a release of 6 Gaussian queries at sigma 20 (a private
+    # calibration): the training noise is the smallest whose composition with it meets epsilon 1, checked
+    # by an independent dp-accounting composition.
+    other = dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(20.0), 6)
+    sigma = calibrate_noise(1.0, 1e-5, 0.2, 120, accountant, other_events=[other])
+    alone = calibrate_noise(1.0, 1e-5, 0.2, 120, accountant)
+    make = {"rdp": dpa.rdp.RdpAccountant, "pld": dpa.pld.PLDAccountant}[accountant]
+
+    def composed(s):
+        training = dpa.SelfComposedDpEvent(
+            dpa.PoissonSampledDpEvent(0.2, dpa.GaussianDpEvent(s)), 120)
+        return make().compose(dpa.ComposedDpEvent([training, other])).get_epsilon(1e-5)
+
+    assert composed(sigma) <= 1.0 + 1e-6
+    assert composed(sigma * 0.99) > 1.0  # not much more noise than needed (the 0.1% tolerance)
+    assert sigma > alone
+
+
+def test_calibrate_noise_refuses_other_releases_that_spend_everything():
+    other = dpa.GaussianDpEvent(0.5)  # epsilon well above 1 on its own
+    with pytest.raises(ValueError, match="other_events"):
+        calibrate_noise(1.0, 1e-5, 0.2, 120, other_events=[other])
+    with pytest.raises(ValueError, match=r"other_events\[0\]"):
+        calibrate_noise(1.0, 1e-5, 0.2, 120, other_events=["gaussian"])

@@ -92,21 +92,39 @@ def compute_epsilon(noise_multiplier: float, sample_rate: float, steps: int, del
 
 
 def calibrate_noise(epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str = "rdp",
-                    neighboring: str = "add_or_remove", sampling: str = "poisson") -> float:
+                    neighboring: str = "add_or_remove", sampling: str = "poisson",
+                    other_events=()) -> float:
     """Smallest noise multiplier (to 0.1%) whose epsilon at ``delta`` is <= ``epsilon``.
 
     Uses dp-accounting's ``calibrate_dp_mechanism`` (Brent's method on epsilon(noise) - epsilon over an
-    explicit bracket found here); the result always meets the budget.
+    explicit bracket found here); the result always meets the budget. ``other_events``: ``DpEvent``s of the
+    other releases the same ``epsilon`` must cover (a private calibration, prediction sets, a selection),
+    under the same neighbouring relation; the training noise is then the smallest whose composition with
+    them meets ``epsilon`` (sequential composition: no disjointness of the data is assumed).
     """
     check_positive("epsilon", epsilon)
     _check_common(delta, sample_rate, steps, accountant, neighboring, sampling)
     check_positive("steps", steps)
+    other_events = list(other_events)
+    for i, event in enumerate(other_events):
+        if not isinstance(event, dp_accounting.DpEvent):
+            raise ValueError(f"other_events[{i}] must be a dp_accounting.DpEvent, got {type(event).__name__}")
     rel = NEIGHBORING[neighboring]
     scale = SENSITIVITY[neighboring]
 
+    def with_others(event: dp_accounting.DpEvent) -> dp_accounting.DpEvent:
+        return dp_accounting.ComposedDpEvent([event, *other_events]) if other_events else event
+
+    if other_events:
+        floor = float(get_accountant(accountant, neighboring_relation=rel).compose(
+            dp_accounting.ComposedDpEvent(other_events)).get_epsilon(delta))
+        if floor >= epsilon:
+            raise ValueError(f"other_events: the other releases alone spend epsilon {floor:.4g} >= "
+                             f"epsilon={epsilon!r}; nothing is left for training")
+
     def eps_at(sigma: float) -> float:
         acc = get_accountant(accountant, neighboring_relation=rel)
-        event = dp_sgd_event(sigma / scale, sample_rate, steps, sampling)
+        event = with_others(dp_sgd_event(sigma / scale, sample_rate, steps, sampling))
         return float(acc.compose(event).get_epsilon(delta))
 
     with warnings.catch_warnings():
@@ -118,7 +136,7 @@ def calibrate_noise(epsilon: float, delta: float, sample_rate: float, steps: int
             return get_accountant(accountant, neighboring_relation=rel)
 
         def make_event(sigma: float) -> dp_accounting.DpEvent:
-            return dp_sgd_event(sigma / scale, sample_rate, steps, sampling)
+            return with_others(dp_sgd_event(sigma / scale, sample_rate, steps, sampling))
 
         sigma = dp_accounting.calibrate_dp_mechanism(
             make_accountant, make_event, epsilon, delta,
