@@ -14,11 +14,34 @@ ran (the training-only value stays beside it as ``training_epsilon``):
 
 from __future__ import annotations
 
+import dataclasses
+
 import dp_accounting
 import numpy as np
 
-#: The optimizer attribute holding what a search that selected its model spent (set by private_search).
+#: The optimizer's and model's attribute holding what the search that selected the model spent (set by
+#: private_search; a new optimizer that trains the model adopts it before its first step).
 SEARCH_ATTRIBUTE = "_dp_search_record"
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchRecord:
+    """What a ``private_search`` spent (Papernot & Steinke 2022 for random stopping).
+
+    Its statement, its RDP curve at ``tfdpbnn.tuning.bounds.ORDERS``, and the selected model's ledger steps
+    at the selection.
+    """
+
+    statement: dict
+    rdp: tuple
+    steps_at_selection: int
+
+
+def adopt_search_record(optimizer, model) -> None:
+    """Give ``optimizer`` the search record ``model`` carries (a new optimizer compiled onto it)."""
+    record = getattr(model, SEARCH_ATTRIBUTE, None)
+    if record is not None and getattr(optimizer, SEARCH_ATTRIBUTE, None) is None:
+        setattr(optimizer, SEARCH_ATTRIBUTE, record)
 
 
 def _rdp_curve(event, neighboring):
@@ -65,14 +88,14 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
         statement["epsilon_by_accountant"] = by_accountant
         statement["epsilon_covers"] = "the training ledger and the DP preprocessing releases, composed"
         return statement
-    curve = np.asarray(search["rdp"], dtype=np.float64)
-    after = ledger.steps > search["steps_at_selection"]
+    curve = np.asarray(search.rdp, dtype=np.float64)
+    after = ledger.steps > search.steps_at_selection
     if after:
         curve = curve + _rdp_curve(ledger.event(), ledger.neighboring)
     for event in events:
         curve = curve + _rdp_curve(event, ledger.neighboring)
     epsilon = bounds.epsilon(bounds.ORDERS, curve, delta)
-    statement["search"] = dict(search["statement"])
+    statement["search"] = dict(search.statement)
     statement["training_accountant"] = statement["accountant"]
     statement["accountant"] = "rdp"
     statement["epsilon"] = epsilon
@@ -85,4 +108,4 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
     return statement
 
 
-__all__ = ["SEARCH_ATTRIBUTE", "add_other_releases"]
+__all__ = ["SEARCH_ATTRIBUTE", "SearchRecord", "add_other_releases", "adopt_search_record"]
