@@ -181,3 +181,45 @@ def test_dp_adapt_refuses_bad_arguments():
     with pytest.raises(ValueError, match="too small"):
         private_adapt_normalization(tf.keras.layers.Normalization(), x[:2], epsilon=0.01, delta=DELTA,
                                     bounds=(-1.0, 1.0), seed=3)
+
+
+def test_adapting_again_after_the_dp_adapt_or_the_assertion_is_refused():
+    x, y = small_data()
+    norm = tf.keras.layers.Normalization()
+    private_adapt_normalization(norm, x, epsilon=1.0, delta=DELTA, bounds=(-3.0, 3.0), seed=0)
+    norm.adapt(x)  # the private data's exact statistics replace the DP ones
+    model, _ = _model(norm)
+    with pytest.raises(ValueError, match="changed after its DP adapt or public assertion"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    public = tf.keras.layers.Normalization()
+    public.adapt(small_data(seed=1)[0])
+    tfdpbnn.preprocessing.assert_public_preprocessing(public, reason="public sample")
+    public.adapt(x)
+    model, _ = _model(public)
+    with pytest.raises(ValueError, match="changed after"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
+def test_private_discretization_quantiles_and_composition():
+    rng = np.random.default_rng(0)
+    values = rng.uniform(0.0, 10.0, 100_000)
+    layer, record = tfdpbnn.preprocessing.private_discretization(
+        values, num_bins=4, epsilon=1.0, delta=DELTA, bounds=(0.0, 10.0), seed=0)
+    assert record.noise_multiplier == pytest.approx(calibrate_gaussian(1.0, DELTA), rel=1e-9)
+    assert record.l2_sensitivity == 1.0
+    # Uniform on [0, 10]: quartiles 2.5, 5, 7.5. Noise std ~5 per cell against ~390 per cell, cells 0.04
+    # wide: tolerance 0.1 (2.5 cells).
+    np.testing.assert_allclose(layer.bin_boundaries, [2.5, 5.0, 7.5], atol=0.1)
+    x, y = small_data()
+    disc, disc_record = tfdpbnn.preprocessing.private_discretization(
+        x[:, 0], num_bins=3, epsilon=0.5, delta=DELTA, bounds=(-3.0, 3.0), seed=1)
+    tf.keras.utils.set_random_seed(0)
+    inputs = tf.keras.Input((D,))
+    bins = tf.cast(disc(inputs[:, :1]), tf.float32)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(3)(tf.concat([inputs, bins], axis=-1)))
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    expected = rdp_epsilon(dp_accounting.ComposedDpEvent([
+        dp_accounting.GaussianDpEvent(1.0), dp_accounting.GaussianDpEvent(disc_record.noise_multiplier)]))
+    assert opt.privacy_statement()["epsilon"] == pytest.approx(expected, rel=1e-2)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tfdpbnn.preprocessing.record import PUBLIC_ATTRIBUTE, RECORD_ATTRIBUTE
+from tfdpbnn.preprocessing.record import DIGEST_ATTRIBUTE, PUBLIC_ATTRIBUTE, RECORD_ATTRIBUTE, state_digest
 
 
 def _layers(model):
@@ -58,38 +58,51 @@ def data_derived_layers(model) -> list:
     return out
 
 
+def _vouched(layer) -> bool:
+    """Whether ``layer`` holds a DP record or a public assertion made on its current state."""
+    held = (getattr(layer, RECORD_ATTRIBUTE, None) is not None or getattr(layer, PUBLIC_ATTRIBUTE, None)
+            is not None)
+    return held and getattr(layer, DIGEST_ATTRIBUTE, None) == state_digest(layer)
+
+
 def check_preprocessing(model, neighboring: str | None = None) -> dict:
     """Refuse data-derived preprocessing that is neither DP nor asserted public; return what was found.
 
-    Returns ``{"dp": [PreprocessingRecord, ...], "asserted_public": [{"layer", "reason"}, ...]}``. Raises
-    ``ValueError`` naming the first layer adapted without either, and for a DP record under another
-    ``neighboring`` relation than the training's (the two could not be composed).
+    Returns ``{"dp": [PreprocessingRecord, ...], "asserted_public": [{"layer", "type", "reason"}, ...]}``.
+    A record or an assertion holds only for the state it was made on (``state_digest``). Raises
+    ``ValueError`` naming the first layer adapted without either (or changed since), and for a DP record
+    under another ``neighboring`` relation than the training's (the two could not be composed).
     """
     found = {"dp": [], "asserted_public": []}
-    for layer in data_derived_layers(model):
-        record = getattr(layer, RECORD_ATTRIBUTE, None)
-        reason = getattr(layer, PUBLIC_ATTRIBUTE, None)
-        if record is not None:
+    for layer in _layers(model):
+        if not callable(getattr(layer, "adapt", None)):
+            continue
+        if _vouched(layer):
+            record = getattr(layer, RECORD_ATTRIBUTE, None)
+            if record is None:
+                found["asserted_public"].append({"layer": layer.name, "type": type(layer).__name__,
+                                                 "reason": getattr(layer, PUBLIC_ATTRIBUTE)})
+                continue
             if neighboring is not None and record.neighboring != neighboring:
                 raise ValueError(
                     f"neighboring: the preprocessing layer {layer.name!r} was adapted privately under "
                     f"{record.neighboring!r} but the optimizer trains under {neighboring!r}; adapt it again "
                     f"with neighboring={neighboring!r} so that the two can be composed")
             found["dp"].append(record)
-        elif reason is not None:
-            found["asserted_public"].append({"layer": layer.name, "type": type(layer).__name__,
-                                             "reason": reason})
-        else:
-            raise ValueError(
-                f"model: the preprocessing layer {layer.name!r} ({type(layer).__name__}) holds state "
-                "computed from data (it was adapted), which the model would carry and release with its "
-                "weights, and "
-                "no epsilon covers it. If it was adapted on public data, say so with "
-                "tfdpbnn.preprocessing.assert_public_preprocessing(layer, reason=...) (the privacy statement "
-                "lists it as asserted by the user); if it was adapted on the private data, adapt it with a "
-                "DP mechanism instead (tfdpbnn.preprocessing.private_adapt_normalization(layer, data, "
-                "epsilon=..., delta=..., bounds=(lo, hi)) for Normalization), whose epsilon the statement "
-                "composes with training.")
+            continue
+        if not (getattr(layer, "is_adapted", False) or _differs_from_fresh(layer)):
+            continue
+        changed = (" (it changed after its DP adapt or public assertion, e.g. adapt was called again)"
+                   if getattr(layer, DIGEST_ATTRIBUTE, None) is not None else "")
+        raise ValueError(
+            f"model: the preprocessing layer {layer.name!r} ({type(layer).__name__}) holds state "
+            f"computed from data{changed}, which the model would carry and release with its weights, and no "
+            "epsilon covers it. If it was adapted on public data, say so with "
+            "tfdpbnn.preprocessing.assert_public_preprocessing(layer, reason=...) after adapting it (the "
+            "privacy statement lists it as asserted by the user); if it was adapted on the private data, "
+            "adapt it with a DP mechanism instead (tfdpbnn.preprocessing.private_adapt_normalization(layer, "
+            "data, epsilon=..., delta=..., bounds=(lo, hi)) for Normalization, private_discretization for "
+            "Discretization), whose epsilon the statement composes with training.")
     return found
 
 
@@ -98,7 +111,8 @@ def assert_public_preprocessing(layer_or_model, reason: str):
 
     Given a model, every data-derived preprocessing layer in it is marked. ``reason`` (a non-empty string:
     which public data, e.g. "adapted on the public MNIST-5k split") is written to the privacy statement under
-    ``asserted_by_user``. tfdpbnn cannot check the claim. Returns ``layer_or_model``.
+    ``asserted_by_user``. tfdpbnn cannot check the claim. Assert after adapting: the assertion holds for the
+    state the layer has now (adapting again later voids it). Returns ``layer_or_model``.
     """
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError(f"reason must be a non-empty string saying which public data, got {reason!r}")
@@ -116,6 +130,7 @@ def assert_public_preprocessing(layer_or_model, reason: str):
         targets = [layer_or_model]
     for layer in targets:
         setattr(layer, PUBLIC_ATTRIBUTE, reason.strip())
+        setattr(layer, DIGEST_ATTRIBUTE, state_digest(layer))
     return layer_or_model
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdpbnn._validation import check_choice, check_open_unit, check_positive
-from tfdpbnn.preprocessing.record import RECORD_ATTRIBUTE, PreprocessingRecord
+from tfdpbnn.preprocessing.record import DIGEST_ATTRIBUTE, RECORD_ATTRIBUTE, PreprocessingRecord, state_digest
 from tfdpbnn.privacy.budget import NEIGHBORING
 from tfdpbnn.privacy.registry import get_accountant, sound_accountants
 
@@ -137,6 +137,7 @@ def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bo
                  "features_mean_clamped": clamped_mean, "features_variance_clamped": clamped_var,
                  "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)"})
     setattr(layer, RECORD_ATTRIBUTE, record)
+    setattr(layer, DIGEST_ATTRIBUTE, state_digest(layer))
     return record
 
 

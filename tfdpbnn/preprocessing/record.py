@@ -11,13 +11,36 @@ the assertion under ``asserted_by_user``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import dp_accounting
+import numpy as np
 
 #: The layer attribute holding a DP adapt's ``PreprocessingRecord``.
 RECORD_ATTRIBUTE = "_tfdpbnn_preprocessing_record"
 #: The layer attribute holding the user's public-data assertion (the reason, a string).
 PUBLIC_ATTRIBUTE = "_tfdpbnn_public_preprocessing"
+#: The layer attribute holding ``state_digest`` of the layer when its record or assertion was made.
+DIGEST_ATTRIBUTE = "_tfdpbnn_preprocessing_digest"
+
+
+def state_digest(layer) -> str:
+    """SHA-256 of a preprocessing layer's data-derived state: non-trainable variables, vocabulary, bins.
+
+    A record or an assertion holds for the state it was made on; ``adapt`` called again afterwards changes
+    the digest, and the layer is then treated as adapted on unknown data.
+    """
+    digest = hashlib.sha256()
+    for variable in layer.non_trainable_variables:
+        digest.update(np.ascontiguousarray(np.asarray(variable.numpy())).tobytes())
+    get_vocabulary = getattr(layer, "get_vocabulary", None)
+    if callable(get_vocabulary):
+        try:
+            digest.update(repr(get_vocabulary()).encode())
+        except (RuntimeError, ValueError, TypeError):
+            digest.update(b"no-vocabulary")
+    digest.update(repr(getattr(layer, "bin_boundaries", None)).encode())
+    return digest.hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,4 +80,4 @@ class PreprocessingRecord:
         return dataclasses.asdict(self)
 
 
-__all__ = ["PUBLIC_ATTRIBUTE", "RECORD_ATTRIBUTE", "PreprocessingRecord"]
+__all__ = ["DIGEST_ATTRIBUTE", "PUBLIC_ATTRIBUTE", "RECORD_ATTRIBUTE", "PreprocessingRecord", "state_digest"]
