@@ -96,3 +96,44 @@ def test_bad_candidates_and_mismatched_optimizers_are_refused(splits):
 
     with pytest.raises(ValueError, match="noise_multiplier"):
         tfdpbnn.tuning.private_search(build, [wrong], x, y, xv, yv, delta=1e-5, seed=0)
+
+
+def test_selected_model_states_and_exports_the_search_epsilon(splits, tmp_path):
+    import json
+    import os
+
+    x, y, xv, yv = splits
+
+    def build(hp):
+        model = _build(len(x))(hp)
+        opt = tfdpbnn.DPSGDOptimizer(1.0, noise_multiplier=hp["noise_multiplier"], num_examples=len(x),
+                                     batch_size=hp["batch_size"], learning_rate=hp["lr"], delta=1e-5,
+                                     sampling="poisson")
+        model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    res = tfdpbnn.tuning.private_search(build, CANDIDATES, x, y, xv, yv, delta=1e-5, distribution=None,
+                                        score_noise_multiplier=1e3, seed=0)
+    statement = res.model.optimizer.privacy_statement()
+    assert statement["epsilon"] == pytest.approx(res.privacy["epsilon"], rel=1e-6)
+    assert statement["training_epsilon"] < statement["epsilon"]
+    assert statement["search"]["num_candidates"] == 2
+    path = tfdpbnn.export_saved_model(res.model, str(tmp_path / "m"))
+    with open(os.path.join(path, "assets", "privacy.json")) as fh:
+        assert json.load(fh)["epsilon"] == pytest.approx(res.privacy["epsilon"], rel=1e-6)
+    # Training the selected model further adds its whole ledger's RDP curve to the search's (upper bound).
+    opt = res.model.optimizer
+    res.model.fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=opt.sample_rate), epochs=1, verbose=0)
+    later = opt.privacy_statement()
+    # Independent: dp-accounting composing both trials and the selected model's whole ledger again.
+    acc = _rdp_of([dp_sgd_event(2.0, 0.5, 2), dp_sgd_event(3.0, 100 / 300, 3),
+                   dp_sgd_event(opt.noise_multiplier, opt.sample_rate, opt.steps)])
+    assert later["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-6)
+    assert later["epsilon"] > res.privacy["epsilon"]
+    # A new optimizer compiled onto the selected model keeps the search in its statement.
+    fresh = tfdpbnn.DPSGDOptimizer(1.0, noise_multiplier=opt.noise_multiplier, num_examples=len(x),
+                                   batch_size=opt.batch_size, delta=1e-5, sampling="poisson")
+    res.model.compile(optimizer=fresh, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    res.model.fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=opt.sample_rate), epochs=1, verbose=0)
+    assert fresh.privacy_statement()["search"]["num_candidates"] == 2
+    assert fresh.privacy_statement()["epsilon"] > later["epsilon"]

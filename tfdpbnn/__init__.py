@@ -51,7 +51,7 @@ from tfdpbnn.uncertainty import (  # noqa: E402,F401
 )
 
 # isort: split
-from tfdpbnn import callbacks, data  # noqa: E402,F401
+from tfdpbnn import callbacks, data, preprocessing  # noqa: E402,F401
 from tfdpbnn.callbacks import PosteriorSampler, PrivacyCallback  # noqa: E402,F401
 from tfdpbnn.optimizers import (  # noqa: E402,F401
     DPAdamOptimizer,

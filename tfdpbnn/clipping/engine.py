@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import warnings
 
+import tensorflow as tf
+
 from tfdpbnn.clipping.ghost import UnsupportedModelError, ghost_clipped_gradients, plan
 from tfdpbnn.clipping.independence import check_per_example_independence
 from tfdpbnn.clipping.jacobian import jacobian_clipped_gradients
@@ -52,7 +54,12 @@ def clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_norm_c
     check_per_example_independence(model)
     if var_list is None:
         var_list = model.trainable_variables
-    if method in ("auto", "ghost"):
+    ragged = [type(t).__name__ for t in tf.nest.flatten(x)
+              if isinstance(t, tf.RaggedTensor | tf.SparseTensor)]
+    if ragged and method == "ghost":
+        raise ValueError(f"method: the ghost engine's rules read activations row by row and cannot take "
+                         f"{ragged[0]} inputs; use method='jacobian' (or 'auto', which does)")
+    if method in ("auto", "ghost") and not ragged:  # ragged/sparse inputs: the exact jacobian path
         try:
             entries = plan(model, var_list)
             return ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_norm_clip,

@@ -483,6 +483,11 @@ class DPOptimizerMixin:
 
     def _check_model(self, model, x, y):
         """The per-example checks of ``model`` on a synthetic batch shaped like ``x`` (once per model)."""
+        from tfdpbnn.optimizers.other_releases import adopt_search_record
+        from tfdpbnn.preprocessing import check_preprocessing
+
+        self._dp_preprocessing = check_preprocessing(model, self.neighboring)  # every call: cheap
+        adopt_search_record(self, model)
         if id(model) not in self._dp_checked_models:
             check_per_example_independence(model)
             _check_data_independent_losses(model)

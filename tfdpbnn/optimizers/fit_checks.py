@@ -92,24 +92,63 @@ def input_sampling(optimizer, x, batch_size=None, validation_split=0.0) -> dict:
     return {"kind": "shuffle", "source": "keras_arrays", "sample_rate": None, "num_examples": n}
 
 
+def _values(dtype, shape, rng: np.random.Generator):
+    """Synthetic values of ``dtype``: Gaussian floats, zero integers, False, the string "a"."""
+    if dtype.is_floating:
+        return tf.constant(rng.normal(size=shape), dtype=dtype)
+    if dtype.is_integer or dtype.is_bool:
+        return tf.zeros(shape, dtype=dtype)
+    if dtype == tf.string:
+        return tf.fill(shape, "a")
+    raise ValueError(f"x: cannot build a synthetic batch of dtype {dtype.name} to check per-example "
+                     "independence; feed float, integer, boolean or string inputs")
+
+
 def _synthetic(spec_like, rows: int, rng: np.random.Generator):
-    """A batch of ``rows`` synthetic values shaped and typed like ``spec_like`` (arrays or TensorSpecs)."""
+    """A batch of ``rows`` synthetic values shaped and typed like ``spec_like`` (arrays or TensorSpecs).
+
+    A ragged input (``tf.RaggedTensor`` or ``tf.RaggedTensorSpec`` of ragged rank 1) gets rows of lengths
+    1, 2, 3, ...; a sparse input, a ragged rank above 1 or an unknown type is refused, naming it.
+    """
 
     def make(t):
+        if isinstance(t, tf.SparseTensor | tf.SparseTensorSpec):
+            raise ValueError("x: sparse inputs (tf.SparseTensor) cannot be checked for per-example "
+                             "independence by tfdpbnn; feed dense or ragged tensors")
+        dtype = tf.as_dtype(t.dtype)
+        if isinstance(t, tf.RaggedTensor | tf.RaggedTensorSpec):
+            if t.ragged_rank != 1:
+                raise ValueError(f"x: ragged inputs of ragged rank {t.ragged_rank} cannot be checked for "
+                                 "per-example independence; feed ragged rank 1 (tf.RaggedTensor of shape "
+                                 "[batch, None, ...])")
+            inner = list(t.shape)[2:]
+            if any(s is None for s in inner):
+                raise ValueError("x: every dimension after the ragged one must be known to check "
+                                 f"per-example independence, got shape {t.shape}")
+            lengths = [1 + i % 3 for i in range(rows)]
+            flat = _values(dtype, [sum(lengths)] + inner, rng)
+            return tf.RaggedTensor.from_row_lengths(flat, lengths, validate=False)
+        if not hasattr(t, "shape") or not hasattr(t, "dtype"):
+            raise ValueError(f"x: an input of type {type(t).__name__} cannot be checked for per-example "
+                             "independence; feed arrays, tensors, ragged tensors, or dicts/lists of them")
         shape = list(t.shape)[1:]
         if any(s is None for s in shape):
             raise ValueError(f"x: every non-batch dimension must be known to check per-example "
                              f"independence, got shape {t.shape}")
-        dtype = tf.as_dtype(t.dtype)
-        if dtype.is_floating:
-            return tf.constant(rng.normal(size=[rows] + shape), dtype=dtype)
-        if dtype.is_integer or dtype.is_bool:
-            return tf.zeros([rows] + shape, dtype=dtype)
-        if dtype == tf.string:
-            return tf.fill([rows] + shape, "a")
-        raise ValueError(f"x: cannot build a synthetic batch of dtype {dtype.name}")
+        return _values(dtype, [rows] + shape, rng)
 
     return tf.nest.map_structure(make, spec_like)
+
+
+def _leaves(xs, half: int):
+    """Every input's value tensor and the row from which it belongs to the batch's second half."""
+    out = []
+    for t in tf.nest.flatten(xs):
+        if isinstance(t, tf.RaggedTensor):
+            out.append((t.flat_values, int(t.row_splits[half])))
+        else:
+            out.append((t, half))
+    return out
 
 
 def _element_parts(x, y):
@@ -141,8 +180,9 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
     rng = np.random.default_rng(seed)
     xs = _synthetic(x_like, rows, rng)
     ys = None if y_like is None else _synthetic(y_like, rows, rng)
-    float_inputs = [t for t in tf.nest.flatten(xs) if t.dtype.is_floating]
     half = rows // 2
+    float_leaves = [(t, split) for t, split in _leaves(xs, half) if t.dtype.is_floating]
+    float_inputs = [t for t, _ in float_leaves]
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(float_inputs)
         y_pred = model(xs, training=True)
@@ -160,8 +200,9 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
                 loss_half = tf.reduce_sum(per_example[:half])
     if float_inputs:
         own = _max_abs(tape.gradient(first_half, float_inputs))
-        cross = [g[half:] for g in tape.gradient(first_half, float_inputs,
-                                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)]
+        cross = [g[split:] for g, (_, split) in zip(
+            tape.gradient(first_half, float_inputs, unconnected_gradients=tf.UnconnectedGradients.ZERO),
+            float_leaves, strict=True)]
         if _max_abs(cross) > COUPLING_TOLERANCE * max(own, 1.0):
             raise ValueError(
                 "model: a layer mixes examples of the batch in training (one example's output depends on "
@@ -193,7 +234,7 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
                 "mean inside the loss), so per-example clipping does not bound the sensitivity. Use a loss "
                 "computed per example.")
     del tape
-    discrete = [t for t in tf.nest.flatten(xs) if not t.dtype.is_floating]
+    discrete = [t for t, _ in _leaves(xs, half) if not t.dtype.is_floating]
     if discrete:
         _check_discrete_inputs(model, xs, rows, half)
 
@@ -204,17 +245,27 @@ def _changed_second_half(xs, half: int):
     def change(t):
         if t.dtype.is_floating:
             return t
-        if t.dtype == tf.string:
-            other = tf.fill(tf.shape(t), "b")
-        elif t.dtype.is_bool:
-            other = tf.logical_not(t)
-        else:
-            other = tf.ones_like(t)
+        if isinstance(t, tf.RaggedTensor):
+            flat = t.flat_values
+            start = t.row_splits[half]
+            return t.with_flat_values(tf.where(
+                tf.reshape(tf.range(tf.shape(flat)[0]) >= tf.cast(start, tf.int32),
+                           [-1] + [1] * (flat.shape.rank - 1)) & tf.ones_like(flat, tf.bool),
+                _other(flat), flat))
         rows = tf.range(tf.shape(t)[0])
         mask = tf.reshape(rows >= half, [-1] + [1] * (t.shape.rank - 1))
-        return tf.where(tf.broadcast_to(mask, tf.shape(t)), other, t)
+        return tf.where(tf.broadcast_to(mask, tf.shape(t)), _other(t), t)
 
     return tf.nest.map_structure(change, xs)
+
+
+def _other(t):
+    """Other values of an integer, boolean or string tensor: ones for zeros, "b" for "a", True for False."""
+    if t.dtype == tf.string:
+        return tf.fill(tf.shape(t), "b")
+    if t.dtype.is_bool:
+        return tf.logical_not(t)
+    return tf.ones_like(t)
 
 
 def _forward(model, xs, rows):

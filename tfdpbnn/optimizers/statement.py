@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 
 from tfdpbnn.optimizers import noise
+from tfdpbnn.optimizers.other_releases import add_other_releases
 
 
 def build_statement(optimizer, delta: float) -> dict:
@@ -73,7 +74,7 @@ def build_statement(optimizer, delta: float) -> dict:
                         "note": "released by these runs but covered by no epsilon above"},
         **optimizer._dp_statement_extras(),
     }
-    return statement
+    return add_other_releases(statement, optimizer, delta)
 
 
 __all__ = ["build_statement"]

@@ -1,0 +1,134 @@
+"""The data-dependence proof for ragged, dict and multi-input models, string inputs; unknown types refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from _small_runs import DELTA, LOSS, D, N, gaussians_epsilon, small_data
+
+import tfdpbnn
+from tfdpbnn.clipping import clipped_gradients
+
+
+class _Penalty(tf.keras.layers.Layer):
+    def call(self, t):
+        self.add_loss(tf.reduce_sum(tf.square(t.flat_values if isinstance(t, tf.RaggedTensor) else t)))
+        return t
+
+
+def _ragged_model(dtype, penalty=False, mix=False):
+    tf.keras.utils.set_random_seed(0)
+    if dtype == "int32":
+        inputs = tf.keras.Input((None,), ragged=True, dtype="int32")
+        h = tf.keras.layers.Embedding(10, 4)(inputs)
+    else:
+        inputs = tf.keras.Input((None, 1), ragged=True)
+        h = tf.keras.layers.Dense(4)(inputs)
+    if penalty:
+        h = _Penalty()(h)
+    h = tf.keras.layers.Lambda(lambda t: tf.reduce_mean(t, axis=1))(h)
+    if mix:
+        h = tf.keras.layers.Lambda(lambda t: t - tf.reduce_mean(t, axis=0, keepdims=True))(h)
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(3)(h))
+
+
+def _ragged_data(dtype):
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 5, N)
+    if dtype == "int32":
+        x = tf.ragged.constant([list(rng.integers(0, 10, k)) for k in lengths], dtype=tf.int32)
+    else:
+        x = tf.ragged.constant([[[float(v)] for v in rng.normal(size=k)] for k in lengths], ragged_rank=1)
+    return x, rng.integers(0, 3, N)
+
+
+def _fit(model, x, y):
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    return opt
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_ragged_inputs_coupling_or_penalty_refused_plain_accepted(dtype):
+    x, y = _ragged_data(dtype)
+    with pytest.raises(ValueError, match="model.losses depends on the input data"):
+        _fit(_ragged_model(dtype, penalty=True), x, y)
+    with pytest.raises(ValueError, match="mixes examples"):
+        _fit(_ragged_model(dtype, mix=True), x, y)
+    opt = _fit(_ragged_model(dtype), x, y)
+    assert opt.steps == 8 and opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 1), rel=1e-2)
+
+
+def test_ragged_inputs_are_clipped_per_example_exactly():
+    x, y = _ragged_data("int32")
+    x, y = x[:6], y[:6]
+    model = _ragged_model("int32")
+    model(x)
+
+    def loss_fn(yt, yp, sw=None):
+        return tf.keras.losses.sparse_categorical_crossentropy(yt, yp, from_logits=True)
+
+    clip = 0.05
+    result = clipped_gradients(model, x, y, None, loss_fn, clip, method="auto")
+    got = result.clipped_sum
+    assert float(tf.reduce_max(result.per_example_norms)) > clip  # the clip acts
+    with pytest.raises(ValueError, match="RaggedTensor"):
+        clipped_gradients(model, x, y, None, loss_fn, clip, method="ghost")
+    # Reference: each example alone (a ragged batch of one row), its gradient clipped to norm <= C, summed.
+    want = [tf.zeros_like(v) for v in model.trainable_variables]
+    for i in range(6):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y[i:i + 1], model(x[i:i + 1], training=True))[0]
+        grads = [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
+                 for g, v in zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables,
+                                 strict=True)]
+        norm = tf.sqrt(tf.add_n([tf.reduce_sum(g ** 2) for g in grads]))
+        scale = tf.minimum(1.0, clip / norm)
+        want = [w + scale * g for w, g in zip(want, grads, strict=True)]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(tf.convert_to_tensor(g).numpy(), w.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def _dict_model(coupled):
+    tf.keras.utils.set_random_seed(0)
+    words = tf.keras.Input((2,), dtype="string", name="words")
+    values = tf.keras.Input((D,), name="values")
+    ids = tf.keras.layers.StringLookup(vocabulary=["a", "b", "c"])(words)
+    h = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(5, 2)(ids))
+    if coupled:
+        h = tf.keras.layers.Lambda(lambda t: t - tf.reduce_mean(t, axis=0, keepdims=True))(h)
+    return tf.keras.Model({"words": words, "values": values},
+                          tf.keras.layers.Dense(3)(tf.keras.layers.Concatenate()([h, values])))
+
+
+def test_dict_input_with_strings_coupled_refused_and_plain_accepted():
+    xv, y = small_data()
+    rng = np.random.default_rng(0)
+    x = {"words": rng.choice(["a", "b", "c"], (N, 2)), "values": xv}
+    with pytest.raises(ValueError, match="mixes examples"):
+        _fit(_dict_model(coupled=True), x, y)
+    opt = _fit(_dict_model(coupled=False), x, y)
+    assert opt.steps == 8
+
+
+def test_multi_input_list_model_with_a_float_penalty_refused():
+    tf.keras.utils.set_random_seed(0)
+    a, b = tf.keras.Input((D,)), tf.keras.Input((D,))
+    h = tf.keras.layers.Concatenate()([_Penalty()(tf.keras.layers.Dense(2)(a)), b])
+    model = tf.keras.Model([a, b], tf.keras.layers.Dense(3)(h))
+    x, y = small_data()
+    with pytest.raises(ValueError, match="model.losses depends on the input data"):
+        _fit(model, [x, x], y)
+
+
+def test_sparse_and_deeply_ragged_inputs_are_refused_by_name():
+    from tfdpbnn.optimizers import fit_checks
+
+    sparse = tf.SparseTensorSpec([None, 4], tf.float32)
+    with pytest.raises(ValueError, match="sparse inputs"):
+        fit_checks._synthetic(sparse, 4, np.random.default_rng(0))
+    deep = tf.RaggedTensorSpec([None, None, None], tf.float32, ragged_rank=2)
+    with pytest.raises(ValueError, match="ragged rank 2"):
+        fit_checks._synthetic(deep, 4, np.random.default_rng(0))

@@ -1,0 +1,225 @@
+"""Preprocessing layers adapted on data: refused, asserted public, or adapted with a DP mechanism.
+
+Epsilons are compared (rel. 1%) with independent dp-accounting computations; statistical checks are seeded
+and state their tolerances.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import dp_accounting
+import numpy as np
+import pytest
+import tensorflow as tf
+from _small_runs import DELTA, LOSS, D, N, gaussians_epsilon, rdp_epsilon, small_data
+
+import tfdpbnn
+from tfdpbnn.preprocessing import calibrate_gaussian, private_adapt_normalization
+
+
+def _model(norm, sigma=1.0):
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), norm, tf.keras.layers.Dense(3)])
+    opt = tfdpbnn.DPSGDOptimizer(1.0, sigma, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    return model, opt
+
+
+def test_normalization_adapted_on_private_data_is_refused_before_any_step():
+    x, y = small_data()
+    norm = tf.keras.layers.Normalization()
+    norm.adapt(x)
+    model, opt = _model(norm)
+    before = [w.copy() for w in model.get_weights()]
+    for train in (lambda: model.fit(x, y, batch_size=8, epochs=1, verbose=0),
+                  lambda: model.train_on_batch(x[:8], y[:8])):
+        with pytest.raises(ValueError, match=r"'normalization.*assert_public_preprocessing.*"
+                                             r"private_adapt_normalization"):
+            train()
+    assert opt.steps == 0
+    for w, b in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(w, b)
+
+
+def test_discretization_adapted_and_state_set_by_hand_are_refused():
+    x, y = small_data()
+    disc = tf.keras.layers.Discretization(num_bins=4)
+    disc.adapt(x[:, 0])
+    tf.keras.utils.set_random_seed(0)
+    inputs = tf.keras.Input((D,))
+    bins = tf.cast(disc(inputs[:, 0]), tf.float32)[:, None]
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(3)(tf.concat([inputs, bins], axis=-1)))
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
+                  loss=LOSS)
+    with pytest.raises(ValueError, match="discretization"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    # Not adapted (is_adapted is False) but its variables set by hand: differs from a fresh twin.
+    norm = tf.keras.layers.Normalization()
+    norm.build((None, D))
+    norm.adapt_mean.assign(np.mean(x, axis=0))
+    norm.finalize_state()
+    assert not norm.is_adapted
+    model, _ = _model(norm)
+    with pytest.raises(ValueError, match="assert_public_preprocessing"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
+def test_normalization_with_constants_and_hashing_are_accepted():
+    x, y = small_data()
+    model, opt = _model(tf.keras.layers.Normalization(mean=[0.0] * D, variance=[1.0] * D))
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert opt.steps == 8 and "preprocessing" not in opt.privacy_statement()
+
+
+def test_asserted_public_normalization_trains_and_is_listed(tmp_path):
+    x, y = small_data()
+    public, _ = small_data(seed=1)
+    norm = tf.keras.layers.Normalization()
+    norm.adapt(public)
+    with pytest.raises(ValueError, match="reason"):
+        tfdpbnn.preprocessing.assert_public_preprocessing(norm, reason=" ")
+    model, opt = _model(norm, sigma=1.0)
+    tfdpbnn.preprocessing.assert_public_preprocessing(model, reason="adapted on a public sample")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    statement = opt.privacy_statement()
+    assert any("normalization" in a and "public sample" in a for a in statement["asserted_by_user"])
+    assert statement["preprocessing"]["asserted_public"][0]["reason"] == "adapted on a public sample"
+    # No DP release besides training: the epsilon is training's (1 pass, 1 participation).
+    assert statement["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 1), rel=1e-2)
+    path = tfdpbnn.export_saved_model(model, str(tmp_path / "m"))
+    with open(os.path.join(path, "assets", "privacy.json")) as fh:
+        saved = json.load(fh)
+    assert saved["preprocessing"]["asserted_public"][0]["layer"] == norm.name
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_dp_adapt_noise_matches_dp_accounting_gaussian_calibration(accountant):
+    sigma = calibrate_gaussian(1.0, DELTA, accountant)
+
+    def eps(s):
+        acc = tfdpbnn.privacy.get_accountant(accountant)
+        return acc.compose(dp_accounting.GaussianDpEvent(s)).get_epsilon(DELTA)
+
+    # The smallest noise multiplier with epsilon <= 1: 1% less noise exceeds it.
+    assert eps(sigma) <= 1.0 + 1e-6 and eps(0.99 * sigma) > 1.0
+    x = np.zeros((1000, 3))
+    record = private_adapt_normalization(tf.keras.layers.Normalization(), x, epsilon=1.0, delta=DELTA,
+                                         bounds=(-1.0, 1.0), accountant=accountant, seed=0)
+    assert record.noise_multiplier == pytest.approx(sigma, rel=1e-9)
+    assert record.l2_sensitivity == pytest.approx(np.sqrt(2 * 3 + 1))
+
+
+def test_dp_adapt_realized_noise_has_the_stated_std():
+    x = np.zeros((1000, 3))
+    counts, std = [], None
+    for seed in range(300):
+        layer = tf.keras.layers.Normalization()
+        std = private_adapt_normalization(layer, x, epsilon=1.0, delta=DELTA, bounds=(-1.0, 1.0),
+                                          seed=seed).noise_std
+        counts.append(float(layer.count.numpy()) - 1000)
+    # The released count's spread over 300 seeds is the stated std (tolerance 20%, about 5 standard errors
+    # of a 300-sample standard deviation; rounding the count to an integer adds 1/12 to a variance of ~200).
+    assert np.std(counts) == pytest.approx(std, rel=0.2)
+
+
+def test_dp_adapt_is_close_to_the_truth_at_large_n():
+    rng = np.random.default_rng(0)
+    n = 200_000
+    x = np.stack([rng.uniform(-2, 4, n), rng.normal(0.5, 0.3, n).clip(-1, 2), rng.uniform(0, 1, n)], axis=1)
+    norm = tf.keras.layers.Normalization()
+    record = private_adapt_normalization(norm, x, epsilon=1.0, delta=DELTA,
+                                         bounds=([-2.0, -1.0, 0.0], [4.0, 2.0, 1.0]), seed=1)
+    # Noise std on the sums ~ 15 (z units) against n = 2e5: the estimates' error is ~ 1e-4 of the range;
+    # tolerance 0.01 in mean and variance.
+    np.testing.assert_allclose(norm.adapt_mean.numpy(), x.mean(axis=0), atol=0.01)
+    np.testing.assert_allclose(norm.adapt_variance.numpy(), x.var(axis=0), atol=0.01)
+    assert record.details["features_mean_clamped"] == 0
+
+
+def test_dp_adapt_is_composed_with_training_and_exported(tmp_path):
+    x, y = small_data()
+    norm = tf.keras.layers.Normalization()
+    record = private_adapt_normalization(norm, x, epsilon=0.5, delta=DELTA, bounds=(-3.0, 3.0), seed=0)
+    model, opt = _model(norm, sigma=1.0)
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    statement = opt.privacy_statement()
+    # Independent: dp-accounting's RDP of training (2 passes: 2 Gaussians at sigma 1) and the DP adapt.
+    expected = rdp_epsilon(dp_accounting.ComposedDpEvent([
+        dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.0), 2),
+        dp_accounting.GaussianDpEvent(record.noise_multiplier)]))
+    assert statement["epsilon"] == pytest.approx(expected, rel=1e-2)
+    assert statement["training_epsilon"] == pytest.approx(gaussians_epsilon(1.0, 2), rel=1e-2)
+    assert statement["epsilon"] > statement["training_epsilon"]
+    assert statement["preprocessing"]["dp"][0]["noise_multiplier"] == pytest.approx(record.noise_multiplier)
+    path = tfdpbnn.export_saved_model(model, str(tmp_path / "m"))
+    with open(os.path.join(path, "assets", "privacy.json")) as fh:
+        saved = json.load(fh)
+    assert saved["epsilon"] == pytest.approx(statement["epsilon"], rel=1e-9)
+    assert saved["preprocessing"]["dp"][0]["layer"] == norm.name
+
+
+def test_dp_adapt_under_another_neighboring_relation_is_refused():
+    x, y = small_data()
+    norm = tf.keras.layers.Normalization()
+    private_adapt_normalization(norm, x, epsilon=1.0, delta=DELTA, bounds=(-3.0, 3.0),
+                                neighboring="replace_one", seed=0)
+    model, _ = _model(norm)
+    with pytest.raises(ValueError, match="neighboring"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
+def test_dp_adapt_refuses_bad_arguments():
+    x, _ = small_data()
+    with pytest.raises(ValueError, match="bounds"):
+        private_adapt_normalization(tf.keras.layers.Normalization(), x, epsilon=1.0, delta=DELTA,
+                                    bounds=(1.0, -1.0))
+    with pytest.raises(ValueError, match="layer"):
+        private_adapt_normalization(tf.keras.layers.Normalization(mean=0.0, variance=1.0), x, epsilon=1.0,
+                                    delta=DELTA, bounds=(-1.0, 1.0))
+    with pytest.raises(ValueError, match="too small"):
+        private_adapt_normalization(tf.keras.layers.Normalization(), x[:2], epsilon=0.01, delta=DELTA,
+                                    bounds=(-1.0, 1.0), seed=3)
+
+
+def test_adapting_again_after_the_dp_adapt_or_the_assertion_is_refused():
+    x, y = small_data()
+    norm = tf.keras.layers.Normalization()
+    private_adapt_normalization(norm, x, epsilon=1.0, delta=DELTA, bounds=(-3.0, 3.0), seed=0)
+    norm.adapt(x)  # the private data's exact statistics replace the DP ones
+    model, _ = _model(norm)
+    with pytest.raises(ValueError, match="changed after its DP adapt or public assertion"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    public = tf.keras.layers.Normalization()
+    public.adapt(small_data(seed=1)[0])
+    tfdpbnn.preprocessing.assert_public_preprocessing(public, reason="public sample")
+    public.adapt(x)
+    model, _ = _model(public)
+    with pytest.raises(ValueError, match="changed after"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
+def test_private_discretization_quantiles_and_composition():
+    rng = np.random.default_rng(0)
+    values = rng.uniform(0.0, 10.0, 100_000)
+    layer, record = tfdpbnn.preprocessing.private_discretization(
+        values, num_bins=4, epsilon=1.0, delta=DELTA, bounds=(0.0, 10.0), seed=0)
+    assert record.noise_multiplier == pytest.approx(calibrate_gaussian(1.0, DELTA), rel=1e-9)
+    assert record.l2_sensitivity == 1.0
+    # Uniform on [0, 10]: quartiles 2.5, 5, 7.5. Noise std ~5 per cell against ~390 per cell, cells 0.04
+    # wide: tolerance 0.1 (2.5 cells).
+    np.testing.assert_allclose(layer.bin_boundaries, [2.5, 5.0, 7.5], atol=0.1)
+    x, y = small_data()
+    disc, disc_record = tfdpbnn.preprocessing.private_discretization(
+        x[:, 0], num_bins=3, epsilon=0.5, delta=DELTA, bounds=(-3.0, 3.0), seed=1)
+    tf.keras.utils.set_random_seed(0)
+    inputs = tf.keras.Input((D,))
+    bins = tf.cast(disc(inputs[:, :1]), tf.float32)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(3)(tf.concat([inputs, bins], axis=-1)))
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    expected = rdp_epsilon(dp_accounting.ComposedDpEvent([
+        dp_accounting.GaussianDpEvent(1.0), dp_accounting.GaussianDpEvent(disc_record.noise_multiplier)]))
+    assert opt.privacy_statement()["epsilon"] == pytest.approx(expected, rel=1e-2)

@@ -1,0 +1,111 @@
+"""Releases of the private data besides the optimizer's steps, put into its privacy statement.
+
+Two kinds, each composed with the training ledger so that the statement's ``epsilon`` covers what really
+ran (the training-only value stays beside it as ``training_epsilon``):
+
+- DP preprocessing (``tfdpbnn.preprocessing.private_adapt_normalization``): each release's ``DpEvent`` is
+  composed with the ledger's by every sound accountant (``ComposedDpEvent``); layers asserted public are
+  listed under ``asserted_by_user``.
+- a hyperparameter search (``tfdpbnn.tuning.private_search``) that selected this model: the search's RDP
+  curve (every trial, the noisy scores, the selection) replaces the selected trial's training; steps taken
+  after the selection add the whole ledger's RDP curve (an upper bound: the trial's steps count twice), and
+  RDP curves add (Mironov 2017, Proposition 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import dp_accounting
+import numpy as np
+
+#: The optimizer's and model's attribute holding what the search that selected the model spent (set by
+#: private_search; a new optimizer that trains the model adopts it before its first step).
+SEARCH_ATTRIBUTE = "_dp_search_record"
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchRecord:
+    """What a ``private_search`` spent (Papernot & Steinke 2022 for random stopping).
+
+    Its statement, its RDP curve at ``tfdpbnn.tuning.bounds.ORDERS``, and the selected model's ledger steps
+    at the selection.
+    """
+
+    statement: dict
+    rdp: tuple
+    steps_at_selection: int
+
+
+def adopt_search_record(optimizer, model) -> None:
+    """Give ``optimizer`` the search record ``model`` carries (a new optimizer compiled onto it)."""
+    record = getattr(model, SEARCH_ATTRIBUTE, None)
+    if record is not None and getattr(optimizer, SEARCH_ATTRIBUTE, None) is None:
+        setattr(optimizer, SEARCH_ATTRIBUTE, record)
+
+
+def _rdp_curve(event, neighboring):
+    from tfdpbnn.privacy.budget import NEIGHBORING
+    from tfdpbnn.tuning import bounds
+
+    accountant = dp_accounting.rdp.RdpAccountant(orders=list(bounds.ORDERS),
+                                                 neighboring_relation=NEIGHBORING[neighboring])
+    return np.asarray(accountant.compose(event).rdp, dtype=np.float64)
+
+
+def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
+    """``statement`` with the preprocessing and search releases added and composed (see the module)."""
+    from tfdpbnn import privacy
+    from tfdpbnn.privacy.ledger import _epsilon_of
+    from tfdpbnn.tuning import bounds
+
+    found = getattr(optimizer, "_dp_preprocessing", None) or {"dp": [], "asserted_public": []}
+    search = getattr(optimizer, SEARCH_ATTRIBUTE, None)
+    if found["dp"] or found["asserted_public"]:
+        statement["preprocessing"] = {
+            "dp": [dict(r.to_config(), event=repr(r.event())) for r in found["dp"]],
+            "asserted_public": list(found["asserted_public"]),
+            "note": "preprocessing layers whose state came from data: DP releases (composed into epsilon) "
+                    "and layers the user asserted were adapted on public data"}
+        statement["asserted_by_user"] = list(statement["asserted_by_user"]) + [
+            f"preprocessing layer {a['layer']!r} ({a['type']}) adapted on public data: {a['reason']}"
+            for a in found["asserted_public"]]
+    if not found["dp"] and search is None:
+        return statement
+    ledger = optimizer.ledger
+    statement["training_epsilon"] = statement["epsilon"]
+    statement["training_epsilon_by_accountant"] = statement["epsilon_by_accountant"]
+    events = [r.event() for r in found["dp"]]
+    if search is None:
+        composed = dp_accounting.ComposedDpEvent([ledger.event(), *events])
+        by_accountant = {}
+        for name in privacy.sound_accountants():
+            try:
+                by_accountant[name] = _epsilon_of(composed, delta, name, ledger.neighboring)
+            except dp_accounting.UnsupportedEventError:
+                by_accountant[name] = None
+        statement["epsilon"] = _epsilon_of(composed, delta, optimizer.accountant, ledger.neighboring)
+        statement["epsilon_by_accountant"] = by_accountant
+        statement["epsilon_covers"] = "the training ledger and the DP preprocessing releases, composed"
+        return statement
+    curve = np.asarray(search.rdp, dtype=np.float64)
+    after = ledger.steps > search.steps_at_selection
+    if after:
+        curve = curve + _rdp_curve(ledger.event(), ledger.neighboring)
+    for event in events:
+        curve = curve + _rdp_curve(event, ledger.neighboring)
+    epsilon = bounds.epsilon(bounds.ORDERS, curve, delta)
+    statement["search"] = dict(search.statement)
+    statement["training_accountant"] = statement["accountant"]
+    statement["accountant"] = "rdp"
+    statement["epsilon"] = epsilon
+    statement["epsilon_by_accountant"] = {name: (epsilon if name == "rdp" else None)
+                                          for name in privacy.sound_accountants()}
+    statement["epsilon_covers"] = (
+        "the hyperparameter search that selected this model (every trial, the noisy scores, the selection; "
+        "RDP)" + (", the training after the selection (the whole ledger again, an upper bound)" if after
+                  else "") + (", the DP preprocessing releases" if events else ""))
+    return statement
+
+
+__all__ = ["SEARCH_ATTRIBUTE", "SearchRecord", "add_other_releases", "adopt_search_record"]

@@ -1,0 +1,137 @@
+"""Find preprocessing layers whose state was computed from data, before the first DP step.
+
+A layer counts as data-derived when it has an ``adapt`` method and either reports ``is_adapted`` or holds a
+non-trainable variable that differs from the same layer freshly built from its config (e.g. state assigned
+by hand, or restored from a file). ``Hashing`` and layers built with explicit constants (``Normalization(
+mean=..., variance=...)``, ``StringLookup(vocabulary=...)``) are not adapted: their constants are the
+user's, like any weight given to the model. A data-derived layer is accepted only with a DP adapt record
+(``tfdpbnn.preprocessing.private_adapt_normalization``) or the user's assertion that the data were public
+(``assert_public_preprocessing``); otherwise DP training is refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tfdpbnn.preprocessing.record import DIGEST_ATTRIBUTE, PUBLIC_ATTRIBUTE, RECORD_ATTRIBUTE, state_digest
+
+
+def _layers(model):
+    seen, out = set(), []
+    for layer in [model, *getattr(model, "submodules", ())]:
+        if isinstance(layer, tf.keras.layers.Layer) and id(layer) not in seen:
+            seen.add(id(layer))
+            out.append(layer)
+    return out
+
+
+def _differs_from_fresh(layer) -> bool:
+    """Whether a non-trainable variable of ``layer`` differs from a twin built from its config."""
+    state = [v for v in layer.non_trainable_variables if v.dtype != tf.resource]
+    if not state:
+        return False
+    try:
+        twin = type(layer).from_config(layer.get_config())
+        twin.build(layer.input_shape if hasattr(layer, "input_shape") else None)
+        fresh = twin.non_trainable_variables
+    except (AttributeError, TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(
+            f"model: the preprocessing layer {layer.name!r} ({type(layer).__name__}) holds non-trainable "
+            f"state that tfdpbnn cannot compare with its initial value ({err}); it may have been computed "
+            "from the private data. Assert that it was not with tfdpbnn.preprocessing."
+            "assert_public_preprocessing(layer, reason=...)") from err
+    if len(fresh) != len(state):
+        return True
+    return any(a.shape != b.shape or not np.array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
+               for a, b in zip(state, fresh, strict=True))
+
+
+def data_derived_layers(model) -> list:
+    """The layers of ``model`` with an ``adapt`` method whose state was computed from data (module)."""
+    out = []
+    for layer in _layers(model):
+        if not callable(getattr(layer, "adapt", None)):
+            continue
+        if getattr(layer, "is_adapted", False) or _differs_from_fresh(layer):
+            out.append(layer)
+    return out
+
+
+def _vouched(layer) -> bool:
+    """Whether ``layer`` holds a DP record or a public assertion made on its current state."""
+    held = (getattr(layer, RECORD_ATTRIBUTE, None) is not None or getattr(layer, PUBLIC_ATTRIBUTE, None)
+            is not None)
+    return held and getattr(layer, DIGEST_ATTRIBUTE, None) == state_digest(layer)
+
+
+def check_preprocessing(model, neighboring: str | None = None) -> dict:
+    """Refuse data-derived preprocessing that is neither DP nor asserted public; return what was found.
+
+    Returns ``{"dp": [PreprocessingRecord, ...], "asserted_public": [{"layer", "type", "reason"}, ...]}``.
+    A record or an assertion holds only for the state it was made on (``state_digest``). Raises
+    ``ValueError`` naming the first layer adapted without either (or changed since), and for a DP record
+    under another ``neighboring`` relation than the training's (the two could not be composed).
+    """
+    found = {"dp": [], "asserted_public": []}
+    for layer in _layers(model):
+        if not callable(getattr(layer, "adapt", None)):
+            continue
+        if _vouched(layer):
+            record = getattr(layer, RECORD_ATTRIBUTE, None)
+            if record is None:
+                found["asserted_public"].append({"layer": layer.name, "type": type(layer).__name__,
+                                                 "reason": getattr(layer, PUBLIC_ATTRIBUTE)})
+                continue
+            if neighboring is not None and record.neighboring != neighboring:
+                raise ValueError(
+                    f"neighboring: the preprocessing layer {layer.name!r} was adapted privately under "
+                    f"{record.neighboring!r} but the optimizer trains under {neighboring!r}; adapt it again "
+                    f"with neighboring={neighboring!r} so that the two can be composed")
+            found["dp"].append(record)
+            continue
+        if not (getattr(layer, "is_adapted", False) or _differs_from_fresh(layer)):
+            continue
+        changed = (" (it changed after its DP adapt or public assertion, e.g. adapt was called again)"
+                   if getattr(layer, DIGEST_ATTRIBUTE, None) is not None else "")
+        raise ValueError(
+            f"model: the preprocessing layer {layer.name!r} ({type(layer).__name__}) holds state "
+            f"computed from data{changed}, which the model would carry and release with its weights, and no "
+            "epsilon covers it. If it was adapted on public data, say so with "
+            "tfdpbnn.preprocessing.assert_public_preprocessing(layer, reason=...) after adapting it (the "
+            "privacy statement lists it as asserted by the user); if it was adapted on the private data, "
+            "adapt it with a DP mechanism instead (tfdpbnn.preprocessing.private_adapt_normalization(layer, "
+            "data, epsilon=..., delta=..., bounds=(lo, hi)) for Normalization, private_discretization for "
+            "Discretization), whose epsilon the statement composes with training.")
+    return found
+
+
+def assert_public_preprocessing(layer_or_model, reason: str):
+    """The USER asserts that ``layer_or_model``'s adapted preprocessing layers saw only public data.
+
+    Given a model, every data-derived preprocessing layer in it is marked. ``reason`` (a non-empty string:
+    which public data, e.g. "adapted on the public MNIST-5k split") is written to the privacy statement under
+    ``asserted_by_user``. tfdpbnn cannot check the claim. Assert after adapting: the assertion holds for the
+    state the layer has now (adapting again later voids it). Returns ``layer_or_model``.
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError(f"reason must be a non-empty string saying which public data, got {reason!r}")
+    if not isinstance(layer_or_model, tf.keras.layers.Layer):
+        raise ValueError("layer_or_model must be a Keras layer or model, got "
+                         f"{type(layer_or_model).__name__}")
+    if isinstance(layer_or_model, tf.keras.Model):
+        targets = data_derived_layers(layer_or_model)
+        if not targets:
+            raise ValueError("layer_or_model: the model has no adapted preprocessing layer to assert about")
+    else:
+        if not callable(getattr(layer_or_model, "adapt", None)):
+            raise ValueError(f"layer_or_model: {layer_or_model.name!r} ({type(layer_or_model).__name__}) is "
+                             "not a preprocessing layer (it has no adapt method)")
+        targets = [layer_or_model]
+    for layer in targets:
+        setattr(layer, PUBLIC_ATTRIBUTE, reason.strip())
+        setattr(layer, DIGEST_ATTRIBUTE, state_digest(layer))
+    return layer_or_model
+
+
+__all__ = ["assert_public_preprocessing", "check_preprocessing", "data_derived_layers"]

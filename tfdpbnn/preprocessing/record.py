@@ -1,0 +1,83 @@
+"""What a model's preprocessing layers release about the data: DP adapt records and public assertions.
+
+A Keras preprocessing layer adapted on data (``Normalization``'s means and variances, ``Discretization``'s
+bin boundaries, a lookup layer's vocabulary) carries statistics of that data inside the model. tfdpbnn
+trusts such a layer only when its state came from a DP mechanism (``private_adapt_normalization``: its
+``PreprocessingRecord`` is attached to the layer and composed into the privacy statement) or the user
+asserted by name that it was adapted on public data (``assert_public_preprocessing``: the statement lists
+the assertion under ``asserted_by_user``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import dp_accounting
+import numpy as np
+
+#: The layer attribute holding a DP adapt's ``PreprocessingRecord``.
+RECORD_ATTRIBUTE = "_tfdpbnn_preprocessing_record"
+#: The layer attribute holding the user's public-data assertion (the reason, a string).
+PUBLIC_ATTRIBUTE = "_tfdpbnn_public_preprocessing"
+#: The layer attribute holding ``state_digest`` of the layer when its record or assertion was made.
+DIGEST_ATTRIBUTE = "_tfdpbnn_preprocessing_digest"
+
+
+def state_digest(layer) -> str:
+    """SHA-256 of a preprocessing layer's data-derived state: non-trainable variables, vocabulary, bins.
+
+    A record or an assertion holds for the state it was made on; ``adapt`` called again afterwards changes
+    the digest, and the layer is then treated as adapted on unknown data.
+    """
+    digest = hashlib.sha256()
+    for variable in layer.non_trainable_variables:
+        digest.update(np.ascontiguousarray(np.asarray(variable.numpy())).tobytes())
+    get_vocabulary = getattr(layer, "get_vocabulary", None)
+    if callable(get_vocabulary):
+        try:
+            digest.update(repr(get_vocabulary()).encode())
+        except (RuntimeError, ValueError, TypeError):
+            digest.update(b"no-vocabulary")
+    digest.update(repr(getattr(layer, "bin_boundaries", None)).encode())
+    return digest.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class PreprocessingRecord:
+    """One DP release of preprocessing statistics: a Gaussian mechanism (Dwork & Roth 2014, Theorem A.1).
+
+    Attributes:
+      layer: the layer's name.
+      mechanism: what was released (e.g. "normalization: noisy sums of z, z^2 and the count").
+      noise_multiplier: noise standard deviation over the L2 sensitivity (the ``GaussianDpEvent``'s).
+      l2_sensitivity: the L2 sensitivity of the released vector under ``neighboring``.
+      noise_std: the standard deviation of the noise added to each released coordinate.
+      epsilon: the epsilon the noise was calibrated to (at ``delta``, by ``accountant``).
+      delta: the delta of that calibration.
+      accountant: the accountant used for the calibration.
+      neighboring: "add_or_remove" or "replace_one".
+      details: JSON-safe facts about the release (bounds, number of features, post-processing applied).
+    """
+
+    layer: str
+    mechanism: str
+    noise_multiplier: float
+    l2_sensitivity: float
+    noise_std: float
+    epsilon: float
+    delta: float
+    accountant: str
+    neighboring: str
+    details: dict = dataclasses.field(default_factory=dict)
+
+    def event(self) -> dp_accounting.DpEvent:
+        """The release's ``DpEvent``: one Gaussian mechanism in units of its sensitivity."""
+        return dp_accounting.GaussianDpEvent(self.noise_multiplier)
+
+    def to_config(self) -> dict:
+        """A JSON-safe dict for the privacy statement."""
+        return dataclasses.asdict(self)
+
+
+__all__ = ["DIGEST_ATTRIBUTE", "PUBLIC_ATTRIBUTE", "RECORD_ATTRIBUTE", "PreprocessingRecord", "state_digest"]
