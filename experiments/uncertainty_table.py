@@ -8,12 +8,12 @@ DIGITS:
 
 - DIGITS' training split (1437 images) is split once per seed into a training part (75%) and a private
   calibration part (25%, 359 images); both are private.
-- Everything private is inside the stated epsilon, by sequential composition under one accountant (PLD):
-  the temperature (``fit_temperature_private``, 4 noisy bisection steps, epsilon 0.2 E on its own) and the
-  90% split-conformal threshold (``private_conformal_threshold``, 4 steps, gamma 0.3, epsilon 0.5 E on its
-  own) are fit on the calibration part (shares fixed from the noise they imply, before any run), and
-  the training noise is the smallest whose composition with those two releases meets E
-  (``tfdpbnn.privacy.calibrate_noise(other_events=...)``). Nothing is tuned on DIGITS.
+- Everything private is inside the stated epsilon, by sequential composition under one accountant (PLD),
+  as ``tfdpbnn.uncertainty.CalibrationPlan`` shares it: the temperature (``fit_temperature_private``, 4
+  noisy bisection steps, epsilon 0.2 E on its own) and the 90% split-conformal threshold
+  (``private_conformal_threshold``, 4 steps, gamma 0.3, epsilon 0.5 E on its own) are fit on the
+  calibration part, and the training noise is the smallest whose composition with those two releases
+  meets E (``tfdpbnn.privacy.calibrate_noise(other_events=...)``). Nothing is tuned on DIGITS.
 - Reported on DIGITS' 360 test images: accuracy, ECE (15 bins) before and after the temperature, NLL, Brier
   score, the AUROC of predictive entropy against three out-of-distribution sets (uniform noise, inverted
   digits, digits rotated 180 degrees) and the prediction sets' coverage and mean size.
@@ -28,6 +28,7 @@ rerun skips the rows already there).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -43,11 +44,6 @@ EPSILONS = (0.3, 1.0, 4.0)
 ARMS = ("none", "mnist5k")
 DELTA = 1e-5
 CALIBRATION_FRACTION = 0.25
-# The calibration releases, fixed from their noise alone (no data): at E = 1 the conformal threshold's
-# margin is 34 of the 359 calibration examples, the temperature's noise 98 against 359 clipped terms.
-TEMPERATURE_SHARE, TEMPERATURE_STEPS = 0.2, 4   # the private temperature: epsilon 0.2 E, 4 queries
-CONFORMAL_SHARE, CONFORMAL_STEPS, CONFORMAL_GAMMA = 0.5, 4, 0.3   # the private threshold: 0.5 E, 4 queries
-ALPHA = 0.1               # prediction sets at 90%
 
 
 def _data(seed):
@@ -70,16 +66,6 @@ def ood_sets(x_test, seed):
             "rot180": np.ascontiguousarray(x_test.reshape(-1, 8, 8)[:, ::-1, ::-1].reshape(len(x_test), 64))}
 
 
-def _release_events(epsilon):
-    """The calibration releases' DpEvents, fixed before any data is read (they depend on epsilon only)."""
-    from tfdpbnn.uncertainty.private_release import gaussian_queries
-
-    temperature = gaussian_queries(TEMPERATURE_SHARE * epsilon, DELTA, TEMPERATURE_STEPS, "temperature",
-                                   "pld")[1]
-    conformal = gaussian_queries(CONFORMAL_SHARE * epsilon, DELTA, CONFORMAL_STEPS, "conformal", "pld")[1]
-    return temperature.dp_event, conformal.dp_event
-
-
 def _model_and_optimizer(method, epsilon, n, seed, public):
     """The recipe's model (pretrained on MNIST-5k if ``public``) and DP optimizer (room for calibration)."""
     import tensorflow as tf
@@ -88,24 +74,18 @@ def _model_and_optimizer(method, epsilon, n, seed, public):
     from tfdpbnn.commands import train_recipes
 
     recipe = train_recipes.RECIPES[method]
+    if public:
+        recipe = dataclasses.replace(recipe, learning_rate=recipe.public_learning_rate)
     model = train_recipes.build_model(method, (64,), 10, n, recipe.hidden, seed, kl_weight=recipe.kl_weight)
     if public:
         train_recipes.pretrain_on_public(model, "mnist5k", seed)
     batch_size = int(round(recipe.sample_rate * n))
-    q = batch_size / n
-    steps_per_epoch = int(np.ceil(1.0 / q))
-    sigma = tfdpbnn.privacy.calibrate_noise(epsilon, DELTA, q, recipe.epochs * steps_per_epoch, "pld",
-                                            other_events=_release_events(epsilon))
-    learning_rate = recipe.public_learning_rate if public else recipe.learning_rate
-    common = dict(noise_multiplier=sigma, delta=DELTA, num_examples=n, batch_size=batch_size,
-                  accountant="pld", sampling="poisson")
-    if method == "dpsgld":
-        optimizer = tfdpbnn.DPSGLDOptimizer(recipe.clip, **common)
-    else:
-        cls = tfdpbnn.DPVDOptimizer if method == "dpvd" else tfdpbnn.DPSGDOptimizer
-        optimizer = cls(recipe.clip, learning_rate=learning_rate, **common)
+    recipe = dataclasses.replace(recipe, accountant="pld")
+    events = tfdpbnn.uncertainty.CalibrationPlan().events(epsilon, DELTA, "pld")
+    optimizer = train_recipes.build_optimizer(method, recipe, epsilon, DELTA, n, batch_size,
+                                              other_events=events)
     model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model, optimizer, recipe, q, steps_per_epoch
+    return model, optimizer, recipe, batch_size / n, int(np.ceil(n / batch_size))
 
 
 def _probs(model, x, method):
@@ -142,7 +122,7 @@ def run_private(method, epsilon, arm, seed) -> dict:
     import tensorflow as tf
 
     import tfdpbnn
-    from tfdpbnn.uncertainty import fit_temperature_private, private_conformal_threshold
+    from tfdpbnn.uncertainty import CalibrationPlan
 
     start = time.perf_counter()
     tf.keras.backend.clear_session()
@@ -154,11 +134,8 @@ def run_private(method, epsilon, arm, seed) -> dict:
     tf.random.set_seed(80_000 + seed)
     model.fit(batches, epochs=recipe.epochs, verbose=0)
     cal = _probs(model, x_cal, method)
-    temperature = fit_temperature_private(cal, y_cal, TEMPERATURE_SHARE * epsilon, DELTA,
-                                          steps=TEMPERATURE_STEPS, accountant="pld", seed=90_000 + seed)
-    threshold = private_conformal_threshold(temperature.apply(cal), y_cal, ALPHA, CONFORMAL_SHARE * epsilon,
-                                            DELTA, steps=CONFORMAL_STEPS, gamma=CONFORMAL_GAMMA,
-                                            accountant="pld", seed=91_000 + seed)
+    temperature, threshold = CalibrationPlan().fit(cal, y_cal, epsilon, DELTA, "pld",
+                                                   seeds=(90_000 + seed, 91_000 + seed))
     test = _probs(model, x_test, method)
     calibrated = temperature.apply(test)
     ood = {name: temperature.apply(_probs(model, xo, method)) for name, xo in ood_sets(x_test, seed).items()}
@@ -180,7 +157,7 @@ def run_reference(arm, seed) -> dict:
     import tensorflow as tf
 
     from tfdpbnn.commands import train_recipes
-    from tfdpbnn.uncertainty import conformal_threshold, fit_temperature
+    from tfdpbnn.uncertainty import CalibrationPlan, conformal_threshold, fit_temperature
 
     start = time.perf_counter()
     tf.keras.backend.clear_session()
@@ -191,7 +168,7 @@ def run_reference(arm, seed) -> dict:
     train_recipes.pretrain_arrays(model, x, y, seed, train_recipes.PublicPretraining())
     cal = _probs(model, x_cal, "sgd")
     temperature = fit_temperature(cal, y_cal)
-    threshold = conformal_threshold(temperature.apply(cal), y_cal, alpha=ALPHA)
+    threshold = conformal_threshold(temperature.apply(cal), y_cal, alpha=CalibrationPlan().alpha)
     test = _probs(model, x_test, "sgd")
     calibrated = temperature.apply(test)
     ood = {name: temperature.apply(_probs(model, xo, "sgd")) for name, xo in ood_sets(x_test, seed).items()}

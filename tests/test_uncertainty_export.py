@@ -46,3 +46,40 @@ def test_calibration_is_served_and_its_cost_recorded(tmp_path):
         assert list(json.load(fh)) == ["calibration"]
     with pytest.raises(ValueError, match="calibration must be None or a TemperatureScaling"):
         export_saved_model(model, str(tmp_path / "bad"), calibration=1.5)
+
+
+def test_private_calibration_is_composed_into_the_trained_models_epsilon(tmp_path):
+    # A DP-trained model, then a private temperature and a private threshold on held-out private data: the
+    # export's statement composes both with training (RDP, the optimizer's accountant), checked against an
+    # independent dp-accounting composition; training_epsilon keeps the training alone.
+    import dp_accounting
+
+    import tfdpbnn
+    from tfdpbnn.uncertainty import private_conformal_threshold
+
+    x = RNG.normal(size=(64, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 2.0, num_examples=64, batch_size=16, delta=1e-5)
+    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    held = RNG.normal(size=(300, 4)).astype("float32")
+    held_y = (held[:, 0] > 0).astype("int64")
+    probs = tf.nn.softmax(model(held)).numpy()
+    temperature = fit_temperature_private(probs, held_y, epsilon=0.5, delta=1e-5, seed=0)
+    sets = private_conformal_threshold(temperature.apply(probs), held_y, 0.1, epsilon=0.5, delta=1e-5, seed=1)
+    path = export_saved_model(model, str(tmp_path / "m"), calibration=temperature, prediction_sets=sets)
+    with open(os.path.join(path, "assets", "privacy.json")) as fh:
+        privacy = json.load(fh)
+    training = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(2.0), 2)  # 2 passes, shuffle
+    alone = dp_accounting.rdp.RdpAccountant().compose(training).get_epsilon(1e-5)
+    total = dp_accounting.rdp.RdpAccountant().compose(dp_accounting.ComposedDpEvent(
+        [training, temperature.privacy.dp_event, sets.privacy.dp_event])).get_epsilon(1e-5)
+    assert privacy["training_epsilon"] == pytest.approx(alone, rel=1e-3)
+    assert privacy["epsilon"] == pytest.approx(total, rel=1e-3)
+    assert privacy["epsilon"] > privacy["training_epsilon"] + 0.1
+    assert [r["privacy"]["epsilon"] for r in privacy["releases"]] == pytest.approx(
+        [temperature.privacy.epsilon, sets.privacy.epsilon])
+    assert optimizer.privacy_statement()["epsilon"] == pytest.approx(total, rel=1e-3)  # recorded on it too
+    with pytest.raises(ValueError, match="release"):
+        optimizer.record_release(0.5)

@@ -112,7 +112,9 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
     ``prediction_set``, a boolean [n, C] mask {y : 1 - p(y | x) <= q} of the calibrated mean when
     ``calibration`` is given (fit the threshold on calibrated probabilities then), else of the mean. Their
     parameters go to ``mc_predict.json``; their privacy costs (event and epsilon) are listed under
-    ``"calibration"`` in ``privacy.json`` (written even without a training statement).
+    ``"calibration"`` in ``privacy.json`` (written even without a training statement). When the statement
+    comes from the model's DP optimizer (``privacy=None``), they are also recorded with
+    ``optimizer.record_release``, so the statement's ``epsilon`` composes them with training.
 
     ``num_samples`` (integer >= 1) is the recommended default, written with the task to
     ``<path>/assets/mc_predict.json``. The optimizer is not saved (``include_optimizer=False``).
@@ -129,6 +131,11 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
     from_logits = resolve_from_logits(model, from_logits) if task == "classification" else False
     spec = _input_spec(model, input_signature)
     records = _check_calibration(calibration, prediction_sets, task)
+    record_release = getattr(getattr(model, "optimizer", None), "record_release", None)
+    if privacy is None and callable(record_release):  # compose them into the statement's epsilon
+        for release in (calibration, prediction_sets):
+            if release is not None:
+                record_release(release)
     privacy_json = _with_calibration(_privacy_dict(model, privacy), records)
 
     @tf.function(input_signature=[spec])

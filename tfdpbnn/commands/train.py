@@ -66,6 +66,11 @@ def add_parser(subparsers) -> None:
                         "pip install 'tfdpbnn[public]'); public data cost no privacy: epsilon is unchanged")
     p.add_argument("--public-epochs", type=int, default=None,
                    help="epochs of the public pretraining (default: the pretraining recipe, 20)")
+    p.add_argument("--calibration-split", type=float, default=0.0,
+                   help="hold out this fraction of the training data (private) to fit a temperature and 90%% "
+                        "prediction sets privately after training (tfdpbnn.uncertainty.CalibrationPlan); the "
+                        "training noise leaves room for them, so --epsilon covers training and calibration "
+                        "(default 0: no calibration)")
     p.add_argument("--data-dir", default=None, help="TFDS data directory (mnist, fashion_mnist, cifar10)")
     p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")
     p.set_defaults(func=run)
@@ -97,6 +102,12 @@ def _check(args):
     public_epochs = getattr(args, "public_epochs", None)
     if public_epochs is not None and (public_epochs < 1 or getattr(args, "public", None) is None):
         raise ValueError(f"--public-epochs must be an integer >= 1 and needs --public, got {public_epochs}")
+    split = getattr(args, "calibration_split", 0.0)
+    if not (0.0 <= split < 1.0):
+        raise ValueError(f"--calibration-split must be in [0, 1) (0: no calibration), got {split}")
+    if split > 0 and args.method == "sidp":
+        raise ValueError("--calibration-split: sidp's released sample is accounted by its own rule; "
+                         "calibrating it is not supported (use another --method, or 0)")
     if getattr(args, "public", None) is not None and args.dataset != "digits":
         raise ValueError(f"--public {args.public} is in DIGITS' format: it needs --dataset digits, got "
                          f"--dataset {args.dataset}")
@@ -110,7 +121,13 @@ def train(args) -> dict:
     import tfdpbnn
     from tfdpbnn import privacy
     from tfdpbnn.commands.train_recipes import build_model, build_optimizer
-    from tfdpbnn.uncertainty import expected_calibration_error, mc_predict, reliability_diagram
+    from tfdpbnn.uncertainty import (
+        CalibrationPlan,
+        coverage_and_size,
+        expected_calibration_error,
+        mc_predict,
+        reliability_diagram,
+    )
 
     _check(args)
     recipe = dataclasses.replace(RECIPES[args.method])
@@ -125,6 +142,14 @@ def train(args) -> dict:
     if getattr(args, "public", None) is not None:
         recipe.learning_rate = recipe.public_learning_rate  # fine-tuning a pretrained network
     (x, y), (x_test, y_test) = _load(args.dataset, args.data_dir, args.seed)
+    plan = CalibrationPlan() if getattr(args, "calibration_split", 0.0) > 0 else None
+    if plan is not None:  # a public, seeded split: held-out private examples for the calibration releases
+        order = np.random.default_rng(args.seed).permutation(len(x))
+        cut = int(round(args.calibration_split * len(x)))
+        if cut < 10 or len(x) - cut < 10:
+            raise ValueError(f"--calibration-split {args.calibration_split} leaves {cut} calibration and "
+                             f"{len(x) - cut} training examples; each needs at least 10")
+        (x_cal, y_cal), (x, y) = (x[order[:cut]], y[order[:cut]]), (x[order[cut:]], y[order[cut:]])
     n = len(x)
     batch_size = args.batch_size or max(1, int(round(recipe.sample_rate * n)))
     if batch_size > n:
@@ -150,7 +175,9 @@ def train(args) -> dict:
         print(f"tfdpbnn train: pretrained on public {public} ({public_info['examples']} examples, "
               f"{public_info['settings']['epochs']} epochs, no privacy cost; train accuracy "
               f"{public_info['final_train_accuracy']:.3f}) in {public_info['seconds']:.1f} s")
-    optimizer = build_optimizer(args.method, recipe, args.epsilon, args.delta, n, batch_size)
+    other_events = plan.events(args.epsilon, args.delta, recipe.accountant) if plan is not None else ()
+    optimizer = build_optimizer(args.method, recipe, args.epsilon, args.delta, n, batch_size,
+                                other_events=other_events)
     model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     steps_per_epoch = int(math.ceil(n / batch_size))
@@ -177,18 +204,34 @@ def train(args) -> dict:
     if args.method == "sidp":
         # Release (and evaluate, and export) one sample theta = mu + s xi, what Davody et al. (2020) releases.
         optimizer.release_weights(model)
-    if sampler is not None and sampler.samples:
-        prediction = mc_predict(model, x_test, weight_snapshots=sampler.samples, from_logits=True)
-    else:
+    def predict(inputs):
+        if sampler is not None and sampler.samples:
+            snapshots = sampler.samples
+            return np.asarray(mc_predict(model, inputs, weight_snapshots=snapshots, from_logits=True).mean)
         samples = recipe.mc_samples if args.method in STOCHASTIC else 1
-        prediction = mc_predict(model, x_test, num_samples=samples, from_logits=True)
-    probs = np.asarray(prediction.mean)
+        return np.asarray(mc_predict(model, inputs, num_samples=samples, from_logits=True).mean)
+
+    probs = predict(x_test)
     accuracy = float(np.mean(np.argmax(probs, axis=1) == y_test))
     ece = expected_calibration_error(probs, y_test)
+    calibration = None
+    temperature = threshold = None
+    if plan is not None:  # private fits on the held-out split, composed into the statement's epsilon
+        temperature, threshold = plan.fit(predict(x_cal), y_cal, args.epsilon, args.delta, recipe.accountant,
+                                          seeds=(secret % (2 ** 31), (secret // 3) % (2 ** 31)))
+        optimizer.record_release(temperature)
+        optimizer.record_release(threshold)
+        calibrated = temperature.apply(probs)
+        coverage, set_size = coverage_and_size(threshold.predict_sets(calibrated), y_test)
+        calibration = {"held_out_examples": len(x_cal), "temperature": temperature.temperature,
+                       "threshold": threshold.threshold, "ece_calibrated": expected_calibration_error(
+                           calibrated, y_test), "coverage": coverage, "set_size": set_size,
+                       "alpha": plan.alpha, "plan": dataclasses.asdict(plan)}
     statement = optimizer.privacy_statement()
     saved_model = tfdpbnn.export_saved_model(model, os.path.join(out, "saved_model"),
                                              num_samples=recipe.mc_samples, privacy=statement,
-                                             from_logits=True)
+                                             from_logits=True, calibration=temperature,
+                                             prediction_sets=threshold)
     title = f"{args.method} on {args.dataset}, epsilon {statement['epsilon']:.3g}"
     diagram = os.path.join(out, "reliability.png")
     reliability_diagram(probs, y_test, diagram, title=title)  # returns the Figure; saved at `diagram`
@@ -202,15 +245,21 @@ def train(args) -> dict:
         "batch_size": batch_size, "sample_rate": q, "steps": optimizer.steps, "epochs": recipe.epochs,
         "train_seconds": train_seconds, "seed": args.seed, "recipe": dataclasses.asdict(recipe),
         "privacy_statement": statement, "saved_model": saved_model, "reliability_diagram": diagram,
-        "public_data": public_info,
+        "public_data": public_info, "calibration": calibration,
     }
     with open(os.path.join(out, "summary.json"), "w") as fh:
         json.dump(summary, fh, indent=2, default=float)
     print(f"test accuracy: {accuracy:.4f}   ECE: {ece:.4f}   ({train_seconds:.1f} s training, "
           f"{optimizer.steps} steps; one seed: --seed {args.seed} and the secret key in "
           f"{args.secret_key_file})")
+    if calibration is not None:
+        print(f"calibrated (private temperature {calibration['temperature']:.3g} and 90% prediction sets, "
+              f"fit on {calibration['held_out_examples']} held-out training examples): ECE "
+              f"{calibration['ece_calibrated']:.4f}   prediction sets: coverage "
+              f"{calibration['coverage']:.3f}, mean size {calibration['set_size']:.2f}")
     print(f"epsilon at delta={args.delta:g}, upper bounds for everything this command did with the training "
-          f"data (one training run; the test set is public):")
+          "data (one training run" + (", the private temperature and prediction sets, composed"
+                                      if calibration else "") + "; the test set is public):")
     if public_info is not None:
         print(f"  (public data used: {public} pretraining, {public_info['examples']} examples; public data "
               f"cost no privacy, so these bounds are those of the private run alone)")

@@ -90,15 +90,31 @@ def build_model(method: str, input_shape, num_classes: int, num_examples: int, h
 
 
 def build_optimizer(method: str, recipe: Recipe, epsilon: float, delta: float, num_examples: int,
-                    batch_size: int):
+                    batch_size: int, other_events=()):
     """The DP optimizer of ``method``, its noise calibrated to (epsilon, delta) by ``recipe.accountant``.
 
-    Calibrated under Poisson sampling for ``recipe.epochs`` epochs.
+    Calibrated under Poisson sampling for ``recipe.epochs`` epochs; with ``other_events`` (the ``DpEvent``s
+    of releases that follow training, e.g. ``CalibrationPlan.events``), the noise leaves room for them
+    (``tfdpbnn.privacy.calibrate_noise(other_events=...)``).
     """
-    from tfdpbnn import optimizers
+    import math
+
+    from tfdpbnn import optimizers, privacy
 
     common = dict(target_epsilon=epsilon, delta=delta, num_examples=num_examples, batch_size=batch_size,
                   epochs=recipe.epochs, accountant=recipe.accountant, sampling="poisson")
+    if other_events:
+        steps = recipe.epochs * math.ceil(num_examples / batch_size)
+        sigma = privacy.calibrate_noise(epsilon, delta, batch_size / num_examples, steps, recipe.accountant,
+                                        other_events=other_events)
+        common = dict(delta=delta, num_examples=num_examples, batch_size=batch_size,
+                      accountant=recipe.accountant, sampling="poisson")
+        if method == "dpsgld":  # its noise is set by its step size (Zhang et al. 2022, Theorem 1)
+            from tfdpbnn.optimizers.dpsgld import sgld_learning_rate
+
+            rate = sgld_learning_rate(sigma, recipe.clip, num_examples, batch_size)
+            return optimizers.DPSGLDOptimizer(recipe.clip, learning_rate=rate, **common)
+        common["noise_multiplier"] = sigma
     if method == "dpsgld":
         return optimizers.DPSGLDOptimizer(recipe.clip, **common)
     cls = {"dpvd": optimizers.DPVDOptimizer, "sidp": optimizers.SIDPOptimizer}.get(

@@ -248,6 +248,7 @@ class DPOptimizerMixin:
         self._dp_batch_call_limit = None
         self._dp_record = RunRecord(self)
         self._dp_uncovered = {}
+        self._dp_releases = []
         self.mechanism = _OptimizerMechanism(
             self._dp_l2_norm_clip, self._dp_noise_multiplier, self._dp_batch_size, scale=self._dp_sum_scale,
             clipping_method=clipping_method, secure_mode=secure_mode, neighboring=neighboring,
@@ -413,6 +414,26 @@ class DPOptimizerMixin:
         """Record that this run released ``kind`` (a key of ``UNCOVERED_RELEASES``), for the statement."""
         self._dp_uncovered[check_choice("kind", kind, tuple(self.UNCOVERED_RELEASES))] = \
             self.UNCOVERED_RELEASES[kind]
+
+    def record_release(self, release) -> None:
+        """Compose a private release of this model's data into its privacy statement.
+
+        ``release``: what a private fit on the private data returned, such as
+        ``tfdpbnn.uncertainty.fit_temperature_private`` or ``private_conformal_threshold`` (anything with a
+        ``privacy`` attribute holding a ``dp_event``, e.g. ``tfdpbnn.uncertainty.PrivacyCost``). From then on
+        the statement's ``epsilon`` composes its event with the training ledger (sequential composition,
+        one accountant; ``training_epsilon`` keeps the training alone) and lists it under ``releases``.
+        Recording the same object twice counts it once.
+        """
+        import dp_accounting
+
+        cost = getattr(release, "privacy", None)
+        if not isinstance(getattr(cost, "dp_event", None), dp_accounting.DpEvent):
+            raise ValueError("release must have a `privacy` attribute with a dp_accounting DpEvent (e.g. the "
+                             "result of tfdpbnn.uncertainty.fit_temperature_private), got "
+                             f"{type(release).__name__}")
+        if all(r is not release for r in self._dp_releases):
+            self._dp_releases.append(release)
 
     def _dp_statement_extras(self) -> dict:
         return {}

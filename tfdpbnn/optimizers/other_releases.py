@@ -1,8 +1,11 @@
 """Releases of the private data besides the optimizer's steps, put into its privacy statement.
 
-Two kinds, each composed with the training ledger so that the statement's ``epsilon`` covers what really
+Three kinds, each composed with the training ledger so that the statement's ``epsilon`` covers what really
 ran (the training-only value stays beside it as ``training_epsilon``):
 
+- private releases recorded with ``optimizer.record_release`` (a private temperature or conformal
+  threshold fit on held-out private data): each one's ``DpEvent`` is composed like a DP preprocessing
+  release;
 - DP preprocessing (``tfdpbnn.preprocessing.private_adapt_normalization``): each release's ``DpEvent`` is
   composed with the ledger's by every sound accountant (``ComposedDpEvent``); layers asserted public are
   listed under ``asserted_by_user``.
@@ -70,12 +73,16 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
         statement["asserted_by_user"] = list(statement["asserted_by_user"]) + [
             f"preprocessing layer {a['layer']!r} ({a['type']}) adapted on public data: {a['reason']}"
             for a in found["asserted_public"]]
-    if not found["dp"] and search is None:
+    releases = list(getattr(optimizer, "_dp_releases", []))
+    if releases:
+        statement["releases"] = [r.as_dict() if hasattr(r, "as_dict") else {"privacy": r.privacy.as_dict()}
+                                 for r in releases]
+    if not found["dp"] and not releases and search is None:
         return statement
     ledger = optimizer.ledger
     statement["training_epsilon"] = statement["epsilon"]
     statement["training_epsilon_by_accountant"] = statement["epsilon_by_accountant"]
-    events = [r.event() for r in found["dp"]]
+    events = [r.event() for r in found["dp"]] + [r.privacy.dp_event for r in releases]
     if search is None:
         composed = dp_accounting.ComposedDpEvent([ledger.event(), *events])
         by_accountant = {}
@@ -86,7 +93,10 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
                 by_accountant[name] = None
         statement["epsilon"] = _epsilon_of(composed, delta, optimizer.accountant, ledger.neighboring)
         statement["epsilon_by_accountant"] = by_accountant
-        statement["epsilon_covers"] = "the training ledger and the DP preprocessing releases, composed"
+        statement["epsilon_covers"] = "the training ledger, " + ", ".join(
+            (["the DP preprocessing releases"] if found["dp"] else [])
+            + (["the recorded private releases (calibration, prediction sets)"] if releases else [])) + \
+            ", composed"
         return statement
     curve = np.asarray(search.rdp, dtype=np.float64)
     after = ledger.steps > search.steps_at_selection
@@ -104,7 +114,8 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
     statement["epsilon_covers"] = (
         "the hyperparameter search that selected this model (every trial, the noisy scores, the selection; "
         "RDP)" + (", the training after the selection (the whole ledger again, an upper bound)" if after
-                  else "") + (", the DP preprocessing releases" if events else ""))
+                  else "") + (", the DP preprocessing releases" if found["dp"] else "")
+        + (", the recorded private releases" if releases else ""))
     return statement
 
 

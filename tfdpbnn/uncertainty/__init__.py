@@ -11,6 +11,7 @@ from tfdpbnn.uncertainty.calibration import (
     maximum_calibration_error,
     reliability_diagram,
 )
+from tfdpbnn.uncertainty.calibration_plan import CalibrationPlan
 from tfdpbnn.uncertainty.conformal import (
     ConformalThreshold,
     conformal_threshold,
@@ -33,7 +34,8 @@ from tfdpbnn.uncertainty.temperature import (
 )
 
 __all__ = [
-    "ConformalThreshold", "ExpectedCalibrationError", "HeteroscedasticGaussianNLL", "HeteroscedasticHead",
+    "CalibrationPlan", "ConformalThreshold", "ExpectedCalibrationError", "HeteroscedasticGaussianNLL",
+    "HeteroscedasticHead",
     "MCPrediction", "MaximumCalibrationError", "PrivacyCost", "TemperatureScaling", "conformal_threshold",
     "conformity_scores", "coverage_and_size", "expected_calibration_error", "fit_temperature",
     "fit_temperature_private", "heteroscedastic_nll", "maximum_calibration_error", "mc_predict",
