@@ -67,10 +67,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--public-epochs", type=int, default=None,
                    help="epochs of the public pretraining (default: the pretraining recipe, 20)")
     p.add_argument("--calibration-split", type=float, default=0.0,
-                   help="hold out this fraction of the training data (private) to fit a temperature and 90%% "
-                        "prediction sets privately after training (tfdpbnn.uncertainty.CalibrationPlan); the "
-                        "training noise leaves room for them, so --epsilon covers training and calibration "
+                   help="hold out about this fraction of the training records (private; chosen record by "
+                        "record) to fit a temperature and 90%% prediction sets privately after training "
+                        "(tfdpbnn.uncertainty.CalibrationPlan); --epsilon covers training and calibration "
                         "(default 0: no calibration)")
+    p.add_argument("--calibration-composition", default="parallel", choices=("parallel", "sequential"),
+                   help="parallel (default): the held-out records are disjoint from training, so each part "
+                        "gets the whole epsilon (McSherry 2009); sequential: the training noise leaves room "
+                        "for the calibration releases")
     p.add_argument("--data-dir", default=None, help="TFDS data directory (mnist, fashion_mnist, cifar10)")
     p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")
     p.set_defaults(func=run)
@@ -127,6 +131,7 @@ def train(args) -> dict:
         expected_calibration_error,
         mc_predict,
         reliability_diagram,
+        split_by_record,
     )
 
     _check(args)
@@ -142,14 +147,14 @@ def train(args) -> dict:
     if getattr(args, "public", None) is not None:
         recipe.learning_rate = recipe.public_learning_rate  # fine-tuning a pretrained network
     (x, y), (x_test, y_test) = _load(args.dataset, args.data_dir, args.seed)
-    plan = CalibrationPlan() if getattr(args, "calibration_split", 0.0) > 0 else None
-    if plan is not None:  # a public, seeded split: held-out private examples for the calibration releases
-        order = np.random.default_rng(args.seed).permutation(len(x))
-        cut = int(round(args.calibration_split * len(x)))
-        if cut < 10 or len(x) - cut < 10:
-            raise ValueError(f"--calibration-split {args.calibration_split} leaves {cut} calibration and "
-                             f"{len(x) - cut} training examples; each needs at least 10")
-        (x_cal, y_cal), (x, y) = (x[order[:cut]], y[order[:cut]]), (x[order[cut:]], y[order[cut:]])
+    plan = None
+    if getattr(args, "calibration_split", 0.0) > 0:  # held-out private records for the calibration releases
+        plan = CalibrationPlan(composition=args.calibration_composition)
+        held = split_by_record([x, y], args.calibration_split, key=args.seed)  # record by record (public key)
+        if held.sum() < 10 or (~held).sum() < 10:
+            raise ValueError(f"--calibration-split {args.calibration_split} leaves {held.sum()} calibration "
+                             f"and {(~held).sum()} training examples; each needs at least 10")
+        (x_cal, y_cal), (x, y) = (x[held], y[held]), (x[~held], y[~held])
     n = len(x)
     batch_size = args.batch_size or max(1, int(round(recipe.sample_rate * n)))
     if batch_size > n:
@@ -175,7 +180,7 @@ def train(args) -> dict:
         print(f"tfdpbnn train: pretrained on public {public} ({public_info['examples']} examples, "
               f"{public_info['settings']['epochs']} epochs, no privacy cost; train accuracy "
               f"{public_info['final_train_accuracy']:.3f}) in {public_info['seconds']:.1f} s")
-    other_events = plan.events(args.epsilon, args.delta, recipe.accountant) if plan is not None else ()
+    other_events = plan.training_events(args.epsilon, args.delta, recipe.accountant) if plan else ()
     optimizer = build_optimizer(args.method, recipe, args.epsilon, args.delta, n, batch_size,
                                 other_events=other_events)
     model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -219,14 +224,15 @@ def train(args) -> dict:
     if plan is not None:  # private fits on the held-out split, composed into the statement's epsilon
         temperature, threshold = plan.fit(predict(x_cal), y_cal, args.epsilon, args.delta, recipe.accountant,
                                           seeds=(secret % (2 ** 31), (secret // 3) % (2 ** 31)))
-        optimizer.record_release(temperature)
-        optimizer.record_release(threshold)
+        optimizer.record_release(temperature, plan.composition)
+        optimizer.record_release(threshold, plan.composition)
         calibrated = temperature.apply(probs)
         coverage, set_size = coverage_and_size(threshold.predict_sets(calibrated), y_test)
         calibration = {"held_out_examples": len(x_cal), "temperature": temperature.temperature,
                        "threshold": threshold.threshold, "ece_calibrated": expected_calibration_error(
                            calibrated, y_test), "coverage": coverage, "set_size": set_size,
-                       "alpha": plan.alpha, "plan": dataclasses.asdict(plan)}
+                       "alpha": plan.alpha, "plan": dataclasses.asdict(plan),
+                       "release_epsilons": plan.release_epsilons(args.epsilon, args.delta, recipe.accountant)}
     statement = optimizer.privacy_statement()
     saved_model = tfdpbnn.export_saved_model(model, os.path.join(out, "saved_model"),
                                              num_samples=recipe.mc_samples, privacy=statement,

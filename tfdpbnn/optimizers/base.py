@@ -415,15 +415,18 @@ class DPOptimizerMixin:
         self._dp_uncovered[check_choice("kind", kind, tuple(self.UNCOVERED_RELEASES))] = \
             self.UNCOVERED_RELEASES[kind]
 
-    def record_release(self, release) -> None:
+    def record_release(self, release, composition="sequential") -> None:
         """Compose a private release of this model's data into its privacy statement.
 
         ``release``: what a private fit on the private data returned, such as
         ``tfdpbnn.uncertainty.fit_temperature_private`` or ``private_conformal_threshold`` (anything with a
         ``privacy`` attribute holding a ``dp_event``, e.g. ``tfdpbnn.uncertainty.PrivacyCost``). From then on
-        the statement's ``epsilon`` composes its event with the training ledger (sequential composition,
-        one accountant; ``training_epsilon`` keeps the training alone) and lists it under ``releases``.
-        Recording the same object twice counts it once.
+        the statement's ``epsilon`` covers it (``training_epsilon`` keeps the training alone) and lists it
+        under ``releases``. ``composition``: "sequential" (its event composed with the training ledger, one
+        accountant) or "parallel" (fit on records held out of training by
+        ``tfdpbnn.uncertainty.split_by_record``: the parallel releases are composed with each other and the
+        statement takes the larger of that and the training's epsilon, McSherry 2009; add/remove adjacency
+        only). Recording the same object twice counts it once.
         """
         import dp_accounting
 
@@ -432,8 +435,12 @@ class DPOptimizerMixin:
             raise ValueError("release must have a `privacy` attribute with a dp_accounting DpEvent (e.g. the "
                              "result of tfdpbnn.uncertainty.fit_temperature_private), got "
                              f"{type(release).__name__}")
-        if all(r is not release for r in self._dp_releases):
-            self._dp_releases.append(release)
+        check_choice("composition", composition, ("sequential", "parallel"))
+        if composition == "parallel" and self.neighboring != "add_or_remove":
+            raise ValueError(f"composition: parallel composition over a record-wise split needs add/remove "
+                             f"adjacency, this optimizer uses {self.neighboring!r}; use 'sequential'")
+        if all(r is not release for r, _ in self._dp_releases):
+            self._dp_releases.append((release, composition))
 
     def _dp_statement_extras(self) -> dict:
         return {}

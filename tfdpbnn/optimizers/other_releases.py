@@ -73,15 +73,21 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
         statement["asserted_by_user"] = list(statement["asserted_by_user"]) + [
             f"preprocessing layer {a['layer']!r} ({a['type']}) adapted on public data: {a['reason']}"
             for a in found["asserted_public"]]
-    releases = list(getattr(optimizer, "_dp_releases", []))
-    if releases:
-        statement["releases"] = [r.as_dict() if hasattr(r, "as_dict") else {"privacy": r.privacy.as_dict()}
-                                 for r in releases]
-    if not found["dp"] and not releases and search is None:
+    recorded = list(getattr(optimizer, "_dp_releases", []))
+    releases = [r for r, how in recorded if how == "sequential"]
+    parallel = [r for r, how in recorded if how == "parallel"]
+    if recorded:
+        statement["releases"] = [
+            dict(r.as_dict() if hasattr(r, "as_dict") else {"privacy": r.privacy.as_dict()}, composition=how)
+            for r, how in recorded]
+    if not found["dp"] and not recorded and search is None:
         return statement
     ledger = optimizer.ledger
     statement["training_epsilon"] = statement["epsilon"]
     statement["training_epsilon_by_accountant"] = statement["epsilon_by_accountant"]
+    if parallel and search is not None:
+        raise ValueError("record_release: parallel releases on a model selected by private_search are not "
+                         "supported; record them with composition='sequential'")
     events = [r.event() for r in found["dp"]] + [r.privacy.dp_event for r in releases]
     if search is None:
         composed = dp_accounting.ComposedDpEvent([ledger.event(), *events])
@@ -93,10 +99,26 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
                 by_accountant[name] = None
         statement["epsilon"] = _epsilon_of(composed, delta, optimizer.accountant, ledger.neighboring)
         statement["epsilon_by_accountant"] = by_accountant
-        statement["epsilon_covers"] = "the training ledger, " + ", ".join(
-            (["the DP preprocessing releases"] if found["dp"] else [])
+        statement["epsilon_covers"] = ", ".join(
+            ["the training ledger"] + (["the DP preprocessing releases"] if found["dp"] else [])
             + (["the recorded private releases (calibration, prediction sets)"] if releases else [])) + \
             ", composed"
+        if parallel:  # disjoint records: the larger of the two parts' epsilons (parallel composition)
+            held_out = dp_accounting.ComposedDpEvent([r.privacy.dp_event for r in parallel])
+
+            def part(name):
+                return _epsilon_of(held_out, delta, name, ledger.neighboring)
+
+            for name, value in by_accountant.items():
+                if value is not None:
+                    try:
+                        by_accountant[name] = max(value, part(name))
+                    except dp_accounting.UnsupportedEventError:
+                        by_accountant[name] = None
+            statement["epsilon"] = max(statement["epsilon"], part(optimizer.accountant))
+            statement["epsilon_covers"] += (
+                "; the releases fit on held-out records (split record by record, disjoint from training) "
+                "by parallel composition: the larger of their composed epsilon and the above")
         return statement
     curve = np.asarray(search.rdp, dtype=np.float64)
     after = ledger.steps > search.steps_at_selection

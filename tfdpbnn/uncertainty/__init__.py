@@ -11,7 +11,7 @@ from tfdpbnn.uncertainty.calibration import (
     maximum_calibration_error,
     reliability_diagram,
 )
-from tfdpbnn.uncertainty.calibration_plan import CalibrationPlan
+from tfdpbnn.uncertainty.calibration_plan import CalibrationPlan, split_by_record
 from tfdpbnn.uncertainty.conformal import (
     ConformalThreshold,
     conformal_threshold,
@@ -39,5 +39,5 @@ __all__ = [
     "MCPrediction", "MaximumCalibrationError", "PrivacyCost", "TemperatureScaling", "conformal_threshold",
     "conformity_scores", "coverage_and_size", "expected_calibration_error", "fit_temperature",
     "fit_temperature_private", "heteroscedastic_nll", "maximum_calibration_error", "mc_predict",
-    "private_conformal_threshold", "reliability_diagram", "scale_probabilities",
+    "private_conformal_threshold", "reliability_diagram", "scale_probabilities", "split_by_record",
 ]

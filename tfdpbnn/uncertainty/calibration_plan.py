@@ -1,35 +1,68 @@
-"""How one stated epsilon is shared between DP training and the private calibration that follows it.
+"""How one stated epsilon covers DP training and the private calibration that follows it.
 
 A model calibrated on private held-out data releases two more things about that data: a temperature (Guo
 et al. 2017; ``fit_temperature_private``, Gaussian noisy bisection) and a split-conformal threshold
 (Angelopoulos et al. 2022; ``private_conformal_threshold``). Their noise is fixed by their own epsilon and
-number of queries alone, so their ``DpEvent``s are known before any data is read; the training noise is
-then the smallest whose composition with them meets the stated epsilon
-(``tfdpbnn.privacy.calibrate_noise(other_events=...)``, sequential composition under one accountant: no
-disjointness of the training and held-out examples is assumed).
+number of queries alone, so their ``DpEvent``s are known before any data is read. Two ways to stay inside
+one stated epsilon:
 
-The default shares were fixed from the noise they imply alone: at a stated epsilon of 1 (PLD, delta 1e-5)
-the threshold's safety margin is 34 counts and the temperature's noise standard deviation 98 clipped terms,
-against the 359 held-out DIGITS images of a 25% split.
+- ``"parallel"`` (default): the held-out part is chosen record by record, by a keyed hash of each record's
+  bytes (``split_by_record``), so adding or removing one record changes one part only and leaves every
+  other record where it was. Training on one part and calibrating on the other is then parallel
+  composition (McSherry 2009): training gets the whole epsilon, and the two calibration releases together
+  get the whole epsilon on their part (their noise scaled so that their composition meets it). Valid under
+  add/remove adjacency (a replaced record may move between the parts).
+- ``"sequential"``: any split; the training noise is the smallest whose composition with the two releases
+  meets the stated epsilon (``tfdpbnn.privacy.calibrate_noise(other_events=...)``), and the releases get
+  ``temperature_share`` and ``conformal_share`` of it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 
-from tfdpbnn._validation import check_open_unit, check_positive, check_positive_int
+import numpy as np
+
+from tfdpbnn._validation import check_choice, check_open_unit, check_positive, check_positive_int
+
+COMPOSITIONS = ("parallel", "sequential")
+
+
+def split_by_record(arrays, fraction, key):
+    """Boolean mask of the held-out records: SHA-256(``key``, record bytes) below ``fraction``.
+
+    ``arrays``: arrays with one row per record (features, labels); a record's membership depends on its own
+    bytes and the (public) integer ``key`` only, which is what parallel composition needs.
+    """
+    fraction = check_open_unit("fraction", fraction)
+    if isinstance(key, bool) or not isinstance(key, int | np.integer):
+        raise ValueError(f"key must be an integer, got {type(key).__name__}")
+    arrays = [np.ascontiguousarray(np.asarray(a)) for a in arrays]
+    sizes = {len(a) for a in arrays}
+    if len(sizes) != 1:
+        raise ValueError(f"arrays must have the same number of rows, got {sorted(sizes)}")
+    held = np.zeros(sizes.pop(), dtype=bool)
+    prefix = int(key).to_bytes(16, "little", signed=True)
+    for i in range(len(held)):
+        digest = hashlib.sha256(prefix + b"".join(a[i].tobytes() for a in arrays)).digest()
+        held[i] = int.from_bytes(digest[:8], "little") < fraction * 2.0 ** 64
+    return held
 
 
 @dataclasses.dataclass(frozen=True)
 class CalibrationPlan:
-    """Shares of a stated epsilon spent by a private temperature and a private conformal threshold.
+    """How a private temperature and a private conformal threshold share a stated epsilon.
 
-    ``temperature_share`` / ``conformal_share``: each release's own epsilon as a fraction of the stated
-    one (their composition with training, not their sum, is what the statement reports); ``*_steps``: their
-    numbers of Gaussian queries; ``conformal_gamma``: the share of ``alpha`` spent on the noise; ``alpha``:
-    miscoverage of the prediction sets (0.1: 90% sets).
+    ``composition``: "parallel" or "sequential" (module docstring). ``temperature_share`` /
+    ``conformal_share``: each release's own epsilon as a fraction of the stated one under "sequential";
+    under "parallel" their ratio (both are scaled until their composition meets the stated epsilon).
+    ``*_steps``: their numbers of Gaussian queries; ``conformal_gamma``: the share of ``alpha`` spent on the
+    noise; ``alpha``: miscoverage of the prediction sets (0.1: 90% sets).
     """
 
+    composition: str = "parallel"
     temperature_share: float = 0.2
     temperature_steps: int = 4
     conformal_share: float = 0.5
@@ -38,20 +71,32 @@ class CalibrationPlan:
     alpha: float = 0.1
 
     def __post_init__(self):
+        check_choice("composition", self.composition, COMPOSITIONS)
         for name in ("temperature_share", "conformal_share", "conformal_gamma", "alpha"):
             check_open_unit(name, getattr(self, name))
         check_positive_int("temperature_steps", self.temperature_steps)
         check_positive_int("conformal_steps", self.conformal_steps)
 
-    def events(self, epsilon, delta, accountant="rdp"):
-        """The two releases' ``DpEvent``s at a stated ``epsilon`` (they depend on no data)."""
+    def release_epsilons(self, epsilon, delta, accountant="rdp"):
+        """``(temperature epsilon, conformal epsilon)``, each release's own, at a stated ``epsilon``."""
+        epsilon = check_positive("epsilon", epsilon)
+        if self.composition == "sequential":
+            return self.temperature_share * epsilon, self.conformal_share * epsilon
+        return _parallel_release_epsilons(self, float(epsilon), float(delta), accountant)
+
+    def _events(self, temperature_epsilon, conformal_epsilon, delta, accountant):
         from tfdpbnn.uncertainty.private_release import gaussian_queries
 
-        epsilon = check_positive("epsilon", epsilon)
-        return [gaussian_queries(self.temperature_share * epsilon, delta, self.temperature_steps,
-                                 "temperature", accountant)[1].dp_event,
-                gaussian_queries(self.conformal_share * epsilon, delta, self.conformal_steps,
-                                 "conformal", accountant)[1].dp_event]
+        return [gaussian_queries(temperature_epsilon, delta, self.temperature_steps, "temperature",
+                                 accountant)[1].dp_event,
+                gaussian_queries(conformal_epsilon, delta, self.conformal_steps, "conformal",
+                                 accountant)[1].dp_event]
+
+    def training_events(self, epsilon, delta, accountant="rdp"):
+        """The ``DpEvent``s the training noise must leave room for: none under "parallel"."""
+        if self.composition == "parallel":
+            return []
+        return self._events(*self.release_epsilons(epsilon, delta, accountant), delta, accountant)
 
     def fit(self, probs, labels, epsilon, delta, accountant="rdp", seeds=(None, None)):
         """``(TemperatureScaling, ConformalThreshold)`` fit privately on held-out ``probs``/``labels``.
@@ -61,15 +106,38 @@ class CalibrationPlan:
         from tfdpbnn.uncertainty.conformal import private_conformal_threshold
         from tfdpbnn.uncertainty.temperature import fit_temperature_private
 
-        epsilon = check_positive("epsilon", epsilon)
-        temperature = fit_temperature_private(probs, labels, self.temperature_share * epsilon, delta,
-                                              steps=self.temperature_steps, accountant=accountant,
-                                              seed=seeds[0])
-        threshold = private_conformal_threshold(temperature.apply(probs), labels, self.alpha,
-                                                self.conformal_share * epsilon, delta,
+        eps_t, eps_c = self.release_epsilons(epsilon, delta, accountant)
+        temperature = fit_temperature_private(probs, labels, eps_t, delta, steps=self.temperature_steps,
+                                              accountant=accountant, seed=seeds[0])
+        threshold = private_conformal_threshold(temperature.apply(probs), labels, self.alpha, eps_c, delta,
                                                 steps=self.conformal_steps, gamma=self.conformal_gamma,
                                                 accountant=accountant, seed=seeds[1])
         return temperature, threshold
 
 
-__all__ = ["CalibrationPlan"]
+@functools.lru_cache(maxsize=32)
+def _parallel_release_epsilons(plan, epsilon, delta, accountant):
+    """The two releases' epsilons, in the plan's ratio, scaled until their composition meets ``epsilon``."""
+    import dp_accounting
+
+    from tfdpbnn.privacy.registry import get_accountant
+
+    ratio = plan.temperature_share / (plan.temperature_share + plan.conformal_share)
+
+    def composed(scale):
+        events = plan._events(ratio * scale, (1 - ratio) * scale, delta, accountant)
+        return float(get_accountant(accountant).compose(dp_accounting.ComposedDpEvent(events))
+                     .get_epsilon(delta))
+
+    lo, hi = 0.5 * epsilon, epsilon
+    while composed(hi) <= epsilon:
+        lo, hi = hi, 2 * hi
+    while composed(lo) > epsilon:
+        lo /= 2
+    for _ in range(20):  # bisection on the scale, to 1e-6 of it; the result always meets epsilon
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if composed(mid) <= epsilon else (lo, mid)
+    return ratio * lo, (1 - ratio) * lo
+
+
+__all__ = ["COMPOSITIONS", "CalibrationPlan", "split_by_record"]
