@@ -53,11 +53,35 @@ def _rdp_curve(event, neighboring):
     return np.asarray(accountant.compose(event).rdp, dtype=np.float64)
 
 
+def composed_epsilon(optimizer, ledger, delta: float, accountant: str) -> float:
+    """Epsilon of ``ledger`` composed with the optimizer's other releases (see the module).
+
+    Without any it is ``ledger.epsilon``. With DP preprocessing the events compose under ``accountant``.
+    With a search record the composition is by RDP whatever ``accountant`` is (the search's bound is an RDP
+    curve).
+    """
+    from tfdpbnn.privacy.ledger import _epsilon_of
+    from tfdpbnn.tuning import bounds
+
+    found = getattr(optimizer, "_dp_preprocessing", None) or {"dp": []}
+    events = [r.event() for r in found["dp"]]
+    search = getattr(optimizer, SEARCH_ATTRIBUTE, None)
+    if search is None:
+        if not events:
+            return ledger.epsilon(delta, accountant)
+        return _epsilon_of(dp_accounting.ComposedDpEvent([ledger.event(), *events]), delta, accountant,
+                           ledger.neighboring)
+    curve = np.asarray(search.rdp, dtype=np.float64)
+    if ledger.steps > search.steps_at_selection:
+        curve = curve + _rdp_curve(ledger.event(), ledger.neighboring)
+    for event in events:
+        curve = curve + _rdp_curve(event, ledger.neighboring)
+    return bounds.epsilon(bounds.ORDERS, curve, delta)
+
+
 def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
     """``statement`` with the preprocessing and search releases added and composed (see the module)."""
     from tfdpbnn import privacy
-    from tfdpbnn.privacy.ledger import _epsilon_of
-    from tfdpbnn.tuning import bounds
 
     found = getattr(optimizer, "_dp_preprocessing", None) or {"dp": [], "asserted_public": []}
     search = getattr(optimizer, SEARCH_ATTRIBUTE, None)
@@ -75,26 +99,19 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
     ledger = optimizer.ledger
     statement["training_epsilon"] = statement["epsilon"]
     statement["training_epsilon_by_accountant"] = statement["epsilon_by_accountant"]
-    events = [r.event() for r in found["dp"]]
     if search is None:
-        composed = dp_accounting.ComposedDpEvent([ledger.event(), *events])
         by_accountant = {}
         for name in privacy.sound_accountants():
             try:
-                by_accountant[name] = _epsilon_of(composed, delta, name, ledger.neighboring)
+                by_accountant[name] = composed_epsilon(optimizer, ledger, delta, name)
             except dp_accounting.UnsupportedEventError:
                 by_accountant[name] = None
-        statement["epsilon"] = _epsilon_of(composed, delta, optimizer.accountant, ledger.neighboring)
+        statement["epsilon"] = composed_epsilon(optimizer, ledger, delta, optimizer.accountant)
         statement["epsilon_by_accountant"] = by_accountant
         statement["epsilon_covers"] = "the training ledger and the DP preprocessing releases, composed"
         return statement
-    curve = np.asarray(search.rdp, dtype=np.float64)
+    epsilon = composed_epsilon(optimizer, ledger, delta, "rdp")
     after = ledger.steps > search.steps_at_selection
-    if after:
-        curve = curve + _rdp_curve(ledger.event(), ledger.neighboring)
-    for event in events:
-        curve = curve + _rdp_curve(event, ledger.neighboring)
-    epsilon = bounds.epsilon(bounds.ORDERS, curve, delta)
     statement["search"] = dict(search.statement)
     statement["training_accountant"] = statement["accountant"]
     statement["accountant"] = "rdp"
@@ -104,8 +121,9 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
     statement["epsilon_covers"] = (
         "the hyperparameter search that selected this model (every trial, the noisy scores, the selection; "
         "RDP)" + (", the training after the selection (the whole ledger again, an upper bound)" if after
-                  else "") + (", the DP preprocessing releases" if events else ""))
+                  else "") + (", the DP preprocessing releases" if found["dp"] else ""))
     return statement
 
 
-__all__ = ["SEARCH_ATTRIBUTE", "SearchRecord", "add_other_releases", "adopt_search_record"]
+__all__ = ["SEARCH_ATTRIBUTE", "SearchRecord", "add_other_releases", "adopt_search_record",
+           "composed_epsilon"]
