@@ -152,6 +152,8 @@ def test_dp_adapt_is_composed_with_training_and_exported(tmp_path):
     assert statement["epsilon"] == pytest.approx(expected, rel=1e-2)
     assert statement["training_epsilon"] == pytest.approx(gaussians_epsilon(1.0, 2), rel=1e-2)
     assert statement["epsilon"] > statement["training_epsilon"]
+    # The optimizer's epsilon (logs, budget) is the composed one too.
+    assert opt.epsilon() == pytest.approx(statement["epsilon"], rel=1e-9)
     assert statement["preprocessing"]["dp"][0]["noise_multiplier"] == pytest.approx(record.noise_multiplier)
     path = tfdpbnn.export_saved_model(model, str(tmp_path / "m"))
     with open(os.path.join(path, "assets", "privacy.json")) as fh:
@@ -223,3 +225,26 @@ def test_private_discretization_quantiles_and_composition():
     expected = rdp_epsilon(dp_accounting.ComposedDpEvent([
         dp_accounting.GaussianDpEvent(1.0), dp_accounting.GaussianDpEvent(disc_record.noise_multiplier)]))
     assert opt.privacy_statement()["epsilon"] == pytest.approx(expected, rel=1e-2)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_budget_counts_the_dp_adapt():
+    x, y = small_data()
+    norm = tf.keras.layers.Normalization()
+    record = private_adapt_normalization(norm, x, epsilon=4.0, delta=DELTA, bounds=(-3.0, 3.0), seed=0)
+    adapt = dp_accounting.GaussianDpEvent(record.noise_multiplier)
+
+    def composed(passes):
+        return rdp_epsilon(dp_accounting.ComposedDpEvent(
+            [dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(2.0), passes), adapt]))
+
+    budget = composed(2) * 1.001
+    # Training alone would fit 4 passes in this budget; with the adapt composed, only 2.
+    assert gaussians_epsilon(2.0, 4) < budget < composed(3)
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), norm, tf.keras.layers.Dense(3)])
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 2.0, target_epsilon=budget, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=5, verbose=0)
+    assert opt.steps == 16
+    assert opt.epsilon() == pytest.approx(composed(2), rel=1e-2)

@@ -118,6 +118,7 @@ def test_selected_model_states_and_exports_the_search_epsilon(splits, tmp_path):
     assert statement["epsilon"] == pytest.approx(res.privacy["epsilon"], rel=1e-6)
     assert statement["training_epsilon"] < statement["epsilon"]
     assert statement["search"]["num_candidates"] == 2
+    assert res.model.optimizer.epsilon() == pytest.approx(res.privacy["epsilon"], rel=1e-6)
     path = tfdpbnn.export_saved_model(res.model, str(tmp_path / "m"))
     with open(os.path.join(path, "assets", "privacy.json")) as fh:
         assert json.load(fh)["epsilon"] == pytest.approx(res.privacy["epsilon"], rel=1e-6)

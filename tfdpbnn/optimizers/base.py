@@ -380,15 +380,24 @@ class DPOptimizerMixin:
                                              sampling=self.sampling))
 
     def epsilon(self, delta=None, accountant=None) -> float:
-        """Epsilon spent by everything this model's DP training ran (the ledger), an upper bound."""
-        return self.ledger.epsilon(self._resolve_delta(delta), self._resolve_accountant(accountant))
+        """Epsilon spent by everything this model's DP training ran (the ledger), an upper bound.
+
+        Composed with the model's DP preprocessing releases and the search that selected it, if any
+        (``tfdpbnn.optimizers.other_releases``; a search's bound is by RDP whatever ``accountant``).
+        """
+        from tfdpbnn.optimizers.other_releases import composed_epsilon
+
+        return composed_epsilon(self, self.ledger, self._resolve_delta(delta),
+                                self._resolve_accountant(accountant))
 
     def _epsilon_if(self, extra_steps, delta, accountant=None) -> float:
         """Epsilon if the open phase ran ``extra_steps`` more steps of expected batch size B."""
         steps, examples, _ = self._dp_ledger.open_counters()
         ledger = self._dp_ledger.ledger(steps=steps + extra_steps, examples=examples + extra_steps *
                                         self.batch_size)
-        return ledger.epsilon(delta, self._resolve_accountant(accountant))
+        from tfdpbnn.optimizers.other_releases import composed_epsilon
+
+        return composed_epsilon(self, ledger, delta, self._resolve_accountant(accountant))
 
     def privacy_statement(self, delta=None) -> dict:
         """What a reader needs to check the guarantee; ``tfdpbnn.export_saved_model`` saves it as JSON.

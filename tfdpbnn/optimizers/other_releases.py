@@ -4,8 +4,9 @@ Three kinds, each composed with the training ledger so that the statement's ``ep
 ran (the training-only value stays beside it as ``training_epsilon``):
 
 - private releases recorded with ``optimizer.record_release`` (a private temperature or conformal
-  threshold fit on held-out private data): each one's ``DpEvent`` is composed like a DP preprocessing
-  release;
+  threshold fit on private held-out data): "sequential" ones compose like a DP preprocessing release;
+  "parallel" ones (fit on records held out of training record by record) compose with each other, and the
+  epsilon is the larger of theirs and the rest's (McSherry 2009);
 - DP preprocessing (``tfdpbnn.preprocessing.private_adapt_normalization``): each release's ``DpEvent`` is
   composed with the ledger's by every sound accountant (``ComposedDpEvent``); layers asserted public are
   listed under ``asserted_by_user``.
@@ -56,11 +57,52 @@ def _rdp_curve(event, neighboring):
     return np.asarray(accountant.compose(event).rdp, dtype=np.float64)
 
 
+def composed_epsilon(optimizer, ledger, delta: float, accountant: str) -> float:
+    """Epsilon of ``ledger`` composed with the optimizer's other releases (see the module).
+
+    Without any it is ``ledger.epsilon``. With DP preprocessing or sequential releases the events compose
+    under ``accountant``; parallel releases compose with each other and the larger epsilon counts.
+    With a search record the composition is by RDP whatever ``accountant`` is (the search's bound is an RDP
+    curve).
+    """
+    from tfdpbnn.privacy.ledger import _epsilon_of
+    from tfdpbnn.tuning import bounds
+
+    found = getattr(optimizer, "_dp_preprocessing", None) or {"dp": []}
+    sequential, parallel = _recorded(optimizer)
+    events = [r.event() for r in found["dp"]] + [r.privacy.dp_event for r in sequential]
+    search = getattr(optimizer, SEARCH_ATTRIBUTE, None)
+    if search is None:
+        if not events:
+            epsilon = ledger.epsilon(delta, accountant)
+        else:
+            epsilon = _epsilon_of(dp_accounting.ComposedDpEvent([ledger.event(), *events]), delta, accountant,
+                                  ledger.neighboring)
+        if parallel:  # disjoint records: the larger of the two parts' epsilons (parallel composition)
+            held_out = dp_accounting.ComposedDpEvent([r.privacy.dp_event for r in parallel])
+            epsilon = max(epsilon, _epsilon_of(held_out, delta, accountant, ledger.neighboring))
+        return epsilon
+    if parallel:
+        raise ValueError("record_release: parallel releases on a model selected by private_search are not "
+                         "supported; record them with composition='sequential'")
+    curve = np.asarray(search.rdp, dtype=np.float64)
+    if ledger.steps > search.steps_at_selection:
+        curve = curve + _rdp_curve(ledger.event(), ledger.neighboring)
+    for event in events:
+        curve = curve + _rdp_curve(event, ledger.neighboring)
+    return bounds.epsilon(bounds.ORDERS, curve, delta)
+
+
+def _recorded(optimizer):
+    """The releases recorded with ``record_release``: (sequential ones, parallel ones)."""
+    recorded = list(getattr(optimizer, "_dp_releases", []))
+    return ([r for r, how in recorded if how == "sequential"],
+            [r for r, how in recorded if how == "parallel"])
+
+
 def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
     """``statement`` with the preprocessing and search releases added and composed (see the module)."""
     from tfdpbnn import privacy
-    from tfdpbnn.privacy.ledger import _epsilon_of
-    from tfdpbnn.tuning import bounds
 
     found = getattr(optimizer, "_dp_preprocessing", None) or {"dp": [], "asserted_public": []}
     search = getattr(optimizer, SEARCH_ATTRIBUTE, None)
@@ -74,8 +116,6 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
             f"preprocessing layer {a['layer']!r} ({a['type']}) adapted on public data: {a['reason']}"
             for a in found["asserted_public"]]
     recorded = list(getattr(optimizer, "_dp_releases", []))
-    releases = [r for r, how in recorded if how == "sequential"]
-    parallel = [r for r, how in recorded if how == "parallel"]
     if recorded:
         statement["releases"] = [
             dict(r.as_dict() if hasattr(r, "as_dict") else {"privacy": r.privacy.as_dict()}, composition=how)
@@ -85,48 +125,24 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
     ledger = optimizer.ledger
     statement["training_epsilon"] = statement["epsilon"]
     statement["training_epsilon_by_accountant"] = statement["epsilon_by_accountant"]
-    if parallel and search is not None:
-        raise ValueError("record_release: parallel releases on a model selected by private_search are not "
-                         "supported; record them with composition='sequential'")
-    events = [r.event() for r in found["dp"]] + [r.privacy.dp_event for r in releases]
     if search is None:
-        composed = dp_accounting.ComposedDpEvent([ledger.event(), *events])
         by_accountant = {}
         for name in privacy.sound_accountants():
             try:
-                by_accountant[name] = _epsilon_of(composed, delta, name, ledger.neighboring)
+                by_accountant[name] = composed_epsilon(optimizer, ledger, delta, name)
             except dp_accounting.UnsupportedEventError:
                 by_accountant[name] = None
-        statement["epsilon"] = _epsilon_of(composed, delta, optimizer.accountant, ledger.neighboring)
+        statement["epsilon"] = composed_epsilon(optimizer, ledger, delta, optimizer.accountant)
         statement["epsilon_by_accountant"] = by_accountant
+        sequential, parallel = _recorded(optimizer)
         statement["epsilon_covers"] = ", ".join(
             ["the training ledger"] + (["the DP preprocessing releases"] if found["dp"] else [])
-            + (["the recorded private releases (calibration, prediction sets)"] if releases else [])) + \
-            ", composed"
-        if parallel:  # disjoint records: the larger of the two parts' epsilons (parallel composition)
-            held_out = dp_accounting.ComposedDpEvent([r.privacy.dp_event for r in parallel])
-
-            def part(name):
-                return _epsilon_of(held_out, delta, name, ledger.neighboring)
-
-            for name, value in by_accountant.items():
-                if value is not None:
-                    try:
-                        by_accountant[name] = max(value, part(name))
-                    except dp_accounting.UnsupportedEventError:
-                        by_accountant[name] = None
-            statement["epsilon"] = max(statement["epsilon"], part(optimizer.accountant))
-            statement["epsilon_covers"] += (
-                "; the releases fit on held-out records (split record by record, disjoint from training) "
-                "by parallel composition: the larger of their composed epsilon and the above")
+            + (["the recorded private releases"] if sequential else [])) + ", composed" + (
+            "; with the releases fit on records held out of training (split record by record) by parallel "
+            "composition: the larger of their composed epsilon and the above" if parallel else "")
         return statement
-    curve = np.asarray(search.rdp, dtype=np.float64)
+    epsilon = composed_epsilon(optimizer, ledger, delta, "rdp")
     after = ledger.steps > search.steps_at_selection
-    if after:
-        curve = curve + _rdp_curve(ledger.event(), ledger.neighboring)
-    for event in events:
-        curve = curve + _rdp_curve(event, ledger.neighboring)
-    epsilon = bounds.epsilon(bounds.ORDERS, curve, delta)
     statement["search"] = dict(search.statement)
     statement["training_accountant"] = statement["accountant"]
     statement["accountant"] = "rdp"
@@ -137,8 +153,9 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
         "the hyperparameter search that selected this model (every trial, the noisy scores, the selection; "
         "RDP)" + (", the training after the selection (the whole ledger again, an upper bound)" if after
                   else "") + (", the DP preprocessing releases" if found["dp"] else "")
-        + (", the recorded private releases" if releases else ""))
+        + (", the recorded private releases" if recorded else ""))
     return statement
 
 
-__all__ = ["SEARCH_ATTRIBUTE", "SearchRecord", "add_other_releases", "adopt_search_record"]
+__all__ = ["SEARCH_ATTRIBUTE", "SearchRecord", "add_other_releases", "adopt_search_record",
+           "composed_epsilon"]
