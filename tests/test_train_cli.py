@@ -142,3 +142,32 @@ def test_train_public_needs_digits(tmp_path, capsys):
     code = cli.main(["train", "--method", "dpsgd", "--epsilon", "1", "--public-epochs", "2", "--out",
                      str(tmp_path)])
     assert code == 2 and "--public-epochs" in capsys.readouterr().err
+
+
+def test_train_with_private_calibration_covers_it_and_prints_it(tmp_path, capsys):
+    out = str(tmp_path / "cal")
+    key = tmp_path / "sampling-key"
+    key.write_text("0000000000001eef\n")
+    code = cli.main(["train", "--method", "dpsgd", "--dataset", "digits", "--epsilon", "2", "--epochs", "1",
+                     "--batch-size", "360", "--out", out, "--verbose", "0", "--secret-key-file", str(key),
+                     "--calibration-split", "0.25"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "calibrated (private temperature" in printed and "prediction sets: coverage" in printed
+    with open(os.path.join(out, "summary.json")) as fh:
+        summary = json.load(fh)
+    with open(os.path.join(out, "saved_model", "assets", "privacy.json")) as fh:
+        statement = json.load(fh)
+    held = summary["calibration"]["held_out_examples"]
+    assert 250 < held < 470 and statement["num_examples"] == 1437 - held  # about 25%, record by record
+    # parallel composition: training and the two releases each within epsilon 2, the statement the larger
+    assert statement["epsilon"] <= 2.0 + 1e-6 and statement["training_epsilon"] <= 2.0 + 1e-6
+    assert [r["composition"] for r in statement["releases"]] == ["parallel", "parallel"]
+    assert statement["calibration"][0]["temperature"] == pytest.approx(summary["calibration"]["temperature"])
+    assert 0.0 <= summary["calibration"]["coverage"] <= 1.0
+
+
+def test_calibration_split_is_checked(tmp_path, capsys):
+    code = cli.main(["train", "--method", "dpsgd", "--epsilon", "1", "--calibration-split", "1.2",
+                     "--out", str(tmp_path)])
+    assert code == 2 and "--calibration-split" in capsys.readouterr().err
