@@ -1,6 +1,6 @@
 """The uncertainty table: every method x epsilon x public data, calibrated inside the stated epsilon.
 
-For each seed, method (the recipes of ``tfdpbnn train``: dpsgd, dpvd, dpbbp, dpsgld, dpmcdropout; Poisson
+For each seed, method (the recipes of ``tfdpbnn train``: dpsgd, dpvd, dpd, dpbbp, dpsgld, dpmcdropout; Poisson
 q = 0.2, 20 epochs, clip 1), epsilon (0.3, 1, 4; delta 1e-5) and arm (``none``: no public data;
 ``mnist5k``: what ``tfdpbnn train --public mnist5k`` runs, non-private pretraining on the 5,000 public
 MNIST images in DIGITS' format, then private fine-tuning at the learning rate chosen on public data), on
@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-METHODS = ("dpsgd", "dpvd", "dpbbp", "dpsgld", "dpmcdropout")
+METHODS = ("dpsgd", "dpvd", "dpd", "dpbbp", "dpsgld", "dpmcdropout")
 EPSILONS = (0.3, 1.0, 4.0)
 ARMS = ("none", "mnist5k")
 DELTA = 1e-5

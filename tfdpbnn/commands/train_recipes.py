@@ -16,8 +16,8 @@ import dataclasses
 
 import tensorflow as tf
 
-METHODS = ("dpvd", "dpsgld", "dpbbp", "dpmcdropout", "sidp", "dpsgd")
-STOCHASTIC = ("dpvd", "dpbbp", "dpmcdropout", "sidp")
+METHODS = ("dpvd", "dpsgld", "dpbbp", "dpmcdropout", "dpd", "sidp", "dpsgd")
+STOCHASTIC = ("dpvd", "dpbbp", "dpmcdropout", "dpd", "sidp")
 
 
 @dataclasses.dataclass
@@ -45,6 +45,7 @@ RECIPES = {
     "dpsgld": Recipe(),  # learning rate: calibrated to the budget (Zhang et al. 2022, Theorem 1)
     "dpbbp": Recipe(learning_rate=1.0),
     "dpmcdropout": Recipe(),
+    "dpd": Recipe(),
     "sidp": Recipe(learning_rate=1.0),
     "dpsgd": Recipe(),
 }
@@ -54,8 +55,9 @@ def build_model(method: str, input_shape, num_classes: int, num_examples: int, h
                 kl_weight: float = 1.0):
     """The Keras model of ``method``, built on ``seed`` (``kl_weight``: the KL weight of dpvd's layers).
 
-    Ermis & Cemgil's (2017a) variational dropout MLP (dpvd), Zhang et al.'s (2022) BBP / MC dropout / plain
-    MLP (dpbbp, dpmcdropout, dpsgld, dpsgd), Davody et al.'s (2020) noisy MLP with LayerNorm (sidp).
+    Ermis & Cemgil's (2017a) variational dropout MLP (dpvd), their (2017b) DP dropout MLP with Gaussian
+    dropout (dpd), Zhang et al.'s (2022) BBP / MC dropout / plain MLP (dpbbp, dpmcdropout, dpsgld, dpsgd),
+    Davody et al.'s (2020) noisy MLP with LayerNorm (sidp).
     """
     from tfdpbnn import layers
 
@@ -76,6 +78,10 @@ def build_model(method: str, input_shape, num_classes: int, num_examples: int, h
     elif method == "dpmcdropout":  # without a hidden layer the dropout acts on the inputs
         stack += ([tf.keras.layers.Dense(hidden, activation="tanh")] if hidden else []) + [
             layers.MCDropout(0.2), tf.keras.layers.Dense(num_classes)]
+    elif method == "dpd":  # Gaussian dropout of rate 0.5 after the hidden layer, on the inputs without one
+        stack += ([tf.keras.layers.Dense(hidden, activation="tanh"), layers.MCDropout(0.5, gaussian=True)]
+                  if hidden else [layers.MCDropout(0.2, gaussian=True)])
+        stack.append(tf.keras.layers.Dense(num_classes))
     elif method == "sidp":
         if not hidden:
             raise ValueError("hidden must be >= 1 for sidp (its LayerNormalization follows the hidden layer)")
