@@ -6,6 +6,7 @@ and state their tolerances.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -248,3 +249,27 @@ def test_budget_counts_the_dp_adapt():
     model.fit(x, y, batch_size=8, epochs=5, verbose=0)
     assert opt.steps == 16
     assert opt.epsilon() == pytest.approx(composed(2), rel=1e-2)
+
+
+@pytest.mark.parametrize("kind", ["string_lookup", "integer_lookup", "text_vectorization"])
+def test_adapted_vocabularies_are_refused_and_given_ones_accepted(kind):
+    words = np.array(["a b", "b c", "c a"])
+    layers = {
+        "string_lookup": (tf.keras.layers.StringLookup, np.array(["a", "b"]), "string", ["a", "b"]),
+        "integer_lookup": (tf.keras.layers.IntegerLookup, np.array([3, 4, 4]), "int64", [3, 4]),
+        "text_vectorization": (tf.keras.layers.TextVectorization, words, "string", ["a", "b"])}
+    make, data, dtype, vocabulary = layers[kind]
+    given = functools.partial(make, vocabulary=vocabulary)
+
+    def model_of(layer):
+        inputs = tf.keras.Input((), dtype=dtype)
+        return tf.keras.Model(inputs, layer(inputs))
+
+    adapted = make()
+    adapted.adapt(data)
+    with pytest.raises(ValueError, match=adapted.name):
+        tfdpbnn.preprocessing.check_preprocessing(model_of(adapted))
+    tfdpbnn.preprocessing.assert_public_preprocessing(adapted, reason="a public word list")
+    assert tfdpbnn.preprocessing.check_preprocessing(model_of(adapted))["asserted_public"][0]["layer"] == \
+        adapted.name
+    assert tfdpbnn.preprocessing.check_preprocessing(model_of(given())) == {"dp": [], "asserted_public": []}

@@ -26,15 +26,20 @@ def _layers(model):
     return out
 
 
+def _state_variables(layer) -> list:
+    """The layer's non-trainable ``tf.Variable``s (a lookup layer's vocabulary handle is not one)."""
+    return [v for v in layer.non_trainable_variables if isinstance(v, tf.Variable) and v.dtype != tf.resource]
+
+
 def _differs_from_fresh(layer) -> bool:
     """Whether a non-trainable variable of ``layer`` differs from a twin built from its config."""
-    state = [v for v in layer.non_trainable_variables if v.dtype != tf.resource]
+    state = _state_variables(layer)
     if not state:
         return False
     try:
         twin = type(layer).from_config(layer.get_config())
         twin.build(layer.input_shape if hasattr(layer, "input_shape") else None)
-        fresh = twin.non_trainable_variables
+        fresh = _state_variables(twin)
     except (AttributeError, TypeError, ValueError, RuntimeError) as err:
         raise ValueError(
             f"model: the preprocessing layer {layer.name!r} ({type(layer).__name__}) holds non-trainable "
