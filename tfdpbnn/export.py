@@ -58,7 +58,7 @@ def _privacy_dict(model, privacy):
     if privacy is None:
         statement = getattr(getattr(model, "optimizer", None), "privacy_statement", None)
         if callable(statement):
-            privacy = statement()
+            privacy = statement(model=model)
     if privacy is None:
         return None
     if not isinstance(privacy, dict):

@@ -389,14 +389,17 @@ class DPOptimizerMixin:
                                         self.batch_size)
         return ledger.epsilon(delta, self._resolve_accountant(accountant))
 
-    def privacy_statement(self, delta=None) -> dict:
+    def privacy_statement(self, delta=None, model=None) -> dict:
         """What a reader needs to check the guarantee; ``tfdpbnn.export_saved_model`` saves it as JSON.
 
         ``epsilon`` is the sound accountant's bound for every phase of this model's training
         (``phases``: what was counted and whether the sampling was verified or asserted by the user);
-        ``approximate_epsilon`` lists approximations beside it, which are not guarantees.
+        ``approximate_epsilon`` lists approximations beside it, which are not guarantees. ``spent`` is
+        everything the record holds (it is append-only: steps after the weights in hand stay), ``weights``
+        the training behind the weights in hand of ``model`` (default: the model this optimizer last
+        trained; a model given here first inherits its weights' record from the privacy record store).
         """
-        return build_statement(self, self._resolve_delta(delta))
+        return build_statement(self, self._resolve_delta(delta), model=model)
 
     #: What a run can release beside the DP gradients, which no epsilon covers (``note_uncovered_release``).
     UNCOVERED_RELEASES = {

@@ -16,9 +16,10 @@ each). Budget scheduling over shared private data follows Luo et al. (2021).
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 from tfdpbnn.privacy import store as record_store
-from tfdpbnn.privacy.ledger import Phase, new_phase_id
+from tfdpbnn.privacy.ledger import Phase, PrivacyLedger, new_phase_id
 
 
 def _size(phase: Phase) -> tuple:
@@ -34,6 +35,7 @@ class RunRecord:
         self.run_id = None
         self.dataset = None
         self.phase_id = None
+        self._model = None  # weak reference to the model this optimizer last trained or was shown
 
     def inherit(self, phases) -> int:
         """Append the store's phases that this ledger lacks; returns how many were added.
@@ -64,6 +66,7 @@ class RunRecord:
     def begin(self, model, dataset: str | None, planned_steps: int | None) -> None:
         """Inherit the weights' record, check the data set's budget, write the run (see the module)."""
         optimizer = self._optimizer
+        self._model = weakref.ref(model)
         self.store = record_store.default_store()
         self.run_id = None
         if self.store is None:
@@ -95,6 +98,57 @@ class RunRecord:
                     f"budget {budget['epsilon']:g}. Nothing was run. Train fewer steps or with more noise, "
                     "or raise the budget with RunStore.set_budget.")
         self.run_id = self.store.begin_run(self.dataset, record_store.weights_fingerprint(model), planned)
+
+    def adopt(self, model) -> None:
+        """Remember ``model`` as this optimizer's and inherit its weights' record from the store (as ``begin``).
+
+        The privacy statement of a model whose weights an earlier run produced (loaded, set, restored) then
+        counts that run before this optimizer takes its first step.
+        """
+        self._model = weakref.ref(model)
+        store = record_store.default_store()
+        if store is not None:
+            self.inherit(store.weights_record(record_store.weights_fingerprint(model)))
+
+    def model(self):
+        """The model this optimizer last trained or was shown (None if unknown or gone)."""
+        return None if self._model is None else self._model()
+
+    def weights_and_spent(self, delta: float, epsilon: float) -> tuple[dict, dict]:
+        """The statement's ``weights`` (the training behind the weights in hand) and ``spent`` (everything).
+
+        ``spent`` is this optimizer's whole ledger (``epsilon``): the record is append-only, so steps taken
+        after the weights in hand (whose releases happened: logs, saved files) stay in it. ``weights`` is the
+        ledger the record store holds for the model's current weights (by their fingerprint, as written at the
+        epoch end or run end that produced them); when the store does not hold them (or the model is unknown,
+        or the store is off), the weights are counted as everything spent (an upper bound).
+        """
+        optimizer = self._optimizer
+        ledger = optimizer.ledger
+        spent = {"steps": ledger.steps, "epsilon": epsilon, "phase_ids": [p.phase_id for p in ledger.phases],
+                 "note": "every step this model's record holds, including steps after the weights in hand"}
+        model = self.model()
+        phases = None
+        fingerprint = None
+        if model is not None:
+            fingerprint = record_store.weights_fingerprint(model)
+            store = record_store.default_store()
+            if store is not None:
+                phases = store.weights_ledger(fingerprint)
+        if phases is None:
+            why = ("the model is unknown to this optimizer (no fit yet; pass model= to privacy_statement)"
+                   if model is None else "the record store does not hold these weights"
+                   if record_store.default_path() is not None else "the record store is off")
+            weights = {"fingerprint": fingerprint, "steps": ledger.steps, "epsilon": epsilon,
+                       "phase_ids": spent["phase_ids"], "phases": [p.to_config() for p in ledger.phases],
+                       "note": f"{why}: the weights in hand are counted as everything spent (an upper bound)"}
+            return weights, spent
+        behind = PrivacyLedger(phases)
+        value = behind.epsilon(delta, optimizer.accountant) if phases else 0.0
+        weights = {"fingerprint": fingerprint, "steps": behind.steps, "epsilon": value,
+                   "phase_ids": [p.phase_id for p in phases], "phases": [p.to_config() for p in phases],
+                   "note": "the training that produced the weights in hand, as the record store holds it"}
+        return weights, spent
 
     @property
     def store_path(self) -> str | None:

@@ -293,6 +293,18 @@ class RunStore:
                     "SELECT run_id FROM runs WHERE phase_id = ?", (int(phase_id),)))
         return _max_steps(phases)
 
+    def weights_ledger(self, weights: str) -> list[Phase] | None:
+        """The ledger that produced these exact weights: the phases of the snapshots holding them (None if none).
+
+        Unlike ``weights_record`` (what was spent, including steps taken after these weights), this is each
+        phase as counted when the weights were written: the training behind the weights in hand.
+        """
+        with self._connect() as conn:
+            rows = conn.execute("SELECT ledger FROM snapshots WHERE weights = ?", (weights,)).fetchall()
+        if not rows:
+            return None
+        return _max_steps(Phase(**p) for row in rows for p in json.loads(row[0]))
+
     def summary(self, dataset: str, delta: float, accountant: str = "rdp") -> dict:
         """What the privacy statement says about the data set: runs, epsilon spent, budget."""
         runs = self.runs(dataset)
