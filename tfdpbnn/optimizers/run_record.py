@@ -100,7 +100,7 @@ class RunRecord:
         self.run_id = self.store.begin_run(self.dataset, record_store.weights_fingerprint(model), planned)
 
     def adopt(self, model) -> None:
-        """Remember ``model`` as this optimizer's and inherit its weights' record from the store (as ``begin``).
+        """Remember ``model`` as this optimizer's and inherit its weights' record from the store (``begin``).
 
         The privacy statement of a model whose weights an earlier run produced (loaded, set, restored) then
         counts that run before this optimizer takes its first step.

@@ -212,7 +212,7 @@ class SIDPOptimizer(DPSGDOptimizer):
             statement["epsilon"] = self.epsilon(delta=delta)
             statement["spent"]["epsilon"] = statement["epsilon"]
             statement["weights"] = dict(statement["spent"], phases=statement["phases"],
-                                        note="paper mode: the released weights are counted as everything spent")
+                                        note="paper mode: the released weights count everything spent")
             statement["epsilon_by_accountant"] = {"gdp_exact": statement["epsilon"]}
             statement["gdp_mu"] = self.paper_mode_gdp_mu()
             statement["note"] = ("paper_mean_update=True: Davody et al. 2020, Lemma 4.1, does not hold; "

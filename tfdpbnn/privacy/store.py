@@ -294,7 +294,7 @@ class RunStore:
         return _max_steps(phases)
 
     def weights_ledger(self, weights: str) -> list[Phase] | None:
-        """The ledger that produced these exact weights: the phases of the snapshots holding them (None if none).
+        """The ledger that produced these exact weights: the phases of the snapshots holding them (or None).
 
         Unlike ``weights_record`` (what was spent, including steps taken after these weights), this is each
         phase as counted when the weights were written: the training behind the weights in hand.
