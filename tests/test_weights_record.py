@@ -87,3 +87,87 @@ def test_weights_unknown_to_the_store_are_counted_as_everything_spent(monkeypatc
     statement = opt.privacy_statement()
     _assert_weights_and_spent(statement, 2, 2)
     assert "does not hold these weights" in statement["weights"]["note"]
+
+
+# ------------------------------------------------------------------------ training resumed after a crash
+class _Crash(tf.keras.callbacks.Callback):
+    """Raises once after batch ``batch`` of epoch ``epoch`` (0-based): a crash mid-epoch."""
+
+    def __init__(self, epoch=1, batch=2):
+        super().__init__()
+        self.at = (epoch, batch)
+        self.epoch = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self.epoch, batch) == self.at:
+            self.at = None
+            raise RuntimeError("simulated crash")
+
+
+def _crash_then_resume(tmp_path, fit_input, opt_kwargs=(), epochs=3):
+    """Epoch 1 whole, 3 batches of epoch 2, a crash; then ``fit`` again with the same BackupAndRestore."""
+    model = small_model()
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA, **dict(opt_kwargs))
+    model.compile(optimizer=opt, loss=LOSS)
+    backup = tf.keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        model.fit(*fit_input, epochs=epochs, verbose=0, callbacks=[backup, _Crash()])
+    model.fit(*fit_input, epochs=epochs, verbose=0, callbacks=[backup])
+    return model, opt
+
+
+def test_resumed_shuffled_epoch_counts_the_interrupted_partial_pass(tmp_path):
+    x, y = small_data()
+    _, opt = _crash_then_resume(tmp_path, (x, y, 8))
+    # What ran: pass 1 (8 steps), 3 steps of pass 2 (24 examples), then after the restore to the end of pass
+    # 1 a freshly shuffled pass 2 and pass 3: an example of the 24 took part in 4 steps (worst case).
+    assert opt.ledger.steps == 8 + 3 + 16
+    assert [(p.steps, p.participations) for p in opt.ledger.phases] == [(8, 1), (3, 1), (16, 2)]
+    true_epsilon = gaussians_epsilon(1.0, 4)
+    assert opt.epsilon() == pytest.approx(true_epsilon, rel=0.01)
+    assert opt.epsilon() >= true_epsilon * (1 - 1e-6)
+
+
+def test_resumed_run_in_a_new_model_from_the_backup_counts_the_partial_pass(tmp_path):
+    x, y = small_data()
+    model = small_model()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
+                  loss=LOSS)
+    backup_dir = str(tmp_path / "backup")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        model.fit(x, y, batch_size=8, epochs=3, verbose=0,
+                  callbacks=[tf.keras.callbacks.BackupAndRestore(backup_dir), _Crash()])
+    # As a new process would: a new model and optimizer, the backup (weights and optimizer state) restored.
+    path = (tf.train.latest_checkpoint(os.path.join(backup_dir, "chief"))
+            or tf.train.latest_checkpoint(backup_dir))
+    for with_optimizer_state in (True, False):
+        fresh = small_model(seed=1)
+        opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+        fresh.compile(optimizer=opt, loss=LOSS)
+        if with_optimizer_state:
+            tf.train.Checkpoint(model=fresh).restore(path).expect_partial()
+        else:  # only the weights, read from the backup's files
+            reader = tf.train.load_checkpoint(path)
+            key = "model/layer_with_weights-0/{}/.ATTRIBUTES/VARIABLE_VALUE"
+            fresh.set_weights([reader.get_tensor(key.format(name)) for name in ("kernel", "bias")])
+        assert opt.privacy_statement(model=fresh)["weights"]["steps"] == 8  # the backup is at epoch 1's end
+        fresh.fit(x, y, batch_size=8, epochs=2, verbose=0)  # the two epochs left
+        assert opt.ledger.steps == 8 + 3 + 16
+        assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 4), rel=0.01)
+
+
+def test_resumed_poisson_run_counts_every_step_that_ran(tmp_path):
+    import dp_accounting
+    from _small_runs import rdp_epsilon
+
+    x, y = small_data()
+    q = 8 / N
+    data = tfdpbnn.data.poisson_batches(x, y, sample_rate=q, steps_per_epoch=8)
+    _, opt = _crash_then_resume(tmp_path, (data,), {"sampling": "poisson"})
+    assert opt.ledger.steps == 8 + 3 + 16  # the 3 steps the restore took off ran and are counted
+    expected = rdp_epsilon(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(1.0)), 27))
+    assert opt.epsilon() == pytest.approx(expected, rel=0.01)

@@ -175,8 +175,16 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
             self.stopped_at_step = self._steps
 
     def on_epoch_begin(self, epoch, logs=None):
-        """Remember how many examples the open phase has processed, for the pass check at the epoch's end."""
-        self._epoch_start_examples = self.model.optimizer._dp_ledger.open_counters()[1]
+        """Count a restore that rewound the ledger (first epoch); remember the open phase's examples.
+
+        A callback's ``on_train_begin`` (``BackupAndRestore`` resuming after a crash) may have restored the
+        optimizer to an earlier step: the steps it took off are counted again
+        (``RunRecord.account_rewind``) and the budget stop restarts from the restored step.
+        """
+        optimizer = self.model.optimizer
+        if optimizer._dp_record.check_rewind():
+            self.on_train_begin()
+        self._epoch_start_examples = optimizer._dp_ledger.open_counters()[1]
 
     def _pass_check(self, optimizer):
         state = optimizer._dp_ledger

@@ -151,7 +151,12 @@ def install() -> None:
         arguments.pop("self")
         extra = arguments.pop("kwargs", {}) or {}
         arguments = _dp_fit_arguments(self, optimizer, arguments)
-        return _original_fit(self, **arguments, **extra)
+        try:
+            return _original_fit(self, **arguments, **extra)
+        except BaseException:
+            # Keras calls no on_train_end on an error: what ran up to it (a crash mid-epoch) is recorded.
+            optimizer._dp_record.snapshot(self, final=True)
+            raise
 
     tf.keras.Model.fit = fit
 
