@@ -171,3 +171,22 @@ def test_resumed_poisson_run_counts_every_step_that_ran(tmp_path):
     expected = rdp_epsilon(dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(1.0)), 27))
     assert opt.epsilon() == pytest.approx(expected, rel=0.01)
+
+
+def test_new_model_resuming_from_an_earlier_runs_backup_inherits_its_record(tmp_path):
+    x, y = small_data()
+    model = small_model()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
+                  loss=LOSS)
+    backup_dir = str(tmp_path / "backup")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        model.fit(x, y, batch_size=8, epochs=3, verbose=0,
+                  callbacks=[tf.keras.callbacks.BackupAndRestore(backup_dir), _Crash()])
+    # As a new process would: a new model and optimizer, fit with the same BackupAndRestore directory.
+    fresh = small_model(seed=1)
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    fresh.compile(optimizer=opt, loss=LOSS)
+    fresh.fit(x, y, batch_size=8, epochs=3, verbose=0,
+              callbacks=[tf.keras.callbacks.BackupAndRestore(backup_dir)])
+    assert opt.ledger.steps == 8 + 3 + 16
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 4), rel=0.01)

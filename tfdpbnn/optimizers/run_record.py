@@ -157,13 +157,26 @@ class RunRecord:
                     f"{self.store_path}, and the planned {extra} steps would bring it to {after:.4g} > its "
                     f"budget {budget['epsilon']:g}. Nothing was run. Train fewer steps or with more noise, "
                     "or raise the budget with RunStore.set_budget.")
-        self.run_id = self.store.begin_run(self.dataset, record_store.weights_fingerprint(model), planned)
+        self._begin_weights = record_store.weights_fingerprint(model)
+        self.run_id = self.store.begin_run(self.dataset, self._begin_weights, planned)
         self.before_restore = self.ledger_now()
 
     def check_rewind(self) -> int:
-        """After the callbacks' ``on_train_begin`` (where ``BackupAndRestore`` restores): count a rewind."""
+        """After the callbacks' ``on_train_begin`` (where ``BackupAndRestore`` restores): count a restore.
+
+        Steps the restore took off this optimizer's ledger are counted again (``account_rewind``), and when
+        it changed the weights (a new model and optimizer resuming from an earlier run's backup), their
+        record is inherited from the store as ``begin`` does. Returns how many phases were added.
+        """
         before, self.before_restore = getattr(self, "before_restore", None), None
-        return 0 if not before else self.account_rewind(before)
+        added = 0 if not before else self.account_rewind(before)
+        model = self.model()
+        begin_weights, self._begin_weights = getattr(self, "_begin_weights", None), None
+        if self.store is not None and model is not None and begin_weights is not None:
+            weights = record_store.weights_fingerprint(model)
+            if weights != begin_weights:
+                added += self.inherit(self.store.weights_record(weights, exclude_run=self.run_id))
+        return added
 
     def adopt(self, model) -> None:
         """Remember ``model`` as this optimizer's and inherit its weights' record from the store (``begin``).
