@@ -190,3 +190,31 @@ def test_new_model_resuming_from_an_earlier_runs_backup_inherits_its_record(tmp_
               callbacks=[tf.keras.callbacks.BackupAndRestore(backup_dir)])
     assert opt.ledger.steps == 8 + 3 + 16
     assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 4), rel=0.01)
+
+
+# ------------------------------------------------------------------------------ other paths of the weights
+def test_load_model_with_compile_keeps_the_record_and_the_uncovered_releases(tmp_path):
+    x, y = small_data()
+    model = small_model()
+    first = _compile(model)
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, validation_data=(x[:8], y[:8]))
+    model.save(str(tmp_path / "m.keras"))
+    loaded = tf.keras.models.load_model(str(tmp_path / "m.keras"))
+    opt = loaded.optimizer
+    assert opt is not first
+    statement = opt.privacy_statement(model=loaded)
+    _assert_weights_and_spent(statement, 2, 2)
+    assert set(statement["not_covered"]["releases"]) == {"training_metrics", "validation_data"}
+    loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    _assert_weights_and_spent(opt.privacy_statement(), 3, 3)
+
+
+def test_load_model_without_compile_then_a_new_optimizer_states_the_record_before_training(tmp_path):
+    x, y = small_data()
+    model = small_model()
+    _compile(model)
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    model.save(str(tmp_path / "m.keras"))
+    loaded = tf.keras.models.load_model(str(tmp_path / "m.keras"), compile=False)
+    opt = _compile(loaded)
+    _assert_weights_and_spent(opt.privacy_statement(model=loaded), 2, 2)

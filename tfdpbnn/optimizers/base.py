@@ -248,6 +248,8 @@ class DPOptimizerMixin:
         self._dp_batch_call_limit = None
         self._dp_record = RunRecord(self)
         self._dp_uncovered = {}
+        for kind in (privacy_ledger or {}).get("not_covered", []):  # a saved optimizer's releases
+            self.note_uncovered_release(kind)
         self.mechanism = _OptimizerMechanism(
             self._dp_l2_norm_clip, self._dp_noise_multiplier, self._dp_batch_size, scale=self._dp_sum_scale,
             clipping_method=clipping_method, secure_mode=secure_mode, neighboring=neighboring,
@@ -335,7 +337,8 @@ class DPOptimizerMixin:
         config.update(self._dp_static)
         config.update({"l2_norm_clip": self.l2_norm_clip, "noise_multiplier": self.noise_multiplier,
                        "batch_size": self.batch_size, "initial_steps": self.steps,
-                       "privacy_ledger": self._dp_ledger.to_config()})
+                       "privacy_ledger": {**self._dp_ledger.to_config(),
+                                          "not_covered": sorted(self._dp_uncovered)}})
         return config
 
     # ------------------------------------------------------------------------------------ accounting
