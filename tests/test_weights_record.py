@@ -218,3 +218,60 @@ def test_load_model_without_compile_then_a_new_optimizer_states_the_record_befor
     loaded = tf.keras.models.load_model(str(tmp_path / "m.keras"), compile=False)
     opt = _compile(loaded)
     _assert_weights_and_spent(opt.privacy_statement(model=loaded), 2, 2)
+
+
+# --------------------------------------------------------------------- training metrics are not released
+class _Seen(tf.keras.callbacks.Callback):
+    """Keeps the log keys every batch end and epoch end showed it."""
+
+    def __init__(self):
+        super().__init__()
+        self.batch_keys, self.epoch_keys = set(), set()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batch_keys |= set(logs or {})
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_keys |= set(logs or {})
+
+
+def _fit_logged(release=False, optimizer=None):
+    x, y = small_data(n=80)
+    model = small_model()
+    opt = optimizer or tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=64, batch_size=8, delta=DELTA,
+                                              release_training_metrics=release)
+    model.compile(optimizer=opt, loss=LOSS, metrics=["accuracy"])
+    seen = _Seen()
+    history = model.fit(x[:64], y[:64], batch_size=8, epochs=2, verbose=0, callbacks=[seen],
+                        validation_data=(x[64:], y[64:]))
+    return history.history, seen, opt
+
+
+def test_dp_fit_logs_hold_epsilon_and_validation_but_no_training_metrics():
+    history, seen, opt = _fit_logged()
+    assert set(history) == {"epsilon", "val_loss", "val_accuracy"}
+    assert seen.batch_keys == set()
+    assert seen.epoch_keys == set(history)
+    assert "training_metrics" not in opt.privacy_statement()["not_covered"]["releases"]
+    assert "validation_data" in opt.privacy_statement()["not_covered"]["releases"]
+
+
+def test_training_metrics_released_by_name_are_named_in_the_statement():
+    history, seen, opt = _fit_logged(release=("loss",))
+    assert set(history) == {"epsilon", "loss", "val_loss", "val_accuracy"}
+    assert seen.batch_keys == {"loss"}
+    released = opt.privacy_statement()["not_covered"]["releases"]["training_metrics"]
+    assert released.endswith(": loss")
+    history, _, opt = _fit_logged(release=True)
+    assert {"loss", "accuracy", "epsilon"} <= set(history)
+    with pytest.raises(ValueError, match="release_training_metrics: \\['acc'\\]"):
+        _fit_logged(release=("acc",))
+    with pytest.raises(ValueError, match="release_training_metrics must be"):
+        tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=64, batch_size=8, release_training_metrics=3)
+
+
+def test_release_setting_survives_get_config_and_non_dp_fits_are_unaffected():
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=64, batch_size=8, release_training_metrics=["loss"])
+    assert tfdpbnn.DPSGDOptimizer.from_config(opt.get_config()).release_training_metrics == ["loss"]
+    history, seen, _ = _fit_logged(optimizer=tf.keras.optimizers.SGD(0.1))
+    assert {"loss", "accuracy"} <= set(history) and {"loss", "accuracy"} <= seen.batch_keys

@@ -56,6 +56,7 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
         self.stop_at_epsilon = stop_at_epsilon
         self.max_steps = None
         self.stopped_at_step = None
+        self._names_checked = False
 
     def on_train_begin(self, logs=None):
         """With ``stop_at_epsilon``: the most steps within it (``optimizer.steps_within``); raise if spent."""
@@ -123,6 +124,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
             raise ValueError(f"false_alarm_rate must be in (0, 1), got {false_alarm_rate!r}")
         self.max_steps = None
         self.stopped_at_step = None
+        self._names_checked = False
 
     def on_train_begin(self, logs=None):
         """Start the step counts and set the budget stop; raise if the optimizer's budget is already spent."""
@@ -164,8 +166,33 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
                 "taken are now accounted without subsampling amplification; feed "
                 "tfdpbnn.data.poisson_batches output (or fix the asserted sampling).")
 
+    def _withhold_training_metrics(self, logs, epoch_end=False):
+        """Take the training-batch metrics the optimizer does not release out of ``logs`` (in place).
+
+        This callback runs first, and Keras hands every callback the same logs dict, so ``History``, the
+        progress bar, ``TensorBoard`` and the user's callbacks see only what is left: epsilon, the validation
+        metrics (at epoch ends) and the metrics named in ``release_training_metrics``.
+        """
+        released = self.model.optimizer.release_training_metrics
+        if not logs or released is True:
+            return
+        keep = set(released or ()) | {"epsilon", "epsilon_rdp"}
+        if released and not self._names_checked:
+            self._names_checked = True
+            missing = sorted(set(released) - set(logs))
+            if missing:
+                raise ValueError(f"release_training_metrics: {missing} are not training metrics of this "
+                                 f"model; its logs hold {sorted(logs)}")
+        for key in list(logs):
+            if key not in keep and not (epoch_end and key.startswith("val_")):
+                del logs[key]
+
     def on_train_batch_end(self, batch, logs=None):
-        """Count steps; run the Poisson test after 8, 16, 32, ... steps; stop before passing the budget."""
+        """Count steps; run the Poisson test after 8, 16, 32, ... steps; stop before passing the budget.
+
+        Training-batch metrics not released (``release_training_metrics``) are taken out of the logs.
+        """
+        self._withhold_training_metrics(logs)
         self._steps += self._per_call
         self._open_steps += self._per_call
         if self._open_steps >= 8 and self._open_steps & (self._open_steps - 1) == 0:  # 8, 16, 32, ...
@@ -208,6 +235,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         steps), ``logs["epsilon_rdp"]`` (RDP's bound, also an upper bound) at every epoch end and
         ``logs["epsilon"]`` by the optimizer's accountant at the last planned epoch or when training stops.
         """
+        self._withhold_training_metrics(logs, epoch_end=True)
         optimizer = _dp_optimizer(self.model)
         self._poisson_check(optimizer)
         self._pass_check(optimizer)
@@ -231,6 +259,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         """Write the run's final snapshot to the privacy record store."""
+        self._withhold_training_metrics(logs, epoch_end=True)
         optimizer = _dp_optimizer(self.model)
         optimizer._dp_record.snapshot(self.model, final=True)
 

@@ -127,6 +127,20 @@ def check_compute_dtype(model) -> None:
             "Build and compile the model under tf.keras.mixed_precision.set_global_policy('float32').")
 
 
+def _check_release(value):
+    """``release_training_metrics`` as False, True or a sorted list of metric names."""
+    if value is None or value is False:
+        return False
+    if value is True:
+        return True
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not names or \
+            not all(isinstance(n, str) and n for n in names):
+        raise ValueError("release_training_metrics must be False, True or metric names such as "
+                         f"('loss', 'accuracy'), got {value!r}")
+    return sorted(set(names))
+
+
 class _LedgerLink:
     """A plain (not trackable) holder of the optimizer that last trained a model: the model's ledger."""
 
@@ -161,6 +175,11 @@ class DPOptimizerMixin:
         (``tfdpbnn.optimizers.noise``); default False: TensorFlow's own random stream.
       allow_exceeding_budget: with a budget, keep training past it (the statement then reports the larger
         epsilon); default False: training stops before the step that would exceed it.
+      release_training_metrics: which training-batch metrics a DP ``fit`` passes to its callbacks
+        (``History``, the progress bar, ``TensorBoard``, yours): they are computed on the private batches
+        without noise, so no epsilon covers them. Default False: none (the logs hold epsilon and the
+        validation metrics); True: all; or the names, e.g. ``("loss", "accuracy")``. Released metrics are
+        named in the privacy statement's ``not_covered``.
       initial_steps: steps already taken (``get_config`` records ``optimizer.iterations``).
       privacy_ledger: the ledger of a saved optimizer (``get_config`` records it).
       **kwargs: the base Keras optimizer's arguments (learning_rate, momentum, clipnorm, ...).
@@ -174,7 +193,7 @@ class DPOptimizerMixin:
                  num_examples=None, batch_size=None, epochs=None, accountant="rdp", sampling="shuffle",
                  neighboring="add_or_remove", clipping_method="auto", allow_exceeding_budget=False,
                  secure_mode=False,
-                 initial_steps=0, privacy_ledger=None, **kwargs):
+                 initial_steps=0, privacy_ledger=None, release_training_metrics=False, **kwargs):
         if "epsilon" in kwargs:
             raise ValueError(
                 f"epsilon: {type(self).__name__} has no 'epsilon' argument; the privacy budget is "
@@ -232,7 +251,8 @@ class DPOptimizerMixin:
                            "epochs": epochs, "accountant": accountant, "sampling": sampling,
                            "neighboring": neighboring, "clipping_method": clipping_method,
                            "target_epsilon": target_epsilon, "allow_exceeding_budget": allow_exceeding_budget,
-                           "secure_mode": secure_mode}
+                           "secure_mode": secure_mode,
+                           "release_training_metrics": _check_release(release_training_metrics)}
         self._dp_checked_models = set()
         with tf.init_scope():
             self._dp_noise_multiplier = self._dp_variable("dp_noise_multiplier", noise_multiplier)
@@ -407,13 +427,18 @@ class DPOptimizerMixin:
     #: What a run can release beside the DP gradients, which no epsilon covers (``note_uncovered_release``).
     UNCOVERED_RELEASES = {
         "training_metrics": "loss and compiled metrics of the private training batches, computed without "
-                            "noise, in the Keras logs (History, progress bar, TensorBoard) and the return "
-                            "value of train_on_batch",
+                            "noise, in the Keras logs (History, progress bar, TensorBoard), released by "
+                            "release_training_metrics",
         "validation_split": "loss and metrics on the validation_split rows of the private arrays, computed "
                             "without noise, in the Keras logs",
         "validation_data": "loss and metrics on validation_data, computed without noise, in the Keras logs "
                            "(a release of private data if that data is private)",
     }
+
+    @property
+    def release_training_metrics(self):
+        """Training-batch metrics a DP ``fit`` shows its callbacks: False (none), True (all) or names."""
+        return self._dp_static["release_training_metrics"]
 
     def note_uncovered_release(self, kind: str) -> None:
         """Record that this run released ``kind`` (a key of ``UNCOVERED_RELEASES``), for the statement."""

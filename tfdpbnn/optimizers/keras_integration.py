@@ -95,7 +95,11 @@ def _dp_fit_arguments(model, optimizer, arguments):
     from tfdpbnn.privacy.store import input_fingerprint
 
     optimizer._dp_record.begin(model, input_fingerprint(x, arguments.get("y")), planned)
-    optimizer.note_uncovered_release("training_metrics")
+    released = optimizer.release_training_metrics
+    if released:
+        optimizer.note_uncovered_release("training_metrics")
+        if released is not True:
+            optimizer._dp_uncovered["training_metrics"] += f": {', '.join(released)}"
     if arguments.get("validation_split"):
         optimizer.note_uncovered_release("validation_split")
     if arguments.get("validation_data") is not None:
