@@ -166,25 +166,27 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
                 "taken are now accounted without subsampling amplification; feed "
                 "tfdpbnn.data.poisson_batches output (or fix the asserted sampling).")
 
-    def _withhold_training_metrics(self, logs, epoch_end=False):
+    def _withhold_training_metrics(self, logs):
         """Take the training-batch metrics the optimizer does not release out of ``logs`` (in place).
 
         This callback runs first, and Keras hands every callback the same logs dict, so ``History``, the
-        progress bar, ``TensorBoard`` and the user's callbacks see only what is left: epsilon, the validation
-        metrics (at epoch ends) and the metrics named in ``release_training_metrics``.
+        progress bar, ``TensorBoard`` and the user's callbacks do not see ``loss`` and the model's metrics
+        (``model.metrics``: compiled losses and metrics, ``add_metric``) unless they are named in
+        ``release_training_metrics``. Epsilon, the validation metrics (``val_*``) and the optimizer's own
+        logs (e.g. DPVD's ``zeta``, a function of its settings and weights) stay.
         """
         released = self.model.optimizer.release_training_metrics
         if not logs or released is True:
             return
-        keep = set(released or ()) | {"epsilon", "epsilon_rdp"}
         if released and not self._names_checked:
             self._names_checked = True
             missing = sorted(set(released) - set(logs))
             if missing:
                 raise ValueError(f"release_training_metrics: {missing} are not training metrics of this "
                                  f"model; its logs hold {sorted(logs)}")
+        withheld = ({"loss"} | {m.name for m in self.model.metrics}) - set(released or ())
         for key in list(logs):
-            if key not in keep and not (epoch_end and key.startswith("val_")):
+            if key in withheld:
                 del logs[key]
 
     def on_train_batch_end(self, batch, logs=None):
@@ -235,7 +237,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         steps), ``logs["epsilon_rdp"]`` (RDP's bound, also an upper bound) at every epoch end and
         ``logs["epsilon"]`` by the optimizer's accountant at the last planned epoch or when training stops.
         """
-        self._withhold_training_metrics(logs, epoch_end=True)
+        self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
         self._poisson_check(optimizer)
         self._pass_check(optimizer)
@@ -259,7 +261,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         """Write the run's final snapshot to the privacy record store."""
-        self._withhold_training_metrics(logs, epoch_end=True)
+        self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
         optimizer._dp_record.snapshot(self.model, final=True)
 
