@@ -81,7 +81,8 @@ def test_compile_fit_is_dp_sgd_for_every_model_kind(build):
     model = build()
     model(x[:1])
     expected = _one_step_reference(model, x, y, lr=0.1)
-    opt = tfdpbnn.DPSGDOptimizer(1e6, 0.0, batch_size=8, num_examples=8, learning_rate=0.1)
+    opt = tfdpbnn.DPSGDOptimizer(1e6, 0.0, batch_size=8, num_examples=8, learning_rate=0.1,
+                                 release_training_metrics=("loss",))
     model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     for got, want in zip(model.trainable_variables, expected, strict=True):

@@ -56,6 +56,7 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
         self.stop_at_epsilon = stop_at_epsilon
         self.max_steps = None
         self.stopped_at_step = None
+        self._names_checked = False
 
     def on_train_begin(self, logs=None):
         """With ``stop_at_epsilon``: the most steps within it (``optimizer.steps_within``); raise if spent."""
@@ -123,6 +124,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
             raise ValueError(f"false_alarm_rate must be in (0, 1), got {false_alarm_rate!r}")
         self.max_steps = None
         self.stopped_at_step = None
+        self._names_checked = False
 
     def on_train_begin(self, logs=None):
         """Start the step counts and set the budget stop; raise if the optimizer's budget is already spent."""
@@ -164,8 +166,35 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
                 "taken are now accounted without subsampling amplification; feed "
                 "tfdpbnn.data.poisson_batches output (or fix the asserted sampling).")
 
+    def _withhold_training_metrics(self, logs):
+        """Take the training-batch metrics the optimizer does not release out of ``logs`` (in place).
+
+        This callback runs first, and Keras hands every callback the same logs dict, so ``History``, the
+        progress bar, ``TensorBoard`` and the user's callbacks do not see ``loss`` and the model's metrics
+        (``model.metrics``: compiled losses and metrics, ``add_metric``) unless they are named in
+        ``release_training_metrics``. Epsilon, the validation metrics (``val_*``) and the optimizer's own
+        logs (e.g. DPVD's ``zeta``, a function of its settings and weights) stay.
+        """
+        released = self.model.optimizer.release_training_metrics
+        if not logs or released is True:
+            return
+        if released and not self._names_checked:
+            self._names_checked = True
+            missing = sorted(set(released) - set(logs))
+            if missing:
+                raise ValueError(f"release_training_metrics: {missing} are not training metrics of this "
+                                 f"model; its logs hold {sorted(logs)}")
+        withheld = ({"loss"} | {m.name for m in self.model.metrics}) - set(released or ())
+        for key in list(logs):
+            if key in withheld:
+                del logs[key]
+
     def on_train_batch_end(self, batch, logs=None):
-        """Count steps; run the Poisson test after 8, 16, 32, ... steps; stop before passing the budget."""
+        """Count steps; run the Poisson test after 8, 16, 32, ... steps; stop before passing the budget.
+
+        Training-batch metrics not released (``release_training_metrics``) are taken out of the logs.
+        """
+        self._withhold_training_metrics(logs)
         self._steps += self._per_call
         self._open_steps += self._per_call
         if self._open_steps >= 8 and self._open_steps & (self._open_steps - 1) == 0:  # 8, 16, 32, ...
@@ -175,8 +204,16 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
             self.stopped_at_step = self._steps
 
     def on_epoch_begin(self, epoch, logs=None):
-        """Remember how many examples the open phase has processed, for the pass check at the epoch's end."""
-        self._epoch_start_examples = self.model.optimizer._dp_ledger.open_counters()[1]
+        """Count a restore that rewound the ledger (first epoch); remember the open phase's examples.
+
+        A callback's ``on_train_begin`` (``BackupAndRestore`` resuming after a crash) may have restored the
+        optimizer to an earlier step: the steps it took off are counted again
+        (``RunRecord.account_rewind``) and the budget stop restarts from the restored step.
+        """
+        optimizer = self.model.optimizer
+        if optimizer._dp_record.check_rewind():
+            self.on_train_begin()
+        self._epoch_start_examples = optimizer._dp_ledger.open_counters()[1]
 
     def _pass_check(self, optimizer):
         state = optimizer._dp_ledger
@@ -200,6 +237,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         steps), ``logs["epsilon_rdp"]`` (RDP's bound, also an upper bound) at every epoch end and
         ``logs["epsilon"]`` by the optimizer's accountant at the last planned epoch or when training stops.
         """
+        self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
         self._poisson_check(optimizer)
         self._pass_check(optimizer)
@@ -223,6 +261,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         """Write the run's final snapshot to the privacy record store."""
+        self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
         optimizer._dp_record.snapshot(self.model, final=True)
 

@@ -58,7 +58,10 @@ def _privacy_dict(model, privacy):
     if privacy is None:
         statement = getattr(getattr(model, "optimizer", None), "privacy_statement", None)
         if callable(statement):
-            privacy = statement()
+            from tfdpbnn.optimizers.base import DPOptimizerMixin
+
+            # A tfdpbnn optimizer states the record of this model's weights (see privacy_statement).
+            privacy = statement(model=model) if isinstance(model.optimizer, DPOptimizerMixin) else statement()
     if privacy is None:
         return None
     if not isinstance(privacy, dict):

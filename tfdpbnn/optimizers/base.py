@@ -127,6 +127,20 @@ def check_compute_dtype(model) -> None:
             "Build and compile the model under tf.keras.mixed_precision.set_global_policy('float32').")
 
 
+def _check_release(value):
+    """``release_training_metrics`` as False, True or a sorted list of metric names."""
+    if value is None or value is False:
+        return False
+    if value is True:
+        return True
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not names or \
+            not all(isinstance(n, str) and n for n in names):
+        raise ValueError("release_training_metrics must be False, True or metric names such as "
+                         f"('loss', 'accuracy'), got {value!r}")
+    return sorted(set(names))
+
+
 class _LedgerLink:
     """A plain (not trackable) holder of the optimizer that last trained a model: the model's ledger."""
 
@@ -161,6 +175,11 @@ class DPOptimizerMixin:
         (``tfdpbnn.optimizers.noise``); default False: TensorFlow's own random stream.
       allow_exceeding_budget: with a budget, keep training past it (the statement then reports the larger
         epsilon); default False: training stops before the step that would exceed it.
+      release_training_metrics: which training-batch metrics a DP ``fit`` passes to its callbacks
+        (``History``, the progress bar, ``TensorBoard``, yours): they are computed on the private batches
+        without noise, so no epsilon covers them. Default False: none (the logs hold epsilon and the
+        validation metrics); True: all; or the names, e.g. ``("loss", "accuracy")``. Released metrics are
+        named in the privacy statement's ``not_covered``.
       initial_steps: steps already taken (``get_config`` records ``optimizer.iterations``).
       privacy_ledger: the ledger of a saved optimizer (``get_config`` records it).
       **kwargs: the base Keras optimizer's arguments (learning_rate, momentum, clipnorm, ...).
@@ -174,7 +193,7 @@ class DPOptimizerMixin:
                  num_examples=None, batch_size=None, epochs=None, accountant="rdp", sampling="shuffle",
                  neighboring="add_or_remove", clipping_method="auto", allow_exceeding_budget=False,
                  secure_mode=False,
-                 initial_steps=0, privacy_ledger=None, **kwargs):
+                 initial_steps=0, privacy_ledger=None, release_training_metrics=False, **kwargs):
         if "epsilon" in kwargs:
             raise ValueError(
                 f"epsilon: {type(self).__name__} has no 'epsilon' argument; the privacy budget is "
@@ -232,7 +251,8 @@ class DPOptimizerMixin:
                            "epochs": epochs, "accountant": accountant, "sampling": sampling,
                            "neighboring": neighboring, "clipping_method": clipping_method,
                            "target_epsilon": target_epsilon, "allow_exceeding_budget": allow_exceeding_budget,
-                           "secure_mode": secure_mode}
+                           "secure_mode": secure_mode,
+                           "release_training_metrics": _check_release(release_training_metrics)}
         self._dp_checked_models = set()
         with tf.init_scope():
             self._dp_noise_multiplier = self._dp_variable("dp_noise_multiplier", noise_multiplier)
@@ -249,6 +269,8 @@ class DPOptimizerMixin:
         self._dp_record = RunRecord(self)
         self._dp_uncovered = {}
         self._dp_releases = []
+        for kind in (privacy_ledger or {}).get("not_covered", []):  # a saved optimizer's releases
+            self.note_uncovered_release(kind)
         self.mechanism = _OptimizerMechanism(
             self._dp_l2_norm_clip, self._dp_noise_multiplier, self._dp_batch_size, scale=self._dp_sum_scale,
             clipping_method=clipping_method, secure_mode=secure_mode, neighboring=neighboring,
@@ -336,7 +358,8 @@ class DPOptimizerMixin:
         config.update(self._dp_static)
         config.update({"l2_norm_clip": self.l2_norm_clip, "noise_multiplier": self.noise_multiplier,
                        "batch_size": self.batch_size, "initial_steps": self.steps,
-                       "privacy_ledger": self._dp_ledger.to_config()})
+                       "privacy_ledger": {**self._dp_ledger.to_config(),
+                                          "not_covered": sorted(self._dp_uncovered)}})
         return config
 
     # ------------------------------------------------------------------------------------ accounting
@@ -399,25 +422,33 @@ class DPOptimizerMixin:
 
         return composed_epsilon(self, ledger, delta, self._resolve_accountant(accountant))
 
-    def privacy_statement(self, delta=None) -> dict:
+    def privacy_statement(self, delta=None, model=None) -> dict:
         """What a reader needs to check the guarantee; ``tfdpbnn.export_saved_model`` saves it as JSON.
 
         ``epsilon`` is the sound accountant's bound for every phase of this model's training
         (``phases``: what was counted and whether the sampling was verified or asserted by the user);
-        ``approximate_epsilon`` lists approximations beside it, which are not guarantees.
+        ``approximate_epsilon`` lists approximations beside it, which are not guarantees. ``spent`` is
+        everything the record holds (it is append-only: steps after the weights in hand stay), ``weights``
+        the training behind the weights in hand of ``model`` (default: the model this optimizer last
+        trained; a model given here first inherits its weights' record from the privacy record store).
         """
-        return build_statement(self, self._resolve_delta(delta))
+        return build_statement(self, self._resolve_delta(delta), model=model)
 
     #: What a run can release beside the DP gradients, which no epsilon covers (``note_uncovered_release``).
     UNCOVERED_RELEASES = {
         "training_metrics": "loss and compiled metrics of the private training batches, computed without "
-                            "noise, in the Keras logs (History, progress bar, TensorBoard) and the return "
-                            "value of train_on_batch",
+                            "noise, in the Keras logs (History, progress bar, TensorBoard), released by "
+                            "release_training_metrics",
         "validation_split": "loss and metrics on the validation_split rows of the private arrays, computed "
                             "without noise, in the Keras logs",
         "validation_data": "loss and metrics on validation_data, computed without noise, in the Keras logs "
                            "(a release of private data if that data is private)",
     }
+
+    @property
+    def release_training_metrics(self):
+        """Training-batch metrics a DP ``fit`` shows its callbacks: False (none), True (all) or names."""
+        return self._dp_static["release_training_metrics"]
 
     def note_uncovered_release(self, kind: str) -> None:
         """Record that this run released ``kind`` (a key of ``UNCOVERED_RELEASES``), for the statement."""

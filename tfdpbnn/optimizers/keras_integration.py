@@ -95,7 +95,11 @@ def _dp_fit_arguments(model, optimizer, arguments):
     from tfdpbnn.privacy.store import input_fingerprint
 
     optimizer._dp_record.begin(model, input_fingerprint(x, arguments.get("y")), planned)
-    optimizer.note_uncovered_release("training_metrics")
+    released = optimizer.release_training_metrics
+    if released:
+        optimizer.note_uncovered_release("training_metrics")
+        if released is not True:
+            optimizer._dp_uncovered["training_metrics"] += f": {', '.join(released)}"
     if arguments.get("validation_split"):
         optimizer.note_uncovered_release("validation_split")
     if arguments.get("validation_data") is not None:
@@ -151,7 +155,12 @@ def install() -> None:
         arguments.pop("self")
         extra = arguments.pop("kwargs", {}) or {}
         arguments = _dp_fit_arguments(self, optimizer, arguments)
-        return _original_fit(self, **arguments, **extra)
+        try:
+            return _original_fit(self, **arguments, **extra)
+        except BaseException:
+            # Keras calls no on_train_end on an error: what ran up to it (a crash mid-epoch) is recorded.
+            optimizer._dp_record.snapshot(self, final=True)
+            raise
 
     tf.keras.Model.fit = fit
 

@@ -29,7 +29,8 @@ MAX_PHASES = 64
 _KINDS = ("poisson", "participations", "gaussian", "shuffle")
 _NEIGHBORING = ("add_or_remove", "replace_one")
 _SOURCES = ("poisson_batches", "keras_arrays", "asserted_by_user", "paper_gdp", "failed_poisson_test",
-            "fixed_seed", "imported", "custom_loop", "failed_pass_check", "train_on_batch", "record_store")
+            "fixed_seed", "imported", "custom_loop", "failed_pass_check", "train_on_batch", "record_store",
+            "rewound")
 _SOURCE_TEXT = {
     "poisson_batches": "Poisson batches drawn by tfdpbnn.data.poisson_batches (secret seed; sizes tested)",
     "keras_arrays": "arrays shuffled and batched by model.fit: passes over the data, counted",
@@ -46,6 +47,9 @@ _SOURCE_TEXT = {
                       "example (batches given by the caller)",
     "record_store": "earlier training of these weights, found in the privacy record store by the weights' "
                     "fingerprint",
+    "rewound": "steps that ran before a restore rewound the optimizer (a checkpoint, BackupAndRestore after "
+               "a crash): counted as they ran, as one participation of every example in each pass they "
+               "touched, never pooled with the resumed passes",
 }
 # Table columns.
 _COLUMNS = ("phase_id", "kind", "noise_multiplier", "neighboring", "steps", "sample_rate", "participations",

@@ -16,13 +16,36 @@ each). Budget scheduling over shared private data follows Luo et al. (2021).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import math
+import weakref
 
 from tfdpbnn.privacy import store as record_store
-from tfdpbnn.privacy.ledger import Phase, new_phase_id
+from tfdpbnn.privacy.ledger import Phase, PrivacyLedger
 
 
 def _size(phase: Phase) -> tuple:
     return (phase.steps, phase.participations or 0, phase.examples)
+
+
+def _lost_part(ran: Phase, restored: Phase | None) -> Phase:
+    """The part of phase ``ran`` that a restore to ``restored`` (the same phase, or None) took off."""
+    from tfdpbnn.optimizers.ledger_state import describe_source
+
+    steps = ran.steps - (restored.steps if restored is not None else 0)
+    examples = max(0, ran.examples - (restored.examples if restored is not None else 0))
+    digest = hashlib.sha256(f"rewound:{ran.phase_id}:{ran.steps}:{ran.examples}".encode()).digest()
+    phase_id = int.from_bytes(digest[:8], "little") % (1 << 52) or 1
+    common = dict(steps=steps, examples=examples, phase_id=phase_id, sampling=describe_source("rewound"))
+    if ran.kind != "participations":
+        return dataclasses.replace(ran, **common)
+    participations = steps
+    n = ran.num_examples
+    if n and (ran.participations or 0) < ran.steps:  # counted in passes over the data
+        before = restored.examples if restored is not None else 0
+        passes = math.ceil(ran.examples / n - 1e-9) - math.floor(before / n + 1e-9)
+        participations = max(0, min(steps, passes))
+    return dataclasses.replace(ran, participations=participations, **common)
 
 
 class RunRecord:
@@ -34,38 +57,78 @@ class RunRecord:
         self.run_id = None
         self.dataset = None
         self.phase_id = None
+        self._model = None  # weak reference to the model this optimizer last trained or was shown
 
     def inherit(self, phases) -> int:
         """Append the store's phases that this ledger lacks; returns how many were added.
 
         A phase already here (by id) is skipped unless the store's version is larger (the weights' earlier
-        run went on after the copy this optimizer restored, e.g. from a checkpoint): the open phase then
-        takes the store's step and example counts (it is the same phase going on); a closed one is added
-        again under a new id, which counts its first steps twice (an upper bound).
+        run went on after the copy this optimizer restored, e.g. from a checkpoint): that is a rewind
+        (``account_rewind``).
         """
         state = self._optimizer._dp_ledger
         mine = {p.phase_id: p for p in state.closed_phases()}
         current = state.current_phase()
         added = 0
+        rewound = {}
         for phase in phases:
-            if current is not None and phase.phase_id == current.phase_id:
-                if _size(phase) > _size(current):
-                    state.extend_open_phase(phase.steps - current.steps, phase.examples - current.examples)
-                continue
-            held = mine.get(phase.phase_id)
+            held = current if current is not None and phase.phase_id == current.phase_id else \
+                mine.get(phase.phase_id)
             if held is not None:
-                if _size(phase) <= _size(held):
-                    continue
-                phase = dataclasses.replace(phase, phase_id=new_phase_id())
+                if _size(phase) > _size(held):
+                    rewound[phase.phase_id] = phase
+                continue
             state.append(phase, "record_store")
             added += 1
+        if rewound:
+            added += self.account_rewind(rewound)
         return added
+
+    def account_rewind(self, before: dict) -> int:
+        """Count again the steps a restore took off this ledger; returns how many phases were added.
+
+        ``before`` maps phase ids to phases as they ran (this optimizer's ledger before the restore, or the
+        store's record). A restore (``BackupAndRestore`` after a crash, a checkpoint of the optimizer) sets
+        the ledger's counters back, but the steps after the restore point ran and their releases happened.
+        Each phase that shrank or vanished gets its lost part back as a closed phase ("rewound"): for passes
+        over the data, one participation of every example in each pass the lost steps touched
+        (``ceil(e0 / n) - floor(e1 / n)`` for examples counted e1 after the restore and e0 before); else
+        the lost steps. When the open phase was restored, it is closed where it was restored and the run
+        goes on in a new phase, so the resumed passes (a fresh shuffle) are never pooled with a partial pass
+        before them. A lost part's id derives from the phase and its size, so a rewind found twice (here
+        and in the store) is counted once.
+        """
+        state = self._optimizer._dp_ledger
+        now = {p.phase_id: p for p in self._optimizer.ledger.phases}
+        shrunk = {phase_id for phase_id, old in before.items()
+                  if phase_id not in now or _size(now[phase_id]) < _size(old)}
+        held = {p.phase_id for p in state.closed_phases()}
+        lost = [_lost_part(before[phase_id], now.get(phase_id)) for phase_id in shrunk]
+        lost = [p for p in lost if p.steps > 0 and p.phase_id not in held]
+        if not lost:
+            return 0
+        description = state.open_description()
+        if description is not None and state.open_phase_id() in shrunk:
+            state.close_open_phase()
+            state.open_phase(**{k: description[k] for k in (
+                "kind", "noise_multiplier", "neighboring", "sample_rate", "num_examples", "source",
+                "batch_size")})
+            self.phase_id = state.open_phase_id()
+        for phase in lost:
+            state.append(phase, "rewound")
+        return len(lost)
+
+    def ledger_now(self) -> dict:
+        """This optimizer's ledger by phase id (what ``account_rewind`` compares after a restore)."""
+        return {p.phase_id: p for p in self._optimizer.ledger.phases}
 
     def begin(self, model, dataset: str | None, planned_steps: int | None) -> None:
         """Inherit the weights' record, check the data set's budget, write the run (see the module)."""
         optimizer = self._optimizer
+        self._model = weakref.ref(model)
         self.store = record_store.default_store()
         self.run_id = None
+        self.before_restore = self.ledger_now()
         if self.store is None:
             return
         self.dataset = dataset or "data:unidentified"
@@ -94,7 +157,77 @@ class RunRecord:
                     f"{self.store_path}, and the planned {extra} steps would bring it to {after:.4g} > its "
                     f"budget {budget['epsilon']:g}. Nothing was run. Train fewer steps or with more noise, "
                     "or raise the budget with RunStore.set_budget.")
-        self.run_id = self.store.begin_run(self.dataset, record_store.weights_fingerprint(model), planned)
+        self._begin_weights = record_store.weights_fingerprint(model)
+        self.run_id = self.store.begin_run(self.dataset, self._begin_weights, planned)
+        self.before_restore = self.ledger_now()
+
+    def check_rewind(self) -> int:
+        """After the callbacks' ``on_train_begin`` (where ``BackupAndRestore`` restores): count a restore.
+
+        Steps the restore took off this optimizer's ledger are counted again (``account_rewind``), and when
+        it changed the weights (a new model and optimizer resuming from an earlier run's backup), their
+        record is inherited from the store as ``begin`` does. Returns how many phases were added.
+        """
+        before, self.before_restore = getattr(self, "before_restore", None), None
+        added = 0 if not before else self.account_rewind(before)
+        model = self.model()
+        begin_weights, self._begin_weights = getattr(self, "_begin_weights", None), None
+        if self.store is not None and model is not None and begin_weights is not None:
+            weights = record_store.weights_fingerprint(model)
+            if weights != begin_weights:
+                added += self.inherit(self.store.weights_record(weights, exclude_run=self.run_id))
+        return added
+
+    def adopt(self, model) -> None:
+        """Remember ``model`` as this optimizer's and inherit its weights' record from the store (``begin``).
+
+        The privacy statement of a model whose weights an earlier run produced (loaded, set, restored) then
+        counts that run before this optimizer takes its first step.
+        """
+        self._model = weakref.ref(model)
+        store = record_store.default_store()
+        if store is not None:
+            self.inherit(store.weights_record(record_store.weights_fingerprint(model)))
+
+    def model(self):
+        """The model this optimizer last trained or was shown (None if unknown or gone)."""
+        return None if self._model is None else self._model()
+
+    def weights_and_spent(self, delta: float, epsilon: float) -> tuple[dict, dict]:
+        """The statement's ``weights`` (the training behind the weights in hand) and ``spent`` (everything).
+
+        ``spent`` is this optimizer's whole ledger (``epsilon``): the record is append-only, so steps taken
+        after the weights in hand (whose releases happened: logs, saved files) stay in it. ``weights`` is the
+        ledger the record store holds for the model's current weights (by their fingerprint, as written at the
+        epoch end or run end that produced them); when the store does not hold them (or the model is unknown,
+        or the store is off), the weights are counted as everything spent (an upper bound).
+        """
+        optimizer = self._optimizer
+        ledger = optimizer.ledger
+        spent = {"steps": ledger.steps, "epsilon": epsilon, "phase_ids": [p.phase_id for p in ledger.phases],
+                 "note": "every step this model's record holds, including steps after the weights in hand"}
+        model = self.model()
+        phases = None
+        fingerprint = None
+        if model is not None:
+            fingerprint = record_store.weights_fingerprint(model)
+            store = record_store.default_store()
+            if store is not None:
+                phases = store.weights_ledger(fingerprint)
+        if phases is None:
+            why = ("the model is unknown to this optimizer (no fit yet; pass model= to privacy_statement)"
+                   if model is None else "the record store does not hold these weights"
+                   if record_store.default_path() is not None else "the record store is off")
+            weights = {"fingerprint": fingerprint, "steps": ledger.steps, "epsilon": epsilon,
+                       "phase_ids": spent["phase_ids"], "phases": [p.to_config() for p in ledger.phases],
+                       "note": f"{why}: the weights in hand are counted as everything spent (an upper bound)"}
+            return weights, spent
+        behind = PrivacyLedger(phases)
+        value = behind.epsilon(delta, optimizer.accountant) if phases else 0.0
+        weights = {"fingerprint": fingerprint, "steps": behind.steps, "epsilon": value,
+                   "phase_ids": [p.phase_id for p in phases], "phases": [p.to_config() for p in phases],
+                   "note": "the training that produced the weights in hand, as the record store holds it"}
+        return weights, spent
 
     @property
     def store_path(self) -> str | None:

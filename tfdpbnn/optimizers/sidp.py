@@ -197,7 +197,7 @@ class SIDPOptimizer(DPSGDOptimizer):
             return gdp_epsilon(mu, delta)
         return gdp_epsilon(self.paper_mode_gdp_mu(), delta)
 
-    def privacy_statement(self, delta=None):
+    def privacy_statement(self, delta=None, model=None):
         """As ``DPOptimizerMixin.privacy_statement``; in paper mode only after ``release_weights(model)``.
 
         ``tfdpbnn.export_saved_model`` asks for it, so mu, which is not private then, is never exported.
@@ -206,10 +206,13 @@ class SIDPOptimizer(DPSGDOptimizer):
             raise ValueError(
                 "model: with paper_mean_update=True the model holds mu, which the reported epsilon does not "
                 "cover; call optimizer.release_weights(model) after training and before export")
-        statement = super().privacy_statement(delta=delta)
+        statement = super().privacy_statement(delta=delta, model=model)
         if self.paper_mean_update:
             statement["accountant"] = "gdp-exact (Gaussian releases of theta_t; paper mean update)"
             statement["epsilon"] = self.epsilon(delta=delta)
+            statement["spent"]["epsilon"] = statement["epsilon"]
+            statement["weights"] = dict(statement["spent"], phases=statement["phases"],
+                                        note="paper mode: the released weights count everything spent")
             statement["epsilon_by_accountant"] = {"gdp_exact": statement["epsilon"]}
             statement["gdp_mu"] = self.paper_mode_gdp_mu()
             statement["note"] = ("paper_mean_update=True: Davody et al. 2020, Lemma 4.1, does not hold; "

@@ -14,12 +14,18 @@ from tfdpbnn.optimizers import noise
 from tfdpbnn.optimizers.other_releases import add_other_releases
 
 
-def build_statement(optimizer, delta: float) -> dict:
-    """The privacy statement of ``optimizer`` (a ``DPOptimizerMixin``) at ``delta`` (see the module)."""
+def build_statement(optimizer, delta: float, model=None) -> dict:
+    """The privacy statement of ``optimizer`` (a ``DPOptimizerMixin``) at ``delta`` (see the module).
+
+    ``model`` (or else the model the optimizer last trained): its weights' record in the privacy record store
+    is inherited first, and the statement's ``weights`` entry names the training behind its weights in hand.
+    """
     import dp_accounting
 
     from tfdpbnn import privacy
 
+    if model is not None:
+        optimizer._dp_record.adopt(model)
     ledger = optimizer.ledger
     by_accountant = {}
     for name in privacy.sound_accountants():
@@ -42,11 +48,13 @@ def build_statement(optimizer, delta: float) -> dict:
         sources = sources + [current["source"]]
     asserted = [p.sampling for p, s in zip(ledger.phases, sources, strict=False)
                 if s == "asserted_by_user"]
+    epsilon = ledger.epsilon(delta, optimizer.accountant)
+    weights, spent = optimizer._dp_record.weights_and_spent(delta, epsilon)
     statement = {
         "method": optimizer._dp_method,
         "optimizer": type(optimizer).__name__,
         "accountant": optimizer.accountant,
-        "epsilon": ledger.epsilon(delta, optimizer.accountant),
+        "epsilon": epsilon,
         "delta": delta,
         "noise_multiplier": optimizer.noise_multiplier,
         "l2_norm_clip": optimizer.l2_norm_clip,
@@ -70,6 +78,8 @@ def build_statement(optimizer, delta: float) -> dict:
                   "note": "float32 Gaussian noise whose radius uses up to 128 random bits; the "
                           "accountants treat it as exact"},
         "record": optimizer._dp_record.statement(delta),
+        "weights": weights,
+        "spent": spent,
         "not_covered": {"releases": dict(optimizer._dp_uncovered),
                         "note": "released by these runs but covered by no epsilon above"},
         **optimizer._dp_statement_extras(),

@@ -272,10 +272,11 @@ class RunStore:
         phases = self.dataset_phases(dataset) + ([] if extra is None else [extra])
         return PrivacyLedger(_max_steps(phases)).epsilon(delta, accountant)
 
-    def weights_record(self, weights: str) -> list[Phase]:
+    def weights_record(self, weights: str, exclude_run: str | None = None) -> list[Phase]:
         """The ledger of the runs whose snapshots hold these weights, each phase as far as any run took it.
 
         A run that never wrote a final snapshot (killed, or still running elsewhere) adds its planned phase.
+        ``exclude_run``: a run whose own phase is left out (the caller's run, still going).
         """
         with self._connect() as conn:
             run_ids = [r[0] for r in conn.execute(
@@ -290,8 +291,20 @@ class RunStore:
             # full: loading older weights does not erase what was spent after them.
             for phase_id in {p.phase_id for p in phases}:
                 phases.extend(self._run_phase(conn, r[0]) for r in conn.execute(
-                    "SELECT run_id FROM runs WHERE phase_id = ?", (int(phase_id),)))
+                    "SELECT run_id FROM runs WHERE phase_id = ?", (int(phase_id),)) if r[0] != exclude_run)
         return _max_steps(phases)
+
+    def weights_ledger(self, weights: str) -> list[Phase] | None:
+        """The ledger that produced these exact weights: the phases of the snapshots holding them (or None).
+
+        Unlike ``weights_record`` (what was spent, including steps taken after these weights), this is each
+        phase as counted when the weights were written: the training behind the weights in hand.
+        """
+        with self._connect() as conn:
+            rows = conn.execute("SELECT ledger FROM snapshots WHERE weights = ?", (weights,)).fetchall()
+        if not rows:
+            return None
+        return _max_steps(Phase(**p) for row in rows for p in json.loads(row[0]))
 
     def summary(self, dataset: str, delta: float, accountant: str = "rdp") -> dict:
         """What the privacy statement says about the data set: runs, epsilon spent, budget."""
