@@ -216,6 +216,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-reference", action="store_true", help="skip the non-private sgd rows")
     p.add_argument("--composition", default="parallel", choices=("parallel", "sequential"))
     p.add_argument("--out", default="docs/results/uncertainty_table")
+    p.add_argument("--doc", default="docs/results.md",
+                   help="page whose table between <!-- uncertainty-table --> markers is replaced")
+    p.add_argument("--render-only", action="store_true", help="only write the table from results.json")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "results.json")
@@ -228,7 +231,7 @@ def main(argv=None) -> int:
     jobs += [(m, e, arm, s) for s in args.seeds for e in args.epsilons for arm in args.arms
              for m in args.methods]
     start = time.perf_counter()
-    for method, eps, arm, seed in jobs:
+    for method, eps, arm, seed in ([] if args.render_only else jobs):
         if (method, eps, arm, seed) in done:
             continue
         row = (run_reference(arm, seed) if method == "sgd"
@@ -237,13 +240,30 @@ def main(argv=None) -> int:
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}),
               flush=True)
         results["meta"] = {"machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, TensorFlow CPU",
-                           "command": "python experiments/uncertainty_table.py " + " ".join(argv or []),
+                           "command": "python experiments/uncertainty_table.py "
+                                      + " ".join(sys.argv[1:] if argv is None else argv),
                            "seconds_this_run": time.perf_counter() - start}
         with open(path, "w") as f:
             json.dump(results, f, indent=1)
-        with open(os.path.join(args.out, "table.md"), "w") as f:
-            f.write(table(results["rows"]) + "\n")
+        _write_tables(results, args)
+    _write_tables(results, args)
     return 0
+
+
+def _write_tables(results, args):
+    """``table.md`` under ``--out``, and the marked table of ``--doc`` if the page has the markers."""
+    text = table(results["rows"])
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write(text + "\n")
+    if args.doc and os.path.exists(args.doc):
+        with open(args.doc) as f:
+            page = f.read()
+        start, end = "<!-- uncertainty-table -->", "<!-- /uncertainty-table -->"
+        if start in page and end in page:
+            head, rest = page.split(start, 1)
+            page = head + start + "\n" + text + "\n" + end + rest.split(end, 1)[1]
+            with open(args.doc, "w") as f:
+                f.write(page)
 
 
 if __name__ == "__main__":
