@@ -196,7 +196,9 @@ def test_new_model_resuming_from_an_earlier_runs_backup_inherits_its_record(tmp_
 def test_load_model_with_compile_keeps_the_record_and_the_uncovered_releases(tmp_path):
     x, y = small_data()
     model = small_model()
-    first = _compile(model)
+    first = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA,
+                                   release_training_metrics=("loss",))
+    model.compile(optimizer=first, loss=LOSS)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0, validation_data=(x[:8], y[:8]))
     model.save(str(tmp_path / "m.keras"))
     loaded = tf.keras.models.load_model(str(tmp_path / "m.keras"))
