@@ -277,3 +277,17 @@ def test_release_setting_survives_get_config_and_non_dp_fits_are_unaffected():
     assert tfdpbnn.DPSGDOptimizer.from_config(opt.get_config()).release_training_metrics == ["loss"]
     history, seen, _ = _fit_logged(optimizer=tf.keras.optimizers.SGD(0.1))
     assert {"loss", "accuracy"} <= set(history) and {"loss", "accuracy"} <= seen.batch_keys
+
+
+def test_asserted_sampling_survives_load_model(tmp_path):
+    x, y = small_data()
+    model = small_model()
+    _compile(model)
+    pipeline = tfdpbnn.data.assert_sampling(tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N).batch(8),
+                                            "shuffle", num_examples=N)
+    model.fit(pipeline, epochs=1, verbose=0)
+    model.save(str(tmp_path / "m.keras"))
+    loaded = tf.keras.models.load_model(str(tmp_path / "m.keras"))
+    statement = loaded.optimizer.privacy_statement(model=loaded)
+    assert len(statement["asserted_by_user"]) == 1
+    assert statement["asserted_by_user"] == model.optimizer.privacy_statement()["asserted_by_user"]
