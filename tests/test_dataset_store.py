@@ -148,18 +148,26 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def _child(seed, epochs, sleep=0.0):
+def _child(seed, epochs, sleep=0.0, log=os.devnull):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=os.pathsep.join(sys.path))
-    return subprocess.Popen([sys.executable, "-c", _CHILD, str(seed), str(epochs), str(sleep)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    with open(log, "w") as err:  # a file, never a pipe nobody reads (a full pipe would block the child)
+        return subprocess.Popen([sys.executable, "-c", _CHILD, str(seed), str(epochs), str(sleep)],
+                                env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+
+
+def _tail(path):
+    with open(path) as fh:
+        return fh.read()[-3000:]
 
 
 @pytest.mark.slow
-def test_two_processes_see_each_others_runs_and_a_killed_one_leaves_whole_rows():
+def test_two_processes_see_each_others_runs_and_a_killed_one_leaves_whole_rows(tmp_path):
     x, y = small_data()
     fingerprint = record_store.data_fingerprint(x, y)
-    first, second = _child(1, 1), _child(2, 2)
-    assert first.wait(timeout=300) == 0 and second.wait(timeout=300) == 0
+    logs = [str(tmp_path / f"child{i}.log") for i in (1, 2)]
+    first, second = _child(1, 1, log=logs[0]), _child(2, 2, log=logs[1])
+    assert first.wait(timeout=300) == 0, _tail(logs[0])
+    assert second.wait(timeout=300) == 0, _tail(logs[1])
     store = record_store.default_store()
     runs = store.runs(fingerprint)
     assert len(runs) == 2 and all(r["ended"] for r in runs) and len({r["pid"] for r in runs}) == 2

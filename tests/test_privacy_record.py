@@ -142,7 +142,7 @@ def test_pld_optimizer_logs_rdp_each_epoch_and_pld_at_the_last():
 # --------------------------------------------------------------------------- releases not covered
 def test_statement_names_the_releases_no_epsilon_covers():
     x, y = small_data(n=80)
-    model, opt = _compiled()
+    model, opt = _compiled(release_training_metrics=("loss",))
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, validation_split=0.2)
     statement = opt.privacy_statement()
     released = statement["not_covered"]["releases"]

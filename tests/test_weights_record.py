@@ -196,7 +196,9 @@ def test_new_model_resuming_from_an_earlier_runs_backup_inherits_its_record(tmp_
 def test_load_model_with_compile_keeps_the_record_and_the_uncovered_releases(tmp_path):
     x, y = small_data()
     model = small_model()
-    first = _compile(model)
+    first = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA,
+                                   release_training_metrics=("loss",))
+    model.compile(optimizer=first, loss=LOSS)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0, validation_data=(x[:8], y[:8]))
     model.save(str(tmp_path / "m.keras"))
     loaded = tf.keras.models.load_model(str(tmp_path / "m.keras"))
@@ -275,3 +277,17 @@ def test_release_setting_survives_get_config_and_non_dp_fits_are_unaffected():
     assert tfdpbnn.DPSGDOptimizer.from_config(opt.get_config()).release_training_metrics == ["loss"]
     history, seen, _ = _fit_logged(optimizer=tf.keras.optimizers.SGD(0.1))
     assert {"loss", "accuracy"} <= set(history) and {"loss", "accuracy"} <= seen.batch_keys
+
+
+def test_asserted_sampling_survives_load_model(tmp_path):
+    x, y = small_data()
+    model = small_model()
+    _compile(model)
+    pipeline = tfdpbnn.data.assert_sampling(tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N).batch(8),
+                                            "shuffle", num_examples=N)
+    model.fit(pipeline, epochs=1, verbose=0)
+    model.save(str(tmp_path / "m.keras"))
+    loaded = tf.keras.models.load_model(str(tmp_path / "m.keras"))
+    statement = loaded.optimizer.privacy_statement(model=loaded)
+    assert len(statement["asserted_by_user"]) == 1
+    assert statement["asserted_by_user"] == model.optimizer.privacy_statement()["asserted_by_user"]

@@ -172,7 +172,11 @@ class RunStore:
         self._timeout = float(timeout)
         conn = self._open()
         try:
-            conn.executescript(_SCHEMA)
+            # One write transaction taken up front: "CREATE ... IF NOT EXISTS" in autocommit mode reads the
+            # schema and then upgrades to a write, and in WAL mode SQLite refuses that upgrade at once
+            # ("database is locked", no busy wait) when another process wrote in between, e.g. two processes
+            # opening a new store together.
+            conn.executescript("BEGIN IMMEDIATE;\n" + _SCHEMA + "COMMIT;\n")
         finally:
             conn.close()
 
