@@ -28,7 +28,7 @@ _BROKEN_BY_MODE = {"step": STEP_BROKEN, "sampling": SAMPLING_BROKEN, "one-run": 
 #: The options each mode reads (besides --method, --epsilon, --delta, --broken, --confidence, --seed, --json).
 _OPTIONS_BY_MODE = {"step": ("runs", "steps"),
                     "sampling": ("steps", "sample_rate", "num_examples", "replicas"),
-                    "one-run": ("num_canaries", "epochs", "sample_rate"),
+                    "one-run": ("num_canaries", "epochs", "sample_rate", "estimator"),
                     "multi-run": ("runs", "steps", "num_examples")}
 
 
@@ -52,6 +52,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--epochs", type=int, default=None, help="one-run audit: epochs (default 20)")
     p.add_argument("--sample-rate", type=float, default=None,
                    help="one-run audit: Poisson rate q (0.2); sampling: declared q (0.01)")
+    p.add_argument("--estimator", default=None, choices=("steinke", "fdp"),
+                   help="one-run: steinke (Steinke et al. 2023; default) or fdp (Mahloujifar et al. 2024, "
+                        "mu-GDP claims; full-batch runs only: --sample-rate 1)")
     p.add_argument("--multi-run", action="store_true", help="same as --mode multi-run")
     p.add_argument("--num-examples", type=int, default=None,
                    help="multi-run: DIGITS examples (default 255); sampling: n (default 2000)")
@@ -69,7 +72,8 @@ def _check_arguments(args, mode) -> None:
     check_open_unit("--delta", args.delta)
     if args.confidence is not None:
         check_open_unit("--confidence", args.confidence)
-    for option in ("runs", "steps", "num_canaries", "epochs", "sample_rate", "num_examples", "replicas"):
+    for option in ("runs", "steps", "num_canaries", "epochs", "sample_rate", "num_examples", "replicas",
+                   "estimator"):
         if getattr(args, option) is not None and option not in _OPTIONS_BY_MODE[mode]:
             flag = "--" + option.replace("_", "-")
             raise ValueError(f"{flag} does not apply to --mode {mode} (it reads: "
@@ -173,17 +177,25 @@ def _one_run(args) -> dict:
     q = 0.2 if args.sample_rate is None else args.sample_rate
     if not 0 < q <= 1:
         raise ValueError(f"--sample-rate must be in (0, 1], got {q!r}")
+    estimator = args.estimator or "steinke"
+    if estimator == "fdp" and q < 1:
+        raise ValueError(f"--estimator fdp: needs a full-batch run (--sample-rate 1), got --sample-rate {q}; "
+                         "a subsampled run's tradeoff curve is not mu-GDP")
     confidence = 0.95 if args.confidence is None else args.confidence
     canaries = check_positive_int("--num-canaries", 1000 if args.num_canaries is None else args.num_canaries)
     epochs = check_positive_int("--epochs", 20 if args.epochs is None else args.epochs)
     result = experiment.audit_method(args.method, args.epsilon, args.delta, canaries, epochs, q,
-                                     seed=args.seed, broken=args.broken, confidence=confidence)
+                                     seed=args.seed, broken=args.broken, confidence=confidence,
+                                     estimator=estimator)
     what = f"BROKEN {args.broken}" if args.broken else result["method"]
     print(f"one-run audit of {what}: {result['num_canaries']} canaries, {result['steps']} steps, "
           f"score {result['score']} ({result['seconds']:.1f} s)")
     print(f"claimed epsilon: {result['claimed_epsilon']:.4g}  [{result['claim_source']}]")
     print(f"lower bound:     {result['lower_bound']:.4g}  ({result['correct']}/{result['guesses']} "
-          f"guesses correct; confidence {confidence})")
+          f"guesses correct; confidence {confidence}; estimator {estimator})")
+    if estimator == "fdp":
+        print(f"mu-GDP:          mu >= {result['gdp_mu_lb']:.4g}; the run's exact claim mu = "
+              f"{result['claimed_mu']:.4g} (sqrt(steps) / sigma)")
     print("power: not established against a 1.5x or 2x sensitivity error (docs/audit.md); the step audit "
           "(--mode step) states its power")
     if args.broken:
