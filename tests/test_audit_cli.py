@@ -28,6 +28,7 @@ def test_cli_names_match_the_experiment():
     (["--epsilon", "1", "--mode", "sampling", "--broken", "noise-2/3"], "--broken"),
     (["--epsilon", "1", "--replicas", "2"], "--replicas"),  # the step audit has no replicas
     (["--epsilon", "1", "--estimator", "fdp"], "--estimator"),  # the step audit has no estimator
+    (["--epsilon", "1", "--mode", "sampling", "--fit", "--replicas", "2"], "--fit"),
     (["--epsilon", "1", "--mode", "one-run", "--estimator", "fdp"], "--estimator fdp"),  # q = 0.2: refused
     (["--epsilon", "1", "--mode", "one-run", "--estimator", "fdp", "--sample-rate", "1", "--method", "dpvd"],
      "estimator 'fdp'"),
@@ -51,9 +52,18 @@ def test_step_audit_of_dpvd_flags_the_broken_noise_only(broken, tmp_path, capsys
     assert result["power_1_5x"] > 0.95
 
 
-def test_sampling_mode_flags_a_1_5x_rate(capsys):
-    assert cli.main(["audit", "--mode", "sampling", "--epsilon", "1", "--broken", "sample-rate-1.5x"]) == 0
-    assert "FLAGGED" in capsys.readouterr().out
+@pytest.mark.parametrize("fit", [False, True])
+def test_sampling_mode_flags_a_1_5x_rate(fit, capsys):
+    args = ["audit", "--mode", "sampling", "--epsilon", "1", "--broken", "sample-rate-1.5x"]
+    assert cli.main(args + (["--fit", "--steps", "100"] if fit else [])) == 0
+    printed = capsys.readouterr().out
+    assert "FLAGGED" in printed and ("model.fit consumed" in printed) == fit
+
+
+def test_sampling_mode_passes_an_honest_fit(capsys):
+    assert cli.main(["audit", "--mode", "sampling", "--epsilon", "1", "--fit", "--steps", "100"]) == 0
+    printed = capsys.readouterr().out
+    assert "passed" in printed and "as model.fit consumed them" in printed
 
 
 @pytest.mark.parametrize("broken", [None, "shard-overlap"])

@@ -5,6 +5,7 @@ import pytest
 
 import tfdpbnn
 import tfdpbnn.audit
+import tfdpbnn.audit.participation
 from tests._small_runs import DELTA, LOSS, small_data, small_model
 
 N, Q, STEPS, EPOCHS = 200, 0.1, 15, 2  # 600 participations expected; 900 at 1.5 q (sd about 23)
@@ -59,3 +60,8 @@ def test_result_refuses_batches_the_fit_did_not_count():
     list(data)  # read outside any fit: 3 batches, 0 steps
     with pytest.raises(ValueError, match="optimizer steps"):
         recorder.result()
+
+
+def test_fit_sampling_audit_refuses_mutations_a_fit_cannot_read():
+    with pytest.raises(ValueError, match="broken"):
+        tfdpbnn.audit.participation.fit_sampling_audit(broken="shard-overlap")

@@ -123,4 +123,42 @@ class ParticipationRecorder(tf.keras.callbacks.Callback):
         return audit_participation(batches, self.num_examples, self.sample_rate, alpha)
 
 
-__all__ = ["ParticipationRecorder"]
+def fit_sampling_audit(num_examples=2000, sample_rate=0.01, steps=300, broken=None, seed=0,
+                       alpha=1e-3):
+    """The sampling audit of a real ``model.fit``: a linear classifier trained with DP-SGD on Poisson batches.
+
+    ``num_examples`` Gaussian examples (4 features, 3 classes), ``tfdpbnn.DPSGDOptimizer`` with
+    ``sampling="poisson"`` at ``sample_rate``, one epoch of ``steps`` batches from
+    ``ParticipationRecorder.poisson_batches`` (a fixed debugging seed, so the audit repeats); returns
+    ``ParticipationRecorder.result(alpha)``. ``broken="sample-rate-1.5x"`` injects that mutation
+    (``tfdpbnn.audit.inject_bug``) into the pipeline the fit trains on.
+    """
+    import contextlib
+
+    import tfdpbnn
+    from tfdpbnn._validation import check_positive_int, check_sample_rate
+    from tfdpbnn.audit.mutations import inject_bug
+
+    n = check_positive_int("num_examples", num_examples)
+    q = check_sample_rate("sample_rate", sample_rate)
+    steps = check_positive_int("steps", steps)
+    if broken not in (None, "sample-rate-1.5x"):
+        raise ValueError(f"broken must be None or 'sample-rate-1.5x' (the pipeline mutation a single-device "
+                         f"fit reads), got {broken!r}")
+    rng = np.random.default_rng(seed)
+    x, y = rng.normal(size=(n, 4)).astype(np.float32), rng.integers(0, 3, n)
+    recorder = ParticipationRecorder()
+    with inject_bug(broken) if broken else contextlib.nullcontext():
+        data = recorder.poisson_batches(x, y, sample_rate=q, steps_per_epoch=steps, seed=seed,
+                                        debug_fixed_seed=True)
+    tf.keras.utils.set_random_seed(seed)
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=n, batch_size=max(1, round(q * n)),
+                                       sampling="poisson")
+    model.compile(optimizer=optimizer,
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(data, epochs=1, callbacks=[recorder], verbose=0)
+    return recorder.result(alpha)
+
+
+__all__ = ["ParticipationRecorder", "fit_sampling_audit"]

@@ -27,7 +27,7 @@ MODES = ("step", "sampling", "one-run", "multi-run")
 _BROKEN_BY_MODE = {"step": STEP_BROKEN, "sampling": SAMPLING_BROKEN, "one-run": BROKEN, "multi-run": ()}
 #: The options each mode reads (besides --method, --epsilon, --delta, --broken, --confidence, --seed, --json).
 _OPTIONS_BY_MODE = {"step": ("runs", "steps"),
-                    "sampling": ("steps", "sample_rate", "num_examples", "replicas"),
+                    "sampling": ("steps", "sample_rate", "num_examples", "replicas", "fit"),
                     "one-run": ("num_canaries", "epochs", "sample_rate", "estimator"),
                     "multi-run": ("runs", "steps", "num_examples")}
 
@@ -52,6 +52,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--epochs", type=int, default=None, help="one-run audit: epochs (default 20)")
     p.add_argument("--sample-rate", type=float, default=None,
                    help="one-run audit: Poisson rate q (0.2); sampling: declared q (0.01)")
+    p.add_argument("--fit", action="store_const", const=True, default=None,
+                   help="sampling: audit the batches a real model.fit consumed (ParticipationRecorder: "
+                        "DP-SGD on a linear model, one epoch of --steps batches), not the pipeline alone")
     p.add_argument("--estimator", default=None, choices=("steinke", "fdp"),
                    help="one-run: steinke (Steinke et al. 2023; default) or fdp (Mahloujifar et al. 2024, "
                         "mu-GDP claims; full-batch runs only: --sample-rate 1)")
@@ -73,7 +76,7 @@ def _check_arguments(args, mode) -> None:
     if args.confidence is not None:
         check_open_unit("--confidence", args.confidence)
     for option in ("runs", "steps", "num_canaries", "epochs", "sample_rate", "num_examples", "replicas",
-                   "estimator"):
+                   "estimator", "fit"):
         if getattr(args, option) is not None and option not in _OPTIONS_BY_MODE[mode]:
             flag = "--" + option.replace("_", "-")
             raise ValueError(f"{flag} does not apply to --mode {mode} (it reads: "
@@ -132,9 +135,20 @@ def _sampling(args) -> dict:
     steps = None if args.steps is None else check_positive_int("--steps", args.steps)
     alpha = 1e-3 if args.confidence is None else 1.0 - args.confidence
     replicas = check_positive_int("--replicas", 1 if args.replicas is None else args.replicas)
-    r = sampling_audit(n, q, steps, broken=args.broken, seed=args.seed, alpha=alpha, replicas=replicas)
+    if args.fit:
+        from tfdpbnn.audit.participation import fit_sampling_audit
+
+        if replicas > 1 or args.broken not in (None, "sample-rate-1.5x"):
+            raise ValueError("--fit audits a single-device fit: no --replicas, and --broken only "
+                             "sample-rate-1.5x")
+        r = fit_sampling_audit(n, q, 300 if steps is None else steps, broken=args.broken, seed=args.seed,
+                               alpha=alpha)
+    else:
+        r = sampling_audit(n, q, steps, broken=args.broken, seed=args.seed, alpha=alpha, replicas=replicas)
     source = "poisson_batches" if replicas == 1 else f"the shards of {replicas} replicas"
+    source += " as model.fit consumed them" if args.fit else ""
     what = f"BROKEN {args.broken}: {SAMPLING_MUTATIONS[args.broken]}" if args.broken else source
+    what += " (the batches model.fit consumed)" if args.fit and args.broken else ""
     print(f"sampling audit of {what}: n {r.num_examples}, declared q {r.sample_rate:g}, {r.steps} batches")
     print(f"participations {r.participations} (expected {r.expected_participations:.1f}); p-values: total "
           f"{r.p_total:.3g}, per-example counts {r.p_counts:.3g}, batch sizes {r.p_batch_sizes:.3g}")
