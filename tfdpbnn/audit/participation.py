@@ -34,7 +34,8 @@ class ParticipationRecorder(tf.keras.callbacks.Callback):
         recorder.result()                                        # SamplingAuditResult; .flagged
 
     The ids are recorded when a batch is produced; ``model.fit`` consumes every batch of a finite pipeline in
-    order, and ``result`` checks that the counts agree.
+    order, and ``result`` checks that the counts agree. Single-device fits (under ``tf.distribute`` audit the
+    replicas' shards with ``tfdpbnn.audit.sampling_audit(replicas=R)``).
     """
 
     def __init__(self):

@@ -4,9 +4,11 @@
 of runs of ``--steps`` full-batch steps with and without a white-box canary, through the method's own
 optimizer, vectorized (seconds). ``--broken NAME`` injects a deliberately broken mechanism
 (``tfdpbnn.audit.mutations``) and shows whether the audit flags it. ``--mode sampling``: the conformance test
-of Poisson batches (``tfdpbnn.audit.sampling``; ``--broken`` a broken pipeline). ``--mode one-run``: one
-training run of the method's DIGITS model with ``--num-canaries`` canaries (Steinke, Nasr & Jagielski 2023;
-``--broken`` one of its broken configurations). ``--mode multi-run`` (or ``--multi-run``): the multi-run
+of Poisson batches (``tfdpbnn.audit.sampling``; ``--broken`` a broken pipeline; ``--fit`` the batches a real
+``model.fit`` consumed, ``tfdpbnn.audit.ParticipationRecorder``). ``--mode one-run``: one training run of the
+method's DIGITS model with ``--num-canaries`` canaries (Steinke, Nasr & Jagielski 2023; ``--broken`` one of
+its broken configurations; ``--estimator fdp`` the f-DP bound of Mahloujifar, Melis & Chaudhuri 2024 for a
+full-batch run). ``--mode multi-run`` (or ``--multi-run``): the multi-run
 audit of full-batch DP-SGD through ``model.fit`` (DP-SGD only). See docs/audit.md.
 """
 
