@@ -149,10 +149,10 @@ def fit_sampling_audit(num_examples=2000, sample_rate=0.01, steps=300, broken=No
     rng = np.random.default_rng(seed)
     x, y = rng.normal(size=(n, 4)).astype(np.float32), rng.integers(0, 3, n)
     recorder = ParticipationRecorder()
+    tf.keras.utils.set_random_seed(seed)  # before the pipeline: its draws then repeat within one process too
     with inject_bug(broken) if broken else contextlib.nullcontext():
         data = recorder.poisson_batches(x, y, sample_rate=q, steps_per_epoch=steps, seed=seed,
                                         debug_fixed_seed=True)
-    tf.keras.utils.set_random_seed(seed)
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
     optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=n, batch_size=max(1, round(q * n)),
                                        sampling="poisson")
