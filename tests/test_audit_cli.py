@@ -27,6 +27,11 @@ def test_cli_names_match_the_experiment():
     (["--epsilon", "1", "--multi-run", "--broken", "noise-2/3"], "--broken"),
     (["--epsilon", "1", "--mode", "sampling", "--broken", "noise-2/3"], "--broken"),
     (["--epsilon", "1", "--replicas", "2"], "--replicas"),  # the step audit has no replicas
+    (["--epsilon", "1", "--estimator", "fdp"], "--estimator"),  # the step audit has no estimator
+    (["--epsilon", "1", "--mode", "sampling", "--fit", "--replicas", "2"], "--fit"),
+    (["--epsilon", "1", "--mode", "one-run", "--estimator", "fdp"], "--estimator fdp"),  # q = 0.2: refused
+    (["--epsilon", "1", "--mode", "one-run", "--estimator", "fdp", "--sample-rate", "1", "--method", "dpvd"],
+     "estimator 'fdp'"),
 ])
 def test_bad_arguments_exit_2(argv, message, capsys):
     assert cli.main(["audit", *argv]) == 2
@@ -47,9 +52,18 @@ def test_step_audit_of_dpvd_flags_the_broken_noise_only(broken, tmp_path, capsys
     assert result["power_1_5x"] > 0.95
 
 
-def test_sampling_mode_flags_a_1_5x_rate(capsys):
-    assert cli.main(["audit", "--mode", "sampling", "--epsilon", "1", "--broken", "sample-rate-1.5x"]) == 0
-    assert "FLAGGED" in capsys.readouterr().out
+@pytest.mark.parametrize("fit", [False, True])
+def test_sampling_mode_flags_a_1_5x_rate(fit, capsys):
+    args = ["audit", "--mode", "sampling", "--epsilon", "1", "--broken", "sample-rate-1.5x"]
+    assert cli.main(args + (["--fit", "--steps", "100"] if fit else [])) == 0
+    printed = capsys.readouterr().out
+    assert "FLAGGED" in printed and ("model.fit consumed" in printed) == fit
+
+
+def test_sampling_mode_passes_an_honest_fit(capsys):
+    assert cli.main(["audit", "--mode", "sampling", "--epsilon", "1", "--fit", "--steps", "100"]) == 0
+    printed = capsys.readouterr().out
+    assert "passed" in printed and "as model.fit consumed them" in printed
 
 
 @pytest.mark.parametrize("broken", [None, "shard-overlap"])
@@ -71,3 +85,17 @@ def test_multi_run_tiny(tmp_path, capsys):
     assert result["reported_epsilon"] == pytest.approx(8.0, rel=0.02)
     assert 0.0 <= result["gdp_epsilon_lb"] <= result["reported_epsilon"]
     assert "lower bound" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("broken", [None, "sigma0"])
+def test_one_run_fdp_estimator_on_a_full_batch_run(broken, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    argv = ["audit", "--mode", "one-run", "--epsilon", "1", "--sample-rate", "1", "--epochs", "2",
+            "--num-canaries", "200", "--estimator", "fdp", "--json", str(out)]
+    assert cli.main(argv + (["--broken", broken] if broken else [])) == 0
+    result = json.loads(out.read_text())
+    assert result["estimator"] == "fdp" and result["steps"] == 2
+    # Two full-batch steps: mu = sqrt(2) / sigma exactly, sigma the declared (calibrated) noise multiplier.
+    assert result["claimed_mu"] == pytest.approx(2 ** 0.5 / result["declared_noise_multiplier"])
+    assert result["caught"] == (broken is not None) == (result["gdp_mu_lb"] > result["claimed_mu"])
+    assert "mu-GDP:" in capsys.readouterr().out

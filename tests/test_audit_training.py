@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import tfdpbnn
+import tfdpbnn.audit
 from tfdpbnn.audit import GradientCanaryAudit, canary_losses, multi_run_scores, with_gradient_canaries
 
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -81,3 +82,43 @@ def test_bad_arguments():
         with_gradient_canaries(_mlp(), 3, 1.0, gain_factor=0.5)
     with pytest.raises(ValueError, match="included"):
         GradientCanaryAudit(num_canaries=3, included=np.array([1, 0, 1]))
+
+
+def _full_batch_run(noise_multiplier, num_canaries=300, bug=None):
+    import contextlib
+
+    x, y = _data()
+    audit = GradientCanaryAudit(num_canaries=num_canaries, seed=0)
+    model = audit.wrap(_mlp(), l2_norm_clip=1.0)
+    inputs, targets, weights = audit.data(x, y)
+    n = len(targets["task"])
+    opt = tfdpbnn.DPSGDOptimizer(1.0, noise_multiplier, num_examples=n, batch_size=n, sampling="shuffle",
+                                 learning_rate=0.5, delta=1e-5)
+    model.compile(optimizer=opt, loss=audit.losses(LOSS))
+    with tfdpbnn.audit.inject_bug("noise-2/3", bug) if bug else contextlib.nullcontext():
+        model.fit(inputs, targets, sample_weight=weights, batch_size=n, epochs=1, callbacks=[audit.recorder],
+                  verbose=0)
+    return audit, model, opt
+
+
+def test_fdp_estimator_on_full_batch_runs():
+    # One full-batch step at sigma = 4 is exactly 0.25-GDP (Dong, Roth & Su 2019, Corollary 3.3).
+    audit, model, opt = _full_batch_run(4.0)
+    assert audit.claimed_mu(opt) == pytest.approx(0.25)
+    honest, score = audit.result(model, opt, delta=1e-5, estimator="fdp")
+    assert score == "likelihood_ratio" and honest.mu <= audit.claimed_mu(opt)
+    # Noise at 0.1 sigma C (true mu 2.5, ten times the claim): the f-DP bound rejects the claim, and with
+    # these scores it is at least Steinke et al.'s epsilon bound.
+    audit, model, opt = _full_batch_run(4.0, bug=0.1)
+    broken, _ = audit.result(model, opt, delta=1e-5, estimator="fdp")
+    steinke, _ = audit.result(model, opt, delta=1e-5)
+    assert broken.mu > audit.claimed_mu(opt)
+    assert broken.epsilon >= steinke.epsilon > 0
+
+
+def test_fdp_estimator_refuses_subsampled_runs():
+    audit, model, opt = _one_run(1.0, num_canaries=50, epochs=1)
+    with pytest.raises(ValueError, match="not mu-GDP"):
+        audit.result(model, opt, delta=1e-5, estimator="fdp")
+    with pytest.raises(ValueError, match="estimator"):
+        audit.result(model, opt, delta=1e-5, estimator="gdp")

@@ -25,6 +25,7 @@ from tfdpbnn.audit.fdp_one_run import FdpOneRunResult, fdp_claim_rejected, one_r
 from tfdpbnn.audit.gradient_audit import GradientCanaryAudit
 from tfdpbnn.audit.multi_run import multi_run_scores
 from tfdpbnn.audit.mutations import MUTATIONS, PIPELINE_MUTATIONS, STEP_MUTATIONS, inject_bug
+from tfdpbnn.audit.participation import ParticipationRecorder
 from tfdpbnn.audit.sampling import SamplingAuditResult, audit_participation, sampling_audit
 from tfdpbnn.audit.scores import UpdateRecorder, displacement_scores, likelihood_ratio_scores, update_unit
 from tfdpbnn.audit.shift import ShiftBound, paired_shift_bound, paired_shift_power
@@ -37,6 +38,7 @@ __all__ = [
     "STEP_MUTATIONS",
     "fdp_claim_rejected",
     "one_run_gdp_bound",
+    "ParticipationRecorder",
     "SamplingAuditResult",
     "ShiftBound",
     "StepAuditResult",

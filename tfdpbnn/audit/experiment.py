@@ -125,12 +125,15 @@ def _blackbox(base_model, x_canary, y_canary, included, delta, confidence) -> di
 
 
 def audit_method(method="dpsgd", epsilon=1.0, delta=1e-5, num_canaries=1000, epochs=20, sample_rate=0.2,
-                 hidden=64, seed=0, broken=None, confidence=0.95, input_canaries=200) -> dict:
+                 hidden=64, seed=0, broken=None, confidence=0.95, input_canaries=200,
+                 estimator="steinke") -> dict:
     """One-run audit of one method (or one ``BROKEN`` configuration) at a budget ``epsilon``.
 
     ``num_canaries`` Dirac gradient canaries (white-box) and ``input_canaries`` mislabeled DIGITS test
     images (black-box), each included with probability 1/2, in the same run. Returns a dict: the claimed
     epsilon and where it comes from, both lower bounds, the score used, steps, sigma and wall time.
+    ``estimator``: the white-box bound's, "steinke" or "fdp" (``GradientCanaryAudit.result``; full-batch
+    runs, ``sample_rate=1``, only; adds "gdp_mu_lb" and the run's exact "claimed_mu").
     """
     import tfdpbnn
 
@@ -142,6 +145,12 @@ def audit_method(method="dpsgd", epsilon=1.0, delta=1e-5, num_canaries=1000, epo
         method = "dpsgd"
     elif broken == "sidp-paper":
         method = "sidp-ln"
+    if estimator not in ("steinke", "fdp"):
+        raise ValueError(f"estimator must be 'steinke' or 'fdp', got {estimator!r}")
+    if estimator == "fdp" and (method not in ("dpsgd", "dpadam") or sample_rate != 1):
+        raise ValueError(f"estimator 'fdp' audits full-batch DP-SGD / DP-Adam (sample_rate=1; each step one "
+                         f"Gaussian mechanism, mu = sqrt(steps) / sigma), got method={method!r}, "
+                         f"sample_rate={sample_rate!r}")
     start = time.perf_counter()
     (x, y), (x_test, y_test) = _digits()
     if not 0 <= input_canaries <= len(x_test) - 64:
@@ -189,7 +198,11 @@ def audit_method(method="dpsgd", epsilon=1.0, delta=1e-5, num_canaries=1000, epo
         if method.startswith("sidp"):
             opt.release_weights(model)  # what SI-DPSGD releases: one sample theta = mu + s xi
         score = "displacement" if broken == "sidp-paper" else "auto"
-        result, score = audit.result(model, opt, delta=delta, confidence=confidence, score=score)
+        result, score = audit.result(model, opt, delta=delta, confidence=confidence, score=score,
+                                     estimator=estimator)
+        # The declared sigma's claim (a broken run keeps its declared accounting); add/remove neighbours.
+        fdp = {"gdp_mu_lb": result.mu, "claimed_mu": math.sqrt(opt.steps) / declared_sigma} \
+            if estimator == "fdp" else {}
         blackbox = _blackbox(base, x_in, y_in, in_included, delta, confidence) if input_canaries else {}
     steps = opt.steps
     reported = None if broken == "sigma0" else opt.epsilon()
@@ -206,7 +219,7 @@ def audit_method(method="dpsgd", epsilon=1.0, delta=1e-5, num_canaries=1000, epo
         "noise_multiplier": opt.noise_multiplier, "declared_noise_multiplier": declared_sigma,
         "sample_rate": batch_size / n, "confidence": confidence, "delta": delta, "notes": notes,
         "warnings": sorted({str(w.message)[:100] for w in caught if issubclass(w.category, UserWarning)}),
-        **blackbox, "seconds": time.perf_counter() - start,
+        "estimator": estimator, **fdp, **blackbox, "seconds": time.perf_counter() - start,
     }
 
 

@@ -8,10 +8,13 @@ correct guesses into a lower bound on epsilon. See ``docs/audit.md``.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from tfdpbnn.audit import canaries as C
 from tfdpbnn.audit.bounds import one_run_epsilon
+from tfdpbnn.audit.fdp_one_run import one_run_gdp_bound
 from tfdpbnn.audit.scores import UpdateRecorder, displacement_scores, likelihood_ratio_scores, update_unit
 
 
@@ -86,7 +89,42 @@ class GradientCanaryAudit:
         return likelihood_ratio_scores(weights, unit, optimizer.noise_multiplier,
                                        optimizer.sample_rate), "likelihood_ratio"
 
-    def result(self, model, optimizer, delta, confidence=0.95, score="auto"):
-        """``(OneRunResult, score_name)``: the one-run lower bound on epsilon at ``confidence``."""
+    def result(self, model, optimizer, delta, confidence=0.95, score="auto", estimator="steinke"):
+        """``(result, score_name)``: the one-run lower bound on epsilon at ``confidence``.
+
+        ``estimator="steinke"``: ``tfdpbnn.audit.one_run_epsilon`` (Steinke, Nasr & Jagielski 2023), a
+        ``OneRunResult``. ``estimator="fdp"``: ``tfdpbnn.audit.one_run_gdp_bound`` (Mahloujifar, Melis &
+        Chaudhuri 2024 with mu-GDP claims), a ``FdpOneRunResult`` whose ``mu`` compares with the run's exact
+        claim ``sqrt(steps) / noise_multiplier`` (``claimed_mu``). Only for full-batch runs (sample rate 1):
+        every step is then the Gaussian mechanism and T steps are exactly mu-GDP (Dong, Roth & Su 2019,
+        Corollary 3.3); a subsampled run's tradeoff curve is not Gaussian, so a GDP claim is not its claim
+        and the estimator is refused.
+        """
+        if estimator not in ("steinke", "fdp"):
+            raise ValueError(f"estimator must be 'steinke' or 'fdp', got {estimator!r}")
+        if estimator == "fdp":
+            self.claimed_mu(optimizer)  # refuses subsampled runs before any work
         scores, name = self.scores(model, optimizer, score)
+        if estimator == "fdp":
+            return one_run_gdp_bound(scores, self.included, delta=delta, confidence=confidence), name
         return one_run_epsilon(scores, self.included, delta=delta, confidence=confidence), name
+
+    @staticmethod
+    def claimed_mu(optimizer) -> float:
+        """The exact mu-GDP claim of a full-batch run: ``sqrt(steps) / noise_multiplier`` (sensitivity C).
+
+        Dong, Roth & Su (2019), Corollary 3.3 (add/remove neighbours; "replace_one" doubles the sensitivity).
+        Raises ValueError for a subsampled run (sample rate below 1), whose claim is not Gaussian.
+        """
+        if optimizer.sample_rate < 1.0:
+            raise ValueError(
+                f"estimator 'fdp': the run samples at q = {optimizer.sample_rate:.4g} < 1; its tradeoff "
+                "curve (a subsampled Gaussian composition) is not mu-GDP, so the f-DP one-run audit with GDP "
+                "claims does not apply. Audit a full-batch run (batch_size = num_examples) or use "
+                "estimator='steinke'")
+        sigma = float(optimizer.noise_multiplier)
+        if sigma <= 0:
+            return math.inf
+        from tfdpbnn.privacy.budget import SENSITIVITY
+
+        return SENSITIVITY[optimizer.neighboring] * math.sqrt(int(optimizer.steps)) / sigma

@@ -4,9 +4,11 @@
 of runs of ``--steps`` full-batch steps with and without a white-box canary, through the method's own
 optimizer, vectorized (seconds). ``--broken NAME`` injects a deliberately broken mechanism
 (``tfdpbnn.audit.mutations``) and shows whether the audit flags it. ``--mode sampling``: the conformance test
-of Poisson batches (``tfdpbnn.audit.sampling``; ``--broken`` a broken pipeline). ``--mode one-run``: one
-training run of the method's DIGITS model with ``--num-canaries`` canaries (Steinke, Nasr & Jagielski 2023;
-``--broken`` one of its broken configurations). ``--mode multi-run`` (or ``--multi-run``): the multi-run
+of Poisson batches (``tfdpbnn.audit.sampling``; ``--broken`` a broken pipeline; ``--fit`` the batches a real
+``model.fit`` consumed, ``tfdpbnn.audit.ParticipationRecorder``). ``--mode one-run``: one training run of the
+method's DIGITS model with ``--num-canaries`` canaries (Steinke, Nasr & Jagielski 2023; ``--broken`` one of
+its broken configurations; ``--estimator fdp`` the f-DP bound of Mahloujifar, Melis & Chaudhuri 2024 for a
+full-batch run). ``--mode multi-run`` (or ``--multi-run``): the multi-run
 audit of full-batch DP-SGD through ``model.fit`` (DP-SGD only). See docs/audit.md.
 """
 
@@ -27,8 +29,8 @@ MODES = ("step", "sampling", "one-run", "multi-run")
 _BROKEN_BY_MODE = {"step": STEP_BROKEN, "sampling": SAMPLING_BROKEN, "one-run": BROKEN, "multi-run": ()}
 #: The options each mode reads (besides --method, --epsilon, --delta, --broken, --confidence, --seed, --json).
 _OPTIONS_BY_MODE = {"step": ("runs", "steps"),
-                    "sampling": ("steps", "sample_rate", "num_examples", "replicas"),
-                    "one-run": ("num_canaries", "epochs", "sample_rate"),
+                    "sampling": ("steps", "sample_rate", "num_examples", "replicas", "fit"),
+                    "one-run": ("num_canaries", "epochs", "sample_rate", "estimator"),
                     "multi-run": ("runs", "steps", "num_examples")}
 
 
@@ -52,6 +54,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--epochs", type=int, default=None, help="one-run audit: epochs (default 20)")
     p.add_argument("--sample-rate", type=float, default=None,
                    help="one-run audit: Poisson rate q (0.2); sampling: declared q (0.01)")
+    p.add_argument("--fit", action="store_const", const=True, default=None,
+                   help="sampling: audit the batches a real model.fit consumed (ParticipationRecorder: "
+                        "DP-SGD on a linear model, one epoch of --steps batches), not the pipeline alone")
+    p.add_argument("--estimator", default=None, choices=("steinke", "fdp"),
+                   help="one-run: steinke (Steinke et al. 2023; default) or fdp (Mahloujifar et al. 2024, "
+                        "mu-GDP claims; full-batch runs only: --sample-rate 1)")
     p.add_argument("--multi-run", action="store_true", help="same as --mode multi-run")
     p.add_argument("--num-examples", type=int, default=None,
                    help="multi-run: DIGITS examples (default 255); sampling: n (default 2000)")
@@ -69,7 +77,8 @@ def _check_arguments(args, mode) -> None:
     check_open_unit("--delta", args.delta)
     if args.confidence is not None:
         check_open_unit("--confidence", args.confidence)
-    for option in ("runs", "steps", "num_canaries", "epochs", "sample_rate", "num_examples", "replicas"):
+    for option in ("runs", "steps", "num_canaries", "epochs", "sample_rate", "num_examples", "replicas",
+                   "estimator", "fit"):
         if getattr(args, option) is not None and option not in _OPTIONS_BY_MODE[mode]:
             flag = "--" + option.replace("_", "-")
             raise ValueError(f"{flag} does not apply to --mode {mode} (it reads: "
@@ -128,9 +137,20 @@ def _sampling(args) -> dict:
     steps = None if args.steps is None else check_positive_int("--steps", args.steps)
     alpha = 1e-3 if args.confidence is None else 1.0 - args.confidence
     replicas = check_positive_int("--replicas", 1 if args.replicas is None else args.replicas)
-    r = sampling_audit(n, q, steps, broken=args.broken, seed=args.seed, alpha=alpha, replicas=replicas)
+    if args.fit:
+        from tfdpbnn.audit.participation import fit_sampling_audit
+
+        if replicas > 1 or args.broken not in (None, "sample-rate-1.5x"):
+            raise ValueError("--fit audits a single-device fit: no --replicas, and --broken only "
+                             "sample-rate-1.5x")
+        r = fit_sampling_audit(n, q, 300 if steps is None else steps, broken=args.broken, seed=args.seed,
+                               alpha=alpha)
+    else:
+        r = sampling_audit(n, q, steps, broken=args.broken, seed=args.seed, alpha=alpha, replicas=replicas)
     source = "poisson_batches" if replicas == 1 else f"the shards of {replicas} replicas"
+    source += " as model.fit consumed them" if args.fit else ""
     what = f"BROKEN {args.broken}: {SAMPLING_MUTATIONS[args.broken]}" if args.broken else source
+    what += " (the batches model.fit consumed)" if args.fit and args.broken else ""
     print(f"sampling audit of {what}: n {r.num_examples}, declared q {r.sample_rate:g}, {r.steps} batches")
     print(f"participations {r.participations} (expected {r.expected_participations:.1f}); p-values: total "
           f"{r.p_total:.3g}, per-example counts {r.p_counts:.3g}, batch sizes {r.p_batch_sizes:.3g}")
@@ -173,17 +193,25 @@ def _one_run(args) -> dict:
     q = 0.2 if args.sample_rate is None else args.sample_rate
     if not 0 < q <= 1:
         raise ValueError(f"--sample-rate must be in (0, 1], got {q!r}")
+    estimator = args.estimator or "steinke"
+    if estimator == "fdp" and q < 1:
+        raise ValueError(f"--estimator fdp: needs a full-batch run (--sample-rate 1), got --sample-rate {q}; "
+                         "a subsampled run's tradeoff curve is not mu-GDP")
     confidence = 0.95 if args.confidence is None else args.confidence
     canaries = check_positive_int("--num-canaries", 1000 if args.num_canaries is None else args.num_canaries)
     epochs = check_positive_int("--epochs", 20 if args.epochs is None else args.epochs)
     result = experiment.audit_method(args.method, args.epsilon, args.delta, canaries, epochs, q,
-                                     seed=args.seed, broken=args.broken, confidence=confidence)
+                                     seed=args.seed, broken=args.broken, confidence=confidence,
+                                     estimator=estimator)
     what = f"BROKEN {args.broken}" if args.broken else result["method"]
     print(f"one-run audit of {what}: {result['num_canaries']} canaries, {result['steps']} steps, "
           f"score {result['score']} ({result['seconds']:.1f} s)")
     print(f"claimed epsilon: {result['claimed_epsilon']:.4g}  [{result['claim_source']}]")
     print(f"lower bound:     {result['lower_bound']:.4g}  ({result['correct']}/{result['guesses']} "
-          f"guesses correct; confidence {confidence})")
+          f"guesses correct; confidence {confidence}; estimator {estimator})")
+    if estimator == "fdp":
+        print(f"mu-GDP:          mu >= {result['gdp_mu_lb']:.4g}; the run's exact claim mu = "
+              f"{result['claimed_mu']:.4g} (sqrt(steps) / sigma)")
     print("power: not established against a 1.5x or 2x sensitivity error (docs/audit.md); the step audit "
           "(--mode step) states its power")
     if args.broken:
