@@ -206,6 +206,34 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
+def comparison(rows) -> str:
+    """Markdown: each Bayesian method against DP-SGD at the same epsilon, no public data (means over seeds).
+
+    NLL: lower is better; AUROC: higher. "matches" = at most 0.01 worse (NLL) / 0.005 lower (AUROC).
+    """
+    def mean(method, eps, key):
+        v = [r[key] for r in rows if r["method"] == method and r["epsilon"] == eps and r["arm"] == "none"]
+        return (float(np.mean(v)), len(v)) if v else (None, 0)
+
+    lines = ["| method | epsilon | seeds | NLL (DP-SGD) | AUROC noise (DP-SGD) | AUROC inverted (DP-SGD) | "
+             "AUROC rot180 (DP-SGD) | matches DP-SGD on |", "|" + " --- |" * 8]
+    for eps in (1.0, 4.0):
+        for method in METHODS[1:]:
+            nll, seeds = mean(method, eps, "nll")
+            ref, _ = mean("dpsgd", eps, "nll")
+            if nll is None or ref is None:
+                continue
+            cells, wins = [f"{nll:.3f} ({ref:.3f})"], ["NLL"] if nll <= ref + 0.01 else []
+            for key, name in (("auroc_noise", "noise"), ("auroc_inverted", "inverted"),
+                              ("auroc_rot180", "rot180")):
+                v, r = mean(method, eps, key)[0], mean("dpsgd", eps, key)[0]
+                cells.append(f"{v:.3f} ({r:.3f})")
+                wins += [name] if v >= r - 0.005 else []
+            lines.append(f"| {method} | {eps:g} | {seeds} | " + " | ".join(cells)
+                         + f" | {', '.join(wins) or 'none'} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     """Run the rows not yet in ``--out``/results.json, appending each as it finishes; write the table."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -252,7 +280,8 @@ def main(argv=None) -> int:
 
 def _write_tables(results, args):
     """``table.md`` under ``--out``, and the marked table of ``--doc`` if the page has the markers."""
-    text = table(results["rows"])
+    text = (table(results["rows"]) + "\n\nBayesian methods against DP-SGD (no public data; mean over "
+            "seeds):\n\n" + comparison(results["rows"]))
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(text + "\n")
     if args.doc and os.path.exists(args.doc):
