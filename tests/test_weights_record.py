@@ -119,6 +119,18 @@ def _crash_then_resume(tmp_path, fit_input, opt_kwargs=(), epochs=3):
     return model, opt
 
 
+def _crash_with_backup(tmp_path, x, y):
+    """A DP fit of 3 epochs with BackupAndRestore that crashes in epoch 2; returns the backup directory."""
+    model = small_model()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
+                  loss=LOSS)
+    backup_dir = str(tmp_path / "backup")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        model.fit(x, y, batch_size=8, epochs=3, verbose=0,
+                  callbacks=[tf.keras.callbacks.BackupAndRestore(backup_dir), _Crash()])
+    return backup_dir
+
+
 def test_resumed_shuffled_epoch_counts_the_interrupted_partial_pass(tmp_path):
     x, y = small_data()
     _, opt = _crash_then_resume(tmp_path, (x, y, 8))
@@ -133,13 +145,7 @@ def test_resumed_shuffled_epoch_counts_the_interrupted_partial_pass(tmp_path):
 
 def test_resumed_run_in_a_new_model_from_the_backup_counts_the_partial_pass(tmp_path):
     x, y = small_data()
-    model = small_model()
-    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
-                  loss=LOSS)
-    backup_dir = str(tmp_path / "backup")
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        model.fit(x, y, batch_size=8, epochs=3, verbose=0,
-                  callbacks=[tf.keras.callbacks.BackupAndRestore(backup_dir), _Crash()])
+    backup_dir = _crash_with_backup(tmp_path, x, y)
     # As a new process would: a new model and optimizer, the backup (weights and optimizer state) restored.
     path = (tf.train.latest_checkpoint(os.path.join(backup_dir, "chief"))
             or tf.train.latest_checkpoint(backup_dir))
@@ -175,13 +181,7 @@ def test_resumed_poisson_run_counts_every_step_that_ran(tmp_path):
 
 def test_new_model_resuming_from_an_earlier_runs_backup_inherits_its_record(tmp_path):
     x, y = small_data()
-    model = small_model()
-    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
-                  loss=LOSS)
-    backup_dir = str(tmp_path / "backup")
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        model.fit(x, y, batch_size=8, epochs=3, verbose=0,
-                  callbacks=[tf.keras.callbacks.BackupAndRestore(backup_dir), _Crash()])
+    backup_dir = _crash_with_backup(tmp_path, x, y)
     # As a new process would: a new model and optimizer, fit with the same BackupAndRestore directory.
     fresh = small_model(seed=1)
     opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)

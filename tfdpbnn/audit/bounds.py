@@ -245,6 +245,23 @@ class OneRunResult:
     delta: float
 
 
+#: The guess sizes a one-run audit tries by default, as fractions of the number of canaries m.
+GUESS_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+
+
+def check_canary_scores(scores, included):
+    """``(scores, included)`` of a one-run audit as flat float / bool arrays, after checking them."""
+    scores = np.asarray(scores, dtype=float).ravel()
+    included = np.asarray(included).ravel()
+    if scores.shape != included.shape or scores.size == 0:
+        raise ValueError("scores and included must be non-empty and of the same length")
+    if included.dtype != bool:
+        raise ValueError(f"included must be boolean, got dtype {included.dtype}")
+    if not np.all(np.isfinite(scores)):
+        raise ValueError("scores must be finite")
+    return scores, included
+
+
 def one_run_epsilon(scores, included, delta=0.0, confidence=0.95, guesses=None) -> OneRunResult:
     """Lower bound on epsilon from ONE run with m canaries (Steinke, Nasr & Jagielski 2023).
 
@@ -258,19 +275,12 @@ def one_run_epsilon(scores, included, delta=0.0, confidence=0.95, guesses=None) 
         and one-sided k_plus in the same grid. Trying several is paid for by a union bound (each is tested
         at level (1 - confidence) / len(guesses)), so the result holds at ``confidence`` overall.
     """
-    scores = np.asarray(scores, dtype=float).ravel()
-    included = np.asarray(included).ravel()
-    if scores.shape != included.shape or scores.size == 0:
-        raise ValueError("scores and included must be non-empty and of the same length")
-    if included.dtype != bool:
-        raise ValueError(f"included must be boolean, got dtype {included.dtype}")
-    if not np.all(np.isfinite(scores)):
-        raise ValueError("scores must be finite")
+    scores, included = check_canary_scores(scores, included)
     m = scores.size
     delta = _check_delta(delta)
     alpha = 1.0 - _check_confidence(confidence)
     if guesses is None:
-        ks = sorted({max(1, int(m * f)) for f in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)})
+        ks = sorted({max(1, int(m * f)) for f in GUESS_FRACTIONS})
         guesses = [(k, k) for k in ks if 2 * k <= m] + [(k, 0) for k in ks]
     guesses = [(int(kp), int(km)) for kp, km in guesses]
     for kp, km in guesses:

@@ -24,7 +24,7 @@ import math
 import numpy as np
 from scipy import optimize, stats
 
-from tfdpbnn.audit.bounds import _check_confidence, _check_delta
+from tfdpbnn.audit.bounds import GUESS_FRACTIONS, _check_confidence, _check_delta, check_canary_scores
 
 
 def gdp_tradeoff(mu: float):
@@ -92,19 +92,12 @@ def one_run_gdp_bound(scores, included, delta, confidence=0.95, guesses=None) ->
     """
     from tfdpbnn.privacy.gdp import gdp_epsilon
 
-    scores = np.asarray(scores, dtype=float).ravel()
-    included = np.asarray(included).ravel()
-    if scores.shape != included.shape or scores.size == 0:
-        raise ValueError("scores and included must be non-empty and of the same length")
-    if included.dtype != bool:
-        raise ValueError(f"included must be boolean, got dtype {included.dtype}")
-    if not np.all(np.isfinite(scores)):
-        raise ValueError("scores must be finite")
+    scores, included = check_canary_scores(scores, included)
     m = scores.size
     delta = _check_delta(delta)
     alpha = 1.0 - _check_confidence(confidence)
     if guesses is None:
-        guesses = sorted({max(1, int(m * f)) for f in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)})
+        guesses = sorted({max(1, int(m * f)) for f in GUESS_FRACTIONS})
     guesses = [int(k) for k in guesses]
     if any(not 1 <= k <= m for k in guesses):
         raise ValueError(f"guesses: each k must be in [1, {m}], got {guesses}")
