@@ -95,11 +95,7 @@ def _dp_fit_arguments(model, optimizer, arguments):
     from tfdpbnn.privacy.store import input_fingerprint
 
     optimizer._dp_record.begin(model, input_fingerprint(x, arguments.get("y")), planned)
-    released = optimizer.release_training_metrics
-    if released:
-        optimizer.note_uncovered_release("training_metrics")
-        if released is not True:
-            optimizer._dp_uncovered["training_metrics"] += f": {', '.join(released)}"
+    optimizer.note_released_training_metrics()
     if arguments.get("validation_split"):
         optimizer.note_uncovered_release("validation_split")
     if arguments.get("validation_data") is not None:

@@ -3,11 +3,15 @@
 ``optimizer.privacy_statement()`` returns it and ``tfdpbnn.export_saved_model`` saves it as JSON beside the
 model. ``epsilon`` is the optimizer's sound accountant's bound for every phase of the model's training (the
 privacy ledger: what was counted, and whether the sampling was verified or asserted by the user);
-``approximate_epsilon`` lists approximations beside it, which are not guarantees.
+``approximate_epsilon`` lists approximations beside it, which are not guarantees. ``guarantee`` is False
+when the noise is replayable (``debug_noise_seed``): then ``epsilon`` is infinite, the accountant's value
+for secret noise is kept as ``epsilon_if_noise_were_secret``, ``guarantee_reason`` says why, and no
+epsilon in the statement is a guarantee.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 
 from tfdpbnn.optimizers import noise
@@ -71,6 +75,8 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
         "asserted_by_user": asserted,
         "target_epsilon": optimizer.target_epsilon,
         "noise": {"secure_mode": optimizer._dp_static["secure_mode"],
+                  "source": _noise_source(optimizer),
+                  "replayable": optimizer.mechanism.noise_replayable,
                   "max_abs_noise_over_sigma_c": noise.max_radius(),
                   "tail_reveal_probability_per_step": (
                       noise.tail_reveal_probability(optimizer.noise_multiplier)
@@ -84,7 +90,31 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
                         "note": "released by these runs but covered by no epsilon above"},
         **optimizer._dp_statement_extras(),
     }
-    return add_other_releases(statement, optimizer, delta)
+    return _mark_guarantee(add_other_releases(statement, optimizer, delta), optimizer)
+
+
+def _noise_source(optimizer) -> str:
+    """What the noise of ``optimizer``'s steps depends on, in words (``tfdpbnn.optimizers.noise``)."""
+    if optimizer.mechanism.noise_replayable:
+        return f"replayable: Philox keyed by debug_noise_seed={optimizer._dp_static['debug_noise_seed']}"
+    if optimizer._dp_static["secure_mode"]:
+        return "os.urandom: 128 fresh bits per step (secure_mode)"
+    return "Philox keyed by 128 bits of os.urandom drawn per run, and a step counter; no user-settable seed"
+
+
+def _mark_guarantee(statement: dict, optimizer) -> dict:
+    """``guarantee``: False for replayable noise (``debug_noise_seed``): epsilon infinite, and the reason."""
+    replayable = optimizer.mechanism.noise_replayable
+    statement["guarantee"] = not replayable
+    if replayable:
+        statement["guarantee_reason"] = (
+            "noise replayable: no guarantee. The optimizer was built with debug_noise_seed="
+            f"{optimizer._dp_static['debug_noise_seed']}, so whoever knows the seed can subtract the noise. "
+            "epsilon is infinite; epsilon_if_noise_were_secret and the per-accountant values are what the "
+            "accountant gives for secret noise, not guarantees.")
+        statement["epsilon_if_noise_were_secret"] = statement["epsilon"]
+        statement["epsilon"] = math.inf
+    return statement
 
 
 __all__ = ["build_statement"]
