@@ -705,10 +705,9 @@ class DPOptimizerMixin:
             loss_mean = _private_api.total_loss_metric(model)
             if loss_mean is not None:
                 loss_mean.update_state(total_loss, sample_weight=realized)
+            logs["loss"] = total_loss if loss_mean is None else loss_mean.result()
         if names is None or names - {"loss"}:
-            logs = dict(model.compute_metrics(x, y, clipped.y_pred, sample_weight))
-        if names is None or "loss" in names:
-            logs.setdefault("loss", total_loss)
+            logs.update(model.compute_metrics(x, y, clipped.y_pred, sample_weight))
         if names is None:
             return logs
         logs = {k: v for k, v in logs.items() if k in names}
