@@ -2,8 +2,9 @@
 
 After ``tf.keras.utils.set_random_seed(0)`` two identical DP runs must release different noise (else two
 runs on neighbouring data sets are told apart every time: epsilon infinite); ``debug_noise_seed`` replays it
-and the statement then says that no guarantee holds. The default-path tests draw OS-entropy noise, so they
-are not seeded: each statistical assertion sits at 5 standard errors (false alarm < 1e-6 each).
+and the statement then says that no guarantee holds. These tests draw the library's real ``os.urandom``
+keys (marker ``os_entropy_noise``), so they are not seeded: each statistical assertion sits at 5 standard
+errors (false alarm < 1e-6 each).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import tensorflow as tf
 import tfdpbnn
 from tests._small_runs import DELTA, LOSS, D, N, gaussians_epsilon, small_data, small_model
 from tfdpbnn.export import strict_json_value
+
+pytestmark = pytest.mark.os_entropy_noise   # the real os.urandom keys (tests/conftest.py)
 
 SIGMA, LR, B = 100.0, 1.0, 8
 NOISE_STD = LR * SIGMA * 1.0 / B   # per coordinate and step; the clipped gradient moves it by <= C / B = 1/8

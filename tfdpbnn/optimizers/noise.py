@@ -193,7 +193,7 @@ class NoiseKey:
         key = _fresh_key() if self.debug_seed is None else np.array([self.debug_seed, 0], np.int64)
         with tf.init_scope():
             on_read = {"trainable": False, "synchronization": tf.VariableSynchronization.ON_READ,
-                       "aggregation": tf.VariableAggregation.NONE}
+                       "aggregation": tf.VariableAggregation.ONLY_FIRST_REPLICA}
             self._key = tf.Variable(key, dtype=tf.int64, name="dp_noise_key", **on_read)
             self._counter = tf.Variable(0, dtype=tf.int64, name="dp_noise_counter", **on_read)
 
@@ -207,8 +207,8 @@ class NoiseKey:
         if self.debug_seed is not None:
             return
         with tf.init_scope():
-            self._key.assign(_fresh_key())
-            self._counter.assign(0)
+            self._key.assign(_fresh_key(), read_value=False)
+            self._counter.assign(0, read_value=False)
 
     def next_seed(self) -> tf.Tensor:
         """The [2] int64 seed of the next draw: Philox of (key, counter + 1); increments the counter.
