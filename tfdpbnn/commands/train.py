@@ -56,9 +56,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the initialization (public); the run is one "
                    "seed (docs/results.md gives the spread over seeds)")
     p.add_argument("--secret-key-file", default=os.path.join("runs", ".sampling-key"),
-                   help="file holding this machine's secret seed of the batch sampling and the DP noise "
-                        "(created from OS entropy if missing, readable by you only; never publish it): runs "
-                        "repeat exactly here, and nobody without the file can know the batches or the noise "
+                   help="file holding this machine's secret seed of the batch sampling (created from OS "
+                        "entropy if missing, readable by you only; never publish it): nobody without the "
+                        "file can know the batches; the DP noise is keyed from OS entropy at every run "
                         "(default runs/.sampling-key)")
     p.add_argument("--public", default=None, choices=PUBLIC_SOURCES,
                    help="pretrain without privacy on this public data set before the private training "
@@ -187,7 +187,7 @@ def train(args) -> dict:
                   metrics=["accuracy"])
     steps_per_epoch = int(math.ceil(n / batch_size))
     secret = read_or_create_secret(args.secret_key_file)
-    tf.random.set_seed(secret % (2 ** 31))  # the DP noise of the steps traced below: secret, not --seed
+    tf.random.set_seed(secret % (2 ** 31))  # the model's own randomness (the DP noise is keyed by os.urandom)
     batches = tfdpbnn.data.poisson_batches(x, y, sample_rate=q, steps_per_epoch=steps_per_epoch,
                                            secret_seed=secret)
     callbacks = [tfdpbnn.PrivacyCallback(args.delta, stop_at_epsilon=args.epsilon)]
