@@ -168,3 +168,26 @@ def test_restoring_an_optimizer_checkpoint_does_not_replay_noise(tmp_path):
     assert abs(np.corrcoef(first, second)[0, 1]) < 5 / np.sqrt(first.size)
     names = [name for name, _ in tf.train.list_variables(path)]
     assert names and not any("noise_key" in n or "noise_counter" in n for n in names)
+
+
+def _sidp_paper_release():
+    """SI-DPSGD in the paper's mode, one epoch after set_random_seed(0), then the released sample."""
+    x, y = small_data()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tfdpbnn.layers.NoisyDense(3)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # paper mode's warning
+        opt = tfdpbnn.SIDPOptimizer(1.0, 1.0, paper_mean_update=True, num_examples=N, batch_size=B,
+                                    delta=DELTA, learning_rate=0.5)
+    model.compile(optimizer=opt, loss=LOSS)
+    tf.keras.utils.set_random_seed(0)
+    model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+    opt.release_weights(model)
+    return _flat(model.get_weights())
+
+
+@pytest.mark.slow   # two SI-DPSGD fits: about 10 s
+def test_sidp_paper_mode_weight_noise_is_not_seeded():
+    # In the paper's mode the weight noise xi of theta = mu + s xi is the privacy noise (s = 0.5 / 8 here):
+    # the released samples of two seeded runs must differ by it.
+    assert np.max(np.abs(_sidp_paper_release() - _sidp_paper_release())) > 0.01
