@@ -41,10 +41,11 @@ that forks calls ``mechanism.new_run()`` in each child. Philox is a counter-base
 cryptographic one (no known practical attack): an observer who could recover the key from released noise
 could predict the rest of that run's noise. Secure mode (``secure_mode=True``, or ``set_secure_mode``
 process-wide, as Opacus's ``secure_mode``) closes that too: every step's seed is 128 fresh bits of
-``os.urandom``, fetched by the step (a ``tf.py_function``, so not under XLA).
+``os.urandom``, fetched by the step (a ``tf.py_function``, so not under XLA). The weight noise of the
+noisy layers an ``SIDPOptimizer`` tracks is drawn from its mechanism's key too (``tfdpbnn.layers.noisy``).
 
 Replayable noise, for debugging only: ``debug_noise_seed=<int>`` on a DP optimizer or ``DPMechanism`` makes
-the key a function of that seed (and ``new_run`` keep the counter), so the noise of a fresh optimizer is
+the key a function of that seed (and ``new_run`` keeps the key and the counter), so the noise of a fresh optimizer is
 replayed exactly from the seed. Anyone who knows the seed can subtract the noise, so no epsilon holds: the
 privacy statement then says ``"guarantee": false`` with the reason (``docs/privacy.md``).
 
