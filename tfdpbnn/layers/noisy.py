@@ -38,9 +38,10 @@ class _NoisyMixin:
         """``var + s xi``, one fresh ``xi ~ N(0, I)``.
 
         ``xi`` is ``tf.random.normal`` unless a ``SIDPOptimizer`` tracks this layer: then the exact-tailed
-        draw of ``tfdpbnn.optimizers.noise`` seeded by the optimizer's noise key (a key from ``os.urandom``
-        per run and a step counter), because in its paper mode ``xi`` is the privacy noise of the released
-        theta and must not be replayable from a seed the process sets.
+        draw of ``tfdpbnn.optimizers.noise`` seeded by the optimizer's mechanism (``noise_seed``: a key from
+        ``os.urandom`` per run and a step counter, or ``os.urandom`` per draw in secure mode), because in its
+        paper mode ``xi`` is the privacy noise of the released theta and must not be replayable from a seed
+        the process sets.
         """
         next_seed = getattr(self, "_tfdpbnn_noise_seed", None)
         if next_seed is None:

@@ -33,7 +33,7 @@ from tfdpbnn._validation import check_choice, check_nonnegative, check_positive,
 from tfdpbnn.clipping import clipped_gradients, jacobian_clipped_sum
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.clipping.result import ClippedGradients
-from tfdpbnn.optimizers.noise import NoiseKey, check_debug_noise_seed, gaussian_noise_like
+from tfdpbnn.optimizers.noise import NoiseKey, check_debug_noise_seed, gaussian_noise_like, step_seed
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
 from tfdpbnn.privacy.budget import NEIGHBORING
 from tfdpbnn.privacy.ledger import step_event
@@ -175,6 +175,14 @@ class DPMechanism:
     def noise_replayable(self) -> bool:
         """Whether this mechanism's noise is replayable from ``debug_noise_seed`` (then: no guarantee)."""
         return self.noise_key.replayable
+
+    def noise_seed(self) -> tf.Tensor:
+        """A fresh [2] int64 seed from this mechanism's noise source, made where it is called (in the step).
+
+        The key and counter (``noise_key``), or 16 bytes of ``os.urandom`` in secure mode; for noise drawn
+        beside the release (SI-DPSGD's weight noise).
+        """
+        return step_seed(self._secure, self.noise_key)
 
     def new_run(self) -> None:
         """Start a new run: a fresh noise key from ``os.urandom`` (``NoiseKey.new_run``).

@@ -45,9 +45,9 @@ process-wide, as Opacus's ``secure_mode``) closes that too: every step's seed is
 noisy layers an ``SIDPOptimizer`` tracks is drawn from its mechanism's key too (``tfdpbnn.layers.noisy``).
 
 Replayable noise, for debugging only: ``debug_noise_seed=<int>`` on a DP optimizer or ``DPMechanism`` makes
-the key a function of that seed (and ``new_run`` keeps the key and the counter), so the noise of a fresh optimizer is
-replayed exactly from the seed. Anyone who knows the seed can subtract the noise, so no epsilon holds: the
-privacy statement then says ``"guarantee": false`` with the reason (``docs/privacy.md``).
+the key a function of that seed (and ``new_run`` keeps the key and the counter), so the noise of a fresh
+optimizer is replayed exactly from the seed. Anyone who knows the seed can subtract the noise, so no
+epsilon holds: the privacy statement then says ``"guarantee": false`` with the reason (``docs/privacy.md``).
 
 Replicas. Under ``tf.distribute`` (``gaussian_noise_like(..., across_replicas=True)``) the replica with
 global id 0 draws the whole ``N(0, s^2)`` and the others add zeros; the optimizer's all-reduce SUMS the

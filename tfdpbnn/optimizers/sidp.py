@@ -103,7 +103,7 @@ class SIDPOptimizer(DPSGDOptimizer):
         theta_t.
         """
         for layer in layers:
-            layer._tfdpbnn_noise_seed = self.mechanism.noise_key.next_seed
+            layer._tfdpbnn_noise_seed = self.mechanism.noise_seed
 
     def weight_noise_stddev(self):
         """The weight-noise std s_t of the noisy layers, a float32 scalar tensor.
