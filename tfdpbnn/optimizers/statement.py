@@ -4,10 +4,16 @@
 model. ``epsilon`` is the optimizer's sound accountant's bound for every phase of the model's training (the
 privacy ledger: what was counted, and whether the sampling was verified or asserted by the user);
 ``approximate_epsilon`` lists approximations beside it, which are not guarantees.
+
+Two numbers a reader chooses between: ``run_epsilon`` (``epsilon``: the model's own record, valid for the
+weights its recorded training produced from scratch) and ``ledger_bound`` (the per-record ledger's largest
+composed epsilon over the model's records, valid for any weights derived from any recorded run); ``quote``
+says which one to publish.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 
 from tfdpbnn.optimizers import noise
@@ -84,7 +90,44 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
                         "note": "released by these runs but covered by no epsilon above"},
         **optimizer._dp_statement_extras(),
     }
-    return add_other_releases(statement, optimizer, delta)
+    statement = add_other_releases(statement, optimizer, delta)
+    return add_ledger_bound(statement, optimizer, delta)
 
 
-__all__ = ["build_statement"]
+def add_ledger_bound(statement: dict, optimizer, delta: float) -> dict:
+    """``statement`` with ``run_epsilon``, ``ledger_bound`` and ``quote`` (see the module)."""
+    from tfdpbnn.optimizers.other_releases import SEARCH_ATTRIBUTE
+
+    found = getattr(optimizer, "_dp_preprocessing", None) or {"dp": []}
+    in_ledger = getattr(optimizer, "_dp_ledger_release_ids", {})
+    extra = [r.event() for r in found["dp"]] + [
+        r.privacy.dp_event for r, _ in getattr(optimizer, "_dp_releases", []) if id(r) not in in_ledger]
+    unavailable = None
+    if getattr(optimizer, SEARCH_ATTRIBUTE, None) is not None:
+        unavailable = "the private search that selected this model is not written to the per-record ledger"
+    accountant = statement["accountant"]
+    bound = optimizer._dp_record.ledger_statement(delta, accountant, extra, list(in_ledger.values()),
+                                                  unavailable)
+    run = statement["epsilon"]
+    statement["run_epsilon"] = run
+    statement["ledger_bound"] = bound
+    if bound["epsilon"] is None and not bound.get("epsilon_is_infinite"):
+        statement["quote"] = {
+            "epsilon": run, "which": "run_epsilon",
+            "note": f"no ledger bound ({bound['unavailable']}): run_epsilon holds only for the weights this "
+                    "model's recorded training produced, not for weights derived from other runs on the "
+                    "same records"}
+        return statement
+    value = math.inf if bound.get("epsilon_is_infinite") else bound["epsilon"]
+    if value >= run:
+        statement["quote"] = {"epsilon": value, "which": "ledger_bound",
+                              "note": "quote the ledger bound: it holds for these weights and for any "
+                                      "weights derived from any recorded run on these records"}
+    else:
+        statement["quote"] = {"epsilon": run, "which": "run_epsilon",
+                              "note": "run_epsilon is larger than the ledger bound (the model's record holds "
+                                      "releases the ledger does not): quote run_epsilon"}
+    return statement
+
+
+__all__ = ["add_ledger_bound", "build_statement"]

@@ -137,6 +137,27 @@ def default_store() -> RunStore | None:
     return None if path is None else RunStore(path)
 
 
+def open_connection(path: str, timeout: float) -> sqlite3.Connection:
+    """A connection to the SQLite file ``path`` in write-ahead-log mode, in autocommit mode.
+
+    Switching a file to WAL needs an exclusive lock, and SQLite may answer "database is locked" at once
+    (without its busy handler) when another process opens the same new file at that moment: retried until
+    ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            return conn
+        except sqlite3.OperationalError as err:
+            conn.close()
+            if "locked" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _phase_json(phase: Phase) -> str:
     return json.dumps(phase.to_config(), sort_keys=True)
 
@@ -181,21 +202,7 @@ class RunStore:
             conn.close()
 
     def _open(self) -> sqlite3.Connection:
-        # Switching a file to WAL needs an exclusive lock, and SQLite may answer "database is locked" at once
-        # (without its busy handler) when another process opens the same new file at that moment: retried
-        # until ``timeout``.
-        deadline = time.monotonic() + self._timeout
-        while True:
-            conn = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None)
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=FULL")
-                return conn
-            except sqlite3.OperationalError as err:
-                conn.close()
-                if "locked" not in str(err) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        return open_connection(self.path, self._timeout)
 
     def _connect(self) -> _Transaction:
         return _Transaction(self._open())
