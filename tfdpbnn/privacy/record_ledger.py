@@ -63,10 +63,13 @@ class SchemaVersionError(RuntimeError):
 
 # ------------------------------------------------------------------------------ DpEvent <-> JSON
 def event_to_config(event: dp_accounting.DpEvent) -> dict:
-    """A JSON-safe dict of a dp-accounting ``DpEvent`` (``event_from_config`` rebuilds it)."""
+    """``{"name": class name, field: value, ...}`` of a dp-accounting ``DpEvent``, nested events as dicts.
+
+    JSON-safe; ``event_from_config`` rebuilds the event.
+    """
     if not isinstance(event, dp_accounting.DpEvent):
         raise ValueError(f"event must be a dp_accounting DpEvent, got {type(event).__name__}")
-    config = {"type": type(event).__name__}
+    config = {"name": type(event).__name__}
     for field in attr.fields(type(event)):
         value = getattr(event, field.name)
         if isinstance(value, dp_accounting.DpEvent):
@@ -82,12 +85,12 @@ def event_to_config(event: dp_accounting.DpEvent) -> dict:
 def event_from_config(config: dict) -> dp_accounting.DpEvent:
     """The ``DpEvent`` of ``event_to_config``'s dict."""
     config = dict(config)
-    cls = getattr(dp_accounting, config.pop("type"))
+    cls = getattr(dp_accounting, config.pop("name"))
     for key, value in config.items():
-        if isinstance(value, dict) and "type" in value:
+        if isinstance(value, dict) and "name" in value:
             config[key] = event_from_config(value)
         elif isinstance(value, list):
-            config[key] = [event_from_config(v) if isinstance(v, dict) and "type" in v else v for v in value]
+            config[key] = [event_from_config(v) if isinstance(v, dict) and "name" in v else v for v in value]
     return cls(**config)
 
 
