@@ -6,7 +6,10 @@ the record.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
+import re
 import sqlite3
 
 import dp_accounting
@@ -16,6 +19,7 @@ import tensorflow as tf
 from _small_runs import DELTA, LOSS, N, gaussians_epsilon, rdp_epsilon, small_data, small_model
 
 import tfdpbnn
+from tfdpbnn.cli import main
 from tfdpbnn.privacy import record_ledger, records
 from tfdpbnn.uncertainty.private_release import PrivacyCost
 
@@ -168,7 +172,7 @@ def _fit(x, y, epochs, sigma=1.0, seed=0, **fit_kwargs):
     return model, opt
 
 
-def test_ledger_bound_after_two_runs_on_overlapping_records():
+def test_ledger_bound_after_two_runs_on_overlapping_records(tmp_path, capsys):
     x, y = small_data()
     _fit(x[:48], y[:48], epochs=2)
     order = np.random.default_rng(2).permutation(np.arange(16, N))
@@ -181,6 +185,20 @@ def test_ledger_bound_after_two_runs_on_overlapping_records():
     assert bound["records"] == N - 16
     assert statement["quote"]["which"] == "ledger_bound"
     assert statement["quote"]["epsilon"] == pytest.approx(bound["epsilon"], rel=1e-9)
+    # privacy.json and the CLI carry both numbers.
+    path = tmp_path / "privacy.json"
+    path.write_text(json.dumps(statement, allow_nan=False))
+    assert main(["privacy", "--statement", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"run epsilon:  {statement['run_epsilon']:.4g}" in out
+    assert f"ledger bound: {bound['epsilon']:.4g} over 48 records" in out
+    assert f"quote: ledger_bound = {bound['epsilon']:.4g}" in out
+    assert main(["privacy", "--ledger", os.environ["TFDPBNN_PRIVACY_STORE"], "--delta", str(DELTA)]) == 0
+    rows = re.findall(r"^\| (\d+) \| ([\d.]+) \|$", capsys.readouterr().out, flags=re.M)
+    assert sorted(int(c) for c, _ in rows) == [16, 16, 32]
+    assert max(float(e) for _, e in rows) == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)
+    assert main(["privacy", "--epochs", "2"]) == 2
+    assert "--num-examples, --batch-size, --delta" in capsys.readouterr().err
 
 
 def test_early_stopped_fit_commits_what_ran_and_record_ids_name_the_records():
