@@ -66,8 +66,12 @@ def test_record_ids_are_integers_or_strings():
     x, _ = small_data()
     with pytest.raises(ValueError, match="record_ids: 3 ids for"):
         records.record_keys(x, record_ids=[1, 2, 3])
+    text = records.content_keys(np.array([["a", "b"], ["a", "c"]]))
+    np.testing.assert_array_equal(records.content_keys(np.array([[b"a", b"c"], [b"a", b"b"]], dtype=object)),
+                                  text[::-1])
+    assert text[0] != text[1]
     with pytest.raises(ValueError, match="pass record_ids"):
-        records.content_keys(np.array(["a", "b"]))
+        records.content_keys(np.array([{"a": 1}, {"b": 2}], dtype=object))
 
 
 # --------------------------------------------------------------------------------- the ledger itself

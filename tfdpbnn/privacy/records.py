@@ -8,12 +8,12 @@ A record is one example (one row on axis 0 of the training arrays). Its key is
   same record) or when different records can have equal content.
 - by default, a canonical content hash of the row: every feature array and the label, each value rounded to
   float32 (so float64 and float32 copies, and int and float labels, of the same values are the same record),
-  ``-0.0`` read as ``0.0`` and every NaN as one NaN, flattened row-major per array, arrays in order (a dict's
-  in sorted key order, the key names hashed too), and the row's shape hashed with it. The row's position in
-  the data set is not part of it, so shuffled rows, subsets, supersets and concatenations of the same rows
-  map to the same keys. Two rows with equal content are ONE record (each release counts once for it, as for
-  the rows' common content); a row whose content was edited is a new record. Per-example sample weights are
-  not part of a record.
+  ``-0.0`` read as ``0.0`` and every NaN as one NaN (a string value: its UTF-8 text), flattened row-major
+  per array, arrays in order (a dict's in sorted key order, the key names hashed too), and the row's shape
+  hashed with it. The row's position in the data set is not part of it, so shuffled rows, subsets,
+  supersets and concatenations of the same rows map to the same keys. Two rows with equal content are ONE
+  record (each release counts once for it; whoever owns either row has at most that record's history); a
+  row whose content was edited is a new record. Per-example sample weights are not part of a record.
 
 The hash is vectorized with numpy (murmur3's 64-bit finalizer on each word, a weighted sum, the finalizer
 again). It is not cryptographic, and need not be for soundness: two different records that get one key
@@ -67,14 +67,26 @@ def _arrays(structure, prefix=""):
         yield prefix, np.asarray(structure)
 
 
+def _text_words(name: str, rows: np.ndarray) -> np.ndarray:
+    """One uint64 word per string element (BLAKE2b of its UTF-8 text; bytes are read as UTF-8)."""
+    words = []
+    for item in rows.ravel().tolist():
+        if isinstance(item, bytes):
+            item = item.decode("utf-8", "surrogateescape")
+        if not isinstance(item, str):
+            raise ValueError(f"x, y: {name or 'x'} holds {type(item).__name__} objects, which have no "
+                             "canonical content hash; pass record_ids (one integer or string id per record)")
+        words.append(_seed_of("text:" + item))
+    return np.array(words, dtype=np.uint64).reshape(rows.shape)
+
+
 def _canonical_words(name: str, array: np.ndarray, n: int) -> np.ndarray:
-    """The array's rows as canonical float32 bits, two per uint64 word: shape (n, words)."""
+    """The array's rows as canonical words: float32 bits two per uint64, or one per string: (n, words)."""
     if array.ndim == 0 or array.shape[0] != n:
         raise ValueError(f"x, y: every array must have the {n} records on axis 0, got shape {array.shape} "
                          f"for {name or 'x'}")
     if array.dtype == object or array.dtype.kind in "USV":
-        raise ValueError(f"x, y: {name or 'x'} holds {array.dtype} values, which have no canonical content "
-                         "hash; pass record_ids (one integer or string id per record)")
+        return _text_words(name, array.reshape(n, -1))
     if array.dtype.kind == "c":
         array = np.stack([array.real, array.imag], axis=-1)
     rows = np.asarray(array.reshape(n, -1), dtype=np.float32)  # values rounded to float32
@@ -189,6 +201,9 @@ def input_keys(x, y=None, record_ids=None) -> np.ndarray | None:
         return _private_api.attached_attribute(x, _KEYS_ATTRIBUTE)
     if x is None or callable(getattr(x, "__next__", None)) or isinstance(x, tf.keras.utils.Sequence):
         return None if record_ids is None else id_keys(record_ids)
+    if record_ids is None and any(isinstance(t, tf.RaggedTensor | tf.SparseTensor)
+                                  for t in tf.nest.flatten([x, y])):
+        return None  # no canonical content for ragged or sparse rows: the statement says records are unknown
     return record_keys(x, y, record_ids)
 
 
