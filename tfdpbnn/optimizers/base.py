@@ -269,7 +269,6 @@ class DPOptimizerMixin:
         self._dp_record = RunRecord(self)
         self._dp_uncovered = {}
         self._dp_releases = []
-        self._dp_ledger_release_ids = {}  # id(release) -> its release id in the per-record ledger
         for kind in (privacy_ledger or {}).get("not_covered", []):  # a saved optimizer's releases
             self.note_uncovered_release(kind)
         self.mechanism = _OptimizerMechanism(
@@ -469,10 +468,11 @@ class DPOptimizerMixin:
         statement takes the larger of that and the training's epsilon, McSherry 2009; add/remove adjacency
         only). Recording the same object twice counts it once.
 
-        ``x``/``y`` (the data the release was fit on) or ``record_ids`` (their ids): the release is also
-        written to the per-record ledger (``tfdpbnn.privacy.record_ledger``) against exactly those records,
-        so it counts for them and no others; without them the statement's ``ledger_bound`` composes it with
-        every record's history (an upper bound).
+        ``x``/``y`` (the data the release was fit on, in the form training was given it) or ``record_ids``
+        (their ids): the release is also written to the per-record ledger (``tfdpbnn.privacy.record_ledger``)
+        against exactly those records, so every later run on them counts it. This model's own
+        ``ledger_bound`` composes it with the history of every record the model was trained on either way
+        (an upper bound).
         """
         import dp_accounting
 
@@ -497,9 +497,9 @@ class DPOptimizerMixin:
 
                 ledger = default_ledger()
                 if ledger is not None:
-                    self._dp_ledger_release_ids[id(release)] = ledger.record(
-                        keys, cost.dp_event, kind="calibration", neighboring=self.neighboring,
-                        description=f"{type(release).__name__} ({composition}) of {type(self).__name__}")
+                    ledger.record(keys, cost.dp_event, kind="calibration", neighboring=self.neighboring,
+                                  description=f"{type(release).__name__} ({composition}) of "
+                                              f"{type(self).__name__}")
 
     def _dp_statement_extras(self) -> dict:
         return {}

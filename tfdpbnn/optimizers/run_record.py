@@ -63,7 +63,6 @@ class RunRecord:
         self.phase_id = None
         self._model = None  # weak reference to the model this optimizer last trained or was shown
         self.reservation = None  # the run's release in the per-record ledger, until committed
-        self.records_known = None  # whether the last run's records were known to the ledger
 
     def inherit(self, phases) -> int:
         """Append the store's phases that this ledger lacks; returns how many were added.
@@ -169,7 +168,6 @@ class RunRecord:
                     f"{self.store_path}, and the planned {extra} steps would bring it to {after:.4g} > its "
                     f"budget {budget['epsilon']:g}. Nothing was run. Train fewer steps or with more noise, "
                     "or raise the budget with RunStore.set_budget.")
-        self.records_known = record_keys is not None
         if record_keys is not None:
             self._reserve(record_keys, planned, planned_steps)
         self._begin_weights = record_store.weights_fingerprint(model)
@@ -219,19 +217,19 @@ class RunRecord:
             reservation.commit(dp_accounting.ComposedDpEvent([p.event() for p in ran]),
                                phase_ids=[p.phase_id for p in ran])
 
-    def ledger_statement(self, delta: float, accountant: str, extra=(), release_ids=(),
+    def ledger_statement(self, delta: float, accountant: str, extra=(),
                          unavailable: str | None = None) -> dict:
-        """The statement's ``ledger_bound``: the largest composed epsilon over the model's records.
+        """The statement's ``ledger_bound``: the largest composed epsilon over the model's training records.
 
-        ``extra``: events of the model's releases that the ledger does not hold (composed with every
-        history); ``release_ids``: the model's releases written to the ledger besides its training phases.
+        ``extra``: events of the model's other releases (DP preprocessing, private calibration), composed
+        with every history; ``unavailable``: why there is no bound (else computed).
         """
         path = record_store.default_path()
         entry = {"epsilon": None, "delta": delta, "accountant": accountant, "records": 0, "store": path,
-                 "covers": "every DP release recorded against any record this model was trained on (or "
-                           "released from), composed per record; the largest over those records. It holds "
-                           "for any weights derived from the recorded runs: checkpoints, new heads, "
-                           "rounded or copied weights"}
+                 "covers": "every DP release recorded against any record this model was trained on, "
+                           "composed per record with this model's other releases (DP preprocessing, private "
+                           "calibration); the largest over those records. It holds for any weights derived "
+                           "from the recorded runs: checkpoints, new heads, rounded or copied weights"}
         if path is None:
             entry["unavailable"] = f"the privacy record store is off ({record_store.ENV_VAR}=off)"
             return entry
@@ -239,19 +237,15 @@ class RunRecord:
             entry["unavailable"] = unavailable
             return entry
         ledger = record_ledger.RecordLedger(path)
-        bound, records = ledger.bound_for([p.phase_id for p in self._optimizer.ledger.phases], release_ids,
-                                          delta, accountant, extra)
+        bound, records = ledger.bound_for(self._optimizer.ledger.phases, delta, accountant, extra)
         if bound is None:
             entry["unavailable"] = (
                 "the per-record ledger holds no release of this model's training (its records were unknown: "
-                "a tf.data pipeline without record keys; tag it with tfdpbnn.privacy.records.tag_record_keys "
-                "or pass record_ids)")
+                "a tf.data pipeline without record keys, or ragged or sparse inputs; tag the pipeline with "
+                "tfdpbnn.privacy.records.tag_record_keys or pass record_ids)")
             return entry
         entry.update(epsilon=None if math.isinf(bound) else bound, epsilon_is_infinite=math.isinf(bound),
                      records=records)
-        if self.records_known is False:
-            entry["note"] = ("the last run's records were unknown to the ledger: the bound covers only the "
-                             "runs whose records were known")
         return entry
 
     def check_rewind(self) -> int:

@@ -98,16 +98,17 @@ def add_ledger_bound(statement: dict, optimizer, delta: float) -> dict:
     """``statement`` with ``run_epsilon``, ``ledger_bound`` and ``quote`` (see the module)."""
     from tfdpbnn.optimizers.other_releases import SEARCH_ATTRIBUTE
 
+    # The model's other releases compose with every history of its training records, whether or not they are
+    # in the ledger too: a release recorded with its data (record_release(x=, y=)) names its records in the
+    # form it was given, which need not be the form training gave them (an upper bound: it may count twice).
     found = getattr(optimizer, "_dp_preprocessing", None) or {"dp": []}
-    in_ledger = getattr(optimizer, "_dp_ledger_release_ids", {})
     extra = [r.event() for r in found["dp"]] + [
-        r.privacy.dp_event for r, _ in getattr(optimizer, "_dp_releases", []) if id(r) not in in_ledger]
+        r.privacy.dp_event for r, _ in getattr(optimizer, "_dp_releases", [])]
     unavailable = None
     if getattr(optimizer, SEARCH_ATTRIBUTE, None) is not None:
         unavailable = "the private search that selected this model is not written to the per-record ledger"
     accountant = statement["accountant"]
-    bound = optimizer._dp_record.ledger_statement(delta, accountant, extra, list(in_ledger.values()),
-                                                  unavailable)
+    bound = optimizer._dp_record.ledger_statement(delta, accountant, extra, unavailable)
     run = statement["epsilon"]
     statement["run_epsilon"] = run
     statement["ledger_bound"] = bound

@@ -558,22 +558,23 @@ class RecordLedger:
             worst = max(worst, composed_epsilon(events, delta, accountant, _neighboring(history)))
         return worst
 
-    def bound_for(self, phase_ids=(), release_ids=(), delta: float = 1e-5, accountant: str = "rdp",
-                  extra=()) -> tuple[float | None, int]:
-        """The ledger bound of a model trained in the phases ``phase_ids`` (and released in ``release_ids``).
+    def bound_for(self, phases, delta: float, accountant: str = "rdp", extra=()) -> tuple[float | None, int]:
+        """The ledger bound of a model trained in ``phases`` (``tfdpbnn.privacy.ledger.Phase`` objects).
 
-        The largest composed epsilon over every record that a release covering one of those phases, or one
-        of those releases, touched; each history with ``extra`` events (releases of the model that the
-        ledger does not hold). Returns (bound, records); (None, 0) when no such release is in the ledger.
+        The largest composed epsilon over every record that a release covering one of those phases touched.
+        Each such history is composed with every phase of the model (the larger of its version and the
+        ledger's, per phase: steps the ledger did not see, e.g. on unknown records, count too) and with
+        ``extra`` (the model's releases that the ledger does not hold), so the bound is never below the
+        model's own epsilon. Returns (bound, records); (None, 0) when no release covers any of the phases.
         """
-        phases = {int(p) for p in phase_ids}
-        releases = {int(r) for r in release_ids}
+        own = [Release(0, "training", p.neighboring, event_to_config(p.event()), None, int(p.phase_id), "",
+                       (int(p.phase_id),)) for p in phases if p.released]
+        wanted = {r.phase_id for r in own}
         worst, records = None, 0
         for history in self.histories():
-            if not any(r.release_id in releases or phases.intersection(r.phase_ids)
-                       for r in history.releases):
+            if not any(wanted.intersection(r.phase_ids) for r in history.releases):
                 continue
-            value = composed_epsilon(history.composed() + list(extra), delta, accountant,
+            value = composed_epsilon(history.composed(own) + list(extra), delta, accountant,
                                      _neighboring(history))
             worst = value if worst is None else max(worst, value)
             records += history.records
