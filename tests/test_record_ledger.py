@@ -21,6 +21,7 @@ from _small_runs import DELTA, LOSS, N, gaussians_epsilon, rdp_epsilon, small_da
 import tfdpbnn
 from tfdpbnn.cli import main
 from tfdpbnn.privacy import record_ledger, records
+from tfdpbnn.privacy.ledger import Phase
 from tfdpbnn.uncertainty.private_release import PrivacyCost
 
 
@@ -108,6 +109,26 @@ def test_early_stop_returns_the_unspent_reservation():
     assert ledger.max_epsilon(keys, DELTA) == pytest.approx(gaussians_epsilon(1.0, 2), rel=0.01)
     with pytest.raises(ValueError, match="already committed"):
         reservation.commit(_gaussians(1.0, 1))
+
+
+def test_ledger_bound_counts_the_model_steps_the_ledger_did_not_see():
+    x, y = small_data()
+    keys = records.record_keys(x, y)
+    ledger = _ledger()
+
+    def phase(phase_id, passes):
+        return Phase(kind="participations", noise_multiplier=1.0, neighboring="add_or_remove",
+                     steps=8 * passes,
+                     participations=passes, phase_id=phase_id)
+
+    ledger.reserve(keys, phase(5, 1).event(), phase_id=5).commit(phase(5, 1).event())
+    ledger.record(keys[:10], _gaussians(2.0, 4), kind="training")  # another model's run on some records
+    # The model went on in phase 5 (a second pass) and in phase 6 on records the ledger never saw.
+    bound, count = ledger.bound_for([phase(5, 2), phase(6, 1)], DELTA)
+    assert count == N
+    assert bound == pytest.approx(rdp_epsilon(dp_accounting.ComposedDpEvent(
+        [_gaussians(1.0, 3), _gaussians(2.0, 4)])), rel=0.01)
+    assert ledger.bound_for([phase(7, 1)], DELTA) == (None, 0)
 
 
 def test_budget_refuses_before_writing_and_names_the_numbers():
