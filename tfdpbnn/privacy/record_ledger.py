@@ -31,12 +31,12 @@ not one: its locks are not reliable there.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import socket
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
 
@@ -194,10 +194,11 @@ class LedgerBackend(abc.ABC):
 
     @abc.abstractmethod
     def reserve(self, keys: np.ndarray, release: Release,
-                check: Callable[[list[History]], None]) -> int:
+                check: Callable[[list[History], dict | None], None]) -> int:
         """Check the histories of ``keys`` and write ``release`` against them, in one transaction.
 
-        ``check(histories)`` raises to refuse (nothing written); ``keys`` are distinct int64. Returns the id.
+        ``check(histories, budget)`` (the budget as ``budget()`` reads it, in the same transaction) raises
+        to refuse (nothing written); ``keys`` are distinct int64. Returns the release's id.
         """
 
     @abc.abstractmethod
@@ -237,12 +238,17 @@ CREATE TABLE IF NOT EXISTS ledger_budget (
 """
 
 
+#: Ledger files whose layout this process has checked, by (path, device, inode).
+_CHECKED: set[tuple] = set()
+
+
 class SQLiteLedger(LedgerBackend):
     """``LedgerBackend`` in one SQLite file (write-ahead log), shared by the processes of one machine.
 
     Its tables (``ledger_*``) can live in the privacy record store's file. The file's ledger layout version
-    is checked on opening: a file without ledger tables gets them; a file of another version raises
-    ``SchemaVersionError`` saying what to do.
+    is checked when a process first opens it: a file without ledger tables gets them; a file of another
+    version raises ``SchemaVersionError`` saying what to do. Each process (and thread) keeps its connection
+    open (``tfdpbnn.privacy.store.kept_connection``).
 
     Args:
       path: the SQLite file (created with its directory if missing).
@@ -255,22 +261,20 @@ class SQLiteLedger(LedgerBackend):
             raise ValueError("path: the record ledger needs a file path, got ''")
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self._timeout = float(timeout)
-        conn = self._open()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
+        if self._file_identity() in _CHECKED:
+            return
+        with self._transaction() as conn:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if "ledger_meta" in tables:
                 row = conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
                 version = None if row is None else row[0]
                 if version != str(SCHEMA_VERSION):
-                    conn.execute("ROLLBACK")
                     raise SchemaVersionError(
                         f"{self.path}: its record ledger has schema version {version}, this tfdpbnn reads "
                         f"version {SCHEMA_VERSION}. Open it with the tfdpbnn version that wrote it (a newer "
                         "one reads older files), or point TFDPBNN_PRIVACY_STORE at a new file; never delete "
                         "the file: the privacy it records was spent.")
             elif tables & {"ledger_releases", "ledger_records", "ledger_histories"}:
-                conn.execute("ROLLBACK")
                 raise SchemaVersionError(
                     f"{self.path}: it has record-ledger tables but no schema version; it was not written by "
                     "tfdpbnn's ledger. Point TFDPBNN_PRIVACY_STORE at another file.")
@@ -279,14 +283,40 @@ class SQLiteLedger(LedgerBackend):
                     conn.execute(statement)
             conn.execute("INSERT OR IGNORE INTO ledger_meta VALUES ('schema_version', ?)",
                          (str(SCHEMA_VERSION),))
+        _CHECKED.add(self._file_identity())
+
+    def _file_identity(self) -> tuple:
+        """(path, device, inode): a file replaced at the same path is checked again."""
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return (os.path.abspath(self.path), None, None)
+        return (os.path.abspath(self.path), stat.st_dev, stat.st_ino)
+
+    @contextlib.contextmanager
+    def _transaction(self, mode: str = "IMMEDIATE", durable: bool = True):
+        """The process's kept connection inside one transaction (rolled back on an error).
+
+        ``mode``: "IMMEDIATE" (takes the write lock at once, so reads and writes are serialized with every
+        other process) or "DEFERRED" (reads: one consistent snapshot). ``durable=False``: the commit does not
+        wait for the disk.
+        """
+        from tfdpbnn.privacy.store import kept_connection
+
+        conn = kept_connection(self.path, self._timeout)
+        if not durable:
+            conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            conn.execute(f"BEGIN {mode}")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
             conn.execute("COMMIT")
         finally:
-            conn.close()
-
-    def _open(self) -> sqlite3.Connection:
-        from tfdpbnn.privacy.store import open_connection
-
-        return open_connection(self.path, self._timeout)
+            if not durable:
+                conn.execute("PRAGMA synchronous=FULL")  # the kept connection's setting for everyone else
 
     # ------------------------------------------------------------------------------------- reading
     @staticmethod
@@ -327,113 +357,94 @@ class SQLiteLedger(LedgerBackend):
                         releases=tuple(releases[r] for r in chains.get(h, [])))
                 for h, count in counts.items()]
 
-    def _load_keys(self, conn, keys: np.ndarray) -> None:
+    @staticmethod
+    def _load_keys(conn, keys: np.ndarray) -> dict:
+        """Put ``keys`` (distinct) and their current history in the temporary table ``incoming``.
+
+        Returns {history (None: records new to the ledger): record count}.
+        """
         conn.execute("PRAGMA temp_store=MEMORY")
-        conn.execute("CREATE TEMP TABLE IF NOT EXISTS incoming (record INTEGER PRIMARY KEY)")
+        conn.execute("CREATE TEMP TABLE IF NOT EXISTS incoming (record INTEGER PRIMARY KEY, old INTEGER)")
         conn.execute("DELETE FROM temp.incoming")
-        conn.execute("INSERT OR IGNORE INTO temp.incoming SELECT value FROM json_each(?)",
-                     ("[" + ",".join(map(str, np.asarray(keys, dtype=np.int64).tolist())) + "]",))
+        # One JSON array of the keys (str of a list of ints is one), read by SQLite's json_each in C.
+        conn.execute("INSERT INTO temp.incoming SELECT j.value, r.history FROM json_each(?) j "
+                     "LEFT JOIN ledger_records r ON r.record = j.value",
+                     (str(np.asarray(keys, dtype=np.int64).tolist()),))
+        return dict(conn.execute("SELECT old, COUNT(*) FROM temp.incoming GROUP BY old"))
 
     def histories(self, keys=None) -> list[History]:
         """The distinct histories of ``keys`` (of every record when None), with their record counts."""
-        conn = self._open()
-        try:
-            conn.execute("BEGIN")
+        with self._transaction("DEFERRED") as conn:
             if keys is None:
                 counts = dict(conn.execute("SELECT history, records FROM ledger_histories WHERE records > 0"))
             else:
-                self._load_keys(conn, keys)
-                counts = dict(conn.execute(
-                    "SELECT r.history, COUNT(*) FROM temp.incoming i LEFT JOIN ledger_records r "
-                    "ON r.record = i.record GROUP BY r.history"))
-            found = self._histories(conn, counts)
-            conn.execute("ROLLBACK")
-            return found
-        finally:
-            conn.close()
+                counts = self._load_keys(conn, keys)
+                conn.execute("DELETE FROM temp.incoming")
+            return self._histories(conn, counts)
 
     def releases(self) -> list[Release]:
         """Every release, oldest first."""
-        conn = self._open()
-        try:
+        with self._transaction("DEFERRED") as conn:
             return [self._release(row) for row in conn.execute(
                 f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases ORDER BY release")]
-        finally:
-            conn.close()
 
     def budget(self) -> dict | None:
         """The per-record budget ``{"epsilon", "delta", "accountant"}``, or None."""
-        conn = self._open()
-        try:
-            row = conn.execute("SELECT epsilon, delta, accountant FROM ledger_budget "
-                               "ORDER BY set_at DESC, rowid DESC LIMIT 1").fetchone()
-        finally:
-            conn.close()
+        with self._transaction("DEFERRED") as conn:
+            return self._budget(conn)
+
+    @staticmethod
+    def _budget(conn) -> dict | None:
+        row = conn.execute("SELECT epsilon, delta, accountant FROM ledger_budget "
+                           "ORDER BY set_at DESC, rowid DESC LIMIT 1").fetchone()
         return None if row is None else {"epsilon": row[0], "delta": row[1], "accountant": row[2]}
 
     # ------------------------------------------------------------------------------------- writing
     def set_budget(self, epsilon: float, delta: float, accountant: str) -> None:
         """Set the per-record budget (the latest one set holds; earlier ones stay in the file)."""
-        conn = self._open()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
+        with self._transaction() as conn:
             conn.execute("INSERT INTO ledger_budget VALUES (?, ?, ?, ?)",
                          (time.time(), float(epsilon), float(delta), accountant))
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
 
     def reserve(self, keys, release: Release, check) -> int:
         """One ``BEGIN IMMEDIATE`` transaction: check the records' histories, then write the release."""
-        conn = self._open()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._load_keys(conn, keys)
-                counts = dict(conn.execute(
-                    "SELECT r.history, COUNT(*) FROM temp.incoming i LEFT JOIN ledger_records r "
-                    "ON r.record = i.record GROUP BY r.history"))
-                check(self._histories(conn, counts))
-                release_id = conn.execute(
-                    "INSERT INTO ledger_releases (kind, neighboring, phase_id, phase_ids, planned, spent, "
-                    "description, created, host, pid) VALUES (?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
-                    (release.kind, release.neighboring, release.phase_id,
-                     json.dumps([int(p) for p in release.phase_ids]), json.dumps(release.planned),
-                     release.description, time.time(), socket.gethostname(), os.getpid())).lastrowid
-                conn.execute("CREATE TEMP TABLE IF NOT EXISTS moves (old INTEGER PRIMARY KEY, new INTEGER)")
-                conn.execute("DELETE FROM temp.moves")
-                for old, count in counts.items():
-                    new = conn.execute("INSERT INTO ledger_histories (parent, release, records) "
-                                       "VALUES (?, ?, ?)", (old, release_id, count)).lastrowid
-                    conn.execute("INSERT INTO temp.moves VALUES (?, ?)", (-1 if old is None else old, new))
-                    if old is not None:
-                        conn.execute("UPDATE ledger_histories SET records = records - ? WHERE history = ?",
-                                     (count, old))
-                conn.execute(
-                    "INSERT INTO ledger_records (record, history) "
-                    "SELECT i.record, m.new FROM temp.incoming i LEFT JOIN ledger_records r "
-                    "ON r.record = i.record JOIN temp.moves m ON m.old = COALESCE(r.history, -1) WHERE true "
-                    "ON CONFLICT(record) DO UPDATE SET history = excluded.history")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            return int(release_id)
-        finally:
-            conn.close()
+        with self._transaction() as conn:
+            counts = self._load_keys(conn, keys)
+            check(self._histories(conn, counts), self._budget(conn))
+            release_id = conn.execute(
+                "INSERT INTO ledger_releases (kind, neighboring, phase_id, phase_ids, planned, spent, "
+                "description, created, host, pid) VALUES (?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
+                (release.kind, release.neighboring, release.phase_id,
+                 json.dumps([int(p) for p in release.phase_ids]), json.dumps(release.planned),
+                 release.description, time.time(), socket.gethostname(), os.getpid())).lastrowid
+            conn.execute("CREATE TEMP TABLE IF NOT EXISTS moves (old INTEGER PRIMARY KEY, new INTEGER)")
+            conn.execute("DELETE FROM temp.moves")
+            for old, count in counts.items():
+                new = conn.execute("INSERT INTO ledger_histories (parent, release, records) VALUES (?, ?, ?)",
+                                   (old, release_id, count)).lastrowid
+                conn.execute("INSERT INTO temp.moves VALUES (?, ?)", (-1 if old is None else old, new))
+                if old is not None:
+                    conn.execute("UPDATE ledger_histories SET records = records - ? WHERE history = ?",
+                                 (count, old))
+            conn.execute(
+                "INSERT INTO ledger_records (record, history) "
+                "SELECT i.record, m.new FROM temp.incoming i JOIN temp.moves m "
+                "ON m.old = COALESCE(i.old, -1) WHERE true "
+                "ON CONFLICT(record) DO UPDATE SET history = excluded.history")
+            conn.execute("DELETE FROM temp.incoming")
+        return int(release_id)
 
     def commit(self, release_id: int, spent: dict, phase_id: int | None, phase_ids: Sequence[int]) -> None:
-        """Write what the release spent (once; a second commit of the same release is refused)."""
-        conn = self._open()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
+        """Write what the release spent (once; a second commit of the same release is refused).
+
+        The commit does not wait for the disk (``synchronous=NORMAL``): one lost at a power cut leaves the
+        release's planned event, which is larger.
+        """
+        with self._transaction(durable=False) as conn:
             done = conn.execute("UPDATE ledger_releases SET spent = ?, committed = ?, phase_id = ?, "
                                 "phase_ids = ? WHERE release = ? AND spent IS NULL",
                                 (json.dumps(spent), time.time(), phase_id,
                                  json.dumps([int(p) for p in phase_ids]), int(release_id))).rowcount
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
         if done != 1:
             raise ValueError(f"release_id: release {release_id} is not a reserved release of {self.path} "
                              "(unknown, or already committed)")
@@ -503,9 +514,8 @@ class RecordLedger:
         phase_id = None if phase_id is None else int(phase_id)
         release = Release(0, kind, neighboring, event_to_config(planned), None, phase_id, description,
                           () if phase_id is None else (phase_id,))
-        budget = self.backend.budget()
 
-        def check(histories: list[History]) -> None:
+        def check(histories: list[History], budget: dict | None) -> None:
             for history in histories:
                 other = {r.neighboring for r in history.releases} - {neighboring}
                 if other:

@@ -158,6 +158,45 @@ def open_connection(path: str, timeout: float) -> sqlite3.Connection:
             time.sleep(0.05)
 
 
+#: Open connections kept by ``kept_connection``: (path, process, thread) -> (connection, file identity).
+_KEPT: dict[tuple, tuple] = {}
+_KEPT_MAX = 4
+
+
+def kept_connection(path: str, timeout: float) -> sqlite3.Connection:
+    """A connection to ``path`` (``open_connection``) kept open for this process and thread.
+
+    Closing the last connection to a WAL file checkpoints the log and deletes it (file system syncs, about
+    10 ms); a kept connection avoids that for every transaction. Kept per process and thread (a connection
+    never crosses a fork), for the ``_KEPT_MAX`` files used last; a file replaced at the same path gets a new
+    connection.
+    """
+    import threading
+
+    path = os.path.abspath(path)
+    key = (path, os.getpid(), threading.get_ident())
+    try:
+        stat = os.stat(path)
+        identity = (stat.st_dev, stat.st_ino)
+    except FileNotFoundError:
+        identity = None
+    kept = _KEPT.pop(key, None)
+    if kept is not None and kept[1] == identity and identity is not None:
+        _KEPT[key] = kept  # most recent last
+        return kept[0]
+    if kept is not None:
+        kept[0].close()
+    conn = open_connection(path, timeout)
+    stat = os.stat(path)
+    _KEPT[key] = (conn, (stat.st_dev, stat.st_ino))
+    while len(_KEPT) > _KEPT_MAX:
+        old = next(iter(_KEPT))
+        connection, _ = _KEPT.pop(old)
+        if old[1:] == key[1:]:  # only the owning process and thread may close it
+            connection.close()
+    return conn
+
+
 def _phase_json(phase: Phase) -> str:
     return json.dumps(phase.to_config(), sort_keys=True)
 
@@ -198,11 +237,13 @@ class RunStore:
             # ("database is locked", no busy wait) when another process wrote in between, e.g. two processes
             # opening a new store together.
             conn.executescript("BEGIN IMMEDIATE;\n" + _SCHEMA + "COMMIT;\n")
-        finally:
-            conn.close()
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
     def _open(self) -> sqlite3.Connection:
-        return open_connection(self.path, self._timeout)
+        return kept_connection(self.path, self._timeout)
 
     def _connect(self) -> _Transaction:
         return _Transaction(self._open())
@@ -329,7 +370,7 @@ class RunStore:
 
 
 class _Transaction:
-    """A connection used as one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction, closed afterwards."""
+    """A kept connection (``kept_connection``) used as one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction."""
 
     def __init__(self, conn: sqlite3.Connection):
         self._conn = conn
@@ -339,10 +380,7 @@ class _Transaction:
         return self._conn
 
     def __exit__(self, kind, value, traceback) -> None:
-        try:
-            self._conn.execute("ROLLBACK" if kind is not None else "COMMIT")
-        finally:
-            self._conn.close()
+        self._conn.execute("ROLLBACK" if kind is not None else "COMMIT")
 
 
 __all__ = ["DEFAULT_PATH", "ENV_VAR", "RunStore", "data_fingerprint", "default_path", "default_store",
