@@ -105,9 +105,13 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.records < 1 or args.fits < 1:
         parser.error("--records and --fits must be >= 1")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    rows = _run_over(args.records) + _fit_costs(args.fits)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+          f"1-minute load average at the start {load:.2f}; wall time {time.perf_counter() - start:.0f} s")
     print("| what | time |\n| --- | --- |")
-    for row in _run_over(args.records) + _fit_costs(args.fits):
+    for row in rows:
         print(row)
 
 

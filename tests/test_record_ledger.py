@@ -276,3 +276,22 @@ def test_calibration_release_counts_only_for_its_split():
     assert bound["records"] == N
     assert bound["epsilon"] == pytest.approx(rdp_epsilon(dp_accounting.ComposedDpEvent(
         [_gaussians(1.0, 1), _gaussians(2.0, 5)])), rel=0.01)
+
+
+def test_dp_preprocessing_is_written_against_its_records():
+    x, y = small_data()
+    layer = tf.keras.layers.Normalization()
+    record = tfdpbnn.preprocessing.private_adapt_normalization(layer, x, epsilon=1.0, delta=DELTA,
+                                                               bounds=(-3.0, 3.0), labels=y, seed=0)
+    ids = np.arange(N)
+    _, binned = tfdpbnn.preprocessing.private_discretization(x[:, 0], num_bins=4, epsilon=1.0, delta=DELTA,
+                                                             bounds=(-3.0, 3.0), seed=0, record_ids=ids)
+    ledger = _ledger()
+    assert [r.kind for r in ledger.backend.releases()] == ["preprocessing", "preprocessing"]
+    assert ledger.max_epsilon(records.content_keys(x, y), DELTA) == pytest.approx(rdp_epsilon(record.event()),
+                                                                                  rel=0.01)
+    assert ledger.max_epsilon(records.id_keys(ids), DELTA) == pytest.approx(rdp_epsilon(binned.event()),
+                                                                            rel=0.01)
+    with pytest.raises(ValueError, match="record_ids: 3 ids for 64 values"):
+        tfdpbnn.preprocessing.private_discretization(x[:, 0], num_bins=4, epsilon=1.0, delta=DELTA,
+                                                     bounds=(-3.0, 3.0), record_ids=[1, 2, 3])

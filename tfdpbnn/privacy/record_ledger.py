@@ -238,7 +238,7 @@ CREATE TABLE IF NOT EXISTS ledger_budget (
 """
 
 
-#: Ledger files whose layout this process has checked, by (path, device, inode).
+#: Ledger files whose tables this process has made, by (path, device, inode).
 _CHECKED: set[tuple] = set()
 
 
@@ -246,8 +246,8 @@ class SQLiteLedger(LedgerBackend):
     """``LedgerBackend`` in one SQLite file (write-ahead log), shared by the processes of one machine.
 
     Its tables (``ledger_*``) can live in the privacy record store's file. The file's ledger layout version
-    is checked when a process first opens it: a file without ledger tables gets them; a file of another
-    version raises ``SchemaVersionError`` saying what to do. Each process (and thread) keeps its connection
+    is checked on opening: a file without ledger tables gets them; a file of another version raises
+    ``SchemaVersionError`` saying what to do. Each process (and thread) keeps its connection
     open (``tfdpbnn.privacy.store.kept_connection``).
 
     Args:
@@ -261,9 +261,8 @@ class SQLiteLedger(LedgerBackend):
             raise ValueError("path: the record ledger needs a file path, got ''")
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self._timeout = float(timeout)
-        if self._file_identity() in _CHECKED:
-            return
-        with self._transaction() as conn:
+        checked = self._file_identity() in _CHECKED  # tables made by this process: only the version is read
+        with self._transaction("DEFERRED" if checked else "IMMEDIATE") as conn:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if "ledger_meta" in tables:
                 row = conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
@@ -278,11 +277,12 @@ class SQLiteLedger(LedgerBackend):
                 raise SchemaVersionError(
                     f"{self.path}: it has record-ledger tables but no schema version; it was not written by "
                     "tfdpbnn's ledger. Point TFDPBNN_PRIVACY_STORE at another file.")
-            for statement in _TABLES.strip().split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            conn.execute("INSERT OR IGNORE INTO ledger_meta VALUES ('schema_version', ?)",
-                         (str(SCHEMA_VERSION),))
+            if not checked:
+                for statement in _TABLES.strip().split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute("INSERT OR IGNORE INTO ledger_meta VALUES ('schema_version', ?)",
+                             (str(SCHEMA_VERSION),))
         _CHECKED.add(self._file_identity())
 
     def _file_identity(self) -> tuple:
