@@ -168,10 +168,11 @@ class RunRecord:
                     f"{self.store_path}, and the planned {extra} steps would bring it to {after:.4g} > its "
                     f"budget {budget['epsilon']:g}. Nothing was run. Train fewer steps or with more noise, "
                     "or raise the budget with RunStore.set_budget.")
-        if record_keys is not None:
-            self._reserve(record_keys, planned, planned_steps)
         self._begin_weights = record_store.weights_fingerprint(model)
-        self.run_id = self.store.begin_run(self.dataset, self._begin_weights, planned)
+        with record_store.transaction(self.store.path):  # the reservation and the run's row: one commit
+            if record_keys is not None:
+                self._reserve(record_keys, planned, planned_steps)
+            self.run_id = self.store.begin_run(self.dataset, self._begin_weights, planned)
         self.before_restore = self.ledger_now()
 
     def _reserve(self, keys, planned: Phase, planned_steps: int | None) -> None:

@@ -31,7 +31,6 @@ not one: its locks are not reliable there.
 from __future__ import annotations
 
 import abc
-import contextlib
 import dataclasses
 import json
 import math
@@ -293,30 +292,11 @@ class SQLiteLedger(LedgerBackend):
             return (os.path.abspath(self.path), None, None)
         return (os.path.abspath(self.path), stat.st_dev, stat.st_ino)
 
-    @contextlib.contextmanager
     def _transaction(self, mode: str = "IMMEDIATE", durable: bool = True):
-        """The process's kept connection inside one transaction (rolled back on an error).
+        """``tfdpbnn.privacy.store.transaction`` on this file (joins one already open in this thread)."""
+        from tfdpbnn.privacy.store import transaction
 
-        ``mode``: "IMMEDIATE" (takes the write lock at once, so reads and writes are serialized with every
-        other process) or "DEFERRED" (reads: one consistent snapshot). ``durable=False``: the commit does not
-        wait for the disk.
-        """
-        from tfdpbnn.privacy.store import kept_connection
-
-        conn = kept_connection(self.path, self._timeout)
-        if not durable:
-            conn.execute("PRAGMA synchronous=NORMAL")
-        try:
-            conn.execute(f"BEGIN {mode}")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        finally:
-            if not durable:
-                conn.execute("PRAGMA synchronous=FULL")  # the kept connection's setting for everyone else
+        return transaction(self.path, self._timeout, mode, durable)
 
     # ------------------------------------------------------------------------------------- reading
     @staticmethod

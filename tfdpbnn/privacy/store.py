@@ -28,6 +28,7 @@ by pointing every machine at one file on a file system with working locks (``doc
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -197,6 +198,34 @@ def kept_connection(path: str, timeout: float) -> sqlite3.Connection:
     return conn
 
 
+@contextlib.contextmanager
+def transaction(path: str, timeout: float = 60.0, mode: str = "IMMEDIATE", durable: bool = True):
+    """The kept connection to ``path`` inside one transaction (committed at the end, rolled back on an error).
+
+    Inside another ``transaction`` on the same file (same process and thread) it joins that one, so that
+    several writes (a run's row and its ledger reservation) share one commit and one wait for the disk.
+    ``mode``: "IMMEDIATE" (the write lock at once: serialized with every other process) or "DEFERRED"
+    (reads). ``durable=False``: the commit does not wait for the disk (``synchronous=NORMAL``).
+    """
+    conn = kept_connection(path, timeout)
+    if conn.in_transaction:
+        yield conn
+        return
+    if not durable:
+        conn.execute("PRAGMA synchronous=NORMAL")
+    try:
+        conn.execute(f"BEGIN {mode}")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    finally:
+        if not durable:
+            conn.execute("PRAGMA synchronous=FULL")  # the kept connection's setting for everyone else
+
+
 def _phase_json(phase: Phase) -> str:
     return json.dumps(phase.to_config(), sort_keys=True)
 
@@ -230,23 +259,20 @@ class RunStore:
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
         self._timeout = float(timeout)
-        conn = self._open()
-        try:
-            # One write transaction taken up front: "CREATE ... IF NOT EXISTS" in autocommit mode reads the
-            # schema and then upgrades to a write, and in WAL mode SQLite refuses that upgrade at once
-            # ("database is locked", no busy wait) when another process wrote in between, e.g. two processes
-            # opening a new store together.
-            conn.executescript("BEGIN IMMEDIATE;\n" + _SCHEMA + "COMMIT;\n")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+        # One write transaction taken up front: "CREATE ... IF NOT EXISTS" in autocommit mode reads the schema
+        # and then upgrades to a write, and in WAL mode SQLite refuses that upgrade at once ("database is
+        # locked", no busy wait) when another process wrote in between, e.g. two processes opening a new
+        # store together.
+        with self._connect() as conn:
+            for statement in _SCHEMA.strip().split(";"):
+                if statement.strip():
+                    conn.execute(statement)
 
     def _open(self) -> sqlite3.Connection:
         return kept_connection(self.path, self._timeout)
 
-    def _connect(self) -> _Transaction:
-        return _Transaction(self._open())
+    def _connect(self):
+        return transaction(self.path, self._timeout)
 
     # ------------------------------------------------------------------------------------------ writes
     def begin_run(self, dataset: str, start_weights: str, planned_phase: Phase) -> str:
@@ -367,20 +393,6 @@ class RunStore:
                 "epsilon": None if math.isinf(epsilon) else epsilon,
                 "epsilon_is_infinite": math.isinf(epsilon),
                 "delta": delta, "accountant": accountant, "budget": self.budget(dataset)}
-
-
-class _Transaction:
-    """A kept connection (``kept_connection``) used as one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction."""
-
-    def __init__(self, conn: sqlite3.Connection):
-        self._conn = conn
-
-    def __enter__(self) -> sqlite3.Connection:
-        self._conn.execute("BEGIN IMMEDIATE")
-        return self._conn
-
-    def __exit__(self, kind, value, traceback) -> None:
-        self._conn.execute("ROLLBACK" if kind is not None else "COMMIT")
 
 
 __all__ = ["DEFAULT_PATH", "ENV_VAR", "RunStore", "data_fingerprint", "default_path", "default_store",
