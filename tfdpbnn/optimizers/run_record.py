@@ -149,27 +149,29 @@ class RunRecord:
         extra = 0 if planned_steps is None else int(planned_steps)
         planned = state.current_phase(steps=steps + extra, examples=examples + extra * optimizer.batch_size)
         self.phase_id = planned.phase_id
-        budget = self.store.budget(self.dataset) if dataset is not None else None
-        if budget is not None:
-            if planned_steps is None:
-                raise ValueError(
-                    "steps_per_epoch: the data set has a privacy budget in the record store "
-                    f"({self.store.path}), and the number of steps this fit will take is unknown; pass "
-                    "steps_per_epoch (or a dataset of known cardinality) so the budget can be checked before "
-                    "the first step")
-            spent = self.store.dataset_epsilon(self.dataset, budget["delta"], budget["accountant"])
-            after = self.store.dataset_epsilon(self.dataset, budget["delta"], budget["accountant"],
-                                               extra=planned)
-            if after > budget["epsilon"] * (1 + 1e-9):
-                self.store = None
-                raise ValueError(
-                    f"dataset budget: this data set has spent epsilon {spent:.4g} (delta "
-                    f"{budget['delta']:g}, {budget['accountant']}) over the runs recorded in "
-                    f"{self.store_path}, and the planned {extra} steps would bring it to {after:.4g} > its "
-                    f"budget {budget['epsilon']:g}. Nothing was run. Train fewer steps or with more noise, "
-                    "or raise the budget with RunStore.set_budget.")
         self._begin_weights = record_store.weights_fingerprint(model)
-        with record_store.transaction(self.store.path):  # the reservation and the run's row: one commit
+        # One write transaction for the data set's budget check, the ledger's reservation and the run's row:
+        # two runs started together on the same data are serialized, and share no stale read.
+        with record_store.transaction(self.store.path):
+            budget = self.store.budget(self.dataset) if dataset is not None else None
+            if budget is not None:
+                if planned_steps is None:
+                    raise ValueError(
+                        "steps_per_epoch: the data set has a privacy budget in the record store "
+                        f"({self.store.path}), and the number of steps this fit will take is unknown; "
+                        "pass steps_per_epoch (or a dataset of known cardinality) so the budget can be "
+                        "checked before the first step")
+                spent = self.store.dataset_epsilon(self.dataset, budget["delta"], budget["accountant"])
+                after = self.store.dataset_epsilon(self.dataset, budget["delta"], budget["accountant"],
+                                                   extra=planned)
+                if after > budget["epsilon"] * (1 + 1e-9):
+                    self.store = None
+                    raise ValueError(
+                        f"dataset budget: this data set has spent epsilon {spent:.4g} (delta "
+                        f"{budget['delta']:g}, {budget['accountant']}) over the runs recorded in "
+                        f"{self.store_path}, and the planned {extra} steps would bring it to {after:.4g} > "
+                        f"its budget {budget['epsilon']:g}. Nothing was run. Train fewer steps or with more "
+                        "noise, or raise the budget with RunStore.set_budget.")
             if record_keys is not None:
                 self._reserve(record_keys, planned, planned_steps)
             self.run_id = self.store.begin_run(self.dataset, self._begin_weights, planned)
