@@ -239,6 +239,9 @@ class RunRecord:
         if unavailable:
             entry["unavailable"] = unavailable
             return entry
+        if not any(p.released for p in self._optimizer.ledger.phases):
+            entry["unavailable"] = "this model has no DP training step yet: it was trained on no record"
+            return entry
         ledger = record_ledger.RecordLedger(path)
         bound, records = ledger.bound_for(self._optimizer.ledger.phases, delta, accountant, extra)
         if bound is None:
