@@ -61,6 +61,10 @@ def test_two_seeded_fits_release_different_noise_unless_replayable():
     assert statement["guarantee"] is False and statement["noise"]["replayable"] is True
     assert statement["guarantee_reason"].startswith("noise replayable: no guarantee")
     assert statement["epsilon"] == float("inf")
+    # Nothing derived from these records holds a guarantee either: the ledger counts the run as non-private.
+    assert statement["run_epsilon"] == float("inf") and statement["quote"]["epsilon"] == float("inf")
+    bound = statement["ledger_bound"]
+    assert bound.get("epsilon_is_infinite") or bound["epsilon"] == float("inf"), bound
     assert statement["epsilon_if_noise_were_secret"] == pytest.approx(gaussians_epsilon(1.0, 1), rel=0.01)
     assert opt.epsilon() == pytest.approx(statement["epsilon_if_noise_were_secret"], rel=1e-9)
     stored = strict_json_value(statement)   # what privacy.json holds

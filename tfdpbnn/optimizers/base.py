@@ -479,7 +479,7 @@ class DPOptimizerMixin:
         self._dp_uncovered[check_choice("kind", kind, tuple(self.UNCOVERED_RELEASES))] = \
             self.UNCOVERED_RELEASES[kind]
 
-    def record_release(self, release, composition="sequential") -> None:
+    def record_release(self, release, composition="sequential", *, x=None, y=None, record_ids=None) -> None:
         """Compose a private release of this model's data into its privacy statement.
 
         ``release``: what a private fit on the private data returned, such as
@@ -491,6 +491,12 @@ class DPOptimizerMixin:
         ``tfdpbnn.uncertainty.split_by_record``: the parallel releases are composed with each other and the
         statement takes the larger of that and the training's epsilon, McSherry 2009; add/remove adjacency
         only). Recording the same object twice counts it once.
+
+        ``x``/``y`` (the data the release was fit on, in the form training was given it) or ``record_ids``
+        (their ids): the release is also written to the per-record ledger (``tfdpbnn.privacy.record_ledger``)
+        against exactly those records, so every later run on them counts it. This model's own
+        ``ledger_bound`` composes it with the history of every record the model was trained on either way
+        (an upper bound).
         """
         import dp_accounting
 
@@ -504,7 +510,20 @@ class DPOptimizerMixin:
             raise ValueError(f"composition: parallel composition over a record-wise split needs add/remove "
                              f"adjacency, this optimizer uses {self.neighboring!r}; use 'sequential'")
         if all(r is not release for r, _ in self._dp_releases):
+            keys = None
+            if x is not None or record_ids is not None:
+                from tfdpbnn.privacy.records import record_keys
+
+                keys = record_keys(x, y, record_ids)
             self._dp_releases.append((release, composition))
+            if keys is not None:
+                from tfdpbnn.privacy.record_ledger import default_ledger
+
+                ledger = default_ledger()
+                if ledger is not None:
+                    ledger.record(keys, cost.dp_event, kind="calibration", neighboring=self.neighboring,
+                                  description=f"{type(release).__name__} ({composition}) of "
+                                              f"{type(self).__name__}")
 
     def _dp_statement_extras(self) -> dict:
         return {}
@@ -532,12 +551,13 @@ class DPOptimizerMixin:
             sample_rate=sampling["sample_rate"], num_examples=sampling["num_examples"],
             source=source, batch_size=self.batch_size)
 
-    def begin_batch_call(self, model, x, y=None):
+    def begin_batch_call(self, model, x, y=None, record_ids=None):
         """Check ``model`` and open the ledger phase for one ``model.train_on_batch(x, y)`` call.
 
         The batch is given by the caller, so nothing says that its examples differ from the last call's:
         every such step counts as one participation of every example (no amplification, no pooling of
-        examples into passes across calls). Raises ``ValueError`` when the optimizer's budget leaves no step.
+        examples into passes across calls). ``record_ids``: the batch's record ids for the per-record ledger
+        (else its records' content hashes). Raises ``ValueError`` when the optimizer's budget leaves no step.
         """
         self._adopt_model_ledger(model)
         self.mechanism.new_run()
@@ -557,9 +577,11 @@ class DPOptimizerMixin:
                 f"spent: epsilon is {self.epsilon():.4g} after {self.ledger.steps} steps and one more "
                 "train_on_batch step would exceed it. Build the optimizer with allow_exceeding_budget=True "
                 "to go on (the privacy statement then reports the larger epsilon).")
+        from tfdpbnn.privacy.records import input_keys
         from tfdpbnn.privacy.store import input_fingerprint
 
-        self._dp_record.begin(model, input_fingerprint(x, y), planned_steps=1)
+        self._dp_record.begin(model, input_fingerprint(x, y), planned_steps=1,
+                              record_keys=input_keys(x, y, record_ids))
         self.note_released_training_metrics()
 
     def _adopt_model_ledger(self, model):
