@@ -292,7 +292,7 @@ def main(argv=None) -> int:
                 scratch_rate = train_recipes.RECIPES[args.method].learning_rate
                 scratch = run_one(args.method, epsilon, seed, scratch_rate, None)
                 rows += [dict(r, arm="no pretraining") for r in scratch if r["arm"] == "recipe"]
-            for r in rows[-5:]:
+            for r in rows[-(4 if args.no_scratch else 5):]:
                 print(json.dumps(r), flush=True)
             with open(os.path.join(args.out, "results.json"), "w") as handle:
                 json.dump({"rows": rows, "rates": {str(k): v for k, v in rates.items()},
