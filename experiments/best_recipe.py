@@ -187,6 +187,26 @@ def table(rows, method) -> str:
     return text
 
 
+def accountant_table(epsilons, n=1437) -> str:
+    """Markdown: what the accountant favours, from the budget alone (no data).
+
+    PLD-calibrated sigma for T steps at sample rate q, the noise std on the mean gradient sigma / B (B = q n,
+    C = 1), and sqrt(T) B / sigma, the whole run's signal-to-noise (T steps of signal against noise growing
+    as sqrt(T)).
+    """
+    from tfdpbnn import privacy
+
+    lines = ["| epsilon | steps T | q | sigma | sigma / B | sqrt(T) B / sigma |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for epsilon in epsilons:
+        for steps in (60, 120, 240):
+            for q in (0.1, 0.2, 0.5, 0.8):
+                sigma = privacy.calibrate_noise(epsilon, DELTA, q, steps, "pld")
+                lines.append(f"| {epsilon:g} | {steps} | {q:g} | {sigma:.2f} | {sigma / (q * n):.4f} | "
+                             f"{math.sqrt(steps) * q * n / sigma:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 DEMO = ["train", "--method", "dpvd", "--dataset", "digits", "--accountant", "pld", "--verbose", "0",
         "--public", "mnist5k", "--ema", "0.9"]  # ./scripts/demo's command, less --epsilon and --seed
 
@@ -258,7 +278,12 @@ def main(argv=None) -> int:
     parser.add_argument("--render-only", action="store_true", help="only rewrite table.md from results.json")
     parser.add_argument("--demo-command", action="store_true",
                         help="run ./scripts/demo's command per seed and epsilon instead (demo.json, demo.md)")
+    parser.add_argument("--accountant-table", action="store_true",
+                        help="only print sigma against steps and sample rate (no training)")
     args = parser.parse_args(argv)
+    if args.accountant_table:
+        print(accountant_table(args.epsilons))
+        return 0
     if args.demo_command:
         os.makedirs(args.out, exist_ok=True)
         rows = run_demo_command(args.seeds, args.epsilons, args.out)
