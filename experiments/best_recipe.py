@@ -211,23 +211,26 @@ DEMO = ["train", "--method", "dpvd", "--dataset", "digits", "--accountant", "pld
         "--public", "mnist5k", "--ema", "0.9"]  # ./scripts/demo's command, less --epsilon and --seed
 
 
-def run_demo_command(seeds, epsilons, out) -> list:
+def run_demo_command(seeds, epsilons, out, rescore=False) -> list:
     """``./scripts/demo``'s command per seed and epsilon, scored through its SavedModel fed raw DIGITS.
 
     One secret key for all (runs/.sampling-key, the demo's); the export applies the centring itself.
+    ``rescore``: score the SavedModels of earlier runs in ``out`` instead of training again.
     """
     import tensorflow as tf
 
     import tfdpbnn
     from tfdpbnn import cli
 
-    _, (x_test, y_test) = tfdpbnn.data.load_digits()
-    ood = {name: v + 0.5 for name, v in ood_sets(x_test - 0.5).items()}  # raw: the export centres them
     rows = []
     for epsilon in epsilons:
         for seed in seeds:
+            _, (x_test, y_test) = tfdpbnn.data.load_digits(seed=seed)  # --seed also draws the test split
+            ood = {name: v + 0.5 for name, v in ood_sets(x_test - 0.5).items()}  # raw: the export centres
             directory = os.path.join(out, f"demo-eps{epsilon:g}-seed{seed}")
-            if cli.main(DEMO + ["--epsilon", str(epsilon), "--seed", str(seed), "--out", directory]):
+            if rescore and os.path.exists(os.path.join(directory, "summary.json")):
+                pass  # score the SavedModel already written
+            elif cli.main(DEMO + ["--epsilon", str(epsilon), "--seed", str(seed), "--out", directory]):
                 raise RuntimeError(f"tfdpbnn train failed for seed {seed}, epsilon {epsilon}")
             with open(os.path.join(directory, "summary.json")) as handle:
                 summary = json.load(handle)
@@ -278,6 +281,8 @@ def main(argv=None) -> int:
     parser.add_argument("--render-only", action="store_true", help="only rewrite table.md from results.json")
     parser.add_argument("--demo-command", action="store_true",
                         help="run ./scripts/demo's command per seed and epsilon instead (demo.json, demo.md)")
+    parser.add_argument("--rescore", action="store_true",
+                        help="with --demo-command: score the SavedModels already in --out, do not train")
     parser.add_argument("--accountant-table", action="store_true",
                         help="only print sigma against steps and sample rate (no training)")
     args = parser.parse_args(argv)
@@ -286,7 +291,7 @@ def main(argv=None) -> int:
         return 0
     if args.demo_command:
         os.makedirs(args.out, exist_ok=True)
-        rows = run_demo_command(args.seeds, args.epsilons, args.out)
+        rows = run_demo_command(args.seeds, args.epsilons, args.out, args.rescore)
         text = demo_table(rows)
         with open(os.path.join(args.out, "demo.json"), "w") as handle:
             json.dump({"rows": rows, "machine": platform.platform()}, handle, indent=1)
