@@ -453,17 +453,25 @@ def sensitivity_checks(step, rng, candidates=120, ascent=60, rtol=2e-3):
     return findings, ratio, largest, unreached
 
 
-def accounting_checks(optimizer, steps=None, rtol=0.02):
-    """The optimizer's ``epsilon_after(T)`` against dp-accounting composed here (module docstring)."""
+def accounting_checks(optimizer, rtol=0.02):
+    """The optimizer's ``epsilon_after(T)`` against dp-accounting composed here (module docstring).
+
+    T: one epoch of ``ceil(n / B)`` steps, and ten. Flagged when the optimizer reports less than
+    ``(1 - rtol)`` times the independent composition.
+    """
+    delta = optimizer.delta if optimizer.delta is not None else 1e-5
+    per_epoch = math.ceil(optimizer.num_examples / optimizer.batch_size)
+    if optimizer.noise_multiplier <= 0:
+        return [Finding("accounting", "optimizer", "noise multiplier", 0.0, 0.0, True, "(no noise)")]
+    return [_accounting_check(optimizer, steps, delta, rtol) for steps in (per_epoch, 10 * per_epoch)]
+
+
+def _accounting_check(optimizer, steps, delta, rtol):
     import dp_accounting
 
-    delta = optimizer.delta if optimizer.delta is not None else 1e-5
     n, b = optimizer.num_examples, optimizer.batch_size
     per_epoch = math.ceil(n / b)
-    steps = int(steps or per_epoch * (optimizer._dp_static.get("epochs") or 1))
     sigma = optimizer.noise_multiplier
-    if sigma <= 0:
-        return [Finding("accounting", "optimizer", "noise multiplier", sigma, 0.0, True, "(no noise)")]
     sensitivity = 2.0 if optimizer.neighboring == "replace_one" else 1.0
     gaussian = dp_accounting.GaussianDpEvent(sigma / sensitivity)
     if optimizer.sampling == "shuffle":
@@ -478,9 +486,9 @@ def accounting_checks(optimizer, steps=None, rtol=0.02):
         acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=relation)
     independent = float(acc.compose(event).get_epsilon(delta))
     reported = float(optimizer.epsilon_after(steps, delta=delta))
-    return [Finding("accounting", "optimizer", "epsilon_after / independent", reported / independent,
-                    1.0 - rtol, reported < independent * (1.0 - rtol),
-                    f"({steps} steps: optimizer {reported:.4g}, dp-accounting {independent:.4g})")]
+    return Finding("accounting", "optimizer", "epsilon_after / independent", reported / independent,
+                   1.0 - rtol, reported < independent * (1.0 - rtol),
+                   f"({steps} steps: optimizer {reported:.4g}, dp-accounting {independent:.4g})")
 
 
 def traced_audit(model, x_example, y_example, *, calls=None, alpha=1e-3, seed=0, candidates=120, ascent=60,
@@ -535,5 +543,75 @@ def traced_audit(model, x_example, y_example, *, calls=None, alpha=1e-3, seed=0,
         alpha=alpha, seconds=time.perf_counter() - start)
 
 
-__all__ = ["Finding", "SEES", "TracedAuditResult", "TracedStep", "accounting_checks", "calls_for_power",
-           "noise_checks", "sensitivity_checks", "std_power", "traced_audit"]
+def example_batch(model):
+    """``(x, y)``: one zero example and label shaped for ``model`` (single input and output), for ``--model``.
+
+    Integer inputs give id 0; the label is class 0 (sparse for a sparse loss, else one-hot for several
+    outputs) or a zero target.
+    """
+    if len(model.inputs) != 1 or len(model.outputs) != 1:
+        raise ValueError("model: the traced audit of a saved model needs a single input and a single output; "
+                         "call tfdpbnn.audit.traced.traced_audit(model, x_example, y_example) instead")
+    spec = model.inputs[0]
+    x = np.zeros((1,) + tuple(int(d) for d in spec.shape[1:]), spec.dtype.as_numpy_dtype)
+    out = int(model.outputs[0].shape[-1] or 1)
+    loss = model.loss
+    name = loss if isinstance(loss, str) else (getattr(loss, "name", None) or getattr(loss, "__name__", None)
+                                               or type(loss).__name__)
+    name = str(name).lower()
+    if "sparse" in name:
+        y = np.zeros((1,), np.int64)
+    elif out > 1:
+        y = np.eye(out, dtype=np.float32)[:1]
+    else:
+        y = np.zeros((1, 1), np.float32)
+    return x, y
+
+
+#: The method models of ``method_traced_audit``: n examples, expected batch B (n / B = 4, so DP-SGLD's n / B
+#: scale is visible), 8 features, 4 hidden units, 3 classes.
+METHOD_MODEL = {"num_examples": 64, "batch_size": 16, "num_features": 8, "hidden": 4, "num_classes": 3}
+
+
+def method_model(method, epsilon=1.0, delta=1e-5, seed=0):
+    """``(model, x_example, y_example)``: the tiny ``tfdpbnn train`` model of ``method``, compiled.
+
+    The optimizer's noise is calibrated (RDP, shuffled batches) to ``epsilon`` for one epoch of
+    ``METHOD_MODEL``'s ``n / B`` steps.
+    """
+    from tfdpbnn import optimizers as O
+    from tfdpbnn.audit.experiment import build_method_model
+    from tfdpbnn.audit.step import METHODS
+
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    size = METHOD_MODEL
+    n, b = size["num_examples"], size["batch_size"]
+    common = dict(num_examples=n, batch_size=b, delta=delta, epochs=1, target_epsilon=epsilon)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        if method == "dpsgld":
+            opt = O.DPSGLDOptimizer(1.0, **common)
+        elif method == "dpadam":
+            opt = O.DPAdamOptimizer(1.0, **common)
+        else:
+            cls = {"dpvd": O.DPVDOptimizer, "sidp-ln": O.SIDPOptimizer, "sidp-bn": O.SIDPOptimizer}.get(
+                method, O.DPSGDOptimizer)
+            opt = cls(1.0, learning_rate=0.1, **common)
+        rng = np.random.default_rng(seed)
+        x = rng.normal(size=(8, size["num_features"])).astype(np.float32)
+        model = build_method_model(method, n, size["hidden"], seed, x_public=x,
+                                   num_features=size["num_features"], num_classes=size["num_classes"])
+        model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, x[:1], np.array([1])
+
+
+def method_traced_audit(method, epsilon=1.0, delta=1e-5, seed=0, **kwargs) -> TracedAuditResult:
+    """``traced_audit`` of ``method_model(method, epsilon, delta, seed)`` (``kwargs``: ``traced_audit``'s)."""
+    model, x, y = method_model(method, epsilon, delta, seed)
+    return traced_audit(model, x, y, seed=seed, **kwargs)
+
+
+__all__ = ["METHOD_MODEL", "Finding", "SEES", "TracedAuditResult", "TracedStep", "accounting_checks",
+           "calls_for_power", "example_batch", "method_model", "method_traced_audit", "noise_checks", "sensitivity_checks",
+           "std_power", "traced_audit"]
