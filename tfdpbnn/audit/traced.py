@@ -613,5 +613,5 @@ def method_traced_audit(method, epsilon=1.0, delta=1e-5, seed=0, **kwargs) -> Tr
 
 
 __all__ = ["METHOD_MODEL", "Finding", "SEES", "TracedAuditResult", "TracedStep", "accounting_checks",
-           "calls_for_power", "example_batch", "method_model", "method_traced_audit", "noise_checks", "sensitivity_checks",
-           "std_power", "traced_audit"]
+           "calls_for_power", "example_batch", "method_model", "method_traced_audit", "noise_checks",
+           "sensitivity_checks", "std_power", "traced_audit"]
