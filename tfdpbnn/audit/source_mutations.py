@@ -131,6 +131,10 @@ class MutationOutcome:
     tests_failed: bool | None
     seconds: float
 
+    def as_dict(self) -> dict:
+        """The outcome as a JSON-ready dict."""
+        return dataclasses.asdict(self)
+
     @property
     def killed_by_audit(self) -> bool:
         """Whether the audit flagged it on every method it applies to."""
@@ -144,7 +148,8 @@ def _subprocess_env(root):
     return env
 
 
-def run_mutation(name, methods=None, tests=(), epsilon=1.0, timeout=900, calls=None) -> MutationOutcome:
+def run_mutation(name, methods=None, tests=(), epsilon=1.0, timeout=900, calls=None,
+                 seed=0) -> MutationOutcome:
     """Apply ``name`` (None: the honest code) to a copy, audit ``methods`` and run ``tests`` against it.
 
     The audit subprocess runs ``python -m tfdpbnn.audit.source_mutations METHOD...`` with the copy first on
@@ -158,7 +163,7 @@ def run_mutation(name, methods=None, tests=(), epsilon=1.0, timeout=900, calls=N
         mutated_copy(name, root)
         env = _subprocess_env(root)
         argv = [sys.executable, "-m", "tfdpbnn.audit.source_mutations", "--expect-root", root,
-                "--epsilon", str(epsilon), *methods]
+                "--epsilon", str(epsilon), "--seed", str(seed), *methods]
         if calls is not None:
             argv[4:4] = ["--calls", str(calls)]
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=root)
@@ -188,6 +193,7 @@ def _main(argv=None) -> int:
     parser.add_argument("--expect-root", default=None)
     parser.add_argument("--calls", type=int, default=None)
     parser.add_argument("--epsilon", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     import tfdpbnn
 
@@ -198,7 +204,7 @@ def _main(argv=None) -> int:
 
     out = {}
     for method in args.methods:
-        r = method_traced_audit(method, args.epsilon, calls=args.calls)
+        r = method_traced_audit(method, args.epsilon, seed=args.seed, calls=args.calls)
         out[method] = {"flagged": r.flagged, "flags": [f"{f.check}: {f.variable}: {f.statistic} {f.value:.4g}"
                                                        for f in r.flags]}
     print(json.dumps(out))
