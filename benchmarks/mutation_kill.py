@@ -44,7 +44,8 @@ def _table(results, meta) -> list[str]:
     honest_line = (f"Honest code: flagged in {flagged} of {len(honest)} audits (dpsgd, seeds "
                    f"0..{len(honest) - 1})." if honest else "Honest code: not run.")
     lines += ["", honest_line,
-              "", f"_Machine: {meta['machine']}; command `{meta['command']}`; wall time {meta['seconds']:.0f} s._"]
+              "", f"_Machine: {meta['machine']}; command `{meta['command']}`; wall time "
+              f"{meta['seconds']:.0f} s._"]
     return lines
 
 
