@@ -65,9 +65,9 @@ def test_calls_for_power_meets_its_power():
     assert std_power(k * 3, per) >= 0.99 > std_power((k - 1) * 3, per)
 
 
-@pytest.mark.parametrize("method", ["dpsgd", "dpsgld", "dpvd"])
+@pytest.mark.parametrize("method", ["dpsgld", "dpvd"])
 def test_honest_method_passes_with_the_clip_bound_reached(method):
-    r = method_traced_audit(method, 1.0, calls=300)
+    r = method_traced_audit(method, 1.0, calls=200, candidates=50, ascent=10)
     assert not r.flagged, r.summary()
     assert 0.99 < r.largest_contribution <= 1.002  # the clip bound binds, and is not exceeded
     stds = [f.value for f in r.findings if f.statistic == "std ratio"]
@@ -94,7 +94,7 @@ def test_conv_and_embedding_models_pass_and_every_variable_is_reached(build):
     model, x = build()
     model.compile(optimizer=O.DPAdamOptimizer(1.0, 1.5, num_examples=40, batch_size=10), loss=LOSS)
     before = [w.copy() for w in model.get_weights()]
-    r = traced_audit(model, x, np.array([2]), calls=200, candidates=60, ascent=20)
+    r = traced_audit(model, x, np.array([2]), calls=150, candidates=40, ascent=10)
     assert not r.flagged, r.summary()
     assert r.unreached == [] and 0.99 < r.largest_contribution <= 1.002
     assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))  # a copy ran
@@ -104,7 +104,7 @@ def test_conv_and_embedding_models_pass_and_every_variable_is_reached(build):
 @pytest.mark.parametrize("bug, check", [("noise-2/3", "noise"), ("clip-1.5x", "sensitivity")])
 def test_hook_mutations_are_flagged_through_the_traced_step(bug, check):
     with inject_bug(bug):
-        r = method_traced_audit("dpmcdropout", 1.0, calls=200, candidates=40, ascent=0)
+        r = method_traced_audit("dpmcdropout", 1.0, calls=150, candidates=30, ascent=0)
     assert {f.check for f in r.flags} == {check}
     if check == "sensitivity":
         assert r.largest_contribution == pytest.approx(1.5, rel=2e-3)
@@ -131,7 +131,8 @@ def test_a_patch_that_does_not_apply_is_an_error(tmp_path):
             apply_mutation(mutated_copy(None, tmp_path / name), name)
 
 
+@pytest.mark.slow  # a subprocess importing TensorFlow: 14-21 s on 2 shared cores
 def test_noise_frozen_at_trace_time_is_flagged_in_a_subprocess():
-    outcome = run_mutation("noise-frozen-at-trace", methods=("dpsgd",), calls=64)
+    outcome = run_mutation("noise-frozen-at-trace", methods=("dpsgd",), calls=64, candidates=8, ascent=0)
     assert outcome.audit_flagged == {"dpsgd": True}
     assert any("correlation between calls" in f for f in outcome.audit_flags["dpsgd"])

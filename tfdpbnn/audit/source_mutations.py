@@ -148,13 +148,14 @@ def _subprocess_env(root):
     return env
 
 
-def run_mutation(name, methods=None, tests=(), epsilon=1.0, timeout=900, calls=None,
-                 seed=0) -> MutationOutcome:
+def run_mutation(name, methods=None, tests=(), epsilon=1.0, timeout=900, calls=None, seed=0,
+                 candidates=None, ascent=None) -> MutationOutcome:
     """Apply ``name`` (None: the honest code) to a copy, audit ``methods`` and run ``tests`` against it.
 
     The audit subprocess runs ``python -m tfdpbnn.audit.source_mutations METHOD...`` with the copy first on
     ``PYTHONPATH`` (it checks that it imported the copy); ``tests`` are pytest paths run the same way (their
-    failure kills the mutation).
+    failure kills the mutation). ``calls``, ``candidates``, ``ascent``: ``traced_audit``'s (None: its
+    defaults).
     """
     start = time.perf_counter()
     if methods is None:
@@ -163,9 +164,11 @@ def run_mutation(name, methods=None, tests=(), epsilon=1.0, timeout=900, calls=N
         mutated_copy(name, root)
         env = _subprocess_env(root)
         argv = [sys.executable, "-m", "tfdpbnn.audit.source_mutations", "--expect-root", root,
-                "--epsilon", str(epsilon), "--seed", str(seed), *methods]
-        if calls is not None:
-            argv[4:4] = ["--calls", str(calls)]
+                "--epsilon", str(epsilon), "--seed", str(seed)]
+        for flag, value in (("--calls", calls), ("--candidates", candidates), ("--ascent", ascent)):
+            if value is not None:
+                argv += [flag, str(value)]
+        argv += list(methods)
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=root)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         if proc.returncode != 0 or not lines:
@@ -194,6 +197,8 @@ def _main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=None)
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--candidates", type=int, default=None)
+    parser.add_argument("--ascent", type=int, default=None)
     args = parser.parse_args(argv)
     import tfdpbnn
 
@@ -204,7 +209,8 @@ def _main(argv=None) -> int:
 
     out = {}
     for method in args.methods:
-        r = method_traced_audit(method, args.epsilon, seed=args.seed, calls=args.calls)
+        extra = {k: v for k, v in (("candidates", args.candidates), ("ascent", args.ascent)) if v is not None}
+        r = method_traced_audit(method, args.epsilon, seed=args.seed, calls=args.calls, **extra)
         out[method] = {"flagged": r.flagged, "flags": [f"{f.check}: {f.variable}: {f.statistic} {f.value:.4g}"
                                                        for f in r.flags]}
     print(json.dumps(out))
