@@ -177,9 +177,17 @@ def run_mutation(name, methods=None, tests=(), epsilon=1.0, timeout=900, calls=N
         verdicts = json.loads(lines[-1])
         tests_failed = None
         if tests:
-            test_proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                                        *[str(pathlib.Path(t).resolve()) for t in tests]],
-                                       env=env, capture_output=True, text=True, timeout=timeout, cwd=root)
+            # The tests and the pytest configuration are copied beside the mutated package, so that the
+            # configuration's ``pythonpath = .`` puts the copy (not the checkout) first.
+            repo = pathlib.Path(__file__).resolve().parents[2]
+            shutil.copytree(repo / "tests", pathlib.Path(root) / "tests",
+                            ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copy(repo / "setup.cfg", root)
+            paths = [str(pathlib.Path(root) / "tests" / pathlib.Path(t).name) for t in tests]
+            pytest = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-c",
+                      str(pathlib.Path(root) / "setup.cfg"), "--rootdir", root, *paths]
+            test_proc = subprocess.run(pytest, env=env, capture_output=True, text=True, timeout=timeout,
+                                       cwd=root)
             tests_failed = test_proc.returncode != 0
     return MutationOutcome(name=name or "honest",
                            audit_flagged={m: v["flagged"] for m, v in verdicts.items()},
