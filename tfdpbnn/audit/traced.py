@@ -240,7 +240,7 @@ class TracedStep:
         self._snapshot = snapshot
 
     def _update_rule(self):
-        """How to read ``g`` after one call: ("sgd", eta), ("momentum", eta) or ("adam", beta_1)."""
+        """How ``released`` reads ``g`` after one call: "sgd", "momentum" or "adam" (module docstring)."""
         opt = self.optimizer
         config = opt.get_config()
         if config.get("decay"):
@@ -249,7 +249,7 @@ class TracedStep:
         if isinstance(opt.learning_rate, tf.keras.optimizers.schedules.LearningRateSchedule):
             raise ValueError("optimizer: a learning-rate schedule; the traced audit needs a constant "
                              "learning rate (the released gradient is read from the update)")
-        names = set(opt.get_slot_names()) if opt.get_slot_names() else set()
+        names = set(opt.get_slot_names() or ())
         if "beta_1" in config:
             return "adam"
         if config.get("nesterov"):
@@ -287,7 +287,7 @@ class TracedStep:
         return [(b - v.numpy().astype(np.float64)) / eta for b, v in zip(before, self.variables, strict=True)]
 
 
-def _chi2_two_sided(statistic, dof, alpha):
+def _chi2_two_sided(dof, alpha):
     from scipy import stats
 
     lo, hi = stats.chi2.ppf(alpha / 2, dof), stats.chi2.isf(alpha / 2, dof)
@@ -298,7 +298,7 @@ def std_power(dof, alpha, factor=0.9) -> float:
     """Power of the two-sided chi-square std test (level ``alpha``) against noise of ``factor`` x declared."""
     from scipy import stats
 
-    lo, hi = _chi2_two_sided(None, dof, alpha)
+    lo, hi = _chi2_two_sided(dof, alpha)
     f2 = factor * factor
     return float(stats.chi2.cdf(lo / f2, dof) + stats.chi2.sf(hi / f2, dof))
 
@@ -318,7 +318,7 @@ def noise_checks(noise, names, stddev, alpha, max_lag=8, min_pairs=16):
     dims = [f.shape[1] for f in flat]
     for name, u, d in zip(names, flat, dims, strict=True):
         s = float(np.sum(u * u))
-        lo, hi = _chi2_two_sided(s, k * d, per / m)
+        lo, hi = _chi2_two_sided(k * d, per / m)
         ratio = math.sqrt(s / (k * d))
         findings.append(Finding("noise", name, "std ratio", ratio, math.sqrt(lo / (k * d)),
                                 not lo <= s <= hi,
