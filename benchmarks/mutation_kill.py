@@ -25,7 +25,9 @@ MARK = "mutation-kill"
 
 
 def _table(results, meta) -> list[str]:
-    lines = ["### Source mutations: killed by the traced-step audit (and by the tests, where run)", "",
+    test_files = [a for a in meta["command"].split() if a.startswith("tests/")]
+    lines = ["### Source mutations: killed by the traced-step audit and by the tests", "",
+             "Tests: " + (", ".join(f"`{t}`" for t in test_files) if test_files else "not run") + ".", "",
              "| mutation | what the edit does | methods audited | audit | what the audit flagged | tests "
              "| s |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -33,7 +35,7 @@ def _table(results, meta) -> list[str]:
         if r["name"] == "honest":
             continue
         verdict = ", ".join(f"{m}: {'killed' if v else 'SURVIVED'}" for m, v in r["audit_flagged"].items())
-        statistics = sorted({f.split(":")[0] + ": " + f.split(": ")[2].rsplit(" ", 1)[0]
+        statistics = sorted({(f.split(":")[0] + ": " + f.split(": ")[2].rsplit(" ", 1)[0]).replace("|", "\\|")
                              for flags in r["audit_flags"].values() for f in flags})
         tests = {None: "not run", True: "killed", False: "survived"}[r["tests_failed"]]
         lines.append(f"| `{r['name']}` | {SOURCE_MUTATIONS[r['name']][0]} | "
@@ -58,7 +60,12 @@ def main(argv=None) -> int:
     p.add_argument("--epsilon", type=float, default=1.0)
     p.add_argument("--json", default="docs/mutation_kill.json")
     p.add_argument("--docs", default=None, help="replace the marked kill table in this markdown file")
+    p.add_argument("--render-only", action="store_true", help="only render the table of an earlier --json")
     args = p.parse_args(argv)
+    if args.render_only:
+        with open(args.json) as f:
+            saved = json.load(f)
+        return _write(_table(saved["results"], saved["meta"]), args.docs)
     if args.honest_repeats < 0:
         raise SystemExit(f"--honest-repeats must be >= 0, got {args.honest_repeats}")
     start = time.perf_counter()
@@ -78,17 +85,21 @@ def main(argv=None) -> int:
             "seconds": time.perf_counter() - start}
     with open(args.json, "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=2)
-    lines = _table(results, meta)
+    return _write(_table(results, meta), args.docs)
+
+
+def _write(lines, docs) -> int:
+    """Print the table; with ``docs``, replace the marked block of that markdown file with it."""
     print("\n".join(lines))
-    if args.docs:
-        with open(args.docs) as f:
+    if docs:
+        with open(docs) as f:
             text = f.read()
         start_mark, end_mark = f"<!-- audit-table:{MARK} -->", f"<!-- /audit-table:{MARK} -->"
         if start_mark not in text or end_mark not in text:
-            raise SystemExit(f"--docs: {args.docs} has no {start_mark} ... {end_mark} block")
+            raise SystemExit(f"--docs: {docs} has no {start_mark} ... {end_mark} block")
         head, rest = text.split(start_mark, 1)
         text = head + start_mark + "\n" + "\n".join(lines) + "\n" + end_mark + rest.split(end_mark, 1)[1]
-        with open(args.docs, "w") as f:
+        with open(docs, "w") as f:
             f.write(text)
     return 0
 
