@@ -23,36 +23,43 @@ import sys
 import tempfile
 import time
 
-#: name -> (what the edit does, the methods it is audited on, [(path in the package, old, new), ...]).
+from tfdpbnn.audit.step import METHODS
+
+#: Every method, and those whose models the ghost engine clips (sidp-bn's carried public batch
+#: normalization runs the jacobian path).
+ALL = METHODS
+GHOST = tuple(m for m in ALL if m != "sidp-bn")
+#: name -> (what the edit does, the methods it applies to (audited on each), [(path in the package, old,
+#: new), ...]).
 SOURCE_MUTATIONS = {
     "noise-scale-0.9": (
-        "the noise standard deviation is 0.9 sigma C s", ("dpsgd", "dpvd"),
+        "the noise standard deviation is 0.9 sigma C s", ALL,
         [("optimizers/mechanism.py", "return _read(self._sigma) * _read(self._clip) * self.scale()",
           "return _read(self._sigma) * _read(self._clip) * self.scale() * 0.9")]),
     "bias-without-noise": (
-        "no noise on biases (rank-1 variables)", ("dpsgd", "dpbbp"),
+        "no noise on biases (rank-1 variables)", ALL,
         [("optimizers/mechanism.py",
           "noised = [g + z for g, z in zip(clipped.clipped_sum, noise, strict=True)]",
           "noised = [g + z if len(g.shape) > 1 else g for g, z in zip(clipped.clipped_sum, noise, "
           "strict=True)]")]),
     "noise-half-duplicated": (
-        "the second half of each noise draw repeats the first half", ("dpsgd", "dpmcdropout"),
+        "the second half of each noise draw repeats the first half", ALL,
         [("optimizers/noise.py", "    return flat[:total] if 2 * pairs != total else flat",
           "    flat = flat[:total] if 2 * pairs != total else flat\n"
           "    return tf.concat([flat[:total - total // 2], flat[:total // 2]], 0)")]),
     "noise-frozen-at-trace": (
         "the step seed is computed in Python when the step is traced: every traced step adds the same "
-        "noise", ("dpsgd", "dpadam"),
+        "noise", ALL,
         [("optimizers/noise.py",
           "    return tf.random.uniform([2], minval=tf.int64.min, maxval=tf.int64.max, dtype=tf.int64, "
           "seed=op_seed)",
           "    return tf.constant(np.random.default_rng().integers(-2 ** 62, 2 ** 62, size=2), tf.int64)")]),
     "clip-1.5x": (
-        "examples clipped to 1.5 C", ("dpsgd", "sidp-ln"),
+        "examples clipped to 1.5 C", ALL,
         [("optimizers/mechanism.py", "        clip = _read(self._clip)\n",
           "        clip = _read(self._clip) * 1.5\n")]),
     "per-layer-clipping": (
-        "each layer clipped to C separately (global norm up to sqrt(layers) C)", ("dpsgd", "dpbbp"),
+        "each layer clipped to C separately (global norm up to sqrt(layers) C)", GHOST,
         [("clipping/ghost.py",
           "    factors = scaled_factors(clip_factors(norms, l2_norm_clip), sum_scale)\n    sums = {}\n"
           "    for r, grads in zip(records, grads_per_record, strict=True):\n",
@@ -64,7 +71,7 @@ SOURCE_MUTATIONS = {
           "        factors = scaled_factors(clip_factors(own, l2_norm_clip), sum_scale)\n")]),
     "dense-bias-out-of-norm": (
         "the Dense (and NoisyDense) clipping rule leaves the bias out of the per-example norm",
-        ("dpsgd", "dpmcdropout"),
+        ("dpsgd", "dpadam", "dpsgld", "dpmcdropout", "sidp-ln"),
         [("clipping/rules/dense.py", "        norms.append(ops.summed_squared_norms(b))",
           "        norms.append(None)")]),
     "variational-variance-out-of-norm": (
@@ -85,7 +92,8 @@ SOURCE_MUTATIONS = {
         [("optimizers/mechanism.py", "return _read(self._sigma) * _read(self._clip) * self.scale()",
           "return _read(self._sigma) * _read(self._clip) / _read(self._batch)")]),
     "sample-rate-halved": (
-        "the optimizer's sample rate is B / (2 n): planned epsilon for half the real rate", ("dpsgd",),
+        "the optimizer's sample rate is B / (2 n): planned epsilon for half the real rate",
+        ("dpsgd", "dpvd"),
         [("optimizers/base.py", "        return self.batch_size / self.num_examples",
           "        return self.batch_size / (2 * self.num_examples)")]),
 }
