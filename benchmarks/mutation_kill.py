@@ -25,7 +25,7 @@ MARK = "mutation-kill"
 
 
 def _table(results, meta) -> list[str]:
-    test_files = [a for a in meta["command"].split() if a.startswith("tests/")]
+    test_files = list(dict.fromkeys(a.strip("`") for a in meta["command"].split() if a.startswith("tests/")))
     lines = ["### Source mutations: killed by the traced-step audit and by the tests", "",
              "Tests: " + (", ".join(f"`{t}`" for t in test_files) if test_files else "not run") + ".", "",
              "| mutation | what the edit does | methods audited | audit | what the audit flagged | tests "
