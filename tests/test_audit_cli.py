@@ -30,6 +30,10 @@ def test_cli_names_match_the_experiment():
     (["--epsilon", "1", "--estimator", "fdp"], "--estimator"),  # the step audit has no estimator
     (["--epsilon", "1", "--mode", "sampling", "--fit", "--replicas", "2"], "--fit"),
     (["--epsilon", "1", "--mode", "one-run", "--estimator", "fdp"], "--estimator fdp"),  # q = 0.2: refused
+    (["--model", "m.keras", "--epsilon", "1"], "--model"),  # the saved model's optimizer holds its noise
+    (["--mode", "traced"], "--epsilon is required"),
+    (["--epsilon", "1", "--calls", "50"], "--calls"),  # the step audit's traced part reads no --calls
+    (["--model", "m.keras", "--mode", "sampling"], "--model"),
     (["--epsilon", "1", "--mode", "one-run", "--estimator", "fdp", "--sample-rate", "1", "--method", "dpvd"],
      "estimator 'fdp'"),
 ])
@@ -50,6 +54,26 @@ def test_step_audit_of_dpvd_flags_the_broken_noise_only(broken, tmp_path, capsys
     assert ("FLAGGED" in printed) == (broken is not None)
     assert "would have flagged a 1.5x sensitivity error with probability" in printed
     assert result["power_1_5x"] > 0.95
+    assert result["traced"]["flagged"] == (broken is not None)  # the traced-step audit ran after it
+    assert "traced-step audit of dpvd at epsilon 1" in printed and "cannot see" in printed
+
+
+def test_traced_audit_of_a_saved_model(tmp_path, capsys):
+    import tensorflow as tf
+
+    import tfdpbnn
+
+    model = tf.keras.Sequential([tf.keras.Input((5,)), tf.keras.layers.Dense(4, activation="tanh"),
+                                 tf.keras.layers.Dense(3)])
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.2, num_examples=100, batch_size=20, delta=1e-5),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    path, out = tmp_path / "m.keras", tmp_path / "r.json"
+    model.save(path)
+    assert cli.main(["audit", "--model", str(path), "--calls", "200", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert not result["flagged"] and result["noise_multiplier"] == pytest.approx(1.2)
+    assert result["scale"] == pytest.approx(1 / 20) and 0.99 < result["largest_contribution"] <= 1.002
+    assert "passed" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("fit", [False, True])

@@ -30,6 +30,7 @@ from tfdpbnn.audit.sampling import SamplingAuditResult, audit_participation, sam
 from tfdpbnn.audit.scores import UpdateRecorder, displacement_scores, likelihood_ratio_scores, update_unit
 from tfdpbnn.audit.shift import ShiftBound, paired_shift_bound, paired_shift_power
 from tfdpbnn.audit.step import StepAuditor, StepAuditResult, step_audit
+from tfdpbnn.audit.traced import TracedAuditResult, method_traced_audit, traced_audit
 
 __all__ = [
     "FdpOneRunResult",
@@ -49,6 +50,9 @@ __all__ = [
     "paired_shift_power",
     "sampling_audit",
     "step_audit",
+    "TracedAuditResult",
+    "method_traced_audit",
+    "traced_audit",
     "GradientCanaryAudit",
     "UpdateRecorder",
     "canary_losses",

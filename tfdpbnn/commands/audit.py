@@ -9,7 +9,10 @@ of Poisson batches (``tfdpbnn.audit.sampling``; ``--broken`` a broken pipeline; 
 method's DIGITS model with ``--num-canaries`` canaries (Steinke, Nasr & Jagielski 2023; ``--broken`` one of
 its broken configurations; ``--estimator fdp`` the f-DP bound of Mahloujifar, Melis & Chaudhuri 2024 for a
 full-batch run). ``--mode multi-run`` (or ``--multi-run``): the multi-run
-audit of full-batch DP-SGD through ``model.fit`` (DP-SGD only). See docs/audit.md.
+audit of full-batch DP-SGD through ``model.fit`` (DP-SGD only). ``--mode traced`` (also run after the step
+audit of ``--mode step``): the traced-step audit (``tfdpbnn.audit.traced``) of the method's model, or with
+``--model PATH`` of a saved ``.keras`` model compiled with its DP optimizer: the noise, the one-example
+sensitivity and the accounting of the train function ``model.fit`` runs. See docs/audit.md.
 """
 
 from __future__ import annotations
@@ -25,23 +28,31 @@ METHODS = ("dpsgd", "dpadam", "dpvd", "dpsgld", "sidp-ln", "sidp-bn", "dpbbp", "
 BROKEN = ("sigma0", "sidp-paper", "num-examples", "unclipped")
 STEP_BROKEN = ("noise-2/3", "clip-1.5x", "double-count", "unclipped-layer", "reused-seed")
 SAMPLING_BROKEN = ("sample-rate-1.5x", "shard-overlap", "fixed-batches")
-MODES = ("step", "sampling", "one-run", "multi-run")
-_BROKEN_BY_MODE = {"step": STEP_BROKEN, "sampling": SAMPLING_BROKEN, "one-run": BROKEN, "multi-run": ()}
+MODES = ("step", "sampling", "one-run", "multi-run", "traced")
+_BROKEN_BY_MODE = {"step": STEP_BROKEN, "sampling": SAMPLING_BROKEN, "one-run": BROKEN, "multi-run": (),
+                   "traced": ()}
 #: The options each mode reads (besides --method, --epsilon, --delta, --broken, --confidence, --seed, --json).
 _OPTIONS_BY_MODE = {"step": ("runs", "steps"),
                     "sampling": ("steps", "sample_rate", "num_examples", "replicas", "fit"),
                     "one-run": ("num_canaries", "epochs", "sample_rate", "estimator"),
-                    "multi-run": ("runs", "steps", "num_examples")}
+                    "multi-run": ("runs", "steps", "num_examples"),
+                    "traced": ("model", "calls")}
 
 
 def add_parser(subparsers) -> None:
     """Register the ``audit`` subcommand."""
     p = subparsers.add_parser("audit", help="empirical lower bound on epsilon (privacy audit)",
                               description=__doc__)
-    p.add_argument("--method", default="dpsgd", choices=METHODS, help="method to audit (default dpsgd)")
-    p.add_argument("--epsilon", type=float, required=True, help="privacy budget the noise is calibrated to")
+    p.add_argument("--method", default=None, choices=METHODS, help="method to audit (default dpsgd)")
+    p.add_argument("--epsilon", type=float, default=None,
+                   help="privacy budget the noise is calibrated to (required, except with --model)")
+    p.add_argument("--model", default=None, metavar="PATH.keras",
+                   help="traced: audit this saved model, compiled with its tfdpbnn DP optimizer")
+    p.add_argument("--calls", type=int, default=None,
+                   help="traced: traced calls of the noise check (default: power 0.99 against 0.9x the std)")
     p.add_argument("--delta", type=float, default=1e-5, help="delta (default 1e-5)")
-    p.add_argument("--mode", default="step", choices=MODES, help="which audit (default step)")
+    p.add_argument("--mode", default=None, choices=MODES,
+                   help="which audit (default step, then traced; traced with --model)")
     p.add_argument("--broken", default=None, choices=sorted(set(STEP_BROKEN + SAMPLING_BROKEN + BROKEN)),
                    help="audit a deliberately broken variant; step: " + ", ".join(STEP_BROKEN)
                    + "; sampling: " + ", ".join(SAMPLING_BROKEN) + "; one-run: " + ", ".join(BROKEN))
@@ -73,12 +84,20 @@ def add_parser(subparsers) -> None:
 
 
 def _check_arguments(args, mode) -> None:
-    check_positive("--epsilon", args.epsilon)
+    if args.model is not None:
+        if args.epsilon is not None or args.method is not None:
+            raise ValueError("--model: the saved model's optimizer holds its noise and method; --epsilon and "
+                             "--method do not apply")
+    elif args.epsilon is None:
+        raise ValueError("--epsilon is required (except with --model)")
+    else:
+        check_positive("--epsilon", args.epsilon)
+    args.method = args.method or "dpsgd"
     check_open_unit("--delta", args.delta)
     if args.confidence is not None:
         check_open_unit("--confidence", args.confidence)
     for option in ("runs", "steps", "num_canaries", "epochs", "sample_rate", "num_examples", "replicas",
-                   "estimator", "fit"):
+                   "estimator", "fit", "model", "calls"):
         if getattr(args, option) is not None and option not in _OPTIONS_BY_MODE[mode]:
             flag = "--" + option.replace("_", "-")
             raise ValueError(f"{flag} does not apply to --mode {mode} (it reads: "
@@ -124,6 +143,36 @@ def _step(args) -> dict:
           _probability(r.power_1_5x))
     print("FLAGGED: the measured lower bound exceeds the claim" if r.flagged
           else "passed: the measured lower bound is within the claim")
+    result = r.as_dict()
+    if args.broken == "unclipped-layer":
+        print("traced-step audit: not run (unclipped-layer acts on the step audit's canary layer)")
+        return result
+    print()
+    result["traced"] = _traced(args)
+    return result
+
+
+def _traced(args) -> dict:
+    import contextlib
+
+    from tfdpbnn.audit.mutations import inject_bug
+    from tfdpbnn.audit.traced import example_batch, method_model, traced_audit
+
+    calls = None if args.calls is None else check_positive_int("--calls", args.calls)
+    if args.model is not None:
+        import tensorflow as tf
+
+        model = tf.keras.models.load_model(args.model)
+        x, y = example_batch(model)
+        what = args.model
+    else:
+        model, x, y = method_model(args.method, args.epsilon, args.delta, args.seed)
+        what = f"{args.method} at epsilon {args.epsilon:g}"
+    with inject_bug(args.broken) if args.broken else contextlib.nullcontext():
+        r = traced_audit(model, x, y, calls=calls, seed=args.seed,
+                         alpha=1e-3 if args.confidence is None else 1.0 - args.confidence)
+    print(f"traced-step audit of {what}" + (f", BROKEN {args.broken}" if args.broken else ""))
+    print(r.summary())
     return r.as_dict()
 
 
@@ -224,11 +273,14 @@ def _one_run(args) -> dict:
 
 def run(args) -> int:
     """Entry point of ``tfdpbnn audit``: run the audit of ``--mode``; print (and save) it."""
-    mode = "multi-run" if args.multi_run else args.mode
-    if args.multi_run and args.mode not in ("step", "multi-run"):
+    mode = "multi-run" if args.multi_run else args.mode or ("traced" if args.model else "step")
+    if args.multi_run and args.mode not in (None, "step", "multi-run"):
         raise ValueError(f"--multi-run contradicts --mode {args.mode}")
     _check_arguments(args, mode)
-    result = {"step": _step, "sampling": _sampling, "multi-run": _multi_run, "one-run": _one_run}[mode](args)
+    if args.model is not None and mode != "traced":
+        raise ValueError(f"--model audits a saved model with --mode traced, not --mode {mode}")
+    result = {"step": _step, "sampling": _sampling, "multi-run": _multi_run, "one-run": _one_run,
+              "traced": _traced}[mode](args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -1,0 +1,138 @@
+"""The traced-step audit (tfdpbnn.audit.traced): fit's compiled train function, read through the update.
+
+Seeded. The noise statistics are checked on simulated Gaussian noise against their stated laws (chi-square,
+normal) and powers; the audit itself on honest models of several layer types (passes, and its
+sensitivity search finds the clip bound C s in every variable), on hook mutations (tfdpbnn.audit.inject_bug)
+and on a real source edit run in a subprocess (the noise seed frozen at trace time).
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdpbnn import optimizers as O
+from tfdpbnn.audit import inject_bug
+from tfdpbnn.audit.source_mutations import (
+    SOURCE_MUTATIONS,
+    PatchError,
+    apply_mutation,
+    mutated_copy,
+    run_mutation,
+)
+from tfdpbnn.audit.traced import calls_for_power, method_traced_audit, noise_checks, std_power, traced_audit
+
+LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _noise(rng, k, dims, std=1.0):
+    return [rng.normal(size=(k, d)) * std for d in dims]
+
+
+def _flagged(findings, statistic):
+    return any(f.flagged for f in findings if f.statistic.startswith(statistic))
+
+
+def test_noise_statistics_pass_gaussian_noise_and_flag_each_defect():
+    rng = np.random.default_rng(0)
+    dims, k = [40, 5, 15, 3], 800
+    names = [f"v{i}" for i in range(len(dims))]
+    honest, powers = noise_checks(_noise(rng, k, dims), names, 1.0, 1e-3)
+    assert not any(f.flagged for f in honest)
+    assert powers["std 0.9x declared (smallest variable)"] > 0.99
+    low = _noise(rng, k, dims)
+    low[3] = low[3] * 0.85  # one small variable at 0.85x the declared std
+    found, _ = noise_checks(low, names, 1.0, 1e-3)
+    assert [f.variable for f in found if f.flagged] == ["v3"]
+    dup = np.concatenate(_noise(rng, k, dims), axis=1)
+    half = dup.shape[1] // 2
+    dup[:, half:2 * half] = dup[:, :half]  # the second half of the draw repeats the first
+    split = np.split(dup, np.cumsum(dims)[:-1], axis=1)
+    found, _ = noise_checks(split, names, 1.0, 1e-3)
+    assert _flagged(found, "max |z| coordinate") and not _flagged(found, "std")
+    frozen = [np.repeat(z[:1], k, axis=0) for z in _noise(rng, k, dims)]  # the same noise at every call
+    found, _ = noise_checks(frozen, names, 1.0, 1e-3)
+    assert _flagged(found, "mean over calls") and _flagged(found, "max |z| correlation between calls")
+    mixed = _noise(rng, k, dims)  # correlation 0.1 between consecutive calls, unit variance
+    for z in mixed:
+        z[1:] = np.sqrt(1 - 0.1 ** 2) * z[1:] + 0.1 * z[:-1]
+    found, _ = noise_checks(mixed, names, 1.0, 1e-3)
+    assert _flagged(found, "max |z| correlation between calls") and not _flagged(found, "std")
+
+
+def test_calls_for_power_meets_its_power():
+    k = calls_for_power([3, 100], 1e-3)
+    per = 1e-3 / 4 / 2
+    assert std_power(k * 3, per) >= 0.99 > std_power((k - 1) * 3, per)
+
+
+@pytest.mark.parametrize("method", ["dpsgld", "dpvd"])
+def test_honest_method_passes_with_the_clip_bound_reached(method):
+    r = method_traced_audit(method, 1.0, calls=200, candidates=50, ascent=10)
+    assert not r.flagged, r.summary()
+    assert 0.99 < r.largest_contribution <= 1.002  # the clip bound binds, and is not exceeded
+    stds = [f.value for f in r.findings if f.statistic == "std ratio"]
+    assert len(stds) == len(r.largest_by_variable) and all(0.85 < s < 1.15 for s in stds)
+    assert "cannot see" in r.summary()
+
+
+def _conv_model():
+    model = tf.keras.Sequential([tf.keras.Input((6, 6, 1)), tf.keras.layers.Conv2D(2, 3, activation="tanh"),
+                                 tf.keras.layers.Flatten(), tf.keras.layers.Dense(3)])
+    x = np.random.default_rng(0).normal(size=(1, 6, 6, 1)).astype(np.float32)
+    return model, x
+
+
+def _embedding_model():
+    model = tf.keras.Sequential([tf.keras.Input((4,), dtype="int32"), tf.keras.layers.Embedding(10, 3),
+                                 tf.keras.layers.Flatten(), tf.keras.layers.Dense(3)])
+    return model, np.array([[1, 2, 3, 4]], np.int32)
+
+
+@pytest.mark.parametrize("build", [_conv_model, _embedding_model])
+def test_conv_and_embedding_models_pass_and_every_variable_is_reached(build):
+    tf.keras.utils.set_random_seed(0)
+    model, x = build()
+    model.compile(optimizer=O.DPAdamOptimizer(1.0, 1.5, num_examples=40, batch_size=10), loss=LOSS)
+    before = [w.copy() for w in model.get_weights()]
+    r = traced_audit(model, x, np.array([2]), calls=150, candidates=40, ascent=10)
+    assert not r.flagged, r.summary()
+    assert r.unreached == [] and 0.99 < r.largest_contribution <= 1.002
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))  # a copy ran
+    assert model.optimizer.steps == 0
+
+
+@pytest.mark.parametrize("bug, check", [("noise-2/3", "noise"), ("clip-1.5x", "sensitivity")])
+def test_hook_mutations_are_flagged_through_the_traced_step(bug, check):
+    with inject_bug(bug):
+        r = method_traced_audit("dpmcdropout", 1.0, calls=150, candidates=30, ascent=0)
+    assert {f.check for f in r.flags} == {check}
+    if check == "sensitivity":
+        assert r.largest_contribution == pytest.approx(1.5, rel=2e-3)
+
+
+def test_refusals_name_the_argument():
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss=LOSS)
+    with pytest.raises(ValueError, match="model: compile it with a tfdpbnn DP optimizer"):
+        traced_audit(model, np.zeros((1, 2), np.float32), np.array([0]))
+    model.compile(optimizer=O.DPSGDOptimizer(1.0, 1.0, num_examples=4, batch_size=2), loss=LOSS)
+    with pytest.raises(ValueError, match="alpha"):
+        traced_audit(model, np.zeros((1, 2), np.float32), np.array([0]), alpha=2.0)
+
+
+def test_a_patch_that_does_not_apply_is_an_error(tmp_path):
+    target = mutated_copy(None, tmp_path)
+    path = target / "optimizers" / "base.py"
+    path.write_text(path.read_text().replace("return self.batch_size / self.num_examples", "return 1.0"))
+    with pytest.raises(PatchError, match="sample-rate-halved"):
+        apply_mutation(target, "sample-rate-halved")
+    for name in SOURCE_MUTATIONS:  # every other patch applies to the current source
+        if name != "sample-rate-halved":
+            apply_mutation(mutated_copy(None, tmp_path / name), name)
+
+
+@pytest.mark.slow  # a subprocess importing TensorFlow: 14-21 s on 2 shared cores
+def test_noise_frozen_at_trace_time_is_flagged_in_a_subprocess():
+    outcome = run_mutation("noise-frozen-at-trace", methods=("dpsgd",), calls=64, candidates=8, ascent=0)
+    assert outcome.audit_flagged == {"dpsgd": True}
+    assert any("correlation between calls" in f for f in outcome.audit_flags["dpsgd"])
