@@ -56,25 +56,27 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
         if in_dim is None:
             raise ValueError("inputs: the last dimension of the input must be known")
         shape = (int(in_dim), self.units)
-        self.kernel_mu = self.add_weight("kernel_mu", shape=shape, initializer=self.kernel_mu_initializer)
-        self.kernel_rho = self.add_weight("kernel_rho", shape=shape, initializer=self.kernel_rho_initializer)
+        self.kernel_mu = self.add_weight(name="kernel_mu", shape=shape,
+                                         initializer=self.kernel_mu_initializer)
+        self.kernel_rho = self.add_weight(name="kernel_rho", shape=shape,
+                                          initializer=self.kernel_rho_initializer)
         if self.use_bias:
-            self.bias_mu = self.add_weight("bias_mu", shape=(self.units,),
+            self.bias_mu = self.add_weight(name="bias_mu", shape=(self.units,),
                                            initializer=self.bias_mu_initializer)
-            self.bias_rho = self.add_weight("bias_rho", shape=(self.units,),
+            self.bias_rho = self.add_weight(name="bias_rho", shape=(self.units,),
                                             initializer=self.bias_rho_initializer)
         else:
             self.bias_mu = self.bias_rho = None
         # The prior N(loc, scale^2) per weight: not trained, N(0, prior_scale^2) until set_prior.
         zeros, scale = "zeros", tf.keras.initializers.Constant(self.prior_scale)
-        self.prior_kernel_loc = self.add_weight("prior_kernel_loc", shape=shape, initializer=zeros,
+        self.prior_kernel_loc = self.add_weight(name="prior_kernel_loc", shape=shape, initializer=zeros,
                                                 trainable=False)
-        self.prior_kernel_scale = self.add_weight("prior_kernel_scale", shape=shape, initializer=scale,
+        self.prior_kernel_scale = self.add_weight(name="prior_kernel_scale", shape=shape, initializer=scale,
                                                   trainable=False)
         if self.use_bias:
-            self.prior_bias_loc = self.add_weight("prior_bias_loc", shape=(self.units,), initializer=zeros,
-                                                  trainable=False)
-            self.prior_bias_scale = self.add_weight("prior_bias_scale", shape=(self.units,),
+            self.prior_bias_loc = self.add_weight(name="prior_bias_loc", shape=(self.units,),
+                                                  initializer=zeros, trainable=False)
+            self.prior_bias_scale = self.add_weight(name="prior_bias_scale", shape=(self.units,),
                                                     initializer=scale, trainable=False)
         else:
             self.prior_bias_loc = self.prior_bias_scale = None

@@ -68,7 +68,7 @@ def _check_accountable(accountant, sampling, neighboring, sample_rate) -> None:
 
 def _check_data_independent_losses(model) -> None:
     """``model.losses`` skip clipping, so none may depend on the data: refuse activity regularizers."""
-    for layer in model.submodules:
+    for layer in _private_api.submodules(model):
         if getattr(layer, "activity_regularizer", None) is not None:
             raise ValueError(
                 f"model: layer {layer.name!r} has an activity_regularizer, a loss on the layer's outputs "

@@ -27,6 +27,7 @@ from typing import Any
 import dp_accounting
 import tensorflow as tf
 
+from tfdpbnn import _private_api
 from tfdpbnn._audit_hook import audit_bug as _audit_bug
 from tfdpbnn._validation import check_choice, check_nonnegative, check_positive, check_sample_rate
 from tfdpbnn.clipping import clipped_gradients, jacobian_clipped_sum
@@ -43,7 +44,7 @@ def _unclipped_layer_sums(model, x, y, sample_weight, loss_fn, var_list, trainin
 
     ``scale * sum_i g_i`` for each variable of a layer whose class is named ``layer_type``; None for others.
     """
-    owned = {id(v) for layer in model.submodules if type(layer).__name__ == layer_type
+    owned = {id(v) for layer in _private_api.submodules(model) if type(layer).__name__ == layer_type
              for v in layer.trainable_variables}
     targets = [v for v in var_list if id(v) in owned]
     if not targets:

@@ -1,0 +1,11 @@
+"""The Keras 2 adapter: tensorflow-privacy's vectorized Keras optimizers as the optimizer base classes."""
+
+from __future__ import annotations
+
+from tfdpbnn._private_api import VECTORIZED_OPTIMIZERS, tensorflow_privacy_module
+
+
+def optimizer_bases():
+    """``(VectorizedDPKerasSGDOptimizer, VectorizedDPKerasAdamOptimizer)`` of tensorflow-privacy."""
+    vectorized = tensorflow_privacy_module(VECTORIZED_OPTIMIZERS)
+    return vectorized.VectorizedDPKerasSGDOptimizer, vectorized.VectorizedDPKerasAdamOptimizer

@@ -1,0 +1,142 @@
+"""The Keras 3 adapter (TensorFlow backend): optimizer base classes of tfdpbnn's own, and Keras 3 internals.
+
+tensorflow-privacy has no Keras 3 optimizers, so tfdpbnn's DP optimizers subclass ``keras.optimizers.SGD`` /
+``Adam`` through ``DPSGDBase`` / ``DPAdamBase``. These only accept the constructor arguments the shared
+``DPOptimizerMixin`` passes to a tensorflow-privacy base (the clip bound and noise multiplier are the mixin's
+own variables; nothing here touches a gradient) and give the two names the shared code uses on a Keras 2
+optimizer: ``add_weight`` (a non-trainable optimizer variable, saved by ``model.save`` in creation order)
+and ``_decayed_lr`` (the current learning rate). The DP step itself is ``DPOptimizerMixin.dp_train_step``,
+which the ``fit`` dispatch (``tfdpbnn.optimizers.keras_integration``) runs in place of Keras 3's
+``TensorFlowTrainer.train_step``.
+
+The Keras 3 private names tfdpbnn needs are here, each behind one function (``check()`` is run by the test
+suite): ``Trainer._compile_loss`` (the ``CompileLoss`` of ``model.compile(loss=...)``) with its ``built``,
+``build`` and ``_flat_losses`` (to rebuild the unreduced per-example loss), ``Trainer._loss_tracker`` (the
+``loss`` metric), ``keras.src.backend.common.masking.get_keras_mask`` and
+``keras.src.losses.loss.squeeze_or_expand_to_same_rank`` (Keras's alignment of loss
+values and sample weights).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import keras
+import tensorflow as tf
+
+_loss_module = importlib.import_module("keras.src.losses.loss")
+_masking = importlib.import_module("keras.src.backend.common.masking")
+
+_AGGREGATIONS = {tf.VariableAggregation.ONLY_FIRST_REPLICA: "only_first_replica",
+                 tf.VariableAggregation.NONE: "none", tf.VariableAggregation.SUM: "sum",
+                 tf.VariableAggregation.MEAN: "mean"}
+
+
+class _Keras3Base:
+    """What the shared optimizer code needs of its Keras base class, on a Keras 3 optimizer."""
+
+    def __init__(self, l2_norm_clip=None, noise_multiplier=None, num_microbatches=None,
+                 unconnected_gradients_to_zero=True, **kwargs):
+        # l2_norm_clip and noise_multiplier live in DPOptimizerMixin's variables; tensorflow-privacy's
+        # microbatching is not offered (every example is its own microbatch).
+        if num_microbatches is not None:
+            raise ValueError(f"num_microbatches: only per-example clipping (None) is supported, got "
+                             f"{num_microbatches!r}")
+        super().__init__(**kwargs)
+
+    def add_weight(self, name, shape=(), dtype=None, initializer="zeros", trainable=False,
+                   aggregation=tf.VariableAggregation.NONE):
+        """A non-trainable optimizer variable (``keras.optimizers.Optimizer.add_variable``)."""
+        if trainable:
+            raise ValueError(f"trainable: optimizer variable {name!r} cannot be trainable")
+        return self.add_variable(shape=tuple(shape), initializer=initializer, dtype=dtype,
+                                 aggregation=_AGGREGATIONS.get(aggregation, aggregation), name=name)
+
+    def _decayed_lr(self, dtype):
+        """The learning rate of the current step (a schedule evaluated at ``iterations``)."""
+        return tf.cast(self.learning_rate, dtype)
+
+
+class DPSGDBase(_Keras3Base, keras.optimizers.SGD):
+    """``keras.optimizers.SGD`` as the base of tfdpbnn's SGD-family DP optimizers on Keras 3."""
+
+
+class DPAdamBase(_Keras3Base, keras.optimizers.Adam):
+    """``keras.optimizers.Adam`` as the base of ``DPAdamOptimizer`` on Keras 3."""
+
+
+def optimizer_bases():
+    """``(DPSGDBase, DPAdamBase)``."""
+    return DPSGDBase, DPAdamBase
+
+
+# ---------------------------------------------------------------------------------- Keras 3 internals
+def compiled_loss(model):
+    """The ``CompileLoss`` of ``model.compile(loss=...)``, or None when compiled without a loss."""
+    return getattr(model, "_compile_loss", None)
+
+
+def loss_container_parts(container, y_pred, y, sample_weight):
+    """``(y_true, sample_weight, losses, loss_weights)`` per output of a single-output model's loss.
+
+    Models with several outputs (a nested ``y_pred``) are not ported to Keras 3 yet: ``ValueError``.
+    """
+    if tf.nest.is_nested(y_pred) or tf.nest.is_nested(y) or tf.nest.is_nested(sample_weight):
+        raise ValueError("model: tfdpbnn's per-example loss on Keras 3 supports single-output models (one "
+                         "y_pred tensor and one y); models with several outputs need Keras 2 (tf-keras) for "
+                         "now")
+    if not container.built:
+        container.build(y, y_pred)
+    entries = [entry for entry in container._flat_losses if entry[1] is not None]
+    if len(entries) != 1 or tuple(entries[0][0]) != ():
+        raise ValueError("model: tfdpbnn's per-example loss on Keras 3 supports one loss on one output, got "
+                         f"{len(entries)} losses")
+    _, loss_fn, loss_weight = entries[0][:3]
+    return [y], [sample_weight], [loss_fn], [loss_weight]
+
+
+def total_loss_metric(model):
+    """Keras 3's running-mean ``loss`` metric of ``model`` (``Trainer._loss_tracker``), or None."""
+    return getattr(model, "_loss_tracker", None)
+
+
+def weigh_like_keras(y_t, y_p, sw):
+    """Keras 3's ``Loss.__call__`` preparation: ``y_true`` in ``y_pred``'s dtype; masked outputs refused."""
+    if _masking.get_keras_mask(y_p) is not None:
+        raise ValueError("model: its output carries a Keras mask; masked per-example losses are not ported "
+                         "to Keras 3 yet (Keras 3 rescales masked losses by the batch's count of valid "
+                         "entries, which couples examples)")
+    return tf.cast(y_t, y_p.dtype), y_p, sw
+
+
+def squeeze_or_expand(values, sample_weight):
+    """Keras 3's alignment of per-element loss values and sample weights: ``(values, sample_weight)``."""
+    return _loss_module.squeeze_or_expand_to_same_rank(values, sample_weight)
+
+
+def steps_per_execution(model):
+    """Keras 3's ``model.steps_per_execution`` (a public int), or None."""
+    return getattr(model, "steps_per_execution", None)
+
+
+def tf_variable(variable):
+    """The ``tf.Variable`` a ``keras.Variable`` holds on the TensorFlow backend (anything else as given)."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def check() -> None:
+    """Raise ``RuntimeError`` naming the Keras 3 internal that the installed Keras no longer provides."""
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(loss="mse", steps_per_execution=3)
+    if steps_per_execution(model) != 3:
+        raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s model.steps_per_execution changed; update "
+                           "tfdpbnn/_adapters/keras3.py")
+    try:
+        parts = loss_container_parts(compiled_loss(model), tf.zeros([2, 1]), tf.zeros([2, 1]), None)
+        squeeze_or_expand(tf.zeros([2]), tf.ones([2]))
+    except (AttributeError, TypeError) as err:
+        raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s CompileLoss internals changed ({err}); "
+                           "update tfdpbnn/_adapters/keras3.py") from err
+    if not isinstance(parts[2][0], keras.losses.Loss) or total_loss_metric(model) is None:
+        raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s CompileLoss._flat_losses or "
+                           "Trainer._loss_tracker changed; update tfdpbnn/_adapters/keras3.py")
