@@ -126,7 +126,8 @@ def submodules(model):
     found = getattr(model, "submodules", None)
     if found is not None:
         return found
-    return tuple(model._flatten_layers(include_self=False, recursive=True))
+    flatten = getattr(model, "_flatten_layers", None)
+    return () if flatten is None else tuple(flatten(include_self=False, recursive=True))
 
 
 def tape_variables(variables):

@@ -140,3 +140,15 @@ def check() -> None:
     if not isinstance(parts[2][0], keras.losses.Loss) or total_loss_metric(model) is None:
         raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s CompileLoss._flat_losses or "
                            "Trainer._loss_tracker changed; update tfdpbnn/_adapters/keras3.py")
+
+
+def save_saved_model(model, path, signatures):
+    """Write ``model`` as a TensorFlow SavedModel with ``signatures`` (``tf.saved_model.save``).
+
+    Keras 3's ``model.save`` writes only ``.keras`` files; here a ``tf.Module`` tracks the ``tf.Variable``
+    of every model variable and is saved with the traced signatures, so the SavedModel holds the weights
+    and the signatures (no optimizer, as on Keras 2) and loads with ``tf.saved_model.load``.
+    """
+    module = tf.Module()
+    module.model_variables = [tf_variable(v) for v in model.variables]
+    tf.saved_model.save(module, path, signatures=signatures)

@@ -110,7 +110,7 @@ def check_compute_dtype(model) -> None:
     """
     policy = tf.keras.mixed_precision.global_policy()
     names = {policy.name} if policy.compute_dtype in ("float16", "bfloat16") else set()
-    for layer in getattr(model, "submodules", ()):
+    for layer in _private_api.submodules(model):
         layer_policy = getattr(layer, "dtype_policy", None)
         if layer_policy is not None and getattr(layer_policy, "compute_dtype", None) in ("float16",
                                                                                           "bfloat16"):

@@ -14,12 +14,13 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tfdpbnn import _private_api
 from tfdpbnn.preprocessing.record import DIGEST_ATTRIBUTE, PUBLIC_ATTRIBUTE, RECORD_ATTRIBUTE, state_digest
 
 
 def _layers(model):
     seen, out = set(), []
-    for layer in [model, *getattr(model, "submodules", ())]:
+    for layer in [model, *_private_api.submodules(model)]:
         if isinstance(layer, tf.keras.layers.Layer) and id(layer) not in seen:
             seen.add(id(layer))
             out.append(layer)
