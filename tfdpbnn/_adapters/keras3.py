@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 _loss_module = importlib.import_module("keras.src.losses.loss")
@@ -49,6 +50,13 @@ class _Keras3Base:
         """A non-trainable optimizer variable (``keras.optimizers.Optimizer.add_variable``)."""
         if trainable:
             raise ValueError(f"trainable: optimizer variable {name!r} cannot be trainable")
+        if isinstance(initializer, keras.initializers.Constant):
+            # Keras 3's Constant converts a Python float to float32 before the cast to ``dtype``; the
+            # accounting variables (float64) keep their value exactly.
+            exact = np.asarray(initializer.value, dtype=tf.as_dtype(dtype or "float32").as_numpy_dtype)
+
+            def initializer(shape, dtype=None, _exact=exact):
+                return tf.constant(np.broadcast_to(_exact, shape), dtype=dtype)
         return self.add_variable(shape=tuple(shape), initializer=initializer, dtype=dtype,
                                  aggregation=_AGGREGATIONS.get(aggregation, aggregation), name=name)
 
