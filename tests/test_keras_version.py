@@ -62,8 +62,9 @@ def test_import_first_picks_tf_keras_and_says_so():
 
 _KERAS3_PROBE = ("import os, tfdpbnn, tensorflow as tf\n"
                  "from tfdpbnn import _adapters\n"
-                 "print('RESULT', tfdpbnn._keras_version.KERAS_MAJOR, tf.keras.Model.__module__.split('.')[0],"
-                 " _adapters.current().__name__, os.environ.get('TF_USE_LEGACY_KERAS'))\n")
+                 "print('RESULT', tfdpbnn._keras_version.KERAS_MAJOR,"
+                 " tf.keras.Model.__module__.split('.')[0], _adapters.current().__name__,"
+                 " os.environ.get('TF_USE_LEGACY_KERAS'))\n")
 
 
 @needs_new_tf
