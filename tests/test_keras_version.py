@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from importlib import metadata
 
 import pytest
 import tensorflow as tf
@@ -67,28 +68,42 @@ _KERAS3_PROBE = ("import os, tfdpbnn, tensorflow as tf\n"
                  " os.environ.get('TF_USE_LEGACY_KERAS'))\n")
 
 
+TFP_FOR_KERAS3 = tuple(int(p) for p in metadata.version("tensorflow-probability").split(".")[:2]) >= \
+    _keras_version.KERAS3_MIN_TFP
+
+
+def _assert_keras_3_or_refused(done, flag):
+    """On the Keras 3 set tfdpbnn runs on Keras 3; beside the Keras 2 set's TFP, one clear ImportError."""
+    assert done.returncode == 0, done.stderr[-3000:]
+    if TFP_FOR_KERAS3:
+        assert f"RESULT 3 keras tfdpbnn._adapters.keras3 {flag}" in done.stdout
+    else:
+        line = next(x for x in done.stdout.splitlines() if x.startswith("ERROR"))
+        assert "tf.keras is Keras 3 here, and tensorflow-probability" in line
+        assert "TF_USE_LEGACY_KERAS=1" in line and "tensorflow-probability>=0.25" in line
+
+
+def _probe(prefix=""):
+    return prefix + "try:\n    import tfdpbnn\nexcept ImportError as err:\n    print('ERROR', err)\n" \
+        "else:\n" + "".join("    " + line + "\n" for line in _KERAS3_PROBE.splitlines())
+
+
 @needs_new_tf
 def test_keras_3_resolved_first_stays_keras_3():
-    done = _run("import tensorflow as tf\n"
-                "assert tf.keras.Model.__module__.startswith('keras.')\n"   # the program resolved Keras 3
-                + _KERAS3_PROBE)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "RESULT 3 keras tfdpbnn._adapters.keras3 None" in done.stdout
+    # the program resolved Keras 3 first
+    done = _run(_probe("import tensorflow as tf\nassert tf.keras.Model.__module__.startswith('keras.')\n"))
+    _assert_keras_3_or_refused(done, None)
 
 
 @needs_new_tf
 def test_legacy_keras_switched_off_is_keras_3():
-    done = _run(_KERAS3_PROBE, TF_USE_LEGACY_KERAS="0")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "RESULT 3 keras tfdpbnn._adapters.keras3 0" in done.stdout
+    _assert_keras_3_or_refused(_run(_probe(), TF_USE_LEGACY_KERAS="0"), "0")
 
 
 @needs_new_tf
 def test_without_tensorflow_privacy_nothing_is_set_and_keras_3_runs():
     # as if not installed (the Keras 3 set: tensorflow-probability still installs tf-keras)
-    done = _run("import sys\nsys.modules['tensorflow_privacy'] = None\n" + _KERAS3_PROBE)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "RESULT 3 keras tfdpbnn._adapters.keras3 None" in done.stdout
+    _assert_keras_3_or_refused(_run(_probe("import sys\nsys.modules['tensorflow_privacy'] = None\n")), None)
 
 
 @needs_new_tf

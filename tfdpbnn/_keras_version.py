@@ -15,6 +15,8 @@ when tfdpbnn is imported, before anything else of tfdpbnn:
   Python 3.11 install): ``TF_USE_LEGACY_KERAS=1`` is set, ``tf.keras`` resolved now, and one INFO line
   (logger ``tfdpbnn``) says so. Otherwise Keras 3, and nothing is set: tfdpbnn uses the Keras the program
   gets.
+- Keras 3 beside the Keras 2 set's tensorflow-probability (< 0.25, which fails to import there):
+  ``ImportError`` saying which set to install or how to choose Keras 2.
 
 Importing tfdpbnn changes no Keras class; setting ``TF_USE_LEGACY_KERAS`` in the one case above is the only
 process-wide setting it makes.
@@ -89,4 +91,26 @@ def select() -> str:
                                   "installed; " + _requirement() + ", or unset it to use Keras 3.") from err
     KERAS_PACKAGE = _resolved_package()       # resolves now: nothing later can pick another Keras
     KERAS_MAJOR = 2 if KERAS_PACKAGE == "tf_keras" else 3
+    if KERAS_MAJOR == 3:
+        _check_keras3_set()
     return KERAS_PACKAGE
+
+
+#: The oldest tensorflow-probability tested beside Keras 3 as ``tf.keras`` (0.22 fails to import there).
+KERAS3_MIN_TFP = (0, 25)
+
+
+def _check_keras3_set() -> None:
+    """Raise ``ImportError`` when the installed tensorflow-probability cannot run beside Keras 3."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("tensorflow-probability")
+    except metadata.PackageNotFoundError:
+        return      # importing it fails later, naming it
+    if tuple(int(p) for p in version.split(".")[:2]) < KERAS3_MIN_TFP:
+        raise ImportError(
+            f"tf.keras is Keras 3 here, and tensorflow-probability {version} (the Keras 2 set) cannot import "
+            "beside it: for Keras 3 install tensorflow-probability>=0.25 (pip install tfdpbnn on Python >= "
+            "3.12 installs the Keras 3 set); for Keras 2 set TF_USE_LEGACY_KERAS=1 before the program first "
+            "uses tf.keras (or import tfdpbnn first)")

@@ -130,8 +130,8 @@ def submodules(model):
     return () if flatten is None else tuple(flatten(include_self=False, recursive=True))
 
 
-def tape_variables(variables):
-    """``variables`` as a ``tf.GradientTape`` takes them with ``unconnected_gradients=ZERO``.
+def tf_variables(variables):
+    """``variables`` as ``tf.Variable``s (as a ``tf.GradientTape`` takes them with ``unconnected_gradients``).
 
     Keras 3 variables (``keras.Variable``) wrap a ``tf.Variable`` (their ``value`` on the TensorFlow
     backend), whose dtype the tape can read; Keras 2 variables are ``tf.Variable``s already.
@@ -139,6 +139,11 @@ def tape_variables(variables):
     if _keras3 is None:
         return variables
     return [_keras3.tf_variable(v) for v in variables]
+
+
+def is_variable(value) -> bool:
+    """Whether ``value`` is a variable: a ``tf.Variable``, or on Keras 3 also a ``keras.Variable``."""
+    return isinstance(value, tf.Variable) or (_keras3 is not None and _keras3.is_keras_variable(value))
 
 
 def own_trainable_weights(layer):

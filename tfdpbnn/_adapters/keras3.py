@@ -127,6 +127,11 @@ def steps_per_execution(model):
     return getattr(model, "steps_per_execution", None)
 
 
+def is_keras_variable(value) -> bool:
+    """Whether ``value`` is a ``keras.Variable``."""
+    return isinstance(value, keras.Variable)
+
+
 def tf_variable(variable):
     """The ``tf.Variable`` a ``keras.Variable`` holds on the TensorFlow backend (anything else as given)."""
     return variable.value if isinstance(variable, keras.Variable) else variable

@@ -159,7 +159,7 @@ def ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_
     tap_grads = tape.gradient(total, taps, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     if model.losses:
         regularization_grads = tape.gradient(
-            regularization_loss, _private_api.tape_variables(var_list),
+            regularization_loss, _private_api.tf_variables(var_list),
             unconnected_gradients=tf.UnconnectedGradients.ZERO)
     else:
         regularization_grads = [tf.zeros_like(v) for v in var_list]

@@ -24,7 +24,7 @@ def _variational_thetas(model):
     thetas = []
     for layer in _private_api.submodules(model):
         theta = getattr(layer, "theta", None)
-        if isinstance(theta, tf.Variable) and isinstance(getattr(layer, "log_sigma2", None), tf.Variable):
+        if _private_api.is_variable(theta) and _private_api.is_variable(getattr(layer, "log_sigma2", None)):
             thetas.append(theta)
     return thetas
 

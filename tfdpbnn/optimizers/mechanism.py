@@ -93,19 +93,19 @@ class DPGradients:
 
 def _read(value: Scalar) -> tf.Tensor:
     """A mechanism parameter as a float32 scalar tensor (numbers, tensors, variables, callables)."""
-    if callable(value) and not isinstance(value, tf.Variable):
+    if callable(value) and not _private_api.is_variable(value):
         value = value()
     return tf.cast(value, tf.float32)
 
 
 def _number(value: Scalar) -> float:
     """A mechanism parameter as a Python float (for the ``DpEvent``), outside any traced function."""
-    if callable(value) and not isinstance(value, tf.Variable):
+    if callable(value) and not _private_api.is_variable(value):
         value = value()
     if isinstance(value, numbers.Real):
         return float(value)
     with tf.init_scope():
-        return float(tf.get_static_value(value) if not isinstance(value, tf.Variable) else value.numpy())
+        return float(value.numpy() if _private_api.is_variable(value) else tf.get_static_value(value))
 
 
 class DPMechanism:

@@ -32,7 +32,7 @@ from tfdpbnn.privacy.gdp import gdp_epsilon
 
 def _noisy_layers(model):
     return [layer for layer in _private_api.submodules(model)
-            if isinstance(getattr(layer, "noise_stddev", None), tf.Variable)
+            if _private_api.is_variable(getattr(layer, "noise_stddev", None))
             and hasattr(layer, "sample_weights_into_kernel")]
 
 

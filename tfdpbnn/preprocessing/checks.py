@@ -29,7 +29,8 @@ def _layers(model):
 
 def _state_variables(layer) -> list:
     """The layer's non-trainable ``tf.Variable``s (a lookup layer's vocabulary handle is not one)."""
-    return [v for v in layer.non_trainable_variables if isinstance(v, tf.Variable) and v.dtype != tf.resource]
+    return [v for v in layer.non_trainable_variables
+            if _private_api.is_variable(v) and v.dtype != tf.resource]
 
 
 def _differs_from_fresh(layer) -> bool:
