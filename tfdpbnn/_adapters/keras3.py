@@ -45,6 +45,16 @@ class _Keras3Base:
                              f"{num_microbatches!r}")
         super().__init__(**kwargs)
 
+    def __setattr__(self, name, value):
+        # tfdpbnn's optimizers set plain Python settings before the base constructor runs (as Keras 2 allows);
+        # Keras 3 refuses any attribute until then, so those are set untracked (they hold no variable).
+        if "_lock" not in self.__dict__:
+            if isinstance(value, keras.Variable | tf.Variable):
+                raise ValueError(f"{name}: an optimizer variable must be created after the Keras constructor")
+            object.__setattr__(self, name, value)
+            return
+        super().__setattr__(name, value)
+
     def add_weight(self, name, shape=(), dtype=None, initializer="zeros", trainable=False,
                    aggregation=tf.VariableAggregation.NONE):
         """A non-trainable optimizer variable (``keras.optimizers.Optimizer.add_variable``)."""
