@@ -70,6 +70,18 @@ class _Keras3Base:
         return self.add_variable(shape=tuple(shape), initializer=initializer, dtype=dtype,
                                  aggregation=_AGGREGATIONS.get(aggregation, aggregation), name=name)
 
+    def _set_hyper(self, name, value):
+        """Keras 2's hyperparameter setter, for the learning rate (the one tfdpbnn sets)."""
+        if name != "learning_rate":
+            raise ValueError(f"name: only 'learning_rate' is set this way on Keras 3, got {name!r}")
+        self.learning_rate = value
+
+    def _get_hyper(self, name):
+        """Keras 2's hyperparameter getter, for the learning rate."""
+        if name != "learning_rate":
+            raise ValueError(f"name: only 'learning_rate' is read this way on Keras 3, got {name!r}")
+        return self.learning_rate
+
     def _decayed_lr(self, dtype):
         """The learning rate of the current step (a schedule evaluated at ``iterations``)."""
         return tf.cast(self.learning_rate, dtype)

@@ -92,6 +92,9 @@ class DPAdamOptimizer(DPOptimizerMixin, _AdamBase):
 class _AdamEpsilon(float):
     """Adam's epsilon-hat as a float that, called, returns the privacy epsilon spent so far."""
 
+    #: Keras 3 takes a number's dtype from ``dtype`` or else its type; this one is a Python float.
+    dtype = float
+
     def __new__(cls, value, optimizer):
         obj = super().__new__(cls, value)
         obj._optimizer = optimizer
