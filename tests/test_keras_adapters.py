@@ -112,6 +112,36 @@ def test_dpvd_train_save_reload_export_keeps_dp_accountings_epsilon(tmp_path):
     np.testing.assert_allclose(reloaded.optimizer.epsilon(), gaussians_epsilon(sigma, epochs + 1), rtol=1e-9)
 
 
+class CustomStepModel(tf.keras.Model):
+    """A model whose own ``train_step`` passes the per-example loss vector to ``optimizer.minimize``."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self(x, training=True) - y), axis=-1)     # [batch]
+        self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+        return {"loss": tf.reduce_mean(loss)}
+
+
+def test_custom_train_step_minimize_takes_the_dp_step():
+    # sigma = 0 and a clip above every gradient norm: the DP step is the plain SGD step on the mean loss
+    x, y = _linear_problem()
+    tf.keras.utils.set_random_seed(2)
+    inputs = tf.keras.Input((x.shape[1],))
+    model = CustomStepModel(inputs, tf.keras.layers.Dense(1)(inputs))
+    with tf.GradientTape() as tape:
+        mean_loss = tf.reduce_mean(tf.square(model(x) - y))
+    grads = tape.gradient(mean_loss, model.trainable_variables)
+    expected = [v.numpy() - 0.1 * g.numpy() for v, g in zip(model.trainable_variables, grads, strict=True)]
+    optimizer = tfdpbnn.DPSGDOptimizer(l2_norm_clip=1e6, noise_multiplier=0.0, num_examples=len(x),
+                                       batch_size=len(x), learning_rate=0.1)
+    model.compile(optimizer=optimizer, loss="mse")
+    model.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
+    for v, e in zip(model.trainable_variables, expected, strict=True):
+        np.testing.assert_allclose(v.numpy(), e, **F32)
+    assert optimizer.steps == 1
+
+
 def test_budget_stops_fit_before_the_step_that_would_exceed_it():
     x, y = _linear_problem(n=32)
     optimizer = tfdpbnn.DPSGDOptimizer(l2_norm_clip=1.0, target_epsilon=2.0, delta=DELTA, num_examples=32,

@@ -70,6 +70,15 @@ class _Keras3Base:
         return self.add_variable(shape=tuple(shape), initializer=initializer, dtype=dtype,
                                  aggregation=_AGGREGATIONS.get(aggregation, aggregation), name=name)
 
+    def minimize(self, loss, var_list, tape=None):
+        """Keras 2's ``minimize``, which Keras 3 optimizers lack: ``_compute_gradients``, then apply them.
+
+        ``_compute_gradients`` is the DP optimizer's (per-example clipping of the loss vector, noise).
+        """
+        grads_and_vars = self._compute_gradients(loss, var_list, tape=tape)
+        self.apply_gradients(grads_and_vars)
+        return self.iterations
+
     def _set_hyper(self, name, value):
         """Keras 2's hyperparameter setter, for the learning rate (the one tfdpbnn sets)."""
         if name != "learning_rate":
