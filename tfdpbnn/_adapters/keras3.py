@@ -115,23 +115,46 @@ def compiled_loss(model):
     return getattr(model, "_compile_loss", None)
 
 
-def loss_container_parts(container, y_pred, y, sample_weight):
-    """``(y_true, sample_weight, losses, loss_weights)`` per output of a single-output model's loss.
+def _at(path, structure):
+    for key in path:
+        structure = structure[key]
+    return structure
 
-    Models with several outputs (a nested ``y_pred``) are not ported to Keras 3 yet: ``ValueError``.
+
+def loss_container_parts(container, y_pred, y, sample_weight):
+    """``(y_true, sample_weight, losses, loss_weights)``, one entry per leaf of ``tf.nest.flatten(y_pred)``.
+
+    ``y`` (and a nested ``sample_weight``) must have ``y_pred``'s structure, or be one tensor for a single
+    output; an output without a loss gets ``None``. Other pairings of ``y`` and outputs (which Keras 3's
+    ``CompileLoss`` reconciles in several ways) raise ``ValueError``.
     """
-    if tf.nest.is_nested(y_pred) or tf.nest.is_nested(y) or tf.nest.is_nested(sample_weight):
-        raise ValueError("model: tfdpbnn's per-example loss on Keras 3 supports single-output models (one "
-                         "y_pred tensor and one y); models with several outputs need Keras 2 (tf-keras) for "
-                         "now")
+    leaves = keras.tree.flatten_with_path(y_pred)
+    if [id(leaf) for _, leaf in leaves] != [id(leaf) for leaf in tf.nest.flatten(y_pred)]:
+        raise ValueError("model: its outputs' structure flattens differently in Keras and tf.nest; tfdpbnn's "
+                         "per-example loss on Keras 3 cannot pair them with their losses")
+    single = not tf.nest.is_nested(y_pred)
+    if not single:
+        try:
+            keras.tree.assert_same_structure(y_pred, y)
+        except (ValueError, TypeError) as err:
+            raise ValueError("y: on Keras 3 tfdpbnn's per-example loss needs the targets in the structure of "
+                             f"the model's outputs (the same dict keys or list positions): {err}") from err
+    elif tf.nest.is_nested(y) or tf.nest.is_nested(sample_weight):
+        raise ValueError("y: the model has one output, so the targets and sample weights must be one tensor "
+                         "each")
     if not container.built:
         container.build(y, y_pred)
-    entries = [entry for entry in container._flat_losses if entry[1] is not None]
-    if len(entries) != 1 or tuple(entries[0][0]) != ():
-        raise ValueError("model: tfdpbnn's per-example loss on Keras 3 supports one loss on one output, got "
-                         f"{len(entries)} losses")
-    _, loss_fn, loss_weight = entries[0][:3]
-    return [y], [sample_weight], [loss_fn], [loss_weight]
+    by_path = {tuple(entry[0]): entry for entry in container._flat_losses if entry[1] is not None}
+    y_true, weights, losses, loss_weights = [], [], [], []
+    for path, _ in leaves:
+        entry = by_path.pop(tuple(path), None)
+        y_true.append(y if single else _at(path, y))
+        weights.append(_at(path, sample_weight) if tf.nest.is_nested(sample_weight) else sample_weight)
+        losses.append(None if entry is None else entry[1])
+        loss_weights.append(None if entry is None else entry[2])
+    if by_path:
+        raise ValueError(f"model: compiled losses for {sorted(by_path)} match no output of the model")
+    return y_true, weights, losses, loss_weights
 
 
 def total_loss_metric(model):

@@ -113,8 +113,8 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
                 raise ValueError(f"{name}_scale must be finite and > 0 everywhere")
             values.append((loc_var, loc, scale_var, scale))
         for loc_var, loc, scale_var, scale in values:
-            loc_var.assign(loc.astype(loc_var.dtype.as_numpy_dtype))
-            scale_var.assign(scale.astype(scale_var.dtype.as_numpy_dtype))
+            loc_var.assign(loc.astype(tf.as_dtype(loc_var.dtype).as_numpy_dtype))
+            scale_var.assign(scale.astype(tf.as_dtype(scale_var.dtype).as_numpy_dtype))
 
     def posterior(self):
         """The posterior's per-weight ``(kernel_loc, kernel_scale, bias_loc, bias_scale)`` as numpy arrays.
