@@ -181,7 +181,7 @@ class Scale(tf.keras.layers.Layer):
     """y = x * scale (a user layer for the registry example)."""
 
     def build(self, input_shape):
-        self.scale = self.add_weight("scale", shape=(input_shape[-1],), initializer="ones")
+        self.scale = self.add_weight(name="scale", shape=(input_shape[-1],), initializer="ones")
 
     def call(self, inputs):
         return inputs * self.scale

@@ -51,7 +51,7 @@ def _functional():
     return tf.keras.Model(inputs, tf.keras.layers.Dense(2)(hidden))
 
 
-class _Subclassed(tf.keras.Model):
+class SubclassedModel(tf.keras.Model):
     def __init__(self):
         super().__init__()
         self.hidden = tf.keras.layers.Dense(3, activation="tanh")
@@ -69,8 +69,8 @@ def _one_step_reference(model, x, y, lr):
     return [(v - lr * g).numpy() for v, g in zip(model.trainable_variables, grads, strict=True)]
 
 
-@pytest.mark.parametrize("build", [_sequential, _functional, _Subclassed], ids=["sequential", "functional",
-                                                                               "subclassed"])
+@pytest.mark.parametrize("build", [_sequential, _functional, SubclassedModel],
+                         ids=["sequential", "functional", "subclassed"])
 def test_compile_fit_is_dp_sgd_for_every_model_kind(build):
     """sigma = 0 and a clip above every norm: one DP-SGD step of fit equals the plain SGD step, and the
     ledger counted it (the DP step ran, not Keras's)."""
@@ -106,7 +106,7 @@ def test_non_private_models_train_exactly_as_keras_after_install():
         np.testing.assert_allclose(got.numpy(), want, **F32)
 
 
-class _OverridingModel(_Subclassed):
+class OverridingModel(SubclassedModel):
     """A train_step override that takes its DP step through the optimizer's mechanism."""
 
     def train_step(self, data):
@@ -121,7 +121,7 @@ def test_train_step_override_is_counted_and_checked():
     x = rng.normal(size=(12, 5)).astype(np.float32)
     y = rng.integers(0, 2, size=12)
     tf.keras.utils.set_random_seed(5)
-    model = _OverridingModel()
+    model = OverridingModel()
     model(x[:1])
     expected = _one_step_reference(model, x[:6], y[:6], lr=0.1)
     opt = tfdpbnn.DPSGDOptimizer(1e6, 0.0, batch_size=6, num_examples=12, learning_rate=0.1)

@@ -81,7 +81,7 @@ def test_budget_calibrates_sigma_to_the_accountant():
 
 
 # ------------------------------------------------------------------------------------- custom train steps
-class _CustomStep(tf.keras.Model):
+class CustomStepModel(tf.keras.Model):
     def __init__(self, reduce):
         super().__init__()
         self.dense = tf.keras.layers.Dense(3)
@@ -101,7 +101,7 @@ class _CustomStep(tf.keras.Model):
 
 def test_scalar_loss_raises_and_says_what_to_pass():
     x, y = _data()
-    model = _CustomStep(reduce=True)
+    model = CustomStepModel(reduce=True)
     model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, **COMMON))
     with pytest.raises(ValueError, match=r"per-example loss vector of shape \[batch\]"):
         model.fit(x, y, batch_size=10, epochs=1, verbose=0)
@@ -110,7 +110,7 @@ def test_scalar_loss_raises_and_says_what_to_pass():
 def test_per_example_loss_vector_in_custom_step_is_private():
     """tf-privacy's contract: a [batch] loss to minimize; sigma 0 and a huge clip give plain SGD."""
     x, y = _data()
-    model = _CustomStep(reduce=False)
+    model = CustomStepModel(reduce=False)
     opt = tfdpbnn.DPSGDOptimizer(1e6, 0.0, learning_rate=0.1, **dict(COMMON, num_examples=10))
     model.compile(optimizer=opt)
     model(x[:1])

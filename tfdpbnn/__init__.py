@@ -1,4 +1,4 @@
-"""tfdpbnn: differentially private Bayesian neural networks for Keras 2 on TensorFlow 2.15 to 2.21.
+"""tfdpbnn: differentially private Bayesian neural networks for Keras 2 and Keras 3 on TensorFlow.
 
 The main names are re-exported here; see the subpackages for the rest:
 ``tfdpbnn.privacy`` (accountants, noise calibration), ``tfdpbnn.layers`` (Bayesian and noisy layers),
@@ -9,7 +9,7 @@ The main names are re-exported here; see the subpackages for the rest:
 # The release version; setup.cfg reads it (``attr: tfdpbnn.__version__``, a literal parsed without importing).
 __version__ = "0.1.0"
 
-# First of all: tf.keras must be Keras 2 (tf-keras on TensorFlow >= 2.16), or one clear ImportError.
+# First of all: which Keras tf.keras is (Keras 2 or 3; tfdpbnn._adapters), or one clear ImportError.
 from tfdpbnn import _keras_version  # noqa: E402
 
 _keras_version.select()

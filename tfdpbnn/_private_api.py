@@ -13,7 +13,8 @@ pinned version breaks in one place with a clear message (``check()`` is run by t
   weighting of a loss, reused so a per-example loss weighs examples exactly as ``compile`` does). Keras 2
   lives in the ``keras`` package on TensorFlow 2.15 and in ``tf_keras`` on TensorFlow >= 2.16 (where
   ``keras`` is Keras 3): the same internals, under the package that ``tf.keras`` resolved to
-  (``tfdpbnn._keras_version``).
+  (``tfdpbnn._keras_version``). On Keras 3 the functions below that read Keras internals pass on to the
+  Keras 3 adapter, which lists the Keras 3 private names it uses (``tfdpbnn._adapters.keras3``).
 - tensorflow-privacy: ``_was_dp_gradients_called`` on its vectorized Keras optimizers (set after our own
   DP gradient so its ``apply_gradients`` check passes); and the ``sys.skip_tf_privacy_import`` flag that its
   package ``__init__`` reads (``tensorflow_privacy_module``).
@@ -28,8 +29,12 @@ import tensorflow as tf
 
 from tfdpbnn import _keras_version
 
-compile_utils = importlib.import_module(f"{_keras_version.KERAS_PACKAGE}.src.engine.compile_utils")
-losses_utils = importlib.import_module(f"{_keras_version.KERAS_PACKAGE}.src.utils.losses_utils")
+if _keras_version.KERAS_MAJOR == 2:
+    compile_utils = importlib.import_module(f"{_keras_version.KERAS_PACKAGE}.src.engine.compile_utils")
+    losses_utils = importlib.import_module(f"{_keras_version.KERAS_PACKAGE}.src.utils.losses_utils")
+    _keras3 = None
+else:
+    from tfdpbnn._adapters import keras3 as _keras3
 
 #: tf.data classes that neither drop, add, repeat nor reorder the elements of their input dataset.
 _ELEMENT_PRESERVING = ("_PrefetchDataset", "_OptionsDataset")
@@ -60,6 +65,8 @@ def attached_attribute(dataset, name):
 def steps_per_execution(model) -> int:
     """Steps run by one call of ``model``'s train function (Keras's ``steps_per_execution``), at least 1."""
     value = getattr(model, "_steps_per_execution", None)
+    if _keras3 is not None:
+        value = _keras3.steps_per_execution(model)
     if value is None:
         return 1
     try:
@@ -70,6 +77,8 @@ def steps_per_execution(model) -> int:
 
 def loss_container_parts(container, y_pred, y, sample_weight):
     """``(y_true, sample_weight, losses, loss_weights)`` of a built compiled-loss container, per output."""
+    if _keras3 is not None:
+        return _keras3.loss_container_parts(container, y_pred, y, sample_weight)
     y_true = container._conform_to_outputs(y_pred, y)
     sample_weight = container._conform_to_outputs(y_pred, sample_weight)
     if not container._built:
@@ -77,13 +86,24 @@ def loss_container_parts(container, y_pred, y, sample_weight):
     return y_true, sample_weight, container._losses, container._loss_weights
 
 
+def compiled_loss(model):
+    """The compiled-loss container of ``model`` (``model.compile(loss=...)``), or None without a loss."""
+    if _keras3 is not None:
+        return _keras3.compiled_loss(model)
+    return getattr(model, "compiled_loss", None)
+
+
 def total_loss_metric(model):
     """Keras's running-mean ``loss`` metric of ``model``'s compiled loss, or None."""
+    if _keras3 is not None:
+        return _keras3.total_loss_metric(model)
     return getattr(getattr(model, "compiled_loss", None), "_total_loss_mean", None)
 
 
 def weigh_like_keras(y_t, y_p, sw):
     """Keras's dtype/rank matching and masking of one output's ``(y_true, y_pred, sample_weight)``."""
+    if _keras3 is not None:
+        return _keras3.weigh_like_keras(y_t, y_p, sw)
     y_t, y_p, sw = compile_utils.match_dtype_and_rank(y_t, y_p, sw)
     sw = losses_utils.apply_mask(y_p, sw, losses_utils.get_mask(y_p))
     return y_t, y_p, sw
@@ -91,8 +111,48 @@ def weigh_like_keras(y_t, y_p, sw):
 
 def squeeze_or_expand(values, sample_weight):
     """Keras's alignment of per-element loss values and sample weights: ``(values, sample_weight)``."""
+    if _keras3 is not None:
+        return _keras3.squeeze_or_expand(values, sample_weight)
     values, _, sample_weight = losses_utils.squeeze_or_expand_dimensions(values, None, sample_weight)
     return values, sample_weight
+
+
+def submodules(model):
+    """Every layer inside ``model``, recursively.
+
+    ``model.submodules`` on Keras 2 (a ``tf.Module``); on Keras 3, whose layers are not ``tf.Module``s,
+    ``Layer._flatten_layers`` without the model itself.
+    """
+    found = getattr(model, "submodules", None)
+    if found is not None:
+        return found
+    flatten = getattr(model, "_flatten_layers", None)
+    return () if flatten is None else tuple(flatten(include_self=False, recursive=True))
+
+
+def tf_variables(variables):
+    """``variables`` as ``tf.Variable``s (as a ``tf.GradientTape`` takes them with ``unconnected_gradients``).
+
+    Keras 3 variables (``keras.Variable``) wrap a ``tf.Variable`` (their ``value`` on the TensorFlow
+    backend), whose dtype the tape can read; Keras 2 variables are ``tf.Variable``s already.
+    """
+    if _keras3 is None:
+        return variables
+    return [_keras3.tf_variable(v) for v in variables]
+
+
+def is_variable(value) -> bool:
+    """Whether ``value`` is a variable: a ``tf.Variable``, or on Keras 3 also a ``keras.Variable``."""
+    return isinstance(value, tf.Variable) or (_keras3 is not None and _keras3.is_keras_variable(value))
+
+
+def own_trainable_weights(layer):
+    """The trainable variables ``layer`` created itself, not its sublayers'.
+
+    ``_trainable_weights`` on Keras 2, ``_trainable_variables`` on Keras 3.
+    """
+    own = getattr(layer, "_trainable_weights", None)
+    return own if own is not None else layer._trainable_variables
 
 
 def mark_dp_gradients_computed(optimizer) -> None:
@@ -127,12 +187,11 @@ def tensorflow_privacy_module(name: str):
 
 def check() -> None:
     """Raise ``RuntimeError`` naming the private name that the installed versions no longer provide."""
-    base = tf.data.Dataset.range(3)
-    for made in (base.prefetch(1), base.with_options(tf.data.Options())):
-        if element_preserving_input(made) is not base:
-            raise RuntimeError(
-                f"tfdpbnn: tf.data's {type(made).__name__} no longer exposes _input_dataset as "
-                f"{_ELEMENT_PRESERVING}; update tfdpbnn/_private_api.py for tensorflow {tf.__version__}")
+    if _keras3 is not None:
+        _check_tf_data()
+        _keras3.check()
+        return
+    _check_tf_data()
     model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
     model.compile(loss="mse", steps_per_execution=3)
     if steps_per_execution(model) != 3:
@@ -156,3 +215,12 @@ def check() -> None:
     if "_was_dp_gradients_called" not in source:
         raise RuntimeError("tfdpbnn: tensorflow-privacy no longer uses _was_dp_gradients_called; update "
                            "tfdpbnn/_private_api.py")
+
+
+def _check_tf_data() -> None:
+    base = tf.data.Dataset.range(3)
+    for made in (base.prefetch(1), base.with_options(tf.data.Options())):
+        if element_preserving_input(made) is not base:
+            raise RuntimeError(
+                f"tfdpbnn: tf.data's {type(made).__name__} no longer exposes _input_dataset as "
+                f"{_ELEMENT_PRESERVING}; update tfdpbnn/_private_api.py for tensorflow {tf.__version__}")

@@ -8,6 +8,7 @@ import os
 
 import tensorflow as tf
 
+from tfdpbnn import _adapters
 from tfdpbnn._validation import check_positive_int
 from tfdpbnn.layers.sampling import mc_sampling_active, sample_in_trace
 from tfdpbnn.uncertainty.conformal import ConformalThreshold
@@ -212,8 +213,8 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
     with sample_in_trace():  # trace here: the traced graph samples whenever it is called
         mc_concrete = mc_fn.get_concrete_function()
     det_concrete = serving_default.get_concrete_function()
-    tf.keras.models.save_model(model, path, save_format="tf", include_optimizer=False,
-                               signatures={"serving_default": det_concrete, "mc_predict": mc_concrete})
+    _adapters.current().save_saved_model(model, path, {"serving_default": det_concrete,
+                                                       "mc_predict": mc_concrete})
     assets = os.path.join(path, "assets")
     os.makedirs(assets, exist_ok=True)
     with open(os.path.join(assets, "mc_predict.json"), "w") as fh:

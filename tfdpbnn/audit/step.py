@@ -111,7 +111,7 @@ def _optimizer(method, epsilon, delta, num_examples, steps, seed):
 def _canary_coordinate(grads, var_list):
     """Row 1 (canary 1; row 0 is "no canary") of the canary weights' released gradient, one per run."""
     for g, v in zip(grads, var_list, strict=True):
-        if "canary_weights" in v.name:
+        if "canary_weights" in getattr(v, "path", v.name):     # Keras 3: the layer's name is in ``path``
             g = tf.convert_to_tensor(g)
             return tf.reshape(g, [tf.shape(g)[0], -1])[:, 1]
     raise ValueError("model: no canary_weights variable among the trainable variables")

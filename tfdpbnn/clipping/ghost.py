@@ -18,6 +18,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from tfdpbnn import _private_api
 from tfdpbnn.clipping.jacobian import _regularization_loss, clip_factors, scaled_factors
 from tfdpbnn.clipping.registry import ClippingRule, rule_for, unsupported_reason_for
 from tfdpbnn.clipping.result import ClippedGradients
@@ -53,12 +54,12 @@ def _walk(model):
 
 def plan(model, var_list) -> list[_Entry]:
     """The covered layers that own variables of ``var_list``; raises ``UnsupportedModelError`` otherwise."""
-    wanted = {v.ref() for v in var_list}
+    wanted = {id(v) for v in var_list}
     covered = set()
     entries, problems, owners = [], [], {}
     for layer in _walk(model):
-        for v in layer._trainable_weights:
-            owners.setdefault(v.ref(), layer)
+        for v in _private_api.own_trainable_weights(layer):
+            owners.setdefault(id(v), layer)
         blocked = unsupported_reason_for(layer)
         if blocked is not None:
             problems.append(f"{layer.name} ({type(layer).__name__}: {blocked})")
@@ -66,20 +67,20 @@ def plan(model, var_list) -> list[_Entry]:
         if rule is None or not layer.built:
             continue
         variables = rule.variables(layer)
-        flags = [v.ref() in wanted for v in variables]
+        flags = [id(v) in wanted for v in variables]
         if not any(flags):
             continue
         reason = rule.unsupported_reason(layer)
         if reason is not None:
             problems.append(f"{layer.name} ({type(layer).__name__}: {reason})")
             continue
-        covered.update(v.ref() for v in variables)
+        covered.update(id(v) for v in variables)
         entries.append(_Entry(layer, rule, variables, flags))
     uncovered = []
     for v in var_list:
-        if v.ref() in covered:
+        if id(v) in covered:
             continue
-        owner = owners.get(v.ref())
+        owner = owners.get(id(v))
         label = f"{owner.name} ({type(owner).__name__})" if owner is not None else f"variable {v.name}"
         if label not in uncovered and not any(p.startswith(f"{owner.name} (") for p in problems if owner):
             uncovered.append(label)
@@ -158,7 +159,8 @@ def ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_
     tap_grads = tape.gradient(total, taps, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     if model.losses:
         regularization_grads = tape.gradient(
-            regularization_loss, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            regularization_loss, _private_api.tf_variables(var_list),
+            unconnected_gradients=tf.UnconnectedGradients.ZERO)
     else:
         regularization_grads = [tf.zeros_like(v) for v in var_list]
     del tape
@@ -180,8 +182,8 @@ def ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_
         results = r.entry.rule.clipped_sums(r.entry.layer, r.context, grads, factors)
         for v, flag, s in zip(r.entry.variables, r.entry.wanted, results, strict=True):
             if flag and s is not None:
-                sums[v.ref()] = tf.reshape(tf.cast(s, v.dtype), v.shape)
-    clipped_sum = [sums[v.ref()] if v.ref() in sums else tf.zeros_like(v) for v in var_list]
+                sums[id(v)] = tf.reshape(tf.cast(s, v.dtype), v.shape)
+    clipped_sum = [sums[id(v)] if id(v) in sums else tf.zeros_like(v) for v in var_list]
     return ClippedGradients(
         clipped_sum=clipped_sum,
         regularization_grads=regularization_grads,

@@ -25,7 +25,7 @@ def check_per_example_independence(model: tf.keras.layers.Layer) -> None:
     statistics).
     """
     bn_types = (tf.keras.layers.BatchNormalization,)
-    sync_bn = getattr(tf.keras.layers.experimental, "SyncBatchNormalization", None)
+    sync_bn = getattr(getattr(tf.keras.layers, "experimental", None), "SyncBatchNormalization", None)
     if sync_bn is not None:
         bn_types = bn_types + (sync_bn,)
     for layer in _walk(model):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfdpbnn import _private_api
 from tfdpbnn.clipping.result import ClippedGradients
 
 
@@ -65,7 +66,8 @@ def jacobian_clipped_sum(per_example_loss, tape: tf.GradientTape, var_list, l2_n
     if per_example_loss.shape.rank != 1:
         with tape:
             per_example_loss = tf.reduce_mean(tf.reshape(per_example_loss, [batch, -1]), axis=1)
-    jacobians = tape.jacobian(per_example_loss, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    jacobians = tape.jacobian(per_example_loss, _private_api.tf_variables(var_list),
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
     squared = [tf.reduce_sum(tf.reshape(tf.square(j), [batch, -1]), axis=1) for j in jacobians]
     norms = tf.sqrt(tf.add_n(squared))
     factors = scaled_factors(clip_factors(norms, l2_norm_clip), sum_scale)
@@ -81,7 +83,8 @@ def jacobian_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, 
         regularization_loss = _regularization_loss(model)
     clipped_sum, norms = jacobian_clipped_sum(per_example_loss, tape, var_list, l2_norm_clip, sum_scale)
     regularization_grads = tape.gradient(
-        regularization_loss, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        regularization_loss, _private_api.tf_variables(var_list),
+        unconnected_gradients=tf.UnconnectedGradients.ZERO)
     del tape
     return ClippedGradients(
         clipped_sum=clipped_sum,

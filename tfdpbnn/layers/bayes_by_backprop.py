@@ -56,25 +56,27 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
         if in_dim is None:
             raise ValueError("inputs: the last dimension of the input must be known")
         shape = (int(in_dim), self.units)
-        self.kernel_mu = self.add_weight("kernel_mu", shape=shape, initializer=self.kernel_mu_initializer)
-        self.kernel_rho = self.add_weight("kernel_rho", shape=shape, initializer=self.kernel_rho_initializer)
+        self.kernel_mu = self.add_weight(name="kernel_mu", shape=shape,
+                                         initializer=self.kernel_mu_initializer)
+        self.kernel_rho = self.add_weight(name="kernel_rho", shape=shape,
+                                          initializer=self.kernel_rho_initializer)
         if self.use_bias:
-            self.bias_mu = self.add_weight("bias_mu", shape=(self.units,),
+            self.bias_mu = self.add_weight(name="bias_mu", shape=(self.units,),
                                            initializer=self.bias_mu_initializer)
-            self.bias_rho = self.add_weight("bias_rho", shape=(self.units,),
+            self.bias_rho = self.add_weight(name="bias_rho", shape=(self.units,),
                                             initializer=self.bias_rho_initializer)
         else:
             self.bias_mu = self.bias_rho = None
         # The prior N(loc, scale^2) per weight: not trained, N(0, prior_scale^2) until set_prior.
         zeros, scale = "zeros", tf.keras.initializers.Constant(self.prior_scale)
-        self.prior_kernel_loc = self.add_weight("prior_kernel_loc", shape=shape, initializer=zeros,
+        self.prior_kernel_loc = self.add_weight(name="prior_kernel_loc", shape=shape, initializer=zeros,
                                                 trainable=False)
-        self.prior_kernel_scale = self.add_weight("prior_kernel_scale", shape=shape, initializer=scale,
+        self.prior_kernel_scale = self.add_weight(name="prior_kernel_scale", shape=shape, initializer=scale,
                                                   trainable=False)
         if self.use_bias:
-            self.prior_bias_loc = self.add_weight("prior_bias_loc", shape=(self.units,), initializer=zeros,
-                                                  trainable=False)
-            self.prior_bias_scale = self.add_weight("prior_bias_scale", shape=(self.units,),
+            self.prior_bias_loc = self.add_weight(name="prior_bias_loc", shape=(self.units,),
+                                                  initializer=zeros, trainable=False)
+            self.prior_bias_scale = self.add_weight(name="prior_bias_scale", shape=(self.units,),
                                                     initializer=scale, trainable=False)
         else:
             self.prior_bias_loc = self.prior_bias_scale = None
@@ -111,8 +113,8 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
                 raise ValueError(f"{name}_scale must be finite and > 0 everywhere")
             values.append((loc_var, loc, scale_var, scale))
         for loc_var, loc, scale_var, scale in values:
-            loc_var.assign(loc.astype(loc_var.dtype.as_numpy_dtype))
-            scale_var.assign(scale.astype(scale_var.dtype.as_numpy_dtype))
+            loc_var.assign(loc.astype(tf.as_dtype(loc_var.dtype).as_numpy_dtype))
+            scale_var.assign(scale.astype(tf.as_dtype(scale_var.dtype).as_numpy_dtype))
 
     def posterior(self):
         """The posterior's per-weight ``(kernel_loc, kernel_scale, bias_loc, bias_scale)`` as numpy arrays.

@@ -27,9 +27,9 @@ class HeteroscedasticHead(tf.keras.layers.Layer):
         in_dim = tf.TensorShape(input_shape)[-1]
         if in_dim is None:
             raise ValueError("inputs: the last dimension of the input must be known")
-        self.kernel = self.add_weight("kernel", shape=(int(in_dim), 2 * self.units),
+        self.kernel = self.add_weight(name="kernel", shape=(int(in_dim), 2 * self.units),
                                       initializer=self.kernel_initializer)
-        self.bias = self.add_weight("bias", shape=(2 * self.units,), initializer=self.bias_initializer)
+        self.bias = self.add_weight(name="bias", shape=(2 * self.units,), initializer=self.bias_initializer)
         super().build(input_shape)
 
     def call(self, inputs):

@@ -23,11 +23,10 @@ class _NoisyMixin:
         self.bias_initializer = tf.keras.initializers.get(bias_initializer)
 
     def _add_weights(self, kernel_shape, units):
-        self.kernel = self.add_weight("kernel", shape=kernel_shape, initializer=self.kernel_initializer)
-        self.bias = (self.add_weight("bias", shape=(units,), initializer=self.bias_initializer)
+        self.kernel = self.add_weight(name="kernel", shape=kernel_shape, initializer=self.kernel_initializer)
+        self.bias = (self.add_weight(name="bias", shape=(units,), initializer=self.bias_initializer)
                      if self.use_bias else None)
-        self.noise_stddev = self.add_weight(
-            "noise_stddev", shape=(), trainable=False,
+        self.noise_stddev = self.add_weight(name="noise_stddev", shape=(), trainable=False,
             initializer=tf.keras.initializers.Constant(self._initial_noise_stddev))
 
     def set_noise_stddev(self, value):

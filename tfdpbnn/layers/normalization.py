@@ -61,7 +61,8 @@ class _PublicBatchStore:
         if not feature_shape.is_fully_defined():
             raise ValueError(f"inputs: all dimensions but the batch axis must be known, got {input_shape}")
         self._feature_shape = tuple(feature_shape.as_list())
-        self.public_batch = self.add_weight("public_batch", shape=(self.num_public,) + self._feature_shape,
+        self.public_batch = self.add_weight(name="public_batch",
+                                            shape=(self.num_public,) + self._feature_shape,
                                             initializer="zeros", trainable=False)
         if self._pending is not None:
             self._check_public(self._pending, self._feature_shape)
@@ -166,10 +167,10 @@ class PublicBatchNormalization(_PublicBatchStore, tf.keras.layers.Layer):
         param_shape = [1] * rank
         param_shape[axis] = int(dim)
         self._param_shape = param_shape
-        self.gamma = self.add_weight("gamma", shape=(int(dim),), initializer=self.gamma_initializer,
+        self.gamma = self.add_weight(name="gamma", shape=(int(dim),), initializer=self.gamma_initializer,
                                      regularizer=self.gamma_regularizer, constraint=self.gamma_constraint,
                                      trainable=True) if self.scale else None
-        self.beta = self.add_weight("beta", shape=(int(dim),), initializer=self.beta_initializer,
+        self.beta = self.add_weight(name="beta", shape=(int(dim),), initializer=self.beta_initializer,
                                     regularizer=self.beta_regularizer, constraint=self.beta_constraint,
                                     trainable=True) if self.center else None
         if not self.carried:

@@ -59,12 +59,12 @@ class _VariationalMixin:
         self.bias_constraint = tf.keras.constraints.get(bias_constraint)
 
     def _add_weights(self, kernel_shape, units):
-        self.theta = self.add_weight("theta", shape=kernel_shape, initializer=self.theta_initializer,
+        self.theta = self.add_weight(name="theta", shape=kernel_shape, initializer=self.theta_initializer,
                                      regularizer=self.kernel_regularizer, constraint=self.kernel_constraint,
                                      trainable=True)
-        self.log_sigma2 = self.add_weight("log_sigma2", shape=kernel_shape,
+        self.log_sigma2 = self.add_weight(name="log_sigma2", shape=kernel_shape,
                                           initializer=self.log_sigma2_initializer, trainable=True)
-        self.bias = (self.add_weight("bias", shape=(units,), initializer=self.bias_initializer,
+        self.bias = (self.add_weight(name="bias", shape=(units,), initializer=self.bias_initializer,
                                      regularizer=self.bias_regularizer, constraint=self.bias_constraint)
                      if self.use_bias else None)
 

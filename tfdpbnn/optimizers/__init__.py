@@ -1,6 +1,7 @@
 """Differentially private optimizers for Bayesian neural networks.
 
-Each is a subclass of a tensorflow-privacy vectorized Keras optimizer and is used as any Keras optimizer:
+Each is a subclass of a tensorflow-privacy vectorized Keras optimizer on Keras 2, and of
+``keras.optimizers.SGD``/``Adam`` on Keras 3 (``tfdpbnn._adapters``), and is used as any Keras optimizer:
 ``model.compile(optimizer=tfdpbnn.DPVDOptimizer(...), loss=..., metrics=...)``, ``model.fit(...)``.
 Importing this package changes nothing in Keras; the first DP optimizer constructed installs the ``fit``
 integration (``tfdpbnn.optimizers.keras_integration``). Every optimizer takes its DP step through one

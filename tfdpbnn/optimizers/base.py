@@ -69,7 +69,7 @@ def _check_accountable(accountant, sampling, neighboring, sample_rate) -> None:
 
 def _check_data_independent_losses(model) -> None:
     """``model.losses`` skip clipping, so none may depend on the data: refuse activity regularizers."""
-    for layer in model.submodules:
+    for layer in _private_api.submodules(model):
         if getattr(layer, "activity_regularizer", None) is not None:
             raise ValueError(
                 f"model: layer {layer.name!r} has an activity_regularizer, a loss on the layer's outputs "
@@ -111,7 +111,7 @@ def check_compute_dtype(model) -> None:
     """
     policy = tf.keras.mixed_precision.global_policy()
     names = {policy.name} if policy.compute_dtype in ("float16", "bfloat16") else set()
-    for layer in getattr(model, "submodules", ()):
+    for layer in _private_api.submodules(model):
         layer_policy = getattr(layer, "dtype_policy", None)
         if layer_policy is not None and getattr(layer_policy, "compute_dtype", None) in ("float16",
                                                                                           "bfloat16"):

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdpbnn._private_api import VECTORIZED_OPTIMIZERS, tensorflow_privacy_module
+from tfdpbnn import _adapters
 from tfdpbnn.optimizers.base import DPOptimizerMixin
 
-_vectorized = tensorflow_privacy_module(VECTORIZED_OPTIMIZERS)
+# tensorflow-privacy's vectorized optimizers on Keras 2, tfdpbnn's own bases on Keras 3
+_SGDBase, _AdamBase = _adapters.optimizer_bases()
 
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
-class DPSGDOptimizer(DPOptimizerMixin, _vectorized.VectorizedDPKerasSGDOptimizer):
+class DPSGDOptimizer(DPOptimizerMixin, _SGDBase):
     """DP-SGD (Abadi et al. 2016, Algorithm 1; Zhang et al. 2022, Algorithm 1, regularizer after the noise).
 
     ``w <- w - eta * ((sum_i clip_C(g_i) + N(0, sigma^2 C^2 I)) / B + grad r(w))``; ``r`` is
@@ -42,7 +43,7 @@ class DPSGDOptimizer(DPOptimizerMixin, _vectorized.VectorizedDPKerasSGDOptimizer
 
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
-class DPAdamOptimizer(DPOptimizerMixin, _vectorized.VectorizedDPKerasAdamOptimizer):
+class DPAdamOptimizer(DPOptimizerMixin, _AdamBase):
     """DP-Adam: Adam's update fed the DP-SGD gradient (Abadi et al. 2016; Zhang et al. (2022, section 2)).
 
     Adam's moments are post-processing of the privatized gradient, so the accounting is DP-SGD's.
@@ -90,6 +91,9 @@ class DPAdamOptimizer(DPOptimizerMixin, _vectorized.VectorizedDPKerasAdamOptimiz
 
 class _AdamEpsilon(float):
     """Adam's epsilon-hat as a float that, called, returns the privacy epsilon spent so far."""
+
+    #: Keras 3 takes a number's dtype from ``dtype`` or else its type; this one is a Python float.
+    dtype = float
 
     def __new__(cls, value, optimizer):
         obj = super().__new__(cls, value)

@@ -12,11 +12,12 @@ import numbers
 
 import tensorflow as tf
 
-from tfdpbnn._private_api import VECTORIZED_OPTIMIZERS, tensorflow_privacy_module
+from tfdpbnn import _adapters
 from tfdpbnn._validation import check_positive
 from tfdpbnn.optimizers.base import DPOptimizerMixin
 
-_vectorized = tensorflow_privacy_module(VECTORIZED_OPTIMIZERS)
+# tensorflow-privacy's vectorized optimizers on Keras 2, tfdpbnn's own bases on Keras 3
+_SGDBase = _adapters.optimizer_bases()[0]
 
 
 def sgld_noise_multiplier(learning_rate, l2_norm_clip, num_examples, batch_size) -> float:
@@ -30,7 +31,7 @@ def sgld_learning_rate(noise_multiplier, l2_norm_clip, num_examples, batch_size)
 
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
-class DPSGLDOptimizer(DPOptimizerMixin, _vectorized.VectorizedDPKerasSGDOptimizer):
+class DPSGLDOptimizer(DPOptimizerMixin, _SGDBase):
     """DP-SGLD (Zhang et al. 2022, Algorithm 2): n/B-scaled clipped gradient, prior gradient, N(0, eta) noise.
 
     Args:

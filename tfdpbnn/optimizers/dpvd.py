@@ -13,6 +13,7 @@ from __future__ import annotations
 import tensorflow as tf
 import tensorflow_probability as tfp
 
+from tfdpbnn import _private_api
 from tfdpbnn.optimizers.dpsgd import DPSGDOptimizer
 
 #: Weights above this count: dp_alpha_median is taken over an evenly strided subsample of about this many.
@@ -21,9 +22,9 @@ ALPHA_MEDIAN_SAMPLE = 10_000
 
 def _variational_thetas(model):
     thetas = []
-    for layer in model.submodules:
+    for layer in _private_api.submodules(model):
         theta = getattr(layer, "theta", None)
-        if isinstance(theta, tf.Variable) and isinstance(getattr(layer, "log_sigma2", None), tf.Variable):
+        if _private_api.is_variable(theta) and _private_api.is_variable(getattr(layer, "log_sigma2", None)):
             thetas.append(theta)
     return thetas
 

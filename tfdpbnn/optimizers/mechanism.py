@@ -28,6 +28,7 @@ from typing import Any
 import dp_accounting
 import tensorflow as tf
 
+from tfdpbnn import _private_api
 from tfdpbnn._audit_hook import audit_bug as _audit_bug
 from tfdpbnn._validation import check_choice, check_nonnegative, check_positive, check_sample_rate
 from tfdpbnn.clipping import clipped_gradients, jacobian_clipped_sum
@@ -44,7 +45,7 @@ def _unclipped_layer_sums(model, x, y, sample_weight, loss_fn, var_list, trainin
 
     ``scale * sum_i g_i`` for each variable of a layer whose class is named ``layer_type``; None for others.
     """
-    owned = {id(v) for layer in model.submodules if type(layer).__name__ == layer_type
+    owned = {id(v) for layer in _private_api.submodules(model) if type(layer).__name__ == layer_type
              for v in layer.trainable_variables}
     targets = [v for v in var_list if id(v) in owned]
     if not targets:
@@ -93,19 +94,19 @@ class DPGradients:
 
 def _read(value: Scalar) -> tf.Tensor:
     """A mechanism parameter as a float32 scalar tensor (numbers, tensors, variables, callables)."""
-    if callable(value) and not isinstance(value, tf.Variable):
+    if callable(value) and not _private_api.is_variable(value):
         value = value()
     return tf.cast(value, tf.float32)
 
 
 def _number(value: Scalar) -> float:
     """A mechanism parameter as a Python float (for the ``DpEvent``), outside any traced function."""
-    if callable(value) and not isinstance(value, tf.Variable):
+    if callable(value) and not _private_api.is_variable(value):
         value = value()
     if isinstance(value, numbers.Real):
         return float(value)
     with tf.init_scope():
-        return float(tf.get_static_value(value) if not isinstance(value, tf.Variable) else value.numpy())
+        return float(value.numpy() if _private_api.is_variable(value) else tf.get_static_value(value))
 
 
 class DPMechanism:

@@ -46,7 +46,7 @@ def compiled_per_example_loss_fn(model: tf.keras.Model):
     single- and multi-output models with ``loss_weights``. Regularization terms (``model.losses``) are NOT
     included: they are data-independent and are added after clipping (docs/soundness.md, finding 5).
     """
-    container = getattr(model, "compiled_loss", None)
+    container = _private_api.compiled_loss(model)
     if container is None:
         raise ValueError(
             "model: it was not compiled with a loss; call model.compile(optimizer=..., loss=...) with a loss "

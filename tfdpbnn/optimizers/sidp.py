@@ -23,6 +23,7 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
+from tfdpbnn import _private_api
 from tfdpbnn._validation import check_nonnegative
 from tfdpbnn.optimizers.dpsgd import DPSGDOptimizer
 from tfdpbnn.optimizers.mechanism import add_regularization
@@ -30,8 +31,8 @@ from tfdpbnn.privacy.gdp import gdp_epsilon
 
 
 def _noisy_layers(model):
-    return [layer for layer in model.submodules
-            if isinstance(getattr(layer, "noise_stddev", None), tf.Variable)
+    return [layer for layer in _private_api.submodules(model)
+            if _private_api.is_variable(getattr(layer, "noise_stddev", None))
             and hasattr(layer, "sample_weights_into_kernel")]
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tfdpbnn import _private_api
 from tfdpbnn.preprocessing.record import DIGEST_ATTRIBUTE, PUBLIC_ATTRIBUTE, RECORD_ATTRIBUTE, state_digest
 
 
 def _layers(model):
     seen, out = set(), []
-    for layer in [model, *getattr(model, "submodules", ())]:
+    for layer in [model, *_private_api.submodules(model)]:
         if isinstance(layer, tf.keras.layers.Layer) and id(layer) not in seen:
             seen.add(id(layer))
             out.append(layer)
@@ -28,7 +29,8 @@ def _layers(model):
 
 def _state_variables(layer) -> list:
     """The layer's non-trainable ``tf.Variable``s (a lookup layer's vocabulary handle is not one)."""
-    return [v for v in layer.non_trainable_variables if isinstance(v, tf.Variable) and v.dtype != tf.resource]
+    return [v for v in layer.non_trainable_variables
+            if _private_api.is_variable(v) and v.dtype != tf.resource]
 
 
 def _differs_from_fresh(layer) -> bool:

@@ -134,8 +134,10 @@ def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bo
         layer.build((None, d))
     if tuple(layer.adapt_mean.shape) != (d,):
         raise ValueError(f"data: the layer normalizes {tuple(layer.adapt_mean.shape)} features, data has {d}")
-    layer.adapt_mean.assign((mid + half * mean_z).astype(layer.adapt_mean.dtype.as_numpy_dtype))
-    layer.adapt_variance.assign((half ** 2 * var_z).astype(layer.adapt_variance.dtype.as_numpy_dtype))
+    mean_dtype = tf.as_dtype(layer.adapt_mean.dtype).as_numpy_dtype
+    variance_dtype = tf.as_dtype(layer.adapt_variance.dtype).as_numpy_dtype
+    layer.adapt_mean.assign((mid + half * mean_z).astype(mean_dtype))
+    layer.adapt_variance.assign((half ** 2 * var_z).astype(variance_dtype))
     layer.count.assign(int(round(count)))
     layer.finalize_state()
     record = PreprocessingRecord(

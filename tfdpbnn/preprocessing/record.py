@@ -15,7 +15,8 @@ import hashlib
 
 import dp_accounting
 import numpy as np
-import tensorflow as tf
+
+from tfdpbnn import _private_api
 
 #: The layer attribute holding a DP adapt's ``PreprocessingRecord``.
 RECORD_ATTRIBUTE = "_tfdpbnn_preprocessing_record"
@@ -33,7 +34,7 @@ def state_digest(layer) -> str:
     """
     digest = hashlib.sha256()
     for variable in layer.non_trainable_variables:
-        if not isinstance(variable, tf.Variable):  # e.g. a lookup layer's vocabulary handle (read below)
+        if not _private_api.is_variable(variable):  # e.g. a lookup layer's vocabulary handle (read below)
             continue
         digest.update(np.ascontiguousarray(np.asarray(variable.numpy())).tobytes())
     get_vocabulary = getattr(layer, "get_vocabulary", None)

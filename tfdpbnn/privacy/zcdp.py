@@ -61,6 +61,11 @@ class ZCDPAccountant(EventAccountant):
             return
         rdp = dp_accounting.rdp.RdpAccountant(orders=list(TRUNCATION_ORDERS)).compose(
             dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), count).rdp
+        # dp-accounting >= 0.6 gives inf at fractional orders whose series does not converge in its step cap;
+        # the Renyi divergence is nondecreasing in the order (Mironov 2017), so the value at the next higher
+        # order with a finite value bounds it.
+        rdp = np.asarray(rdp, dtype=float)
+        rdp = np.where(np.isinf(rdp), np.minimum.accumulate(rdp[::-1])[::-1], rdp)
         self._trunc_rho += np.maximum.accumulate(rdp / TRUNCATION_ORDERS)
         self._truncated = True
 

@@ -134,9 +134,9 @@ class _CalibrationMetric(tf.keras.metrics.Metric):
         if not isinstance(from_logits, bool):
             raise ValueError(f"from_logits must be True or False, got {from_logits!r}")
         self.from_logits = from_logits
-        self.count = self.add_weight("count", shape=(self.num_bins,), initializer="zeros")
-        self.conf_sum = self.add_weight("conf_sum", shape=(self.num_bins,), initializer="zeros")
-        self.correct_sum = self.add_weight("correct_sum", shape=(self.num_bins,), initializer="zeros")
+        self.count = self.add_weight(name="count", shape=(self.num_bins,), initializer="zeros")
+        self.conf_sum = self.add_weight(name="conf_sum", shape=(self.num_bins,), initializer="zeros")
+        self.correct_sum = self.add_weight(name="correct_sum", shape=(self.num_bins,), initializer="zeros")
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         y_pred = to_probabilities(tf.cast(tf.convert_to_tensor(y_pred), self.dtype), self.from_logits,

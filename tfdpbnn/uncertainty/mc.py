@@ -21,6 +21,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from tfdpbnn import _private_api
 from tfdpbnn._validation import check_positive_int
 from tfdpbnn.layers.sampling import mc_sampling
 from tfdpbnn.uncertainty.outputs import resolve_from_logits, to_probabilities
@@ -143,7 +144,7 @@ def _warn_if_not_stochastic(model):
         NoisyDense,
     )
 
-    modules = list(getattr(model, "submodules", ()))
+    modules = list(_private_api.submodules(model))
     keras_noise = sorted({type(m).__name__ for m in modules if isinstance(m, KERAS_INFERENCE_IDENTITY)})
     sampling = (MCDropout, NoisyDense, NoisyConv2D, DenseBayesByBackprop, DenseVariational, Conv2DVariational)
     if keras_noise:

@@ -77,7 +77,7 @@ def _output_of(layer):
 
 def _output_width(model):
     outputs = getattr(model, "outputs", None)
-    if not outputs or len(outputs) != 1 or outputs[0].shape.rank is None:
+    if not outputs or len(outputs) != 1 or tf.TensorShape(outputs[0].shape).rank is None:
         return None
     return outputs[0].shape[-1]
 

@@ -9,7 +9,10 @@ import math
 
 import tensorflow as tf
 
+from tfdpbnn import _keras_version
 from tfdpbnn.layers.heteroscedastic import HeteroscedasticHead  # noqa: F401 (re-exported)
+
+_DEFAULT_REDUCTION = "auto" if _keras_version.KERAS_MAJOR == 2 else "sum_over_batch_size"
 
 
 def split_mean_log_variance(y_pred):
@@ -42,11 +45,11 @@ def heteroscedastic_nll(y_true, y_pred):
 class HeteroscedasticGaussianNLL(tf.keras.losses.Loss):
     """Keras loss wrapping ``heteroscedastic_nll`` (Kendall & Gal 2017).
 
-    ``reduction=tf.keras.losses.Reduction.NONE`` gives the per-example vector (what per-example clipping
-    needs).
+    ``reduction="none"`` gives the per-example vector (what per-example clipping needs); the default is
+    Keras's own (``"auto"`` on Keras 2, ``"sum_over_batch_size"`` on Keras 3, which has no ``"auto"``).
     """
 
-    def __init__(self, reduction=tf.keras.losses.Reduction.AUTO, name="heteroscedastic_gaussian_nll"):
+    def __init__(self, reduction=_DEFAULT_REDUCTION, name="heteroscedastic_gaussian_nll"):
         super().__init__(reduction=reduction, name=name)
 
     def call(self, y_true, y_pred):

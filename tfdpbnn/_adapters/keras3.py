@@ -1,0 +1,221 @@
+"""The Keras 3 adapter (TensorFlow backend): optimizer base classes of tfdpbnn's own, and Keras 3 internals.
+
+tensorflow-privacy has no Keras 3 optimizers, so tfdpbnn's DP optimizers subclass ``keras.optimizers.SGD`` /
+``Adam`` through ``DPSGDBase`` / ``DPAdamBase``. These only accept the constructor arguments the shared
+``DPOptimizerMixin`` passes to a tensorflow-privacy base (the clip bound and noise multiplier are the mixin's
+own variables; nothing here touches a gradient) and give the two names the shared code uses on a Keras 2
+optimizer: ``add_weight`` (a non-trainable optimizer variable, saved by ``model.save`` in creation order)
+and ``_decayed_lr`` (the current learning rate). The DP step itself is ``DPOptimizerMixin.dp_train_step``,
+which the ``fit`` dispatch (``tfdpbnn.optimizers.keras_integration``) runs in place of Keras 3's
+``TensorFlowTrainer.train_step``.
+
+The Keras 3 private names tfdpbnn needs are here, each behind one function (``check()`` is run by the test
+suite): ``Trainer._compile_loss`` (the ``CompileLoss`` of ``model.compile(loss=...)``) with its ``built``,
+``build`` and ``_flat_losses`` (to rebuild the unreduced per-example loss), ``Trainer._loss_tracker`` (the
+``loss`` metric), ``keras.src.backend.common.masking.get_keras_mask`` and
+``keras.src.losses.loss.squeeze_or_expand_to_same_rank`` (Keras's alignment of loss
+values and sample weights).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+_loss_module = importlib.import_module("keras.src.losses.loss")
+_masking = importlib.import_module("keras.src.backend.common.masking")
+
+_AGGREGATIONS = {tf.VariableAggregation.ONLY_FIRST_REPLICA: "only_first_replica",
+                 tf.VariableAggregation.NONE: "none", tf.VariableAggregation.SUM: "sum",
+                 tf.VariableAggregation.MEAN: "mean"}
+
+
+class _Keras3Base:
+    """What the shared optimizer code needs of its Keras base class, on a Keras 3 optimizer."""
+
+    def __init__(self, l2_norm_clip=None, noise_multiplier=None, num_microbatches=None,
+                 unconnected_gradients_to_zero=True, **kwargs):
+        # l2_norm_clip and noise_multiplier live in DPOptimizerMixin's variables; tensorflow-privacy's
+        # microbatching is not offered (every example is its own microbatch).
+        if num_microbatches is not None:
+            raise ValueError(f"num_microbatches: only per-example clipping (None) is supported, got "
+                             f"{num_microbatches!r}")
+        super().__init__(**kwargs)
+
+    def __setattr__(self, name, value):
+        # tfdpbnn's optimizers set plain Python settings before the base constructor runs (as Keras 2 allows);
+        # Keras 3 refuses any attribute until then, so those are set untracked (they hold no variable).
+        if "_lock" not in self.__dict__:
+            if isinstance(value, keras.Variable | tf.Variable):
+                raise ValueError(f"{name}: an optimizer variable must be created after the Keras constructor")
+            object.__setattr__(self, name, value)
+            return
+        super().__setattr__(name, value)
+
+    def add_weight(self, name, shape=(), dtype=None, initializer="zeros", trainable=False,
+                   aggregation=tf.VariableAggregation.NONE):
+        """A non-trainable optimizer variable (``keras.optimizers.Optimizer.add_variable``)."""
+        if trainable:
+            raise ValueError(f"trainable: optimizer variable {name!r} cannot be trainable")
+        if isinstance(initializer, keras.initializers.Constant):
+            # Keras 3's Constant converts a Python float to float32 before the cast to ``dtype``; the
+            # accounting variables (float64) keep their value exactly.
+            exact = np.asarray(initializer.value, dtype=tf.as_dtype(dtype or "float32").as_numpy_dtype)
+
+            def initializer(shape, dtype=None, _exact=exact):
+                return tf.constant(np.broadcast_to(_exact, shape), dtype=dtype)
+        return self.add_variable(shape=tuple(shape), initializer=initializer, dtype=dtype,
+                                 aggregation=_AGGREGATIONS.get(aggregation, aggregation), name=name)
+
+    def minimize(self, loss, var_list, tape=None):
+        """Keras 2's ``minimize``, which Keras 3 optimizers lack: ``_compute_gradients``, then apply them.
+
+        ``_compute_gradients`` is the DP optimizer's (per-example clipping of the loss vector, noise).
+        """
+        grads_and_vars = self._compute_gradients(loss, var_list, tape=tape)
+        self.apply_gradients(grads_and_vars)
+        return self.iterations
+
+    def _set_hyper(self, name, value):
+        """Keras 2's hyperparameter setter, for the learning rate (the one tfdpbnn sets)."""
+        if name != "learning_rate":
+            raise ValueError(f"name: only 'learning_rate' is set this way on Keras 3, got {name!r}")
+        self.learning_rate = value
+
+    def _get_hyper(self, name):
+        """Keras 2's hyperparameter getter, for the learning rate."""
+        if name != "learning_rate":
+            raise ValueError(f"name: only 'learning_rate' is read this way on Keras 3, got {name!r}")
+        return self.learning_rate
+
+    def _decayed_lr(self, dtype):
+        """The learning rate of the current step (a schedule evaluated at ``iterations``)."""
+        return tf.cast(self.learning_rate, dtype)
+
+
+class DPSGDBase(_Keras3Base, keras.optimizers.SGD):
+    """``keras.optimizers.SGD`` as the base of tfdpbnn's SGD-family DP optimizers on Keras 3."""
+
+
+class DPAdamBase(_Keras3Base, keras.optimizers.Adam):
+    """``keras.optimizers.Adam`` as the base of ``DPAdamOptimizer`` on Keras 3."""
+
+
+def optimizer_bases():
+    """``(DPSGDBase, DPAdamBase)``."""
+    return DPSGDBase, DPAdamBase
+
+
+# ---------------------------------------------------------------------------------- Keras 3 internals
+def compiled_loss(model):
+    """The ``CompileLoss`` of ``model.compile(loss=...)``, or None when compiled without a loss."""
+    return getattr(model, "_compile_loss", None)
+
+
+def _at(path, structure):
+    for key in path:
+        structure = structure[key]
+    return structure
+
+
+def loss_container_parts(container, y_pred, y, sample_weight):
+    """``(y_true, sample_weight, losses, loss_weights)``, one entry per leaf of ``tf.nest.flatten(y_pred)``.
+
+    ``y`` (and a nested ``sample_weight``) must have ``y_pred``'s structure, or be one tensor for a single
+    output; an output without a loss gets ``None``. Other pairings of ``y`` and outputs (which Keras 3's
+    ``CompileLoss`` reconciles in several ways) raise ``ValueError``.
+    """
+    leaves = keras.tree.flatten_with_path(y_pred)
+    if [id(leaf) for _, leaf in leaves] != [id(leaf) for leaf in tf.nest.flatten(y_pred)]:
+        raise ValueError("model: its outputs' structure flattens differently in Keras and tf.nest; tfdpbnn's "
+                         "per-example loss on Keras 3 cannot pair them with their losses")
+    single = not tf.nest.is_nested(y_pred)
+    if not single:
+        try:
+            keras.tree.assert_same_structure(y_pred, y)
+        except (ValueError, TypeError) as err:
+            raise ValueError("y: on Keras 3 tfdpbnn's per-example loss needs the targets in the structure of "
+                             f"the model's outputs (the same dict keys or list positions): {err}") from err
+    elif tf.nest.is_nested(y) or tf.nest.is_nested(sample_weight):
+        raise ValueError("y: the model has one output, so the targets and sample weights must be one tensor "
+                         "each")
+    if not container.built:
+        container.build(y, y_pred)
+    by_path = {tuple(entry[0]): entry for entry in container._flat_losses if entry[1] is not None}
+    y_true, weights, losses, loss_weights = [], [], [], []
+    for path, _ in leaves:
+        entry = by_path.pop(tuple(path), None)
+        y_true.append(y if single else _at(path, y))
+        weights.append(_at(path, sample_weight) if tf.nest.is_nested(sample_weight) else sample_weight)
+        losses.append(None if entry is None else entry[1])
+        loss_weights.append(None if entry is None else entry[2])
+    if by_path:
+        raise ValueError(f"model: compiled losses for {sorted(by_path)} match no output of the model")
+    return y_true, weights, losses, loss_weights
+
+
+def total_loss_metric(model):
+    """Keras 3's running-mean ``loss`` metric of ``model`` (``Trainer._loss_tracker``), or None."""
+    return getattr(model, "_loss_tracker", None)
+
+
+def weigh_like_keras(y_t, y_p, sw):
+    """Keras 3's ``Loss.__call__`` preparation: ``y_true`` in ``y_pred``'s dtype; masked outputs refused."""
+    if _masking.get_keras_mask(y_p) is not None:
+        raise ValueError("model: its output carries a Keras mask; masked per-example losses are not ported "
+                         "to Keras 3 yet (Keras 3 rescales masked losses by the batch's count of valid "
+                         "entries, which couples examples)")
+    return tf.cast(y_t, y_p.dtype), y_p, sw
+
+
+def squeeze_or_expand(values, sample_weight):
+    """Keras 3's alignment of per-element loss values and sample weights: ``(values, sample_weight)``."""
+    return _loss_module.squeeze_or_expand_to_same_rank(values, sample_weight)
+
+
+def steps_per_execution(model):
+    """Keras 3's ``model.steps_per_execution`` (a public int), or None."""
+    return getattr(model, "steps_per_execution", None)
+
+
+def is_keras_variable(value) -> bool:
+    """Whether ``value`` is a ``keras.Variable``."""
+    return isinstance(value, keras.Variable)
+
+
+def tf_variable(variable):
+    """The ``tf.Variable`` a ``keras.Variable`` holds on the TensorFlow backend (anything else as given)."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def check() -> None:
+    """Raise ``RuntimeError`` naming the Keras 3 internal that the installed Keras no longer provides."""
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(loss="mse", steps_per_execution=3)
+    if steps_per_execution(model) != 3:
+        raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s model.steps_per_execution changed; update "
+                           "tfdpbnn/_adapters/keras3.py")
+    try:
+        parts = loss_container_parts(compiled_loss(model), tf.zeros([2, 1]), tf.zeros([2, 1]), None)
+        squeeze_or_expand(tf.zeros([2]), tf.ones([2]))
+    except (AttributeError, TypeError) as err:
+        raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s CompileLoss internals changed ({err}); "
+                           "update tfdpbnn/_adapters/keras3.py") from err
+    if not isinstance(parts[2][0], keras.losses.Loss) or total_loss_metric(model) is None:
+        raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s CompileLoss._flat_losses or "
+                           "Trainer._loss_tracker changed; update tfdpbnn/_adapters/keras3.py")
+
+
+def save_saved_model(model, path, signatures):
+    """Write ``model`` as a TensorFlow SavedModel with ``signatures`` (``tf.saved_model.save``).
+
+    Keras 3's ``model.save`` writes only ``.keras`` files; here a ``tf.Module`` tracks the ``tf.Variable``
+    of every model variable and is saved with the traced signatures, so the SavedModel holds the weights
+    and the signatures (no optimizer, as on Keras 2) and loads with ``tf.saved_model.load``.
+    """
+    module = tf.Module()
+    module.model_variables = [tf_variable(v) for v in model.variables]
+    tf.saved_model.save(module, path, signatures=signatures)
