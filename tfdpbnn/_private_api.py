@@ -62,6 +62,15 @@ def attached_attribute(dataset, name):
     return None
 
 
+def train_step_needs_output(model) -> bool:
+    """Whether ``model``'s train function fails on a step that returns no logs.
+
+    Keras 3's TensorFlow trainer wraps every step's outputs in a ``tf.experimental.Optional``, which needs at
+    least one tensor; Keras 2's needs one only when a call runs several steps (``steps_per_execution``).
+    """
+    return _keras3 is not None or steps_per_execution(model) > 1
+
+
 def steps_per_execution(model) -> int:
     """Steps run by one call of ``model``'s train function (Keras's ``steps_per_execution``), at least 1."""
     value = getattr(model, "_steps_per_execution", None)

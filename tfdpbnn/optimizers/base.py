@@ -703,8 +703,8 @@ class DPOptimizerMixin:
         logs.update(self._dp_extra_logs(model))
         if not logs:
             with tf.init_scope():
-                several = _private_api.steps_per_execution(model) > 1
-            if several:  # Keras's multi-step train function needs some output: a constant, withheld from logs
+                needs_output = _private_api.train_step_needs_output(model)
+            if needs_output:  # the train function needs some output: a constant, withheld from logs
                 logs[NO_RELEASED_METRICS] = tf.zeros([])
         return logs
 
