@@ -284,6 +284,7 @@ class DPOptimizerMixin:
         self._dp_record = RunRecord(self)
         self._dp_uncovered = {}
         self._dp_releases = []
+        self._dp_parallel_basis = {}  # id(release) -> why its records are disjoint from training's
         for kind in (privacy_ledger or {}).get("not_covered", []):  # a saved optimizer's releases
             self.note_uncovered_release(kind)
         self.mechanism = _OptimizerMechanism(
@@ -479,7 +480,8 @@ class DPOptimizerMixin:
         self._dp_uncovered[check_choice("kind", kind, tuple(self.UNCOVERED_RELEASES))] = \
             self.UNCOVERED_RELEASES[kind]
 
-    def record_release(self, release, composition="sequential", *, x=None, y=None, record_ids=None) -> None:
+    def record_release(self, release, composition="sequential", *, x=None, y=None, record_ids=None,
+                       asserted_disjoint=None) -> None:
         """Compose a private release of this model's data into its privacy statement.
 
         ``release``: what a private fit on the private data returned, such as
@@ -491,6 +493,12 @@ class DPOptimizerMixin:
         ``tfdpbnn.uncertainty.split_by_record``: the parallel releases are composed with each other and the
         statement takes the larger of that and the training's epsilon, McSherry 2009; add/remove adjacency
         only). Recording the same object twice counts it once.
+
+        "parallel" is accepted only when the split is checked or asserted: with ``x``/``y`` or ``record_ids``
+        the per-record ledger must show that none of those records was touched by this model's training
+        (the records of a split the library made, ``split_by_record``); else ``asserted_disjoint`` (a
+        non-empty reason) asserts the split by name, and the statement lists it under
+        ``asserted_by_user``. Otherwise ``ValueError``: use "sequential".
 
         ``x``/``y`` (the data the release was fit on, in the form training was given it) or ``record_ids``
         (their ids): the release is also written to the per-record ledger (``tfdpbnn.privacy.record_ledger``)
@@ -515,6 +523,11 @@ class DPOptimizerMixin:
                 from tfdpbnn.privacy.records import record_keys
 
                 keys = record_keys(x, y, record_ids)
+            if composition == "parallel":
+                self._dp_parallel_basis[id(release)] = self._parallel_basis(keys, asserted_disjoint)
+            elif asserted_disjoint is not None:
+                raise ValueError("asserted_disjoint: only for composition='parallel', got it with "
+                                 f"composition={composition!r}")
             self._dp_releases.append((release, composition))
             if keys is not None:
                 from tfdpbnn.privacy.record_ledger import default_ledger
@@ -524,6 +537,46 @@ class DPOptimizerMixin:
                     ledger.record(keys, cost.dp_event, kind="calibration", neighboring=self.neighboring,
                                   description=f"{type(release).__name__} ({composition}) of "
                                               f"{type(self).__name__}")
+
+    def _parallel_basis(self, keys, asserted_disjoint) -> str:
+        """Why a "parallel" release's records are disjoint from this model's training records, or raise.
+
+        Checked in the per-record ledger when the release's records are known (``keys``), else asserted by
+        the user (``asserted_disjoint``); the line goes into the statement.
+        """
+        if asserted_disjoint is not None:
+            if not isinstance(asserted_disjoint, str) or not asserted_disjoint.strip():
+                raise ValueError("asserted_disjoint: a non-empty reason (str) why the release's records are "
+                                 f"disjoint from the training records, got {asserted_disjoint!r}")
+            return f"asserted by the user: {asserted_disjoint.strip()}"
+        how = ("pass the release's data (x=, y=) or record_ids= so the per-record ledger can check that no "
+               "training record is among them, assert it by name with asserted_disjoint='why', or use "
+               "composition='sequential'")
+        if keys is None:
+            raise ValueError(f"composition: 'parallel' needs the release's records to be disjoint from the "
+                             f"training records, and nothing shows it; {how}")
+        import numpy as np
+
+        from tfdpbnn.privacy.record_ledger import default_ledger
+
+        ledger = default_ledger()
+        phase_ids = [p.phase_id for p in self.ledger.phases if p.released]
+        if ledger is None:
+            raise ValueError("composition: 'parallel' cannot be checked with the privacy record store off "
+                             "(no per-record ledger); assert it by name with asserted_disjoint='why', or use "
+                             "composition='sequential'")
+        touched, known = ledger.overlap(keys, phase_ids)
+        if not known:
+            raise ValueError("composition: 'parallel' cannot be checked: the per-record ledger holds no "
+                             "record of this model's training (no DP step yet, or its records were unknown: "
+                             f"a tf.data pipeline without record keys); {how}")
+        if touched:
+            raise ValueError(
+                f"composition: 'parallel' refused: {touched} of the release's {len(np.unique(keys))} records "
+                "were used by this model's training (per-record ledger), so the release and the training "
+                "are not on disjoint records; record it with composition='sequential'")
+        return (f"checked: none of the release's {len(np.unique(keys))} records was touched by this model's "
+                "training (per-record ledger)")
 
     def _dp_statement_extras(self) -> dict:
         return {}

@@ -117,9 +117,15 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
             for a in found["asserted_public"]]
     recorded = list(getattr(optimizer, "_dp_releases", []))
     if recorded:
+        basis = getattr(optimizer, "_dp_parallel_basis", {})
         statement["releases"] = [
-            dict(r.as_dict() if hasattr(r, "as_dict") else {"privacy": r.privacy.as_dict()}, composition=how)
+            dict(r.as_dict() if hasattr(r, "as_dict") else {"privacy": r.privacy.as_dict()}, composition=how,
+                 **({"disjoint_from_training": basis[id(r)]} if how == "parallel" else {}))
             for r, how in recorded]
+        statement["asserted_by_user"] = list(statement["asserted_by_user"]) + [
+            f"release {i} ({type(r).__name__}, parallel composition): its records are disjoint from the "
+            f"training records, {basis[id(r)]}" for i, (r, how) in enumerate(recorded)
+            if how == "parallel" and basis[id(r)].startswith("asserted")]
     if not found["dp"] and not recorded and search is None:
         return statement
     ledger = optimizer.ledger

@@ -548,6 +548,18 @@ class RecordLedger:
             worst = max(worst, composed_epsilon(events, delta, accountant, _neighboring(history)))
         return worst
 
+    def overlap(self, keys, phase_ids) -> tuple[int, bool]:
+        """How many of the records ``keys`` a release covering one of ``phase_ids`` touched.
+
+        Returns (overlapping records, whether any release in the ledger covers one of ``phase_ids``): the
+        second is False when the ledger cannot tell (those phases' records were never written to it).
+        """
+        wanted = {int(p) for p in phase_ids}
+        known = any(wanted.intersection(r.phase_ids) for r in self.backend.releases())
+        touched = sum(h.records for h in self.histories(keys)
+                      if any(wanted.intersection(r.phase_ids) for r in h.releases))
+        return int(touched), known
+
     def bound_for(self, phases, delta: float, accountant: str = "rdp", extra=()) -> tuple[float | None, int]:
         """The ledger bound of a model trained in ``phases`` (``tfdpbnn.privacy.ledger.Phase`` objects).
 
