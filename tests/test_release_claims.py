@@ -103,3 +103,99 @@ def test_parallel_claim_with_the_record_store_off_needs_an_assertion(monkeypatch
         opt.record_release(_release(), "parallel", x=x[:8], y=y[:8])
     tf.keras.backend.clear_session()
     assert np.isfinite(opt.epsilon())
+
+
+def test_parallel_claim_on_predictions_instead_of_records_is_refused():
+    x, y = small_data()
+    held = split_by_record([x, y], 0.25, key=0)
+    model, opt = _fit(x, y)
+    probs = tf.nn.softmax(model(x[held])).numpy()        # [n, 3]: not the records training saw
+    with pytest.raises(ValueError, match=r"x: the release's records in the form training was given them"):
+        opt.record_release(_release(), "parallel", x=probs, y=y[held])
+
+
+# ------------------------------------------------------ releases travel with the model and its weights
+def _trained_with_release(x, y):
+    model, opt = _fit(x, y)
+    release = _release()
+    opt.record_release(release, "sequential")
+    return model, opt, release
+
+
+def _truth(release, epochs=EPOCHS):
+    training = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(SIGMA), epochs)
+    return rdp_epsilon(dp_accounting.ComposedDpEvent([training, release.privacy.dp_event]))
+
+
+@pytest.mark.parametrize("suffix", [".keras", ".h5"])
+def test_a_private_release_survives_save_and_load(tmp_path, suffix):
+    x, y = small_data()
+    model, opt, release = _trained_with_release(x, y)
+    truth = _truth(release)
+    assert opt.epsilon() == pytest.approx(truth, rel=1e-6)
+    path = str(tmp_path / f"model{suffix}")
+    model.save(path)
+    loaded = tf.keras.models.load_model(path)
+    statement = loaded.optimizer.privacy_statement()
+    assert statement["epsilon"] == pytest.approx(truth, rel=1e-6)   # 7.08 (training alone) before
+    assert statement["releases"][0]["privacy"]["dp_event"] == \
+        release.privacy.as_dict()["dp_event"]
+    assert statement["quote"]["epsilon"] >= truth * (1 - 1e-6)
+
+
+def test_a_new_optimizer_continuing_a_loaded_model_counts_the_release(tmp_path):
+    x, y = small_data()
+    model, _, release = _trained_with_release(x, y)
+    model.save(str(tmp_path / "m.keras"))
+    loaded = tf.keras.models.load_model(str(tmp_path / "m.keras"))
+    new = tfdpbnn.DPSGDOptimizer(1.0, SIGMA, num_examples=N, batch_size=N, delta=DELTA)
+    loaded.compile(optimizer=new, loss=LOSS)
+    loaded.fit(x, y, batch_size=N, epochs=1, verbose=0)
+    truth = _truth(release, EPOCHS + 1)                 # 3 full-batch passes and the release
+    statement = new.privacy_statement()
+    assert statement["epsilon"] == pytest.approx(truth, rel=1e-6)   # 9.01 before
+    assert truth * (1 - 1e-6) <= statement["ledger_bound"]["epsilon"] <= truth * 1.01  # counted once
+    assert statement["quote"]["epsilon"] >= truth * (1 - 1e-6)
+
+
+def test_weights_loaded_into_a_fresh_model_find_the_release_in_the_ledger(tmp_path):
+    x, y = small_data()
+    model, _, release = _trained_with_release(x, y)
+    model.save_weights(str(tmp_path / "w.h5"))
+    fresh = small_model(seed=5)
+    fresh.load_weights(str(tmp_path / "w.h5"))
+    new = tfdpbnn.DPSGDOptimizer(1.0, SIGMA, num_examples=N, batch_size=N, delta=DELTA)
+    fresh.compile(optimizer=new, loss=LOSS)
+    fresh.fit(x, y, batch_size=N, epochs=1, verbose=0)
+    truth = _truth(release, EPOCHS + 1)
+    statement = new.privacy_statement()
+    assert statement["epsilon"] >= truth * (1 - 1e-6)
+    assert statement["quote"]["epsilon"] >= truth * (1 - 1e-6)
+    assert statement["releases"][0]["note"].startswith("found in the per-record ledger")
+
+
+def test_a_new_optimizer_on_the_same_model_object_keeps_the_release():
+    x, y = small_data()
+    model, _, release = _trained_with_release(x, y)
+    new = tfdpbnn.DPSGDOptimizer(1.0, SIGMA, num_examples=N, batch_size=N, delta=DELTA)
+    model.compile(optimizer=new, loss=LOSS)
+    model.fit(x, y, batch_size=N, epochs=1, verbose=0)
+    assert new.epsilon() == pytest.approx(_truth(release, EPOCHS + 1), rel=1e-6)
+    assert len(new.privacy_statement()["releases"]) == 1      # taken over once, not also from the ledger
+
+
+def test_search_record_and_parallel_basis_travel_in_get_config():
+    from tfdpbnn.optimizers.other_releases import SEARCH_ATTRIBUTE, SearchRecord
+
+    x, y = small_data()
+    held = split_by_record([x, y], 0.25, key=0)
+    _, opt = _fit(x[~held], y[~held])
+    opt.record_release(_release(), "parallel", x=x[held], y=y[held])
+    restored = type(opt).from_config(opt.get_config())
+    assert restored.epsilon() == pytest.approx(opt.epsilon(), rel=1e-9)
+    assert restored.privacy_statement()["releases"][0]["disjoint_from_training"].startswith("checked")
+    search = SearchRecord(statement={"epsilon": 1.0}, rdp=tuple(float(a) for a in range(1, 4)),
+                          steps_at_selection=opt.steps)
+    setattr(opt, SEARCH_ATTRIBUTE, search)
+    back = getattr(type(opt).from_config(opt.get_config()), SEARCH_ATTRIBUTE)
+    assert back.rdp == search.rdp and back.steps_at_selection == search.steps_at_selection

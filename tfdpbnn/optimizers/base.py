@@ -285,8 +285,10 @@ class DPOptimizerMixin:
         self._dp_uncovered = {}
         self._dp_releases = []
         self._dp_parallel_basis = {}  # id(release) -> why its records are disjoint from training's
+        self._dp_release_ledger = {}  # id(release) -> (its per-record ledger id, written on training records)
         for kind in (privacy_ledger or {}).get("not_covered", []):  # a saved optimizer's releases
             self.note_uncovered_release(kind)
+        self._restore_releases(privacy_ledger or {})
         self.mechanism = _OptimizerMechanism(
             self._dp_l2_norm_clip, self._dp_noise_multiplier, self._dp_batch_size, scale=self._dp_sum_scale,
             clipping_method=clipping_method, secure_mode=secure_mode,
@@ -376,8 +378,76 @@ class DPOptimizerMixin:
         config.update({"l2_norm_clip": self.l2_norm_clip, "noise_multiplier": self.noise_multiplier,
                        "batch_size": self.batch_size, "initial_steps": self.steps,
                        "privacy_ledger": {**self._dp_ledger.to_config(),
-                                          "not_covered": sorted(self._dp_uncovered)}})
+                                          "not_covered": sorted(self._dp_uncovered),
+                                          **self._releases_config()}})
         return config
+
+    def _releases_config(self) -> dict:
+        """The recorded releases and the search record, as ``get_config`` carries them (JSON-safe)."""
+        from tfdpbnn.optimizers.other_releases import SEARCH_ATTRIBUTE, release_config, search_config
+
+        config = {}
+        if self._dp_releases:
+            config["releases"] = [
+                release_config(r, how, self._dp_parallel_basis.get(id(r)),
+                               *self._dp_release_ledger.get(id(r), (None, False)))
+                for r, how in self._dp_releases]
+        search = search_config(getattr(self, SEARCH_ATTRIBUTE, None))
+        if search is not None:
+            config["search"] = search
+        return config
+
+    def _restore_releases(self, config: dict) -> None:
+        """Take back the releases and search record of a saved optimizer's ``privacy_ledger`` config."""
+        from tfdpbnn.optimizers.other_releases import (
+            SEARCH_ATTRIBUTE,
+            release_from_config,
+            search_from_config,
+        )
+
+        for item in config.get("releases", []):
+            release = release_from_config(item)
+            self._dp_releases.append((release, item["composition"]))
+            if item["composition"] == "parallel":
+                self._dp_parallel_basis[id(release)] = item["basis"]
+            if item.get("ledger_release") is not None:
+                self._dp_release_ledger[id(release)] = (int(item["ledger_release"]),
+                                                        bool(item.get("on_training_records")))
+        search = search_from_config(config.get("search"))
+        if search is not None:
+            setattr(self, SEARCH_ATTRIBUTE, search)
+
+    def _import_linked_releases(self) -> int:
+        """Add the per-record ledger's releases that name this model's training phases and are missing here.
+
+        A private temperature recorded by an earlier optimizer of these weights (in another process, before
+        ``load_weights``, ...) is found so; it is composed sequentially (an upper bound: a parallel split is
+        not re-checked). Returns how many were added.
+        """
+        from tfdpbnn.optimizers.other_releases import RestoredRelease
+        from tfdpbnn.privacy.record_ledger import default_ledger, event_to_config
+        from tfdpbnn.uncertainty.private_release import PrivacyCost
+
+        phase_ids = [p.phase_id for p in self.ledger.phases if p.released]
+        ledger = default_ledger() if phase_ids else None
+        if ledger is None:
+            return 0
+        held = {entry[0] for entry in self._dp_release_ledger.values()}
+        added = 0
+        for found in ledger.linked_releases(phase_ids):
+            if found.release_id in held:
+                continue
+            cost = PrivacyCost(mechanism=found.kind, dp_event=found.event(), epsilon=math.nan, delta=0.0,
+                               neighboring=found.neighboring)
+            release = RestoredRelease(privacy=cost, ledger_release=found.release_id, record={
+                "imported_from_ledger": found.release_id, "description": found.description,
+                "dp_event": event_to_config(found.event()),
+                "note": "found in the per-record ledger by this model's training phases; composed "
+                        "sequentially"})
+            self._dp_releases.append((release, "sequential"))
+            self._dp_release_ledger[id(release)] = (found.release_id, True)  # in the ledger's histories
+            added += 1
+        return added
 
     # ------------------------------------------------------------------------------------ accounting
     def _resolve_delta(self, delta):
@@ -524,21 +594,38 @@ class DPOptimizerMixin:
 
                 keys = record_keys(x, y, record_ids)
             if composition == "parallel":
-                self._dp_parallel_basis[id(release)] = self._parallel_basis(keys, asserted_disjoint)
+                self._dp_parallel_basis[id(release)] = self._parallel_basis(keys, asserted_disjoint, x)
             elif asserted_disjoint is not None:
                 raise ValueError("asserted_disjoint: only for composition='parallel', got it with "
                                  f"composition={composition!r}")
             self._dp_releases.append((release, composition))
-            if keys is not None:
-                from tfdpbnn.privacy.record_ledger import default_ledger
+            self._write_release(release, composition, keys)
 
-                ledger = default_ledger()
-                if ledger is not None:
-                    ledger.record(keys, cost.dp_event, kind="calibration", neighboring=self.neighboring,
-                                  description=f"{type(release).__name__} ({composition}) of "
-                                              f"{type(self).__name__}")
+    def _write_release(self, release, composition, keys) -> None:
+        """Write ``release`` to the per-record ledger, linked to this model's training phases.
 
-    def _parallel_basis(self, keys, asserted_disjoint) -> str:
+        Against ``keys`` when given; else against every record this model's training touched (its data is
+        not named: those are the records whose guarantee it must count). Every later optimizer of weights
+        from these phases finds it there (``_import_linked_releases``).
+        """
+        from tfdpbnn.privacy.record_ledger import default_ledger
+
+        ledger = default_ledger()
+        if ledger is None:
+            return
+        phase_ids = [p.phase_id for p in self.ledger.phases if p.released]
+        on_training = keys is None
+        if on_training:
+            keys = ledger.training_keys(phase_ids) if phase_ids else None
+            if keys is None or not len(keys):
+                return
+        release_id = ledger.record(keys, release.privacy.dp_event, kind="calibration",
+                                   neighboring=self.neighboring, phase_ids=phase_ids,
+                                   description=f"{type(release).__name__} ({composition}) of "
+                                               f"{type(self).__name__}")
+        self._dp_release_ledger[id(release)] = (release_id, on_training)
+
+    def _parallel_basis(self, keys, asserted_disjoint, x=None) -> str:
         """Why a "parallel" release's records are disjoint from this model's training records, or raise.
 
         Checked in the per-record ledger when the release's records are known (``keys``), else asserted by
@@ -565,6 +652,15 @@ class DPOptimizerMixin:
             raise ValueError("composition: 'parallel' cannot be checked with the privacy record store off "
                              "(no per-record ledger); assert it by name with asserted_disjoint='why', or use "
                              "composition='sequential'")
+        model = self._dp_record.model()
+        wanted = getattr(model, "input_shape", None) if model is not None else None
+        got = tuple(x.shape) if hasattr(x, "shape") else None
+        if got is not None and isinstance(wanted, tuple) and (len(got) != len(wanted) or any(
+                a is not None and a != b for a, b in zip(wanted[1:], got[1:], strict=True))):
+            raise ValueError(f"x: the release's records in the form training was given them (the model's "
+                             f"input shape {wanted}), got shape {tuple(x.shape)}: the per-record ledger can "
+                             "only check the split on the same records (not, e.g., on predicted "
+                             "probabilities)")
         touched, known = ledger.overlap(keys, phase_ids)
         if not known:
             raise ValueError("composition: 'parallel' cannot be checked: the per-record ledger holds no "
@@ -647,6 +743,13 @@ class DPOptimizerMixin:
             for phase, source in zip(previous._dp_ledger.closed_phases(),
                                      previous._dp_ledger.closed_sources(), strict=True):
                 self._dp_ledger.append(phase, source)
+            for release, how in previous._dp_releases:  # its private calibrations and the like
+                if all(r is not release for r, _ in self._dp_releases):
+                    self._dp_releases.append((release, how))
+                    if id(release) in previous._dp_parallel_basis:
+                        self._dp_parallel_basis[id(release)] = previous._dp_parallel_basis[id(release)]
+                    if id(release) in previous._dp_release_ledger:
+                        self._dp_release_ledger[id(release)] = previous._dp_release_ledger[id(release)]
             self._dp_batch_call_limit = None
         model._tfdpbnn_ledger_link = _LedgerLink(self)
 

@@ -41,6 +41,61 @@ class SearchRecord:
     steps_at_selection: int
 
 
+@dataclasses.dataclass(frozen=True)
+class RestoredRelease:
+    """A release recorded with ``record_release``, as a saved optimizer or the per-record ledger kept it.
+
+    ``privacy``: its privacy cost (a ``tfdpbnn.uncertainty.PrivacyCost``).
+
+    ``record``: what the original release's ``as_dict`` said (its value, e.g. the temperature, and its cost);
+    ``ledger_release``: its id in the per-record ledger, or None.
+    """
+
+    privacy: object
+    record: dict
+    ledger_release: int | None = None
+
+    def as_dict(self):
+        """The original release's record."""
+        return dict(self.record)
+
+
+def release_config(release, composition: str, basis: str | None, ledger_release: int | None,
+                   on_training_records: bool) -> dict:
+    """JSON-safe config of one recorded release (``get_config()["privacy_ledger"]["releases"]``)."""
+    record = release.as_dict() if hasattr(release, "as_dict") else {"privacy": release.privacy.as_dict()}
+    return {"type": type(release).__name__, "record": record, "privacy": release.privacy.as_dict(),
+            "composition": composition, "basis": basis, "ledger_release": ledger_release,
+            "on_training_records": bool(on_training_records)}
+
+
+def release_from_config(config: dict) -> RestoredRelease:
+    """The ``RestoredRelease`` of ``release_config``'s dict."""
+    from tfdpbnn.privacy.record_ledger import event_from_config
+    from tfdpbnn.uncertainty.private_release import PrivacyCost
+
+    cost = dict(config["privacy"])
+    cost["dp_event"] = event_from_config(cost["dp_event"])
+    return RestoredRelease(privacy=PrivacyCost(**cost), record=dict(config["record"]),
+                           ledger_release=config.get("ledger_release"))
+
+
+def search_config(record: SearchRecord | None) -> dict | None:
+    """JSON-safe config of a ``SearchRecord`` (None for None)."""
+    if record is None:
+        return None
+    return {"statement": record.statement, "rdp": [float(v) for v in record.rdp],
+            "steps_at_selection": int(record.steps_at_selection)}
+
+
+def search_from_config(config: dict | None) -> SearchRecord | None:
+    """The ``SearchRecord`` of ``search_config``'s dict."""
+    if not config:
+        return None
+    return SearchRecord(statement=dict(config["statement"]), rdp=tuple(float(v) for v in config["rdp"]),
+                        steps_at_selection=int(config["steps_at_selection"]))
+
+
 def adopt_search_record(optimizer, model) -> None:
     """Give ``optimizer`` the search record ``model`` carries (a new optimizer compiled onto it)."""
     record = getattr(model, SEARCH_ATTRIBUTE, None)
@@ -163,5 +218,5 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
     return statement
 
 
-__all__ = ["SEARCH_ATTRIBUTE", "SearchRecord", "add_other_releases", "adopt_search_record",
-           "composed_epsilon"]
+__all__ = ["SEARCH_ATTRIBUTE", "RestoredRelease", "SearchRecord", "add_other_releases", "adopt_search_record",
+           "composed_epsilon", "release_config", "release_from_config", "search_config", "search_from_config"]

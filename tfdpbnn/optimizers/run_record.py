@@ -144,6 +144,7 @@ class RunRecord:
             return
         self.dataset = dataset or "data:unidentified"
         self.inherit(self.store.weights_record(record_store.weights_fingerprint(model)))
+        optimizer._import_linked_releases()
         state = optimizer._dp_ledger
         steps, examples, _ = state.open_counters()
         extra = 0 if planned_steps is None else int(planned_steps)
@@ -289,6 +290,7 @@ class RunRecord:
         store = record_store.default_store()
         if store is not None:
             self.inherit(store.weights_record(record_store.weights_fingerprint(model)))
+            self._optimizer._import_linked_releases()
 
     def model(self):
         """The model this optimizer last trained or was shown (None if unknown or gone)."""
