@@ -41,7 +41,7 @@ from tfdpbnn.clipping import check_per_example_independence
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.data.distributed import check_distributed_input
 from tfdpbnn.optimizers import fit_checks, keras_integration
-from tfdpbnn.optimizers.ledger_state import LedgerState
+from tfdpbnn.optimizers.ledger_state import LedgerState, describe_source
 from tfdpbnn.optimizers.mechanism import DPGradients, DPMechanism
 from tfdpbnn.optimizers.noise import check_debug_noise_seed
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
@@ -284,6 +284,7 @@ class DPOptimizerMixin:
         self._dp_record = RunRecord(self)
         self._dp_uncovered = {}
         self._dp_releases = []
+        self._dp_in_fit = 0  # > 0 while model.fit runs this optimizer (keras_integration)
         self._dp_parallel_basis = {}  # id(release) -> why its records are disjoint from training's
         self._dp_release_ledger = {}  # id(release) -> (its per-record ledger id, written on training records)
         for kind in (privacy_ledger or {}).get("not_covered", []):  # a saved optimizer's releases
@@ -699,6 +700,8 @@ class DPOptimizerMixin:
             kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
             sample_rate=sampling["sample_rate"], num_examples=sampling["num_examples"],
             source=source, batch_size=self.batch_size)
+        # A call draws its own passes: a pass an earlier call left partial is never completed by this one.
+        self._dp_ledger.finish_partial_pass()
 
     def begin_batch_call(self, model, x, y=None, record_ids=None):
         """Check ``model`` and open the ledger phase for one ``model.train_on_batch(x, y)`` call.
@@ -955,6 +958,9 @@ class DPOptimizerMixin:
         self._dp_released = [r for r in released if not any(r is g for g in applied)]
         return super().apply_gradients(grads_and_vars, *args, **kwargs)
 
+    #: Open-phase sources whose steps only model.fit takes (its batches are drawn by the fit's input).
+    _FIT_ONLY_SOURCES = ("custom_loop", "train_on_batch")
+
     def _require_open_phase(self):
         with tf.init_scope():
             if not self._dp_ledger.has_open_phase:
@@ -962,6 +968,15 @@ class DPOptimizerMixin:
                     "optimizer: no privacy-ledger phase is open, so the steps about to run could not be "
                     "accounted. model.fit opens one; in a custom training loop call "
                     "optimizer.begin_training(model, dataset_or_x, y) before the first step.")
+            source = self._dp_ledger.open_description()["source"]
+            if not self._dp_in_fit and source not in self._FIT_ONLY_SOURCES:
+                raise ValueError(
+                    "optimizer: this step runs outside model.fit, but the open privacy-ledger phase is the "
+                    f"last fit's ({describe_source(source)}); counted there, its batch would be pooled into "
+                    "that fit's passes or sampling, which it was not drawn by. Call "
+                    "optimizer.begin_training(model, dataset_or_x, y) before a custom training loop "
+                    "(minimize, dp_train_step or the mechanism), then every step counts as one "
+                    "participation of every example.")
 
     def get_gradients(self, loss, params):
         """Refused: graph-mode gradients would bypass per-example clipping."""
