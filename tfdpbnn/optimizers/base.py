@@ -958,8 +958,8 @@ class DPOptimizerMixin:
         self._dp_released = [r for r in released if not any(r is g for g in applied)]
         return super().apply_gradients(grads_and_vars, *args, **kwargs)
 
-    #: Open-phase sources whose steps only model.fit takes (its batches are drawn by the fit's input).
-    _FIT_ONLY_SOURCES = ("custom_loop", "train_on_batch")
+    #: Open-phase sources whose steps may run outside model.fit (the caller picks the batches).
+    _OUTSIDE_FIT_SOURCES = ("custom_loop", "train_on_batch")
 
     def _require_open_phase(self):
         with tf.init_scope():
@@ -969,7 +969,7 @@ class DPOptimizerMixin:
                     "accounted. model.fit opens one; in a custom training loop call "
                     "optimizer.begin_training(model, dataset_or_x, y) before the first step.")
             source = self._dp_ledger.open_description()["source"]
-            if not self._dp_in_fit and source not in self._FIT_ONLY_SOURCES:
+            if not self._dp_in_fit and source not in self._OUTSIDE_FIT_SOURCES:
                 raise ValueError(
                     "optimizer: this step runs outside model.fit, but the open privacy-ledger phase is the "
                     f"last fit's ({describe_source(source)}); counted there, its batch would be pooled into "
