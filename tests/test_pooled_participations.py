@@ -66,3 +66,19 @@ def test_custom_steps_after_a_fit_are_refused_until_begin_training():
         opt.minimize(loss, model.trainable_variables, tape=tape)
     # One pass (1 participation) and 3 custom steps (each one participation of every example).
     assert opt.epsilon() == pytest.approx(gaussians_epsilon(SIGMA, 4), rel=1e-6)
+
+
+def test_backup_and_restore_by_batches_never_pools_the_resumed_pass(tmp_path):
+    from test_weights_record import _Crash
+
+    x, y = small_data()
+    model, opt = _model()
+    backup = tf.keras.callbacks.BackupAndRestore(str(tmp_path / "backup"), save_freq=3)   # every 3 batches
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        model.fit(x, y, batch_size=B, epochs=3, verbose=0, callbacks=[backup, _Crash()])  # 8 + 3 steps
+    model.fit(x, y, batch_size=B, epochs=3, verbose=0, callbacks=[backup])  # from the backup at step 9
+    # Ran: pass 1 (8), steps 9-11 of pass 2, then (a fresh shuffle) 7 steps of pass 2 and pass 3: every step
+    # that ran is counted, and a record of steps 9-11 can be in both pass 2 shuffles: 4 participations.
+    assert opt.ledger.steps == 8 + 3 + 7 + 8
+    assert opt.epsilon() >= gaussians_epsilon(SIGMA, 4) * (1 - 1e-6)
+    assert opt.privacy_statement()["quote"]["epsilon"] >= gaussians_epsilon(SIGMA, 4) * (1 - 1e-6)
