@@ -84,7 +84,13 @@ def search_config(record: SearchRecord | None) -> dict | None:
     """JSON-safe config of a ``SearchRecord`` (None for None)."""
     if record is None:
         return None
-    return {"statement": record.statement, "rdp": [float(v) for v in record.rdp],
+    import json
+
+    def plain(value):  # numpy scalars and arrays in the search's statement, as JSON numbers and lists
+        return value.tolist() if hasattr(value, "tolist") else str(value)
+
+    statement = json.loads(json.dumps(record.statement, default=plain))
+    return {"statement": statement, "rdp": [float(v) for v in record.rdp],
             "steps_at_selection": int(record.steps_at_selection)}
 
 
