@@ -141,8 +141,8 @@ def run_private(method, epsilon, arm, seed, composition="parallel") -> dict:
     cal = _probs(model, x_cal, method)
     temperature, threshold = plan.fit(cal, y_cal, epsilon, DELTA, "pld", seeds=(90_000 + seed, 91_000 + seed),
                                       allow_uninformative=True)  # the table measures the all-label sets too
-    optimizer.record_release(temperature, composition)
-    optimizer.record_release(threshold, composition)
+    optimizer.record_release(temperature, composition, x=x_cal, y=y_cal)  # "parallel" is checked on them
+    optimizer.record_release(threshold, composition, x=x_cal, y=y_cal)
     test = _probs(model, x_test, method)
     calibrated = temperature.apply(test)
     ood = {name: temperature.apply(_probs(model, xo, method)) for name, xo in ood_sets(x_test, seed).items()}

@@ -62,9 +62,9 @@ def test_statement_takes_the_larger_part_under_parallel_composition():
     temperature, threshold = CalibrationPlan().fit(probs, y[held], 1.0, DELTA, "rdp", seeds=(0, 1),
                                                    allow_uninformative=True)  # ~20 held out: accounting only
     training = optimizer.epsilon()
-    optimizer.record_release(temperature, "parallel")
-    optimizer.record_release(threshold, "parallel")
-    optimizer.record_release(threshold, "parallel")  # counted once
+    optimizer.record_release(temperature, "parallel", x=x[held], y=y[held])  # the ledger checks the split
+    optimizer.record_release(threshold, "parallel", x=x[held], y=y[held])
+    optimizer.record_release(threshold, "parallel", x=x[held], y=y[held])  # counted once
     statement = optimizer.privacy_statement()
     releases = dp_accounting.rdp.RdpAccountant().compose(dp_accounting.ComposedDpEvent(
         [temperature.privacy.dp_event, threshold.privacy.dp_event])).get_epsilon(DELTA)

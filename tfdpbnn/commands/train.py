@@ -250,8 +250,9 @@ def train(args) -> dict:
     if plan is not None:  # private fits on the held-out split, composed into the statement's epsilon
         temperature, threshold = plan.fit(predict(x_cal), y_cal, args.epsilon, args.delta, recipe.accountant,
                                           seeds=(secret % (2 ** 31), (secret // 3) % (2 ** 31)))
-        optimizer.record_release(temperature, plan.composition)
-        optimizer.record_release(threshold, plan.composition)
+        # "parallel" is checked in the per-record ledger: no held-out record may have trained.
+        optimizer.record_release(temperature, plan.composition, x=x_cal, y=y_cal)
+        optimizer.record_release(threshold, plan.composition, x=x_cal, y=y_cal)
         calibrated = temperature.apply(probs)
         coverage, set_size = coverage_and_size(threshold.predict_sets(calibrated), y_test)
         calibration = {"held_out_examples": len(x_cal), "temperature": temperature.temperature,

@@ -41,7 +41,7 @@ from tfdpbnn.clipping import check_per_example_independence
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.data.distributed import check_distributed_input
 from tfdpbnn.optimizers import fit_checks, keras_integration
-from tfdpbnn.optimizers.ledger_state import LedgerState
+from tfdpbnn.optimizers.ledger_state import LedgerState, describe_source
 from tfdpbnn.optimizers.mechanism import DPGradients, DPMechanism
 from tfdpbnn.optimizers.noise import check_debug_noise_seed
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
@@ -284,8 +284,12 @@ class DPOptimizerMixin:
         self._dp_record = RunRecord(self)
         self._dp_uncovered = {}
         self._dp_releases = []
+        self._dp_in_fit = 0  # > 0 while model.fit runs this optimizer (keras_integration)
+        self._dp_parallel_basis = {}  # id(release) -> why its records are disjoint from training's
+        self._dp_release_ledger = {}  # id(release) -> (its per-record ledger id, written on training records)
         for kind in (privacy_ledger or {}).get("not_covered", []):  # a saved optimizer's releases
             self.note_uncovered_release(kind)
+        self._restore_releases(privacy_ledger or {})
         self.mechanism = _OptimizerMechanism(
             self._dp_l2_norm_clip, self._dp_noise_multiplier, self._dp_batch_size, scale=self._dp_sum_scale,
             clipping_method=clipping_method, secure_mode=secure_mode,
@@ -375,8 +379,76 @@ class DPOptimizerMixin:
         config.update({"l2_norm_clip": self.l2_norm_clip, "noise_multiplier": self.noise_multiplier,
                        "batch_size": self.batch_size, "initial_steps": self.steps,
                        "privacy_ledger": {**self._dp_ledger.to_config(),
-                                          "not_covered": sorted(self._dp_uncovered)}})
+                                          "not_covered": sorted(self._dp_uncovered),
+                                          **self._releases_config()}})
         return config
+
+    def _releases_config(self) -> dict:
+        """The recorded releases and the search record, as ``get_config`` carries them (JSON-safe)."""
+        from tfdpbnn.optimizers.other_releases import SEARCH_ATTRIBUTE, release_config, search_config
+
+        config = {}
+        if self._dp_releases:
+            config["releases"] = [
+                release_config(r, how, self._dp_parallel_basis.get(id(r)),
+                               *self._dp_release_ledger.get(id(r), (None, False)))
+                for r, how in self._dp_releases]
+        search = search_config(getattr(self, SEARCH_ATTRIBUTE, None))
+        if search is not None:
+            config["search"] = search
+        return config
+
+    def _restore_releases(self, config: dict) -> None:
+        """Take back the releases and search record of a saved optimizer's ``privacy_ledger`` config."""
+        from tfdpbnn.optimizers.other_releases import (
+            SEARCH_ATTRIBUTE,
+            release_from_config,
+            search_from_config,
+        )
+
+        for item in config.get("releases", []):
+            release = release_from_config(item)
+            self._dp_releases.append((release, item["composition"]))
+            if item["composition"] == "parallel":
+                self._dp_parallel_basis[id(release)] = item["basis"]
+            if item.get("ledger_release") is not None:
+                self._dp_release_ledger[id(release)] = (int(item["ledger_release"]),
+                                                        bool(item.get("on_training_records")))
+        search = search_from_config(config.get("search"))
+        if search is not None:
+            setattr(self, SEARCH_ATTRIBUTE, search)
+
+    def _import_linked_releases(self) -> int:
+        """Add the per-record ledger's releases that name this model's training phases and are missing here.
+
+        A private temperature recorded by an earlier optimizer of these weights (in another process, before
+        ``load_weights``, ...) is found so; it is composed sequentially (an upper bound: a parallel split is
+        not re-checked). Returns how many were added.
+        """
+        from tfdpbnn.optimizers.other_releases import RestoredRelease
+        from tfdpbnn.privacy.record_ledger import default_ledger, event_to_config
+        from tfdpbnn.uncertainty.private_release import PrivacyCost
+
+        phase_ids = [p.phase_id for p in self.ledger.phases if p.released]
+        ledger = default_ledger() if phase_ids else None
+        if ledger is None:
+            return 0
+        held = {entry[0] for entry in self._dp_release_ledger.values()}
+        added = 0
+        for found in ledger.linked_releases(phase_ids):
+            if found.release_id in held:
+                continue
+            cost = PrivacyCost(mechanism=found.kind, dp_event=found.event(), epsilon=math.nan, delta=0.0,
+                               neighboring=found.neighboring)
+            release = RestoredRelease(privacy=cost, ledger_release=found.release_id, record={
+                "imported_from_ledger": found.release_id, "description": found.description,
+                "dp_event": event_to_config(found.event()),
+                "note": "found in the per-record ledger by this model's training phases; composed "
+                        "sequentially"})
+            self._dp_releases.append((release, "sequential"))
+            self._dp_release_ledger[id(release)] = (found.release_id, True)  # in the ledger's histories
+            added += 1
+        return added
 
     # ------------------------------------------------------------------------------------ accounting
     def _resolve_delta(self, delta):
@@ -479,7 +551,8 @@ class DPOptimizerMixin:
         self._dp_uncovered[check_choice("kind", kind, tuple(self.UNCOVERED_RELEASES))] = \
             self.UNCOVERED_RELEASES[kind]
 
-    def record_release(self, release, composition="sequential", *, x=None, y=None, record_ids=None) -> None:
+    def record_release(self, release, composition="sequential", *, x=None, y=None, record_ids=None,
+                       asserted_disjoint=None) -> None:
         """Compose a private release of this model's data into its privacy statement.
 
         ``release``: what a private fit on the private data returned, such as
@@ -491,6 +564,12 @@ class DPOptimizerMixin:
         ``tfdpbnn.uncertainty.split_by_record``: the parallel releases are composed with each other and the
         statement takes the larger of that and the training's epsilon, McSherry 2009; add/remove adjacency
         only). Recording the same object twice counts it once.
+
+        "parallel" is accepted only when the split is checked or asserted: with ``x``/``y`` or ``record_ids``
+        the per-record ledger must show that none of those records was touched by this model's training
+        (the records of a split the library made, ``split_by_record``); else ``asserted_disjoint`` (a
+        non-empty reason) asserts the split by name, and the statement lists it under
+        ``asserted_by_user``. Otherwise ``ValueError``: use "sequential".
 
         ``x``/``y`` (the data the release was fit on, in the form training was given it) or ``record_ids``
         (their ids): the release is also written to the per-record ledger (``tfdpbnn.privacy.record_ledger``)
@@ -515,15 +594,86 @@ class DPOptimizerMixin:
                 from tfdpbnn.privacy.records import record_keys
 
                 keys = record_keys(x, y, record_ids)
+            if composition == "parallel":
+                self._dp_parallel_basis[id(release)] = self._parallel_basis(keys, asserted_disjoint, x)
+            elif asserted_disjoint is not None:
+                raise ValueError("asserted_disjoint: only for composition='parallel', got it with "
+                                 f"composition={composition!r}")
             self._dp_releases.append((release, composition))
-            if keys is not None:
-                from tfdpbnn.privacy.record_ledger import default_ledger
+            self._write_release(release, composition, keys)
 
-                ledger = default_ledger()
-                if ledger is not None:
-                    ledger.record(keys, cost.dp_event, kind="calibration", neighboring=self.neighboring,
-                                  description=f"{type(release).__name__} ({composition}) of "
-                                              f"{type(self).__name__}")
+    def _write_release(self, release, composition, keys) -> None:
+        """Write ``release`` to the per-record ledger, linked to this model's training phases.
+
+        Against ``keys`` when given; else against every record this model's training touched (its data is
+        not named: those are the records whose guarantee it must count). Every later optimizer of weights
+        from these phases finds it there (``_import_linked_releases``).
+        """
+        from tfdpbnn.privacy.record_ledger import default_ledger
+
+        ledger = default_ledger()
+        if ledger is None:
+            return
+        phase_ids = [p.phase_id for p in self.ledger.phases if p.released]
+        on_training = keys is None
+        if on_training:
+            keys = ledger.training_keys(phase_ids) if phase_ids else None
+            if keys is None or not len(keys):
+                return
+        release_id = ledger.record(keys, release.privacy.dp_event, kind="calibration",
+                                   neighboring=self.neighboring, phase_ids=phase_ids,
+                                   description=f"{type(release).__name__} ({composition}) of "
+                                               f"{type(self).__name__}")
+        self._dp_release_ledger[id(release)] = (release_id, on_training)
+
+    def _parallel_basis(self, keys, asserted_disjoint, x=None) -> str:
+        """Why a "parallel" release's records are disjoint from this model's training records, or raise.
+
+        Checked in the per-record ledger when the release's records are known (``keys``), else asserted by
+        the user (``asserted_disjoint``); the line goes into the statement.
+        """
+        if asserted_disjoint is not None:
+            if not isinstance(asserted_disjoint, str) or not asserted_disjoint.strip():
+                raise ValueError("asserted_disjoint: a non-empty reason (str) why the release's records are "
+                                 f"disjoint from the training records, got {asserted_disjoint!r}")
+            return f"asserted by the user: {asserted_disjoint.strip()}"
+        how = ("pass the release's data (x=, y=) or record_ids= so the per-record ledger can check that no "
+               "training record is among them, assert it by name with asserted_disjoint='why', or use "
+               "composition='sequential'")
+        if keys is None:
+            raise ValueError(f"composition: 'parallel' needs the release's records to be disjoint from the "
+                             f"training records, and nothing shows it; {how}")
+        import numpy as np
+
+        from tfdpbnn.privacy.record_ledger import default_ledger
+
+        ledger = default_ledger()
+        phase_ids = [p.phase_id for p in self.ledger.phases if p.released]
+        if ledger is None:
+            raise ValueError("composition: 'parallel' cannot be checked with the privacy record store off "
+                             "(no per-record ledger); assert it by name with asserted_disjoint='why', or use "
+                             "composition='sequential'")
+        model = self._dp_record.model()
+        wanted = getattr(model, "input_shape", None) if model is not None else None
+        got = tuple(x.shape) if hasattr(x, "shape") else None
+        if got is not None and isinstance(wanted, tuple) and (len(got) != len(wanted) or any(
+                a is not None and a != b for a, b in zip(wanted[1:], got[1:], strict=True))):
+            raise ValueError(f"x: the release's records in the form training was given them (the model's "
+                             f"input shape {wanted}), got shape {tuple(x.shape)}: the per-record ledger can "
+                             "only check the split on the same records (not, e.g., on predicted "
+                             "probabilities)")
+        touched, known = ledger.overlap(keys, phase_ids)
+        if not known:
+            raise ValueError("composition: 'parallel' cannot be checked: the per-record ledger holds no "
+                             "record of this model's training (no DP step yet, or its records were unknown: "
+                             f"a tf.data pipeline without record keys); {how}")
+        if touched:
+            raise ValueError(
+                f"composition: 'parallel' refused: {touched} of the release's {len(np.unique(keys))} records "
+                "were used by this model's training (per-record ledger), so the release and the training "
+                "are not on disjoint records; record it with composition='sequential'")
+        return (f"checked: none of the release's {len(np.unique(keys))} records was touched by this model's "
+                "training (per-record ledger)")
 
     def _dp_statement_extras(self) -> dict:
         return {}
@@ -550,6 +700,8 @@ class DPOptimizerMixin:
             kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
             sample_rate=sampling["sample_rate"], num_examples=sampling["num_examples"],
             source=source, batch_size=self.batch_size)
+        # A call draws its own passes: a pass an earlier call left partial is never completed by this one.
+        self._dp_ledger.finish_partial_pass()
 
     def begin_batch_call(self, model, x, y=None, record_ids=None):
         """Check ``model`` and open the ledger phase for one ``model.train_on_batch(x, y)`` call.
@@ -594,6 +746,13 @@ class DPOptimizerMixin:
             for phase, source in zip(previous._dp_ledger.closed_phases(),
                                      previous._dp_ledger.closed_sources(), strict=True):
                 self._dp_ledger.append(phase, source)
+            for release, how in previous._dp_releases:  # its private calibrations and the like
+                if all(r is not release for r, _ in self._dp_releases):
+                    self._dp_releases.append((release, how))
+                    if id(release) in previous._dp_parallel_basis:
+                        self._dp_parallel_basis[id(release)] = previous._dp_parallel_basis[id(release)]
+                    if id(release) in previous._dp_release_ledger:
+                        self._dp_release_ledger[id(release)] = previous._dp_release_ledger[id(release)]
             self._dp_batch_call_limit = None
         model._tfdpbnn_ledger_link = _LedgerLink(self)
 
@@ -799,6 +958,9 @@ class DPOptimizerMixin:
         self._dp_released = [r for r in released if not any(r is g for g in applied)]
         return super().apply_gradients(grads_and_vars, *args, **kwargs)
 
+    #: Open-phase sources whose steps may run outside model.fit (the caller picks the batches).
+    _OUTSIDE_FIT_SOURCES = ("custom_loop", "train_on_batch")
+
     def _require_open_phase(self):
         with tf.init_scope():
             if not self._dp_ledger.has_open_phase:
@@ -806,6 +968,15 @@ class DPOptimizerMixin:
                     "optimizer: no privacy-ledger phase is open, so the steps about to run could not be "
                     "accounted. model.fit opens one; in a custom training loop call "
                     "optimizer.begin_training(model, dataset_or_x, y) before the first step.")
+            source = self._dp_ledger.open_description()["source"]
+            if not self._dp_in_fit and source not in self._OUTSIDE_FIT_SOURCES:
+                raise ValueError(
+                    "optimizer: this step runs outside model.fit, but the open privacy-ledger phase is the "
+                    f"last fit's ({describe_source(source)}); counted there, its batch would be pooled into "
+                    "that fit's passes or sampling, which it was not drawn by. Call "
+                    "optimizer.begin_training(model, dataset_or_x, y) before a custom training loop "
+                    "(minimize, dp_train_step or the mechanism), then every step counts as one "
+                    "participation of every example.")
 
     def get_gradients(self, loss, params):
         """Refused: graph-mode gradients would bypass per-example clipping."""

@@ -158,12 +158,15 @@ def install() -> None:
         arguments.pop("self")
         extra = arguments.pop("kwargs", {}) or {}
         arguments = _dp_fit_arguments(self, optimizer, arguments, record_ids)
+        optimizer._dp_in_fit += 1  # steps outside a fit may not count in its phase (_require_open_phase)
         try:
             return _original_fit(self, **arguments, **extra)
         except BaseException:
             # Keras calls no on_train_end on an error: what ran up to it (a crash mid-epoch) is recorded.
             optimizer._dp_record.snapshot(self, final=True)
             raise
+        finally:
+            optimizer._dp_in_fit -= 1
 
     tf.keras.Model.fit = fit
 

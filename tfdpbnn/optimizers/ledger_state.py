@@ -171,6 +171,22 @@ class LedgerState:
         self.open_examples.assign(0.0)
         self.open_squared.assign(0.0)
 
+    def finish_partial_pass(self) -> None:
+        """Count the open shuffle phase's partial pass as a whole one (its next steps start a new pass).
+
+        ``fit`` calls it at every start: each call draws its own shuffled passes, so examples of a pass an
+        earlier call left partial (``steps_per_epoch`` below a pass, one-step fits in a loop) may be drawn
+        again, and the two calls' partial passes must not be pooled into one pass that never happened.
+        """
+        d = self.open_description()
+        if d is None or d["kind"] != "shuffle" or not d["num_examples"]:
+            return
+        n = d["num_examples"]
+        examples = float(self.open_examples.numpy())
+        whole = _participations(examples, n) * n
+        if whole > examples:
+            self.open_examples.assign(float(whole))
+
     def extend_open_phase(self, steps: int, examples: float) -> None:
         """Count ``steps`` and ``examples`` more in the open phase.
 

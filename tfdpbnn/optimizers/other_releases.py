@@ -41,6 +41,67 @@ class SearchRecord:
     steps_at_selection: int
 
 
+@dataclasses.dataclass(frozen=True)
+class RestoredRelease:
+    """A release recorded with ``record_release``, as a saved optimizer or the per-record ledger kept it.
+
+    ``privacy``: its privacy cost (a ``tfdpbnn.uncertainty.PrivacyCost``).
+
+    ``record``: what the original release's ``as_dict`` said (its value, e.g. the temperature, and its cost);
+    ``ledger_release``: its id in the per-record ledger, or None.
+    """
+
+    privacy: object
+    record: dict
+    ledger_release: int | None = None
+
+    def as_dict(self):
+        """The original release's record."""
+        return dict(self.record)
+
+
+def release_config(release, composition: str, basis: str | None, ledger_release: int | None,
+                   on_training_records: bool) -> dict:
+    """JSON-safe config of one recorded release (``get_config()["privacy_ledger"]["releases"]``)."""
+    record = release.as_dict() if hasattr(release, "as_dict") else {"privacy": release.privacy.as_dict()}
+    return {"type": type(release).__name__, "record": record, "privacy": release.privacy.as_dict(),
+            "composition": composition, "basis": basis, "ledger_release": ledger_release,
+            "on_training_records": bool(on_training_records)}
+
+
+def release_from_config(config: dict) -> RestoredRelease:
+    """The ``RestoredRelease`` of ``release_config``'s dict."""
+    from tfdpbnn.privacy.record_ledger import event_from_config
+    from tfdpbnn.uncertainty.private_release import PrivacyCost
+
+    cost = dict(config["privacy"])
+    cost["dp_event"] = event_from_config(cost["dp_event"])
+    return RestoredRelease(privacy=PrivacyCost(**cost), record=dict(config["record"]),
+                           ledger_release=config.get("ledger_release"))
+
+
+def search_config(record: SearchRecord | None) -> dict | None:
+    """JSON-safe config of a ``SearchRecord`` (None for None)."""
+    if record is None:
+        return None
+    import json
+
+    def plain(value):  # numpy scalars and arrays in the search's statement, as JSON numbers and lists
+        return value.tolist() if hasattr(value, "tolist") else str(value)
+
+    statement = json.loads(json.dumps(record.statement, default=plain))
+    return {"statement": statement, "rdp": [float(v) for v in record.rdp],
+            "steps_at_selection": int(record.steps_at_selection)}
+
+
+def search_from_config(config: dict | None) -> SearchRecord | None:
+    """The ``SearchRecord`` of ``search_config``'s dict."""
+    if not config:
+        return None
+    return SearchRecord(statement=dict(config["statement"]), rdp=tuple(float(v) for v in config["rdp"]),
+                        steps_at_selection=int(config["steps_at_selection"]))
+
+
 def adopt_search_record(optimizer, model) -> None:
     """Give ``optimizer`` the search record ``model`` carries (a new optimizer compiled onto it)."""
     record = getattr(model, SEARCH_ATTRIBUTE, None)
@@ -117,9 +178,15 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
             for a in found["asserted_public"]]
     recorded = list(getattr(optimizer, "_dp_releases", []))
     if recorded:
+        basis = getattr(optimizer, "_dp_parallel_basis", {})
         statement["releases"] = [
-            dict(r.as_dict() if hasattr(r, "as_dict") else {"privacy": r.privacy.as_dict()}, composition=how)
+            dict(r.as_dict() if hasattr(r, "as_dict") else {"privacy": r.privacy.as_dict()}, composition=how,
+                 **({"disjoint_from_training": basis[id(r)]} if how == "parallel" else {}))
             for r, how in recorded]
+        statement["asserted_by_user"] = list(statement["asserted_by_user"]) + [
+            f"release {i} ({type(r).__name__}, parallel composition): its records are disjoint from the "
+            f"training records, {basis[id(r)]}" for i, (r, how) in enumerate(recorded)
+            if how == "parallel" and basis[id(r)].startswith("asserted")]
     if not found["dp"] and not recorded and search is None:
         return statement
     ledger = optimizer.ledger
@@ -157,5 +224,5 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
     return statement
 
 
-__all__ = ["SEARCH_ATTRIBUTE", "SearchRecord", "add_other_releases", "adopt_search_record",
-           "composed_epsilon"]
+__all__ = ["SEARCH_ATTRIBUTE", "RestoredRelease", "SearchRecord", "add_other_releases", "adopt_search_record",
+           "composed_epsilon", "release_config", "release_from_config", "search_config", "search_from_config"]

@@ -38,7 +38,9 @@ def _lost_part(ran: Phase, restored: Phase | None) -> Phase:
 
     steps = ran.steps - (restored.steps if restored is not None else 0)
     examples = max(0, ran.examples - (restored.examples if restored is not None else 0))
-    digest = hashlib.sha256(f"rewound:{ran.phase_id}:{ran.steps}:{ran.examples}".encode()).digest()
+    # By phase and steps only: a fit start counts a partial pass as whole (finish_partial_pass), so the
+    # store's copy of the same phase may hold fewer examples for the same steps (and the same passes).
+    digest = hashlib.sha256(f"rewound:{ran.phase_id}:{ran.steps}".encode()).digest()
     phase_id = int.from_bytes(digest[:8], "little") % (1 << 52) or 1
     common = dict(steps=steps, examples=examples, phase_id=phase_id, sampling=describe_source("rewound"))
     if ran.kind != "participations":
@@ -144,6 +146,7 @@ class RunRecord:
             return
         self.dataset = dataset or "data:unidentified"
         self.inherit(self.store.weights_record(record_store.weights_fingerprint(model)))
+        optimizer._import_linked_releases()
         state = optimizer._dp_ledger
         steps, examples, _ = state.open_counters()
         extra = 0 if planned_steps is None else int(planned_steps)
@@ -289,6 +292,7 @@ class RunRecord:
         store = record_store.default_store()
         if store is not None:
             self.inherit(store.weights_record(record_store.weights_fingerprint(model)))
+            self._optimizer._import_linked_releases()
 
     def model(self):
         """The model this optimizer last trained or was shown (None if unknown or gone)."""

@@ -132,9 +132,12 @@ def add_ledger_bound(statement: dict, optimizer, delta: float) -> dict:
     # The model's other releases compose with every history of its training records, whether or not they are
     # in the ledger too: a release recorded with its data (record_release(x=, y=)) names its records in the
     # form it was given, which need not be the form training gave them (an upper bound: it may count twice).
+    # A release written against the training records themselves is in their histories already.
     found = getattr(optimizer, "_dp_preprocessing", None) or {"dp": []}
+    in_histories = getattr(optimizer, "_dp_release_ledger", {})
     extra = [r.event() for r in found["dp"]] + [
-        r.privacy.dp_event for r, _ in getattr(optimizer, "_dp_releases", [])]
+        r.privacy.dp_event for r, _ in getattr(optimizer, "_dp_releases", [])
+        if not in_histories.get(id(r), (None, False))[1]]
     unavailable = None
     if getattr(optimizer, SEARCH_ATTRIBUTE, None) is not None:
         unavailable = "the private search that selected this model is not written to the per-record ledger"

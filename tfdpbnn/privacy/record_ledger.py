@@ -220,6 +220,10 @@ class LedgerBackend(abc.ABC):
     def releases(self) -> list[Release]:
         """Every release, oldest first."""
 
+    @abc.abstractmethod
+    def keys(self, history_ids: Sequence[int]) -> np.ndarray:
+        """The keys (int64) of the records whose current history is one of ``history_ids``."""
+
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -367,6 +371,14 @@ class SQLiteLedger(LedgerBackend):
         with self._transaction("DEFERRED") as conn:
             return [self._release(row) for row in conn.execute(
                 f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases ORDER BY release")]
+
+    def keys(self, history_ids) -> np.ndarray:
+        """The keys of the records whose current history is one of ``history_ids``."""
+        with self._transaction("DEFERRED") as conn:
+            rows = conn.execute("SELECT record FROM ledger_records WHERE history IN "
+                                "(SELECT value FROM json_each(?))",
+                                (json.dumps([int(h) for h in history_ids]),)).fetchall()
+        return np.asarray([r[0] for r in rows], dtype=np.int64)
 
     def budget(self) -> dict | None:
         """The per-record budget ``{"epsilon", "delta", "accountant"}``, or None."""
@@ -525,11 +537,32 @@ class RecordLedger:
         return Reservation(self, release_id, len(keys), phase_id)
 
     def record(self, keys, spent: dp_accounting.DpEvent, kind: str, neighboring: str = "add_or_remove",
-               description: str = "") -> int:
-        """Write a release that already happened (reserve and commit at once); returns its id."""
+               description: str = "", phase_ids: Sequence[int] = ()) -> int:
+        """Write a release that already happened (reserve and commit at once); returns its id.
+
+        ``phase_ids``: for a release that is not training, the training phases of the model it belongs to
+        (a private temperature of that model): every later optimizer of weights from those phases finds it
+        (``linked_releases``).
+        """
+        if phase_ids and kind == "training":
+            raise ValueError("phase_ids: only for releases that are not training (a training release names "
+                             "its phases when committed)")
         reservation = self.reserve(keys, spent, kind=kind, neighboring=neighboring, description=description)
-        reservation.commit(spent, phase_ids=[])
+        reservation.commit(spent, phase_ids=[int(p) for p in phase_ids])
         return reservation.release_id
+
+    def training_keys(self, phase_ids) -> np.ndarray:
+        """The keys of every record that a training release covering one of ``phase_ids`` touched."""
+        wanted = {int(p) for p in phase_ids}
+        ids = [h.history_id for h in self.histories() if any(
+            r.kind == "training" and wanted.intersection(r.phase_ids) for r in h.releases)]
+        return self.backend.keys(ids) if ids else np.zeros([0], np.int64)
+
+    def linked_releases(self, phase_ids) -> list[Release]:
+        """The releases other than training that name one of the training ``phase_ids`` (``record``)."""
+        wanted = {int(p) for p in phase_ids}
+        return [r for r in self.backend.releases()
+                if r.kind != "training" and wanted.intersection(r.phase_ids)]
 
     def histories(self, keys=None) -> list[History]:
         """The distinct histories of ``keys`` (every record's when None)."""
@@ -548,6 +581,19 @@ class RecordLedger:
             worst = max(worst, composed_epsilon(events, delta, accountant, _neighboring(history)))
         return worst
 
+    def overlap(self, keys, phase_ids) -> tuple[int, bool]:
+        """How many of the records ``keys`` a release covering one of ``phase_ids`` touched.
+
+        Returns (overlapping records, whether any release in the ledger covers one of ``phase_ids``): the
+        second is False when the ledger cannot tell (those phases' records were never written to it).
+        """
+        wanted = {int(p) for p in phase_ids}
+        known = any(r.kind == "training" and wanted.intersection(r.phase_ids)
+                    for r in self.backend.releases())
+        touched = sum(h.records for h in self.histories(keys)
+                      if any(r.kind == "training" and wanted.intersection(r.phase_ids) for r in h.releases))
+        return int(touched), known
+
     def bound_for(self, phases, delta: float, accountant: str = "rdp", extra=()) -> tuple[float | None, int]:
         """The ledger bound of a model trained in ``phases`` (``tfdpbnn.privacy.ledger.Phase`` objects).
 
@@ -562,7 +608,7 @@ class RecordLedger:
         wanted = {r.phase_id for r in own}
         worst, records = None, 0
         for history in self.histories():
-            if not any(wanted.intersection(r.phase_ids) for r in history.releases):
+            if not any(r.kind == "training" and wanted.intersection(r.phase_ids) for r in history.releases):
                 continue
             value = composed_epsilon(history.composed(own) + list(extra), delta, accountant,
                                      _neighboring(history))

@@ -1,0 +1,69 @@
+"""Derived weights keep their earlier spending: ``ledger_bound`` (and ``quote``) is at or above the truth.
+
+Weights rounded to float16, a trained body under a new head, one copied layer and weights saved mid-pass are
+not the weights of any recorded run, so their fingerprints find nothing; the per-record ledger still holds
+every release on their records. Truth: the participations of the worst-placed record over every run whose
+weights the derived model carries, counted here, composed with dp-accounting.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from _small_runs import DELTA, LOSS, D, N, gaussians_epsilon, small_data, small_model
+
+import tfdpbnn
+
+SIGMA, B = 1.0, 8
+
+
+def _train(model, x, y, epochs, callbacks=()):
+    opt = tfdpbnn.DPSGDOptimizer(1.0, SIGMA, num_examples=N, batch_size=B, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    model.fit(x, y, batch_size=B, epochs=epochs, verbose=0, callbacks=list(callbacks))
+    return opt
+
+
+def _check(statement, truth):
+    assert statement["run_epsilon"] < truth * 0.9                 # the run alone forgets the earlier one
+    assert statement["ledger_bound"]["epsilon"] >= truth * (1 - 1e-6)
+    assert statement["quote"]["which"] == "ledger_bound"
+    assert statement["quote"]["epsilon"] >= truth * (1 - 1e-6)
+
+
+def test_float16_rounded_weights_and_a_copied_layer_continue_with_their_spending():
+    x, y = small_data()
+    first = small_model()
+    _train(first, x, y, epochs=3)                                   # 3 passes
+    rounded = small_model(seed=3)
+    rounded.set_weights([w.astype(np.float16).astype(np.float32) for w in first.get_weights()])
+    statement = _train(rounded, x, y, epochs=1).privacy_statement()
+    _check(statement, gaussians_epsilon(SIGMA, 4))                 # 4.73 printed alone; 10.73 holds
+
+
+def test_a_trained_body_under_a_new_head_keeps_its_spending():
+    x, y = small_data()
+    body = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(6, activation="tanh"),
+                                tf.keras.layers.Dense(3)])
+    _train(body, x, y, epochs=3)
+    tf.keras.utils.set_random_seed(9)
+    headed = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(6, activation="tanh"),
+                                  tf.keras.layers.Dense(3)])
+    headed.layers[0].set_weights(body.layers[0].get_weights())    # the body copied, a fresh head
+    statement = _train(headed, x, y, epochs=1).privacy_statement()
+    _check(statement, gaussians_epsilon(SIGMA, 4))
+
+
+def test_weights_saved_mid_pass_continue_with_the_whole_earlier_run(tmp_path):
+    x, y = small_data()
+    first = small_model()
+    path = str(tmp_path / "mid.weights.h5")
+    saver = tf.keras.callbacks.ModelCheckpoint(path, save_weights_only=True, save_freq=5)
+    _train(first, x, y, epochs=3, callbacks=[saver])               # saves at steps 5, 10, 15, 20 (mid-pass)
+    resumed = small_model(seed=4)
+    resumed.load_weights(path)
+    statement = _train(resumed, x, y, epochs=1).privacy_statement()
+    # The weights at step 20 carry 3 passes (steps 1-8, 9-16, 17-20); an upper bound counts all 3.
+    _check(statement, gaussians_epsilon(SIGMA, 4))
+    assert statement["ledger_bound"]["epsilon"] == pytest.approx(gaussians_epsilon(SIGMA, 4), rel=0.01)
