@@ -40,7 +40,7 @@ from tfdpbnn._validation import (
 from tfdpbnn.clipping import check_per_example_independence
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.data.distributed import check_distributed_input
-from tfdpbnn.optimizers import fit_checks, keras_integration
+from tfdpbnn.optimizers import fit_checks, keras_integration, state_checks
 from tfdpbnn.optimizers.ledger_state import LedgerState
 from tfdpbnn.optimizers.mechanism import DPGradients, DPMechanism
 from tfdpbnn.optimizers.noise import check_debug_noise_seed
@@ -602,13 +602,23 @@ class DPOptimizerMixin:
         from tfdpbnn.optimizers.other_releases import adopt_search_record
         from tfdpbnn.preprocessing import check_preprocessing
 
-        self._dp_preprocessing = check_preprocessing(model, self.neighboring)  # every call: cheap
+        found = check_preprocessing(model, self.neighboring)  # every call: cheap
+        asserted_state = state_checks.check_declared_state(model)  # layers with own state only
+        self._dp_preprocessing = {**found, "asserted_public": found["asserted_public"] + asserted_state}
         adopt_search_record(self, model)
         if id(model) not in self._dp_checked_models:
             check_per_example_independence(model)
             _check_data_independent_losses(model)
             loss_fn = compiled_per_example_loss_fn(model) if getattr(model, "loss", None) else None
-            fit_checks.check_per_example(model, loss_fn, x, y)
+            # A model built by its first call: build it, then watch a forward pass for variable updates.
+            for _ in range(1 if model.built and model.variables else 2):
+                snapshot = state_checks.VariableSnapshot(model)
+                try:
+                    fit_checks.check_per_example(model, loss_fn, x, y)
+                except BaseException:
+                    snapshot.restore()
+                    raise
+                snapshot.refuse_changes("a forward pass in training mode (on a synthetic batch)")
             self._dp_checked_models.add(id(model))
 
     def budget_steps_left(self):
