@@ -140,3 +140,96 @@ def test_frozen_weights_are_not_state_and_assertion_needs_state():
     assert declared_state(dense) == []
     with pytest.raises(ValueError, match="layer_or_model: 'dense.*non-trainable state"):
         tfdpbnn.preprocessing.assert_public_preprocessing(dense, reason="public")
+
+
+def _contrastive(y_pred):
+    """Each example's loss is its similarity to the batch's mean output: it depends on every example."""
+    return -tf.reduce_sum(y_pred * tf.reduce_mean(y_pred, axis=0, keepdims=True), axis=1)
+
+
+def test_contrastive_loss_has_sensitivity_above_the_clip_bound():
+    """The leak: at sigma 0, adding one example (an outlier) moves the clipped sum by more than C."""
+    x, _ = small_data()
+    x = np.concatenate([x[:15], -50.0 * np.ones((1, D), np.float32)])
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3)])
+    mechanism = tfdpbnn.DPMechanism(l2_norm_clip=1.0, noise_multiplier=0.0, expected_batch_size=1)
+
+    def clipped_sum(batch):
+        with tf.GradientTape() as tape:
+            loss = _contrastive(model(batch, training=True))
+        return mechanism.clip_losses(loss, model.trainable_variables, tape).clipped_sum
+
+    big, small = clipped_sum(x[:16]), clipped_sum(x[:15])
+    change = np.sqrt(sum(float(tf.reduce_sum(tf.square(a - b))) for a, b in zip(big, small, strict=True)))
+    assert change > 2.0   # C = 1: per-example clipping does not bound this loss's sensitivity
+
+
+class _OwnStep(tf.keras.Model):
+    """A ``train_step`` override handing its own per-example loss to the DP optimizer."""
+
+    def __init__(self, way, coupled):
+        super().__init__()
+        self.dense = tf.keras.layers.Dense(3)
+        self.way, self.coupled = way, coupled
+
+    def call(self, x, training=None):
+        return self.dense(x)
+
+    def train_step(self, data):
+        x, y = data
+        variables = self.trainable_variables
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = (_contrastive(y_pred) if self.coupled
+                    else tf.keras.losses.sparse_categorical_crossentropy(y, y_pred, from_logits=True))
+        if self.way == "minimize":
+            self.optimizer.minimize(loss, variables, tape=tape)
+        else:
+            released = self.optimizer.mechanism.privatize_losses(loss, variables, tape)
+            self.optimizer.apply_gradients(zip(released.gradients, variables, strict=True))
+        return {}
+
+
+@pytest.mark.parametrize("way", ["minimize", "privatize_losses"])
+def test_train_step_override_loss_is_checked_for_independence(way):
+    x, y = small_data()
+    for coupled in (True, False):
+        tf.keras.utils.set_random_seed(0)
+        model = _OwnStep(way, coupled)
+        opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+        model.compile(optimizer=opt, loss=LOSS)
+        if coupled:
+            with pytest.raises(ValueError, match="depends on other examples of the batch"):
+                model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+            assert opt.steps == 0
+        else:
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+            assert opt.steps == N // 8
+
+
+class _CountingStep(tf.keras.Model):
+    """A ``train_step`` override that counts the examples it sees in a variable of a layer of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = tf.keras.layers.Dense(3)
+        self.tally = Counter()
+        self.tally.build((None, D))
+
+    def call(self, x, training=None):
+        return self.dense(x)
+
+    def train_step(self, data):
+        self.tally.count.assign_add(tf.cast(tf.shape(data[0])[0], tf.float32))
+        return self.optimizer.dp_train_step(self, data)
+
+
+def test_train_step_override_updating_a_variable_is_refused():
+    x, y = small_data()
+    model = _CountingStep()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
+                  loss=LOSS)
+    with pytest.raises(ValueError, match=r"_CountingStep.train_step.*changed the variable"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert float(model.tally.count.numpy()) == pytest.approx(0.0, abs=1e-6)   # the probe's update undone

@@ -57,6 +57,11 @@ def attached_attribute(dataset, name):
     return None
 
 
+def build_input_shape(layer):
+    """The input shape ``layer`` was built with (Keras's ``_build_input_shape``), or None if not built."""
+    return getattr(layer, "_build_input_shape", None)
+
+
 def steps_per_execution(model) -> int:
     """Steps run by one call of ``model``'s train function (Keras's ``steps_per_execution``), at least 1."""
     value = getattr(model, "_steps_per_execution", None)
@@ -134,6 +139,9 @@ def check() -> None:
                 f"tfdpbnn: tf.data's {type(made).__name__} no longer exposes _input_dataset as "
                 f"{_ELEMENT_PRESERVING}; update tfdpbnn/_private_api.py for tensorflow {tf.__version__}")
     model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
+    if tuple(build_input_shape(model.layers[0])) != (None, 1):
+        raise RuntimeError("tfdpbnn: Keras's Layer._build_input_shape changed; update "
+                           f"tfdpbnn/_private_api.py for tensorflow {tf.__version__}")
     model.compile(loss="mse", steps_per_execution=3)
     if steps_per_execution(model) != 3:
         raise RuntimeError("tfdpbnn: Keras's Model._steps_per_execution changed; update "

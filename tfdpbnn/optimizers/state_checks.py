@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tfdpbnn import _private_api
 from tfdpbnn.preprocessing.record import DIGEST_ATTRIBUTE, PUBLIC_ATTRIBUTE, state_digest
 
 
@@ -71,7 +72,7 @@ def _equal(a, b) -> bool:
 
 def _fresh_state(layer) -> list:
     twin = type(layer).from_config(layer.get_config())
-    twin.build(layer.input_shape)
+    twin.build(_private_api.build_input_shape(layer))
     return _values(declared_state(twin))
 
 
