@@ -650,9 +650,12 @@ class DPOptimizerMixin:
         The per-example loss it hands to ``minimize``, ``mechanism.clip_losses`` or ``mechanism.clip_model``
         (with a ``loss_fn``) is checked by ``fit_checks.LossProbe`` (examples kept separate), and every model
         variable the step changed before that is refused by name (``state_checks.VariableSnapshot``). The
-        compiled loss of ``dp_train_step`` is ``check_per_example``'s. Models without float inputs are not
-        probed (nothing to differentiate).
+        compiled loss of ``dp_train_step`` is ``check_per_example``'s. Models without float inputs (nothing
+        to differentiate) and models under a ``tf.distribute`` strategy (the step needs a replica context)
+        are not probed.
         """
+        if tf.distribute.has_strategy() or model.distribute_strategy is not tf.distribute.get_strategy():
+            return
         probe = fit_checks.LossProbe(x, y)
         if not probe.inputs:
             return

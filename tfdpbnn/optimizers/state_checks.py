@@ -153,15 +153,16 @@ class VariableSnapshot:
         return [v for v, old in zip(self._variables, self._values, strict=True)
                 if not _equal(np.asarray(v.numpy()), old)]
 
-    def restore(self) -> None:
-        """Set every variable back to its value in the snapshot."""
-        for v, old in zip(self._variables, self._values, strict=True):
-            v.assign(old)
+    def restore(self, changed=None) -> None:
+        """Set the changed variables (``changed``, default all that changed) back to their snapshot values."""
+        old = {id(v): value for v, value in zip(self._variables, self._values, strict=True)}
+        for v in self.changed() if changed is None else changed:
+            v.assign(old[id(v)])
 
     def refuse_changes(self, during: str) -> None:
         """Restore the snapshot; raise ``ValueError`` naming the variables ``during`` changed, if any."""
         changed = self.changed()
-        self.restore()
+        self.restore(changed)
         if not changed:
             return
         owners = _owners(self._model)
