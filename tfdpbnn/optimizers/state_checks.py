@@ -20,6 +20,8 @@ A layer whose state was computed from public data is accepted after
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import tensorflow as tf
 
@@ -29,9 +31,8 @@ from tfdpbnn.preprocessing.record import DIGEST_ATTRIBUTE, PUBLIC_ATTRIBUTE, sta
 
 def _layers(model):
     seen, out = set(), []
-    for layer in [model, *getattr(model, "submodules", ())]:
-        if isinstance(layer, tf.keras.layers.Layer) and not isinstance(layer, tf.keras.metrics.Metric) \
-                and id(layer) not in seen:
+    for layer in [model, *_private_api.sublayers(model)]:
+        if not isinstance(layer, tf.keras.metrics.Metric) and id(layer) not in seen:
             seen.add(id(layer))
             out.append(layer)
     return out
@@ -43,9 +44,11 @@ def _library_layer(layer) -> bool:
 
 def _own_weights(layer) -> list:
     """The variables ``layer`` holds itself, not through a sublayer."""
-    inner = {id(v) for sub in getattr(layer, "submodules", ()) if isinstance(sub, tf.keras.layers.Layer)
-             for v in sub.weights}
-    return [v for v in layer.weights if id(v) not in inner]
+    weights = layer.weights
+    if not weights:
+        return []
+    inner = {id(v) for sub in _private_api.sublayers(layer, recursive=False) for v in sub.weights}
+    return [v for v in weights if id(v) not in inner]
 
 
 def declared_state(layer) -> list:
@@ -54,6 +57,8 @@ def declared_state(layer) -> list:
     Weights of a frozen layer (``layer.trainable = False``) are trainable variables the user froze, not
     state the layer computes, and are not included.
     """
+    if all(getattr(v, "trainable", True) for v in layer.weights):
+        return []
     return [v for v in _own_weights(layer) if isinstance(v, tf.Variable) and not v.trainable
             and v.dtype != tf.resource]
 
@@ -70,10 +75,25 @@ def _equal(a, b) -> bool:
     return bool(np.array_equal(a, b))
 
 
-def _fresh_state(layer) -> list:
-    twin = type(layer).from_config(layer.get_config())
-    twin.build(_private_api.build_input_shape(layer))
-    return _values(declared_state(twin))
+#: layer -> (its config, two fresh copies' state): a layer is rebuilt only when its config changes.
+_FRESH = weakref.WeakKeyDictionary()
+
+
+def _fresh_states(layer) -> tuple:
+    """The declared state of two copies of ``layer`` built fresh from its config (cached per config)."""
+    config = repr(layer.get_config())
+    cached = _FRESH.get(layer)
+    if cached is not None and cached[0] == config:
+        return cached[1]
+
+    def fresh():
+        twin = type(layer).from_config(layer.get_config())
+        twin.build(_private_api.build_input_shape(layer))
+        return _values(declared_state(twin))
+
+    states = (fresh(), fresh())
+    _FRESH[layer] = (config, states)
+    return states
 
 
 def _vouched(layer) -> bool:
@@ -106,7 +126,7 @@ def check_declared_state(model) -> list:
                "assert_public_preprocessing(layer, reason=...) (listed under asserted_by_user), or make it a "
                "constant argument of the layer (in its get_config).")
         try:
-            fresh, again = _fresh_state(layer), _fresh_state(layer)
+            fresh, again = _fresh_states(layer)
         except (AttributeError, TypeError, ValueError, RuntimeError, NotImplementedError) as err:
             raise ValueError(
                 f"model: layer {layer.name!r} ({type(layer).__name__}) holds non-trainable state "
