@@ -233,3 +233,32 @@ def test_train_step_override_updating_a_variable_is_refused():
     with pytest.raises(ValueError, match=r"_CountingStep.train_step.*changed the variable"):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert float(model.tally.count.numpy()) == pytest.approx(0.0, abs=1e-6)   # the probe's update undone
+
+
+class _CountAfterUpdate(tf.keras.Model):
+    """A ``train_step`` override that counts the examples AFTER its DP call (the probe stops before it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = tf.keras.layers.Dense(3)
+        self.tally = Counter()
+        self.tally.build((None, D))
+
+    def call(self, x, training=None):
+        return self.dense(x)
+
+    def train_step(self, data):
+        logs = self.optimizer.dp_train_step(self, data)
+        self.tally.count.assign_add(tf.cast(tf.shape(data[0])[0], tf.float32))
+        return logs
+
+
+def test_variable_updated_after_the_dp_call_is_refused_after_the_first_step():
+    x, y = small_data()
+    model = _CountAfterUpdate()
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    with pytest.raises(ValueError, match=r"first DP step of fit.*'count[_0-9]*:0' of layer 'counter[_0-9]*'"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert opt.steps == 1                                                   # refused after one step
+    assert float(model.tally.count.numpy()) == pytest.approx(0.0, abs=1e-6)  # and set back

@@ -162,10 +162,14 @@ def _owners(model) -> dict:
 class VariableSnapshot:
     """The values of every variable of ``model``, to find (and undo) changes made by running it."""
 
-    def __init__(self, model):
+    def __init__(self, model, outside_dp_update: bool = False):
         self._model = model
+        skip = set()
+        if outside_dp_update:  # the DP step updates these; tfdpbnn's layers' own state is the library's
+            skip = {id(v) for v in model.trainable_variables}
+            skip |= {id(v) for layer in _layers(model) if _library_layer(layer) for v in layer.weights}
         self._variables = [v for v in model.variables
-                           if isinstance(v, tf.Variable) and v.dtype != tf.resource]
+                           if isinstance(v, tf.Variable) and v.dtype != tf.resource and id(v) not in skip]
         self._values = _values(self._variables)
 
     def changed(self) -> list:
@@ -197,4 +201,29 @@ class VariableSnapshot:
             "with a DP optimizer.")
 
 
-__all__ = ["VariableSnapshot", "check_declared_state", "declared_state"]
+class StateWatch(tf.keras.callbacks.Callback):
+    """Refuses a DP ``fit`` whose first step changed a model variable outside the DP update.
+
+    The variables the step may change are the model's trainable variables (the DP update) and tfdpbnn's
+    layers' own state (SI-DPSGD's weight-noise scale); any other (a frozen layer's weights, a layer's
+    non-trainable state, a variable a ``train_step`` override updates after its DP call) is compared with
+    its value at the start of ``fit`` after the first batch, set back, and named in a ``ValueError``.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._snapshot = None
+
+    def on_train_begin(self, logs=None):
+        """Take the snapshot of the variables the DP step must not change."""
+        self._snapshot = VariableSnapshot(self.model, outside_dp_update=True)
+
+    def on_train_batch_end(self, batch, logs=None):
+        """After the first batch: restore and refuse what changed."""
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot is not None:
+            snapshot.refuse_changes("the first DP step of fit (outside the DP update of the trainable "
+                                    "variables)")
+
+
+__all__ = ["StateWatch", "VariableSnapshot", "check_declared_state", "declared_state"]
