@@ -207,20 +207,27 @@ class StateWatch(tf.keras.callbacks.Callback):
     The variables the step may change are the model's trainable variables (the DP update) and tfdpbnn's
     layers' own state (SI-DPSGD's weight-noise scale); any other (a frozen layer's weights, a layer's
     non-trainable state, a variable a ``train_step`` override updates after its DP call) is compared with
-    its value at the start of ``fit`` after the first batch, set back, and named in a ``ValueError``.
+    its value before the first batch after that batch, set back, and named in a ``ValueError``.
     """
 
     def __init__(self):
         super().__init__()
         self._snapshot = None
+        self._done = False
 
     def on_train_begin(self, logs=None):
-        """Take the snapshot of the variables the DP step must not change."""
-        self._snapshot = VariableSnapshot(self.model, outside_dp_update=True)
+        """Start watching (the snapshot is taken at the first batch, after every callback's restore)."""
+        self._snapshot, self._done = None, False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        """Before the first batch: the snapshot of the variables the DP step must not change."""
+        if not self._done and self._snapshot is None:
+            self._snapshot = VariableSnapshot(self.model, outside_dp_update=True)
 
     def on_train_batch_end(self, batch, logs=None):
         """After the first batch: restore and refuse what changed."""
         snapshot, self._snapshot = self._snapshot, None
+        self._done = True
         if snapshot is not None:
             snapshot.refuse_changes("the first DP step of fit (outside the DP update of the trainable "
                                     "variables)")
