@@ -75,6 +75,8 @@ def _equal(a, b) -> bool:
     return bool(np.array_equal(a, b))
 
 
+#: layer -> the state values last found equal to a fresh copy's (checked again only when they change).
+_VERIFIED = weakref.WeakKeyDictionary()
 #: layer -> (its config, two fresh copies' state): a layer is rebuilt only when its config changes.
 _FRESH = weakref.WeakKeyDictionary()
 
@@ -122,6 +124,11 @@ def check_declared_state(model) -> list:
             asserted.append({"layer": layer.name, "type": type(layer).__name__,
                              "reason": getattr(layer, PUBLIC_ATTRIBUTE)})
             continue
+        current = _values(state)
+        verified = _VERIFIED.get(layer)
+        if verified is not None and len(verified) == len(current) and all(
+                _equal(a, b) for a, b in zip(current, verified, strict=True)):
+            continue  # the same values as the last check found equal to a fresh copy's
         how = ("Assert that it was computed from public data only with tfdpbnn.preprocessing."
                "assert_public_preprocessing(layer, reason=...) (listed under asserted_by_user), or make it a "
                "constant argument of the layer (in its get_config).")
@@ -133,7 +140,6 @@ def check_declared_state(model) -> list:
                 f"{[v.name for v in state]} that tfdpbnn cannot compare with its initial value (no fresh "
                 f"copy from get_config: {err}); it may have been computed from the private data, which no "
                 f"epsilon covers. {how}") from err
-        current = _values(state)
         if len(fresh) != len(current):
             raise ValueError(
                 f"model: layer {layer.name!r} ({type(layer).__name__}) holds {len(current)} non-trainable "
@@ -151,6 +157,7 @@ def check_declared_state(model) -> list:
                     "non-trainable state that differs from the layer's initial value: it was set outside the "
                     "DP step (e.g. from the data's mean in build or an adapt-like method), so the model "
                     f"would release it with its weights and no epsilon covers it. {how}")
+        _VERIFIED[layer] = current
     return asserted
 
 
