@@ -71,6 +71,16 @@ def train_step_needs_output(model) -> bool:
     return _keras3 is not None or steps_per_execution(model) > 1
 
 
+def sublayers(layer, recursive: bool = True) -> list:
+    """The Keras layers inside ``layer`` (Keras's ``_flatten_layers``; much faster than ``submodules``)."""
+    return list(layer._flatten_layers(include_self=False, recursive=recursive))
+
+
+def build_input_shape(layer):
+    """The input shape ``layer`` was built with (Keras's ``_build_input_shape``), or None if not built."""
+    return getattr(layer, "_build_input_shape", None)
+
+
 def steps_per_execution(model) -> int:
     """Steps run by one call of ``model``'s train function (Keras's ``steps_per_execution``), at least 1."""
     value = getattr(model, "_steps_per_execution", None)
@@ -202,6 +212,9 @@ def check() -> None:
         return
     _check_tf_data()
     model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
+    if tuple(build_input_shape(model.layers[0])) != (None, 1) or sublayers(model)[-1] is not model.layers[-1]:
+        raise RuntimeError("tfdpbnn: Keras's Layer._build_input_shape changed; update "
+                           f"tfdpbnn/_private_api.py for tensorflow {tf.__version__}")
     model.compile(loss="mse", steps_per_execution=3)
     if steps_per_execution(model) != 3:
         raise RuntimeError("tfdpbnn: Keras's Model._steps_per_execution changed; update "

@@ -22,7 +22,7 @@ def check_per_example_independence(model: tf.keras.layers.Layer) -> None:
     Keras ``BatchNormalization`` (and its synchronized variant) normalizes with statistics of the whole
     private batch when trainable; use ``tfdpbnn.layers.PublicBatchNormalization`` (statistics from
     public data) or freeze the layer (``trainable=False`` runs it in inference mode with fixed moving
-    statistics).
+    statistics, which must be the initial ones or asserted public: ``tfdpbnn.optimizers.state_checks``).
     """
     bn_types = (tf.keras.layers.BatchNormalization,)
     sync_bn = getattr(getattr(tf.keras.layers, "experimental", None), "SyncBatchNormalization", None)
@@ -35,5 +35,7 @@ def check_per_example_independence(model: tf.keras.layers.Layer) -> None:
                 "example with statistics of the whole private batch, so per-example clipping no longer "
                 "bounds the sensitivity and DP training would not be private. Use "
                 "tfdpbnn.layers.PublicBatchNormalization (statistics from a public batch), "
-                "LayerNormalization, or set trainable=False on this layer."
+                "LayerNormalization, or set trainable=False on this layer (its moving statistics must then "
+                "be the initial ones, or computed from public data and asserted with "
+                "tfdpbnn.preprocessing.assert_public_preprocessing)."
             )

@@ -40,7 +40,7 @@ from tfdpbnn._validation import (
 from tfdpbnn.clipping import check_per_example_independence
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.data.distributed import check_distributed_input
-from tfdpbnn.optimizers import fit_checks, keras_integration
+from tfdpbnn.optimizers import fit_checks, keras_integration, state_checks
 from tfdpbnn.optimizers.ledger_state import LedgerState, describe_source
 from tfdpbnn.optimizers.mechanism import DPGradients, DPMechanism
 from tfdpbnn.optimizers.noise import check_debug_noise_seed
@@ -90,9 +90,29 @@ class _RecordedDPGradients(DPGradients):
 class _OptimizerMechanism(DPMechanism):
     """An optimizer's ``DPMechanism`` that records each release (``DPOptimizerMixin.apply_gradients``)."""
 
-    def __init__(self, *args, record, **kwargs):
+    def __init__(self, *args, record, probe, **kwargs):
         super().__init__(*args, **kwargs)
         self._record = record
+        self._probe = probe
+
+    def clip_losses(self, per_example_loss, var_list, tape):
+        """``DPMechanism.clip_losses``; while the optimizer probes a ``train_step``, the loss is checked."""
+        probe = self._probe()
+        if probe is not None:
+            probe(per_example_loss, tape, "optimizer.mechanism.clip_losses")
+        return super().clip_losses(per_example_loss, var_list, tape)
+
+    def clip_model(self, model, x, y, sample_weight=None, *, loss_fn=None, var_list=None, training=True):
+        """``DPMechanism.clip_model``; while the optimizer probes a ``train_step``, ``loss_fn`` is checked."""
+        probe = self._probe()
+        if probe is not None:
+            if loss_fn is None:  # the compiled loss: fit_checks.check_per_example has checked it
+                raise fit_checks.ProbeReached("optimizer.mechanism.clip_model")
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=training), sample_weight)
+            probe(loss, tape, "optimizer.mechanism.clip_model(loss_fn=...)")
+        return super().clip_model(model, x, y, sample_weight, loss_fn=loss_fn, var_list=var_list,
+                                  training=training)
 
     def release(self, clipped):
         released = super().release(clipped)
@@ -269,6 +289,7 @@ class DPOptimizerMixin:
                            "secure_mode": secure_mode, "debug_noise_seed": debug_noise_seed,
                            "release_training_metrics": _check_release(release_training_metrics)}
         self._dp_checked_models = set()
+        self._dp_probe = None  # a fit_checks.LossProbe while a train_step override is probed
         with tf.init_scope():
             self._dp_noise_multiplier = self._dp_variable("dp_noise_multiplier", noise_multiplier)
             self._dp_l2_norm_clip = self._dp_variable("dp_l2_norm_clip", clip)
@@ -294,7 +315,7 @@ class DPOptimizerMixin:
             self._dp_l2_norm_clip, self._dp_noise_multiplier, self._dp_batch_size, scale=self._dp_sum_scale,
             clipping_method=clipping_method, secure_mode=secure_mode,
             debug_noise_seed=self._dp_static["debug_noise_seed"], neighboring=neighboring,
-            on_batch=self._dp_count_batch, record=self._dp_record_release)
+            on_batch=self._dp_count_batch, record=self._dp_record_release, probe=lambda: self._dp_probe)
 
     # ----------------------------------------------------------------------------------------- state
     def _f32(self, variable):
@@ -761,14 +782,63 @@ class DPOptimizerMixin:
         from tfdpbnn.optimizers.other_releases import adopt_search_record
         from tfdpbnn.preprocessing import check_preprocessing
 
-        self._dp_preprocessing = check_preprocessing(model, self.neighboring)  # every call: cheap
+        found = check_preprocessing(model, self.neighboring)  # every call: cheap
+        asserted_state = state_checks.check_declared_state(model)  # layers with own state only
+        self._dp_preprocessing = {**found, "asserted_public": found["asserted_public"] + asserted_state}
         adopt_search_record(self, model)
         if id(model) not in self._dp_checked_models:
             check_per_example_independence(model)
             _check_data_independent_losses(model)
             loss_fn = compiled_per_example_loss_fn(model) if getattr(model, "loss", None) else None
-            fit_checks.check_per_example(model, loss_fn, x, y)
+            # A model built by its first call: build it, then watch a forward pass for variable updates.
+            for _ in range(1 if model.built and model.variables else 2):
+                snapshot = state_checks.VariableSnapshot(model)
+                try:
+                    fit_checks.check_per_example(model, loss_fn, x, y)
+                except BaseException:
+                    snapshot.restore()
+                    raise
+                snapshot.refuse_changes("a forward pass in training mode (on a synthetic batch)")
+            if fit_checks.overrides_train_step(model):
+                self._probe_train_step(model, x, y)
             self._dp_checked_models.add(id(model))
+
+    def _probe_train_step(self, model, x, y):
+        """Run ``model``'s own ``train_step`` once on a synthetic batch, up to the mechanism, and undo it.
+
+        The per-example loss it hands to ``minimize``, ``mechanism.clip_losses`` or ``mechanism.clip_model``
+        (with a ``loss_fn``) is checked by ``fit_checks.LossProbe`` (examples kept separate), and every model
+        variable the step changed before that is refused by name (``state_checks.VariableSnapshot``). The
+        compiled loss of ``dp_train_step`` is ``check_per_example``'s. Models without float inputs (nothing
+        to differentiate) and models under a ``tf.distribute`` strategy (the step needs a replica context)
+        are not probed.
+        """
+        if tf.distribute.has_strategy() or model.distribute_strategy is not tf.distribute.get_strategy():
+            return
+        probe = fit_checks.LossProbe(x, y)
+        if not probe.inputs:
+            return
+        snapshot = state_checks.VariableSnapshot(model)
+        self._dp_probe = probe
+        try:
+            model.train_step(probe.data)
+        except fit_checks.ProbeReached:
+            pass
+        except ValueError:
+            snapshot.restore()
+            raise
+        except Exception as err:
+            snapshot.restore()
+            raise ValueError(
+                f"model: tfdpbnn runs {type(model).__name__}.train_step once on a synthetic batch (no "
+                "private data, no update) to check that the loss it hands to the DP mechanism is per "
+                f"example, and it raised {type(err).__name__}: {err}") from err
+        finally:
+            self._dp_probe = None
+            for metric in model.metrics:
+                metric.reset_state()
+        snapshot.refuse_changes(f"{type(model).__name__}.train_step (on a synthetic batch, before its DP "
+                                "update)")
 
     def budget_steps_left(self):
         """Steps the budget still allows (None without a budget or with ``allow_exceeding_budget``)."""
@@ -851,6 +921,8 @@ class DPOptimizerMixin:
         Call it from a ``train_step`` override to take this optimizer's DP step on ``data``
         (``(x, y)`` or ``(x, y, sample_weight)``); it returns the Keras logs.
         """
+        if self._dp_probe is not None:  # the compiled loss: fit_checks.check_per_example has checked it
+            raise fit_checks.ProbeReached("dp_train_step")
         x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
         self._require_open_phase()
         self._dp_before_step(model)
@@ -906,7 +978,8 @@ class DPOptimizerMixin:
         """
         if not callable(loss) and tape is None:
             raise ValueError("tape: a GradientTape is required when a Tensor loss is passed to minimize")
-        self._require_open_phase()
+        if self._dp_probe is None:
+            self._require_open_phase()
         tape = tape if tape is not None else tf.GradientTape()
         if callable(loss):
             with tape:
@@ -924,6 +997,8 @@ class DPOptimizerMixin:
                 "shape [batch] (e.g. tf.keras.losses.SparseCategoricalCrossentropy(reduction='none')(y, "
                 "y_pred)) to optimizer.minimize(loss, var_list, tape=tape), or do not override train_step: "
                 "model.fit's train step builds per-example losses from model.compile(loss=...).")
+        if self._dp_probe is not None:  # the first call of a train_step override, on a synthetic batch
+            self._dp_probe(loss, tape, "optimizer.minimize")
         clipped = self.mechanism.clip_losses(loss, var_list, tape)
         grads = self._dp_record_release(self._dp_gradients(clipped, var_list))
         return list(zip(grads, var_list, strict=True))

@@ -315,4 +315,73 @@ def _check_discrete_inputs(model, xs, rows: int, half: int) -> None:
                 "sensitivity and DP training would not be private. Use per-example layers.")
 
 
-__all__ = ["COUPLING_TOLERANCE", "check_per_example", "input_sampling"]
+class ProbeReached(Exception):  # noqa: N818 - not an error: the probed step reached the mechanism
+    """Raised inside a probed ``train_step`` once its per-example loss reached the mechanism and passed."""
+
+
+def overrides_train_step(model) -> bool:
+    """Whether ``model``'s class has its own ``train_step`` (not Keras's, dispatched to ``dp_train_step``)."""
+    return not getattr(type(model).train_step, "_tfdpbnn_hook", False)
+
+
+class LossProbe:
+    """The per-example check of a loss vector that reaches the mechanism, on a synthetic batch.
+
+    The float inputs of the synthetic batch are trainable ``tf.Variable``s, so a ``tf.GradientTape`` the
+    step opens itself records them when the model reads them. ``__call__(loss, tape)`` differentiates the
+    first half of the batch's losses with respect to the inputs: the second half's derivative must vanish
+    (one example's loss depends on no other example), and the first half's must not (the loss was computed
+    from the batch under that tape, so the check saw it). Raises ``ValueError``, or ``ProbeReached``.
+    """
+
+    def __init__(self, x, y=None, rows: int = 6, seed: int = 0):
+        x_like, y_like = _element_parts(x, y)
+        rng = np.random.default_rng(seed)
+        xs = _synthetic(x_like, rows, rng)
+        self.y = None if y_like is None else _synthetic(y_like, rows, rng)
+        self.rows, self.half = rows, rows // 2
+
+        def watched(t):
+            if isinstance(t, tf.Tensor) and t.dtype.is_floating:
+                return tf.Variable(t, trainable=True, name="tfdpbnn_probe_input")
+            return t
+
+        self.x = tf.nest.map_structure(watched, xs)
+        self.inputs = [t for t in tf.nest.flatten(self.x) if isinstance(t, tf.Variable)]
+
+    @property
+    def data(self):
+        """The synthetic batch as ``train_step`` receives it: ``(x, y)``, or ``x`` without targets."""
+        return self.x if self.y is None else (self.x, self.y)
+
+    def __call__(self, loss, tape, where: str):
+        """Check ``loss`` (on ``tape``) handed to ``where``; raises ``ValueError`` or ``ProbeReached``."""
+        loss = tf.convert_to_tensor(loss)
+        if loss.shape.rank == 0 or loss.shape[0] != self.rows:
+            raise ValueError(
+                f"loss: the loss passed to {where} has shape {loss.shape} for a batch of {self.rows} "
+                "examples; DP training needs one loss per example (shape [batch]) to clip per example.")
+        mask = tf.cast(tf.range(self.rows) < self.half, loss.dtype)
+        mask = tf.broadcast_to(tf.reshape(mask, [self.rows] + [1] * (loss.shape.rank - 1)), tf.shape(loss))
+        grads = tape.gradient(loss, self.inputs, output_gradients=mask,
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        own = _max_abs([g[:self.half] for g in grads])
+        cross = _max_abs([g[self.half:] for g in grads])
+        if own == 0.0:
+            raise ValueError(
+                f"loss: tfdpbnn could not check that the per-example loss passed to {where} keeps examples "
+                "separate: on a synthetic batch it does not depend on the batch's float inputs as recorded "
+                "by the GradientTape given with it. Compute the model's output and the loss from the batch "
+                "inside that tape (with tf.GradientTape() as tape: y_pred = self(x, training=True); ...).")
+        if cross > COUPLING_TOLERANCE * max(own, 1.0):
+            raise ValueError(
+                f"loss: one example's loss passed to {where} depends on other examples of the batch (e.g. a "
+                "contrastive loss, or a batch mean inside the loss): on a synthetic batch the first half's "
+                f"losses have derivative {cross:.3g} with respect to the second half's inputs. Per-example "
+                "clipping then does not bound one example's influence by the clip bound, so DP training "
+                "would not be private. Use a loss computed from each example alone.")
+        raise ProbeReached(where)
+
+
+__all__ = ["COUPLING_TOLERANCE", "LossProbe", "ProbeReached", "check_per_example", "input_sampling",
+           "overrides_train_step"]

@@ -115,7 +115,9 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
     description = optimizer._dp_ledger.open_description()
     whole_passes = (isinstance(x, tf.data.Dataset) and arguments.get("steps_per_epoch") is None
                     and description["kind"] == "shuffle")
-    arguments["callbacks"] = [DPTrainingMonitor(check_passes=whole_passes)] + privacy + others
+    from tfdpbnn.optimizers.state_checks import StateWatch
+
+    arguments["callbacks"] = [DPTrainingMonitor(check_passes=whole_passes), StateWatch()] + privacy + others
     return arguments
 
 

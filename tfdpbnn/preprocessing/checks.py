@@ -116,6 +116,9 @@ def check_preprocessing(model, neighboring: str | None = None) -> dict:
 def assert_public_preprocessing(layer_or_model, reason: str):
     """The USER asserts that ``layer_or_model``'s adapted preprocessing layers saw only public data.
 
+    A layer without ``adapt`` that holds its own non-trainable state (``add_weight(trainable=False)``, set
+    from data before training; ``tfdpbnn.optimizers.state_checks``) can be asserted the same way.
+
     Given a model, every data-derived preprocessing layer in it is marked. ``reason`` (a non-empty string:
     which public data, e.g. "adapted on the public MNIST-5k split") is written to the privacy statement under
     ``asserted_by_user``. tfdpbnn cannot check the claim. Assert after adapting: the assertion holds for the
@@ -131,9 +134,12 @@ def assert_public_preprocessing(layer_or_model, reason: str):
         if not targets:
             raise ValueError("layer_or_model: the model has no adapted preprocessing layer to assert about")
     else:
-        if not callable(getattr(layer_or_model, "adapt", None)):
+        from tfdpbnn.optimizers.state_checks import declared_state
+
+        if not callable(getattr(layer_or_model, "adapt", None)) and not declared_state(layer_or_model):
             raise ValueError(f"layer_or_model: {layer_or_model.name!r} ({type(layer_or_model).__name__}) is "
-                             "not a preprocessing layer (it has no adapt method)")
+                             "neither a preprocessing layer (it has no adapt method) nor a layer holding its "
+                             "own non-trainable state (add_weight(trainable=False))")
         targets = [layer_or_model]
     for layer in targets:
         setattr(layer, PUBLIC_ATTRIBUTE, reason.strip())

@@ -1,0 +1,264 @@
+"""State the DP step does not update: refused before the first step, or asserted public by name.
+
+Each leak is shown first as a user would hit it (a statistic of the model that tells neighbouring data sets
+apart exactly, with no noise), then refused by DP training, naming the layer and the variable.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from _small_runs import DELTA, LOSS, D, N, small_data
+
+import tfdpbnn
+from tfdpbnn.optimizers.state_checks import declared_state
+
+
+class MeanShift(tf.keras.layers.Layer):
+    """Subtracts a non-trainable mean that ``fit_mean`` sets from data (an adapt-like method)."""
+
+    def build(self, input_shape):
+        self.mu = self.add_weight("mu", input_shape[-1:], initializer="zeros", trainable=False)
+
+    def fit_mean(self, x):
+        self.mu.assign(np.mean(x, axis=0))
+
+    def call(self, inputs):
+        return inputs - self.mu
+
+
+class Counter(tf.keras.layers.Layer):
+    """Counts the examples it sees in training, in ``call()``."""
+
+    def build(self, input_shape):
+        self.count = self.add_weight("count", (), initializer="zeros", trainable=False)
+
+    def call(self, inputs, training=None):
+        if training:
+            self.count.assign_add(tf.cast(tf.shape(inputs)[0], tf.float32))
+        return inputs
+
+
+class RunningMean(tf.keras.layers.Layer):
+    """A running mean of its inputs updated in ``call()`` (in a tf.function, as fit traces it)."""
+
+    def build(self, input_shape):
+        self.mean = self.add_weight("running_mean", input_shape[-1:], initializer="zeros", trainable=False)
+
+    def call(self, inputs, training=None):
+        if training:
+            self.mean.assign(0.9 * self.mean + 0.1 * tf.reduce_mean(inputs, axis=0))
+        return inputs
+
+
+def _model(layer, optimizer=True):
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), layer, tf.keras.layers.Dropout(0.2),
+                                 tf.keras.layers.Dense(3)])
+    opt = (tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA) if optimizer
+           else tf.keras.optimizers.legacy.SGD(0.1))
+    model.compile(optimizer=opt, loss=LOSS)
+    return model, opt
+
+
+def _neighbours():
+    x, y = small_data()
+    return (x, y), (x[:-1], y[:-1])
+
+
+def test_state_set_from_the_data_mean_differs_between_neighbours_and_is_refused():
+    (x, y), (x2, _) = _neighbours()
+    a, b = MeanShift(), MeanShift()
+    _model(a, optimizer=False), _model(b, optimizer=False)
+    a.fit_mean(x)
+    b.fit_mean(x2)
+    assert np.max(np.abs(a.mu.numpy() - b.mu.numpy())) > 1e-3   # the leak: mu tells them apart
+    model, opt = _model(a)
+    for train in (lambda: model.fit(x, y, batch_size=8, epochs=1, verbose=0),
+                  lambda: model.train_on_batch(x[:8], y[:8]),
+                  lambda: opt.begin_training(model, x, y, batch_size=8)):
+        with pytest.raises(ValueError, match=r"variable 'mean_shift.*/mu:0' of layer 'mean_shift.*"
+                                             r"assert_public_preprocessing"):
+            train()
+    assert opt.steps == 0
+
+
+def test_state_asserted_public_trains_and_is_listed():
+    x, y = small_data()
+    layer = MeanShift()
+    model, opt = _model(layer)
+    layer.fit_mean(x)
+    tfdpbnn.preprocessing.assert_public_preprocessing(layer, reason="means of the public census tables")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert opt.steps == N // 8
+    asserted = opt.privacy_statement()["asserted_by_user"]
+    assert any("public census tables" in entry for entry in asserted), asserted
+    layer.fit_mean(x[:-1])                                   # changed after the assertion: refused again
+    with pytest.raises(ValueError, match="mu:0"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("layer_type", [Counter, RunningMean])
+def test_variable_updated_in_call_differs_between_neighbours_and_is_refused(layer_type):
+    (x, y), (x2, y2) = _neighbours()
+    values = []
+    for xs, ys in ((x, y), (x2, y2)):                          # the leak, with a non-private optimizer
+        layer = layer_type()
+        model, _ = _model(layer, optimizer=False)
+        model.fit(xs, ys, batch_size=len(xs), epochs=1, verbose=0, shuffle=False)
+        values.append(layer.non_trainable_weights[0].numpy())
+    assert np.max(np.abs(values[0] - values[1])) > 1e-3
+    layer = layer_type()
+    model, opt = _model(layer)
+    name = layer.non_trainable_weights[0].name
+    with pytest.raises(ValueError, match=rf"changed the variable\(s\) '{name}' of layer '{layer.name}'"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert opt.steps == 0
+    np.testing.assert_array_equal(layer.non_trainable_weights[0].numpy(), 0.0)   # the check's pass undone
+
+
+def test_data_independent_keras_state_keeps_working():
+    x, y = small_data()
+    frozen_bn = tf.keras.layers.BatchNormalization(trainable=False)   # default statistics: nothing learned
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), frozen_bn, tf.keras.layers.Dropout(0.3),
+                                 tf.keras.layers.GaussianNoise(0.1), tf.keras.layers.Dense(3)])
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert opt.steps == N // 8
+    frozen_bn.moving_mean.assign(np.mean(x, axis=0))               # statistics of the private data
+    with pytest.raises(ValueError, match="moving_mean"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
+def test_frozen_weights_are_not_state_and_assertion_needs_state():
+    dense = tf.keras.layers.Dense(3)
+    model, _ = _model(dense)
+    dense.trainable = False
+    assert declared_state(dense) == []
+    with pytest.raises(ValueError, match="layer_or_model: 'dense.*non-trainable state"):
+        tfdpbnn.preprocessing.assert_public_preprocessing(dense, reason="public")
+
+
+def _contrastive(y_pred):
+    """Each example's loss is its similarity to the batch's mean output: it depends on every example."""
+    return -tf.reduce_sum(y_pred * tf.reduce_mean(y_pred, axis=0, keepdims=True), axis=1)
+
+
+def test_contrastive_loss_has_sensitivity_above_the_clip_bound():
+    """The leak: at sigma 0, adding one example (an outlier) moves the clipped sum by more than C."""
+    x, _ = small_data()
+    x = np.concatenate([x[:15], -50.0 * np.ones((1, D), np.float32)])
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3)])
+    mechanism = tfdpbnn.DPMechanism(l2_norm_clip=1.0, noise_multiplier=0.0, expected_batch_size=1)
+
+    def clipped_sum(batch):
+        with tf.GradientTape() as tape:
+            loss = _contrastive(model(batch, training=True))
+        return mechanism.clip_losses(loss, model.trainable_variables, tape).clipped_sum
+
+    big, small = clipped_sum(x[:16]), clipped_sum(x[:15])
+    change = np.sqrt(sum(float(tf.reduce_sum(tf.square(a - b))) for a, b in zip(big, small, strict=True)))
+    assert change > 2.0   # C = 1: per-example clipping does not bound this loss's sensitivity
+
+
+class _OwnStep(tf.keras.Model):
+    """A ``train_step`` override handing its own per-example loss to the DP optimizer."""
+
+    def __init__(self, way, coupled):
+        super().__init__()
+        self.dense = tf.keras.layers.Dense(3)
+        self.way, self.coupled = way, coupled
+
+    def call(self, x, training=None):
+        return self.dense(x)
+
+    def train_step(self, data):
+        x, y = data
+        variables = self.trainable_variables
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = (_contrastive(y_pred) if self.coupled
+                    else tf.keras.losses.sparse_categorical_crossentropy(y, y_pred, from_logits=True))
+        if self.way == "minimize":
+            self.optimizer.minimize(loss, variables, tape=tape)
+        else:
+            released = self.optimizer.mechanism.privatize_losses(loss, variables, tape)
+            self.optimizer.apply_gradients(zip(released.gradients, variables, strict=True))
+        return {}
+
+
+@pytest.mark.parametrize("way", ["minimize", "privatize_losses"])
+def test_train_step_override_loss_is_checked_for_independence(way):
+    x, y = small_data()
+    for coupled in (True, False):
+        tf.keras.utils.set_random_seed(0)
+        model = _OwnStep(way, coupled)
+        opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+        model.compile(optimizer=opt, loss=LOSS)
+        if coupled:
+            with pytest.raises(ValueError, match="depends on other examples of the batch"):
+                model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+            assert opt.steps == 0
+        else:
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+            assert opt.steps == N // 8
+
+
+class _CountingStep(tf.keras.Model):
+    """A ``train_step`` override that counts the examples it sees in a variable of a layer of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = tf.keras.layers.Dense(3)
+        self.tally = Counter()
+        self.tally.build((None, D))
+
+    def call(self, x, training=None):
+        return self.dense(x)
+
+    def train_step(self, data):
+        self.tally.count.assign_add(tf.cast(tf.shape(data[0])[0], tf.float32))
+        return self.optimizer.dp_train_step(self, data)
+
+
+def test_train_step_override_updating_a_variable_is_refused():
+    x, y = small_data()
+    model = _CountingStep()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
+                  loss=LOSS)
+    with pytest.raises(ValueError, match=r"_CountingStep.train_step.*changed the variable"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert float(model.tally.count.numpy()) == pytest.approx(0.0, abs=1e-6)   # the probe's update undone
+
+
+class _CountAfterUpdate(tf.keras.Model):
+    """A ``train_step`` override that counts the examples AFTER its DP call (the probe stops before it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = tf.keras.layers.Dense(3)
+        self.tally = Counter()
+        self.tally.build((None, D))
+
+    def call(self, x, training=None):
+        return self.dense(x)
+
+    def train_step(self, data):
+        logs = self.optimizer.dp_train_step(self, data)
+        self.tally.count.assign_add(tf.cast(tf.shape(data[0])[0], tf.float32))
+        return logs
+
+
+def test_variable_updated_after_the_dp_call_is_refused_after_the_first_step():
+    x, y = small_data()
+    model = _CountAfterUpdate()
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    with pytest.raises(ValueError, match=r"first DP step of fit.*'count[_0-9]*:0' of layer 'counter[_0-9]*'"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert opt.steps == 1                                                   # refused after one step
+    assert float(model.tally.count.numpy()) == pytest.approx(0.0, abs=1e-6)  # and set back
