@@ -15,8 +15,10 @@ import math
 import os
 import time
 
-from tfdpbnn.commands.train_recipes import METHODS, PUBLIC_SOURCES, RECIPES, STOCHASTIC
-
+# The parser's choices live here, not in train_recipes (which imports TensorFlow): ``tfdpbnn train --help``
+# loads this module alone (tfdpbnn.cli), so its top level imports nothing but the standard library.
+METHODS = ("dpvd", "dpsgld", "dpbbp", "dpmcdropout", "dpd", "sidp", "dpsgd")
+PUBLIC_SOURCES = ("mnist5k",)
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10")
 
 
@@ -124,7 +126,7 @@ def train(args) -> dict:
 
     import tfdpbnn
     from tfdpbnn import privacy
-    from tfdpbnn.commands.train_recipes import build_model, build_optimizer
+    from tfdpbnn.commands.train_recipes import RECIPES, STOCHASTIC, build_model, build_optimizer
     from tfdpbnn.uncertainty import (
         CalibrationPlan,
         coverage_and_size,
