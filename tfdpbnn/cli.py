@@ -41,13 +41,15 @@ _QUOTED = re.compile(r"(?<![`\w])`([^`]+)`(?![`\w])")   # `text` -> 'text'
 
 
 def plain_text(text: str) -> str:
-    """``text`` without reST markup: roles and double-backquoted literals bare, single backquotes as quotes."""
+    """``text`` without reST markup: roles and double-backquoted literals bare, single backquotes quotes."""
     return _QUOTED.sub(r"'\1'", _LITERAL.sub(r"\1", _ROLE.sub(r"\1", text)))
 
 
 class PlainTextParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose description, epilog and argument help are made ``plain_text`` before
-    argparse wraps them; its subparsers (created with the parent's class) are too."""
+    """An ``ArgumentParser`` whose description, epilog and argument help are plain text (``plain_text``).
+
+    Converted before argparse wraps them; subparsers are created with the parent's class, so they are too.
+    """
 
     def __init__(self, *args, **kwargs):
         for key in ("description", "epilog"):
@@ -56,6 +58,7 @@ class PlainTextParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def add_argument(self, *args, **kwargs):
+        """``ArgumentParser.add_argument`` with ``help`` made plain text."""
         if isinstance(kwargs.get("help"), str):
             kwargs["help"] = plain_text(kwargs["help"])
         return super().add_argument(*args, **kwargs)
