@@ -12,6 +12,9 @@ import pytest
 from experiments import available_experiments, run_experiment
 from experiments.runner import Run, mean_std
 
+# Not in the fast tier (./scripts/test --fast): each experiment of experiments/ once, end to end.
+pytestmark = pytest.mark.slow
+
 
 def _read_csv(path):
     with open(path, newline="") as fh:

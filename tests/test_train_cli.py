@@ -14,8 +14,10 @@ from tfdpbnn.commands.train_recipes import METHODS, RECIPES, build_model, build_
 
 
 # The full command for the three distinct evaluation/export paths (MC layers, posterior snapshots, SIDP's
-# released sample); the other methods' recipes are built below and trained by tests/test_optimizers_*.
-@pytest.mark.parametrize("method", ["dpvd", "dpsgld", "sidp"])
+# released sample); the other methods' recipes are built below and trained by tests/test_optimizers_*. The
+# fast tier runs the first.
+@pytest.mark.parametrize("method", ["dpvd", pytest.param("dpsgld", marks=pytest.mark.slow),
+                                    pytest.param("sidp", marks=pytest.mark.slow)])
 def test_train_writes_model_privacy_json_diagram_and_summary(method, tmp_path, capsys):
     out = str(tmp_path / method)
     key = tmp_path / "sampling-key"
