@@ -70,3 +70,14 @@ def test_load_tfds_without_download_names_the_fix(tmp_path):
     with pytest.raises(DatasetNotAvailableError, match=r"fashion_mnist is not prepared in data_dir.*"
                                                        r"download_and_prepare\(\)"):
         load_tfds("fashion_mnist", data_dir=str(tmp_path), download=False)
+
+
+def test_missing_tfds_extra_is_an_import_error_naming_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)   # as if not installed
+    with pytest.raises(ImportError, match=r"needs tensorflow-datasets.*pip install 'tfdpbnn\[tfds\]'"):
+        load_tfds("mnist", data_dir=str(tmp_path))
+    code = cli.main(["train", "--method", "dpsgd", "--dataset", "mnist", "--epsilon", "1",
+                     "--data-dir", str(tmp_path), "--out", str(tmp_path / "out")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "tfdpbnn[tfds]" in lines[0], lines
+

@@ -11,7 +11,8 @@ modules' docstrings are printed without their markup.
 
 TensorFlow's C++ log lines (e.g. "Unable to register cuDNN factory" on machines without a GPU) are
 silenced for the command: ``TF_CPP_MIN_LOG_LEVEL`` defaults to 3 here unless it is already set.
-Python errors still surface; a ``ValueError`` from a subcommand prints one ``error:`` line (exit code 2).
+Python errors still surface; a ``ValueError`` (bad input) or ``ImportError`` (an optional extra not installed)
+from a subcommand prints one ``error:`` line (exit code 2).
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ValueError as err:
+    except (ValueError, ImportError) as err:   # bad input, or an optional extra not installed
         print(f"tfdpbnn {args.command}: error: {err}", file=sys.stderr)
         return 2
 

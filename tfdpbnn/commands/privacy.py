@@ -2,7 +2,9 @@
 
 By every accountant of ``tfdpbnn.privacy``, for a DP-SGD run of N examples, batch B, E epochs. ``--plot``
 redraws Ermis & Cemgil's (2017a) Figure 3 (sigma against epsilon) with the sound accountants beside the
-paper's procedures.
+paper's procedures. ``--saved-model DIR`` instead prints the privacy record of an export
+(``DIR/assets/privacy.json``, read by ``tfdpbnn.read_privacy``: files older than the format version are
+read, a newer version is an error that says to upgrade).
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ def add_parser(subparsers) -> None:
     """Register the ``privacy`` subcommand."""
     p = subparsers.add_parser("privacy", help="privacy accounting for a DP-SGD run (table, optional plot)",
                               description=__doc__)
-    p.add_argument("--num-examples", type=int, required=True, help="training set size N")
-    p.add_argument("--batch-size", type=int, required=True, help="(expected) batch size B; sample rate B/N")
-    p.add_argument("--epochs", type=int, required=True, help="epochs E; steps = E * ceil(N/B)")
-    budget = p.add_mutually_exclusive_group(required=True)
+    p.add_argument("--saved-model", default=None, metavar="DIR",
+                   help="print the privacy record of an export (DIR/assets/privacy.json) and nothing else")
+    p.add_argument("--num-examples", type=int, help="training set size N (required without --saved-model)")
+    p.add_argument("--batch-size", type=int, help="(expected) batch size B; sample rate B/N (required)")
+    p.add_argument("--epochs", type=int, help="epochs E; steps = E * ceil(N/B) (required)")
+    budget = p.add_mutually_exclusive_group()
     budget.add_argument("--noise-multiplier", type=float,
                         help="sigma (noise std / clip norm): report epsilon")
     budget.add_argument("--epsilon", type=float, help="target epsilon: report the smallest sigma")
-    p.add_argument("--delta", type=float, required=True, help="delta in (0, 1)")
+    p.add_argument("--delta", type=float, help="delta in (0, 1) (required)")
     p.add_argument("--sampling", default="poisson", choices=("poisson", "shuffle"),
                    help="batch sampling the training used (default poisson)")
     p.add_argument("--neighboring", default="add_or_remove", choices=("add_or_remove", "replace_one"))
@@ -37,6 +41,43 @@ def add_parser(subparsers) -> None:
     p.add_argument("--plot", default=None, metavar="OUT.png",
                    help="draw sigma against epsilon for every accountant and the paper's procedures")
     p.set_defaults(func=run)
+
+
+# The arguments of a run's accounting: all required without --saved-model, none allowed with it.
+_RUN_ARGUMENTS = (("--num-examples", "num_examples"), ("--batch-size", "batch_size"), ("--epochs", "epochs"),
+                  ("--delta", "delta"))
+
+
+def _check_mode(args) -> None:
+    given = [flag for flag, attr in _RUN_ARGUMENTS + (("--noise-multiplier", "noise_multiplier"),
+                                                      ("--epsilon", "epsilon"), ("--plot", "plot"),
+                                                      ("--accountants", "accountants"))
+             if getattr(args, attr) is not None]
+    if args.saved_model is not None:
+        if given:
+            raise ValueError(f"--saved-model prints a recorded run; it takes none of {', '.join(given)}")
+        return
+    missing = [flag for flag, attr in _RUN_ARGUMENTS if getattr(args, attr) is None]
+    if args.noise_multiplier is None and args.epsilon is None:
+        missing.append("--noise-multiplier or --epsilon")
+    if missing:
+        raise ValueError(f"{', '.join(missing)} required (or --saved-model DIR to print an export's record)")
+
+
+def _print_record(path: str) -> int:
+    import json
+
+    from tfdpbnn.export import read_privacy
+
+    try:
+        record = read_privacy(path)
+    except FileNotFoundError as err:
+        raise ValueError(f"--saved-model: {err}") from err
+    version = record["format_version"]
+    note = " (written before the format had a version; same fields)" if version == 0 else ""
+    print(f"privacy record of {path}, format version {version}{note}:")
+    print(json.dumps(record, indent=2, sort_keys=True))
+    return 0
 
 
 def _setting(args) -> tuple[float, int]:
@@ -81,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
     from tfdpbnn._validation import check_choice, check_positive
     from tfdpbnn.privacy import paper
 
+    _check_mode(args)
+    if args.saved_model is not None:
+        return _print_record(args.saved_model)
     q, steps = _setting(args)
     if args.noise_multiplier is not None:
         check_positive("--noise-multiplier", args.noise_multiplier)

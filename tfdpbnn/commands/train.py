@@ -77,7 +77,8 @@ def add_parser(subparsers) -> None:
                    help="parallel (default): the held-out records are disjoint from training, so each part "
                         "gets the whole epsilon (McSherry 2009); sequential: the training noise leaves room "
                         "for the calibration releases")
-    p.add_argument("--data-dir", default=None, help="TFDS data directory (mnist, fashion_mnist, cifar10)")
+    p.add_argument("--data-dir", default=None, help="TFDS data directory (mnist, fashion_mnist, cifar10: "
+                   "they need pip install 'tfdpbnn[tfds]')")
     p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")
     p.set_defaults(func=run)
 
