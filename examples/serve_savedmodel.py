@@ -65,6 +65,8 @@ def main():
           f"{privacy['delta']:g} by the {privacy['accountant']} accountant, {privacy['steps']} steps on "
           f"{privacy['num_examples']} examples; asserted by the user: "
           f"{privacy['asserted_by_user'] or 'nothing'}")
+    if privacy.get("guarantee") is False:   # e.g. noise replayable from a debug seed
+        print(privacy["guarantee_reason"])
 
     num_samples = args.num_samples or (20 if fast else mc_config["default_num_samples"])
     requests = dict(np.load(args.inputs)) if args.inputs.endswith(".npz") else {"x": np.load(args.inputs)}

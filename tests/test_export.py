@@ -171,3 +171,44 @@ def test_privacy_json_is_strict_json_at_noise_zero(tmp_path):
         export_saved_model(model, str(tmp_path / "nan"), privacy={"epsilon": float("nan")})
     with L.mc_sampling(), pytest.raises(ValueError, match="outside"):
         export_saved_model(model, str(tmp_path / "inside"))
+
+
+def test_export_applies_the_training_input_transform_in_every_signature(tmp_path):
+    # A model trained on centred inputs x - 0.5 (what `tfdpbnn train` does): exported with input_offset=-0.5,
+    # every signature fed RAW inputs gives what the model gives on centred ones, and so the training-time
+    # accuracy; without it the raw inputs are silently misread (the accuracy drops).
+    from tfdpbnn.uncertainty import conformal_threshold, fit_temperature
+
+    rng = np.random.default_rng(5)
+    raw = rng.uniform(0, 1, size=(400, 4)).astype("float32")
+    labels = (raw[:, 0] > 0.5).astype("int64")
+    tf.random.set_seed(5)
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2, use_bias=False)])
+    model.compile(tf.keras.optimizers.legacy.SGD(1.0),
+                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(raw - 0.5, labels, epochs=30, batch_size=50, verbose=0)  # no bias: centring matters
+    probs = tf.nn.softmax(model(raw - 0.5)).numpy()
+    accuracy = np.mean(probs.argmax(1) == labels)
+    assert accuracy > 0.9
+    temperature = fit_temperature(probs, labels)
+    sets = conformal_threshold(temperature.apply(probs), labels, 0.1)
+    path = export_saved_model(model, str(tmp_path / "t"), input_offset=-0.5, calibration=temperature,
+                              prediction_sets=sets)
+    served = tf.saved_model.load(path).signatures
+    out = served["serving_default"](x=tf.constant(raw))["output"].numpy()
+    np.testing.assert_allclose(out, model(raw - 0.5).numpy(), **F32)
+    mc = served["mc_predict"](x=tf.constant(raw), num_samples=tf.constant(1))
+    assert np.mean(mc["mean"].numpy().argmax(1) == labels) == pytest.approx(accuracy, abs=1e-9)
+    np.testing.assert_allclose(mc["calibrated_mean"].numpy(), temperature.apply(probs), rtol=1e-4, atol=1e-5)
+    calibrated = temperature.apply(probs)
+    clear = np.abs(1.0 - calibrated - sets.threshold) > 1e-5  # float32 graph vs float64: ties at q may flip
+    np.testing.assert_array_equal(mc["prediction_set"].numpy()[clear], sets.predict_sets(calibrated)[clear])
+    with open(os.path.join(path, "assets", "mc_predict.json")) as fh:
+        assert json.load(fh)["input_transform"]["offset"] == pytest.approx(-0.5)
+    bare = export_saved_model(model, str(tmp_path / "bare"))
+    misread = tf.saved_model.load(bare).signatures["serving_default"](x=tf.constant(raw))["output"].numpy()
+    assert np.mean(misread.argmax(1) == labels) < accuracy - 0.1
+    for kwargs, match in [({"input_offset": [0.0, 1.0, 2.0]}, "broadcast"), ({"input_scale": 0.0}, "nonzero"),
+                          ({"input_offset": float("nan")}, "finite"), ({"input_scale": "a"}, "input_scale")]:
+        with pytest.raises(ValueError, match=match):
+            export_saved_model(model, str(tmp_path / "bad"), **kwargs)

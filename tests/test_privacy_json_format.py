@@ -77,17 +77,12 @@ def test_missing_record_and_reserved_key_are_errors(tmp_path):
     assert not (tmp_path / "m").exists()   # refused before anything is written
 
 
-def test_cli_privacy_prints_an_old_record_and_names_the_fix_for_a_new_one(tmp_path, capsys):
+def test_cli_privacy_statement_reads_an_old_record_and_names_the_fix_for_a_new_one(tmp_path, capsys):
     from tfdpbnn import cli
 
-    assert cli.main(["privacy", "--saved-model", str(OLD)]) == 0
-    out = capsys.readouterr().out
-    assert "format version 0 (written before the format had a version" in out
-    assert json.loads(out.split(":\n", 1)[1])["epsilon"] == pytest.approx(OLD_RECORD["epsilon"], rel=1e-12)
-    assert cli.main(["privacy", "--saved-model", str(_export_with_version(tmp_path, 2))]) == 2
+    assert cli.main(["privacy", "--statement", str(OLD)]) == 2   # read; too old for a ledger bound
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "written by an earlier tfdpbnn" in err[0], err
+    assert cli.main(["privacy", "--statement", str(_export_with_version(tmp_path, 2))]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "format_version 2" in err[0] and "upgrade" in err[0], err
-    assert cli.main(["privacy", "--saved-model", str(OLD), "--epochs", "3"]) == 2
-    assert "takes none of --epochs" in capsys.readouterr().err
-    assert cli.main(["privacy", "--epochs", "3", "--delta", "1e-5"]) == 2
-    assert "--num-examples, --batch-size, --noise-multiplier or --epsilon required" in capsys.readouterr().err

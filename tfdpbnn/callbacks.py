@@ -175,7 +175,11 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         ``release_training_metrics``. Epsilon, the validation metrics (``val_*``) and the optimizer's own
         logs (e.g. DPVD's ``zeta``, a function of its settings and weights) stay.
         """
+        from tfdpbnn.optimizers.base import NO_RELEASED_METRICS
+
         released = self.model.optimizer.release_training_metrics
+        if logs:
+            logs.pop(NO_RELEASED_METRICS, None)
         if not logs or released is True:
             return
         if released and not self._names_checked:

@@ -133,8 +133,44 @@ def _with_calibration(privacy_json, records):
     return json.dumps(privacy, indent=2, sort_keys=True, allow_nan=False)
 
 
+def _input_transform(spec, input_scale, input_offset):
+    """``(scale, offset)`` as float32 constants broadcastable to one input (None: identity), and a record."""
+    import numpy as np
+
+    values = []
+    for name, value in (("input_scale", input_scale), ("input_offset", input_offset)):
+        if value is None:
+            values.append(None)
+            continue
+        try:
+            array = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{name} must be a number or an array of numbers, got {value!r}") from err
+        if not np.all(np.isfinite(array)):
+            raise ValueError(f"{name} must be finite, got {value!r}")
+        if name == "input_scale" and np.any(array == 0):
+            raise ValueError(f"input_scale must be nonzero (it would erase the input), got {value!r}")
+        feature_shape = tuple(spec.shape[1:])
+        known = tuple(1 if d is None else d for d in feature_shape)
+        try:
+            fits = array.ndim <= len(feature_shape) and np.broadcast_shapes(array.shape, known) == known
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"{name} of shape {array.shape} does not broadcast to one input of shape "
+                             f"{feature_shape}")
+        values.append(array)
+    if values == [None, None]:
+        return None, None
+    record = {"scale": 1.0 if values[0] is None else values[0].tolist(),
+              "offset": 0.0 if values[1] is None else values[1].tolist(),
+              "formula": "model input = scale * x + offset, applied by every signature"}
+    return values, record
+
+
 def export_saved_model(model, path, num_samples=30, privacy=None, task="classification", from_logits=None,
-                       input_signature=None, calibration=None, prediction_sets=None):
+                       input_signature=None, calibration=None, prediction_sets=None, input_scale=None,
+                       input_offset=None):
     """Write ``model`` as a SavedModel at ``path`` with two signatures, reloadable by Keras and TF Serving.
 
     * ``serving_default(x) -> {"output"}``: deterministic prediction (``training=False``, no sampling).
@@ -158,6 +194,13 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
     comes from the model's DP optimizer (``privacy=None``), they are also recorded with
     ``optimizer.record_release``, so the statement's ``epsilon`` composes them with training.
 
+    ``input_scale`` / ``input_offset`` (numbers, or arrays broadcastable to one input): the data-independent
+    preprocessing the model was trained on, x -> ``input_scale`` * x + ``input_offset`` (e.g.
+    ``input_offset=-0.5`` for inputs centred as x - 0.5). Every signature applies it to the raw ``x`` it is
+    given (``serving_default``, ``mc_predict`` and so ``calibrated_mean`` and ``prediction_set``), and it is
+    recorded as ``input_transform`` in ``mc_predict.json``; the Keras model reloaded by
+    ``tf.keras.models.load_model`` is the bare model and expects transformed inputs.
+
     ``num_samples`` (integer >= 1) is the recommended default, written with the task to
     ``<path>/assets/mc_predict.json``. The optimizer is not saved (``include_optimizer=False``).
     If ``privacy`` (a dict) is given, or else ``model.optimizer.privacy_statement()`` exists, that dict is
@@ -174,6 +217,17 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
     from_logits = resolve_from_logits(model, from_logits) if task == "classification" else False
     spec = _input_spec(model, input_signature)
     records = _check_calibration(calibration, prediction_sets, task)
+    transform, transform_record = _input_transform(spec, input_scale, input_offset)
+
+    def prepare(x):
+        if transform is None:
+            return x
+        scale, offset = transform
+        if scale is not None:
+            x = x * tf.constant(scale, x.dtype)
+        if offset is not None:
+            x = x + tf.constant(offset, x.dtype)
+        return x
     record_release = getattr(getattr(model, "optimizer", None), "record_release", None)
     if privacy is None and callable(record_release):  # compose them into the statement's epsilon
         for release in (calibration, prediction_sets):
@@ -183,10 +237,10 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
 
     @tf.function(input_signature=[spec])
     def serving_default(x):
-        return {"output": model(x, training=False)}
+        return {"output": model(prepare(x), training=False)}
 
     def mc(x, n):
-        out = monte_carlo_summaries(model, x, n, task, from_logits)
+        out = monte_carlo_summaries(model, prepare(x), n, task, from_logits)
         probs = out["mean"]
         if calibration is not None:
             probs = out["calibrated_mean"] = scale_probabilities(probs, calibration.temperature)
@@ -206,7 +260,7 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
         json.dump({"default_num_samples": num_samples, "task": task, "from_logits": bool(from_logits),
                    "temperature": None if calibration is None else calibration.temperature,
                    "prediction_set_threshold": None if prediction_sets is None
-                   else prediction_sets.threshold}, fh)
+                   else prediction_sets.threshold, "input_transform": transform_record}, fh)
     if privacy_json is not None:
         record = dict(json.loads(privacy_json), **{PRIVACY_FORMAT_KEY: PRIVACY_FORMAT_VERSION})
         with open(os.path.join(assets, "privacy.json"), "w") as fh:

@@ -87,13 +87,17 @@ def _calibrated_sigma(epsilon, delta, steps) -> float:
     return float(calibrate_noise(epsilon, delta, 1.0, steps, accountant="pld", sampling="shuffle"))
 
 
-def _optimizer(method, epsilon, delta, num_examples, steps):
-    """The method's optimizer for ``steps`` full-batch steps, its noise calibrated to (epsilon, delta)."""
+def _optimizer(method, epsilon, delta, num_examples, steps, seed):
+    """The method's optimizer for ``steps`` full-batch steps, its noise calibrated to (epsilon, delta).
+
+    Its noise is replayable from ``seed`` (``debug_noise_seed``), so an audit is reproducible: the audit
+    measures the mechanism, whose noise law does not depend on where the key came from.
+    """
     from tfdpbnn import optimizers as O
 
     sigma = _calibrated_sigma(float(epsilon), float(delta), int(steps))
     common = dict(delta=delta, num_examples=num_examples, batch_size=num_examples, epochs=steps,
-                  sampling="shuffle", accountant="pld")
+                  sampling="shuffle", accountant="pld", debug_noise_seed=int(seed))
     if method == "dpsgld":
         lr = O.sgld_learning_rate(sigma, 1.0, num_examples, num_examples)
         return O.DPSGLDOptimizer(1.0, learning_rate=lr, **common)
@@ -145,7 +149,7 @@ class StepAuditor:
       epsilon: the budget the method's optimizer calibrates its noise to (PLD).
       delta: delta of the claim.
       steps: full-batch steps per run (the claim: ``sqrt(steps) / sigma``-GDP).
-      seed: seeds the model, then the noise (``tf.keras.utils.set_random_seed``).
+      seed: seeds the model (``tf.keras.utils.set_random_seed``) and the noise (``debug_noise_seed``).
     """
 
     def __init__(self, method="dpsgd", epsilon=1.0, delta=1e-5, steps=1, seed=0):
@@ -166,7 +170,7 @@ class StepAuditor:
         self.canary_layer = "NoisyDense" if method.startswith("sidp") else "Embedding"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            self.optimizer = _optimizer(method, epsilon, delta, n, steps)
+            self.optimizer = _optimizer(method, epsilon, delta, n, steps, seed)
             base = build_method_model(method, n, HIDDEN, seed, x_public=x_public, num_features=NUM_FEATURES,
                                       num_classes=NUM_CLASSES)
             self.model = with_gradient_canaries(base, 1, self.optimizer.l2_norm_clip,
@@ -250,7 +254,7 @@ def step_audit(method="dpsgd", epsilon=1.0, delta=1e-5, runs=20000, steps=1, bro
         audit's steps only.
       confidence: confidence of the bounds that decide (the mean-shift bound; 0.999: an honest method is
         flagged with probability at most 0.001).
-      seed: seeds the model and the noise (``tf.keras.utils.set_random_seed``).
+      seed: seeds the model (``tf.keras.utils.set_random_seed``) and the noise (``debug_noise_seed``).
 
     ``seconds`` of the result includes building the model and optimizer.
     """

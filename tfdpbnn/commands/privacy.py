@@ -2,9 +2,12 @@
 
 By every accountant of ``tfdpbnn.privacy``, for a DP-SGD run of N examples, batch B, E epochs. ``--plot``
 redraws Ermis & Cemgil's (2017a) Figure 3 (sigma against epsilon) with the sound accountants beside the
-paper's procedures. ``--saved-model DIR`` instead prints the privacy record of an export
-(``DIR/assets/privacy.json``, read by ``tfdpbnn.read_privacy``: files older than the format version are
-read, a newer version is an error that says to upgrade).
+paper's procedures.
+
+``--statement PATH`` reads a saved privacy statement instead (``privacy.json``, or a SavedModel directory
+holding ``assets/privacy.json``) and prints its two numbers: the run's own epsilon and the per-record
+ledger bound, and which one to quote. ``--ledger PATH`` prints the per-record ledger of a privacy record
+store file: its distinct record histories, each with its record count and composed epsilon.
 """
 
 from __future__ import annotations
@@ -23,16 +26,14 @@ def add_parser(subparsers) -> None:
     """Register the ``privacy`` subcommand."""
     p = subparsers.add_parser("privacy", help="privacy accounting for a DP-SGD run (table, optional plot)",
                               description=__doc__)
-    p.add_argument("--saved-model", default=None, metavar="DIR",
-                   help="print the privacy record of an export (DIR/assets/privacy.json) and nothing else")
-    p.add_argument("--num-examples", type=int, help="training set size N (required without --saved-model)")
-    p.add_argument("--batch-size", type=int, help="(expected) batch size B; sample rate B/N (required)")
-    p.add_argument("--epochs", type=int, help="epochs E; steps = E * ceil(N/B) (required)")
+    p.add_argument("--num-examples", type=int, help="training set size N")
+    p.add_argument("--batch-size", type=int, help="(expected) batch size B; sample rate B/N")
+    p.add_argument("--epochs", type=int, help="epochs E; steps = E * ceil(N/B)")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--noise-multiplier", type=float,
                         help="sigma (noise std / clip norm): report epsilon")
     budget.add_argument("--epsilon", type=float, help="target epsilon: report the smallest sigma")
-    p.add_argument("--delta", type=float, help="delta in (0, 1) (required)")
+    p.add_argument("--delta", type=float, help="delta in (0, 1)")
     p.add_argument("--sampling", default="poisson", choices=("poisson", "shuffle"),
                    help="batch sampling the training used (default poisson)")
     p.add_argument("--neighboring", default="add_or_remove", choices=("add_or_remove", "replace_one"))
@@ -40,43 +41,76 @@ def add_parser(subparsers) -> None:
                    help="comma-separated accountant names (default: all registered)")
     p.add_argument("--plot", default=None, metavar="OUT.png",
                    help="draw sigma against epsilon for every accountant and the paper's procedures")
+    p.add_argument("--statement", default=None, metavar="PATH",
+                   help="print a saved statement's run epsilon, ledger bound and which to quote "
+                        "(privacy.json or a SavedModel directory); no other argument")
+    p.add_argument("--ledger", default=None, metavar="STORE",
+                   help="print a privacy record store's per-record ledger: each distinct record history, its "
+                        "record count and composed epsilon (needs --delta)")
     p.set_defaults(func=run)
 
 
-# The arguments of a run's accounting: all required without --saved-model, none allowed with it.
-_RUN_ARGUMENTS = (("--num-examples", "num_examples"), ("--batch-size", "batch_size"), ("--epochs", "epochs"),
-                  ("--delta", "delta"))
+def _statement(path: str) -> int:
+    """Print the run epsilon, the ledger bound and the quote of a saved privacy statement.
 
-
-def _check_mode(args) -> None:
-    given = [flag for flag, attr in _RUN_ARGUMENTS + (("--noise-multiplier", "noise_multiplier"),
-                                                      ("--epsilon", "epsilon"), ("--plot", "plot"),
-                                                      ("--accountants", "accountants"))
-             if getattr(args, attr) is not None]
-    if args.saved_model is not None:
-        if given:
-            raise ValueError(f"--saved-model prints a recorded run; it takes none of {', '.join(given)}")
-        return
-    missing = [flag for flag, attr in _RUN_ARGUMENTS if getattr(args, attr) is None]
-    if args.noise_multiplier is None and args.epsilon is None:
-        missing.append("--noise-multiplier or --epsilon")
-    if missing:
-        raise ValueError(f"{', '.join(missing)} required (or --saved-model DIR to print an export's record)")
-
-
-def _print_record(path: str) -> int:
-    import json
+    Read by ``tfdpbnn.export.read_privacy``: any format version this release knows (files from before the
+    version existed included); a newer version is an error that says to upgrade.
+    """
+    import os
 
     from tfdpbnn.export import read_privacy
 
+    file = os.path.join(path, "assets", "privacy.json") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise ValueError(f"--statement: no privacy statement at {file} (give privacy.json or a SavedModel "
+                         "directory with assets/privacy.json)")
     try:
-        record = read_privacy(path)
-    except FileNotFoundError as err:
-        raise ValueError(f"--saved-model: {err}") from err
-    version = record["format_version"]
-    note = " (written before the format had a version; same fields)" if version == 0 else ""
-    print(f"privacy record of {path}, format version {version}{note}:")
-    print(json.dumps(record, indent=2, sort_keys=True))
+        statement = read_privacy(file)
+    except ValueError as err:
+        raise ValueError(f"--statement: {err}") from err
+    if "ledger_bound" not in statement:
+        raise ValueError(f"--statement: {file} has no ledger_bound (written by an earlier tfdpbnn); its "
+                         f"epsilon {statement.get('epsilon')} holds only for the weights its run produced")
+    def number(value):  # privacy.json writes an infinite epsilon as "inf"
+        return "infinite" if value in ("inf", math.inf) else f"{value:.4g}"
+
+    bound = statement["ledger_bound"]
+    if bound.get("epsilon_is_infinite"):
+        shown = "infinite"
+    elif bound["epsilon"] is None:
+        shown = f"unavailable ({bound.get('unavailable')})"
+    else:
+        shown = number(bound["epsilon"])
+    print(f"run epsilon:  {number(statement['run_epsilon'])} (delta {statement['delta']:g}, "
+          f"{statement['accountant']}): valid for weights trained from scratch in the recorded run")
+    print(f"ledger bound: {shown} over {bound['records']} records: valid for any weights derived from any "
+          "recorded run on them")
+    quote = statement["quote"]
+    print(f"quote: {quote['which']} = {number(quote['epsilon'])} ({quote['note']})")
+    return 0
+
+
+def _ledger(path: str, delta) -> int:
+    """Print the per-record ledger's distinct histories with their record counts and composed epsilons."""
+    import os
+
+    from tfdpbnn._validation import check_open_unit
+    from tfdpbnn.privacy.record_ledger import RecordLedger
+
+    if delta is None:
+        raise ValueError("--delta: --ledger needs the delta to report epsilon at")
+    check_open_unit("--delta", delta)
+    if not os.path.isfile(path):
+        raise ValueError(f"--ledger: no privacy record store at {path}")
+    ledger = RecordLedger(path)
+    histories = sorted(ledger.record_epsilons(None, delta), key=lambda h: -h[1])
+    budget = ledger.budget()
+    print(f"per-record ledger of {path}: {sum(c for c, _ in histories)} records in {len(histories)} "
+          f"histories; budget: {'none' if budget is None else budget}")
+    print("| records | composed epsilon (rdp) |")
+    print("| --- | --- |")
+    for count, epsilon in histories:
+        print(f"| {count} | {epsilon:.4g} |")
     return 0
 
 
@@ -122,9 +156,18 @@ def run(args: argparse.Namespace) -> int:
     from tfdpbnn._validation import check_choice, check_positive
     from tfdpbnn.privacy import paper
 
-    _check_mode(args)
-    if args.saved_model is not None:
-        return _print_record(args.saved_model)
+    if args.statement is not None:
+        return _statement(args.statement)
+    if args.ledger is not None:
+        return _ledger(args.ledger, args.delta)
+    needed = (("--num-examples", args.num_examples), ("--batch-size", args.batch_size),
+              ("--epochs", args.epochs), ("--delta", args.delta))
+    missing = [flag for flag, value in needed if value is None]
+    if args.noise_multiplier is None and args.epsilon is None:
+        missing.append("--noise-multiplier or --epsilon")
+    if missing:
+        raise ValueError(f"{', '.join(missing)}: required for the accounting table (or give --statement or "
+                         "--ledger)")
     q, steps = _setting(args)
     if args.noise_multiplier is not None:
         check_positive("--noise-multiplier", args.noise_multiplier)

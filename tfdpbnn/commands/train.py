@@ -58,9 +58,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the initialization (public); the run is one "
                    "seed (docs/results.md gives the spread over seeds)")
     p.add_argument("--secret-key-file", default=os.path.join("runs", ".sampling-key"),
-                   help="file holding this machine's secret seed of the batch sampling and the DP noise "
-                        "(created from OS entropy if missing, readable by you only; never publish it): runs "
-                        "repeat exactly here, and nobody without the file can know the batches or the noise "
+                   help="file holding this machine's secret seed of the batch sampling (created from OS "
+                        "entropy if missing, readable by you only; never publish it): nobody without the "
+                        "file can know the batches; the DP noise is keyed from OS entropy at every run "
                         "(default runs/.sampling-key)")
     p.add_argument("--public", default=None, choices=PUBLIC_SOURCES,
                    help="pretrain without privacy on this public data set before the private training "
@@ -68,6 +68,10 @@ def add_parser(subparsers) -> None:
                         "pip install 'tfdpbnn[public]'); public data cost no privacy: epsilon is unchanged")
     p.add_argument("--public-epochs", type=int, default=None,
                    help="epochs of the public pretraining (default: the pretraining recipe, 20)")
+    p.add_argument("--ema", type=float, default=None,
+                   help="evaluate and export the exponential moving average of the DP iterates with this "
+                        "decay in [0, 1) (De et al. 2022; post-processing: epsilon is unchanged; default: "
+                        "the last iterate)")
     p.add_argument("--calibration-split", type=float, default=0.0,
                    help="hold out about this fraction of the training records (private; chosen record by "
                         "record) to fit a temperature and 90%% prediction sets privately after training "
@@ -109,6 +113,9 @@ def _check(args):
     public_epochs = getattr(args, "public_epochs", None)
     if public_epochs is not None and (public_epochs < 1 or getattr(args, "public", None) is None):
         raise ValueError(f"--public-epochs must be an integer >= 1 and needs --public, got {public_epochs}")
+    ema = getattr(args, "ema", None)
+    if ema is not None and not (0.0 <= ema < 1.0):
+        raise ValueError(f"--ema must be a decay in [0, 1), got {ema}")
     split = getattr(args, "calibration_split", 0.0)
     if not (0.0 <= split < 1.0):
         raise ValueError(f"--calibration-split must be in [0, 1) (0: no calibration), got {split}")
@@ -147,8 +154,6 @@ def train(args) -> dict:
         recipe.hidden = args.hidden
     if args.accountant is not None:
         recipe.accountant = args.accountant
-    if getattr(args, "public", None) is not None:
-        recipe.learning_rate = recipe.public_learning_rate  # fine-tuning a pretrained network
     (x, y), (x_test, y_test) = _load(args.dataset, args.data_dir, args.seed)
     plan = None
     if getattr(args, "calibration_split", 0.0) > 0:  # held-out private records for the calibration releases
@@ -158,6 +163,12 @@ def train(args) -> dict:
             raise ValueError(f"--calibration-split {args.calibration_split} leaves {held.sum()} calibration "
                              f"and {(~held).sum()} training examples; each needs at least 10")
         (x_cal, y_cal), (x, y) = (x[held], y[held]), (x[~held], y[~held])
+        needed = plan.min_calibration_size(args.epsilon, args.delta, recipe.accountant)
+        if len(x_cal) < needed:  # before any budget is spent
+            raise ValueError(f"--calibration-split {args.calibration_split} holds out {len(x_cal)} examples; "
+                             f"private 90% prediction sets at --epsilon {args.epsilon:g} and --delta "
+                             f"{args.delta:g} need at least {needed} to be informative (fewer give sets of "
+                             "every label); raise --calibration-split or --epsilon, or use 0")
     n = len(x)
     batch_size = args.batch_size or max(1, int(round(recipe.sample_rate * n)))
     if batch_size > n:
@@ -172,6 +183,16 @@ def train(args) -> dict:
     public = getattr(args, "public", None)
     public_info = None
     if public is not None:
+        from tfdpbnn.commands.train_recipes import public_fine_tuning_rate
+
+        start = time.time()
+        simulated = dataclasses.replace(recipe, sample_rate=q)
+        chosen = public_fine_tuning_rate(args.method, simulated, args.epsilon, args.delta, public)
+        recipe.learning_rate = chosen["learning_rate"]  # fine-tuning rate chosen on public data only
+        print(f"tfdpbnn train: fine-tuning learning rate {recipe.learning_rate:g}, the best of "
+              f"{chosen['candidates']} for training from scratch at this epsilon simulated on public "
+              f"{public} (public validation accuracy {[round(v, 3) for v in chosen['scores']]}; no privacy "
+              f"cost) in {time.time() - start:.1f} s")
         from tfdpbnn.commands.train_recipes import PublicPretraining, pretrain_on_public
 
         settings = PublicPretraining()
@@ -180,6 +201,7 @@ def train(args) -> dict:
         start = time.time()
         public_info = pretrain_on_public(model, public, args.seed, settings)
         public_info["seconds"] = time.time() - start
+        public_info["fine_tuning_learning_rate"] = chosen
         print(f"tfdpbnn train: pretrained on public {public} ({public_info['examples']} examples, "
               f"{public_info['settings']['epochs']} epochs, no privacy cost; train accuracy "
               f"{public_info['final_train_accuracy']:.3f}) in {public_info['seconds']:.1f} s")
@@ -190,10 +212,12 @@ def train(args) -> dict:
                   metrics=["accuracy"])
     steps_per_epoch = int(math.ceil(n / batch_size))
     secret = read_or_create_secret(args.secret_key_file)
-    tf.random.set_seed(secret % (2 ** 31))  # the DP noise of the steps traced below: secret, not --seed
+    tf.random.set_seed(secret % (2 ** 31))  # the model's own randomness (the DP noise is keyed by os.urandom)
     batches = tfdpbnn.data.poisson_batches(x, y, sample_rate=q, steps_per_epoch=steps_per_epoch,
                                            secret_seed=secret)
     callbacks = [tfdpbnn.PrivacyCallback(args.delta, stop_at_epsilon=args.epsilon)]
+    if getattr(args, "ema", None) is not None:  # loaded into the model when training ends
+        callbacks.append(tfdpbnn.uncertainty.IterateAverage(args.ema))
     sampler = None
     if args.method == "dpsgld":
         total = steps_per_epoch * recipe.epochs
@@ -204,7 +228,9 @@ def train(args) -> dict:
           f"C={optimizer.l2_norm_clip:g} (calibrated by {recipe.accountant}), expected batch {batch_size} "
           f"(q={q:.4g}, Poisson), {recipe.epochs} epochs x {steps_per_epoch} steps, "
           f"{recipe.hidden or 'no'} hidden units, seed {args.seed}"
-          + (f", KL weight {recipe.kl_weight:g} (chosen on public data)" if args.method == "dpvd" else ""))
+          + (f", KL weight {recipe.kl_weight:g} (chosen on public data)" if args.method == "dpvd" else "")
+          + (f", learning rate {recipe.learning_rate:g}" if args.method != "dpsgld" else "")
+          + (f", EMA of the iterates (decay {args.ema:g})" if getattr(args, "ema", None) is not None else ""))
     start = time.time()
     model.fit(batches, epochs=recipe.epochs, verbose=args.verbose, callbacks=callbacks)
     train_seconds = time.time() - start
@@ -240,7 +266,7 @@ def train(args) -> dict:
     saved_model = tfdpbnn.export_saved_model(model, os.path.join(out, "saved_model"),
                                              num_samples=recipe.mc_samples, privacy=statement,
                                              from_logits=True, calibration=temperature,
-                                             prediction_sets=threshold)
+                                             prediction_sets=threshold, input_offset=-0.5)  # _load's centring
     title = f"{args.method} on {args.dataset}, epsilon {statement['epsilon']:.3g}"
     diagram = os.path.join(out, "reliability.png")
     reliability_diagram(probs, y_test, diagram, title=title)  # returns the Figure; saved at `diagram`

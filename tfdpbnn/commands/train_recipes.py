@@ -32,9 +32,9 @@ class Recipe:
     learning_rate: float = 1.0
     clip: float = 1.0
     mc_samples: int = 30
-    #: learning rate of the private fine-tuning after public pretraining (``tfdpbnn train --public``): chosen
-    #: on public data only by experiments/public_pretraining.py (docs/results.md), so it costs no privacy
-    public_learning_rate: float = 0.03
+    #: candidate learning rates of the private fine-tuning after public pretraining (``tfdpbnn train
+    #: --public``): ``public_fine_tuning_rate`` picks one on public data only, so it costs no privacy
+    public_learning_rates: tuple = (0.03, 0.1, 0.3, 1.0)
     #: dpvd only: weight of the variational layers' KL term (1 = the ELBO). Under DP the unclipped KL
     #: shrinks the means and makes DPVD under-confident; 0.03 was chosen on public data only (MNIST-5k,
     #: by experiments/dpvd_kl_public.py at epsilon 1 and 4; docs/results.md), so it costs no privacy
@@ -166,3 +166,49 @@ def pretrain_on_public(model, source: str, seed: int, settings: PublicPretrainin
     return {"source": source, "examples": int(len(x)), "epsilon_cost": 0.0,
             "final_train_accuracy": float(history.history["accuracy"][-1]),
             "settings": dataclasses.asdict(settings)}
+
+
+def public_fine_tuning_rate(method: str, recipe: Recipe, epsilon: float, delta: float,
+                            source: str = "mnist5k", seed: int = 0) -> dict:
+    """The fine-tuning learning rate chosen on public data only: the best rate for training *from scratch*.
+
+    The private run (same method, network, epsilon, delta, noise, batches and steps) is simulated from the
+    random initialization on 1437 public images and scored on 563 others (``tfdpbnn.public.select_on_public``,
+    candidates ``recipe.public_learning_rates``); the winner is used to fine-tune the pretrained network on
+    the private data. Simulating the fine-tuning itself on public data picks the smallest rate, because a
+    network pretrained on the same public distribution need not move (docs/results.md, "Public MNIST-5k
+    pretraining"); the from-scratch rate is the step the noise allows at this epsilon, which transfers to a
+    private set from another distribution. Reads no private data: no privacy cost. Returns
+    ``{"learning_rate", "scores", "candidates"}``.
+    """
+    import math
+
+    import numpy as np
+
+    from tfdpbnn.data import load_mnist5k_as_digits, poisson_batches
+    from tfdpbnn.public import select_on_public
+
+    if source not in PUBLIC_SOURCES:
+        raise ValueError(f"public source must be one of {PUBLIC_SOURCES}, got {source!r}")
+    x, y = load_mnist5k_as_digits()
+    x = (x - 0.5).astype("float32")
+    order = np.random.default_rng(seed).permutation(len(x))
+    simulated, validation = order[:1437], order[1437:2000]
+    n = len(simulated)
+    batch_size = int(round(recipe.sample_rate * n))
+    batches = poisson_batches(x[simulated], y[simulated], sample_rate=batch_size / n,
+                              steps_per_epoch=int(math.ceil(n / batch_size)), secret_seed=30_000 + seed)
+
+    def build(hparams):
+        candidate = dataclasses.replace(recipe, learning_rate=hparams["learning_rate"])
+        model = build_model(method, (64,), 10, n, recipe.hidden, seed, kl_weight=recipe.kl_weight)
+        model.compile(optimizer=build_optimizer(method, candidate, epsilon, delta, n, batch_size),
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        tf.random.set_seed(40_000 + seed)
+        return model
+
+    candidates = [{"learning_rate": float(lr)} for lr in recipe.public_learning_rates]
+    chosen = select_on_public(build, candidates, batches, (x[validation], y[validation]),
+                              epochs=recipe.epochs)
+    return {"learning_rate": chosen.hparams["learning_rate"], "scores": chosen.scores,
+            "candidates": [c["learning_rate"] for c in candidates]}

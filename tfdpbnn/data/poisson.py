@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tfdpbnn._audit_hook import audit_bug
 from tfdpbnn.data.sampling import SamplingSpec, tag
+from tfdpbnn.privacy.records import record_keys, tag_record_keys
 from tfdpbnn.privacy.store import data_fingerprint, tag_data_fingerprint
 
 
@@ -42,7 +43,7 @@ def check_debug_seed(seed, debug_fixed_seed) -> None:
 
 
 def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None, sample_weight=None, *,
-                    debug_fixed_seed=False, secret_seed=None):
+                    debug_fixed_seed=False, secret_seed=None, record_ids=None):
     """A ``tf.data.Dataset`` of batches where each example joins each batch independently with prob. q.
 
     Every batch draws a fresh Bernoulli(q) mask over all n examples (Abadi et al. 2016, "lots"; Mironov et
@@ -68,6 +69,8 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
       secret_seed: an integer seed YOU keep secret (e.g. read from a local key file that is never published),
         for runs that must repeat exactly on one machine. Amplification is then claimed on your word: the
         privacy statement lists the seed's secrecy under ``asserted_by_user``.
+      record_ids: one id per example for the per-record ledger (``tfdpbnn.privacy.records``); by default
+        each example's canonical content hash of ``x`` and ``y``.
     Yields ``x_b``, ``(x_b, y_b)`` or ``(x_b, y_b, w_b)``.
     """
     sample_rate, steps_per_epoch = check_rate_and_steps(sample_rate, steps_per_epoch)
@@ -106,5 +109,8 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
     source = "asserted_by_user" if asserted_secret else "poisson_batches"
     dataset = tag_data_fingerprint(dataset, data_fingerprint([t.numpy() for p in parts
                                                               for t in tf.nest.flatten(p)]))
+    labels = None if y is None else tf.nest.map_structure(lambda t: t.numpy(), parts[1])
+    keys = record_keys(tf.nest.map_structure(lambda t: t.numpy(), parts[0]), labels, record_ids)
+    dataset = tag_record_keys(dataset, keys)
     return tag(dataset, SamplingSpec("poisson", n, q, source, fixed))
 

@@ -35,7 +35,21 @@ class _NoisyMixin:
         self.noise_stddev.assign(check_real("noise_stddev", value, low=0.0))
 
     def _noisy(self, var):
-        noise = tf.random.normal(tf.shape(var), dtype=var.dtype)
+        """``var + s xi``, one fresh ``xi ~ N(0, I)``.
+
+        ``xi`` is ``tf.random.normal`` unless a ``SIDPOptimizer`` tracks this layer: then the exact-tailed
+        draw of ``tfdpbnn.optimizers.noise`` seeded by the optimizer's mechanism (``noise_seed``: a key from
+        ``os.urandom`` per run and a step counter, or ``os.urandom`` per draw in secure mode), because in its
+        paper mode ``xi`` is the privacy noise of the released theta and must not be replayable from a seed
+        the process sets.
+        """
+        next_seed = getattr(self, "_tfdpbnn_noise_seed", None)
+        if next_seed is None:
+            noise = tf.random.normal(tf.shape(var), dtype=var.dtype)
+        else:
+            from tfdpbnn.optimizers.noise import gaussian_noise_like
+
+            noise = gaussian_noise_like([var], 1.0, seed=next_seed())[0]
         return var + tf.cast(self.noise_stddev, var.dtype) * noise
 
     def _weights(self, training):

@@ -43,6 +43,7 @@ from tfdpbnn.data.distributed import check_distributed_input
 from tfdpbnn.optimizers import fit_checks, keras_integration
 from tfdpbnn.optimizers.ledger_state import LedgerState
 from tfdpbnn.optimizers.mechanism import DPGradients, DPMechanism
+from tfdpbnn.optimizers.noise import check_debug_noise_seed
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
 from tfdpbnn.optimizers.run_record import RunRecord
 from tfdpbnn.optimizers.statement import build_statement
@@ -141,6 +142,11 @@ def _check_release(value):
     return sorted(set(names))
 
 
+#: The key of the constant a DP step returns when it releases no training metric and Keras runs several steps
+#: per train function (which needs some output); ``DPTrainingMonitor`` takes it out of the logs.
+NO_RELEASED_METRICS = "dp_no_released_metrics"
+
+
 class _LedgerLink:
     """A plain (not trackable) holder of the optimizer that last trained a model: the model's ledger."""
 
@@ -172,14 +178,22 @@ class DPOptimizerMixin:
       clipping_method: forwarded to ``tfdpbnn.clipping.clipped_gradients``.
       secure_mode: draw every step's noise from a generator seeded with 16 bytes of ``os.urandom``
         (as Opacus's ``secure_mode``), so no seed set in the process can replay it
-        (``tfdpbnn.optimizers.noise``); default False: TensorFlow's own random stream.
+        (``tfdpbnn.optimizers.noise``); default False: a Philox stream keyed by 16 bytes of ``os.urandom``
+        drawn at every ``fit``/``train_on_batch``/``begin_training``, also independent of every seed.
+      debug_noise_seed: None (default), or an integer in [0, 2^63): the noise is replayable from it, for
+        debugging only. Whoever knows the seed can remove the noise, so the privacy statement says
+        ``"guarantee": false`` and why (its epsilon values are then not guarantees). Saved by
+        ``get_config``; not with ``secure_mode=True``.
       allow_exceeding_budget: with a budget, keep training past it (the statement then reports the larger
         epsilon); default False: training stops before the step that would exceed it.
       release_training_metrics: which training-batch metrics a DP ``fit`` passes to its callbacks
         (``History``, the progress bar, ``TensorBoard``, yours): they are computed on the private batches
         without noise, so no epsilon covers them. Default False: none (the logs hold epsilon and the
         validation metrics); True: all; or the names, e.g. ``("loss", "accuracy")``. Released metrics are
-        named in the privacy statement's ``not_covered``.
+        named in the privacy statement's ``not_covered``. Metrics not released are not computed by the DP
+        step, and the metric objects they live in are reset inside it (``model.get_metrics_result()`` and
+        ``model.metrics`` hold nothing of the training batches; ``train_on_batch`` returns only released
+        ones).
       initial_steps: steps already taken (``get_config`` records ``optimizer.iterations``).
       privacy_ledger: the ledger of a saved optimizer (``get_config`` records it).
       **kwargs: the base Keras optimizer's arguments (learning_rate, momentum, clipnorm, ...).
@@ -192,7 +206,7 @@ class DPOptimizerMixin:
     def __init__(self, l2_norm_clip, noise_multiplier=None, *, target_epsilon=None, delta=None,
                  num_examples=None, batch_size=None, epochs=None, accountant="rdp", sampling="shuffle",
                  neighboring="add_or_remove", clipping_method="auto", allow_exceeding_budget=False,
-                 secure_mode=False,
+                 secure_mode=False, debug_noise_seed=None,
                  initial_steps=0, privacy_ledger=None, release_training_metrics=False, **kwargs):
         if "epsilon" in kwargs:
             raise ValueError(
@@ -223,6 +237,7 @@ class DPOptimizerMixin:
             epochs = check_positive_int("epochs", epochs)
         if not isinstance(secure_mode, bool):
             raise ValueError(f"secure_mode must be True or False, got {secure_mode!r}")
+        debug_noise_seed = check_debug_noise_seed(debug_noise_seed, secure_mode)
         if not isinstance(allow_exceeding_budget, bool):
             raise ValueError(f"allow_exceeding_budget must be True or False, got {allow_exceeding_budget!r}")
         initial_steps = check_nonnegative_int("initial_steps", initial_steps)
@@ -251,7 +266,7 @@ class DPOptimizerMixin:
                            "epochs": epochs, "accountant": accountant, "sampling": sampling,
                            "neighboring": neighboring, "clipping_method": clipping_method,
                            "target_epsilon": target_epsilon, "allow_exceeding_budget": allow_exceeding_budget,
-                           "secure_mode": secure_mode,
+                           "secure_mode": secure_mode, "debug_noise_seed": debug_noise_seed,
                            "release_training_metrics": _check_release(release_training_metrics)}
         self._dp_checked_models = set()
         with tf.init_scope():
@@ -273,7 +288,8 @@ class DPOptimizerMixin:
             self.note_uncovered_release(kind)
         self.mechanism = _OptimizerMechanism(
             self._dp_l2_norm_clip, self._dp_noise_multiplier, self._dp_batch_size, scale=self._dp_sum_scale,
-            clipping_method=clipping_method, secure_mode=secure_mode, neighboring=neighboring,
+            clipping_method=clipping_method, secure_mode=secure_mode,
+            debug_noise_seed=self._dp_static["debug_noise_seed"], neighboring=neighboring,
             on_batch=self._dp_count_batch, record=self._dp_record_release)
 
     # ----------------------------------------------------------------------------------------- state
@@ -450,12 +466,20 @@ class DPOptimizerMixin:
         """Training-batch metrics a DP ``fit`` shows its callbacks: False (none), True (all) or names."""
         return self._dp_static["release_training_metrics"]
 
+    def note_released_training_metrics(self) -> None:
+        """Name the released training metrics (``release_training_metrics``) in the statement, if any."""
+        released = self.release_training_metrics
+        if released:
+            self.note_uncovered_release("training_metrics")
+            if released is not True:
+                self._dp_uncovered["training_metrics"] += f": {', '.join(released)}"
+
     def note_uncovered_release(self, kind: str) -> None:
         """Record that this run released ``kind`` (a key of ``UNCOVERED_RELEASES``), for the statement."""
         self._dp_uncovered[check_choice("kind", kind, tuple(self.UNCOVERED_RELEASES))] = \
             self.UNCOVERED_RELEASES[kind]
 
-    def record_release(self, release, composition="sequential") -> None:
+    def record_release(self, release, composition="sequential", *, x=None, y=None, record_ids=None) -> None:
         """Compose a private release of this model's data into its privacy statement.
 
         ``release``: what a private fit on the private data returned, such as
@@ -467,6 +491,12 @@ class DPOptimizerMixin:
         ``tfdpbnn.uncertainty.split_by_record``: the parallel releases are composed with each other and the
         statement takes the larger of that and the training's epsilon, McSherry 2009; add/remove adjacency
         only). Recording the same object twice counts it once.
+
+        ``x``/``y`` (the data the release was fit on, in the form training was given it) or ``record_ids``
+        (their ids): the release is also written to the per-record ledger (``tfdpbnn.privacy.record_ledger``)
+        against exactly those records, so every later run on them counts it. This model's own
+        ``ledger_bound`` composes it with the history of every record the model was trained on either way
+        (an upper bound).
         """
         import dp_accounting
 
@@ -480,7 +510,20 @@ class DPOptimizerMixin:
             raise ValueError(f"composition: parallel composition over a record-wise split needs add/remove "
                              f"adjacency, this optimizer uses {self.neighboring!r}; use 'sequential'")
         if all(r is not release for r, _ in self._dp_releases):
+            keys = None
+            if x is not None or record_ids is not None:
+                from tfdpbnn.privacy.records import record_keys
+
+                keys = record_keys(x, y, record_ids)
             self._dp_releases.append((release, composition))
+            if keys is not None:
+                from tfdpbnn.privacy.record_ledger import default_ledger
+
+                ledger = default_ledger()
+                if ledger is not None:
+                    ledger.record(keys, cost.dp_event, kind="calibration", neighboring=self.neighboring,
+                                  description=f"{type(release).__name__} ({composition}) of "
+                                              f"{type(self).__name__}")
 
     def _dp_statement_extras(self) -> dict:
         return {}
@@ -488,7 +531,7 @@ class DPOptimizerMixin:
     # ------------------------------------------------------------------------------- fit integration
     def begin_training(self, model, x, y=None, batch_size=None, validation_split=0.0, shuffle=True, *,
                        _fit=False):
-        """Check ``x`` and ``model`` and open the ledger phase for the steps about to run.
+        """Check ``x`` and ``model``, draw the run's noise key and open the ledger phase for the steps ahead.
 
         ``model.fit`` calls it; call it yourself before a custom training loop that uses
         ``optimizer.minimize``. Raises ``ValueError`` for input whose sampling or size does not match the
@@ -497,6 +540,7 @@ class DPOptimizerMixin:
         participation of every example, without amplification.
         """
         self._adopt_model_ledger(model)
+        self.mechanism.new_run()  # this run's noise key: fresh from os.urandom (tfdpbnn.optimizers.noise)
         check_distributed_input(model.distribute_strategy, x, shuffle=shuffle)
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
@@ -507,14 +551,16 @@ class DPOptimizerMixin:
             sample_rate=sampling["sample_rate"], num_examples=sampling["num_examples"],
             source=source, batch_size=self.batch_size)
 
-    def begin_batch_call(self, model, x, y=None):
+    def begin_batch_call(self, model, x, y=None, record_ids=None):
         """Check ``model`` and open the ledger phase for one ``model.train_on_batch(x, y)`` call.
 
         The batch is given by the caller, so nothing says that its examples differ from the last call's:
         every such step counts as one participation of every example (no amplification, no pooling of
-        examples into passes across calls). Raises ``ValueError`` when the optimizer's budget leaves no step.
+        examples into passes across calls). ``record_ids``: the batch's record ids for the per-record ledger
+        (else its records' content hashes). Raises ``ValueError`` when the optimizer's budget leaves no step.
         """
         self._adopt_model_ledger(model)
+        self.mechanism.new_run()
         self._check_model(model, x, y)
         self._dp_ledger.open_phase(
             kind="participations", noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
@@ -531,10 +577,12 @@ class DPOptimizerMixin:
                 f"spent: epsilon is {self.epsilon():.4g} after {self.ledger.steps} steps and one more "
                 "train_on_batch step would exceed it. Build the optimizer with allow_exceeding_budget=True "
                 "to go on (the privacy statement then reports the larger epsilon).")
+        from tfdpbnn.privacy.records import input_keys
         from tfdpbnn.privacy.store import input_fingerprint
 
-        self._dp_record.begin(model, input_fingerprint(x, y), planned_steps=1)
-        self.note_uncovered_release("training_metrics")
+        self._dp_record.begin(model, input_fingerprint(x, y), planned_steps=1,
+                              record_keys=input_keys(x, y, record_ids))
+        self.note_released_training_metrics()
 
     def _adopt_model_ledger(self, model):
         """Make this optimizer the holder of ``model``'s ledger, importing the previous holder's phases."""
@@ -651,16 +699,43 @@ class DPOptimizerMixin:
         clipped = self.mechanism.clip_model(model, x, y, sample_weight, var_list=var_list)
         grads = self._dp_record_release(self._dp_gradients(clipped, var_list))
         self.apply_gradients(zip(grads, var_list, strict=True))
+        logs = self._dp_training_metrics(model, x, y, sample_weight, clipped)
+        logs.update(self._dp_extra_logs(model))
+        if not logs:
+            with tf.init_scope():
+                several = _private_api.steps_per_execution(model) > 1
+            if several:  # Keras's multi-step train function needs some output: a constant, withheld from logs
+                logs[NO_RELEASED_METRICS] = tf.zeros([])
+        return logs
+
+    def _dp_training_metrics(self, model, x, y, sample_weight, clipped):
+        """The released training-batch metrics of one step (``release_training_metrics``), as logs.
+
+        Metrics not released are not computed: the loss tracker and the compiled metrics are updated only
+        when some metric is released, and every metric object of ``model.metrics`` not released
+        (``add_metric`` ones too, which the forward pass updates) is reset at the end of the step, inside it,
+        so
+        ``model.get_metrics_result()`` and the metric objects hold nothing of the private batches.
+        """
+        released = self.release_training_metrics
+        names = None if released is True else set(released or ())
+        logs = {}
         realized = tf.cast(tf.shape(clipped.per_example_loss)[0], tf.float32)
         data_loss = tf.math.divide_no_nan(tf.reduce_sum(clipped.per_example_loss), realized)
         total_loss = data_loss + tf.cast(clipped.regularization_loss, tf.float32)
-        loss_mean = _private_api.total_loss_metric(model)
-        if loss_mean is not None:
-            loss_mean.update_state(total_loss, sample_weight=realized)
-        logs = model.compute_metrics(x, y, clipped.y_pred, sample_weight)
-        logs = dict(logs)
-        logs.setdefault("loss", total_loss)
-        logs.update(self._dp_extra_logs(model))
+        if names is None or "loss" in names:
+            loss_mean = _private_api.total_loss_metric(model)
+            if loss_mean is not None:
+                loss_mean.update_state(total_loss, sample_weight=realized)
+            logs["loss"] = total_loss if loss_mean is None else loss_mean.result()
+        if names is None or names - {"loss"}:
+            logs.update(model.compute_metrics(x, y, clipped.y_pred, sample_weight))
+        if names is None:
+            return logs
+        logs = {k: v for k, v in logs.items() if k in names}
+        for metric in model.metrics:
+            if metric.name not in names:
+                metric.reset_state()
         return logs
 
     def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):

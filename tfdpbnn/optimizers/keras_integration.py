@@ -10,11 +10,12 @@ the optimizer before tracing the train step, so ``fit`` can only learn that its 
 - ``train_step``: when ``model.optimizer`` is a tfdpbnn DP optimizer, ``optimizer.dp_train_step(model,
   data)`` (``optimizer.mechanism``: per-example clipping, one noise draw, update, metrics); for any other
   optimizer, Keras's original ``train_step``, called unchanged.
-- ``fit``: with a DP optimizer it first calls ``optimizer.begin_training`` (checks the input and the model,
-  opens the privacy-ledger phase), warns when the planned training exceeds the optimizer's budget, and puts
-  ``DPTrainingMonitor`` (budget stop, Poisson test of the realized batch sizes, epsilon in the logs) and any
-  ``PrivacyCallback`` at the front of the callbacks, so that ``History`` and ``TensorBoard`` see epsilon; for
-  any other optimizer, Keras's original ``fit``, called unchanged.
+- ``fit``: with a DP optimizer it takes one more argument, ``record_ids`` (the training records' ids for
+  the per-record ledger, ``tfdpbnn.privacy.record_ledger``), and first calls ``optimizer.begin_training``
+  (checks the input and the model, opens the privacy-ledger phase), warns when the planned training exceeds
+  the optimizer's budget, and puts ``DPTrainingMonitor`` (budget stop, Poisson test of the realized batch
+  sizes, epsilon in the logs) and any ``PrivacyCallback`` at the front of the callbacks, so that ``History``
+  and ``TensorBoard`` see epsilon; for any other optimizer, Keras's original ``fit``, called unchanged.
 
 - ``train_on_batch``: with a DP optimizer it first calls ``optimizer.begin_batch_call`` (the model checks;
   each call's step counted as one participation of every example, never pooled into passes across calls;
@@ -82,8 +83,11 @@ def _planned_steps(model, x, arguments):
     return max(0, epochs) * int(per_epoch)
 
 
-def _dp_fit_arguments(model, optimizer, arguments):
-    """Check and prepare one DP ``fit`` call; returns the arguments to pass on."""
+def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
+    """Check and prepare one DP ``fit`` call; returns the arguments to pass on.
+
+    ``record_ids``: the ids of the training records (``fit(..., record_ids=...)``) for the per-record ledger.
+    """
     from tfdpbnn.callbacks import DPTrainingMonitor, PrivacyCallback
 
     x = arguments.get("x")
@@ -92,14 +96,12 @@ def _dp_fit_arguments(model, optimizer, arguments):
                              shuffle=arguments.get("shuffle", True), _fit=True)
     planned = _planned_steps(model, x, arguments)
     optimizer.warn_if_plan_exceeds_budget(planned)
+    from tfdpbnn.privacy.records import input_keys
     from tfdpbnn.privacy.store import input_fingerprint
 
-    optimizer._dp_record.begin(model, input_fingerprint(x, arguments.get("y")), planned)
-    released = optimizer.release_training_metrics
-    if released:
-        optimizer.note_uncovered_release("training_metrics")
-        if released is not True:
-            optimizer._dp_uncovered["training_metrics"] += f": {', '.join(released)}"
+    optimizer._dp_record.begin(model, input_fingerprint(x, arguments.get("y")), planned,
+                               record_keys=input_keys(x, arguments.get("y"), record_ids))
+    optimizer.note_released_training_metrics()
     if arguments.get("validation_split"):
         optimizer.note_uncovered_release("validation_split")
     if arguments.get("validation_data") is not None:
@@ -149,12 +151,13 @@ def install() -> None:
         optimizer = dp_optimizer_of(self)
         if optimizer is None:
             return _original_fit(self, *args, **kwargs)
+        record_ids = kwargs.pop("record_ids", None)
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
         arguments = dict(bound.arguments)
         arguments.pop("self")
         extra = arguments.pop("kwargs", {}) or {}
-        arguments = _dp_fit_arguments(self, optimizer, arguments)
+        arguments = _dp_fit_arguments(self, optimizer, arguments, record_ids)
         try:
             return _original_fit(self, **arguments, **extra)
         except BaseException:
@@ -172,8 +175,10 @@ def install() -> None:
     def train_on_batch(self, *args, **kwargs):
         optimizer = dp_optimizer_of(self)
         if optimizer is not None:
+            record_ids = kwargs.pop("record_ids", None)
             bound = batch_signature.bind(self, *args, **kwargs)
-            optimizer.begin_batch_call(self, bound.arguments.get("x"), bound.arguments.get("y"))
+            optimizer.begin_batch_call(self, bound.arguments.get("x"), bound.arguments.get("y"),
+                                       record_ids=record_ids)
             result = _original_train_on_batch(self, *args, **kwargs)
             optimizer._dp_record.snapshot(self, final=True)
             return result

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,7 @@ from tfdpbnn._validation import check_choice, check_nonnegative, check_positive,
 from tfdpbnn.clipping import clipped_gradients, jacobian_clipped_sum
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.clipping.result import ClippedGradients
-from tfdpbnn.optimizers.noise import gaussian_noise_like
+from tfdpbnn.optimizers.noise import NoiseKey, check_debug_noise_seed, gaussian_noise_like, step_seed
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
 from tfdpbnn.privacy.budget import NEIGHBORING
 from tfdpbnn.privacy.ledger import step_event
@@ -120,7 +121,12 @@ class DPMechanism:
       clipping_method: "auto" (a registered per-layer rule for every variable, else the jacobian with one
         warning), "ghost" or "jacobian" (``tfdpbnn.clipping.clipped_gradients``).
       secure_mode: seed every step's noise from ``os.urandom`` (None: the process-wide
-        ``tfdpbnn.optimizers.noise.secure_mode()``).
+        ``tfdpbnn.optimizers.noise.secure_mode()``). Otherwise the noise comes from this mechanism's
+        ``noise_key``: a key from ``os.urandom`` (fresh at every ``new_run``) and a step counter, never from a
+        seed set in the process, a checkpoint or a config (``tfdpbnn.optimizers.noise``).
+      debug_noise_seed: None (default), or an integer in [0, 2^63) that makes the noise replayable from it,
+        for debugging only: whoever knows the seed can subtract the noise, so no epsilon holds (an
+        optimizer's privacy statement then says ``"guarantee": false``). Not with ``secure_mode=True``.
       neighboring: "add_or_remove" (sensitivity C) or "replace_one" (2C), for ``step_event``.
       on_batch: optional ``f(realized_batch_size)`` run inside the step for every clipped batch (the
         optimizers count the examples they really saw with it).
@@ -135,7 +141,7 @@ class DPMechanism:
 
     def __init__(self, l2_norm_clip: Scalar, noise_multiplier: Scalar, expected_batch_size: Scalar, *,
                  scale: Scalar = None, clipping_method: str = "auto", secure_mode: bool | None = None,
-                 neighboring: str = "add_or_remove",
+                 debug_noise_seed: int | None = None, neighboring: str = "add_or_remove",
                  on_batch: Callable[[tf.Tensor], None] | None = None) -> None:
         if isinstance(l2_norm_clip, numbers.Real):
             l2_norm_clip = check_positive("l2_norm_clip", l2_norm_clip)
@@ -148,6 +154,11 @@ class DPMechanism:
         self.clipping_method = str(check_choice("clipping_method", clipping_method, CLIPPING_METHODS))
         if secure_mode is not None and not isinstance(secure_mode, bool):
             raise ValueError(f"secure_mode must be True, False or None, got {secure_mode!r}")
+        debug_noise_seed = check_debug_noise_seed(debug_noise_seed, secure_mode)
+        if debug_noise_seed is not None:
+            warnings.warn(f"debug_noise_seed={debug_noise_seed}: the DP noise is replayable from this seed, "
+                          "so no privacy guarantee holds (debugging only; the privacy statement says so)",
+                          UserWarning, stacklevel=2)
         self.neighboring = str(check_choice("neighboring", neighboring, tuple(NEIGHBORING)))
         if on_batch is not None and not callable(on_batch):
             raise ValueError(f"on_batch must be a function of the realized batch size, got {on_batch!r}")
@@ -155,8 +166,31 @@ class DPMechanism:
         self._sigma = noise_multiplier
         self._batch = expected_batch_size
         self._scale = scale
-        self._secure = secure_mode
+        # A replayable seed is the user's explicit choice: the process-wide secure mode does not override it.
+        self._secure = False if debug_noise_seed is not None else secure_mode
         self._on_batch = on_batch
+        self.noise_key = NoiseKey(debug_noise_seed)
+
+    @property
+    def noise_replayable(self) -> bool:
+        """Whether this mechanism's noise is replayable from ``debug_noise_seed`` (then: no guarantee)."""
+        return self.noise_key.replayable
+
+    def noise_seed(self) -> tf.Tensor:
+        """A fresh [2] int64 seed from this mechanism's noise source, made where it is called (in the step).
+
+        The key and counter (``noise_key``), or 16 bytes of ``os.urandom`` in secure mode; for noise drawn
+        beside the release (SI-DPSGD's weight noise).
+        """
+        return step_seed(self._secure, self.noise_key)
+
+    def new_run(self) -> None:
+        """Start a new run: a fresh noise key from ``os.urandom`` (``NoiseKey.new_run``).
+
+        The optimizers call it at every ``fit``, ``train_on_batch`` and ``begin_training``; a custom loop may
+        call it before each run (the key drawn when the mechanism was built serves until then).
+        """
+        self.noise_key.new_run()
 
     # ------------------------------------------------------------------------------------ parameters
     @property
@@ -246,7 +280,8 @@ class DPMechanism:
             stddev = stddev * _audit_bug("noise-2/3")
         if _audit_bug("reused-seed"):  # AUDIT BUG: every draw from the same seed
             return gaussian_noise_like(tensors, stddev, tf.constant([1, 2], tf.int64), across_replicas=True)
-        return gaussian_noise_like(tensors, stddev, secure=self._secure, across_replicas=True)
+        return gaussian_noise_like(tensors, stddev, secure=self._secure, across_replicas=True,
+                                   key=self.noise_key)
 
     def release(self, clipped: ClippedGradients) -> DPGradients:
         """Add the step's one noise draw to a clipped sum from ``clip_model`` or ``clip_losses``."""

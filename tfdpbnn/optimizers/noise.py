@@ -26,12 +26,28 @@ Below the tail the radius is quantized on cells of probability 2^-32 (2^-23 with
 every floating-point sampler is (Mironov 2012); the accounting treats the noise as exact, like tf-privacy
 and Opacus.
 
-Seeds. Every draw is stateless from a 128-bit step seed (``step_seed``): by default a stateful
-``tf.random`` draw (reproducible under ``tf.keras.utils.set_random_seed``); in secure mode
-(``set_secure_mode``, as Opacus's ``secure_mode``) 128 fresh bits from the operating system's CSPRNG
-(``os.urandom``) at every step, so the noise cannot be replayed from a seed, a checkpoint or another
-worker's state. Philox (TensorFlow's generator) then expands the seed; it is a counter-based generator, not
-a cryptographic one, with no known practical attack.
+Seeds: what the noise depends on. Every draw is stateless from a 128-bit step seed (``step_seed``), made
+inside the traced step, so every executed step draws fresh noise (none is frozen into the graph when the
+step is traced). By default the step seed is a Philox hash of a run KEY and a step COUNTER, both held by a
+``NoiseKey`` (``DPMechanism.noise_key``) in two variables that no checkpoint, ``get_config``, ``.keras``
+file or SavedModel holds: the key is 16 bytes of ``os.urandom``, drawn when the mechanism is built and
+again at the start of every run (``NoiseKey.new_run``: each ``fit``, ``train_on_batch`` and
+``begin_training`` call of a DP optimizer), and the counter is incremented by the step itself. So the
+noise depends on no seed a user or a library can set (``tf.keras.utils.set_random_seed``,
+``tf.random.set_seed``, numpy's), and restoring a checkpoint (``BackupAndRestore``, ``tf.train.Checkpoint``)
+or reloading a model does not replay it: a restore rewinds the optimizer, not the key or the counter. Two
+processes forked after a key was drawn share it until their next run starts (``new_run``); a custom loop
+that forks calls ``mechanism.new_run()`` in each child. Philox is a counter-based generator, not a
+cryptographic one (no known practical attack): an observer who could recover the key from released noise
+could predict the rest of that run's noise. Secure mode (``secure_mode=True``, or ``set_secure_mode``
+process-wide, as Opacus's ``secure_mode``) closes that too: every step's seed is 128 fresh bits of
+``os.urandom``, fetched by the step (a ``tf.py_function``, so not under XLA). The weight noise of the
+noisy layers an ``SIDPOptimizer`` tracks is drawn from its mechanism's key too (``tfdpbnn.layers.noisy``).
+
+Replayable noise, for debugging only: ``debug_noise_seed=<int>`` on a DP optimizer or ``DPMechanism`` makes
+the key a function of that seed (and ``new_run`` keeps the key and the counter), so the noise of a fresh
+optimizer is replayed exactly from the seed. Anyone who knows the seed can subtract the noise, so no
+epsilon holds: the privacy statement then says ``"guarantee": false`` with the reason (``docs/privacy.md``).
 
 Replicas. Under ``tf.distribute`` (``gaussian_noise_like(..., across_replicas=True)``) the replica with
 global id 0 draws the whole ``N(0, s^2)`` and the others add zeros; the optimizer's all-reduce SUMS the
@@ -44,6 +60,7 @@ CPU devices do, that is R times the noise cost.)
 from __future__ import annotations
 
 import math
+import numbers
 import os
 
 import numpy as np
@@ -60,9 +77,9 @@ _SECURE = False
 def set_secure_mode(enabled: bool) -> None:
     """Turn secure mode on or off for every DP optimizer without a per-optimizer setting.
 
-    Secure mode seeds each step's noise from ``os.urandom`` (128 bits) instead of TensorFlow's seeded
-    generator (Opacus's ``secure_mode``). Read when a train step is traced: set it before ``model.fit`` (or
-    recompile the model).
+    Secure mode seeds each step's noise from ``os.urandom`` (128 fresh bits per step) instead of a Philox
+    hash of the run's key and step counter (Opacus's ``secure_mode``). Read when a train step is traced:
+    set it before ``model.fit`` (or recompile the model).
     """
     if not isinstance(enabled, bool):
         raise ValueError(f"enabled must be True or False, got {enabled!r}")
@@ -138,17 +155,97 @@ def exponential_variates(size, seed, words: int = RADIUS_WORDS, word_bits: int =
     return level(0)
 
 
-def step_seed(secure: bool | None = None, op_seed=None) -> tf.Tensor:
-    """A fresh [2] int64 seed for one step's noise.
+def _fresh_key() -> np.ndarray:
+    """128 bits of ``os.urandom`` as a [2] int64 key."""
+    return np.frombuffer(os.urandom(16), dtype=np.int64).copy()
 
-    ``secure`` (default: ``secure_mode()``): 16 bytes of ``os.urandom``, fetched at every call of the traced
-    step; otherwise a stateful ``tf.random`` draw (op seed ``op_seed``), reproducible under the global seed.
+
+def check_debug_noise_seed(value, secure_mode=None):
+    """``debug_noise_seed`` as None or an int in [0, 2^63), else ``ValueError`` naming it.
+
+    Also refused with ``secure_mode=True`` (replayable and per-step OS-entropy noise exclude each other).
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < 2 ** 63:
+        raise ValueError("debug_noise_seed must be None (noise keyed from os.urandom, the default) or an "
+                         f"integer in [0, 2**63) (replayable noise, no privacy guarantee); got {value!r}")
+    if secure_mode:
+        raise ValueError("debug_noise_seed: replayable noise and secure_mode=True exclude each other; give "
+                         f"one (got debug_noise_seed={value!r} with secure_mode=True)")
+    return int(value)
+
+
+class NoiseKey:
+    """Where a run's DP noise comes from: a 128-bit key and a step counter (see the module docstring).
+
+    The two are ``tf.Variable`` held by this plain (not trackable) object, so no checkpoint or saved model
+    holds them; they are created with ``synchronization=ON_READ`` so that under ``tf.distribute`` each
+    replica keeps its own copy and the replica that draws the noise updates its counter alone.
+
+    Args:
+      debug_seed: None (default): the key is 16 bytes of ``os.urandom``, drawn now and at every
+        ``new_run``. An integer in [0, 2^63): the key is ``[debug_seed, 0]`` and ``new_run`` changes
+        nothing, so the noise is replayable from the seed (debugging only: no privacy guarantee).
+    """
+
+    def __init__(self, debug_seed=None):
+        self.debug_seed = check_debug_noise_seed(debug_seed)
+        key = _fresh_key() if self.debug_seed is None else np.array([self.debug_seed, 0], np.int64)
+        with tf.init_scope():
+            on_read = {"trainable": False, "synchronization": tf.VariableSynchronization.ON_READ,
+                       "aggregation": tf.VariableAggregation.ONLY_FIRST_REPLICA}
+            self._key = tf.Variable(key, dtype=tf.int64, name="dp_noise_key", **on_read)
+            self._counter = tf.Variable(0, dtype=tf.int64, name="dp_noise_counter", **on_read)
+
+    @property
+    def replayable(self) -> bool:
+        """Whether the noise is replayable from a seed (``debug_seed`` given)."""
+        return self.debug_seed is not None
+
+    def new_run(self) -> None:
+        """Start a run: a fresh key from ``os.urandom`` and the counter at 0 (nothing with ``debug_seed``)."""
+        if self.debug_seed is not None:
+            return
+        with tf.init_scope():
+            self._key.assign(_fresh_key(), read_value=False)
+            self._counter.assign(0, read_value=False)
+
+    def next_seed(self) -> tf.Tensor:
+        """The [2] int64 seed of the next draw: Philox of (key, counter + 1); increments the counter.
+
+        Runs inside the traced step, so each execution of the step gets the next counter value.
+        """
+        count = self._counter.assign_add(1)
+        key = tf.convert_to_tensor(self._key)
+        return tf.random.stateless_uniform(
+            [2], seed=tf.stack([key[0], tf.bitwise.bitwise_xor(key[1], count)]), minval=None, maxval=None,
+            dtype=tf.int64)
+
+
+_DEFAULT_KEY = None
+
+
+def default_key() -> NoiseKey:
+    """The process-wide ``NoiseKey`` of ``gaussian_noise_like`` calls without a key (from ``os.urandom``)."""
+    global _DEFAULT_KEY
+    if _DEFAULT_KEY is None:
+        _DEFAULT_KEY = NoiseKey()
+    return _DEFAULT_KEY
+
+
+def step_seed(secure: bool | None = None, key: NoiseKey | None = None) -> tf.Tensor:
+    """A fresh [2] int64 seed for one step's noise, made inside the traced step.
+
+    ``secure`` (default: ``secure_mode()``): 16 bytes of ``os.urandom``, fetched at every execution of the
+    step; otherwise ``key.next_seed()`` (``key`` default: ``default_key()``): a hash of a key from
+    ``os.urandom`` and a step counter. Neither depends on a seed set in the process.
     """
     secure = _SECURE if secure is None else secure
     if secure:
-        seed = tf.py_function(lambda: np.frombuffer(os.urandom(16), dtype=np.int64).copy(), [], tf.int64)
+        seed = tf.py_function(lambda: _fresh_key(), [], tf.int64)
         return tf.ensure_shape(seed, [2])
-    return tf.random.uniform([2], minval=tf.int64.min, maxval=tf.int64.max, dtype=tf.int64, seed=op_seed)
+    return (default_key() if key is None else key).next_seed()
 
 
 def _flat_noise(total, stddev, seed):
@@ -163,7 +260,7 @@ def _flat_noise(total, stddev, seed):
 
 
 def gaussian_noise_like(tensors, stddev, seed=None, *, secure: bool | None = None,
-                        across_replicas: bool = False):
+                        across_replicas: bool = False, key: NoiseKey | None = None):
     """Independent N(0, stddev^2) noise shaped like each tensor of ``tensors`` (float32), in one draw.
 
     With ``across_replicas=True``, in a ``tf.distribute`` replica context with R > 1 replicas in sync
@@ -177,9 +274,11 @@ def gaussian_noise_like(tensors, stddev, seed=None, *, secure: bool | None = Non
       tensors: tensors (or variables) with fully defined static shapes; only their shapes and dtypes are
         used.
       stddev: scalar standard deviation (Python float or scalar tensor), >= 0.
-      seed: None (a fresh ``step_seed``), an integer (op seed of that draw, with the global seed, as
-        ``tf.random.normal``), or a [2] int64 tensor (a stateless seed).
-      secure: with ``seed=None``, seed from ``os.urandom`` (default: ``secure_mode()``).
+      seed: None (a fresh ``step_seed``: DP noise), or a fixed seed, an integer or a [2] int64 tensor (a
+        stateless seed: the same draw at every call; tests and debugging only).
+      secure: with ``seed=None``, seed every draw from ``os.urandom`` (default: ``secure_mode()``).
+      key: with ``seed=None`` and not secure, the ``NoiseKey`` the step seed comes from (default:
+        ``default_key()``).
       across_replicas: add the noise on one replica only (above).
 
     Returns:
@@ -211,7 +310,12 @@ def gaussian_noise_like(tensors, stddev, seed=None, *, secure: bool | None = Non
             replica = None
 
     def draw():
-        step = step_seed(secure, op_seed=seed) if seed is None or isinstance(seed, int) else seed
+        if seed is None:
+            step = step_seed(secure, key)
+        elif isinstance(seed, numbers.Integral):
+            step = tf.constant([int(seed), 0], tf.int64)
+        else:
+            step = seed
         return _flat_noise(total, stddev, tf.cast(step, tf.int64))
 
     flat = draw() if replica is None else tf.cond(tf.equal(replica, 0), draw, lambda: tf.zeros([total]))
@@ -220,5 +324,6 @@ def gaussian_noise_like(tensors, stddev, seed=None, *, secure: bool | None = Non
             for p, s, t in zip(pieces, shapes, tensors, strict=True)]
 
 
-__all__ = ["RADIUS_WORDS", "exponential_variates", "gaussian_noise_like", "max_radius", "secure_mode",
-           "set_secure_mode", "step_seed", "tail_reveal_probability"]
+__all__ = ["RADIUS_WORDS", "NoiseKey", "check_debug_noise_seed", "default_key", "exponential_variates",
+           "gaussian_noise_like", "max_radius", "secure_mode", "set_secure_mode", "step_seed",
+           "tail_reveal_probability"]

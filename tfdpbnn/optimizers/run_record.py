@@ -7,10 +7,13 @@ Before a DP ``fit`` (or a ``train_on_batch`` call) takes its first step, ``RunRe
    ``clone_model``, ``load_model(compile=False)``, ``load_weights``, a checkpoint, another process);
 2. refuses the run when the data set's budget (``RunStore.set_budget``) would be exceeded by its planned
    phase composed with every earlier run on the same data (``tfdpbnn.privacy.store.input_fingerprint``);
-3. writes the run's row (one transaction).
+3. reserves the run's planned phase for its records in the per-record ledger
+   (``tfdpbnn.privacy.record_ledger``: refused when a record would exceed the ledger's per-record budget);
+4. writes the run's row (one transaction).
 
 The DP ``fit``'s monitor writes a snapshot at every epoch end and a final one at the end (one transaction
-each). Budget scheduling over shared private data follows Luo et al. (2021).
+each); the final one also commits to the ledger what the run really spent. Budget scheduling over shared
+private data follows Luo et al. (2021).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import hashlib
 import math
 import weakref
 
+from tfdpbnn.privacy import record_ledger
 from tfdpbnn.privacy import store as record_store
 from tfdpbnn.privacy.ledger import Phase, PrivacyLedger
 
@@ -58,6 +62,7 @@ class RunRecord:
         self.dataset = None
         self.phase_id = None
         self._model = None  # weak reference to the model this optimizer last trained or was shown
+        self.reservation = None  # the run's release in the per-record ledger, until committed
 
     def inherit(self, phases) -> int:
         """Append the store's phases that this ledger lacks; returns how many were added.
@@ -122,13 +127,19 @@ class RunRecord:
         """This optimizer's ledger by phase id (what ``account_rewind`` compares after a restore)."""
         return {p.phase_id: p for p in self._optimizer.ledger.phases}
 
-    def begin(self, model, dataset: str | None, planned_steps: int | None) -> None:
-        """Inherit the weights' record, check the data set's budget, write the run (see the module)."""
+    def begin(self, model, dataset: str | None, planned_steps: int | None, record_keys=None) -> None:
+        """Inherit the weights' record, check the budgets, reserve in the ledger, write the run (module).
+
+        ``record_keys``: the keys of the run's records (``tfdpbnn.privacy.records.input_keys``), or None when
+        they are unknown (a pipeline without keys).
+        """
         optimizer = self._optimizer
         self._model = weakref.ref(model)
         self.store = record_store.default_store()
         self.run_id = None
         self.before_restore = self.ledger_now()
+        self.commit_reservation()  # a run that ended without its final snapshot
+        self.reservation = None
         if self.store is None:
             return
         self.dataset = dataset or "data:unidentified"
@@ -138,28 +149,118 @@ class RunRecord:
         extra = 0 if planned_steps is None else int(planned_steps)
         planned = state.current_phase(steps=steps + extra, examples=examples + extra * optimizer.batch_size)
         self.phase_id = planned.phase_id
-        budget = self.store.budget(self.dataset) if dataset is not None else None
-        if budget is not None:
-            if planned_steps is None:
-                raise ValueError(
-                    "steps_per_epoch: the data set has a privacy budget in the record store "
-                    f"({self.store.path}), and the number of steps this fit will take is unknown; pass "
-                    "steps_per_epoch (or a dataset of known cardinality) so the budget can be checked before "
-                    "the first step")
-            spent = self.store.dataset_epsilon(self.dataset, budget["delta"], budget["accountant"])
-            after = self.store.dataset_epsilon(self.dataset, budget["delta"], budget["accountant"],
-                                               extra=planned)
-            if after > budget["epsilon"] * (1 + 1e-9):
-                self.store = None
-                raise ValueError(
-                    f"dataset budget: this data set has spent epsilon {spent:.4g} (delta "
-                    f"{budget['delta']:g}, {budget['accountant']}) over the runs recorded in "
-                    f"{self.store_path}, and the planned {extra} steps would bring it to {after:.4g} > its "
-                    f"budget {budget['epsilon']:g}. Nothing was run. Train fewer steps or with more noise, "
-                    "or raise the budget with RunStore.set_budget.")
         self._begin_weights = record_store.weights_fingerprint(model)
-        self.run_id = self.store.begin_run(self.dataset, self._begin_weights, planned)
+        # One write transaction for the data set's budget check, the ledger's reservation and the run's row:
+        # two runs started together on the same data are serialized, and share no stale read.
+        with record_store.transaction(self.store.path):
+            budget = self.store.budget(self.dataset) if dataset is not None else None
+            if budget is not None:
+                if planned_steps is None:
+                    raise ValueError(
+                        "steps_per_epoch: the data set has a privacy budget in the record store "
+                        f"({self.store.path}), and the number of steps this fit will take is unknown; "
+                        "pass steps_per_epoch (or a dataset of known cardinality) so the budget can be "
+                        "checked before the first step")
+                spent = self.store.dataset_epsilon(self.dataset, budget["delta"], budget["accountant"])
+                after = self.store.dataset_epsilon(self.dataset, budget["delta"], budget["accountant"],
+                                                   extra=planned)
+                if after > budget["epsilon"] * (1 + 1e-9):
+                    self.store = None
+                    raise ValueError(
+                        f"dataset budget: this data set has spent epsilon {spent:.4g} (delta "
+                        f"{budget['delta']:g}, {budget['accountant']}) over the runs recorded in "
+                        f"{self.store_path}, and the planned {extra} steps would bring it to {after:.4g} > "
+                        f"its budget {budget['epsilon']:g}. Nothing was run. Train fewer steps or with more "
+                        "noise, or raise the budget with RunStore.set_budget.")
+            if record_keys is not None:
+                self._reserve(record_keys, planned, planned_steps)
+            self.run_id = self.store.begin_run(self.dataset, self._begin_weights, planned)
         self.before_restore = self.ledger_now()
+
+    def _reserve(self, keys, planned: Phase, planned_steps: int | None) -> None:
+        """Reserve the run's planned phase for its records in the per-record ledger (one transaction)."""
+        import dp_accounting
+
+        ledger = record_ledger.RecordLedger(self.store.path)
+        if planned_steps is None and ledger.budget() is not None:
+            self.store = None
+            raise ValueError(
+                "steps_per_epoch: the record ledger has a per-record privacy budget, and the number of steps "
+                "this fit will take is unknown; pass steps_per_epoch (or a dataset of known cardinality) so "
+                "the budget can be checked before the first step")
+        # Steps unknown: reserved as unbounded (infinite epsilon) until the run commits what it spent.
+        # Replayable noise (debug_noise_seed) protects nothing: the run is a non-private release.
+        event = (planned.event() if planned_steps is not None and not self._replayable()
+                 else dp_accounting.NonPrivateDpEvent())
+        try:
+            self.reservation = ledger.reserve(
+                keys, event, kind="training", neighboring=planned.neighboring, phase_id=planned.phase_id,
+                description=f"{type(self._optimizer).__name__}: {planned_steps} planned steps")
+        except ValueError:
+            self.store = None
+            raise
+        self._sizes_at_begin = {p.phase_id: _size(p) for p in self._optimizer.ledger.phases}
+
+    def _replayable(self) -> bool:
+        """Whether the optimizer's noise is replayable from a seed (``debug_noise_seed``): no guarantee."""
+        return bool(getattr(self._optimizer.mechanism, "noise_replayable", False))
+
+    def commit_reservation(self) -> None:
+        """Commit to the ledger what the run spent: the phases it took steps in (a restore may open more)."""
+        import dp_accounting
+
+        from tfdpbnn.optimizers.ledger_state import describe_source
+
+        reservation, self.reservation = self.reservation, None
+        if reservation is None or reservation.committed:
+            return
+        begin = getattr(self, "_sizes_at_begin", {})
+        inherited = describe_source("record_store")
+        ran = [p for p in self._optimizer.ledger.phases if p.sampling != inherited
+               and (p.phase_id not in begin or _size(p) > begin[p.phase_id])]
+        if not ran:
+            reservation.commit(dp_accounting.NoOpDpEvent())
+        elif self._replayable():
+            reservation.commit(dp_accounting.NonPrivateDpEvent(), phase_ids=[p.phase_id for p in ran])
+        elif [p.phase_id for p in ran] == [reservation.phase_id]:
+            reservation.commit(ran[0].event())
+        else:
+            reservation.commit(dp_accounting.ComposedDpEvent([p.event() for p in ran]),
+                               phase_ids=[p.phase_id for p in ran])
+
+    def ledger_statement(self, delta: float, accountant: str, extra=(),
+                         unavailable: str | None = None) -> dict:
+        """The statement's ``ledger_bound``: the largest composed epsilon over the model's training records.
+
+        ``extra``: events of the model's other releases (DP preprocessing, private calibration), composed
+        with every history; ``unavailable``: why there is no bound (else computed).
+        """
+        path = record_store.default_path()
+        entry = {"epsilon": None, "delta": delta, "accountant": accountant, "records": 0, "store": path,
+                 "covers": "every DP release recorded against any record this model was trained on, "
+                           "composed per record with this model's other releases (DP preprocessing, private "
+                           "calibration); the largest over those records. It holds for any weights derived "
+                           "from the recorded runs: checkpoints, new heads, rounded or copied weights"}
+        if path is None:
+            entry["unavailable"] = f"the privacy record store is off ({record_store.ENV_VAR}=off)"
+            return entry
+        if unavailable:
+            entry["unavailable"] = unavailable
+            return entry
+        if not any(p.released for p in self._optimizer.ledger.phases):
+            entry["unavailable"] = "this model has no DP training step yet: it was trained on no record"
+            return entry
+        ledger = record_ledger.RecordLedger(path)
+        bound, records = ledger.bound_for(self._optimizer.ledger.phases, delta, accountant, extra)
+        if bound is None:
+            entry["unavailable"] = (
+                "the per-record ledger holds no release of this model's training (its records were unknown: "
+                "a tf.data pipeline without record keys, or ragged or sparse inputs; tag the pipeline with "
+                "tfdpbnn.privacy.records.tag_record_keys or pass record_ids)")
+            return entry
+        entry.update(epsilon=None if math.isinf(bound) else bound, epsilon_is_infinite=math.isinf(bound),
+                     records=records)
+        return entry
 
     def check_rewind(self) -> int:
         """After the callbacks' ``on_train_begin`` (where ``BackupAndRestore`` restores): count a restore.
@@ -235,7 +336,12 @@ class RunRecord:
         return record_store.default_path()
 
     def snapshot(self, model, final: bool = False) -> None:
-        """Append the run's phase as counted, the model's whole ledger and its weights' fingerprint."""
+        """Append the run's phase as counted, the model's whole ledger and its weights' fingerprint.
+
+        ``final``: the run ended; what it spent is committed to the per-record ledger.
+        """
+        if final:
+            self.commit_reservation()
         if self.store is None or self.run_id is None:
             return
         ledger = self._optimizer.ledger

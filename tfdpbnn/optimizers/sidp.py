@@ -93,7 +93,17 @@ class SIDPOptimizer(DPSGDOptimizer):
         layers = _noisy_layers(model)
         if not layers:
             raise ValueError("model: SIDPOptimizer needs NoisyDense/NoisyConv2D layers, found none")
+        self._key_layer_noise(layers)
         self._sidp_layers = layers
+
+    def _key_layer_noise(self, layers):
+        """Draw the layers' weight noise xi from this optimizer's noise key (``NoisyDense._noisy``).
+
+        Never from TensorFlow's seeded generator: in paper mode xi is the privacy noise of the released
+        theta_t.
+        """
+        for layer in layers:
+            layer._tfdpbnn_noise_seed = self.mechanism.noise_seed
 
     def weight_noise_stddev(self):
         """The weight-noise std s_t of the noisy layers, a float32 scalar tensor.
@@ -137,7 +147,9 @@ class SIDPOptimizer(DPSGDOptimizer):
 
     def release_weights(self, model):
         """Replace each noisy layer's mean by one sample theta = mu + s xi (Davody et al. 2020 release it)."""
-        for layer in _noisy_layers(model):
+        layers = _noisy_layers(model)
+        self._key_layer_noise(layers)
+        for layer in layers:
             layer.sample_weights_into_kernel()
         self._sidp_released_at_step = self.steps
 

@@ -3,11 +3,20 @@
 ``optimizer.privacy_statement()`` returns it and ``tfdpbnn.export_saved_model`` saves it as JSON beside the
 model. ``epsilon`` is the optimizer's sound accountant's bound for every phase of the model's training (the
 privacy ledger: what was counted, and whether the sampling was verified or asserted by the user);
-``approximate_epsilon`` lists approximations beside it, which are not guarantees.
+``approximate_epsilon`` lists approximations beside it, which are not guarantees. ``guarantee`` is False
+when the noise is replayable (``debug_noise_seed``): then ``epsilon`` is infinite, the accountant's value
+for secret noise is kept as ``epsilon_if_noise_were_secret``, ``guarantee_reason`` says why, and no
+epsilon in the statement is a guarantee.
+
+Two numbers a reader chooses between: ``run_epsilon`` (``epsilon``: the model's own record, valid for the
+weights its recorded training produced from scratch) and ``ledger_bound`` (the per-record ledger's largest
+composed epsilon over the model's records, valid for any weights derived from any recorded run); ``quote``
+says which one to publish.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 
 from tfdpbnn.optimizers import noise
@@ -71,6 +80,8 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
         "asserted_by_user": asserted,
         "target_epsilon": optimizer.target_epsilon,
         "noise": {"secure_mode": optimizer._dp_static["secure_mode"],
+                  "source": _noise_source(optimizer),
+                  "replayable": optimizer.mechanism.noise_replayable,
                   "max_abs_noise_over_sigma_c": noise.max_radius(),
                   "tail_reveal_probability_per_step": (
                       noise.tail_reveal_probability(optimizer.noise_multiplier)
@@ -84,7 +95,71 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
                         "note": "released by these runs but covered by no epsilon above"},
         **optimizer._dp_statement_extras(),
     }
-    return add_other_releases(statement, optimizer, delta)
+    statement = add_ledger_bound(add_other_releases(statement, optimizer, delta), optimizer, delta)
+    return _mark_guarantee(statement, optimizer)
 
 
-__all__ = ["build_statement"]
+def _noise_source(optimizer) -> str:
+    """What the noise of ``optimizer``'s steps depends on, in words (``tfdpbnn.optimizers.noise``)."""
+    if optimizer.mechanism.noise_replayable:
+        return f"replayable: Philox keyed by debug_noise_seed={optimizer._dp_static['debug_noise_seed']}"
+    if optimizer._dp_static["secure_mode"]:
+        return "os.urandom: 128 fresh bits per step (secure_mode)"
+    return "Philox keyed by 128 bits of os.urandom drawn per run, and a step counter; no user-settable seed"
+
+
+def _mark_guarantee(statement: dict, optimizer) -> dict:
+    """``guarantee``: False for replayable noise (``debug_noise_seed``): epsilon infinite, and the reason."""
+    replayable = optimizer.mechanism.noise_replayable
+    statement["guarantee"] = not replayable
+    if replayable:
+        statement["guarantee_reason"] = (
+            "noise replayable: no guarantee. The optimizer was built with debug_noise_seed="
+            f"{optimizer._dp_static['debug_noise_seed']}, so whoever knows the seed can subtract the noise. "
+            "epsilon is infinite; epsilon_if_noise_were_secret and the per-accountant values are what the "
+            "accountant gives for secret noise, not guarantees.")
+        statement["epsilon_if_noise_were_secret"] = statement["epsilon"]
+        statement["epsilon"] = statement["run_epsilon"] = math.inf
+        statement["quote"] = {"epsilon": math.inf, "which": "guarantee",
+                              "note": "no epsilon holds: the noise is replayable from debug_noise_seed"}
+    return statement
+
+
+def add_ledger_bound(statement: dict, optimizer, delta: float) -> dict:
+    """``statement`` with ``run_epsilon``, ``ledger_bound`` and ``quote`` (see the module)."""
+    from tfdpbnn.optimizers.other_releases import SEARCH_ATTRIBUTE
+
+    # The model's other releases compose with every history of its training records, whether or not they are
+    # in the ledger too: a release recorded with its data (record_release(x=, y=)) names its records in the
+    # form it was given, which need not be the form training gave them (an upper bound: it may count twice).
+    found = getattr(optimizer, "_dp_preprocessing", None) or {"dp": []}
+    extra = [r.event() for r in found["dp"]] + [
+        r.privacy.dp_event for r, _ in getattr(optimizer, "_dp_releases", [])]
+    unavailable = None
+    if getattr(optimizer, SEARCH_ATTRIBUTE, None) is not None:
+        unavailable = "the private search that selected this model is not written to the per-record ledger"
+    accountant = statement["accountant"]
+    bound = optimizer._dp_record.ledger_statement(delta, accountant, extra, unavailable)
+    run = statement["epsilon"]
+    statement["run_epsilon"] = run
+    statement["ledger_bound"] = bound
+    if bound["epsilon"] is None and not bound.get("epsilon_is_infinite"):
+        statement["quote"] = {
+            "epsilon": run, "which": "run_epsilon",
+            "note": f"no ledger bound ({bound['unavailable']}): run_epsilon holds only for the weights this "
+                    "model's recorded training produced, not for weights derived from other runs on the "
+                    "same records"}
+        return statement
+    value = math.inf if bound.get("epsilon_is_infinite") else bound["epsilon"]
+    if value >= run:
+        statement["quote"] = {"epsilon": value, "which": "ledger_bound",
+                              "note": "quote the ledger bound: it holds for these weights and for any "
+                                      "weights derived from any recorded run on these records"}
+    else:
+        statement["quote"] = {"epsilon": run, "which": "run_epsilon",
+                              "note": "run_epsilon is larger than the ledger bound (the model's record holds "
+                                      "releases the ledger does not): quote run_epsilon"}
+    return statement
+
+
+__all__ = ["add_ledger_bound", "build_statement"]

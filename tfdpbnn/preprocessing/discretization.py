@@ -23,7 +23,7 @@ from tfdpbnn.privacy.budget import NEIGHBORING
 
 def private_discretization(data, *, num_bins: int, epsilon: float, delta: float, bounds,
                            resolution: int = 256, accountant: str = "rdp", neighboring: str = "add_or_remove",
-                           seed: int | None = None, name: str | None = None):
+                           seed: int | None = None, name: str | None = None, record_ids=None):
     """A ``Discretization`` layer whose ``num_bins`` quantile bins come from a DP histogram of ``data``.
 
     Args:
@@ -37,6 +37,9 @@ def private_discretization(data, *, num_bins: int, epsilon: float, delta: float,
       neighboring: "add_or_remove" or "replace_one" (use the optimizer's).
       seed: None (secret noise) or an integer, for tests only.
       name: the layer's name.
+      record_ids: the ids of the examples the values belong to (``tfdpbnn.privacy.records``): the release
+        is then also written to the per-record ledger against them, so every later run on them counts it
+        (one column of values does not identify a record by content).
 
     Returns ``(layer, record)``; the ``PreprocessingRecord`` is also attached to the layer, so a DP optimizer
     training a model that holds it lists it under ``preprocessing`` and composes its event with training.
@@ -53,6 +56,13 @@ def private_discretization(data, *, num_bins: int, epsilon: float, delta: float,
         raise ValueError(f"data must hold one value per example (shape [n] or [n, 1]), got shape {x.shape}")
     if not isinstance(bounds, tuple | list) or len(bounds) != 2:
         raise ValueError(f"bounds must be a pair (lo, hi), got {bounds!r}")
+    keys = None
+    if record_ids is not None:
+        from tfdpbnn.privacy.records import id_keys
+
+        keys = id_keys(record_ids)
+        if len(keys) != x.size:
+            raise ValueError(f"record_ids: {len(keys)} ids for {x.size} values; give one id per example")
     lo, hi = float(bounds[0]), float(bounds[1])
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
         raise ValueError(f"bounds: need finite lo < hi, got ({lo}, {hi})")
@@ -82,6 +92,8 @@ def private_discretization(data, *, num_bins: int, epsilon: float, delta: float,
                  "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)"})
     setattr(layer, RECORD_ATTRIBUTE, record)
     setattr(layer, DIGEST_ATTRIBUTE, state_digest(layer))
+    if keys is not None:
+        record.write_to_ledger(keys)
     return layer, record
 
 

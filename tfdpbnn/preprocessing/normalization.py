@@ -69,8 +69,8 @@ def _bounds(bounds, d):
 
 
 def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bounds, accountant: str = "rdp",
-                                neighboring: str = "add_or_remove", seed: int | None = None
-                                ) -> PreprocessingRecord:
+                                neighboring: str = "add_or_remove", seed: int | None = None, labels=None,
+                                record_ids=None) -> PreprocessingRecord:
     """Set ``layer``'s mean and variance from ``data`` with (epsilon, delta)-DP (module docstring).
 
     Args:
@@ -84,6 +84,11 @@ def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bo
       accountant: the sound accountant that calibrates the noise (use the optimizer's).
       neighboring: "add_or_remove" or "replace_one" (use the optimizer's).
       seed: None (secret noise: what a published guarantee needs) or an integer, for tests only.
+      labels: the examples' labels, as training will get them. With ``labels`` or ``record_ids`` the
+        release is also written to the per-record ledger (``tfdpbnn.privacy.record_ledger``) against the
+        records (``data`` and ``labels`` identify them as training's ``x`` and ``y`` do), so every later run
+        on them counts it.
+      record_ids: the examples' ids (``tfdpbnn.privacy.records``), instead of their content.
 
     Returns the ``PreprocessingRecord``, also attached to the layer: a DP optimizer training a model that
     holds the layer lists it in its privacy statement under ``preprocessing`` and composes its event with
@@ -100,6 +105,11 @@ def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bo
     if x.ndim != 2 or x.shape[0] < 1:
         raise ValueError(f"data must be an array [n, d] with one row per example, got shape {x.shape}")
     n, d = x.shape
+    keys = None
+    if labels is not None or record_ids is not None:
+        from tfdpbnn.privacy.records import record_keys
+
+        keys = record_keys(data, labels, record_ids)  # checked before anything is released
     lo, hi = _bounds(bounds, d)
     sigma = calibrate_gaussian(epsilon, delta, accountant, neighboring)
     sensitivity = math.sqrt(2 * d + 1) if neighboring == "add_or_remove" else math.sqrt(5 * d)
@@ -138,6 +148,8 @@ def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bo
                  "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)"})
     setattr(layer, RECORD_ATTRIBUTE, record)
     setattr(layer, DIGEST_ATTRIBUTE, state_digest(layer))
+    if keys is not None:
+        record.write_to_ledger(keys)
     return record
 
 

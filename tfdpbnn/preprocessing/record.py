@@ -78,6 +78,20 @@ class PreprocessingRecord:
         """The release's ``DpEvent``: one Gaussian mechanism in units of its sensitivity."""
         return dp_accounting.GaussianDpEvent(self.noise_multiplier)
 
+    def write_to_ledger(self, record_keys) -> int | None:
+        """Write this release to the per-record ledger against ``record_keys`` (None: the ledger is off).
+
+        ``record_keys``: ``tfdpbnn.privacy.records.record_keys`` of the records the statistics were computed
+        on, in the form training gives them (or their ids), so that every run on them counts this release.
+        """
+        from tfdpbnn.privacy.record_ledger import default_ledger
+
+        ledger = default_ledger()
+        if ledger is None:
+            return None
+        return ledger.record(record_keys, self.event(), kind="preprocessing", neighboring=self.neighboring,
+                             description=f"{self.layer}: {self.mechanism.split(':')[0]}")
+
     def to_config(self) -> dict:
         """A JSON-safe dict for the privacy statement."""
         return dataclasses.asdict(self)

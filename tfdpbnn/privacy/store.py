@@ -28,6 +28,7 @@ by pointing every machine at one file on a file system with working locks (``doc
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -137,6 +138,94 @@ def default_store() -> RunStore | None:
     return None if path is None else RunStore(path)
 
 
+def open_connection(path: str, timeout: float) -> sqlite3.Connection:
+    """A connection to the SQLite file ``path`` in write-ahead-log mode, in autocommit mode.
+
+    Switching a file to WAL needs an exclusive lock, and SQLite may answer "database is locked" at once
+    (without its busy handler) when another process opens the same new file at that moment: retried until
+    ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            return conn
+        except sqlite3.OperationalError as err:
+            conn.close()
+            if "locked" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+#: Open connections kept by ``kept_connection``: (path, process, thread) -> (connection, file identity).
+_KEPT: dict[tuple, tuple] = {}
+_KEPT_MAX = 4
+
+
+def kept_connection(path: str, timeout: float) -> sqlite3.Connection:
+    """A connection to ``path`` (``open_connection``) kept open for this process and thread.
+
+    Closing the last connection to a WAL file checkpoints the log and deletes it (file system syncs, about
+    10 ms); a kept connection avoids that for every transaction. Kept per process and thread (a connection
+    never crosses a fork), for the ``_KEPT_MAX`` files used last; a file replaced at the same path gets a new
+    connection.
+    """
+    import threading
+
+    path = os.path.abspath(path)
+    key = (path, os.getpid(), threading.get_ident())
+    try:
+        stat = os.stat(path)
+        identity = (stat.st_dev, stat.st_ino)
+    except FileNotFoundError:
+        identity = None
+    kept = _KEPT.pop(key, None)
+    if kept is not None and kept[1] == identity and identity is not None:
+        _KEPT[key] = kept  # most recent last
+        return kept[0]
+    if kept is not None:
+        kept[0].close()
+    conn = open_connection(path, timeout)
+    stat = os.stat(path)
+    _KEPT[key] = (conn, (stat.st_dev, stat.st_ino))
+    while len(_KEPT) > _KEPT_MAX:
+        old = next(iter(_KEPT))
+        connection, _ = _KEPT.pop(old)
+        if old[1:] == key[1:]:  # only the owning process and thread may close it
+            connection.close()
+    return conn
+
+
+@contextlib.contextmanager
+def transaction(path: str, timeout: float = 60.0, mode: str = "IMMEDIATE", durable: bool = True):
+    """The kept connection to ``path`` inside one transaction (committed at the end, rolled back on an error).
+
+    Inside another ``transaction`` on the same file (same process and thread) it joins that one, so that
+    several writes (a run's row and its ledger reservation) share one commit and one wait for the disk.
+    ``mode``: "IMMEDIATE" (the write lock at once: serialized with every other process) or "DEFERRED"
+    (reads). ``durable=False``: the commit does not wait for the disk (``synchronous=NORMAL``).
+    """
+    conn = kept_connection(path, timeout)
+    if conn.in_transaction:
+        yield conn
+        return
+    if not durable:
+        conn.execute("PRAGMA synchronous=NORMAL")
+    try:
+        conn.execute(f"BEGIN {mode}")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    finally:
+        if not durable:
+            conn.execute("PRAGMA synchronous=FULL")  # the kept connection's setting for everyone else
+
+
 def _phase_json(phase: Phase) -> str:
     return json.dumps(phase.to_config(), sort_keys=True)
 
@@ -170,35 +259,20 @@ class RunStore:
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
         self._timeout = float(timeout)
-        conn = self._open()
-        try:
-            # One write transaction taken up front: "CREATE ... IF NOT EXISTS" in autocommit mode reads the
-            # schema and then upgrades to a write, and in WAL mode SQLite refuses that upgrade at once
-            # ("database is locked", no busy wait) when another process wrote in between, e.g. two processes
-            # opening a new store together.
-            conn.executescript("BEGIN IMMEDIATE;\n" + _SCHEMA + "COMMIT;\n")
-        finally:
-            conn.close()
+        # One write transaction taken up front: "CREATE ... IF NOT EXISTS" in autocommit mode reads the schema
+        # and then upgrades to a write, and in WAL mode SQLite refuses that upgrade at once ("database is
+        # locked", no busy wait) when another process wrote in between, e.g. two processes opening a new
+        # store together.
+        with self._connect() as conn:
+            for statement in _SCHEMA.strip().split(";"):
+                if statement.strip():
+                    conn.execute(statement)
 
     def _open(self) -> sqlite3.Connection:
-        # Switching a file to WAL needs an exclusive lock, and SQLite may answer "database is locked" at once
-        # (without its busy handler) when another process opens the same new file at that moment: retried
-        # until ``timeout``.
-        deadline = time.monotonic() + self._timeout
-        while True:
-            conn = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None)
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=FULL")
-                return conn
-            except sqlite3.OperationalError as err:
-                conn.close()
-                if "locked" not in str(err) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        return kept_connection(self.path, self._timeout)
 
-    def _connect(self) -> _Transaction:
-        return _Transaction(self._open())
+    def _connect(self):
+        return transaction(self.path, self._timeout)
 
     # ------------------------------------------------------------------------------------------ writes
     def begin_run(self, dataset: str, start_weights: str, planned_phase: Phase) -> str:
@@ -319,23 +393,6 @@ class RunStore:
                 "epsilon": None if math.isinf(epsilon) else epsilon,
                 "epsilon_is_infinite": math.isinf(epsilon),
                 "delta": delta, "accountant": accountant, "budget": self.budget(dataset)}
-
-
-class _Transaction:
-    """A connection used as one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction, closed afterwards."""
-
-    def __init__(self, conn: sqlite3.Connection):
-        self._conn = conn
-
-    def __enter__(self) -> sqlite3.Connection:
-        self._conn.execute("BEGIN IMMEDIATE")
-        return self._conn
-
-    def __exit__(self, kind, value, traceback) -> None:
-        try:
-            self._conn.execute("ROLLBACK" if kind is not None else "COMMIT")
-        finally:
-            self._conn.close()
 
 
 __all__ = ["DEFAULT_PATH", "ENV_VAR", "RunStore", "data_fingerprint", "default_path", "default_store",

@@ -259,7 +259,8 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
       callbacks: ``callbacks(hparams) -> list`` of Keras callbacks for each fit (e.g. an EMA of the weights:
         post-processing), or None.
       seed: None (secret randomness: what a published guarantee needs) or an integer for reproducible
-        experiments (it also sets TensorFlow's global seed before each trial).
+        experiments (it also sets TensorFlow's global seed before each trial; the trials' DP noise is keyed
+        from ``os.urandom`` all the same, unless their optimizers are built with ``debug_noise_seed``).
       verbose: Keras ``fit`` verbosity for each trial's training (0 = silent).
     """
     import tensorflow as tf

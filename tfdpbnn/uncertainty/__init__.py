@@ -2,6 +2,7 @@
 
 Calibration metrics and temperature scaling follow Guo et al. (2017); private calibration and private
 split-conformal prediction sets (Angelopoulos et al. 2022) report their privacy cost as a dp-accounting event.
+The moving average of the DP iterates and a Gaussian fitted to them (``iterates``) cost no privacy.
 """
 
 from tfdpbnn.uncertainty.calibration import (
@@ -17,8 +18,10 @@ from tfdpbnn.uncertainty.conformal import (
     conformal_threshold,
     conformity_scores,
     coverage_and_size,
+    min_calibration_size,
     private_conformal_threshold,
 )
+from tfdpbnn.uncertainty.iterates import IterateAverage, IterateMoments
 from tfdpbnn.uncertainty.mc import MCPrediction, mc_predict
 from tfdpbnn.uncertainty.private_release import PrivacyCost
 from tfdpbnn.uncertainty.regression import (
@@ -35,9 +38,10 @@ from tfdpbnn.uncertainty.temperature import (
 
 __all__ = [
     "CalibrationPlan", "ConformalThreshold", "ExpectedCalibrationError", "HeteroscedasticGaussianNLL",
-    "HeteroscedasticHead",
+    "HeteroscedasticHead", "IterateAverage", "IterateMoments",
     "MCPrediction", "MaximumCalibrationError", "PrivacyCost", "TemperatureScaling", "conformal_threshold",
     "conformity_scores", "coverage_and_size", "expected_calibration_error", "fit_temperature",
     "fit_temperature_private", "heteroscedastic_nll", "maximum_calibration_error", "mc_predict",
+    "min_calibration_size",
     "private_conformal_threshold", "reliability_diagram", "scale_probabilities", "split_by_record",
 ]

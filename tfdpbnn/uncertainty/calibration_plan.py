@@ -98,20 +98,45 @@ class CalibrationPlan:
             return []
         return self._events(*self.release_epsilons(epsilon, delta, accountant), delta, accountant)
 
-    def fit(self, probs, labels, epsilon, delta, accountant="rdp", seeds=(None, None)):
+    def min_calibration_size(self, epsilon, delta, accountant="rdp"):
+        """The held-out size the plan's private prediction sets need to be informative, at a stated epsilon.
+
+        ``tfdpbnn.uncertainty.min_calibration_size`` at the conformal release's own epsilon (computed from
+        the arguments alone, before any budget is spent); ``fit`` refuses fewer held-out examples.
+        """
+        from tfdpbnn.uncertainty.conformal import min_calibration_size
+
+        return min_calibration_size(self.alpha, self.release_epsilons(epsilon, delta, accountant)[1], delta,
+                                    self.conformal_steps, self.conformal_gamma, accountant)
+
+    def fit(self, probs, labels, epsilon, delta, accountant="rdp", seeds=(None, None),
+            allow_uninformative=False):
         """``(TemperatureScaling, ConformalThreshold)`` fit privately on held-out ``probs``/``labels``.
 
-        The threshold is fit on the calibrated probabilities; ``seeds``: the two fits' noise seeds.
+        The threshold is fit on the calibrated probabilities; ``seeds``: the two fits' noise seeds. Fewer
+        held-out examples than ``min_calibration_size`` are refused (``ValueError``) before either fit,
+        unless ``allow_uninformative=True`` (``private_conformal_threshold``).
         """
         from tfdpbnn.uncertainty.conformal import private_conformal_threshold
         from tfdpbnn.uncertainty.temperature import fit_temperature_private
 
         eps_t, eps_c = self.release_epsilons(epsilon, delta, accountant)
+        if not isinstance(allow_uninformative, bool):
+            raise ValueError(f"allow_uninformative must be True or False, got {allow_uninformative!r}")
+        needed = self.min_calibration_size(epsilon, delta, accountant)
+        if len(labels) < needed and not allow_uninformative:
+            raise ValueError(
+                f"labels: {len(labels)} held-out examples are too few for informative private prediction "
+                f"sets at alpha={self.alpha:g}, epsilon={epsilon:g} (conformal share {eps_c:.3g}), "
+                f"delta={delta:g}: they need at least {needed}; hold out more examples, raise epsilon, or "
+                "pass "
+                "allow_uninformative=True")
         temperature = fit_temperature_private(probs, labels, eps_t, delta, steps=self.temperature_steps,
                                               accountant=accountant, seed=seeds[0])
         threshold = private_conformal_threshold(temperature.apply(probs), labels, self.alpha, eps_c, delta,
                                                 steps=self.conformal_steps, gamma=self.conformal_gamma,
-                                                accountant=accountant, seed=seeds[1])
+                                                accountant=accountant, seed=seeds[1],
+                                                allow_uninformative=allow_uninformative)
         return temperature, threshold
 
 

@@ -84,23 +84,58 @@ def conformal_threshold(probs, labels, alpha=0.1):
                               privacy=PrivacyCost.public("split_conformal_public_data"))
 
 
+def min_calibration_size(alpha, epsilon, delta, steps=6, gamma=0.1, accountant="rdp",
+                         neighboring="add_or_remove"):
+    """The smallest held-out size n for which ``private_conformal_threshold`` can give informative sets.
+
+    Computed from the arguments alone (no data): the threshold is the first b with N(b) + noise >= c (n + 1)
+    + t (module docstring), so with the noise at its median it is the score quantile of level c + t / (n +
+    1). Of the miscoverage alpha' = 1 - c left to the scores, the noise margin t = sigma Phi^-1(1 - gamma
+    alpha / steps) must leave at least half: t / (n + 1) <= alpha' / 2, i.e. n >= 2 t / alpha' - 1. Below
+    it the level exceeds 1 - alpha' / 2 and the sets approach all labels (at n < (t + c) / alpha' even a
+    perfect model gets all labels in at least half of the draws). Returns that n (an int).
+    """
+    alpha = _check_alpha(alpha)
+    gamma = check_real("gamma", gamma, low=0.0, high=1.0, low_open=True, high_open=True)
+    steps = check_positive_int("steps", steps)
+    sigma, _ = gaussian_queries(epsilon, delta, steps, "split_conformal_gaussian_bisection", accountant,
+                                neighboring)
+    margin = sigma * float(stats.norm.isf(gamma * alpha / steps))
+    return int(math.ceil(2.0 * margin / ((1.0 - gamma) * alpha) - 1.0 - 1e-9))
+
+
 def private_conformal_threshold(probs, labels, alpha, epsilon, delta, steps=6, gamma=0.1, accountant="rdp",
-                                neighboring="add_or_remove", seed=None):
+                                neighboring="add_or_remove", seed=None, allow_uninformative=False):
     """Split-conformal threshold from a private held-out split, (epsilon, delta)-DP (module docstring).
 
     Coverage >= 1 - ``alpha``; ``steps`` Gaussian queries (resolution 2^-steps of the score scale);
     ``gamma`` in (0, 1): the share of alpha spent on the noise (larger: smaller margin, larger sets from the
     stricter alpha'). The returned ``ConformalThreshold.privacy`` holds the ``DpEvent`` and its epsilon.
+
+    Before any noise is drawn, a held-out split smaller than ``min_calibration_size(alpha, epsilon, delta,
+    steps, gamma)`` is refused with ``ValueError`` (the sets would approach all labels: coverage without
+    information); ``allow_uninformative=True`` asserts that such sets are wanted anyway. The check treats
+    the split's size as public, as the DP optimizers' declared ``num_examples`` is.
     """
     alpha = _check_alpha(alpha)
     gamma = check_real("gamma", gamma, low=0.0, high=1.0, low_open=True, high_open=True)
     steps = check_positive_int("steps", steps)
+    if not isinstance(allow_uninformative, bool):
+        raise ValueError(f"allow_uninformative must be True or False, got {allow_uninformative!r}")
     scores = conformity_scores(probs, labels)
     n = len(scores)
     sigma, cost = gaussian_queries(epsilon, delta, steps, "split_conformal_gaussian_bisection", accountant,
                                    neighboring)
     c = 1.0 - (1.0 - gamma) * alpha
     margin = sigma * float(stats.norm.isf(gamma * alpha / steps))
+    needed = min_calibration_size(alpha, epsilon, delta, steps, gamma, accountant, neighboring)
+    if n < needed and not allow_uninformative:
+        raise ValueError(
+            f"probs/labels: {n} held-out examples are too few for informative private prediction sets at "
+            f"alpha={alpha:g}, epsilon={epsilon:g}, delta={delta:g} (steps={steps}, gamma={gamma:g}): they "
+            f"need at least {needed} (the noise margin {margin:.1f} must stay below half of the "
+            f"{(1 - c):.3g} (n + 1) scores left out); hold out more examples, raise epsilon or alpha, or "
+            "pass allow_uninformative=True to accept sets that approach all labels")
 
     def query(b):
         return float(np.sum(scores <= b)) - c * (n + 1)

@@ -21,6 +21,7 @@ import numpy as np
 
 from tfdpbnn._validation import check_choice, check_open_unit, check_positive, check_positive_int
 from tfdpbnn.privacy.budget import SENSITIVITY, calibrate_noise, compute_epsilon, dp_sgd_event
+from tfdpbnn.privacy.record_ledger import event_to_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,24 +52,7 @@ class PrivacyCost:
         return {"mechanism": self.mechanism, "epsilon": self.epsilon, "delta": self.delta,
                 "accountant": self.accountant, "neighboring": self.neighboring,
                 "noise_multiplier": self.noise_multiplier, "queries": self.queries,
-                "dp_event": _event_dict(self.dp_event)}
-
-
-def _event_dict(event):
-    """{"name": class name, field: value, ...} of a dp-accounting event (nested events as dicts)."""
-    return _named_tuple_dict(event.to_named_tuple())
-
-
-def _named_tuple_dict(value):
-    if hasattr(value, "_asdict") and "class_name" in value._fields:
-        fields = value._asdict()
-        out = {"name": fields.pop("class_name")}
-        fields.pop("module_name", None)
-        out.update({key: _named_tuple_dict(item) for key, item in fields.items()})
-        return out
-    if isinstance(value, list | tuple):
-        return [_named_tuple_dict(item) for item in value]
-    return value
+                "dp_event": event_to_config(self.dp_event)}
 
 
 def gaussian_queries(epsilon, delta, queries, mechanism, accountant="rdp", neighboring="add_or_remove"):

@@ -1,0 +1,297 @@
+"""The per-record privacy ledger: record identity, reserve/commit, per-record budgets, the ledger bound.
+
+Every epsilon is compared (rel. 1%) with an independent dp-accounting computation of the releases that touch
+the record.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import re
+import sqlite3
+
+import dp_accounting
+import numpy as np
+import pytest
+import tensorflow as tf
+from _small_runs import DELTA, LOSS, N, gaussians_epsilon, rdp_epsilon, small_data, small_model
+
+import tfdpbnn
+from tfdpbnn.cli import main
+from tfdpbnn.privacy import record_ledger, records
+from tfdpbnn.privacy.ledger import Phase
+from tfdpbnn.uncertainty.private_release import PrivacyCost
+
+
+def _gaussians(sigma, count):
+    return dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma), count)
+
+
+def _poisson(q, sigma, steps):
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+
+
+def _ledger():
+    return record_ledger.default_ledger()
+
+
+# ------------------------------------------------------------------------------------ record identity
+def test_content_keys_ignore_order_dtype_and_signed_zero():
+    x, y = small_data()
+    keys = records.content_keys(x, y)
+    order = np.random.default_rng(3).permutation(N)
+    np.testing.assert_array_equal(records.content_keys(x[order].astype(np.float64), y[order].astype(float)),
+                                  keys[order])
+    assert len(np.unique(keys)) == N
+    edited = x.copy()
+    edited[5, 0] += 1e-3
+    changed = records.content_keys(edited, y) != keys
+    assert changed.tolist() == [i == 5 for i in range(N)]
+    zeros = np.zeros((2, 3), np.float32)
+    zeros[1, 1] = -0.0
+    k = records.content_keys(zeros)
+    assert k[0] == k[1]
+    # The label is part of the record; the layout too (a (4,) row is not a (2, 2) row of the same values).
+    assert records.content_keys(x, y)[0] != records.content_keys(x, (y + 1) % 3)[0]
+    assert records.content_keys(x.reshape(N, 2, 2))[0] != records.content_keys(x)[0]
+
+
+def test_record_ids_are_integers_or_strings():
+    np.testing.assert_array_equal(records.id_keys([7, "7", np.int64(7)]), np.repeat(records.id_keys([7]), 3))
+    assert records.id_keys(["alice"])[0] != records.id_keys(["bob"])[0]
+    with pytest.raises(ValueError, match="record_ids must be integers or strings"):
+        records.id_keys([1.0, 2.0])
+    x, _ = small_data()
+    with pytest.raises(ValueError, match="record_ids: 3 ids for"):
+        records.record_keys(x, record_ids=[1, 2, 3])
+    text = records.content_keys(np.array([["a", "b"], ["a", "c"]]))
+    np.testing.assert_array_equal(records.content_keys(np.array([[b"a", b"c"], [b"a", b"b"]], dtype=object)),
+                                  text[::-1])
+    assert text[0] != text[1]
+    with pytest.raises(ValueError, match="pass record_ids"):
+        records.content_keys(np.array([{"a": 1}, {"b": 2}], dtype=object))
+
+
+# --------------------------------------------------------------------------------- the ledger itself
+def test_shuffled_float64_subset_superset_share_one_history():
+    x, y = small_data()
+    extra_x, extra_y = small_data(n=16, seed=9)
+    ledger = _ledger()
+    order = np.random.default_rng(1).permutation(N)
+    releases = {  # one release per way the same records come back
+        "original": (records.record_keys(x, y), _gaussians(2.0, 3)),
+        "shuffled float64": (records.record_keys(x[order].astype(np.float64), y[order]), _gaussians(3.0, 2)),
+        "subset": (records.record_keys(x[:20], y[:20].astype(np.float32)), _poisson(0.1, 1.5, 20)),
+        "superset": (records.record_keys(np.concatenate([x, extra_x]), np.concatenate([y, extra_y])),
+                     _gaussians(4.0, 1)),
+    }
+    for keys, event in releases.values():
+        ledger.record(keys, event, kind="training")
+    by_count = dict((count, eps) for count, eps in ledger.record_epsilons(None, DELTA))
+    events = [event for _, event in releases.values()]
+    assert sorted(by_count) == [16, 20, N - 20]   # three distinct histories, however many records
+    assert by_count[20] == pytest.approx(rdp_epsilon(dp_accounting.ComposedDpEvent(events)), rel=0.01)
+    assert by_count[N - 20] == pytest.approx(
+        rdp_epsilon(dp_accounting.ComposedDpEvent([events[0], events[1], events[3]])), rel=0.01)
+    assert by_count[16] == pytest.approx(rdp_epsilon(events[3]), rel=0.01)
+
+
+def test_early_stop_returns_the_unspent_reservation():
+    x, y = small_data()
+    keys = records.record_keys(x, y)
+    ledger = _ledger()
+    reservation = ledger.reserve(keys, _gaussians(1.0, 10), phase_id=17)
+    assert ledger.max_epsilon(keys, DELTA) == pytest.approx(gaussians_epsilon(1.0, 10), rel=0.01)
+    reservation.commit(_gaussians(1.0, 2))
+    assert ledger.max_epsilon(keys, DELTA) == pytest.approx(gaussians_epsilon(1.0, 2), rel=0.01)
+    with pytest.raises(ValueError, match="already committed"):
+        reservation.commit(_gaussians(1.0, 1))
+
+
+def test_ledger_bound_counts_the_model_steps_the_ledger_did_not_see():
+    x, y = small_data()
+    keys = records.record_keys(x, y)
+    ledger = _ledger()
+
+    def phase(phase_id, passes):
+        return Phase(kind="participations", noise_multiplier=1.0, neighboring="add_or_remove",
+                     steps=8 * passes,
+                     participations=passes, phase_id=phase_id)
+
+    ledger.reserve(keys, phase(5, 1).event(), phase_id=5).commit(phase(5, 1).event())
+    ledger.record(keys[:10], _gaussians(2.0, 4), kind="training")  # another model's run on some records
+    # The model went on in phase 5 (a second pass) and in phase 6 on records the ledger never saw.
+    bound, count = ledger.bound_for([phase(5, 2), phase(6, 1)], DELTA)
+    assert count == N
+    assert bound == pytest.approx(rdp_epsilon(dp_accounting.ComposedDpEvent(
+        [_gaussians(1.0, 3), _gaussians(2.0, 4)])), rel=0.01)
+    assert ledger.bound_for([phase(7, 1)], DELTA) == (None, 0)
+
+
+def test_budget_refuses_before_writing_and_names_the_numbers():
+    x, y = small_data()
+    keys = records.record_keys(x, y)
+    ledger = _ledger()
+    ledger.set_budget(gaussians_epsilon(1.0, 3) * 1.001, DELTA)
+    ledger.record(keys[:10], _gaussians(1.0, 2), kind="training")
+    with pytest.raises(record_ledger.BudgetExceededError, match=r"10 of these 64 records would reach"):
+        ledger.reserve(keys, _gaussians(1.0, 2))
+    assert len(ledger.backend.releases()) == 1   # nothing written
+    ledger.reserve(keys[10:], _gaussians(1.0, 3))   # the other records still have room
+    with pytest.raises(ValueError, match="accountant must be one of the sound"):
+        ledger.set_budget(1.0, DELTA, accountant="gdp")
+
+
+def _reserve_one_pass(path, barrier, results):
+    ledger = record_ledger.RecordLedger(path)
+    barrier.wait()
+    try:
+        ledger.reserve(np.arange(1000, dtype=np.int64), dp_accounting.GaussianDpEvent(1.0))
+        results.put("reserved")
+    except record_ledger.BudgetExceededError:
+        results.put("refused")
+
+
+def test_two_processes_reserving_a_one_pass_budget_exactly_one_passes(tmp_path):
+    path = str(tmp_path / "shared.sqlite")
+    ledger = record_ledger.RecordLedger(path)
+    ledger.set_budget(gaussians_epsilon(1.0, 1) * 1.001, DELTA)
+    context = multiprocessing.get_context("fork")  # two OS processes, each with its own connection
+    barrier, results = context.Barrier(2), context.Queue()
+    procs = [context.Process(target=_reserve_one_pass, args=(path, barrier, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    outcomes = sorted(results.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert outcomes == ["refused", "reserved"]
+    assert ledger.max_epsilon(np.arange(1000, dtype=np.int64), DELTA) == pytest.approx(
+        gaussians_epsilon(1.0, 1), rel=0.01)
+
+
+def test_schema_version_is_checked(tmp_path):
+    path = str(tmp_path / "ledger.sqlite")
+    record_ledger.SQLiteLedger(path)
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()[0] == \
+            str(record_ledger.SCHEMA_VERSION)
+        conn.execute("UPDATE ledger_meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(record_ledger.SchemaVersionError, match="schema version 99.*reads version 1"):
+        record_ledger.SQLiteLedger(path)
+    # A record store written before the ledger existed gets the ledger's tables and keeps its runs.
+    old = str(tmp_path / "old_store.sqlite")
+    tfdpbnn.privacy.store.RunStore(old).set_budget("data:x", 1.0, DELTA)
+    record_ledger.SQLiteLedger(old)
+    assert tfdpbnn.privacy.store.RunStore(old).budget("data:x")["epsilon"] == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------------------------- wired into fit
+def _fit(x, y, epochs, sigma=1.0, seed=0, **fit_kwargs):
+    model = small_model(seed=seed)
+    opt = tfdpbnn.DPSGDOptimizer(1.0, sigma, num_examples=len(x), batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=epochs, verbose=0, **fit_kwargs)
+    return model, opt
+
+
+def test_ledger_bound_after_two_runs_on_overlapping_records(tmp_path, capsys):
+    x, y = small_data()
+    _fit(x[:48], y[:48], epochs=2)
+    order = np.random.default_rng(2).permutation(np.arange(16, N))
+    model, opt = _fit(x[order].astype(np.float64), y[order], epochs=1, seed=1)
+    statement = opt.privacy_statement()
+    assert statement["run_epsilon"] == pytest.approx(gaussians_epsilon(1.0, 1), rel=0.01)
+    bound = statement["ledger_bound"]
+    # Rows 16..47 took part in both runs: 2 + 1 passes of Gaussians at sigma 1.
+    assert bound["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)
+    assert bound["records"] == N - 16
+    assert statement["quote"]["which"] == "ledger_bound"
+    assert statement["quote"]["epsilon"] == pytest.approx(bound["epsilon"], rel=1e-9)
+    # privacy.json and the CLI carry both numbers.
+    path = tmp_path / "privacy.json"
+    path.write_text(json.dumps(statement, allow_nan=False))
+    assert main(["privacy", "--statement", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"run epsilon:  {statement['run_epsilon']:.4g}" in out
+    assert f"ledger bound: {bound['epsilon']:.4g} over 48 records" in out
+    assert f"quote: ledger_bound = {bound['epsilon']:.4g}" in out
+    assert main(["privacy", "--ledger", os.environ["TFDPBNN_PRIVACY_STORE"], "--delta", str(DELTA)]) == 0
+    rows = re.findall(r"^\| (\d+) \| ([\d.]+) \|$", capsys.readouterr().out, flags=re.M)
+    assert sorted(int(c) for c, _ in rows) == [16, 16, 32]
+    assert max(float(e) for _, e in rows) == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)
+    assert main(["privacy", "--epochs", "2"]) == 2
+    assert "--num-examples, --batch-size, --delta" in capsys.readouterr().err
+
+
+def test_early_stopped_fit_commits_what_ran_and_record_ids_name_the_records():
+    x, y = small_data()
+    stop = tf.keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: setattr(model, "stop_training",
+                                                                                        True))
+    model = small_model()
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    ids = [f"patient-{i}" for i in range(N)]
+    model.fit(x, y, batch_size=8, epochs=5, verbose=0, callbacks=[stop], record_ids=ids)
+    ledger = _ledger()
+    (release,) = ledger.backend.releases()
+    assert release.committed and release.phase_id == opt.ledger.phases[0].phase_id
+    # Planned 5 passes, ran 1: the record is charged 1.
+    charged = ledger.max_epsilon(records.id_keys(ids), DELTA)
+    assert charged == pytest.approx(gaussians_epsilon(1.0, 1), rel=0.01)
+    assert ledger.max_epsilon(records.content_keys(x, y), DELTA) == 0.0   # ids, not contents, name them
+
+
+def test_per_record_budget_refuses_a_fit_on_shuffled_copies_before_its_first_step():
+    x, y = small_data()
+    _ledger().set_budget(gaussians_epsilon(1.0, 2) * 1.001, DELTA)
+    _fit(x, y, epochs=1)
+    order = np.random.default_rng(4).permutation(N)
+    model = small_model(seed=2)
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(record_ledger.BudgetExceededError, match="64 of these 64 records"):
+        model.fit(x[order].astype(np.float64), y[order], batch_size=8, epochs=2, verbose=0)
+    assert opt.steps == 0
+    for w, b in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(w, b)
+
+
+def test_calibration_release_counts_only_for_its_split():
+    x, y = small_data()
+    x_cal, y_cal = small_data(n=16, seed=7)
+    model, opt = _fit(x, y, epochs=1)
+    cost = PrivacyCost(mechanism="temperature", dp_event=_gaussians(2.0, 5), epsilon=0.0, delta=DELTA)
+    opt.record_release(type("Release", (), {"privacy": cost})(), "parallel", x=x_cal, y=y_cal)
+    ledger = _ledger()
+    train = ledger.max_epsilon(records.content_keys(x, y), DELTA)
+    cal = ledger.max_epsilon(records.content_keys(x_cal, y_cal), DELTA)
+    assert train == pytest.approx(gaussians_epsilon(1.0, 1), rel=0.01)
+    assert cal == pytest.approx(gaussians_epsilon(2.0, 5), rel=0.01)
+    # This model's bound composes the calibration with its training records' histories (an upper bound).
+    bound = opt.privacy_statement()["ledger_bound"]
+    assert bound["records"] == N
+    assert bound["epsilon"] == pytest.approx(rdp_epsilon(dp_accounting.ComposedDpEvent(
+        [_gaussians(1.0, 1), _gaussians(2.0, 5)])), rel=0.01)
+
+
+def test_dp_preprocessing_is_written_against_its_records():
+    x, y = small_data()
+    layer = tf.keras.layers.Normalization()
+    record = tfdpbnn.preprocessing.private_adapt_normalization(layer, x, epsilon=1.0, delta=DELTA,
+                                                               bounds=(-3.0, 3.0), labels=y, seed=0)
+    ids = np.arange(N)
+    _, binned = tfdpbnn.preprocessing.private_discretization(x[:, 0], num_bins=4, epsilon=1.0, delta=DELTA,
+                                                             bounds=(-3.0, 3.0), seed=0, record_ids=ids)
+    ledger = _ledger()
+    assert [r.kind for r in ledger.backend.releases()] == ["preprocessing", "preprocessing"]
+    assert ledger.max_epsilon(records.content_keys(x, y), DELTA) == pytest.approx(rdp_epsilon(record.event()),
+                                                                                  rel=0.01)
+    assert ledger.max_epsilon(records.id_keys(ids), DELTA) == pytest.approx(rdp_epsilon(binned.event()),
+                                                                            rel=0.01)
+    with pytest.raises(ValueError, match="record_ids: 3 ids for 64 values"):
+        tfdpbnn.preprocessing.private_discretization(x[:, 0], num_bins=4, epsilon=1.0, delta=DELTA,
+                                                     bounds=(-3.0, 3.0), record_ids=[1, 2, 3])

@@ -1,0 +1,588 @@
+"""The per-record privacy ledger: every DP release, written against the records it could have touched.
+
+A record is identified by a 64-bit key (``tfdpbnn.privacy.records``: a user-given id or a canonical content
+hash). Every DP release (a training run, a DP preprocessing release, a private calibration release, a
+search) is written against the keys of the records it could have touched, so the privacy spent on a record
+follows the record, whatever data set, order, subset or superset it came in. The composed epsilon of a
+record is the accountant's epsilon of the composition (``ComposedDpEvent``) of every release that touched
+it. Records with the same set of releases share one *history* (a chain: a parent history plus one
+release), so the work is per distinct history, not per record.
+
+A release has a planned event, written before it runs, and a spent event, written when it stops:
+
+- ``reserve`` writes the release with its planned event against its records in ONE transaction
+  (``BEGIN IMMEDIATE``). With a budget set (``set_budget``), it first composes the planned event with every
+  distinct history of the records and refuses (``BudgetExceededError``, nothing written) if any record would
+  exceed the budget. Concurrent runs therefore see each other's reservations: of two runs that together
+  exceed a budget, the second to reserve is refused.
+- ``Reservation.commit`` replaces the planned event by what was actually spent (a run that stopped early
+  returns the part it did not spend). A release never committed (a killed process) counts its planned event:
+  an upper bound.
+
+Training releases carry their ledger phase's id (``tfdpbnn.privacy.ledger.Phase``): a phase's count is
+cumulative over the fits that extend it, so a history composes, per phase id, only the largest version.
+
+Storage is behind ``LedgerBackend``: ``SQLiteLedger`` (the standard library's ``sqlite3``, write-ahead log,
+one file shared by the processes of one machine) implements it; a server database (PostgreSQL with
+``SERIALIZABLE`` transactions, say) is the path for many machines. A SQLite file on a network file system is
+not one: its locks are not reliable there.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import math
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+
+import attr
+import dp_accounting
+import numpy as np
+
+from tfdpbnn._validation import check_choice, check_open_unit, check_positive
+from tfdpbnn.privacy.budget import NEIGHBORING
+
+#: Version of the ledger tables' layout, kept in the file (table ``ledger_meta``, key ``schema_version``).
+SCHEMA_VERSION = 1
+#: What a release can be.
+RELEASE_KINDS = ("training", "preprocessing", "calibration", "search", "other")
+
+
+class BudgetExceededError(ValueError):
+    """A reservation that would take some record over the ledger's budget (nothing was written)."""
+
+
+class SchemaVersionError(RuntimeError):
+    """The ledger file was written by a version of tfdpbnn whose ledger layout this one cannot read."""
+
+
+# ------------------------------------------------------------------------------ DpEvent <-> JSON
+def event_to_config(event: dp_accounting.DpEvent) -> dict:
+    """``{"name": class name, field: value, ...}`` of a dp-accounting ``DpEvent``, nested events as dicts.
+
+    JSON-safe; ``event_from_config`` rebuilds the event.
+    """
+    if not isinstance(event, dp_accounting.DpEvent):
+        raise ValueError(f"event must be a dp_accounting DpEvent, got {type(event).__name__}")
+    config = {"name": type(event).__name__}
+    for field in attr.fields(type(event)):
+        value = getattr(event, field.name)
+        if isinstance(value, dp_accounting.DpEvent):
+            value = event_to_config(value)
+        elif isinstance(value, list | tuple):
+            value = [event_to_config(v) if isinstance(v, dp_accounting.DpEvent) else v for v in value]
+        elif isinstance(value, np.generic):
+            value = value.item()
+        config[field.name] = value
+    return config
+
+
+def event_from_config(config: dict) -> dp_accounting.DpEvent:
+    """The ``DpEvent`` of ``event_to_config``'s dict."""
+    config = dict(config)
+    cls = getattr(dp_accounting, config.pop("name"))
+    for key, value in config.items():
+        if isinstance(value, dict) and "name" in value:
+            config[key] = event_from_config(value)
+        elif isinstance(value, list):
+            config[key] = [event_from_config(v) if isinstance(v, dict) and "name" in v else v for v in value]
+    return cls(**config)
+
+
+# ---------------------------------------------------------------------------------- the records
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """One DP release as the ledger holds it.
+
+    Attributes:
+      release_id: the ledger's id (0 before it is written).
+      kind: one of ``RELEASE_KINDS``.
+      neighboring: "add_or_remove" or "replace_one" (the event is in units of that relation's sensitivity).
+      planned: the planned event's config (``event_to_config``).
+      spent: the spent event's config, or None while the release is reserved (then ``planned`` counts).
+      phase_id: the training phase whose version (cumulative over the fits that extend it) the event is,
+        else None; a history composes only the largest version of each phase.
+      phase_ids: every ledger phase the release's event covers (how a model finds its records).
+      description: one line for people.
+    """
+
+    release_id: int
+    kind: str
+    neighboring: str
+    planned: dict
+    spent: dict | None = None
+    phase_id: int | None = None
+    description: str = ""
+    phase_ids: tuple = ()
+
+    @property
+    def committed(self) -> bool:
+        """Whether what the release spent was written (else its planned event counts)."""
+        return self.spent is not None
+
+    def event(self) -> dp_accounting.DpEvent:
+        """What counts: the spent event, or the planned one while reserved."""
+        return event_from_config(self.spent if self.spent is not None else self.planned)
+
+
+@dataclasses.dataclass(frozen=True)
+class History:
+    """A set of releases and how many records have exactly that set."""
+
+    history_id: int
+    records: int
+    releases: tuple[Release, ...]
+
+    def composed(self, extra: Sequence[Release] = ()) -> list[dp_accounting.DpEvent]:
+        """The events that compose for a record of this history (plus ``extra``), one per phase id."""
+        return _composable(list(self.releases) + list(extra))
+
+
+def _event_size(event) -> float:
+    """A size of a training phase's event (count x sample rate / sigma^2), to pick its largest version."""
+    if isinstance(event, dp_accounting.SelfComposedDpEvent):
+        return float(event.count) * _event_size(event.event)
+    if isinstance(event, dp_accounting.PoissonSampledDpEvent):
+        return float(event.sampling_probability) * _event_size(event.event)
+    if isinstance(event, dp_accounting.GaussianDpEvent):
+        return math.inf if event.noise_multiplier == 0 else 1.0 / float(event.noise_multiplier) ** 2
+    if isinstance(event, dp_accounting.NoOpDpEvent):
+        return 0.0
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+        return sum(_event_size(e) for e in event.events)
+    return math.inf
+
+
+def _composable(releases: Sequence[Release]) -> list[dp_accounting.DpEvent]:
+    by_phase: dict[int, dp_accounting.DpEvent] = {}
+    events = []
+    for release in releases:
+        event = release.event()
+        if release.phase_id is None:
+            events.append(event)
+            continue
+        held = by_phase.get(release.phase_id)
+        if held is None or _event_size(event) > _event_size(held):
+            by_phase[release.phase_id] = event
+    return events + list(by_phase.values())
+
+
+def composed_epsilon(events: Sequence[dp_accounting.DpEvent], delta: float, accountant: str,
+                     neighboring: str) -> float:
+    """Epsilon at ``delta`` of ``events`` composed, by a sound accountant (0 for none; inf if non-private)."""
+    from tfdpbnn.privacy.ledger import _epsilon_of
+    from tfdpbnn.privacy.registry import sound_accountants
+
+    if accountant not in sound_accountants():
+        raise ValueError(f"accountant must be one of the sound accountants {sound_accountants()}, got "
+                         f"{accountant!r}")
+    return _epsilon_of(dp_accounting.ComposedDpEvent(list(events)), delta, accountant, neighboring)
+
+
+# ------------------------------------------------------------------------------------- backends
+class LedgerBackend(abc.ABC):
+    """Where the ledger lives. A backend keeps, atomically, records -> history -> releases (see the module).
+
+    ``reserve`` must run ``check`` and its writes in one serializable transaction, so that two reservations
+    over common records never both pass a check that only one of them could pass.
+    """
+
+    @abc.abstractmethod
+    def reserve(self, keys: np.ndarray, release: Release,
+                check: Callable[[list[History], dict | None], None]) -> int:
+        """Check the histories of ``keys`` and write ``release`` against them, in one transaction.
+
+        ``check(histories, budget)`` (the budget as ``budget()`` reads it, in the same transaction) raises
+        to refuse (nothing written); ``keys`` are distinct int64. Returns the release's id.
+        """
+
+    @abc.abstractmethod
+    def commit(self, release_id: int, spent: dict, phase_id: int | None, phase_ids: Sequence[int]) -> None:
+        """Write what release ``release_id`` spent (an ``event_to_config`` dict) and the phases it covers."""
+
+    @abc.abstractmethod
+    def histories(self, keys: np.ndarray | None = None) -> list[History]:
+        """The distinct histories of ``keys`` (of every record when None), with their record counts."""
+
+    @abc.abstractmethod
+    def set_budget(self, epsilon: float, delta: float, accountant: str) -> None:
+        """Set the per-record budget (the latest one set holds)."""
+
+    @abc.abstractmethod
+    def budget(self) -> dict | None:
+        """The per-record budget ``{"epsilon", "delta", "accountant"}``, or None."""
+
+    @abc.abstractmethod
+    def releases(self) -> list[Release]:
+        """Every release, oldest first."""
+
+
+_TABLES = """
+CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger_releases (
+    release INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, neighboring TEXT NOT NULL,
+    phase_id INTEGER, phase_ids TEXT NOT NULL, planned TEXT NOT NULL, spent TEXT,
+    description TEXT NOT NULL, created REAL NOT NULL, committed REAL, host TEXT NOT NULL,
+    pid INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger_histories (
+    history INTEGER PRIMARY KEY AUTOINCREMENT, parent INTEGER, release INTEGER NOT NULL,
+    records INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger_records (record INTEGER PRIMARY KEY, history INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger_budget (
+    set_at REAL NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, accountant TEXT NOT NULL);
+"""
+
+
+#: Ledger files whose tables this process has made, by (path, device, inode).
+_CHECKED: set[tuple] = set()
+
+
+class SQLiteLedger(LedgerBackend):
+    """``LedgerBackend`` in one SQLite file (write-ahead log), shared by the processes of one machine.
+
+    Its tables (``ledger_*``) can live in the privacy record store's file. The file's ledger layout version
+    is checked on opening: a file without ledger tables gets them; a file of another version raises
+    ``SchemaVersionError`` saying what to do. Each process (and thread) keeps its connection
+    open (``tfdpbnn.privacy.store.kept_connection``).
+
+    Args:
+      path: the SQLite file (created with its directory if missing).
+      timeout: seconds to wait for another process's write lock.
+    """
+
+    def __init__(self, path, timeout: float = 60.0):
+        self.path = os.fspath(path)
+        if not self.path:
+            raise ValueError("path: the record ledger needs a file path, got ''")
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self._timeout = float(timeout)
+        checked = self._file_identity() in _CHECKED  # tables made by this process: only the version is read
+        with self._transaction("DEFERRED" if checked else "IMMEDIATE") as conn:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "ledger_meta" in tables:
+                row = conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
+                version = None if row is None else row[0]
+                if version != str(SCHEMA_VERSION):
+                    raise SchemaVersionError(
+                        f"{self.path}: its record ledger has schema version {version}, this tfdpbnn reads "
+                        f"version {SCHEMA_VERSION}. Open it with the tfdpbnn version that wrote it (a newer "
+                        "one reads older files), or point TFDPBNN_PRIVACY_STORE at a new file; never delete "
+                        "the file: the privacy it records was spent.")
+            elif tables & {"ledger_releases", "ledger_records", "ledger_histories"}:
+                raise SchemaVersionError(
+                    f"{self.path}: it has record-ledger tables but no schema version; it was not written by "
+                    "tfdpbnn's ledger. Point TFDPBNN_PRIVACY_STORE at another file.")
+            if not checked:
+                for statement in _TABLES.strip().split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute("INSERT OR IGNORE INTO ledger_meta VALUES ('schema_version', ?)",
+                             (str(SCHEMA_VERSION),))
+        _CHECKED.add(self._file_identity())
+
+    def _file_identity(self) -> tuple:
+        """(path, device, inode): a file replaced at the same path is checked again."""
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return (os.path.abspath(self.path), None, None)
+        return (os.path.abspath(self.path), stat.st_dev, stat.st_ino)
+
+    def _transaction(self, mode: str = "IMMEDIATE", durable: bool = True):
+        """``tfdpbnn.privacy.store.transaction`` on this file (joins one already open in this thread)."""
+        from tfdpbnn.privacy.store import transaction
+
+        return transaction(self.path, self._timeout, mode, durable)
+
+    # ------------------------------------------------------------------------------------- reading
+    @staticmethod
+    def _release(row) -> Release:
+        return Release(release_id=row[0], kind=row[1], neighboring=row[2], phase_id=row[3],
+                       planned=json.loads(row[4]), spent=None if row[5] is None else json.loads(row[5]),
+                       description=row[6], phase_ids=tuple(json.loads(row[7])))
+
+    _RELEASE_COLUMNS = "release, kind, neighboring, phase_id, planned, spent, description, phase_ids"
+
+    def _histories(self, conn, counts: dict) -> list[History]:
+        """``History`` objects for ``{history id (or None: no history yet): record count}``."""
+        chains: dict[int, list[int]] = {}
+        ids = [h for h in counts if h is not None]
+        if ids:
+            # Every ancestor of the wanted histories, each with its parent and release.
+            rows = conn.execute(
+                "WITH RECURSIVE up(h) AS (SELECT value FROM json_each(?) UNION "
+                "SELECT p.parent FROM ledger_histories p JOIN up ON p.history = up.h "
+                "WHERE p.parent IS NOT NULL) "
+                "SELECT history, parent, release FROM ledger_histories WHERE history IN (SELECT h FROM up)",
+                (json.dumps(ids),)).fetchall()
+            link = {h: (parent, release) for h, parent, release in rows}
+            for h in ids:
+                chain, cursor = [], h
+                while cursor is not None:
+                    parent, release = link[cursor]
+                    chain.append(release)
+                    cursor = parent
+                chains[h] = chain[::-1]
+        wanted = sorted({r for chain in chains.values() for r in chain})
+        releases = {}
+        if wanted:
+            for row in conn.execute(f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases WHERE release IN "
+                                    "(SELECT value FROM json_each(?))", (json.dumps(wanted),)):
+                releases[row[0]] = self._release(row)
+        return [History(history_id=0 if h is None else h, records=int(count),
+                        releases=tuple(releases[r] for r in chains.get(h, [])))
+                for h, count in counts.items()]
+
+    @staticmethod
+    def _load_keys(conn, keys: np.ndarray) -> dict:
+        """Put ``keys`` (distinct) and their current history in the temporary table ``incoming``.
+
+        Returns {history (None: records new to the ledger): record count}.
+        """
+        conn.execute("PRAGMA temp_store=MEMORY")
+        conn.execute("CREATE TEMP TABLE IF NOT EXISTS incoming (record INTEGER PRIMARY KEY, old INTEGER)")
+        conn.execute("DELETE FROM temp.incoming")
+        # One JSON array of the keys (str of a list of ints is one), read by SQLite's json_each in C.
+        conn.execute("INSERT INTO temp.incoming SELECT j.value, r.history FROM json_each(?) j "
+                     "LEFT JOIN ledger_records r ON r.record = j.value",
+                     (str(np.asarray(keys, dtype=np.int64).tolist()),))
+        return dict(conn.execute("SELECT old, COUNT(*) FROM temp.incoming GROUP BY old"))
+
+    def histories(self, keys=None) -> list[History]:
+        """The distinct histories of ``keys`` (of every record when None), with their record counts."""
+        with self._transaction("DEFERRED") as conn:
+            if keys is None:
+                counts = dict(conn.execute("SELECT history, records FROM ledger_histories WHERE records > 0"))
+            else:
+                counts = self._load_keys(conn, keys)
+                conn.execute("DELETE FROM temp.incoming")
+            return self._histories(conn, counts)
+
+    def releases(self) -> list[Release]:
+        """Every release, oldest first."""
+        with self._transaction("DEFERRED") as conn:
+            return [self._release(row) for row in conn.execute(
+                f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases ORDER BY release")]
+
+    def budget(self) -> dict | None:
+        """The per-record budget ``{"epsilon", "delta", "accountant"}``, or None."""
+        with self._transaction("DEFERRED") as conn:
+            return self._budget(conn)
+
+    @staticmethod
+    def _budget(conn) -> dict | None:
+        row = conn.execute("SELECT epsilon, delta, accountant FROM ledger_budget "
+                           "ORDER BY set_at DESC, rowid DESC LIMIT 1").fetchone()
+        return None if row is None else {"epsilon": row[0], "delta": row[1], "accountant": row[2]}
+
+    # ------------------------------------------------------------------------------------- writing
+    def set_budget(self, epsilon: float, delta: float, accountant: str) -> None:
+        """Set the per-record budget (the latest one set holds; earlier ones stay in the file)."""
+        with self._transaction() as conn:
+            conn.execute("INSERT INTO ledger_budget VALUES (?, ?, ?, ?)",
+                         (time.time(), float(epsilon), float(delta), accountant))
+
+    def reserve(self, keys, release: Release, check) -> int:
+        """One ``BEGIN IMMEDIATE`` transaction: check the records' histories, then write the release."""
+        with self._transaction() as conn:
+            counts = self._load_keys(conn, keys)
+            check(self._histories(conn, counts), self._budget(conn))
+            release_id = conn.execute(
+                "INSERT INTO ledger_releases (kind, neighboring, phase_id, phase_ids, planned, spent, "
+                "description, created, host, pid) VALUES (?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
+                (release.kind, release.neighboring, release.phase_id,
+                 json.dumps([int(p) for p in release.phase_ids]), json.dumps(release.planned),
+                 release.description, time.time(), socket.gethostname(), os.getpid())).lastrowid
+            conn.execute("CREATE TEMP TABLE IF NOT EXISTS moves (old INTEGER PRIMARY KEY, new INTEGER)")
+            conn.execute("DELETE FROM temp.moves")
+            for old, count in counts.items():
+                new = conn.execute("INSERT INTO ledger_histories (parent, release, records) VALUES (?, ?, ?)",
+                                   (old, release_id, count)).lastrowid
+                conn.execute("INSERT INTO temp.moves VALUES (?, ?)", (-1 if old is None else old, new))
+                if old is not None:
+                    conn.execute("UPDATE ledger_histories SET records = records - ? WHERE history = ?",
+                                 (count, old))
+            conn.execute(
+                "INSERT INTO ledger_records (record, history) "
+                "SELECT i.record, m.new FROM temp.incoming i JOIN temp.moves m "
+                "ON m.old = COALESCE(i.old, -1) WHERE true "
+                "ON CONFLICT(record) DO UPDATE SET history = excluded.history")
+            conn.execute("DELETE FROM temp.incoming")
+        return int(release_id)
+
+    def commit(self, release_id: int, spent: dict, phase_id: int | None, phase_ids: Sequence[int]) -> None:
+        """Write what the release spent (once; a second commit of the same release is refused).
+
+        The commit does not wait for the disk (``synchronous=NORMAL``): one lost at a power cut leaves the
+        release's planned event, which is larger.
+        """
+        with self._transaction(durable=False) as conn:
+            done = conn.execute("UPDATE ledger_releases SET spent = ?, committed = ?, phase_id = ?, "
+                                "phase_ids = ? WHERE release = ? AND spent IS NULL",
+                                (json.dumps(spent), time.time(), phase_id,
+                                 json.dumps([int(p) for p in phase_ids]), int(release_id))).rowcount
+        if done != 1:
+            raise ValueError(f"release_id: release {release_id} is not a reserved release of {self.path} "
+                             "(unknown, or already committed)")
+
+
+# ---------------------------------------------------------------------------------- the front
+class Reservation:
+    """A release written with its planned event; ``commit`` writes what it really spent."""
+
+    def __init__(self, ledger: RecordLedger, release_id: int, records: int, phase_id: int | None):
+        self.ledger = ledger
+        self.release_id = release_id
+        self.records = records
+        self.phase_id = phase_id
+        self.committed = False
+
+    def commit(self, spent: dp_accounting.DpEvent, phase_ids: Sequence[int] | None = None) -> None:
+        """Write what the release spent (less than planned when it stopped early).
+
+        ``phase_ids``: the training phases ``spent`` covers, when they are not just the reserved phase (a
+        restore during the run opened others): the release then composes in full with every other release.
+        """
+        single = phase_ids is None or list(phase_ids) == [self.phase_id]
+        ids = [self.phase_id] if phase_ids is None and self.phase_id is not None else list(phase_ids or [])
+        self.ledger.backend.commit(self.release_id, event_to_config(spent),
+                                   self.phase_id if single else None, ids)
+        self.committed = True
+
+
+class RecordLedger:
+    """The per-record ledger (see the module) over a ``LedgerBackend``.
+
+    Args:
+      backend: a ``LedgerBackend``, or a path (``SQLiteLedger`` of that file).
+    """
+
+    def __init__(self, backend):
+        self.backend = backend if isinstance(backend, LedgerBackend) else SQLiteLedger(backend)
+
+    def set_budget(self, epsilon: float, delta: float, accountant: str = "rdp") -> None:
+        """Set the per-record budget: no reservation may take any record's composed epsilon above it."""
+        from tfdpbnn.privacy.registry import sound_accountants
+
+        epsilon = check_positive("epsilon", epsilon)
+        delta = check_open_unit("delta", delta)
+        if accountant not in sound_accountants():
+            raise ValueError(f"accountant must be one of the sound accountants {sound_accountants()}, got "
+                             f"{accountant!r}")
+        self.backend.set_budget(epsilon, delta, accountant)
+
+    def budget(self) -> dict | None:
+        """The per-record budget, or None."""
+        return self.backend.budget()
+
+    def reserve(self, keys, planned: dp_accounting.DpEvent, kind: str = "training",
+                neighboring: str = "add_or_remove", phase_id: int | None = None,
+                description: str = "") -> Reservation:
+        """Write a release with its ``planned`` event against the records ``keys`` (one transaction).
+
+        Raises ``BudgetExceededError`` (nothing written) when a budget is set and some record's composed
+        epsilon with ``planned`` would exceed it, and ``ValueError`` when a record's history was accounted
+        under the other neighboring relation.
+        """
+        check_choice("kind", kind, RELEASE_KINDS)
+        check_choice("neighboring", neighboring, tuple(NEIGHBORING))
+        keys = np.unique(np.asarray(keys, dtype=np.int64))
+        phase_id = None if phase_id is None else int(phase_id)
+        release = Release(0, kind, neighboring, event_to_config(planned), None, phase_id, description,
+                          () if phase_id is None else (phase_id,))
+
+        def check(histories: list[History], budget: dict | None) -> None:
+            for history in histories:
+                other = {r.neighboring for r in history.releases} - {neighboring}
+                if other:
+                    raise ValueError(
+                        f"neighboring: {history.records} of these records have releases accounted under "
+                        f"{sorted(other)}; a release under {neighboring!r} cannot be composed with them. "
+                        "Keep one neighboring relation for every release on these records.")
+            if budget is None:
+                return
+            worst, count = 0.0, 0
+            for history in histories:
+                value = composed_epsilon(history.composed([release]), budget["delta"],
+                                         budget["accountant"], neighboring)
+                if value > budget["epsilon"] * (1 + 1e-9):
+                    count += history.records
+                    worst = max(worst, value)
+            if count:
+                raise BudgetExceededError(
+                    f"record budget: {count} of these {len(keys)} records would reach epsilon {worst:.4g} "
+                    f"(delta {budget['delta']:g}, {budget['accountant']}) with this {kind} release, over "
+                    f"their budget {budget['epsilon']:g} per record (releases recorded and reserved in "
+                    f"{getattr(self.backend, 'path', self.backend)}). Nothing was run or written. Spend "
+                    "less (fewer steps, more noise), leave those records out, or raise the budget with "
+                    "RecordLedger.set_budget.")
+
+        release_id = self.backend.reserve(keys, release, check)
+        return Reservation(self, release_id, len(keys), phase_id)
+
+    def record(self, keys, spent: dp_accounting.DpEvent, kind: str, neighboring: str = "add_or_remove",
+               description: str = "") -> int:
+        """Write a release that already happened (reserve and commit at once); returns its id."""
+        reservation = self.reserve(keys, spent, kind=kind, neighboring=neighboring, description=description)
+        reservation.commit(spent, phase_ids=[])
+        return reservation.release_id
+
+    def histories(self, keys=None) -> list[History]:
+        """The distinct histories of ``keys`` (every record's when None)."""
+        return self.backend.histories(None if keys is None else np.unique(np.asarray(keys, np.int64)))
+
+    def record_epsilons(self, keys, delta: float, accountant: str = "rdp") -> list[tuple[int, float]]:
+        """(record count, composed epsilon) per distinct history of ``keys``."""
+        return [(h.records, composed_epsilon(h.composed(), delta, accountant, _neighboring(h)))
+                for h in self.histories(keys)]
+
+    def max_epsilon(self, keys, delta: float, accountant: str = "rdp", extra=()) -> float:
+        """The largest composed epsilon over the records ``keys`` (each history with ``extra`` events)."""
+        worst = 0.0
+        for history in self.histories(keys):
+            events = history.composed() + list(extra)
+            worst = max(worst, composed_epsilon(events, delta, accountant, _neighboring(history)))
+        return worst
+
+    def bound_for(self, phases, delta: float, accountant: str = "rdp", extra=()) -> tuple[float | None, int]:
+        """The ledger bound of a model trained in ``phases`` (``tfdpbnn.privacy.ledger.Phase`` objects).
+
+        The largest composed epsilon over every record that a release covering one of those phases touched.
+        Each such history is composed with every phase of the model (the larger of its version and the
+        ledger's, per phase: steps the ledger did not see, e.g. on unknown records, count too) and with
+        ``extra`` (the model's releases that the ledger does not hold), so the bound is never below the
+        model's own epsilon. Returns (bound, records); (None, 0) when no release covers any of the phases.
+        """
+        own = [Release(0, "training", p.neighboring, event_to_config(p.event()), None, int(p.phase_id), "",
+                       (int(p.phase_id),)) for p in phases if p.released]
+        wanted = {r.phase_id for r in own}
+        worst, records = None, 0
+        for history in self.histories():
+            if not any(wanted.intersection(r.phase_ids) for r in history.releases):
+                continue
+            value = composed_epsilon(history.composed(own) + list(extra), delta, accountant,
+                                     _neighboring(history))
+            worst = value if worst is None else max(worst, value)
+            records += history.records
+        return worst, records
+
+
+def _neighboring(history: History) -> str:
+    return history.releases[0].neighboring if history.releases else "add_or_remove"
+
+
+def default_ledger() -> RecordLedger | None:
+    """The ledger in the privacy record store's file (``tfdpbnn.privacy.store.default_path``); None if off."""
+    from tfdpbnn.privacy.store import default_path
+
+    path = default_path()
+    return None if path is None else RecordLedger(path)
+
+
+__all__ = ["RELEASE_KINDS", "SCHEMA_VERSION", "BudgetExceededError", "History", "LedgerBackend",
+           "RecordLedger", "Release", "Reservation", "SQLiteLedger", "SchemaVersionError", "composed_epsilon",
+           "default_ledger", "event_from_config", "event_to_config"]

@@ -1,0 +1,210 @@
+"""Record identity for the per-record privacy ledger: one 64-bit key per record of a data set.
+
+A record is one example (one row on axis 0 of the training arrays). Its key is
+
+- with ``record_ids`` (one id per row, given by the user where the training data is declared): the id. An
+  id is an integer or a string; a string that ``int()`` reads as an integer is that integer ("7" and 7 are
+  the same record); floats are refused. Use ids when a record's content can change (an edited row stays the
+  same record) or when different records can have equal content.
+- by default, a canonical content hash of the row: every feature array and the label, each value rounded to
+  float32 (so float64 and float32 copies, and int and float labels, of the same values are the same record),
+  ``-0.0`` read as ``0.0`` and every NaN as one NaN (a string value: its UTF-8 text), flattened row-major
+  per array, arrays in order (a dict's in sorted key order, the key names hashed too), and the row's shape
+  hashed with it. The row's position in the data set is not part of it, so shuffled rows, subsets,
+  supersets and concatenations of the same rows map to the same keys. Two rows with equal content are ONE
+  record (each release counts once for it; whoever owns either row has at most that record's history); a
+  row whose content was edited is a new record. Per-example sample weights are not part of a record.
+
+The hash is vectorized with numpy (murmur3's 64-bit finalizer on each word, a weighted sum, the finalizer
+again). It is not cryptographic, and need not be for soundness: two different records that get one key
+(chance about ``n^2 / 2^65``, 3e-8 for a million records) share one ledger history, which counts the
+releases of both for each: an over-count, never an under-count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import numbers
+
+import numpy as np
+
+_M1 = np.uint64(0xFF51AFD7ED558CCD)
+_M2 = np.uint64(0xC4CEB9FE1A85EC53)
+_CONTENT_SEED = 0x7466647062_6E6E31   # domain of content hashes
+_ID_SEED = 0x7265636F72_646964     # domain of user-given ids
+
+
+def _fmix(h: np.ndarray) -> np.ndarray:
+    """murmur3's 64-bit finalizer, in place on a uint64 array (a bijection that mixes every bit)."""
+    with np.errstate(over="ignore"):
+        h ^= h >> np.uint64(33)
+        h *= _M1
+        h ^= h >> np.uint64(33)
+        h *= _M2
+        h ^= h >> np.uint64(33)
+    return h
+
+
+def _multipliers(count: int, seed: int) -> np.ndarray:
+    """``count`` fixed odd 64-bit multipliers (a SplitMix-style sequence from ``seed``)."""
+    state = (np.arange(1, count + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ np.uint64(seed)
+    return _fmix(state) | np.uint64(1)
+
+
+def _seed_of(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def _arrays(structure, prefix=""):
+    """(name, array) pairs of a nested structure of arrays, dicts in sorted key order."""
+    if isinstance(structure, dict):
+        for key in sorted(structure, key=str):
+            yield from _arrays(structure[key], f"{prefix}/{key}")
+    elif isinstance(structure, list | tuple):
+        for i, item in enumerate(structure):
+            yield from _arrays(item, f"{prefix}[{i}]")
+    else:
+        yield prefix, np.asarray(structure)
+
+
+def _text_words(name: str, rows: np.ndarray) -> np.ndarray:
+    """One uint64 word per string element (BLAKE2b of its UTF-8 text; bytes are read as UTF-8)."""
+    words = []
+    for item in rows.ravel().tolist():
+        if isinstance(item, bytes):
+            item = item.decode("utf-8", "surrogateescape")
+        if not isinstance(item, str):
+            raise ValueError(f"x, y: {name or 'x'} holds {type(item).__name__} objects, which have no "
+                             "canonical content hash; pass record_ids (one integer or string id per record)")
+        words.append(_seed_of("text:" + item))
+    return np.array(words, dtype=np.uint64).reshape(rows.shape)
+
+
+def _canonical_words(name: str, array: np.ndarray, n: int) -> np.ndarray:
+    """The array's rows as canonical words: float32 bits two per uint64, or one per string: (n, words)."""
+    if array.ndim == 0 or array.shape[0] != n:
+        raise ValueError(f"x, y: every array must have the {n} records on axis 0, got shape {array.shape} "
+                         f"for {name or 'x'}")
+    if array.dtype == object or array.dtype.kind in "USV":
+        return _text_words(name, array.reshape(n, -1))
+    if array.dtype.kind == "c":
+        array = np.stack([array.real, array.imag], axis=-1)
+    rows = np.asarray(array.reshape(n, -1), dtype=np.float32)  # values rounded to float32
+    rows = rows + np.float32(0.0)  # -0.0 -> 0.0 (and a copy we may change)
+    rows[np.isnan(rows)] = np.float32(np.nan)
+    bits = rows.view(np.uint32)
+    if bits.shape[1] % 2:
+        bits = np.concatenate([bits, np.zeros((n, 1), np.uint32)], axis=1)
+    return np.ascontiguousarray(bits).view(np.uint64)
+
+
+def content_keys(x, y=None) -> np.ndarray:
+    """The canonical content hash (int64) of each record of ``x`` (and ``y``): see the module.
+
+    Args:
+      x: an array, or a list/tuple/dict of arrays, with the records on axis 0.
+      y: optional labels, the same.
+    Returns an int64 array with one key per record, in the data's order.
+    """
+    parts = list(_arrays(x, "x")) + ([] if y is None else list(_arrays(y, "y")))
+    if not parts:
+        raise ValueError("x: no arrays to identify records by")
+    n = parts[0][1].shape[0] if parts[0][1].ndim else -1
+    layout = ";".join(f"{name}:{a.shape[1:]}" for name, a in parts)
+    h = np.full(n if n >= 0 else 0, np.uint64(_CONTENT_SEED ^ _seed_of(layout)), dtype=np.uint64)
+    for index, (name, array) in enumerate(parts):
+        words = _canonical_words(name, array, n)
+        if words.shape[1] == 0:
+            continue
+        mixed = _fmix(words.copy())
+        weights = _multipliers(words.shape[1], _seed_of(f"{index}:{name}"))
+        with np.errstate(over="ignore"):
+            h ^= mixed @ weights   # integer matmul: wraps modulo 2^64
+            h = _fmix(h)
+    return h.view(np.int64)
+
+
+def id_keys(record_ids) -> np.ndarray:
+    """The key (int64) of each user-given record id (integers, or strings; see the module)."""
+    ids = np.asarray(record_ids)
+    if ids.ndim != 1:
+        raise ValueError(f"record_ids must be one id per record (a 1-D sequence), got shape {ids.shape}")
+    if ids.dtype == bool or ids.dtype.kind in "fc":
+        raise ValueError(f"record_ids must be integers or strings, got {ids.dtype} values")
+    if ids.dtype.kind not in "iu":
+        words = []
+        for item in ids.tolist():
+            if isinstance(item, bool) or not isinstance(item, str | numbers.Integral):
+                raise ValueError(f"record_ids must be integers or strings, got {type(item).__name__} "
+                                 f"{item!r}")
+            if isinstance(item, str):
+                try:
+                    item = int(item)
+                except ValueError:
+                    words.append(_seed_of("id:" + item))
+                    continue
+            if not -(1 << 63) <= int(item) < (1 << 63):
+                raise ValueError(f"record_ids: integer ids must fit in 64 bits, got {item}")
+            words.append((int(item) & ((1 << 64) - 1)) ^ _ID_SEED)
+        return _fmix(np.array(words, dtype=np.uint64)).view(np.int64)
+    if ids.dtype.kind == "u" and ids.size and ids.max() >= (1 << 63):
+        raise ValueError("record_ids: integer ids must fit in 64 bits")
+    h = ids.astype(np.int64).view(np.uint64) ^ np.uint64(_ID_SEED)
+    return _fmix(h).view(np.int64)
+
+
+def record_keys(x=None, y=None, record_ids=None) -> np.ndarray:
+    """One int64 key per record: ``id_keys(record_ids)`` when given, else ``content_keys(x, y)``.
+
+    With both, the number of ids must equal the number of records of ``x``.
+    """
+    if record_ids is not None:
+        keys = id_keys(record_ids)
+        if x is not None:
+            rows = {a.shape[0] for _, a in _arrays(x) if a.ndim}
+            if rows and rows != {len(keys)}:
+                raise ValueError(f"record_ids: {len(keys)} ids for {sorted(rows)} records of x; give one id "
+                                 "per record")
+        return keys
+    if x is None:
+        raise ValueError("x or record_ids: give the data or the records' ids")
+    return content_keys(x, y)
+
+
+#: Name of the attribute a tf.data pipeline carries its records' keys in (``tag_record_keys``).
+_KEYS_ATTRIBUTE = "_tfdpbnn_record_keys"
+
+
+def tag_record_keys(dataset, keys):
+    """Attach the keys of the records a tf.data pipeline draws from (``record_keys``) and return it.
+
+    ``tfdpbnn.data.poisson_batches`` tags its output; tag a pipeline of your own before ``fit`` so that its
+    runs are written to the per-record ledger against its records.
+    """
+    keys = np.asarray(keys)
+    if keys.ndim != 1 or keys.dtype != np.int64:
+        raise ValueError(f"keys must come from tfdpbnn.privacy.records.record_keys (1-D int64), got "
+                         f"{keys.dtype} of shape {keys.shape}")
+    setattr(dataset, _KEYS_ATTRIBUTE, keys)
+    return dataset
+
+
+def input_keys(x, y=None, record_ids=None) -> np.ndarray | None:
+    """The record keys of ``fit``'s input: arrays are hashed, a pipeline carries its tag (else None)."""
+    import tensorflow as tf
+
+    from tfdpbnn import _private_api
+
+    if isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
+        if record_ids is not None:
+            return id_keys(record_ids)
+        return _private_api.attached_attribute(x, _KEYS_ATTRIBUTE)
+    if x is None or callable(getattr(x, "__next__", None)) or isinstance(x, tf.keras.utils.Sequence):
+        return None if record_ids is None else id_keys(record_ids)
+    if record_ids is None and any(isinstance(t, tf.RaggedTensor | tf.SparseTensor)
+                                  for t in tf.nest.flatten([x, y])):
+        return None  # no canonical content for ragged or sparse rows: the statement says records are unknown
+    return record_keys(x, y, record_ids)
+
+
+__all__ = ["content_keys", "id_keys", "input_keys", "record_keys", "tag_record_keys"]
