@@ -26,11 +26,25 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+# The privacy.json format versions this script reads (tfdpbnn.export.PRIVACY_FORMAT_VERSION; files without
+# "format_version" predate it and have the same fields). It does not import tfdpbnn, so it keeps its own list.
+PRIVACY_FORMAT_VERSIONS = (0, 1)
+
 
 def read_privacy(export_dir):
-    """The privacy statement written beside the model (strict JSON; an infinite epsilon is null + a flag)."""
-    with open(os.path.join(export_dir, "assets", "privacy.json"), encoding="utf-8") as fh:
-        return json.load(fh)
+    """The privacy statement written beside the model (strict JSON; an infinite epsilon is null + a flag).
+
+    Exits with a message naming the fix when the file is of a format version this script does not know.
+    """
+    path = os.path.join(export_dir, "assets", "privacy.json")
+    with open(path, encoding="utf-8") as fh:
+        privacy = json.load(fh)
+    version = privacy.get("format_version", 0)
+    if version not in PRIVACY_FORMAT_VERSIONS or isinstance(version, bool | float):
+        known = ", ".join(map(str, PRIVACY_FORMAT_VERSIONS))
+        sys.exit(f"{path}: format_version {version!r} is not one this script reads ({known}); it was "
+                 "written by a newer tfdpbnn: use the serve_savedmodel.py of that release")
+    return privacy
 
 
 def main():

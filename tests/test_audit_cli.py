@@ -9,6 +9,9 @@ from tfdpbnn import cli
 from tfdpbnn.audit import experiment, mutations, sampling, step
 from tfdpbnn.commands import audit as audit_command
 
+# Not in the fast tier (./scripts/test --fast): audits end to end through the command line.
+pytestmark = pytest.mark.slow
+
 
 def test_cli_names_match_the_experiment():
     assert audit_command.METHODS == experiment.METHODS == step.METHODS

@@ -24,6 +24,7 @@ def test_no_correct_guess_rejects_nothing_and_perfect_guesses_reject_perfect_pri
     assert not fdp_claim_rejected(gdp_tradeoff(10.0), 100, 20, 20, 0.05)  # mu = 10 allows it
 
 
+@pytest.mark.slow   # not in the fast tier: simulated canary runs (an audit)
 def test_coverage_on_simulated_gaussian_canaries():
     # 80 one-run audits of canaries released through exactly mu-GDP channels (mu = 1.5): the 80%-confidence
     # bound may exceed the true mu in at most 20% of them (binomial test at level 0.001).

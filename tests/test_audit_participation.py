@@ -8,6 +8,9 @@ import tfdpbnn.audit
 import tfdpbnn.audit.participation
 from tests._small_runs import DELTA, LOSS, small_data, small_model
 
+# Not in the fast tier (./scripts/test --fast): the sampling audit of real model.fit runs.
+pytestmark = pytest.mark.slow
+
 N, Q, STEPS, EPOCHS = 200, 0.1, 15, 2  # 600 participations expected; 900 at 1.5 q (sd about 23)
 
 

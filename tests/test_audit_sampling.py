@@ -8,6 +8,9 @@ from scipy import stats
 
 from tfdpbnn.audit.sampling import audit_participation, rate_test_power, sampling_audit
 
+# Not in the fast tier (./scripts/test --fast): simulated sampling audits.
+pytestmark = pytest.mark.slow
+
 
 def test_poisson_batches_pass():
     r = sampling_audit(num_examples=2000, sample_rate=0.01, steps=300, seed=0)

@@ -11,6 +11,9 @@ from tfdpbnn import _audit_hook
 from tfdpbnn.audit import mutations
 from tfdpbnn.audit.step import METHODS, step_audit
 
+# Not in the fast tier (./scripts/test --fast): thousands of audited steps for every method.
+pytestmark = pytest.mark.slow
+
 RUNS = 4000  # pairs: power against 1.5x at claim epsilon 1 is 0.99 (asserted below)
 # One mutation per method, so that every mutation runs through more than one method's optimizer.
 MUTATION_FOR = {"dpsgd": "noise-2/3", "dpadam": "clip-1.5x", "dpvd": "noise-2/3", "dpsgld": "double-count",

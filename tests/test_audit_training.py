@@ -8,6 +8,9 @@ import tfdpbnn
 import tfdpbnn.audit
 from tfdpbnn.audit import GradientCanaryAudit, canary_losses, multi_run_scores, with_gradient_canaries
 
+# Not in the fast tier (./scripts/test --fast): audits through compile/fit, many runs.
+pytestmark = pytest.mark.slow
+
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 

@@ -15,30 +15,34 @@ from tfdpbnn.data import DatasetNotAvailableError, load_tfds
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-# cli.py in a fresh interpreter, the ``tfdpbnn`` package replaced by an empty one: what ``tfdpbnn --help``
-# costs beyond importing the package itself (the package's own ``__init__`` is timed by the lead's check).
+# The installed ``tfdpbnn`` command (``tfdpbnn_cli:main``) in a fresh interpreter: which heavy modules a
+# ``--help`` imported. Not timed (the machine's load decides that); importing none of them is what keeps it
+# under a second (measured 0.03-0.06 s per subcommand against 5-6 s when it imported TensorFlow).
 _PROBE = textwrap.dedent("""
-    import sys, time, types
-    start = time.perf_counter()
-    package = types.ModuleType("tfdpbnn")
-    package.__path__ = [sys.argv[1]]
-    sys.modules["tfdpbnn"] = package
-    import tfdpbnn.cli
+    import sys, tfdpbnn_cli
     try:
-        tfdpbnn.cli.main(sys.argv[2:])
+        tfdpbnn_cli.main(sys.argv[1:])
     except SystemExit as exit:
-        assert exit.code == 0, exit.code
-    heavy = sorted(m for m in ("tensorflow", "dp_accounting", "scipy", "matplotlib") if m in sys.modules)
-    print("HEAVY", heavy, "SECONDS", time.perf_counter() - start)
+        assert exit.code in (0, None), exit.code
+    heavy = sorted(m for m in ("tfdpbnn", "tensorflow", "numpy", "dp_accounting", "scipy", "matplotlib")
+                   if m in sys.modules)
+    print("HEAVY", heavy)
 """)
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["privacy", "--help"], ["reproduce", "--help"]])
-def test_help_imports_no_tensorflow_and_is_fast(argv):
-    out = subprocess.run([sys.executable, "-c", _PROBE, str(ROOT / "tfdpbnn"), *argv], capture_output=True,
-                         text=True, timeout=60, check=True).stdout
-    assert "usage: tfdpbnn" in out and "HEAVY [] " in out, out
-    assert float(out.rsplit("SECONDS", 1)[1]) < 1.0  # measured ~0.1 s on the 2-core CI machine
+@pytest.mark.parametrize("command", ["", "privacy", "reproduce", "train", "audit"])
+def test_help_imports_no_tensorflow_and_is_plain_text(command):
+    argv = [command, "--help"] if command else ["--help"]
+    out = subprocess.run([sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True, timeout=60,
+                         check=True, cwd=ROOT).stdout
+    assert out.rstrip().endswith("HEAVY []"), out
+    assert "usage:" in out and "--help" in out, out
+    assert "`" not in out and ":func:" not in out and ":class:" not in out, out   # no reST markup
+
+
+def test_plain_text_removes_rest_markup():
+    assert cli.plain_text("``x`` and :func:`tfdpbnn.mc_predict` or `tfdpbnn train`") == (
+        "x and tfdpbnn.mc_predict or 'tfdpbnn train'")
 
 
 def test_help_lists_every_command(capsys):
@@ -68,14 +72,12 @@ def test_load_tfds_without_download_names_the_fix(tmp_path):
         load_tfds("fashion_mnist", data_dir=str(tmp_path), download=False)
 
 
-def test_console_entry_point_help_imports_no_tensorflow():
-    """The installed ``tfdpbnn`` command (``tfdpbnn_cli:main``) answers --help without TensorFlow."""
-    import subprocess
-    import sys
+def test_missing_tfds_extra_is_an_import_error_naming_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)   # as if not installed
+    with pytest.raises(ImportError, match=r"needs tensorflow-datasets.*pip install 'tfdpbnn\[tfds\]'"):
+        load_tfds("mnist", data_dir=str(tmp_path))
+    code = cli.main(["train", "--method", "dpsgd", "--dataset", "mnist", "--epsilon", "1",
+                     "--data-dir", str(tmp_path), "--out", str(tmp_path / "out")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "tfdpbnn[tfds]" in lines[0], lines
 
-    code = ("import sys, tfdpbnn_cli\n"
-            "try:\n    tfdpbnn_cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "assert 'tensorflow' not in sys.modules and 'tfdpbnn' not in sys.modules, sorted(sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "privacy" in done.stdout and "audit" in done.stdout

@@ -28,6 +28,7 @@ def test_table_for_noise_multiplier(capsys):
     assert "under-report" in out
 
 
+@pytest.mark.slow   # not in the fast tier: calibrates sigma for every accountant on a grid for the plot
 def test_table_for_epsilon_with_paper_rows_and_plot(capsys, tmp_path):
     plot = tmp_path / "fig3.png"
     assert main(["privacy", "--num-examples", "1000", "--batch-size", "50", "--epochs", "5",

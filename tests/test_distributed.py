@@ -19,6 +19,9 @@ import sys
 import numpy as np
 import pytest
 
+# Not in the fast tier (./scripts/test --fast): distributed runs in fresh interpreters, several processes.
+pytestmark = pytest.mark.slow
+
 HERE = os.path.abspath(__file__)
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SIGMA, CLIP = 2.0, 1.0

@@ -16,6 +16,9 @@ from tfdpbnn.data.distributed import (
     tfrecord_shards,
 )
 
+# Not in the fast tier (./scripts/test --fast): TFRecord sets written and streamed.
+pytestmark = pytest.mark.slow
+
 
 def write_records(path, n, files=1):
     """n records (id, 3 features) over ``files`` TFRecord files; returns the file names."""

@@ -7,7 +7,8 @@ Convention (also stated in docs/getting_started.md):
 * The environment variable ``TFDPBNN_DOCS_FAST=1`` is set while they run. A block whose full-size settings
   would be slow reads it to choose *argument values* (epochs, samples, ...), for example
   ``epochs = 2 if os.environ.get("TFDPBNN_DOCS_FAST") else 30``; the code path is the same either way.
-* A file containing the line ``<!-- docs-test: slow -->`` is marked ``slow`` (still part of the suite).
+* The pages under docs/, and any file containing the line ``<!-- docs-test: slow -->``, are marked ``slow``:
+  in the full suite, not in the fast tier (``./scripts/test --fast``), which runs README.md's blocks.
 * Snippets that are not meant to run (shell commands, pseudo-code, output) use ```text or ```bash fences.
 """
 
@@ -36,7 +37,8 @@ def _doc_files():
         text = path.read_text(encoding="utf-8")
         if not python_blocks(text):
             continue
-        marks = [pytest.mark.slow] if SLOW_MARK in text else []
+        # The fast tier runs README.md's examples; docs/ pages run in the full suite.
+        marks = [pytest.mark.slow] if SLOW_MARK in text or path.name != "README.md" else []
         params.append(pytest.param(path, id=str(path.relative_to(ROOT)), marks=marks))
     return params
 

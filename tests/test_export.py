@@ -55,7 +55,7 @@ def test_export_round_trip_all_layers(tmp_path):
 
     # privacy statement from the optimizer hook, and the MC defaults
     with open(os.path.join(path, "assets", "privacy.json")) as fh:
-        assert json.load(fh) == {"accountant": "rdp", "delta": 1e-5, "epsilon": 1.25}
+        assert json.load(fh) == {"accountant": "rdp", "delta": 1e-5, "epsilon": 1.25, "format_version": 1}
     with open(os.path.join(path, "assets", "mc_predict.json")) as fh:
         assert json.load(fh)["default_num_samples"] == 7
 
@@ -109,7 +109,7 @@ def test_export_regression_with_explicit_privacy(tmp_path):
     path = export_saved_model(model, str(tmp_path / "r"), task="regression",
                               privacy={"epsilon": 3.0, "method": "DP-BBP"})
     with open(os.path.join(path, "assets", "privacy.json")) as fh:
-        assert json.load(fh) == {"epsilon": 3.0, "method": "DP-BBP"}
+        assert json.load(fh) == {"epsilon": 3.0, "method": "DP-BBP", "format_version": 1}
     served = tf.saved_model.load(path)
     np.testing.assert_allclose(served.signatures["serving_default"](x=tf.constant(x))["output"].numpy(),
                                model(x).numpy(), rtol=1e-5, atol=1e-6)

@@ -132,3 +132,20 @@ def test_sparse_and_deeply_ragged_inputs_are_refused_by_name():
     deep = tf.RaggedTensorSpec([None, None, None], tf.float32, ragged_rank=2)
     with pytest.raises(ValueError, match="ragged rank 2"):
         fit_checks._synthetic(deep, 4, np.random.default_rng(0))
+
+
+def test_float_ids_into_an_embedding_get_the_fix_and_integer_ids_train():
+    """Float32 token ids reach an Embedding: the pre-fit check names the layer and the fix (integer ids)
+    instead of TensorFlow's out-of-range gather error; the same ids as int32 train."""
+    ids = np.random.default_rng(0).integers(0, 10, size=(N, 3))
+    y = np.zeros(N, "int32")
+
+    def model(dtype):
+        tf.keras.utils.set_random_seed(0)
+        inputs = tf.keras.Input((3,), dtype=dtype)
+        h = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(10, 2, name="tokens")(inputs))
+        return tf.keras.Model(inputs, tf.keras.layers.Dense(3)(h))
+
+    with pytest.raises(ValueError, match=r"Embedding layer\(s\) \['tokens'\] are fed float32 ids.*int32"):
+        _fit(model("float32"), ids.astype("float32"), y)
+    assert _fit(model("int32"), ids.astype("int32"), y).privacy_statement()["epsilon"] > 0

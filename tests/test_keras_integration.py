@@ -14,6 +14,7 @@ import tfdpbnn
 from tests._float32 import F32
 
 
+@pytest.mark.slow   # not in the fast tier: a fresh interpreter that imports TensorFlow
 def test_importing_tfdpbnn_changes_no_keras_class():
     """Every attribute of tf.keras.Model, Sequential and the Layer base is the same object after importing
     tfdpbnn and all of its modules; only constructing a DP optimizer installs the fit integration."""

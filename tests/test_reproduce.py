@@ -12,6 +12,9 @@ import pytest
 from experiments import available_experiments, run_experiment
 from experiments.runner import Run, mean_std
 
+# Not in the fast tier (./scripts/test --fast): each experiment of experiments/ once, end to end.
+pytestmark = pytest.mark.slow
+
 
 def _read_csv(path):
     with open(path, newline="") as fh:
@@ -74,8 +77,9 @@ def test_cli_lists_and_parses_experiments():
 def test_tfdpbnn_reproduce_forwards_to_the_checkout_or_says_it_needs_one(tmp_path, monkeypatch, capsys):
     """``tfdpbnn reproduce`` hands its arguments to the checkout's experiments/ parser; with no checkout
     beside the package or in the current directory it exits 2 with an error naming experiments/."""
-    from tfdpbnn.cli import main
-    from tfdpbnn.commands import reproduce
+    from tfdpbnn.cli import command_module, main
+
+    reproduce = command_module("reproduce")   # the copy the command runs (loaded by path, tfdpbnn.cli)
 
     with pytest.raises(SystemExit) as exc:
         main(["reproduce", "not-an-experiment"])

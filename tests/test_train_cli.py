@@ -14,7 +14,9 @@ from tfdpbnn.commands.train_recipes import METHODS, RECIPES, build_model, build_
 
 
 # The full command for the three distinct evaluation/export paths (MC layers, posterior snapshots, SIDP's
-# released sample); the other methods' recipes are built below and trained by tests/test_optimizers_*.
+# released sample); the other methods' recipes are built below and trained by tests/test_optimizers_*. The
+# end-to-end runs of the command: not in the fast tier.
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["dpvd", "dpsgld", "sidp"])
 def test_train_writes_model_privacy_json_diagram_and_summary(method, tmp_path, capsys):
     out = str(tmp_path / method)
@@ -144,6 +146,7 @@ def test_train_public_needs_digits(tmp_path, capsys):
     assert code == 2 and "--public-epochs" in capsys.readouterr().err
 
 
+@pytest.mark.slow   # not in the fast tier: an end-to-end run of the command
 def test_train_with_private_calibration_covers_it_and_prints_it(tmp_path, capsys):
     out = str(tmp_path / "cal")
     key = tmp_path / "sampling-key"

@@ -12,6 +12,9 @@ from tfdpbnn.privacy import dp_sgd_event
 from tfdpbnn.tuning import bounds, search
 from tfdpbnn.tuning.bounds import TruncatedNegativeBinomial
 
+# Not in the fast tier (./scripts/test --fast): real DP trainings for every trial of a search.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def splits():

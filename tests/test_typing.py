@@ -9,6 +9,11 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+# Not in the fast tier (./scripts/test --fast): mypy over the typed modules (a lint, not a behaviour check).
+pytestmark = pytest.mark.slow
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

@@ -32,7 +32,7 @@ def test_split_by_record_depends_on_each_record_alone():
         split_by_record([x, y[:10]], 0.25, key=7)
 
 
-@pytest.mark.parametrize("epsilon", [0.5, 2.0])
+@pytest.mark.parametrize("epsilon", [0.5, pytest.param(2.0, marks=pytest.mark.slow)])   # fast tier: 0.5
 def test_parallel_releases_compose_to_the_stated_epsilon(epsilon):
     plan = CalibrationPlan()
     eps_t, eps_c = plan.release_epsilons(epsilon, DELTA, "pld")

@@ -43,7 +43,7 @@ def test_calibration_is_served_and_its_cost_recorded(tmp_path):
     # without a training statement, privacy.json still lists what calibration spent
     bare = export_saved_model(model, str(tmp_path / "bare"), calibration=temperature)
     with open(os.path.join(bare, "assets", "privacy.json")) as fh:
-        assert list(json.load(fh)) == ["calibration"]
+        assert list(json.load(fh)) == ["calibration", "format_version"]
     with pytest.raises(ValueError, match="calibration must be None or a TemperatureScaling"):
         export_saved_model(model, str(tmp_path / "bad"), calibration=1.5)
 

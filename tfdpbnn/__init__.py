@@ -25,7 +25,7 @@ from tfdpbnn.privacy import (  # noqa: E402,F401
 )
 
 # isort: split
-from tfdpbnn.export import export_saved_model  # noqa: E402,F401
+from tfdpbnn.export import export_saved_model, read_privacy  # noqa: E402,F401
 from tfdpbnn.layers import (  # noqa: E402,F401
     AppendPublicBatch,
     Conv2DVariational,

@@ -40,6 +40,14 @@ def check_nonnegative(name: str, value: object) -> float:
     return number
 
 
+def check_nonnegative_or_inf(name: str, value: object) -> float:
+    """Return ``value`` as float if it is a real number >= 0 or +inf (e.g. a target epsilon), else raise."""
+    number = _real(value)
+    if number is None or math.isnan(number) or number < 0:
+        raise ValueError(f"{name} must be a number >= 0 or inf (allowed range [0, inf]); got {value!r}")
+    return number
+
+
 def check_open_unit(name: str, value: object) -> float:
     """Return ``value`` as float if 0 < value < 1 (e.g. delta), else raise ``ValueError``."""
     number = _real(value)

@@ -1,4 +1,9 @@
-"""SavedModel export with a deterministic and a Monte Carlo serving signature, plus the privacy statement."""
+"""SavedModel export with a deterministic and a Monte Carlo serving signature, plus the privacy statement.
+
+``assets/privacy.json`` carries ``"format_version"`` (``PRIVACY_FORMAT_VERSION``). Files without it were
+written before the format was versioned (version 0, the same fields as version 1) and read unchanged;
+``read_privacy`` refuses a version newer than this release understands and says to upgrade.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,37 @@ from tfdpbnn.uncertainty.conformal import ConformalThreshold
 from tfdpbnn.uncertainty.mc import check_task, monte_carlo_summaries
 from tfdpbnn.uncertainty.outputs import resolve_from_logits
 from tfdpbnn.uncertainty.temperature import TemperatureScaling, scale_probabilities
+
+#: Version of the ``assets/privacy.json`` format written by ``export_saved_model``: 1 is the statement's dict
+#: (strict JSON, ``strict_json_value``) plus this key; 0 is the same without the key (tfdpbnn 0.1.0 exports).
+PRIVACY_FORMAT_VERSION = 1
+#: The key of the format version in ``privacy.json`` (reserved: a ``privacy`` dict may not use it).
+PRIVACY_FORMAT_KEY = "format_version"
+
+
+def read_privacy(path) -> dict:
+    """The privacy record of an export: ``<path>/assets/privacy.json`` (or ``path`` itself, a JSON file).
+
+    Returns the dict as written (strict JSON: an infinite value is ``null`` plus ``<key>_is_infinite``),
+    with ``"format_version"`` set to 0 for a file written before the format was versioned. Raises
+    ``FileNotFoundError`` when the export has no privacy record and ``ValueError`` for a format version this
+    release does not know (upgrade tfdpbnn to read it).
+    """
+    path = os.fspath(path)
+    file = path if os.path.isfile(path) else os.path.join(path, "assets", "privacy.json")
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"path: no privacy record at {file} (export_saved_model writes it when the "
+                                "model's optimizer has a privacy statement or privacy= is given)")
+    with open(file, encoding="utf-8") as fh:
+        record = json.load(fh)
+    if not isinstance(record, dict):
+        raise ValueError(f"path: {file} holds a JSON {type(record).__name__}, not a privacy record")
+    version = record.setdefault(PRIVACY_FORMAT_KEY, 0)
+    if version not in range(PRIVACY_FORMAT_VERSION + 1) or isinstance(version, bool | float):
+        raise ValueError(f"path: {file} has {PRIVACY_FORMAT_KEY} {version!r}; this tfdpbnn reads versions 0 "
+                         f"to {PRIVACY_FORMAT_VERSION}. It was written by a newer tfdpbnn: upgrade "
+                         "(pip install --upgrade tfdpbnn) to read it")
+    return record
 
 
 def _input_spec(model, input_signature):
@@ -67,6 +103,9 @@ def _privacy_dict(model, privacy):
         return None
     if not isinstance(privacy, dict):
         raise ValueError(f"privacy must be a dict (JSON-serializable) or None, got {type(privacy).__name__}")
+    if PRIVACY_FORMAT_KEY in privacy:
+        raise ValueError(f"privacy: the key {PRIVACY_FORMAT_KEY!r} is reserved for the file's format version "
+                         f"(written as {PRIVACY_FORMAT_VERSION}); rename it")
     try:
         return json.dumps(strict_json_value(privacy), indent=2, sort_keys=True, allow_nan=False)
     except TypeError as err:
@@ -167,7 +206,8 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
     ``<path>/assets/mc_predict.json``. The optimizer is not saved (``include_optimizer=False``).
     If ``privacy`` (a dict) is given, or else ``model.optimizer.privacy_statement()`` exists, that dict is
     written as strict JSON to ``<path>/assets/privacy.json`` (an infinite epsilon, e.g. at noise 0, is
-    written as ``"epsilon": null, "epsilon_is_infinite": true``; see ``strict_json_value``). Returns ``path``.
+    written as ``"epsilon": null, "epsilon_is_infinite": true``; see ``strict_json_value``), with
+    ``"format_version": PRIVACY_FORMAT_VERSION`` (``read_privacy`` reads it back). Returns ``path``.
     """
     num_samples = check_positive_int("num_samples", num_samples)
     if mc_sampling_active():
@@ -223,6 +263,7 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
                    "prediction_set_threshold": None if prediction_sets is None
                    else prediction_sets.threshold, "input_transform": transform_record}, fh)
     if privacy_json is not None:
+        record = dict(json.loads(privacy_json), **{PRIVACY_FORMAT_KEY: PRIVACY_FORMAT_VERSION})
         with open(os.path.join(assets, "privacy.json"), "w") as fh:
-            fh.write(privacy_json + "\n")
+            fh.write(json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n")
     return path

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 
-from tfdpbnn._validation import check_open_unit, check_positive, check_positive_int
-
 # The same names as tfdpbnn.audit.experiment.METHODS / BROKEN, tfdpbnn.audit.mutations.MUTATIONS and
 # tfdpbnn.audit.sampling.SAMPLING_MUTATIONS (kept here so building the parser imports no TensorFlow;
 # tests/test_audit_cli.py checks they agree).
@@ -84,6 +82,8 @@ def add_parser(subparsers) -> None:
 
 
 def _check_arguments(args, mode) -> None:
+    from tfdpbnn._validation import check_open_unit, check_positive
+
     if args.model is not None:
         if args.epsilon is not None or args.method is not None:
             raise ValueError("--model: the saved model's optimizer holds its noise and method; --epsilon and "
@@ -119,6 +119,7 @@ def _probability(p: float) -> str:
 
 
 def _step(args) -> dict:
+    from tfdpbnn._validation import check_positive_int
     from tfdpbnn.audit.mutations import MUTATIONS
     from tfdpbnn.audit.step import step_audit
 
@@ -155,6 +156,7 @@ def _step(args) -> dict:
 def _traced(args) -> dict:
     import contextlib
 
+    from tfdpbnn._validation import check_positive_int
     from tfdpbnn.audit.mutations import inject_bug
     from tfdpbnn.audit.traced import example_batch, method_model, traced_audit
 
@@ -177,6 +179,7 @@ def _traced(args) -> dict:
 
 
 def _sampling(args) -> dict:
+    from tfdpbnn._validation import check_positive_int
     from tfdpbnn.audit.sampling import SAMPLING_MUTATIONS, sampling_audit
 
     n = check_positive_int("--num-examples", 2000 if args.num_examples is None else args.num_examples)
@@ -217,6 +220,7 @@ def _sampling(args) -> dict:
 
 
 def _multi_run(args) -> dict:
+    from tfdpbnn._validation import check_positive_int
     from tfdpbnn.audit import experiment
 
     runs = check_positive_int("--runs", 2000 if args.runs is None else args.runs)
@@ -237,6 +241,7 @@ def _multi_run(args) -> dict:
 
 
 def _one_run(args) -> dict:
+    from tfdpbnn._validation import check_positive_int
     from tfdpbnn.audit import experiment
 
     q = 0.2 if args.sample_rate is None else args.sample_rate

@@ -51,16 +51,23 @@ def add_parser(subparsers) -> None:
 
 
 def _statement(path: str) -> int:
-    """Print the run epsilon, the ledger bound and the quote of a saved privacy statement."""
-    import json
+    """Print the run epsilon, the ledger bound and the quote of a saved privacy statement.
+
+    Read by ``tfdpbnn.export.read_privacy``: any format version this release knows (files from before the
+    version existed included); a newer version is an error that says to upgrade.
+    """
     import os
+
+    from tfdpbnn.export import read_privacy
 
     file = os.path.join(path, "assets", "privacy.json") if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise ValueError(f"--statement: no privacy statement at {file} (give privacy.json or a SavedModel "
                          "directory with assets/privacy.json)")
-    with open(file) as f:
-        statement = json.load(f)
+    try:
+        statement = read_privacy(file)
+    except ValueError as err:
+        raise ValueError(f"--statement: {err}") from err
     if "ledger_bound" not in statement:
         raise ValueError(f"--statement: {file} has no ledger_bound (written by an earlier tfdpbnn); its "
                          f"epsilon {statement.get('epsilon')} holds only for the weights its run produced")

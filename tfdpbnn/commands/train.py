@@ -15,8 +15,10 @@ import math
 import os
 import time
 
-from tfdpbnn.commands.train_recipes import METHODS, PUBLIC_SOURCES, RECIPES, STOCHASTIC
-
+# The parser's choices live here, not in train_recipes (which imports TensorFlow): ``tfdpbnn train --help``
+# loads this module alone (tfdpbnn.cli), so its top level imports nothing but the standard library.
+METHODS = ("dpvd", "dpsgld", "dpbbp", "dpmcdropout", "dpd", "sidp", "dpsgd")
+PUBLIC_SOURCES = ("mnist5k",)
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10")
 
 
@@ -79,7 +81,8 @@ def add_parser(subparsers) -> None:
                    help="parallel (default): the held-out records are disjoint from training, so each part "
                         "gets the whole epsilon (McSherry 2009); sequential: the training noise leaves room "
                         "for the calibration releases")
-    p.add_argument("--data-dir", default=None, help="TFDS data directory (mnist, fashion_mnist, cifar10)")
+    p.add_argument("--data-dir", default=None, help="TFDS data directory (mnist, fashion_mnist, cifar10: "
+                   "they need pip install 'tfdpbnn[tfds]')")
     p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")
     p.set_defaults(func=run)
 
@@ -131,7 +134,7 @@ def train(args) -> dict:
 
     import tfdpbnn
     from tfdpbnn import privacy
-    from tfdpbnn.commands.train_recipes import build_model, build_optimizer
+    from tfdpbnn.commands.train_recipes import RECIPES, STOCHASTIC, build_model, build_optimizer
     from tfdpbnn.uncertainty import (
         CalibrationPlan,
         coverage_and_size,

@@ -16,7 +16,8 @@ import dataclasses
 
 import tensorflow as tf
 
-METHODS = ("dpvd", "dpsgld", "dpbbp", "dpmcdropout", "dpd", "sidp", "dpsgd")
+from tfdpbnn.commands.train import METHODS, PUBLIC_SOURCES
+
 STOCHASTIC = ("dpvd", "dpbbp", "dpmcdropout", "dpd", "sidp")
 
 
@@ -126,9 +127,6 @@ def build_optimizer(method: str, recipe: Recipe, epsilon: float, delta: float, n
     cls = {"dpvd": optimizers.DPVDOptimizer, "sidp": optimizers.SIDPOptimizer}.get(
         method, optimizers.DPSGDOptimizer)
     return cls(recipe.clip, learning_rate=recipe.learning_rate, **common)
-
-
-PUBLIC_SOURCES = ("mnist5k",)
 
 
 @dataclasses.dataclass

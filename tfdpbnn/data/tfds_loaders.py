@@ -8,6 +8,8 @@ import socket
 import numpy as np
 
 DATASETS = ("mnist", "fashion_mnist", "cifar10")
+#: What installs tensorflow-datasets for these loaders (the ``tfds`` extra of setup.cfg).
+TFDS_EXTRA_REQUIREMENT = "tfdpbnn[tfds]"
 #: host TFDS downloads from first; resolved before a download so an offline machine fails in a second
 #: instead of after minutes of retries.
 _TFDS_HOST = "storage.googleapis.com"
@@ -51,9 +53,14 @@ def load_tfds(name: str, data_dir=None, download: bool = True):
       download: let TFDS download and prepare the set if it is not in ``data_dir``.
     Images are float32 in [0, 1] with shape ``[H, W, C]``; labels int64.
     Raises ``DatasetNotAvailableError`` (a ``ValueError``) with a one-line fix when the set is neither
-    prepared nor downloadable (offline machine or ``download=False``).
+    prepared nor downloadable (offline machine or ``download=False``), and ``ImportError`` naming the extra
+    when tensorflow-datasets is not installed (``pip install 'tfdpbnn[tfds]'``).
     """
-    import tensorflow_datasets as tfds
+    try:
+        import tensorflow_datasets as tfds
+    except ModuleNotFoundError as err:
+        raise ImportError(f"load_tfds({name!r}) needs tensorflow-datasets, which is an optional extra: "
+                          f"pip install '{TFDS_EXTRA_REQUIREMENT}'") from err
 
     if name not in DATASETS:
         raise ValueError(f"name must be one of {DATASETS}, got {name!r}")

@@ -166,6 +166,33 @@ def _max_abs(tensors) -> float:
     return max(values) if values else 0.0
 
 
+def _embedding_names(model) -> list[str]:
+    """Names of the ``Embedding`` layers of ``model`` (nested ones included)."""
+    return [layer.name for layer in getattr(model, "submodules", ())
+            if isinstance(layer, tf.keras.layers.Embedding)]
+
+
+def _call_synthetic(model, xs, float_inputs):
+    """``model(xs, training=True)``; float inputs that reach an ``Embedding`` get a ``ValueError`` saying so.
+
+    An ``Embedding`` casts float ids to integers; the synthetic Gaussian floats of the check then become
+    out-of-range ids and TensorFlow raises a bare ``InvalidArgumentError`` from the gather. Float ids are
+    refused with the fix instead: the check needs float inputs to be features it can differentiate.
+    """
+    try:
+        return model(xs, training=True)
+    except tf.errors.InvalidArgumentError as err:
+        embeddings = _embedding_names(model)
+        if embeddings and float_inputs:
+            dtypes = sorted({t.dtype.name for t in float_inputs})
+            raise ValueError(
+                f"x: the model's Embedding layer(s) {embeddings} are fed {'/'.join(dtypes)} ids; feed "
+                "token ids as integers (e.g. x.astype('int32'), tf.cast(x, tf.int32), and "
+                "tf.keras.Input(shape, dtype='int32')). tfdpbnn's pre-fit check treats float inputs as "
+                "features and differentiates through them, which float ids do not allow.") from err
+        raise
+
+
 def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed: int = 0) -> None:
     """Raise ``ValueError`` if one example's loss can depend on another example of the batch.
 
@@ -185,7 +212,7 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
     float_inputs = [t for t, _ in float_leaves]
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(float_inputs)
-        y_pred = model(xs, training=True)
+        y_pred = _call_synthetic(model, xs, float_inputs)
         tape.watch(tf.nest.flatten(y_pred))
         outputs = [tf.reshape(tf.cast(o, tf.float32), [rows, -1]) for o in tf.nest.flatten(y_pred)]
         weights = [tf.constant(rng.normal(size=o.shape), tf.float32) for o in outputs]

@@ -27,7 +27,7 @@ import math
 import numpy as np
 from dp_accounting import NeighboringRelation
 
-from tfdpbnn._validation import check_nonnegative, check_open_unit
+from tfdpbnn._validation import check_open_unit
 from tfdpbnn.privacy._base import EventAccountant
 from tfdpbnn.privacy.gdp import gdp_epsilon
 
@@ -86,13 +86,8 @@ class AdvancedCompositionAccountant(EventAccountant):
             eps.append(amplify(gdp_epsilon(1.0 / sigma, delta0), delta0, q)[0])
         return advanced_composition(np.array(eps), counts, delta_prime)
 
-    def get_epsilon(self, target_delta: float) -> float:
+    def _epsilon(self, target_delta: float) -> float:
         """Epsilon at ``target_delta`` (a guaranteed upper bound)."""
-        check_open_unit("target_delta", target_delta)
-        if self._non_private:
-            return math.inf
-        if not self._blocks:
-            return 0.0
         if self.delta_prime is not None:
             if self.delta_prime >= target_delta:
                 raise ValueError(f"target_delta must be larger than delta_prime={self.delta_prime:g} "
@@ -100,13 +95,8 @@ class AdvancedCompositionAccountant(EventAccountant):
             return self._epsilon_at_split(target_delta, self.delta_prime)
         return min(self._epsilon_at_split(target_delta, f * target_delta) for f in DELTA_PRIME_FRACTIONS)
 
-    def get_delta(self, target_epsilon: float) -> float:
+    def _delta(self, target_epsilon: float) -> float:
         """Smallest delta (1e-6 relative) with epsilon <= ``target_epsilon``, by bisection on log delta."""
-        check_nonnegative("target_epsilon", target_epsilon)
-        if self._non_private:
-            return 1.0
-        if not self._blocks:
-            return 0.0
         lo = math.log(self.delta_prime) if self.delta_prime is not None else math.log(1e-300)
         hi = math.log1p(-1e-12)
         if self.get_epsilon(math.exp(hi)) > target_epsilon:

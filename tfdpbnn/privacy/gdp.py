@@ -19,7 +19,6 @@ import warnings
 from dp_accounting import NeighboringRelation
 from scipy import optimize, special
 
-from tfdpbnn._validation import check_nonnegative, check_open_unit
 from tfdpbnn.privacy._base import EventAccountant
 
 
@@ -123,17 +122,15 @@ class GDPAccountant(EventAccountant):
                 f"5% against PLD for sample_rate={q:g}, noise_multiplier={sigma:g}, steps={count} (measured "
                 f"safe: (noise_multiplier, steps) >= one of {CLT_SAFE_REGION}, sample_rate in "
                 f"{list(CLT_SAFE_SAMPLE_RATES)}); use 'pld' or 'rdp' for a guarantee.",
-                GDPApproximationWarning, stacklevel=3)
+                GDPApproximationWarning, stacklevel=4)
 
-    def get_epsilon(self, target_delta: float) -> float:
+    def _epsilon(self, target_delta: float) -> float:
         """Epsilon at ``target_delta`` by exact GDP duality (approximate if ``is_approximate``)."""
-        check_open_unit("target_delta", target_delta)
         self._warn()
         return gdp_epsilon(self.mu, target_delta)
 
-    def get_delta(self, target_epsilon: float) -> float:
+    def _delta(self, target_epsilon: float) -> float:
         """Delta at ``target_epsilon`` by exact GDP duality (approximate if ``is_approximate``)."""
-        check_nonnegative("target_epsilon", target_epsilon)
         self._warn()
         return gdp_delta(self.mu, target_epsilon)
 

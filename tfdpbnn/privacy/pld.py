@@ -6,15 +6,18 @@ upper bound for ANY ``value_discretization_interval``; the interval only trades 
 20 s at sigma 1. ``AdaptivePLDAccountant`` with ``value_discretization_interval=None`` evaluates
 dp-accounting's PLD at 1e-3, 5e-4, 2.5e-4, ... (down to ``MIN_INTERVAL``) until two successive epsilons
 agree within ``relative_tolerance``, and returns the smallest (each is an upper bound). A float interval
-gives exactly dp-accounting's ``PLDAccountant`` with that interval.
+gives exactly dp-accounting's ``PLDAccountant`` with that interval. At the domain edges (delta 0 or 1,
+epsilon inf), where the answer does not depend on the interval, one PLD at ``START_INTERVAL`` answers.
 """
 
 from __future__ import annotations
 
+import math
+
 import dp_accounting
 from dp_accounting import NeighboringRelation
 
-from tfdpbnn._validation import check_nonnegative, check_open_unit, check_positive
+from tfdpbnn._validation import check_nonnegative_or_inf, check_positive, check_real
 
 START_INTERVAL = 1e-3
 MIN_INTERVAL = 1e-5
@@ -35,7 +38,10 @@ class AdaptivePLDAccountant(dp_accounting.pld.PLDAccountant):
         # In adaptive mode, composition happens at query time on the ledger, at several intervals.
         return super()._maybe_compose(event, count, do_compose and self._fixed is not None)
 
-    def _refine(self, query):
+    def _refine(self, query, edge: bool = False):
+        if edge:
+            return query(dp_accounting.pld.PLDAccountant(self.neighboring_relation, START_INTERVAL)
+                         .compose(self.ledger))
         interval = START_INTERVAL
         best: float | None = None
         previous: float | None = None
@@ -49,15 +55,15 @@ class AdaptivePLDAccountant(dp_accounting.pld.PLDAccountant):
         return best
 
     def get_epsilon(self, target_delta: float) -> float:
-        """Epsilon at ``target_delta`` (an upper bound; see the module docstring for the interval)."""
-        check_open_unit("target_delta", target_delta)
+        """Epsilon at ``target_delta`` in [0, 1] (an upper bound; module docstring: the interval)."""
+        delta = check_real("target_delta", target_delta, 0.0, 1.0)
         if self._fixed is not None:
-            return super().get_epsilon(target_delta)
-        return self._refine(lambda acc: acc.get_epsilon(target_delta))
+            return super().get_epsilon(delta)
+        return self._refine(lambda acc: acc.get_epsilon(delta), edge=delta in (0.0, 1.0))
 
     def get_delta(self, target_epsilon: float) -> float:
-        """Delta at ``target_epsilon`` (an upper bound)."""
-        check_nonnegative("target_epsilon", target_epsilon)
+        """Delta at ``target_epsilon`` in [0, inf] (an upper bound)."""
+        epsilon = check_nonnegative_or_inf("target_epsilon", target_epsilon)
         if self._fixed is not None:
-            return super().get_delta(target_epsilon)
-        return self._refine(lambda acc: acc.get_delta(target_epsilon))
+            return super().get_delta(epsilon)
+        return self._refine(lambda acc: acc.get_delta(epsilon), edge=math.isinf(epsilon))

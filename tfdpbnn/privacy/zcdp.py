@@ -26,7 +26,6 @@ import dp_accounting
 import numpy as np
 from dp_accounting import NeighboringRelation
 
-from tfdpbnn._validation import check_nonnegative, check_open_unit
 from tfdpbnn.privacy._base import EventAccountant
 from tfdpbnn.privacy._rdp_conversion import epsilon_from_rdp, log_delta_from_rdp
 
@@ -43,7 +42,10 @@ class ZCDPAccountant(EventAccountant):
 
     Supports ``GaussianDpEvent`` (rho = 1/(2 s^2), exact zCDP) and ``PoissonSampledDpEvent`` of a Gaussian
     (add/remove adjacency; a sound (rho, omega)-tCDP bound read off the exact Renyi curve), plus their
-    compositions. ``get_epsilon`` is a guaranteed upper bound and never below dp-accounting's RDP epsilon.
+    compositions. ``get_epsilon`` is a guaranteed upper bound. At each order alpha <= omega its Renyi bound is
+    at least the exact one, but its orders start at 1.05 and are denser than dp-accounting's defaults, so it
+    can be below dp-accounting's RDP epsilon (measured: 0.046 against 0.103 for 10 steps at q = 0.001,
+    s = 3, delta = 1e-5).
     """
 
     def __init__(self, neighboring_relation: NeighboringRelation = NeighboringRelation.ADD_OR_REMOVE_ONE):
@@ -90,22 +92,16 @@ class ZCDPAccountant(EventAccountant):
         mat[np.triu_indices(len(TRUNCATION_ORDERS), k=1)] = np.inf
         return TRUNCATION_ORDERS, mat
 
-    def get_epsilon(self, target_delta: float) -> float:
+    def _epsilon(self, target_delta: float) -> float:
         """Epsilon at ``target_delta``: min over omega and alpha <= omega of the RDP conversion."""
-        check_open_unit("target_delta", target_delta)
-        if self._non_private:
-            return math.inf
         orders, mat = self._rho_matrix()
         eps = float(np.min(epsilon_from_rdp(orders[None, :], mat, target_delta)))
         if not self._truncated:  # classical closed form at the exact optimal order (Prop. 1.3)
             eps = min(eps, self._rho + 2.0 * math.sqrt(self._rho * math.log(1.0 / target_delta)))
         return max(eps, 0.0)
 
-    def get_delta(self, target_epsilon: float) -> float:
+    def _delta(self, target_epsilon: float) -> float:
         """Delta at ``target_epsilon``: min over omega and alpha <= omega of the RDP conversion."""
-        check_nonnegative("target_epsilon", target_epsilon)
-        if self._non_private:
-            return 1.0
         orders, mat = self._rho_matrix()
         with np.errstate(invalid="ignore"):
             log_delta = float(np.nanmin(log_delta_from_rdp(orders[None, :], mat, target_epsilon)))
