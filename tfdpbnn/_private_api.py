@@ -62,6 +62,18 @@ def attached_attribute(dataset, name):
     return None
 
 
+def compiled_metrics_unbuilt(model) -> bool:
+    """Whether ``model``'s compiled metrics still need a first update to be built (False on Keras 2).
+
+    Keras 3's ``CompileMetrics`` is built by its first update, and its ``result()``, which ``fit`` calls at
+    its end, fails before that.
+    """
+    if _keras3 is None:
+        return False
+    metrics = getattr(model, "_compile_metrics", None)
+    return metrics is not None and not metrics.built
+
+
 def train_step_needs_output(model) -> bool:
     """Whether ``model``'s train function fails on a step that returns no logs.
 

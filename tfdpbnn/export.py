@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tfdpbnn import _adapters
 from tfdpbnn._validation import check_positive_int
+from tfdpbnn.layers.noisy import without_dp_noise_keys
 from tfdpbnn.layers.sampling import mc_sampling_active, sample_in_trace
 from tfdpbnn.uncertainty.conformal import ConformalThreshold
 from tfdpbnn.uncertainty.mc import check_task, monte_carlo_summaries
@@ -250,11 +251,12 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
         return out
 
     mc_fn = tf.function(mc, input_signature=[spec, tf.TensorSpec([], tf.int32, name="num_samples")])
-    with sample_in_trace():  # trace here: the traced graph samples whenever it is called
-        mc_concrete = mc_fn.get_concrete_function()
-    det_concrete = serving_default.get_concrete_function()
-    _adapters.current().save_saved_model(model, path, {"serving_default": det_concrete,
-                                                       "mc_predict": mc_concrete})
+    with without_dp_noise_keys(model):  # the SavedModel holds no DP noise key (layers/noisy.py)
+        with sample_in_trace():  # trace here: the traced graph samples whenever it is called
+            mc_concrete = mc_fn.get_concrete_function()
+        det_concrete = serving_default.get_concrete_function()
+        _adapters.current().save_saved_model(model, path, {"serving_default": det_concrete,
+                                                           "mc_predict": mc_concrete})
     assets = os.path.join(path, "assets")
     os.makedirs(assets, exist_ok=True)
     with open(os.path.join(assets, "mc_predict.json"), "w") as fh:

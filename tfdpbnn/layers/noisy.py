@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import tensorflow as tf
 
 from tfdpbnn._validation import check_positive_int, check_real
@@ -33,16 +35,18 @@ class _NoisyMixin:
         """Assign the noise std s (>= 0); optimizers may also ``assign`` the ``noise_stddev`` variable."""
         self.noise_stddev.assign(check_real("noise_stddev", value, low=0.0))
 
-    def _noisy(self, var):
+    def _noisy(self, var, private=True):
         """``var + s xi``, one fresh ``xi ~ N(0, I)``.
 
-        ``xi`` is ``tf.random.normal`` unless a ``SIDPOptimizer`` tracks this layer: then the exact-tailed
+        ``xi`` is ``tf.random.normal`` for prediction-time sampling (``private=False``: MC signatures, whose
+        noise is not the privacy noise and must not capture the optimizer's key in a SavedModel), and unless
+        a ``SIDPOptimizer`` tracks this layer: then the exact-tailed
         draw of ``tfdpbnn.optimizers.noise`` seeded by the optimizer's mechanism (``noise_seed``: a key from
         ``os.urandom`` per run and a step counter, or ``os.urandom`` per draw in secure mode), because in its
         paper mode ``xi`` is the privacy noise of the released theta and must not be replayable from a seed
         the process sets.
         """
-        next_seed = getattr(self, "_tfdpbnn_noise_seed", None)
+        next_seed = getattr(self, "_tfdpbnn_noise_seed", None) if private else None
         if next_seed is None:
             noise = tf.random.normal(tf.shape(var), dtype=var.dtype)
         else:
@@ -55,13 +59,17 @@ class _NoisyMixin:
         """(kernel, bias) used by this call: one noisy sample shared by the batch, or the means."""
         use_bias = self.use_bias
 
-        def sample():
-            return self._noisy(self.kernel), (self._noisy(self.bias) if use_bias else tf.zeros([0]))
+        def sample(private=True):
+            return (self._noisy(self.kernel, private),
+                    self._noisy(self.bias, private) if use_bias else tf.zeros([0]))
+
+        def mc_sample():  # prediction-time sampling (MC signatures): not the DP step's noise
+            return sample(private=False)
 
         def mean():
             return tf.identity(self.kernel), (tf.identity(self.bias) if use_bias else tf.zeros([0]))
 
-        return select(training, sample, sample if self.inference_noise else mean, sample)
+        return select(training, sample, mc_sample if self.inference_noise else mean, mc_sample)
 
     def sample_weights_into_kernel(self):
         """Replace the means by one noisy sample: kernel <- kernel + s * eps, bias <- bias + s * eps.
@@ -184,3 +192,24 @@ class NoisyConv2D(_NoisyMixin, tf.keras.layers.Layer):
                        "padding": self.padding, "data_format": self.data_format,
                        "dilation_rate": self.dilation_rate, **self._noise_config()})
         return config
+
+
+@contextlib.contextmanager
+def without_dp_noise_keys(model):
+    """Detach the optimizer's noise key from ``model``'s noisy layers while the block runs.
+
+    A SavedModel must not capture the DP optimizer's noise key (its variables are kept out of every file
+    on purpose, ``tfdpbnn.optimizers.noise``), and the noise a served model samples is prediction-time noise,
+    not the DP step's: ``export_saved_model`` traces and saves inside this block, where the layers draw
+    ``tf.random.normal`` (as without a ``SIDPOptimizer``).
+    """
+    from tfdpbnn import _private_api
+
+    detached = [(layer, layer.__dict__.pop("_tfdpbnn_noise_seed"))
+                for layer in [model, *_private_api.sublayers(model)]
+                if "_tfdpbnn_noise_seed" in layer.__dict__]
+    try:
+        yield
+    finally:
+        for layer, seed in detached:
+            layer._tfdpbnn_noise_seed = seed

@@ -959,7 +959,9 @@ class DPOptimizerMixin:
             if loss_mean is not None:
                 loss_mean.update_state(total_loss, sample_weight=realized)
             logs["loss"] = total_loss if loss_mean is None else loss_mean.result()
-        if names is None or names - {"loss"}:
+        # Keras 3 builds compiled metrics at their first update and fails at fit's end without one: there
+        # they are computed once and reset below, inside the step, like every metric not released.
+        if names is None or names - {"loss"} or _private_api.compiled_metrics_unbuilt(model):
             logs.update(model.compute_metrics(x, y, clipped.y_pred, sample_weight))
         if names is None:
             return logs

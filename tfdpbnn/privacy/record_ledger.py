@@ -606,7 +606,8 @@ class RecordLedger:
         own = [Release(0, "training", p.neighboring, event_to_config(p.event()), None, int(p.phase_id), "",
                        (int(p.phase_id),)) for p in phases if p.released]
         wanted = {r.phase_id for r in own}
-        worst, records = None, 0
+        worst: float | None = None
+        records = 0
         for history in self.histories():
             if not any(r.kind == "training" and wanted.intersection(r.phase_ids) for r in history.releases):
                 continue
