@@ -122,3 +122,35 @@ def test_bad_arguments_are_refused_by_name(kwargs, match):
         AugmentationCopies(**kwargs)
     with pytest.raises(ValueError, match="8x8"):
         AugmentationCopies(2)(tf.zeros([2, 10]))
+
+
+@pytest.mark.slow
+def test_train_cli_copies_keeps_the_accounting_and_exports_an_inference_model(tmp_path, capsys):
+    """``tfdpbnn train --copies 2``: epsilon is the plain run's formula; the SavedModel reads raw DIGITS."""
+    import json
+    import os
+
+    from tfdpbnn import cli, privacy
+
+    key = tmp_path / "sampling-key"
+    key.write_text("0000000000001eef\n")
+    out = str(tmp_path / "copies")
+    assert cli.main(["train", "--method", "dpsgd", "--dataset", "digits", "--epsilon", "2", "--epochs", "2",
+                     "--batch-size", "480", "--hidden", "8", "--verbose", "0", "--secret-key-file", str(key),
+                     "--copies", "2", "--out", out]) == 0
+    assert "2 augmented copies per example" in capsys.readouterr().out
+    with open(os.path.join(out, "summary.json")) as fh:
+        summary = json.load(fh)
+    statement = summary["privacy_statement"]
+    assert summary["copies"] == 2 and summary["steps"] == 6
+    assert summary["epsilon"] <= 2.0
+    assert summary["epsilon"] == pytest.approx(privacy.compute_epsilon(
+        statement["noise_multiplier"], 480 / 1437, 6, 1e-5, accountant="rdp", sampling="poisson"), rel=1e-6)
+    _, (x_test, y_test) = tfdpbnn.data.load_digits(seed=0)
+    served = tf.saved_model.load(os.path.join(out, "saved_model")).signatures
+    logits = served["serving_default"](x=tf.constant(x_test, tf.float32))["output"].numpy()
+    assert logits.shape == (len(y_test), 10)
+    accuracy = np.mean(logits.argmax(1) == y_test)
+    assert accuracy == pytest.approx(summary["test_accuracy"], abs=1.5 / len(y_test))
+    assert cli.main(["train", "--method", "dpsgd", "--epsilon", "1", "--copies", "0", "--out", out]) == 2
+    assert "--copies" in capsys.readouterr().err
