@@ -72,8 +72,13 @@ def ood_sets(x_test, seed=0):
             "inverted": (-x_test).astype("float32")}  # 1 - (x + 0.5) - 0.5 = -x
 
 
-def run_one(method, epsilon, seed, learning_rate, weights, ema_decay=0.9, epochs=None, sample_rate=None):
-    """Fine-tune (from ``weights``, or the random initialization if None) on all DIGITS records; score."""
+def run_one(method, epsilon, seed, learning_rate, weights, ema_decay=0.9, epochs=None, sample_rate=None,
+            copies=0):
+    """Fine-tune (from ``weights``, or the random initialization if None) on all DIGITS records; score.
+
+    ``copies`` > 0: augmentation multiplicity (``tfdpbnn.layers.AugmentationCopies`` in front of the network,
+    its per-example loss the mean over ``copies`` augmented copies, clipped once; De et al. 2022).
+    """
     import tensorflow as tf
 
     import tfdpbnn
@@ -90,10 +95,15 @@ def run_one(method, epsilon, seed, learning_rate, weights, ema_decay=0.9, epochs
     n = len(x)
     batch_size = int(round(recipe.sample_rate * n))
     model = train_recipes.build_model(method, (64,), 10, n, recipe.hidden, seed, kl_weight=recipe.kl_weight)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if copies:
+        augment = tfdpbnn.layers.AugmentationCopies(copies, offset=-0.5)  # the inputs are centred
+        model = tf.keras.Sequential([tf.keras.Input((64,)), augment] + model.layers)
+        loss = tfdpbnn.layers.CopiesSparseCategoricalCrossentropy(from_logits=True)
     if weights is not None:
         model.set_weights(weights)
     optimizer = train_recipes.build_optimizer(method, recipe, epsilon, DELTA, n, batch_size)
-    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(optimizer=optimizer, loss=loss)
     steps = int(math.ceil(n / batch_size))
     batches = tfdpbnn.data.poisson_batches(x, y, sample_rate=batch_size / n, steps_per_epoch=steps,
                                            secret_seed=10_000 + seed)
@@ -162,7 +172,7 @@ def table(rows, method) -> str:
              "| epsilon spent |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for epsilon in dict.fromkeys(r["target_epsilon"] for r in rows):
-        for arm in ARMS:
+        for arm in ARMS + tuple(dict.fromkeys(r["arm"] for r in rows if r["arm"] not in ARMS)):
             group = [r for r in rows if r["arm"] == arm and r["target_epsilon"] == epsilon
                      and r["method"] == method]
             if not group:
@@ -335,6 +345,8 @@ def main(argv=None) -> int:
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 0.3])
     parser.add_argument("--method", default="dpvd", choices=("dpvd", "dpsgd"))
     parser.add_argument("--no-scratch", action="store_true", help="skip the no-pretraining arm")
+    parser.add_argument("--copies", type=int, nargs="+", default=[],
+                        help="also run the recipe with augmentation multiplicity K (arm 'copies K')")
     parser.add_argument("--out", default=os.path.join("runs", "best_recipe"))
     parser.add_argument("--render-only", action="store_true", help="only rewrite table.md from results.json")
     parser.add_argument("--demo-command", action="store_true",
@@ -388,7 +400,11 @@ def main(argv=None) -> int:
                 scratch_rate = train_recipes.RECIPES[args.method].learning_rate
                 scratch = run_one(args.method, epsilon, seed, scratch_rate, None)
                 rows += [dict(r, arm="no pretraining") for r in scratch if r["arm"] == "recipe"]
-            for r in rows[-(4 if args.no_scratch else 5):]:
+            for k in args.copies:
+                augmented = run_one(args.method, epsilon, seed, rates[epsilon]["learning_rate"], weights,
+                                    copies=k)
+                rows += [dict(r, arm=f"copies {k}") for r in augmented if r["arm"] == "recipe"]
+            for r in rows[-((4 if args.no_scratch else 5) + len(args.copies)):]:
                 print(json.dumps(r), flush=True)
             with open(os.path.join(args.out, "results.json"), "w") as handle:
                 json.dump({"rows": rows, "rates": {str(k): v for k, v in rates.items()},

@@ -72,6 +72,11 @@ def add_parser(subparsers) -> None:
                    help="evaluate and export the exponential moving average of the DP iterates with this "
                         "decay in [0, 1) (De et al. 2022; post-processing: epsilon is unchanged; default: "
                         "the last iterate)")
+    p.add_argument("--copies", type=int, default=None,
+                   help="augmentation multiplicity (De et al. 2022; --dataset digits only): train on this "
+                        "many augmented copies of each example (quarter-cell shifts and count jitter, "
+                        "tfdpbnn.layers.AugmentationCopies), their losses averaged before clipping, so each "
+                        "example still contributes at most C and epsilon is unchanged (default: none)")
     p.add_argument("--calibration-split", type=float, default=0.0,
                    help="hold out about this fraction of the training records (private; chosen record by "
                         "record) to fit a temperature and 90%% prediction sets privately after training "
@@ -122,6 +127,10 @@ def _check(args):
     if split > 0 and args.method == "sidp":
         raise ValueError("--calibration-split: sidp's released sample is accounted by its own rule; "
                          "calibrating it is not supported (use another --method, or 0)")
+    copies = getattr(args, "copies", None)
+    if copies is not None and (copies < 1 or args.dataset != "digits"):
+        raise ValueError(f"--copies must be an integer >= 1 and needs --dataset digits (its augmentations "
+                         f"are DIGITS' 8x8 count images), got --copies {copies} --dataset {args.dataset}")
     if getattr(args, "public", None) is not None and args.dataset != "digits":
         raise ValueError(f"--public {args.public} is in DIGITS' format: it needs --dataset digits, got "
                          f"--dataset {args.dataset}")
@@ -205,11 +214,15 @@ def train(args) -> dict:
         print(f"tfdpbnn train: pretrained on public {public} ({public_info['examples']} examples, "
               f"{public_info['settings']['epochs']} epochs, no privacy cost; train accuracy "
               f"{public_info['final_train_accuracy']:.3f}) in {public_info['seconds']:.1f} s")
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if getattr(args, "copies", None) is not None:  # after any public pretraining, which sees no copies
+        augment = tfdpbnn.layers.AugmentationCopies(args.copies, offset=-0.5)  # _load's centring
+        model = tf.keras.Sequential([tf.keras.Input(x.shape[1:]), augment] + model.layers)
+        loss = tfdpbnn.layers.CopiesSparseCategoricalCrossentropy(from_logits=True)
     other_events = plan.training_events(args.epsilon, args.delta, recipe.accountant) if plan else ()
     optimizer = build_optimizer(args.method, recipe, args.epsilon, args.delta, n, batch_size,
                                 other_events=other_events)
-    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+    model.compile(optimizer=optimizer, loss=loss, metrics=["accuracy"])
     steps_per_epoch = int(math.ceil(n / batch_size))
     secret = read_or_create_secret(args.secret_key_file)
     tf.random.set_seed(secret % (2 ** 31))  # the model's own randomness (the DP noise is keyed by os.urandom)
@@ -230,7 +243,8 @@ def train(args) -> dict:
           f"{recipe.hidden or 'no'} hidden units, seed {args.seed}"
           + (f", KL weight {recipe.kl_weight:g} (chosen on public data)" if args.method == "dpvd" else "")
           + (f", learning rate {recipe.learning_rate:g}" if args.method != "dpsgld" else "")
-          + (f", EMA of the iterates (decay {args.ema:g})" if getattr(args, "ema", None) is not None else ""))
+          + (f", EMA of the iterates (decay {args.ema:g})" if getattr(args, "ema", None) is not None else "")
+          + (f", {args.copies} augmented copies per example" if getattr(args, "copies", None) else ""))
     start = time.time()
     model.fit(batches, epochs=recipe.epochs, verbose=args.verbose, callbacks=callbacks)
     train_seconds = time.time() - start
@@ -281,7 +295,7 @@ def train(args) -> dict:
         "batch_size": batch_size, "sample_rate": q, "steps": optimizer.steps, "epochs": recipe.epochs,
         "train_seconds": train_seconds, "seed": args.seed, "recipe": dataclasses.asdict(recipe),
         "privacy_statement": statement, "saved_model": saved_model, "reliability_diagram": diagram,
-        "public_data": public_info, "calibration": calibration,
+        "public_data": public_info, "calibration": calibration, "copies": getattr(args, "copies", None),
     }
     with open(os.path.join(out, "summary.json"), "w") as fh:
         json.dump(summary, fh, indent=2, default=float)
