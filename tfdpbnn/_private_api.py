@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any
 
 import tensorflow as tf
 
 from tfdpbnn import _keras_version
 
+_keras3: Any  # the Keras 3 adapter module, or None on Keras 2
 if _keras_version.KERAS_MAJOR == 2:
     compile_utils = importlib.import_module(f"{_keras_version.KERAS_PACKAGE}.src.engine.compile_utils")
     losses_utils = importlib.import_module(f"{_keras_version.KERAS_PACKAGE}.src.utils.losses_utils")

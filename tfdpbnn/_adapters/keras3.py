@@ -25,8 +25,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-_loss_module = importlib.import_module("keras.src.losses.loss")
-_masking = importlib.import_module("keras.src.backend.common.masking")
+
+def _internal(name: str):
+    """A Keras 3 internal module, imported at first use.
+
+    Importing this module under Keras 2 (as ``pkgutil.walk_packages`` over tfdpbnn does) then fails nowhere.
+    """
+    return importlib.import_module(name)
+
 
 _AGGREGATIONS = {tf.VariableAggregation.ONLY_FIRST_REPLICA: "only_first_replica",
                  tf.VariableAggregation.NONE: "none", tf.VariableAggregation.SUM: "sum",
@@ -164,7 +170,7 @@ def total_loss_metric(model):
 
 def weigh_like_keras(y_t, y_p, sw):
     """Keras 3's ``Loss.__call__`` preparation: ``y_true`` in ``y_pred``'s dtype; masked outputs refused."""
-    if _masking.get_keras_mask(y_p) is not None:
+    if _internal("keras.src.backend.common.masking").get_keras_mask(y_p) is not None:
         raise ValueError("model: its output carries a Keras mask; masked per-example losses are not ported "
                          "to Keras 3 yet (Keras 3 rescales masked losses by the batch's count of valid "
                          "entries, which couples examples)")
@@ -173,7 +179,8 @@ def weigh_like_keras(y_t, y_p, sw):
 
 def squeeze_or_expand(values, sample_weight):
     """Keras 3's alignment of per-element loss values and sample weights: ``(values, sample_weight)``."""
-    return _loss_module.squeeze_or_expand_to_same_rank(values, sample_weight)
+    return _internal("keras.src.losses.loss").squeeze_or_expand_to_same_rank(
+        values, sample_weight)
 
 
 def steps_per_execution(model):
@@ -201,7 +208,7 @@ def check() -> None:
     try:
         parts = loss_container_parts(compiled_loss(model), tf.zeros([2, 1]), tf.zeros([2, 1]), None)
         squeeze_or_expand(tf.zeros([2]), tf.ones([2]))
-    except (AttributeError, TypeError) as err:
+    except (AttributeError, TypeError, ImportError) as err:
         raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s CompileLoss internals changed ({err}); "
                            "update tfdpbnn/_adapters/keras3.py") from err
     if not isinstance(parts[2][0], keras.losses.Loss) or total_loss_metric(model) is None:
