@@ -525,11 +525,17 @@ def traced_audit(model, x_example, y_example, *, calls=None, alpha=1e-3, seed=0,
         std on the smallest variable).
       max_calls: the most calls the default may choose.
       alpha: false-alarm rate of the noise statistics together (Bonferroni).
-      seed: seeds TensorFlow's noise stream and the crafted examples.
+      seed: seeds the crafted examples (the DP noise comes from the copied optimizer's own run key).
       candidates: crafted examples tried in the sensitivity check.
       ascent: random-search steps from the largest found (float inputs).
     """
     start = time.perf_counter()
+    from tfdpbnn import _keras_version
+
+    if _keras_version.KERAS_MAJOR != 2:
+        raise NotImplementedError(
+            "traced_audit reads the released gradient from Keras 2 optimizer slots and is not ported to "
+            "Keras 3 yet; run it on the Keras 2 set (Python 3.11, tf-keras), or use the step audit")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
     tf.keras.utils.set_random_seed(seed)

@@ -72,7 +72,7 @@ class IterateAverage(tf.keras.callbacks.Callback):
         if self.average is None:
             raise ValueError("IterateAverage.swap_in: no average yet (pass the callback to model.fit first)")
         for a, w in zip(self.average, self.model.trainable_variables, strict=True):
-            w.assign(a.astype(w.dtype.as_numpy_dtype))
+            w.assign(a.astype(tf.as_dtype(w.dtype).as_numpy_dtype))
 
 
 class IterateMoments(tf.keras.callbacks.Callback):
@@ -99,8 +99,8 @@ class IterateMoments(tf.keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         """Reset the moments; remember where each trainable variable sits in ``model.get_weights()``."""
-        position = {w.ref(): i for i, w in enumerate(self.model.weights)}
-        self._positions = [position[w.ref()] for w in self.model.trainable_variables]
+        position = {id(w): i for i, w in enumerate(self.model.weights)}
+        self._positions = [position[id(w)] for w in self.model.trainable_variables]
         self.count = 0
         self._step = 0
         self._first = [np.zeros(w.shape, np.float64) for w in self.model.trainable_variables]
