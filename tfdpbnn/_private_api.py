@@ -36,7 +36,7 @@ if _keras_version.KERAS_MAJOR == 2:
     losses_utils = importlib.import_module(f"{_keras_version.KERAS_PACKAGE}.src.utils.losses_utils")
     _keras3 = None
 else:
-    from tfdpbnn._adapters import keras3 as _keras3
+    _keras3 = importlib.import_module("tfdpbnn._adapters.keras3")
 
 #: tf.data classes that neither drop, add, repeat nor reorder the elements of their input dataset.
 _ELEMENT_PRESERVING = ("_PrefetchDataset", "_OptionsDataset")
