@@ -100,7 +100,7 @@ def section(result, load, seconds) -> str:
         f"{r['from_scratch_rdp_s']:.3f} |",
         "| PLD epsilon (logged once, at the last epoch, by an optimizer with `accountant=\"pld\"`) | "
         f"{r['pld_s']:.3f} |", "",
-        "RDP composes by adding curves, so `tfdpbnn.privacy.ledger` keeps each distinct step's curve (per "
+        "RDP composes by adding curves, so `tfdpbnn.record.ledger` keeps each distinct step's curve (per "
         "noise multiplier and sample rate) and the epoch-end cost does not grow with the run. An optimizer "
         "whose accountant is not \"rdp\" logs `epsilon_rdp` (RDP's bound, also an upper bound) at every "
         "epoch end and `epsilon` by its own accountant at the last planned epoch or when training stops.",

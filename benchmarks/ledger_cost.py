@@ -4,7 +4,7 @@ Run: ``python benchmarks/ledger_cost.py [--records 1000000] [--fits 15]`` (about
 Prints markdown rows for docs/benchmarks.md:
 
 1. hashing ``--records`` records (10 float32 features and an integer label) into canonical record keys
-   (``tfdpbnn.privacy.records.content_keys``), reported apart;
+   (``tfdpbnn.record.records.content_keys``), reported apart;
 2. reserving a training release for them and committing what it spent (``RecordLedger.reserve`` +
    ``Reservation.commit``), on new records and again on the same records (a second run), in a fresh
    SQLite ledger file (target: under 2 s);
@@ -43,8 +43,8 @@ class _Clock:
 
 
 def _run_over(records: int) -> list[str]:
-    from tfdpbnn.privacy import record_ledger
-    from tfdpbnn.privacy import records as record_ids
+    from tfdpbnn.record import record_ledger
+    from tfdpbnn.record import records as record_ids
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(records, 10)).astype(np.float32)
@@ -71,7 +71,7 @@ def _fit_costs(fits: int) -> list[str]:
     import tensorflow as tf
 
     import tfdpbnn
-    from tfdpbnn.privacy import records as record_ids
+    from tfdpbnn.record import records as record_ids
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(64, 4)).astype(np.float32), rng.integers(0, 3, 64)

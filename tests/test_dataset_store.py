@@ -19,7 +19,7 @@ import tensorflow as tf
 from _small_runs import DELTA, LOSS, N, gaussians_epsilon, rdp_epsilon, small_data, small_model
 
 import tfdpbnn
-from tfdpbnn.privacy import store as record_store
+from tfdpbnn.record import store as record_store
 
 
 def _compile(model, sigma=1.0):

@@ -10,8 +10,8 @@ import pytest
 from scipy import stats
 
 from tfdpbnn.privacy import gdp_epsilon
-from tfdpbnn.privacy.ledger import Phase, PrivacyLedger
 from tfdpbnn.privacy.sampling_test import poisson_batch_test
+from tfdpbnn.record.ledger import Phase, PrivacyLedger
 
 
 def _rdp(event, delta=1e-5):

@@ -117,7 +117,7 @@ def test_mixed_precision_is_refused_naming_the_policy():
 
 # ------------------------------------------------------------------------- epoch-end epsilon cost
 def test_cached_rdp_epsilon_equals_dp_accounting_composition():
-    from tfdpbnn.privacy.ledger import Phase, PrivacyLedger
+    from tfdpbnn.record.ledger import Phase, PrivacyLedger
 
     phases = [Phase(kind="poisson", noise_multiplier=1.1, neighboring="add_or_remove", steps=9000,
                     sample_rate=0.01),

@@ -20,9 +20,9 @@ from _small_runs import DELTA, LOSS, N, gaussians_epsilon, rdp_epsilon, small_da
 
 import tfdpbnn
 from tfdpbnn.cli import main
-from tfdpbnn.privacy import record_ledger, records
-from tfdpbnn.privacy.ledger import Phase
-from tfdpbnn.uncertainty.private_release import PrivacyCost
+from tfdpbnn.record import record_ledger, records
+from tfdpbnn.record.ledger import Phase
+from tfdpbnn.record.private_release import PrivacyCost
 
 
 def _gaussians(sigma, count):
@@ -183,9 +183,9 @@ def test_schema_version_is_checked(tmp_path):
         record_ledger.SQLiteLedger(path)
     # A record store written before the ledger existed gets the ledger's tables and keeps its runs.
     old = str(tmp_path / "old_store.sqlite")
-    tfdpbnn.privacy.store.RunStore(old).set_budget("data:x", 1.0, DELTA)
+    tfdpbnn.record.store.RunStore(old).set_budget("data:x", 1.0, DELTA)
     record_ledger.SQLiteLedger(old)
-    assert tfdpbnn.privacy.store.RunStore(old).budget("data:x")["epsilon"] == pytest.approx(1.0)
+    assert tfdpbnn.record.store.RunStore(old).budget("data:x")["epsilon"] == pytest.approx(1.0)
 
 
 # ---------------------------------------------------------------------------------- wired into fit

@@ -13,8 +13,8 @@ import tensorflow as tf
 from _small_runs import DELTA, LOSS, N, rdp_epsilon, small_data, small_model
 
 import tfdpbnn
+from tfdpbnn.record.private_release import PrivacyCost
 from tfdpbnn.uncertainty import split_by_record
-from tfdpbnn.uncertainty.private_release import PrivacyCost
 
 SIGMA, EPOCHS = 1.0, 2
 
@@ -185,7 +185,7 @@ def test_a_new_optimizer_on_the_same_model_object_keeps_the_release():
 
 
 def test_search_record_and_parallel_basis_travel_in_get_config():
-    from tfdpbnn.optimizers.other_releases import SEARCH_ATTRIBUTE, SearchRecord
+    from tfdpbnn.record.other_releases import SEARCH_ATTRIBUTE, SearchRecord
 
     x, y = small_data()
     held = split_by_record([x, y], 0.25, key=0)

@@ -4,13 +4,13 @@ import dp_accounting
 import numpy as np
 import pytest
 
+from tfdpbnn.record.private_release import noisy_bisection
 from tfdpbnn.uncertainty import (
     expected_calibration_error,
     fit_temperature,
     fit_temperature_private,
     scale_probabilities,
 )
-from tfdpbnn.uncertainty.private_release import noisy_bisection
 
 
 def _softmax(z):

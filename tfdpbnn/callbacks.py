@@ -105,7 +105,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
     - Passes over the data (``check_passes=True``: a dataset iterated whole each epoch): every epoch must
       process exactly ``num_examples`` examples; otherwise the steps taken are re-accounted as one
       participation each and training stops with ``ValueError`` naming both numbers.
-    - The privacy record store (``tfdpbnn.privacy.store``): a snapshot of the run at every epoch end and
+    - The privacy record store (``tfdpbnn.record.store``): a snapshot of the run at every epoch end and
       a final one at the end of training.
     - ``logs["epsilon"]`` (with the optimizer's delta) at every epoch end, for ``History`` and
       ``TensorBoard`` (with an accountant other than "rdp": ``logs["epsilon_rdp"]`` at every epoch end and

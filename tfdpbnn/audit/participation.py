@@ -57,7 +57,7 @@ class ParticipationRecorder(tf.keras.callbacks.Callback):
         """
         from tfdpbnn.data import poisson_batches
         from tfdpbnn.data.sampling import find_spec, tag
-        from tfdpbnn.privacy.store import data_fingerprint, tag_data_fingerprint
+        from tfdpbnn.record.store import data_fingerprint, tag_data_fingerprint
 
         sizes = {int(np.shape(t)[0]) for t in tf.nest.flatten(x)}
         if len(sizes) != 1:

@@ -95,7 +95,7 @@ def _ledger(path: str, delta) -> int:
     import os
 
     from tfdpbnn._validation import check_open_unit
-    from tfdpbnn.privacy.record_ledger import RecordLedger
+    from tfdpbnn.record.record_ledger import RecordLedger
 
     if delta is None:
         raise ValueError("--delta: --ledger needs the delta to report epsilon at")

@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from tfdpbnn._audit_hook import audit_bug
 from tfdpbnn.data.sampling import SamplingSpec, tag
-from tfdpbnn.privacy.records import record_keys, tag_record_keys
-from tfdpbnn.privacy.store import data_fingerprint, tag_data_fingerprint
+from tfdpbnn.record.records import record_keys, tag_record_keys
+from tfdpbnn.record.store import data_fingerprint, tag_data_fingerprint
 
 
 def check_rate_and_steps(sample_rate, steps_per_epoch) -> tuple[float, int]:
@@ -69,7 +69,7 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
       secret_seed: an integer seed YOU keep secret (e.g. read from a local key file that is never published),
         for runs that must repeat exactly on one machine. Amplification is then claimed on your word: the
         privacy statement lists the seed's secrecy under ``asserted_by_user``.
-      record_ids: one id per example for the per-record ledger (``tfdpbnn.privacy.records``); by default
+      record_ids: one id per example for the per-record ledger (``tfdpbnn.record.records``); by default
         each example's canonical content hash of ``x`` and ``y``.
     Yields ``x_b``, ``(x_b, y_b)`` or ``(x_b, y_b, w_b)``.
     """

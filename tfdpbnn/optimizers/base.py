@@ -16,9 +16,9 @@ rate, the sampling scheme, the neighboring relation) lives in non-trainable opti
 ``optimizer.iterations``.
 
 Epsilon is never derived from declarations alone: each step records its realized batch size in the privacy
-ledger (``tfdpbnn.optimizers.ledger_state``), ``fit`` checks the input against the declarations before the
+ledger (``tfdpbnn.record.ledger_state``), ``fit`` checks the input against the declarations before the
 first step (``tfdpbnn.optimizers.fit_checks``), and the printed epsilon composes the phases that really ran
-(``tfdpbnn.privacy.ledger``).
+(``tfdpbnn.record.ledger``).
 """
 
 from __future__ import annotations
@@ -41,14 +41,14 @@ from tfdpbnn.clipping import check_per_example_independence
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.data.distributed import check_distributed_input
 from tfdpbnn.optimizers import fit_checks, keras_integration, state_checks
-from tfdpbnn.optimizers.ledger_state import LedgerState, describe_source
 from tfdpbnn.optimizers.mechanism import DPGradients, DPMechanism
 from tfdpbnn.optimizers.noise import check_debug_noise_seed
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
-from tfdpbnn.optimizers.run_record import RunRecord
-from tfdpbnn.optimizers.statement import build_statement
 from tfdpbnn.privacy import sound_accountants
 from tfdpbnn.privacy.budget import NEIGHBORING, SAMPLINGS, steps_per_epoch
+from tfdpbnn.record.ledger_state import LedgerState, describe_source
+from tfdpbnn.record.run_record import RunRecord
+from tfdpbnn.record.statement import build_statement
 
 
 def _check_accountable(accountant, sampling, neighboring, sample_rate) -> None:
@@ -406,7 +406,7 @@ class DPOptimizerMixin:
 
     def _releases_config(self) -> dict:
         """The recorded releases and the search record, as ``get_config`` carries them (JSON-safe)."""
-        from tfdpbnn.optimizers.other_releases import SEARCH_ATTRIBUTE, release_config, search_config
+        from tfdpbnn.record.other_releases import SEARCH_ATTRIBUTE, release_config, search_config
 
         config = {}
         if self._dp_releases:
@@ -421,7 +421,7 @@ class DPOptimizerMixin:
 
     def _restore_releases(self, config: dict) -> None:
         """Take back the releases and search record of a saved optimizer's ``privacy_ledger`` config."""
-        from tfdpbnn.optimizers.other_releases import (
+        from tfdpbnn.record.other_releases import (
             SEARCH_ATTRIBUTE,
             release_from_config,
             search_from_config,
@@ -446,9 +446,9 @@ class DPOptimizerMixin:
         ``load_weights``, ...) is found so; it is composed sequentially (an upper bound: a parallel split is
         not re-checked). Returns how many were added.
         """
-        from tfdpbnn.optimizers.other_releases import RestoredRelease
-        from tfdpbnn.privacy.record_ledger import default_ledger, event_to_config
-        from tfdpbnn.uncertainty.private_release import PrivacyCost
+        from tfdpbnn.record.other_releases import RestoredRelease
+        from tfdpbnn.record.private_release import PrivacyCost
+        from tfdpbnn.record.record_ledger import default_ledger, event_to_config
 
         phase_ids = [p.phase_id for p in self.ledger.phases if p.released]
         ledger = default_ledger() if phase_ids else None
@@ -515,9 +515,9 @@ class DPOptimizerMixin:
         """Epsilon spent by everything this model's DP training ran (the ledger), an upper bound.
 
         Composed with the model's DP preprocessing releases and the search that selected it, if any
-        (``tfdpbnn.optimizers.other_releases``; a search's bound is by RDP whatever ``accountant``).
+        (``tfdpbnn.record.other_releases``; a search's bound is by RDP whatever ``accountant``).
         """
-        from tfdpbnn.optimizers.other_releases import composed_epsilon
+        from tfdpbnn.record.other_releases import composed_epsilon
 
         return composed_epsilon(self, self.ledger, self._resolve_delta(delta),
                                 self._resolve_accountant(accountant))
@@ -527,7 +527,7 @@ class DPOptimizerMixin:
         steps, examples, _ = self._dp_ledger.open_counters()
         ledger = self._dp_ledger.ledger(steps=steps + extra_steps, examples=examples + extra_steps *
                                         self.batch_size)
-        from tfdpbnn.optimizers.other_releases import composed_epsilon
+        from tfdpbnn.record.other_releases import composed_epsilon
 
         return composed_epsilon(self, ledger, delta, self._resolve_accountant(accountant))
 
@@ -593,7 +593,7 @@ class DPOptimizerMixin:
         ``asserted_by_user``. Otherwise ``ValueError``: use "sequential".
 
         ``x``/``y`` (the data the release was fit on, in the form training was given it) or ``record_ids``
-        (their ids): the release is also written to the per-record ledger (``tfdpbnn.privacy.record_ledger``)
+        (their ids): the release is also written to the per-record ledger (``tfdpbnn.record.record_ledger``)
         against exactly those records, so every later run on them counts it. This model's own
         ``ledger_bound`` composes it with the history of every record the model was trained on either way
         (an upper bound).
@@ -612,7 +612,7 @@ class DPOptimizerMixin:
         if all(r is not release for r, _ in self._dp_releases):
             keys = None
             if x is not None or record_ids is not None:
-                from tfdpbnn.privacy.records import record_keys
+                from tfdpbnn.record.records import record_keys
 
                 keys = record_keys(x, y, record_ids)
             if composition == "parallel":
@@ -630,7 +630,7 @@ class DPOptimizerMixin:
         not named: those are the records whose guarantee it must count). Every later optimizer of weights
         from these phases finds it there (``_import_linked_releases``).
         """
-        from tfdpbnn.privacy.record_ledger import default_ledger
+        from tfdpbnn.record.record_ledger import default_ledger
 
         ledger = default_ledger()
         if ledger is None:
@@ -666,7 +666,7 @@ class DPOptimizerMixin:
                              f"training records, and nothing shows it; {how}")
         import numpy as np
 
-        from tfdpbnn.privacy.record_ledger import default_ledger
+        from tfdpbnn.record.record_ledger import default_ledger
 
         ledger = default_ledger()
         phase_ids = [p.phase_id for p in self.ledger.phases if p.released]
@@ -750,8 +750,8 @@ class DPOptimizerMixin:
                 f"spent: epsilon is {self.epsilon():.4g} after {self.ledger.steps} steps and one more "
                 "train_on_batch step would exceed it. Build the optimizer with allow_exceeding_budget=True "
                 "to go on (the privacy statement then reports the larger epsilon).")
-        from tfdpbnn.privacy.records import input_keys
-        from tfdpbnn.privacy.store import input_fingerprint
+        from tfdpbnn.record.records import input_keys
+        from tfdpbnn.record.store import input_fingerprint
 
         self._dp_record.begin(model, input_fingerprint(x, y), planned_steps=1,
                               record_keys=input_keys(x, y, record_ids))
@@ -779,8 +779,8 @@ class DPOptimizerMixin:
 
     def _check_model(self, model, x, y):
         """The per-example checks of ``model`` on a synthetic batch shaped like ``x`` (once per model)."""
-        from tfdpbnn.optimizers.other_releases import adopt_search_record
         from tfdpbnn.preprocessing import check_preprocessing
+        from tfdpbnn.record.other_releases import adopt_search_record
 
         found = check_preprocessing(model, self.neighboring)  # every call: cheap
         asserted_state = state_checks.check_declared_state(model)  # layers with own state only

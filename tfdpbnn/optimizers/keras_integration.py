@@ -11,7 +11,7 @@ the optimizer before tracing the train step, so ``fit`` can only learn that its 
   data)`` (``optimizer.mechanism``: per-example clipping, one noise draw, update, metrics); for any other
   optimizer, Keras's original ``train_step``, called unchanged.
 - ``fit``: with a DP optimizer it takes one more argument, ``record_ids`` (the training records' ids for
-  the per-record ledger, ``tfdpbnn.privacy.record_ledger``), and first calls ``optimizer.begin_training``
+  the per-record ledger, ``tfdpbnn.record.record_ledger``), and first calls ``optimizer.begin_training``
   (checks the input and the model, opens the privacy-ledger phase), warns when the planned training exceeds
   the optimizer's budget, and puts ``DPTrainingMonitor`` (budget stop, Poisson test of the realized batch
   sizes, epsilon in the logs) and any ``PrivacyCallback`` at the front of the callbacks, so that ``History``
@@ -96,8 +96,8 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
                              shuffle=arguments.get("shuffle", True), _fit=True)
     planned = _planned_steps(model, x, arguments)
     optimizer.warn_if_plan_exceeds_budget(planned)
-    from tfdpbnn.privacy.records import input_keys
-    from tfdpbnn.privacy.store import input_fingerprint
+    from tfdpbnn.record.records import input_keys
+    from tfdpbnn.record.store import input_fingerprint
 
     optimizer._dp_record.begin(model, input_fingerprint(x, arguments.get("y")), planned,
                                record_keys=input_keys(x, arguments.get("y"), record_ids))

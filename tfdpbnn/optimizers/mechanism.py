@@ -37,7 +37,7 @@ from tfdpbnn.clipping.result import ClippedGradients
 from tfdpbnn.optimizers.noise import NoiseKey, check_debug_noise_seed, gaussian_noise_like, step_seed
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
 from tfdpbnn.privacy.budget import NEIGHBORING
-from tfdpbnn.privacy.ledger import step_event
+from tfdpbnn.record.ledger import step_event
 
 
 def _unclipped_layer_sums(model, x, y, sample_weight, loss_fn, var_list, training, scale, layer_type):
@@ -303,7 +303,7 @@ class DPMechanism:
 
     # ------------------------------------------------------------------------------------ accounting
     def step_event(self, sample_rate: float | None = None) -> dp_accounting.DpEvent:
-        """The ``DpEvent`` of one release (``tfdpbnn.privacy.ledger.step_event``).
+        """The ``DpEvent`` of one release (``tfdpbnn.record.ledger.step_event``).
 
         With ``sample_rate`` q the batch was Poisson-sampled (each example independently with probability
         q, as ``tfdpbnn.data.poisson_batches`` draws it): ``PoissonSampledDpEvent(q, GaussianDpEvent)``.

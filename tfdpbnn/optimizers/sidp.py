@@ -166,7 +166,7 @@ class SIDPOptimizer(DPSGDOptimizer):
         if not self.paper_mean_update:
             return None
         from tfdpbnn.privacy.budget import SENSITIVITY
-        from tfdpbnn.privacy.ledger import Phase
+        from tfdpbnn.record.ledger import Phase
 
         open_steps = self._dp_ledger.open_steps()
         if steps == open_steps:

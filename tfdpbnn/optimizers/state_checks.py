@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdpbnn import _private_api
-from tfdpbnn.preprocessing.record import DIGEST_ATTRIBUTE, PUBLIC_ATTRIBUTE, state_digest
+from tfdpbnn.record.preprocessing import DIGEST_ATTRIBUTE, PUBLIC_ATTRIBUTE, state_digest
 
 
 def _layers(model):

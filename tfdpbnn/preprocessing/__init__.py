@@ -10,7 +10,7 @@ or ``assert_public_preprocessing`` declares it was adapted on public data (liste
 from tfdpbnn.preprocessing.checks import assert_public_preprocessing, check_preprocessing, data_derived_layers
 from tfdpbnn.preprocessing.discretization import private_discretization
 from tfdpbnn.preprocessing.normalization import calibrate_gaussian, private_adapt_normalization
-from tfdpbnn.preprocessing.record import PreprocessingRecord
+from tfdpbnn.record.preprocessing import PreprocessingRecord
 
 __all__ = ["PreprocessingRecord", "assert_public_preprocessing", "calibrate_gaussian", "check_preprocessing",
            "data_derived_layers", "private_adapt_normalization", "private_discretization"]

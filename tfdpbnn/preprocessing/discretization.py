@@ -17,8 +17,8 @@ import tensorflow as tf
 
 from tfdpbnn._validation import check_choice, check_positive_int
 from tfdpbnn.preprocessing.normalization import calibrate_gaussian
-from tfdpbnn.preprocessing.record import DIGEST_ATTRIBUTE, RECORD_ATTRIBUTE, PreprocessingRecord, state_digest
 from tfdpbnn.privacy.budget import NEIGHBORING
+from tfdpbnn.record.preprocessing import DIGEST_ATTRIBUTE, RECORD_ATTRIBUTE, PreprocessingRecord, state_digest
 
 
 def private_discretization(data, *, num_bins: int, epsilon: float, delta: float, bounds,
@@ -37,7 +37,7 @@ def private_discretization(data, *, num_bins: int, epsilon: float, delta: float,
       neighboring: "add_or_remove" or "replace_one" (use the optimizer's).
       seed: None (secret noise) or an integer, for tests only.
       name: the layer's name.
-      record_ids: the ids of the examples the values belong to (``tfdpbnn.privacy.records``): the release
+      record_ids: the ids of the examples the values belong to (``tfdpbnn.record.records``): the release
         is then also written to the per-record ledger against them, so every later run on them counts it
         (one column of values does not identify a record by content).
 
@@ -58,7 +58,7 @@ def private_discretization(data, *, num_bins: int, epsilon: float, delta: float,
         raise ValueError(f"bounds must be a pair (lo, hi), got {bounds!r}")
     keys = None
     if record_ids is not None:
-        from tfdpbnn.privacy.records import id_keys
+        from tfdpbnn.record.records import id_keys
 
         keys = id_keys(record_ids)
         if len(keys) != x.size:

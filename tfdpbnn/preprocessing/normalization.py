@@ -25,9 +25,9 @@ import numpy as np
 import tensorflow as tf
 
 from tfdpbnn._validation import check_choice, check_open_unit, check_positive
-from tfdpbnn.preprocessing.record import DIGEST_ATTRIBUTE, RECORD_ATTRIBUTE, PreprocessingRecord, state_digest
 from tfdpbnn.privacy.budget import NEIGHBORING
 from tfdpbnn.privacy.registry import get_accountant, sound_accountants
+from tfdpbnn.record.preprocessing import DIGEST_ATTRIBUTE, RECORD_ATTRIBUTE, PreprocessingRecord, state_digest
 
 
 def calibrate_gaussian(epsilon: float, delta: float, accountant: str = "rdp",
@@ -85,10 +85,10 @@ def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bo
       neighboring: "add_or_remove" or "replace_one" (use the optimizer's).
       seed: None (secret noise: what a published guarantee needs) or an integer, for tests only.
       labels: the examples' labels, as training will get them. With ``labels`` or ``record_ids`` the
-        release is also written to the per-record ledger (``tfdpbnn.privacy.record_ledger``) against the
+        release is also written to the per-record ledger (``tfdpbnn.record.record_ledger``) against the
         records (``data`` and ``labels`` identify them as training's ``x`` and ``y`` do), so every later run
         on them counts it.
-      record_ids: the examples' ids (``tfdpbnn.privacy.records``), instead of their content.
+      record_ids: the examples' ids (``tfdpbnn.record.records``), instead of their content.
 
     Returns the ``PreprocessingRecord``, also attached to the layer: a DP optimizer training a model that
     holds the layer lists it in its privacy statement under ``preprocessing`` and composes its event with
@@ -107,7 +107,7 @@ def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bo
     n, d = x.shape
     keys = None
     if labels is not None or record_ids is not None:
-        from tfdpbnn.privacy.records import record_keys
+        from tfdpbnn.record.records import record_keys
 
         keys = record_keys(data, labels, record_ids)  # checked before anything is released
     lo, hi = _bounds(bounds, d)

@@ -319,7 +319,7 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
     }
     if best is None:
         return SearchResult(None, None, None, statement, {"trials": records, "num_trials": 0, "wall_s": wall})
-    from tfdpbnn.optimizers.other_releases import SEARCH_ATTRIBUTE, SearchRecord
+    from tfdpbnn.record.other_releases import SEARCH_ATTRIBUTE, SearchRecord
 
     # The selected model's own privacy statement (and export_saved_model's privacy.json) reports the search.
     record = SearchRecord(statement, tuple(np.asarray(total).tolist()), best[1].optimizer.ledger.steps)

@@ -5,6 +5,7 @@ split-conformal prediction sets (Angelopoulos et al. 2022) report their privacy 
 The moving average of the DP iterates and a Gaussian fitted to them (``iterates``) cost no privacy.
 """
 
+from tfdpbnn.record.private_release import PrivacyCost
 from tfdpbnn.uncertainty.calibration import (
     ExpectedCalibrationError,
     MaximumCalibrationError,
@@ -23,7 +24,6 @@ from tfdpbnn.uncertainty.conformal import (
 )
 from tfdpbnn.uncertainty.iterates import IterateAverage, IterateMoments
 from tfdpbnn.uncertainty.mc import MCPrediction, mc_predict
-from tfdpbnn.uncertainty.private_release import PrivacyCost
 from tfdpbnn.uncertainty.regression import (
     HeteroscedasticGaussianNLL,
     HeteroscedasticHead,

@@ -85,7 +85,7 @@ class CalibrationPlan:
         return _parallel_release_epsilons(self, float(epsilon), float(delta), accountant)
 
     def _events(self, temperature_epsilon, conformal_epsilon, delta, accountant):
-        from tfdpbnn.uncertainty.private_release import gaussian_queries
+        from tfdpbnn.record.private_release import gaussian_queries
 
         return [gaussian_queries(temperature_epsilon, delta, self.temperature_steps, "temperature",
                                  accountant)[1].dp_event,

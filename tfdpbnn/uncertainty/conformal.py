@@ -11,7 +11,7 @@ holds. A share ``gamma`` of alpha pays for the noise: alpha' = (1 - gamma) alpha
 c = 1 - alpha'. The statistic f(b) = N(b) - c (n + 1), N(b) = #{i : s_i <= b}, is nondecreasing in b and
 changes by at most 1 when one example is added, removed or replaced (adding one moves N by 0 or 1 and
 c (n + 1) by c < 1), so n need not be public. A Gaussian noisy bisection of b over [0, 1]
-(``tfdpbnn.uncertainty.private_release``; ``steps`` queries, noise std sigma) accepts b (moves left) when
+(``tfdpbnn.record.private_release``; ``steps`` queries, noise std sigma) accepts b (moves left) when
 f(b) + noise >= t, with the margin t = sigma * Phi^-1(1 - beta / steps); q is the final right end (1 if
 nothing was accepted, the set of all labels).
 
@@ -33,8 +33,8 @@ import numpy as np
 from scipy import stats
 
 from tfdpbnn._validation import check_positive_int, check_real
+from tfdpbnn.record.private_release import PrivacyCost, gaussian_queries, noisy_bisection
 from tfdpbnn.uncertainty.calibration import _labels, check_probabilities
-from tfdpbnn.uncertainty.private_release import PrivacyCost, gaussian_queries, noisy_bisection
 
 
 def conformity_scores(probs, labels):

@@ -11,7 +11,7 @@ nondecreasing in tau (the variance of log p under p_tau is its second derivative
 * ``fit_temperature``: labelled data that is public (or already spent): minimizes NLL(T) exactly.
 * ``fit_temperature_private``: a private held-out split. Each g_i is clipped to [-clip, clip], so
   D(T) = sum_i clip(g_i(1 / T)) is monotone in T with sensitivity ``clip``; a Gaussian noisy bisection of
-  log T on the sign of D (``tfdpbnn.uncertainty.private_release``) finds its root, at a privacy cost that is
+  log T on the sign of D (``tfdpbnn.record.private_release``) finds its root, at a privacy cost that is
   a dp-accounting event composable with training's.
 """
 
@@ -25,8 +25,8 @@ import tensorflow as tf
 from scipy import optimize
 
 from tfdpbnn._validation import check_positive, check_positive_int, check_real
+from tfdpbnn.record.private_release import PrivacyCost, gaussian_queries, noisy_bisection
 from tfdpbnn.uncertainty.calibration import _labels, check_probabilities
-from tfdpbnn.uncertainty.private_release import PrivacyCost, gaussian_queries, noisy_bisection
 
 #: log(p) is taken of max(p, this), so a probability that underflowed to 0 stays finite (float64 tiny).
 LOG_FLOOR = float(np.finfo(np.float64).tiny)

@@ -71,8 +71,8 @@ def release_config(release, composition: str, basis: str | None, ledger_release:
 
 def release_from_config(config: dict) -> RestoredRelease:
     """The ``RestoredRelease`` of ``release_config``'s dict."""
-    from tfdpbnn.privacy.record_ledger import event_from_config
-    from tfdpbnn.uncertainty.private_release import PrivacyCost
+    from tfdpbnn.record.private_release import PrivacyCost
+    from tfdpbnn.record.record_ledger import event_from_config
 
     cost = dict(config["privacy"])
     cost["dp_event"] = event_from_config(cost["dp_event"])
@@ -126,7 +126,7 @@ def composed_epsilon(optimizer, ledger, delta: float, accountant: str) -> float:
     With a search record the composition is by RDP whatever ``accountant`` is (the search's bound is an RDP
     curve).
     """
-    from tfdpbnn.privacy.ledger import _epsilon_of
+    from tfdpbnn.record.ledger import _epsilon_of
     from tfdpbnn.tuning import bounds
 
     found = getattr(optimizer, "_dp_preprocessing", None) or {"dp": []}

@@ -1,4 +1,4 @@
-"""One optimizer's link to the privacy record store (``tfdpbnn.privacy.store``): runs, inheritance, budget.
+"""One optimizer's link to the privacy record store (``tfdpbnn.record.store``): runs, inheritance, budget.
 
 Before a DP ``fit`` (or a ``train_on_batch`` call) takes its first step, ``RunRecord.begin``:
 
@@ -6,9 +6,9 @@ Before a DP ``fit`` (or a ``train_on_batch`` call) takes its first step, ``RunRe
    to the optimizer's (the record travels with the weights, whatever path carried them: ``set_weights``,
    ``clone_model``, ``load_model(compile=False)``, ``load_weights``, a checkpoint, another process);
 2. refuses the run when the data set's budget (``RunStore.set_budget``) would be exceeded by its planned
-   phase composed with every earlier run on the same data (``tfdpbnn.privacy.store.input_fingerprint``);
+   phase composed with every earlier run on the same data (``tfdpbnn.record.store.input_fingerprint``);
 3. reserves the run's planned phase for its records in the per-record ledger
-   (``tfdpbnn.privacy.record_ledger``: refused when a record would exceed the ledger's per-record budget);
+   (``tfdpbnn.record.record_ledger``: refused when a record would exceed the ledger's per-record budget);
 4. writes the run's row (one transaction).
 
 The DP ``fit``'s monitor writes a snapshot at every epoch end and a final one at the end (one transaction
@@ -23,9 +23,9 @@ import hashlib
 import math
 import weakref
 
-from tfdpbnn.privacy import record_ledger
-from tfdpbnn.privacy import store as record_store
-from tfdpbnn.privacy.ledger import Phase, PrivacyLedger
+from tfdpbnn.record import record_ledger
+from tfdpbnn.record import store as record_store
+from tfdpbnn.record.ledger import Phase, PrivacyLedger
 
 
 def _size(phase: Phase) -> tuple:
@@ -34,7 +34,7 @@ def _size(phase: Phase) -> tuple:
 
 def _lost_part(ran: Phase, restored: Phase | None) -> Phase:
     """The part of phase ``ran`` that a restore to ``restored`` (the same phase, or None) took off."""
-    from tfdpbnn.optimizers.ledger_state import describe_source
+    from tfdpbnn.record.ledger_state import describe_source
 
     steps = ran.steps - (restored.steps if restored is not None else 0)
     examples = max(0, ran.examples - (restored.examples if restored is not None else 0))
@@ -132,7 +132,7 @@ class RunRecord:
     def begin(self, model, dataset: str | None, planned_steps: int | None, record_keys=None) -> None:
         """Inherit the weights' record, check the budgets, reserve in the ledger, write the run (module).
 
-        ``record_keys``: the keys of the run's records (``tfdpbnn.privacy.records.input_keys``), or None when
+        ``record_keys``: the keys of the run's records (``tfdpbnn.record.records.input_keys``), or None when
         they are unknown (a pipeline without keys).
         """
         optimizer = self._optimizer
@@ -212,7 +212,7 @@ class RunRecord:
         """Commit to the ledger what the run spent: the phases it took steps in (a restore may open more)."""
         import dp_accounting
 
-        from tfdpbnn.optimizers.ledger_state import describe_source
+        from tfdpbnn.record.ledger_state import describe_source
 
         reservation, self.reservation = self.reservation, None
         if reservation is None or reservation.committed:
@@ -259,7 +259,7 @@ class RunRecord:
             entry["unavailable"] = (
                 "the per-record ledger holds no release of this model's training (its records were unknown: "
                 "a tf.data pipeline without record keys, or ragged or sparse inputs; tag the pipeline with "
-                "tfdpbnn.privacy.records.tag_record_keys or pass record_ids)")
+                "tfdpbnn.record.records.tag_record_keys or pass record_ids)")
             return entry
         entry.update(epsilon=None if math.isinf(bound) else bound, epsilon_is_infinite=math.isinf(bound),
                      records=records)

@@ -21,7 +21,7 @@ import numpy as np
 
 from tfdpbnn._validation import check_choice, check_open_unit, check_positive, check_positive_int
 from tfdpbnn.privacy.budget import SENSITIVITY, calibrate_noise, compute_epsilon, dp_sgd_event
-from tfdpbnn.privacy.record_ledger import event_to_config
+from tfdpbnn.record.record_ledger import event_to_config
 
 
 @dataclasses.dataclass(frozen=True)

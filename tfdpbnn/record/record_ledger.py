@@ -1,6 +1,6 @@
 """The per-record privacy ledger: every DP release, written against the records it could have touched.
 
-A record is identified by a 64-bit key (``tfdpbnn.privacy.records``: a user-given id or a canonical content
+A record is identified by a 64-bit key (``tfdpbnn.record.records``: a user-given id or a canonical content
 hash). Every DP release (a training run, a DP preprocessing release, a private calibration release, a
 search) is written against the keys of the records it could have touched, so the privacy spent on a record
 follows the record, whatever data set, order, subset or superset it came in. The composed epsilon of a
@@ -19,7 +19,7 @@ A release has a planned event, written before it runs, and a spent event, writte
   returns the part it did not spend). A release never committed (a killed process) counts its planned event:
   an upper bound.
 
-Training releases carry their ledger phase's id (``tfdpbnn.privacy.ledger.Phase``): a phase's count is
+Training releases carry their ledger phase's id (``tfdpbnn.record.ledger.Phase``): a phase's count is
 cumulative over the fits that extend it, so a history composes, per phase id, only the largest version.
 
 Storage is behind ``LedgerBackend``: ``SQLiteLedger`` (the standard library's ``sqlite3``, write-ahead log,
@@ -174,8 +174,8 @@ def _composable(releases: Sequence[Release]) -> list[dp_accounting.DpEvent]:
 def composed_epsilon(events: Sequence[dp_accounting.DpEvent], delta: float, accountant: str,
                      neighboring: str) -> float:
     """Epsilon at ``delta`` of ``events`` composed, by a sound accountant (0 for none; inf if non-private)."""
-    from tfdpbnn.privacy.ledger import _epsilon_of
     from tfdpbnn.privacy.registry import sound_accountants
+    from tfdpbnn.record.ledger import _epsilon_of
 
     if accountant not in sound_accountants():
         raise ValueError(f"accountant must be one of the sound accountants {sound_accountants()}, got "
@@ -251,7 +251,7 @@ class SQLiteLedger(LedgerBackend):
     Its tables (``ledger_*``) can live in the privacy record store's file. The file's ledger layout version
     is checked on opening: a file without ledger tables gets them; a file of another version raises
     ``SchemaVersionError`` saying what to do. Each process (and thread) keeps its connection
-    open (``tfdpbnn.privacy.store.kept_connection``).
+    open (``tfdpbnn.record.store.kept_connection``).
 
     Args:
       path: the SQLite file (created with its directory if missing).
@@ -297,8 +297,8 @@ class SQLiteLedger(LedgerBackend):
         return (os.path.abspath(self.path), stat.st_dev, stat.st_ino)
 
     def _transaction(self, mode: str = "IMMEDIATE", durable: bool = True):
-        """``tfdpbnn.privacy.store.transaction`` on this file (joins one already open in this thread)."""
-        from tfdpbnn.privacy.store import transaction
+        """``tfdpbnn.record.store.transaction`` on this file (joins one already open in this thread)."""
+        from tfdpbnn.record.store import transaction
 
         return transaction(self.path, self._timeout, mode, durable)
 
@@ -595,7 +595,7 @@ class RecordLedger:
         return int(touched), known
 
     def bound_for(self, phases, delta: float, accountant: str = "rdp", extra=()) -> tuple[float | None, int]:
-        """The ledger bound of a model trained in ``phases`` (``tfdpbnn.privacy.ledger.Phase`` objects).
+        """The ledger bound of a model trained in ``phases`` (``tfdpbnn.record.ledger.Phase`` objects).
 
         The largest composed epsilon over every record that a release covering one of those phases touched.
         Each such history is composed with every phase of the model (the larger of its version and the
@@ -623,8 +623,8 @@ def _neighboring(history: History) -> str:
 
 
 def default_ledger() -> RecordLedger | None:
-    """The ledger in the privacy record store's file (``tfdpbnn.privacy.store.default_path``); None if off."""
-    from tfdpbnn.privacy.store import default_path
+    """The ledger in the privacy record store's file (``tfdpbnn.record.store.default_path``); None if off."""
+    from tfdpbnn.record.store import default_path
 
     path = default_path()
     return None if path is None else RecordLedger(path)

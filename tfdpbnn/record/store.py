@@ -7,7 +7,7 @@ data, Luo et al. 2021):
 
 - each run (one ``fit``, or the ``train_on_batch`` calls of one ledger phase) gets a row in ``runs``: the
   data set's fingerprint (SHA-256 of the training arrays' bytes, never the data), the fingerprint of the
-  weights it started from, and its planned phase (``tfdpbnn.privacy.ledger.Phase`` with the steps the run may
+  weights it started from, and its planned phase (``tfdpbnn.record.ledger.Phase`` with the steps the run may
   take), written before its first step;
 - ``snapshots`` rows (at every epoch end and at the end of the run) hold the run's own phase as counted,
   the model's whole ledger (every phase that produced the weights) and the fingerprint of the weights
@@ -41,7 +41,7 @@ import time
 import numpy as np
 
 from tfdpbnn._validation import check_open_unit, check_positive
-from tfdpbnn.privacy.ledger import Phase, PrivacyLedger
+from tfdpbnn.record.ledger import Phase, PrivacyLedger
 
 #: Environment variable naming the store file ("off": keep no record).
 ENV_VAR = "TFDPBNN_PRIVACY_STORE"
@@ -102,7 +102,7 @@ def tag_data_fingerprint(dataset, fingerprint: str):
     runs count against the data set's record.
     """
     if not isinstance(fingerprint, str) or not fingerprint.startswith("data:"):
-        raise ValueError(f"fingerprint must come from tfdpbnn.privacy.store.data_fingerprint, got "
+        raise ValueError(f"fingerprint must come from tfdpbnn.record.store.data_fingerprint, got "
                          f"{fingerprint!r}")
     setattr(dataset, _FINGERPRINT_ATTRIBUTE, fingerprint)
     return dataset

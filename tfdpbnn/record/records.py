@@ -183,7 +183,7 @@ def tag_record_keys(dataset, keys):
     """
     keys = np.asarray(keys)
     if keys.ndim != 1 or keys.dtype != np.int64:
-        raise ValueError(f"keys must come from tfdpbnn.privacy.records.record_keys (1-D int64), got "
+        raise ValueError(f"keys must come from tfdpbnn.record.records.record_keys (1-D int64), got "
                          f"{keys.dtype} of shape {keys.shape}")
     setattr(dataset, _KEYS_ATTRIBUTE, keys)
     return dataset

@@ -82,10 +82,10 @@ class PreprocessingRecord:
     def write_to_ledger(self, record_keys) -> int | None:
         """Write this release to the per-record ledger against ``record_keys`` (None: the ledger is off).
 
-        ``record_keys``: ``tfdpbnn.privacy.records.record_keys`` of the records the statistics were computed
+        ``record_keys``: ``tfdpbnn.record.records.record_keys`` of the records the statistics were computed
         on, in the form training gives them (or their ids), so that every run on them counts this release.
         """
-        from tfdpbnn.privacy.record_ledger import default_ledger
+        from tfdpbnn.record.record_ledger import default_ledger
 
         ledger = default_ledger()
         if ledger is None:

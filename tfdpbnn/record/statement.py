@@ -20,7 +20,7 @@ import math
 import warnings
 
 from tfdpbnn.optimizers import noise
-from tfdpbnn.optimizers.other_releases import add_other_releases
+from tfdpbnn.record.other_releases import add_other_releases
 
 
 def build_statement(optimizer, delta: float, model=None) -> dict:
@@ -127,7 +127,7 @@ def _mark_guarantee(statement: dict, optimizer) -> dict:
 
 def add_ledger_bound(statement: dict, optimizer, delta: float) -> dict:
     """``statement`` with ``run_epsilon``, ``ledger_bound`` and ``quote`` (see the module)."""
-    from tfdpbnn.optimizers.other_releases import SEARCH_ATTRIBUTE
+    from tfdpbnn.record.other_releases import SEARCH_ATTRIBUTE
 
     # The model's other releases compose with every history of its training records, whether or not they are
     # in the ledger too: a release recorded with its data (record_release(x=, y=)) names its records in the

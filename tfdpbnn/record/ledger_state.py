@@ -1,6 +1,6 @@
 """A DP optimizer's privacy ledger as state that every save format carries.
 
-The ledger (``tfdpbnn.privacy.ledger``) is kept in non-trainable optimizer variables, so
+The ledger (``tfdpbnn.record.ledger``) is kept in non-trainable optimizer variables, so
 ``tf.train.Checkpoint`` restores it, and in ``get_config`` (``privacy_ledger``), so every ``model.save``
 format and ``from_config`` restore it. It holds:
 
@@ -21,7 +21,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tfdpbnn.privacy.ledger import Phase, PrivacyLedger, new_phase_id
+from tfdpbnn.record.ledger import Phase, PrivacyLedger, new_phase_id
 
 #: Phases one optimizer's table holds (a new phase beyond it raises: the record is never truncated).
 MAX_PHASES = 64
