@@ -35,6 +35,7 @@ def measure(steps: int, epoch_ends: int, batch_size: int = 256, num_examples: in
 
     import tfdpbnn
     from tfdpbnn.callbacks import DPTrainingMonitor
+    from tfdpbnn.record import attributes
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(num_examples, 4)).astype(np.float32)
@@ -49,7 +50,7 @@ def measure(steps: int, epoch_ends: int, batch_size: int = 256, num_examples: in
     monitor = DPTrainingMonitor()
     monitor.set_model(model)
     monitor.set_params({"epochs": epoch_ends + 1})
-    state = opt._dp_ledger
+    state = attributes.ledger_state(opt)
     times = []
     for k in range(1, epoch_ends + 1):
         taken = steps * k // epoch_ends

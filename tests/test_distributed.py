@@ -190,6 +190,7 @@ def _main_mirrored():
         distributed_poisson_stream,
         tfrecord_shards,
     )
+    from tfdpbnn.record import attributes
 
     reference = _sigma0_weights(tf, tf.distribute.get_strategy())
     out = {}
@@ -220,7 +221,7 @@ def _main_mirrored():
     # sampling pass it; a pipeline drawn at rate 3q but asserted at q is caught (the phase is then
     # re-accounted without amplification).
     pm.fit(data, epochs=1, steps_per_epoch=40, verbose=0)
-    counted_steps, counted_examples, _ = popt._dp_ledger.open_counters()
+    counted_steps, counted_examples, _ = attributes.ledger_state(popt).open_counters()
     targets = ids.astype("float32")[:, None]
 
     def wrong_rate(step):
@@ -242,7 +243,7 @@ def _main_mirrored():
         members += sum(len(p) for p in parts)
     out["poisson"] = {"overlaps": overlaps, "members": members, "steps": int(popt.iterations.numpy()),
                       "monitored_steps": int(counted_steps), "monitored_examples": int(counted_examples),
-                      "caught": caught, "last_source": popt._dp_ledger.closed_sources()[-1]}
+                      "caught": caught, "last_source": attributes.ledger_state(popt).closed_sources()[-1]}
     # Streamed from two TFRecord files, one shard per replica.
     files = [os.path.join(os.environ["CKPT_DIR"], f"ids-{k}.tfrecord") for k in range(2)]
     for k, name in enumerate(files):

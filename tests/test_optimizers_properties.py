@@ -18,6 +18,7 @@ from _dp_models import LAYER_KINDS, N_EXAMPLES, NOISY_KINDS, make_data, make_mod
 from scipy import stats
 
 import tfdpbnn
+from tfdpbnn.record import attributes
 
 B = 8
 SEED = 1234
@@ -86,7 +87,7 @@ def open_phase(model, opt, x, y):
 
 
 def dp_step(model, opt, x, y, sw=None, seed=SEED):
-    if not opt._dp_ledger.has_open_phase:
+    if not attributes.ledger_state(opt).has_open_phase:
         open_phase(model, opt, x, y)
     tf.keras.utils.set_random_seed(seed)
     data = (x, y) if sw is None else (x, y, sw)

@@ -185,7 +185,8 @@ def test_a_new_optimizer_on_the_same_model_object_keeps_the_release():
 
 
 def test_search_record_and_parallel_basis_travel_in_get_config():
-    from tfdpbnn.record.other_releases import SEARCH_ATTRIBUTE, SearchRecord
+    from tfdpbnn.record import attributes
+    from tfdpbnn.record.other_releases import SearchRecord
 
     x, y = small_data()
     held = split_by_record([x, y], 0.25, key=0)
@@ -196,6 +197,6 @@ def test_search_record_and_parallel_basis_travel_in_get_config():
     assert restored.privacy_statement()["releases"][0]["disjoint_from_training"].startswith("checked")
     search = SearchRecord(statement={"epsilon": 1.0}, rdp=tuple(float(a) for a in range(1, 4)),
                           steps_at_selection=opt.steps)
-    setattr(opt, SEARCH_ATTRIBUTE, search)
-    back = getattr(type(opt).from_config(opt.get_config()), SEARCH_ATTRIBUTE)
+    attributes.set_search_record(opt, search)
+    back = attributes.search_record(type(opt).from_config(opt.get_config()))
     assert back.rdp == search.rdp and back.steps_at_selection == search.steps_at_selection

@@ -46,6 +46,14 @@ def test_train_writes_model_privacy_json_diagram_and_summary(method, tmp_path, c
         assert summary["test_accuracy"] > 0.2
 
 
+def test_parser_choices_are_the_recipes():
+    """The parser's method and public-source choices (stdlib-only module) are what the recipes build."""
+    from tfdpbnn.commands import train, train_recipes
+
+    assert train.METHODS == train_recipes.METHODS
+    assert train.PUBLIC_SOURCES == train_recipes.PUBLIC_SOURCES
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--epsilon", "0"], "--epsilon"),
     (["--epsilon", "1", "--delta", "1.5"], "--delta"),

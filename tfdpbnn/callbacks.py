@@ -8,13 +8,16 @@ import numbers
 import tensorflow as tf
 
 from tfdpbnn import _private_api
+from tfdpbnn.record import attributes
+
+#: The key of the constant a DP step returns when it releases no training metric and Keras runs several steps
+#: per train function (which needs some output); ``DPTrainingMonitor`` takes it out of the logs.
+NO_RELEASED_METRICS = "dp_no_released_metrics"
 
 
 def _dp_optimizer(model):
-    from tfdpbnn.optimizers.base import DPOptimizerMixin
-
     optimizer = getattr(model, "optimizer", None)
-    if not isinstance(optimizer, DPOptimizerMixin):
+    if attributes.run_record(optimizer) is None:  # only a tfdpbnn DP optimizer keeps a run record
         raise ValueError("model: PrivacyCallback needs a model compiled with a tfdpbnn DP optimizer, got "
                          f"{type(optimizer).__name__}")
     return optimizer
@@ -131,7 +134,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         optimizer = _dp_optimizer(self.model)
         # Steps are counted here in Python, so a batch end costs no read of a training variable.
         self._steps = optimizer.steps
-        self._open_steps = optimizer._dp_ledger.open_steps()
+        self._open_steps = attributes.ledger_state(optimizer).open_steps()
         self._per_call = _private_api.steps_per_execution(self.model)
         left = optimizer.budget_steps_left()
         self.max_steps = None
@@ -148,7 +151,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
     def _poisson_check(self, optimizer):
         from tfdpbnn.privacy import sampling_test
 
-        state = optimizer._dp_ledger
+        state = attributes.ledger_state(optimizer)
         description = state.open_description()
         if description is None or description["kind"] != "poisson" or description["source"] == "fixed_seed":
             return
@@ -175,8 +178,6 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         ``release_training_metrics``. Epsilon, the validation metrics (``val_*``) and the optimizer's own
         logs (e.g. DPVD's ``zeta``, a function of its settings and weights) stay.
         """
-        from tfdpbnn.optimizers.base import NO_RELEASED_METRICS
-
         released = self.model.optimizer.release_training_metrics
         if logs:
             logs.pop(NO_RELEASED_METRICS, None)
@@ -215,12 +216,12 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         (``RunRecord.account_rewind``) and the budget stop restarts from the restored step.
         """
         optimizer = self.model.optimizer
-        if optimizer._dp_record.check_rewind():
+        if attributes.run_record(optimizer).check_rewind():
             self.on_train_begin()
-        self._epoch_start_examples = optimizer._dp_ledger.open_counters()[1]
+        self._epoch_start_examples = attributes.ledger_state(optimizer).open_counters()[1]
 
     def _pass_check(self, optimizer):
-        state = optimizer._dp_ledger
+        state = attributes.ledger_state(optimizer)
         description = state.open_description()
         if not self.check_passes or description is None or self._epoch_start_examples is None:
             return
@@ -245,7 +246,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         optimizer = _dp_optimizer(self.model)
         self._poisson_check(optimizer)
         self._pass_check(optimizer)
-        optimizer._dp_record.snapshot(self.model)
+        attributes.run_record(optimizer).snapshot(self.model)
         if logs is None or optimizer.delta is None:
             return
         if optimizer.accountant == "rdp":
@@ -267,7 +268,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         """Write the run's final snapshot to the privacy record store."""
         self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
-        optimizer._dp_record.snapshot(self.model, final=True)
+        attributes.run_record(optimizer).snapshot(self.model, final=True)
 
 
 class PosteriorSampler(tf.keras.callbacks.Callback):

@@ -17,6 +17,7 @@ import time
 
 # The parser's choices live here, not in train_recipes (which imports TensorFlow): ``tfdpbnn train --help``
 # loads this module alone (tfdpbnn.cli), so its top level imports nothing but the standard library.
+# train_recipes.METHODS and PUBLIC_SOURCES are the same names (tests/test_train_cli.py checks it).
 METHODS = ("dpvd", "dpsgld", "dpbbp", "dpmcdropout", "dpd", "sidp", "dpsgd")
 PUBLIC_SOURCES = ("mnist5k",)
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10")

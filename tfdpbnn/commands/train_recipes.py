@@ -16,8 +16,6 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfdpbnn.commands.train import METHODS, PUBLIC_SOURCES
-
 STOCHASTIC = ("dpvd", "dpbbp", "dpmcdropout", "dpd", "sidp")
 
 
@@ -50,6 +48,10 @@ RECIPES = {
     "sidp": Recipe(learning_rate=1.0),
     "dpsgd": Recipe(),
 }
+#: The methods and public data sets the recipes build (``tfdpbnn.commands.train`` keeps the same names as its
+#: parser's choices, without importing this module: ``tfdpbnn train --help`` imports no TensorFlow).
+METHODS = tuple(RECIPES)
+PUBLIC_SOURCES = ("mnist5k",)
 
 
 def build_model(method: str, input_shape, num_classes: int, num_examples: int, hidden: int, seed: int,

@@ -37,6 +37,7 @@ from tfdpbnn._validation import (
     check_positive,
     check_positive_int,
 )
+from tfdpbnn.callbacks import NO_RELEASED_METRICS
 from tfdpbnn.clipping import check_per_example_independence
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.data.distributed import check_distributed_input
@@ -46,6 +47,7 @@ from tfdpbnn.optimizers.noise import check_debug_noise_seed
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
 from tfdpbnn.privacy import sound_accountants
 from tfdpbnn.privacy.budget import NEIGHBORING, SAMPLINGS, steps_per_epoch
+from tfdpbnn.record import attributes
 from tfdpbnn.record.ledger_state import LedgerState, describe_source
 from tfdpbnn.record.run_record import RunRecord
 from tfdpbnn.record.statement import build_statement
@@ -123,31 +125,6 @@ class _OptimizerMechanism(DPMechanism):
         return result
 
 
-def check_compute_dtype(model) -> None:
-    """Refuse a model under a float16/bfloat16 dtype policy (``tf.keras.mixed_precision``), naming it.
-
-    Keras wraps the optimizer of such a model in a ``LossScaleOptimizer`` that applies unscaled gradients
-    it computed itself, outside the DP mechanism; and the per-example norms and noise would be float16.
-    """
-    policy = tf.keras.mixed_precision.global_policy()
-    names = {policy.name} if policy.compute_dtype in ("float16", "bfloat16") else set()
-    for layer in _private_api.submodules(model):
-        layer_policy = getattr(layer, "dtype_policy", None)
-        if layer_policy is not None and getattr(layer_policy, "compute_dtype", None) in ("float16",
-                                                                                          "bfloat16"):
-            names.add(layer_policy.name)
-    if getattr(model, "optimizer", None) is not None and isinstance(
-            model.optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
-        names.add(policy.name)
-    if names:
-        raise ValueError(
-            f"dtype policy: the model computes under the mixed-precision policy {sorted(names)} "
-            "(tf.keras.mixed_precision); tfdpbnn DP optimizers do not support it (a LossScaleOptimizer "
-            "would apply gradients outside the DP mechanism, and per-example norms and noise would lose "
-            "precision). "
-            "Build and compile the model under tf.keras.mixed_precision.set_global_policy('float32').")
-
-
 def _check_release(value):
     """``release_training_metrics`` as False, True or a sorted list of metric names."""
     if value is None or value is False:
@@ -162,9 +139,6 @@ def _check_release(value):
     return sorted(set(names))
 
 
-#: The key of the constant a DP step returns when it releases no training metric and Keras runs several steps
-#: per train function (which needs some output); ``DPTrainingMonitor`` takes it out of the logs.
-NO_RELEASED_METRICS = "dp_no_released_metrics"
 
 
 class _LedgerLink:
@@ -298,16 +272,12 @@ class DPOptimizerMixin:
             # Create the step counter now (Keras creates it lazily); a restored optimizer starts from the
             # steps already taken (Keras's SavedModel loader rebuilds optimizers from config only).
             self.iterations.assign(initial_steps)
-            self._dp_ledger = LedgerState(self, privacy_ledger)
+            attributes.set_ledger_state(self, LedgerState(self, privacy_ledger))
         keras_integration.install()
         self._dp_released = []
         self._dp_batch_call_limit = None
-        self._dp_record = RunRecord(self)
-        self._dp_uncovered = {}
-        self._dp_releases = []
+        attributes.attach_run_record(self, RunRecord(self))  # the run record, and no other releases yet
         self._dp_in_fit = 0  # > 0 while model.fit runs this optimizer (keras_integration)
-        self._dp_parallel_basis = {}  # id(release) -> why its records are disjoint from training's
-        self._dp_release_ledger = {}  # id(release) -> (its per-record ledger id, written on training records)
         for kind in (privacy_ledger or {}).get("not_covered", []):  # a saved optimizer's releases
             self.note_uncovered_release(kind)
         self._restore_releases(privacy_ledger or {})
@@ -391,7 +361,7 @@ class DPOptimizerMixin:
     @property
     def ledger(self):
         """The ``tfdpbnn.privacy.PrivacyLedger`` of everything this model's training ran so far."""
-        return self._dp_ledger.ledger()
+        return attributes.ledger_state(self).ledger()
 
     def get_config(self):
         """The Keras config plus every DP setting, the steps taken and the privacy ledger."""
@@ -399,45 +369,41 @@ class DPOptimizerMixin:
         config.update(self._dp_static)
         config.update({"l2_norm_clip": self.l2_norm_clip, "noise_multiplier": self.noise_multiplier,
                        "batch_size": self.batch_size, "initial_steps": self.steps,
-                       "privacy_ledger": {**self._dp_ledger.to_config(),
-                                          "not_covered": sorted(self._dp_uncovered),
+                       "privacy_ledger": {**attributes.ledger_state(self).to_config(),
+                                          "not_covered": sorted(attributes.uncovered(self)),
                                           **self._releases_config()}})
         return config
 
     def _releases_config(self) -> dict:
         """The recorded releases and the search record, as ``get_config`` carries them (JSON-safe)."""
-        from tfdpbnn.record.other_releases import SEARCH_ATTRIBUTE, release_config, search_config
+        from tfdpbnn.record.other_releases import release_config, search_config
 
         config = {}
-        if self._dp_releases:
+        if attributes.releases(self):
             config["releases"] = [
-                release_config(r, how, self._dp_parallel_basis.get(id(r)),
-                               *self._dp_release_ledger.get(id(r), (None, False)))
-                for r, how in self._dp_releases]
-        search = search_config(getattr(self, SEARCH_ATTRIBUTE, None))
+                release_config(r, how, attributes.parallel_basis(self).get(id(r)),
+                               *attributes.release_ledger(self).get(id(r), (None, False)))
+                for r, how in attributes.releases(self)]
+        search = search_config(attributes.search_record(self))
         if search is not None:
             config["search"] = search
         return config
 
     def _restore_releases(self, config: dict) -> None:
         """Take back the releases and search record of a saved optimizer's ``privacy_ledger`` config."""
-        from tfdpbnn.record.other_releases import (
-            SEARCH_ATTRIBUTE,
-            release_from_config,
-            search_from_config,
-        )
+        from tfdpbnn.record.other_releases import release_from_config, search_from_config
 
         for item in config.get("releases", []):
             release = release_from_config(item)
-            self._dp_releases.append((release, item["composition"]))
+            attributes.releases(self).append((release, item["composition"]))
             if item["composition"] == "parallel":
-                self._dp_parallel_basis[id(release)] = item["basis"]
+                attributes.parallel_basis(self)[id(release)] = item["basis"]
             if item.get("ledger_release") is not None:
-                self._dp_release_ledger[id(release)] = (int(item["ledger_release"]),
-                                                        bool(item.get("on_training_records")))
+                attributes.release_ledger(self)[id(release)] = (int(item["ledger_release"]),
+                                                                bool(item.get("on_training_records")))
         search = search_from_config(config.get("search"))
         if search is not None:
-            setattr(self, SEARCH_ATTRIBUTE, search)
+            attributes.set_search_record(self, search)
 
     def _import_linked_releases(self) -> int:
         """Add the per-record ledger's releases that name this model's training phases and are missing here.
@@ -454,7 +420,7 @@ class DPOptimizerMixin:
         ledger = default_ledger() if phase_ids else None
         if ledger is None:
             return 0
-        held = {entry[0] for entry in self._dp_release_ledger.values()}
+        held = {entry[0] for entry in attributes.release_ledger(self).values()}
         added = 0
         for found in ledger.linked_releases(phase_ids):
             if found.release_id in held:
@@ -466,8 +432,9 @@ class DPOptimizerMixin:
                 "dp_event": event_to_config(found.event()),
                 "note": "found in the per-record ledger by this model's training phases; composed "
                         "sequentially"})
-            self._dp_releases.append((release, "sequential"))
-            self._dp_release_ledger[id(release)] = (found.release_id, True)  # in the ledger's histories
+            attributes.releases(self).append((release, "sequential"))
+            # in the ledger's histories
+            attributes.release_ledger(self)[id(release)] = (found.release_id, True)
             added += 1
         return added
 
@@ -524,9 +491,9 @@ class DPOptimizerMixin:
 
     def _epsilon_if(self, extra_steps, delta, accountant=None) -> float:
         """Epsilon if the open phase ran ``extra_steps`` more steps of expected batch size B."""
-        steps, examples, _ = self._dp_ledger.open_counters()
-        ledger = self._dp_ledger.ledger(steps=steps + extra_steps, examples=examples + extra_steps *
-                                        self.batch_size)
+        state = attributes.ledger_state(self)
+        steps, examples, _ = state.open_counters()
+        ledger = state.ledger(steps=steps + extra_steps, examples=examples + extra_steps * self.batch_size)
         from tfdpbnn.record.other_releases import composed_epsilon
 
         return composed_epsilon(self, ledger, delta, self._resolve_accountant(accountant))
@@ -565,11 +532,11 @@ class DPOptimizerMixin:
         if released:
             self.note_uncovered_release("training_metrics")
             if released is not True:
-                self._dp_uncovered["training_metrics"] += f": {', '.join(released)}"
+                attributes.uncovered(self)["training_metrics"] += f": {', '.join(released)}"
 
     def note_uncovered_release(self, kind: str) -> None:
         """Record that this run released ``kind`` (a key of ``UNCOVERED_RELEASES``), for the statement."""
-        self._dp_uncovered[check_choice("kind", kind, tuple(self.UNCOVERED_RELEASES))] = \
+        attributes.uncovered(self)[check_choice("kind", kind, tuple(self.UNCOVERED_RELEASES))] = \
             self.UNCOVERED_RELEASES[kind]
 
     def record_release(self, release, composition="sequential", *, x=None, y=None, record_ids=None,
@@ -609,18 +576,19 @@ class DPOptimizerMixin:
         if composition == "parallel" and self.neighboring != "add_or_remove":
             raise ValueError(f"composition: parallel composition over a record-wise split needs add/remove "
                              f"adjacency, this optimizer uses {self.neighboring!r}; use 'sequential'")
-        if all(r is not release for r, _ in self._dp_releases):
+        if all(r is not release for r, _ in attributes.releases(self)):
             keys = None
             if x is not None or record_ids is not None:
                 from tfdpbnn.record.records import record_keys
 
                 keys = record_keys(x, y, record_ids)
             if composition == "parallel":
-                self._dp_parallel_basis[id(release)] = self._parallel_basis(keys, asserted_disjoint, x)
+                basis = self._parallel_basis(keys, asserted_disjoint, x)
+                attributes.parallel_basis(self)[id(release)] = basis
             elif asserted_disjoint is not None:
                 raise ValueError("asserted_disjoint: only for composition='parallel', got it with "
                                  f"composition={composition!r}")
-            self._dp_releases.append((release, composition))
+            attributes.releases(self).append((release, composition))
             self._write_release(release, composition, keys)
 
     def _write_release(self, release, composition, keys) -> None:
@@ -645,7 +613,7 @@ class DPOptimizerMixin:
                                    neighboring=self.neighboring, phase_ids=phase_ids,
                                    description=f"{type(release).__name__} ({composition}) of "
                                                f"{type(self).__name__}")
-        self._dp_release_ledger[id(release)] = (release_id, on_training)
+        attributes.release_ledger(self)[id(release)] = (release_id, on_training)
 
     def _parallel_basis(self, keys, asserted_disjoint, x=None) -> str:
         """Why a "parallel" release's records are disjoint from this model's training records, or raise.
@@ -674,7 +642,7 @@ class DPOptimizerMixin:
             raise ValueError("composition: 'parallel' cannot be checked with the privacy record store off "
                              "(no per-record ledger); assert it by name with asserted_disjoint='why', or use "
                              "composition='sequential'")
-        model = self._dp_record.model()
+        model = attributes.run_record(self).model()
         wanted = getattr(model, "input_shape", None) if model is not None else None
         got = tuple(x.shape) if hasattr(x, "shape") else None
         if got is not None and isinstance(wanted, tuple) and (len(got) != len(wanted) or any(
@@ -717,12 +685,12 @@ class DPOptimizerMixin:
                                              validation_split=validation_split)
         self._check_model(model, x, y)
         source = sampling["source"] if _fit else "custom_loop"
-        self._dp_ledger.open_phase(
+        attributes.ledger_state(self).open_phase(
             kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
             sample_rate=sampling["sample_rate"], num_examples=sampling["num_examples"],
             source=source, batch_size=self.batch_size)
         # A call draws its own passes: a pass an earlier call left partial is never completed by this one.
-        self._dp_ledger.finish_partial_pass()
+        attributes.ledger_state(self).finish_partial_pass()
 
     def begin_batch_call(self, model, x, y=None, record_ids=None):
         """Check ``model`` and open the ledger phase for one ``model.train_on_batch(x, y)`` call.
@@ -735,11 +703,11 @@ class DPOptimizerMixin:
         self._adopt_model_ledger(model)
         self.mechanism.new_run()
         self._check_model(model, x, y)
-        self._dp_ledger.open_phase(
+        attributes.ledger_state(self).open_phase(
             kind="participations", noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
             sample_rate=None, num_examples=self.num_examples, source="train_on_batch",
             batch_size=self.batch_size)
-        phase_id = self._dp_ledger.open_phase_id()
+        phase_id = attributes.ledger_state(self).open_phase_id()
         if self._dp_batch_call_limit is None or self._dp_batch_call_limit[0] != phase_id:
             left = self.budget_steps_left()  # searched once per phase, not at every call
             self._dp_batch_call_limit = (phase_id, None if left is None else self.steps + left)
@@ -753,29 +721,23 @@ class DPOptimizerMixin:
         from tfdpbnn.record.records import input_keys
         from tfdpbnn.record.store import input_fingerprint
 
-        self._dp_record.begin(model, input_fingerprint(x, y), planned_steps=1,
+        attributes.run_record(self).begin(model, input_fingerprint(x, y), planned_steps=1,
                               record_keys=input_keys(x, y, record_ids))
         self.note_released_training_metrics()
 
     def _adopt_model_ledger(self, model):
         """Make this optimizer the holder of ``model``'s ledger, importing the previous holder's phases."""
-        check_compute_dtype(model)
-        link = getattr(model, "_tfdpbnn_ledger_link", None)
+        fit_checks.check_compute_dtype(model)
+        link = attributes.ledger_link(model)
         previous = None if link is None else link.optimizer
         if previous is not None and previous is not self:
-            previous._dp_ledger.close_open_phase()
-            for phase, source in zip(previous._dp_ledger.closed_phases(),
-                                     previous._dp_ledger.closed_sources(), strict=True):
-                self._dp_ledger.append(phase, source)
-            for release, how in previous._dp_releases:  # its private calibrations and the like
-                if all(r is not release for r, _ in self._dp_releases):
-                    self._dp_releases.append((release, how))
-                    if id(release) in previous._dp_parallel_basis:
-                        self._dp_parallel_basis[id(release)] = previous._dp_parallel_basis[id(release)]
-                    if id(release) in previous._dp_release_ledger:
-                        self._dp_release_ledger[id(release)] = previous._dp_release_ledger[id(release)]
+            attributes.ledger_state(previous).close_open_phase()
+            for phase, source in zip(attributes.ledger_state(previous).closed_phases(),
+                                     attributes.ledger_state(previous).closed_sources(), strict=True):
+                attributes.ledger_state(self).append(phase, source)
+            attributes.inherit_releases(self, previous)  # its private calibrations and the like
             self._dp_batch_call_limit = None
-        model._tfdpbnn_ledger_link = _LedgerLink(self)
+        attributes.set_ledger_link(model, _LedgerLink(self))
 
     def _check_model(self, model, x, y):
         """The per-example checks of ``model`` on a synthetic batch shaped like ``x`` (once per model)."""
@@ -784,7 +746,8 @@ class DPOptimizerMixin:
 
         found = check_preprocessing(model, self.neighboring)  # every call: cheap
         asserted_state = state_checks.check_declared_state(model)  # layers with own state only
-        self._dp_preprocessing = {**found, "asserted_public": found["asserted_public"] + asserted_state}
+        attributes.set_preprocessing_found(
+            self, {**found, "asserted_public": found["asserted_public"] + asserted_state})
         adopt_search_record(self, model)
         if id(model) not in self._dp_checked_models:
             check_per_example_independence(model)
@@ -897,7 +860,7 @@ class DPOptimizerMixin:
     def _dp_count_batch(self, batch_size):
         """``self.mechanism``'s ``on_batch``: count the batch in the ledger; mark the gradient as private."""
         self._require_open_phase()
-        self._dp_ledger.record_batch(batch_size)
+        attributes.ledger_state(self).record_batch(batch_size)
         _private_api.mark_dp_gradients_computed(self)
 
     def _dp_gradients(self, clipped, var_list):
@@ -1040,12 +1003,12 @@ class DPOptimizerMixin:
 
     def _require_open_phase(self):
         with tf.init_scope():
-            if not self._dp_ledger.has_open_phase:
+            if not attributes.ledger_state(self).has_open_phase:
                 raise ValueError(
                     "optimizer: no privacy-ledger phase is open, so the steps about to run could not be "
                     "accounted. model.fit opens one; in a custom training loop call "
                     "optimizer.begin_training(model, dataset_or_x, y) before the first step.")
-            source = self._dp_ledger.open_description()["source"]
+            source = attributes.ledger_state(self).open_description()["source"]
             if not self._dp_in_fit and source not in self._OUTSIDE_FIT_SOURCES:
                 raise ValueError(
                     "optimizer: this step runs outside model.fit, but the open privacy-ledger phase is the "

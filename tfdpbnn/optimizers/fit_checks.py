@@ -5,7 +5,8 @@ accounted, and refuses what cannot be accounted (a wrong ``num_examples``, a pip
 unknown, a sample rate other than the optimizer's). ``check_per_example`` proves on a synthetic batch (no
 private data) that one example's loss depends on no other example, so per-example clipping bounds the
 sensitivity by C (Abadi et al. 2016): the model's outputs, its ``model.losses`` and the compiled loss are
-differentiated across examples and every cross-example derivative must vanish.
+differentiated across examples and every cross-example derivative must vanish. ``check_compute_dtype``
+refuses a mixed-precision dtype policy.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from tfdpbnn import _private_api
 from tfdpbnn.data.sampling import find_spec
 
 #: Relative size above which a cross-example derivative counts as coupling (exact zeros are expected).
@@ -410,5 +412,31 @@ class LossProbe:
         raise ProbeReached(where)
 
 
-__all__ = ["COUPLING_TOLERANCE", "LossProbe", "ProbeReached", "check_per_example", "input_sampling",
-           "overrides_train_step"]
+
+def check_compute_dtype(model) -> None:
+    """Refuse a model under a float16/bfloat16 dtype policy (``tf.keras.mixed_precision``), naming it.
+
+    Keras wraps the optimizer of such a model in a ``LossScaleOptimizer`` that applies unscaled gradients
+    it computed itself, outside the DP mechanism; and the per-example norms and noise would be float16.
+    """
+    policy = tf.keras.mixed_precision.global_policy()
+    names = {policy.name} if policy.compute_dtype in ("float16", "bfloat16") else set()
+    for layer in _private_api.submodules(model):
+        layer_policy = getattr(layer, "dtype_policy", None)
+        if layer_policy is not None and getattr(layer_policy, "compute_dtype", None) in ("float16",
+                                                                                          "bfloat16"):
+            names.add(layer_policy.name)
+    if getattr(model, "optimizer", None) is not None and isinstance(
+            model.optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
+        names.add(policy.name)
+    if names:
+        raise ValueError(
+            f"dtype policy: the model computes under the mixed-precision policy {sorted(names)} "
+            "(tf.keras.mixed_precision); tfdpbnn DP optimizers do not support it (a LossScaleOptimizer "
+            "would apply gradients outside the DP mechanism, and per-example norms and noise would lose "
+            "precision). "
+            "Build and compile the model under tf.keras.mixed_precision.set_global_policy('float32').")
+
+
+__all__ = ["COUPLING_TOLERANCE", "LossProbe", "ProbeReached", "check_compute_dtype", "check_per_example",
+           "input_sampling", "overrides_train_step"]

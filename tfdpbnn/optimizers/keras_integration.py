@@ -37,6 +37,8 @@ import math
 
 import tensorflow as tf
 
+from tfdpbnn.record import attributes
+
 _original_train_step = None
 _original_fit = None
 _original_train_on_batch = None
@@ -48,13 +50,13 @@ def dp_optimizer_of(model):
     Raises ``ValueError`` for a DP optimizer wrapped in a ``LossScaleOptimizer`` (a mixed-precision dtype
     policy), which would apply gradients outside the DP mechanism.
     """
-    from tfdpbnn.optimizers.base import DPOptimizerMixin, check_compute_dtype
+    from tfdpbnn.optimizers.fit_checks import check_compute_dtype
 
     optimizer = getattr(model, "optimizer", None)
-    if isinstance(optimizer, DPOptimizerMixin):
+    if attributes.run_record(optimizer) is not None:  # only a tfdpbnn DP optimizer keeps a run record
         return optimizer
     inner = getattr(optimizer, "inner_optimizer", None)
-    if isinstance(inner, DPOptimizerMixin):
+    if attributes.run_record(inner) is not None:
         check_compute_dtype(model)
         raise ValueError(f"optimizer: {type(inner).__name__} is wrapped in {type(optimizer).__name__}; "
                          "tfdpbnn DP optimizers cannot be wrapped (it would apply gradients outside the DP "
@@ -99,7 +101,7 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
     from tfdpbnn.record.records import input_keys
     from tfdpbnn.record.store import input_fingerprint
 
-    optimizer._dp_record.begin(model, input_fingerprint(x, arguments.get("y")), planned,
+    attributes.run_record(optimizer).begin(model, input_fingerprint(x, arguments.get("y")), planned,
                                record_keys=input_keys(x, arguments.get("y"), record_ids))
     optimizer.note_released_training_metrics()
     if arguments.get("validation_split"):
@@ -112,7 +114,7 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
     callbacks = list(callbacks or [])
     privacy = [c for c in callbacks if isinstance(c, PrivacyCallback)]
     others = [c for c in callbacks if not isinstance(c, PrivacyCallback | DPTrainingMonitor)]
-    description = optimizer._dp_ledger.open_description()
+    description = attributes.ledger_state(optimizer).open_description()
     whole_passes = (isinstance(x, tf.data.Dataset) and arguments.get("steps_per_epoch") is None
                     and description["kind"] == "shuffle")
     from tfdpbnn.optimizers.state_checks import StateWatch
@@ -165,7 +167,7 @@ def install() -> None:
             return _original_fit(self, **arguments, **extra)
         except BaseException:
             # Keras calls no on_train_end on an error: what ran up to it (a crash mid-epoch) is recorded.
-            optimizer._dp_record.snapshot(self, final=True)
+            attributes.run_record(optimizer).snapshot(self, final=True)
             raise
         finally:
             optimizer._dp_in_fit -= 1
@@ -185,7 +187,7 @@ def install() -> None:
             optimizer.begin_batch_call(self, bound.arguments.get("x"), bound.arguments.get("y"),
                                        record_ids=record_ids)
             result = _original_train_on_batch(self, *args, **kwargs)
-            optimizer._dp_record.snapshot(self, final=True)
+            attributes.run_record(optimizer).snapshot(self, final=True)
             return result
         return _original_train_on_batch(self, *args, **kwargs)
 

@@ -34,7 +34,14 @@ from tfdpbnn._validation import check_choice, check_nonnegative, check_positive,
 from tfdpbnn.clipping import clipped_gradients, jacobian_clipped_sum
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.clipping.result import ClippedGradients
-from tfdpbnn.optimizers.noise import NoiseKey, check_debug_noise_seed, gaussian_noise_like, step_seed
+from tfdpbnn.optimizers.noise import (
+    NoiseKey,
+    check_debug_noise_seed,
+    gaussian_noise_like,
+    max_radius,
+    step_seed,
+    tail_reveal_probability,
+)
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
 from tfdpbnn.privacy.budget import NEIGHBORING
 from tfdpbnn.record.ledger import step_event
@@ -184,6 +191,18 @@ class DPMechanism:
         beside the release (SI-DPSGD's weight noise).
         """
         return step_seed(self._secure, self.noise_key)
+
+    @staticmethod
+    def noise_bounds(noise_multiplier: float) -> dict:
+        """The Gaussian sampler's radius cut, for the privacy statement (``tfdpbnn.optimizers.noise``).
+
+        ``max_abs_noise_over_sigma_c``: no coordinate of the noise exceeds it times sigma C;
+        ``tail_reveal_probability_per_step``: the per-step probability that the cut reveals an example at
+        ``noise_multiplier`` (1 without noise).
+        """
+        return {"max_abs_noise_over_sigma_c": max_radius(),
+                "tail_reveal_probability_per_step": (
+                    tail_reveal_probability(noise_multiplier) if noise_multiplier > 0 else 1.0)}
 
     def new_run(self) -> None:
         """Start a new run: a fresh noise key from ``os.urandom`` (``NoiseKey.new_run``).

@@ -28,6 +28,7 @@ from tfdpbnn._validation import check_nonnegative
 from tfdpbnn.optimizers.dpsgd import DPSGDOptimizer
 from tfdpbnn.optimizers.mechanism import add_regularization
 from tfdpbnn.privacy.gdp import gdp_epsilon
+from tfdpbnn.record import attributes
 
 
 def _noisy_layers(model):
@@ -168,7 +169,7 @@ class SIDPOptimizer(DPSGDOptimizer):
         from tfdpbnn.privacy.budget import SENSITIVITY
         from tfdpbnn.record.ledger import Phase
 
-        open_steps = self._dp_ledger.open_steps()
+        open_steps = attributes.ledger_state(self).open_steps()
         if steps == open_steps:
             mu = self.paper_mode_gdp_mu()
         else:

@@ -26,7 +26,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfdpbnn import _private_api
-from tfdpbnn.record.preprocessing import DIGEST_ATTRIBUTE, PUBLIC_ATTRIBUTE, state_digest
+from tfdpbnn.record import attributes
+from tfdpbnn.record.preprocessing import state_digest
 
 
 def _layers(model):
@@ -99,8 +100,8 @@ def _fresh_states(layer) -> tuple:
 
 
 def _vouched(layer) -> bool:
-    return getattr(layer, PUBLIC_ATTRIBUTE, None) is not None and \
-        getattr(layer, DIGEST_ATTRIBUTE, None) == state_digest(layer)
+    return attributes.public_preprocessing(layer) is not None and \
+        attributes.preprocessing_digest(layer) == state_digest(layer)
 
 
 def check_declared_state(model) -> list:
@@ -122,7 +123,7 @@ def check_declared_state(model) -> list:
             continue
         if _vouched(layer):
             asserted.append({"layer": layer.name, "type": type(layer).__name__,
-                             "reason": getattr(layer, PUBLIC_ATTRIBUTE)})
+                             "reason": attributes.public_preprocessing(layer)})
             continue
         current = _values(state)
         verified = _VERIFIED.get(layer)

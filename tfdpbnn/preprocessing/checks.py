@@ -15,7 +15,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfdpbnn import _private_api
-from tfdpbnn.record.preprocessing import DIGEST_ATTRIBUTE, PUBLIC_ATTRIBUTE, RECORD_ATTRIBUTE, state_digest
+from tfdpbnn.record import attributes
+from tfdpbnn.record.preprocessing import state_digest
 
 
 def _layers(model):
@@ -67,9 +68,9 @@ def data_derived_layers(model) -> list:
 
 def _vouched(layer) -> bool:
     """Whether ``layer`` holds a DP record or a public assertion made on its current state."""
-    held = (getattr(layer, RECORD_ATTRIBUTE, None) is not None or getattr(layer, PUBLIC_ATTRIBUTE, None)
+    held = (attributes.preprocessing_record(layer) is not None or attributes.public_preprocessing(layer)
             is not None)
-    return held and getattr(layer, DIGEST_ATTRIBUTE, None) == state_digest(layer)
+    return held and attributes.preprocessing_digest(layer) == state_digest(layer)
 
 
 def check_preprocessing(model, neighboring: str | None = None) -> dict:
@@ -85,10 +86,10 @@ def check_preprocessing(model, neighboring: str | None = None) -> dict:
         if not callable(getattr(layer, "adapt", None)):
             continue
         if _vouched(layer):
-            record = getattr(layer, RECORD_ATTRIBUTE, None)
+            record = attributes.preprocessing_record(layer)
             if record is None:
                 found["asserted_public"].append({"layer": layer.name, "type": type(layer).__name__,
-                                                 "reason": getattr(layer, PUBLIC_ATTRIBUTE)})
+                                                 "reason": attributes.public_preprocessing(layer)})
                 continue
             if neighboring is not None and record.neighboring != neighboring:
                 raise ValueError(
@@ -100,7 +101,7 @@ def check_preprocessing(model, neighboring: str | None = None) -> dict:
         if not (getattr(layer, "is_adapted", False) or _differs_from_fresh(layer)):
             continue
         changed = (" (it changed after its DP adapt or public assertion, e.g. adapt was called again)"
-                   if getattr(layer, DIGEST_ATTRIBUTE, None) is not None else "")
+                   if attributes.preprocessing_digest(layer) is not None else "")
         raise ValueError(
             f"model: the preprocessing layer {layer.name!r} ({type(layer).__name__}) holds state "
             f"computed from data{changed}, which the model would carry and release with its weights, and no "
@@ -142,8 +143,7 @@ def assert_public_preprocessing(layer_or_model, reason: str):
                              "own non-trainable state (add_weight(trainable=False))")
         targets = [layer_or_model]
     for layer in targets:
-        setattr(layer, PUBLIC_ATTRIBUTE, reason.strip())
-        setattr(layer, DIGEST_ATTRIBUTE, state_digest(layer))
+        attributes.set_public_preprocessing(layer, reason.strip(), state_digest(layer))
     return layer_or_model
 
 

@@ -18,7 +18,8 @@ import tensorflow as tf
 from tfdpbnn._validation import check_choice, check_positive_int
 from tfdpbnn.preprocessing.normalization import calibrate_gaussian
 from tfdpbnn.privacy.budget import NEIGHBORING
-from tfdpbnn.record.preprocessing import DIGEST_ATTRIBUTE, RECORD_ATTRIBUTE, PreprocessingRecord, state_digest
+from tfdpbnn.record import attributes
+from tfdpbnn.record.preprocessing import PreprocessingRecord, state_digest
 
 
 def private_discretization(data, *, num_bins: int, epsilon: float, delta: float, bounds,
@@ -90,8 +91,7 @@ def private_discretization(data, *, num_bins: int, epsilon: float, delta: float,
         details={"num_bins": num_bins, "resolution": resolution, "bounds": [lo, hi],
                  "cells_set_to_zero": negative,
                  "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)"})
-    setattr(layer, RECORD_ATTRIBUTE, record)
-    setattr(layer, DIGEST_ATTRIBUTE, state_digest(layer))
+    attributes.set_preprocessing_record(layer, record, state_digest(layer))
     if keys is not None:
         record.write_to_ledger(keys)
     return layer, record

@@ -23,9 +23,7 @@ import dataclasses
 import dp_accounting
 import numpy as np
 
-#: The optimizer's and model's attribute holding what the search that selected the model spent (set by
-#: private_search; a new optimizer that trains the model adopts it before its first step).
-SEARCH_ATTRIBUTE = "_dp_search_record"
+from tfdpbnn.record import attributes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,9 +102,9 @@ def search_from_config(config: dict | None) -> SearchRecord | None:
 
 def adopt_search_record(optimizer, model) -> None:
     """Give ``optimizer`` the search record ``model`` carries (a new optimizer compiled onto it)."""
-    record = getattr(model, SEARCH_ATTRIBUTE, None)
-    if record is not None and getattr(optimizer, SEARCH_ATTRIBUTE, None) is None:
-        setattr(optimizer, SEARCH_ATTRIBUTE, record)
+    record = attributes.search_record(model)
+    if record is not None and attributes.search_record(optimizer) is None:
+        attributes.set_search_record(optimizer, record)
 
 
 def _rdp_curve(event, neighboring):
@@ -129,10 +127,10 @@ def composed_epsilon(optimizer, ledger, delta: float, accountant: str) -> float:
     from tfdpbnn.record.ledger import _epsilon_of
     from tfdpbnn.tuning import bounds
 
-    found = getattr(optimizer, "_dp_preprocessing", None) or {"dp": []}
+    found = attributes.preprocessing_found(optimizer) or {"dp": []}
     sequential, parallel = _recorded(optimizer)
     events = [r.event() for r in found["dp"]] + [r.privacy.dp_event for r in sequential]
-    search = getattr(optimizer, SEARCH_ATTRIBUTE, None)
+    search = attributes.search_record(optimizer)
     if search is None:
         if not events:
             epsilon = ledger.epsilon(delta, accountant)
@@ -156,7 +154,7 @@ def composed_epsilon(optimizer, ledger, delta: float, accountant: str) -> float:
 
 def _recorded(optimizer):
     """The releases recorded with ``record_release``: (sequential ones, parallel ones)."""
-    recorded = list(getattr(optimizer, "_dp_releases", []))
+    recorded = list(attributes.releases(optimizer))
     return ([r for r, how in recorded if how == "sequential"],
             [r for r, how in recorded if how == "parallel"])
 
@@ -165,8 +163,8 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
     """``statement`` with the preprocessing and search releases added and composed (see the module)."""
     from tfdpbnn import privacy
 
-    found = getattr(optimizer, "_dp_preprocessing", None) or {"dp": [], "asserted_public": []}
-    search = getattr(optimizer, SEARCH_ATTRIBUTE, None)
+    found = attributes.preprocessing_found(optimizer) or {"dp": [], "asserted_public": []}
+    search = attributes.search_record(optimizer)
     if found["dp"] or found["asserted_public"]:
         statement["preprocessing"] = {
             "dp": [dict(r.to_config(), event=repr(r.event())) for r in found["dp"]],
@@ -176,9 +174,9 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
         statement["asserted_by_user"] = list(statement["asserted_by_user"]) + [
             f"preprocessing layer {a['layer']!r} ({a['type']}) adapted on public data: {a['reason']}"
             for a in found["asserted_public"]]
-    recorded = list(getattr(optimizer, "_dp_releases", []))
+    recorded = list(attributes.releases(optimizer))
     if recorded:
-        basis = getattr(optimizer, "_dp_parallel_basis", {})
+        basis = attributes.parallel_basis(optimizer)
         statement["releases"] = [
             dict(r.as_dict() if hasattr(r, "as_dict") else {"privacy": r.privacy.as_dict()}, composition=how,
                  **({"disjoint_from_training": basis[id(r)]} if how == "parallel" else {}))
@@ -224,5 +222,5 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
     return statement
 
 
-__all__ = ["SEARCH_ATTRIBUTE", "RestoredRelease", "SearchRecord", "add_other_releases", "adopt_search_record",
+__all__ = ["RestoredRelease", "SearchRecord", "add_other_releases", "adopt_search_record",
            "composed_epsilon", "release_config", "release_from_config", "search_config", "search_from_config"]

@@ -18,13 +18,6 @@ import numpy as np
 
 from tfdpbnn import _private_api
 
-#: The layer attribute holding a DP adapt's ``PreprocessingRecord``.
-RECORD_ATTRIBUTE = "_tfdpbnn_preprocessing_record"
-#: The layer attribute holding the user's public-data assertion (the reason, a string).
-PUBLIC_ATTRIBUTE = "_tfdpbnn_public_preprocessing"
-#: The layer attribute holding ``state_digest`` of the layer when its record or assertion was made.
-DIGEST_ATTRIBUTE = "_tfdpbnn_preprocessing_digest"
-
 
 def state_digest(layer) -> str:
     """SHA-256 of a preprocessing layer's data-derived state: non-trainable variables, vocabulary, bins.
@@ -98,4 +91,4 @@ class PreprocessingRecord:
         return dataclasses.asdict(self)
 
 
-__all__ = ["DIGEST_ATTRIBUTE", "PUBLIC_ATTRIBUTE", "RECORD_ATTRIBUTE", "PreprocessingRecord", "state_digest"]
+__all__ = ["PreprocessingRecord", "state_digest"]

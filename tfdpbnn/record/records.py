@@ -171,10 +171,6 @@ def record_keys(x=None, y=None, record_ids=None) -> np.ndarray:
     return content_keys(x, y)
 
 
-#: Name of the attribute a tf.data pipeline carries its records' keys in (``tag_record_keys``).
-_KEYS_ATTRIBUTE = "_tfdpbnn_record_keys"
-
-
 def tag_record_keys(dataset, keys):
     """Attach the keys of the records a tf.data pipeline draws from (``record_keys``) and return it.
 
@@ -185,7 +181,9 @@ def tag_record_keys(dataset, keys):
     if keys.ndim != 1 or keys.dtype != np.int64:
         raise ValueError(f"keys must come from tfdpbnn.record.records.record_keys (1-D int64), got "
                          f"{keys.dtype} of shape {keys.shape}")
-    setattr(dataset, _KEYS_ATTRIBUTE, keys)
+    from tfdpbnn.record import attributes
+
+    attributes.set_dataset_record_keys(dataset, keys)
     return dataset
 
 
@@ -193,12 +191,12 @@ def input_keys(x, y=None, record_ids=None) -> np.ndarray | None:
     """The record keys of ``fit``'s input: arrays are hashed, a pipeline carries its tag (else None)."""
     import tensorflow as tf
 
-    from tfdpbnn import _private_api
+    from tfdpbnn.record import attributes
 
     if isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
         if record_ids is not None:
             return id_keys(record_ids)
-        return _private_api.attached_attribute(x, _KEYS_ATTRIBUTE)
+        return attributes.dataset_record_keys(x)
     if x is None or callable(getattr(x, "__next__", None)) or isinstance(x, tf.keras.utils.Sequence):
         return None if record_ids is None else id_keys(record_ids)
     if record_ids is None and any(isinstance(t, tf.RaggedTensor | tf.SparseTensor)

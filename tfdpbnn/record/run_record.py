@@ -23,7 +23,7 @@ import hashlib
 import math
 import weakref
 
-from tfdpbnn.record import record_ledger
+from tfdpbnn.record import attributes, record_ledger
 from tfdpbnn.record import store as record_store
 from tfdpbnn.record.ledger import Phase, PrivacyLedger
 
@@ -73,7 +73,7 @@ class RunRecord:
         run went on after the copy this optimizer restored, e.g. from a checkpoint): that is a rewind
         (``account_rewind``).
         """
-        state = self._optimizer._dp_ledger
+        state = attributes.ledger_state(self._optimizer)
         mine = {p.phase_id: p for p in state.closed_phases()}
         current = state.current_phase()
         added = 0
@@ -105,7 +105,7 @@ class RunRecord:
         before them. A lost part's id derives from the phase and its size, so a rewind found twice (here
         and in the store) is counted once.
         """
-        state = self._optimizer._dp_ledger
+        state = attributes.ledger_state(self._optimizer)
         now = {p.phase_id: p for p in self._optimizer.ledger.phases}
         shrunk = {phase_id for phase_id, old in before.items()
                   if phase_id not in now or _size(now[phase_id]) < _size(old)}
@@ -147,7 +147,7 @@ class RunRecord:
         self.dataset = dataset or "data:unidentified"
         self.inherit(self.store.weights_record(record_store.weights_fingerprint(model)))
         optimizer._import_linked_releases()
-        state = optimizer._dp_ledger
+        state = attributes.ledger_state(optimizer)
         steps, examples, _ = state.open_counters()
         extra = 0 if planned_steps is None else int(planned_steps)
         planned = state.current_phase(steps=steps + extra, examples=examples + extra * optimizer.batch_size)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import warnings
 
-from tfdpbnn.optimizers import noise
+from tfdpbnn.record import attributes
 from tfdpbnn.record.other_releases import add_other_releases
 
 
@@ -34,7 +34,7 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
     from tfdpbnn import privacy
 
     if model is not None:
-        optimizer._dp_record.adopt(model)
+        attributes.run_record(optimizer).adopt(model)
     ledger = optimizer.ledger
     by_accountant = {}
     for name in privacy.sound_accountants():
@@ -51,14 +51,14 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
                     approximate[name] = ledger.approximate_epsilon(delta, name)
             except dp_accounting.UnsupportedEventError:
                 approximate[name] = None
-    sources = optimizer._dp_ledger.closed_sources()
-    current = optimizer._dp_ledger.open_description()
+    sources = attributes.ledger_state(optimizer).closed_sources()
+    current = attributes.ledger_state(optimizer).open_description()
     if current is not None and ledger.phases and len(ledger.phases) > len(sources):
         sources = sources + [current["source"]]
     asserted = [p.sampling for p, s in zip(ledger.phases, sources, strict=False)
                 if s == "asserted_by_user"]
     epsilon = ledger.epsilon(delta, optimizer.accountant)
-    weights, spent = optimizer._dp_record.weights_and_spent(delta, epsilon)
+    weights, spent = attributes.run_record(optimizer).weights_and_spent(delta, epsilon)
     statement = {
         "method": optimizer._dp_method,
         "optimizer": type(optimizer).__name__,
@@ -82,16 +82,13 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
         "noise": {"secure_mode": optimizer._dp_static["secure_mode"],
                   "source": _noise_source(optimizer),
                   "replayable": optimizer.mechanism.noise_replayable,
-                  "max_abs_noise_over_sigma_c": noise.max_radius(),
-                  "tail_reveal_probability_per_step": (
-                      noise.tail_reveal_probability(optimizer.noise_multiplier)
-                      if optimizer.noise_multiplier > 0 else 1.0),
+                  **optimizer.mechanism.noise_bounds(optimizer.noise_multiplier),
                   "note": "float32 Gaussian noise whose radius uses up to 128 random bits; the "
                           "accountants treat it as exact"},
-        "record": optimizer._dp_record.statement(delta),
+        "record": attributes.run_record(optimizer).statement(delta),
         "weights": weights,
         "spent": spent,
-        "not_covered": {"releases": dict(optimizer._dp_uncovered),
+        "not_covered": {"releases": dict(attributes.uncovered(optimizer)),
                         "note": "released by these runs but covered by no epsilon above"},
         **optimizer._dp_statement_extras(),
     }
@@ -127,22 +124,20 @@ def _mark_guarantee(statement: dict, optimizer) -> dict:
 
 def add_ledger_bound(statement: dict, optimizer, delta: float) -> dict:
     """``statement`` with ``run_epsilon``, ``ledger_bound`` and ``quote`` (see the module)."""
-    from tfdpbnn.record.other_releases import SEARCH_ATTRIBUTE
-
     # The model's other releases compose with every history of its training records, whether or not they are
     # in the ledger too: a release recorded with its data (record_release(x=, y=)) names its records in the
     # form it was given, which need not be the form training gave them (an upper bound: it may count twice).
     # A release written against the training records themselves is in their histories already.
-    found = getattr(optimizer, "_dp_preprocessing", None) or {"dp": []}
-    in_histories = getattr(optimizer, "_dp_release_ledger", {})
+    found = attributes.preprocessing_found(optimizer) or {"dp": []}
+    in_histories = attributes.release_ledger(optimizer)
     extra = [r.event() for r in found["dp"]] + [
-        r.privacy.dp_event for r, _ in getattr(optimizer, "_dp_releases", [])
+        r.privacy.dp_event for r, _ in attributes.releases(optimizer)
         if not in_histories.get(id(r), (None, False))[1]]
     unavailable = None
-    if getattr(optimizer, SEARCH_ATTRIBUTE, None) is not None:
+    if attributes.search_record(optimizer) is not None:
         unavailable = "the private search that selected this model is not written to the per-record ledger"
     accountant = statement["accountant"]
-    bound = optimizer._dp_record.ledger_statement(delta, accountant, extra, unavailable)
+    bound = attributes.run_record(optimizer).ledger_statement(delta, accountant, extra, unavailable)
     run = statement["epsilon"]
     statement["run_epsilon"] = run
     statement["ledger_bound"] = bound

@@ -91,10 +91,6 @@ def data_fingerprint(x, y=None) -> str:
     return "data:" + _hash_arrays(tf.nest.flatten(x) + ([] if y is None else tf.nest.flatten(y)))
 
 
-#: Name of the attribute a tf.data pipeline carries its data fingerprint in (``tag_data_fingerprint``).
-_FINGERPRINT_ATTRIBUTE = "_tfdpbnn_data_fingerprint"
-
-
 def tag_data_fingerprint(dataset, fingerprint: str):
     """Attach a data fingerprint (``data_fingerprint``) to a tf.data pipeline (in place) and return it.
 
@@ -104,7 +100,9 @@ def tag_data_fingerprint(dataset, fingerprint: str):
     if not isinstance(fingerprint, str) or not fingerprint.startswith("data:"):
         raise ValueError(f"fingerprint must come from tfdpbnn.record.store.data_fingerprint, got "
                          f"{fingerprint!r}")
-    setattr(dataset, _FINGERPRINT_ATTRIBUTE, fingerprint)
+    from tfdpbnn.record import attributes
+
+    attributes.set_dataset_fingerprint(dataset, fingerprint)
     return dataset
 
 
@@ -112,10 +110,10 @@ def input_fingerprint(x, y=None) -> str | None:
     """The data fingerprint of ``fit``'s input: arrays are hashed; a pipeline carries its tag (or None)."""
     import tensorflow as tf
 
-    from tfdpbnn import _private_api
+    from tfdpbnn.record import attributes
 
     if isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
-        return _private_api.attached_attribute(x, _FINGERPRINT_ATTRIBUTE)
+        return attributes.dataset_fingerprint(x)
     return data_fingerprint(x, y)
 
 

@@ -319,11 +319,12 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
     }
     if best is None:
         return SearchResult(None, None, None, statement, {"trials": records, "num_trials": 0, "wall_s": wall})
-    from tfdpbnn.record.other_releases import SEARCH_ATTRIBUTE, SearchRecord
+    from tfdpbnn.record import attributes
+    from tfdpbnn.record.other_releases import SearchRecord
 
     # The selected model's own privacy statement (and export_saved_model's privacy.json) reports the search.
     record = SearchRecord(statement, tuple(np.asarray(total).tolist()), best[1].optimizer.ledger.steps)
     for holder in (best[1], best[1].optimizer):
-        setattr(holder, SEARCH_ATTRIBUTE, record)
+        attributes.set_search_record(holder, record)
     return SearchResult(best[1], dict(candidates[best[2]]), float(best[0]), statement,
                         {"trials": records, "num_trials": len(plan), "wall_s": wall})

@@ -1,0 +1,176 @@
+"""tfdpbnn's import graph, read from the source with ``ast`` (nothing is imported).
+
+Every ``import`` and ``from ... import`` in a module counts, at module level and inside functions, absolute
+and relative. ``import a.b.c`` and ``from a.b import c`` are edges to the module ``a.b.c`` when it exists,
+else to the package ``a.b`` (its ``__init__``); the parent packages Python runs on the way are not counted
+(every module would otherwise reach ``tfdpbnn/__init__.py``, which imports the public names).
+
+Asserted: no import cycle among tfdpbnn modules; the record package (``tfdpbnn/record``) imports only the
+accounting and validation modules, never the optimizers, callbacks, uncertainty, audit or commands that
+write or read it; every module is named in docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "tfdpbnn"
+
+# What the record package may import: itself, the accountants and budget, the argument checks, and the
+# private-API layer (Keras and tf.data private names) with its per-Keras adapters; the private-selection
+# bounds (RDP curves of a private search, pure accounting) are read for a search's record.
+RECORD_MAY_IMPORT = ("tfdpbnn.record", "tfdpbnn.privacy", "tfdpbnn._validation", "tfdpbnn._private_api",
+                     "tfdpbnn._adapters", "tfdpbnn._keras_version", "tfdpbnn.tuning.bounds")
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    """Dotted module name -> source file, for every module under tfdpbnn/."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The module ``name`` imports: itself when it is a module, else its closest enclosing package."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str, source: str | None = None) -> list[tuple[str, int, bool]]:
+    """``(imported tfdpbnn module, line, inside a function)`` for every import statement of ``module``.
+
+    ``source``: the module's text (default: its file's).
+    """
+    path = MODULES[module]
+    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
+    in_function = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            in_function.update(id(n) for n in ast.walk(node) if n is not node)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in MODULES else source
+                       for alias in node.names]
+        for target in targets:
+            if target == "tfdpbnn" or target.startswith("tfdpbnn."):
+                resolved = _resolve(target)
+                if resolved is not None and resolved != module:
+                    found.append((resolved, node.lineno, id(node) in in_function))
+    return found
+
+
+GRAPH = {module: _imports(module) for module in MODULES}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan 1972), each sorted."""
+    index, low, stack, on_stack, components = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return components
+
+
+def _edges(function_level: bool) -> dict[str, set[str]]:
+    return {m: {t for t, _, inside in imports if function_level or not inside}
+            for m, imports in GRAPH.items()}
+
+
+def test_graph_reads_imports_of_every_kind():
+    """The reader sees module-level, function-level, relative and ``from package import module`` imports."""
+    source = """
+import numpy
+import tfdpbnn.privacy.budget
+from . import mechanism
+from .. import _validation
+from ..record import ledger
+from tfdpbnn.optimizers import noise, DPMechanism
+
+
+def f():
+    from tfdpbnn.record.store import transaction
+    import tfdpbnn.record.records as r
+"""
+    found = {(t, inside) for t, _, inside in _imports("tfdpbnn.optimizers.base", source)}
+    assert found == {("tfdpbnn.privacy.budget", False), ("tfdpbnn.optimizers.mechanism", False),
+                     ("tfdpbnn._validation", False), ("tfdpbnn.record.ledger", False),
+                     ("tfdpbnn.optimizers.noise", False), ("tfdpbnn.optimizers", False),
+                     ("tfdpbnn.record.store", True), ("tfdpbnn.record.records", True)}
+    package = {t for t, _, _ in _imports("tfdpbnn.privacy", "from .budget import calibrate_noise")}
+    assert package == {"tfdpbnn.privacy.budget"}  # relative to the package itself in an __init__
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_at_module_level():
+    assert _cycles(_edges(function_level=False)) == []
+
+
+def test_no_import_cycle_counting_function_level_imports():
+    """A function-level import only hides a cycle from the interpreter: the modules still need each other."""
+    cycles = _cycles(_edges(function_level=True))
+    detail = {tuple(c): sorted(f"{m} -> {t} (line {line})" for m in c for t, line, _ in GRAPH[m] if t in c)
+              for c in cycles}
+    assert cycles == [], detail
+
+
+def test_record_package_imports_only_accounting():
+    """The DP step writes the record and everything else reads it: the record imports none of them."""
+    bad = sorted(f"{m} -> {t} (line {line})" for m, imports in GRAPH.items()
+                 if m == "tfdpbnn.record" or m.startswith("tfdpbnn.record.")
+                 for t, line, _ in imports
+                 if not any(t == p or t.startswith(p + ".") for p in RECORD_MAY_IMPORT))
+    assert bad == []
+    assert "tfdpbnn.record.statement" in MODULES and "tfdpbnn.record.ledger" in MODULES
+
+
+def test_every_module_is_named_in_architecture_doc():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    missing = sorted(str(path.relative_to(ROOT)) for path in MODULES.values()
+                     if str(path.relative_to(ROOT)) not in text)
+    assert missing == []

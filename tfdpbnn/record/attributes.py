@@ -1,0 +1,183 @@
+"""Where the record is kept on Keras and tf.data objects: every attribute, read and written only here.
+
+The privacy record travels with the objects a user holds, as private attributes:
+
+- a DP optimizer: its run record (``RunRecord``), its phase ledger as variables (``LedgerState``), the
+  other releases it composes (private calibrations and the like: ``releases``, with ``parallel_basis`` and
+  ``release_ledger``), the DP preprocessing found on its model (``preprocessing_found``), the releases no
+  epsilon covers (``uncovered``) and a private search's record (``search_record``);
+- a model: the link to the optimizer that last trained it (``ledger_link``) and a search's record;
+- a preprocessing layer: its DP adapt's record, the user's public-data assertion, and the digest of its
+  state when either was made (``preprocessing_record``, ``public_preprocessing``, ``preprocessing_digest``);
+- a tf.data pipeline: the keys of the records it draws from (``dataset_record_keys``) and its data
+  fingerprint (``dataset_fingerprint``), found through ``prefetch``/``with_options`` wrappers.
+
+The optimizers (the DP step) write them; the statement, the callbacks, the checks and the CLI read them.
+"""
+
+from __future__ import annotations
+
+from tfdpbnn import _private_api
+
+# ------------------------------------------------------------------------------------ DP optimizers
+_RUN_RECORD = "_dp_record"
+_LEDGER_STATE = "_dp_ledger"
+_RELEASES = "_dp_releases"
+_PARALLEL_BASIS = "_dp_parallel_basis"
+_RELEASE_LEDGER = "_dp_release_ledger"
+_PREPROCESSING_FOUND = "_dp_preprocessing"
+_UNCOVERED = "_dp_uncovered"
+_SEARCH_RECORD = "_dp_search_record"
+# ------------------------------------------------------------------------------------ models
+_LEDGER_LINK = "_tfdpbnn_ledger_link"
+# ------------------------------------------------------------------------------------ preprocessing layers
+_PREPROCESSING_RECORD = "_tfdpbnn_preprocessing_record"
+_PUBLIC_PREPROCESSING = "_tfdpbnn_public_preprocessing"
+_PREPROCESSING_DIGEST = "_tfdpbnn_preprocessing_digest"
+# ------------------------------------------------------------------------------------ tf.data pipelines
+_RECORD_KEYS = "_tfdpbnn_record_keys"
+_FINGERPRINT = "_tfdpbnn_data_fingerprint"
+
+
+def attach_run_record(optimizer, record) -> None:
+    """Give a new DP optimizer its run record (``RunRecord``) and no other releases (its constructor)."""
+    setattr(optimizer, _RUN_RECORD, record)
+    setattr(optimizer, _UNCOVERED, {})
+    setattr(optimizer, _RELEASES, [])
+    setattr(optimizer, _PARALLEL_BASIS, {})  # id(release) -> why its records are disjoint from training's
+    setattr(optimizer, _RELEASE_LEDGER, {})  # id(release) -> (its per-record ledger id, on training records)
+
+
+def run_record(optimizer):
+    """The ``RunRecord`` of a tfdpbnn DP optimizer; None for any other object (not a DP optimizer)."""
+    return getattr(optimizer, _RUN_RECORD, None)
+
+
+def set_ledger_state(optimizer, state) -> None:
+    """Keep ``state`` (a ``LedgerState``: the phase ledger as optimizer variables) on ``optimizer``."""
+    setattr(optimizer, _LEDGER_STATE, state)
+
+
+def ledger_state(optimizer):
+    """The optimizer's ``LedgerState`` (None before its constructor made one)."""
+    return getattr(optimizer, _LEDGER_STATE, None)
+
+
+def releases(optimizer) -> list:
+    """The optimizer's other releases, ``[(release, "sequential" | "parallel"), ...]`` (mutable, in place)."""
+    return getattr(optimizer, _RELEASES, [])
+
+
+def parallel_basis(optimizer) -> dict:
+    """``id(release) -> why its records are disjoint from training's`` for parallel releases (in place)."""
+    return getattr(optimizer, _PARALLEL_BASIS, {})
+
+
+def release_ledger(optimizer) -> dict:
+    """``id(release) -> (per-record ledger id, written on the training records)`` (in place)."""
+    return getattr(optimizer, _RELEASE_LEDGER, {})
+
+
+def inherit_releases(optimizer, previous) -> None:
+    """Give ``optimizer`` the other releases of ``previous`` (the optimizer that trained its model before)."""
+    held, basis, ledger = releases(optimizer), parallel_basis(optimizer), release_ledger(optimizer)
+    for release, how in releases(previous):
+        if all(r is not release for r, _ in held):
+            held.append((release, how))
+            if id(release) in parallel_basis(previous):
+                basis[id(release)] = parallel_basis(previous)[id(release)]
+            if id(release) in release_ledger(previous):
+                ledger[id(release)] = release_ledger(previous)[id(release)]
+
+
+def uncovered(optimizer) -> dict:
+    """``kind -> count`` of the releases no epsilon covers (in place)."""
+    return getattr(optimizer, _UNCOVERED, {})
+
+
+def set_preprocessing_found(optimizer, found: dict) -> None:
+    """Keep what ``check_preprocessing`` found on the optimizer's model (DP releases, public assertions)."""
+    setattr(optimizer, _PREPROCESSING_FOUND, found)
+
+
+def preprocessing_found(optimizer) -> dict | None:
+    """What ``check_preprocessing`` found on the optimizer's model, or None before it ran."""
+    return getattr(optimizer, _PREPROCESSING_FOUND, None)
+
+
+def set_search_record(holder, record) -> None:
+    """Keep a private search's ``SearchRecord`` on ``holder`` (the selected model or its optimizer)."""
+    setattr(holder, _SEARCH_RECORD, record)
+
+
+def search_record(holder):
+    """The ``SearchRecord`` ``holder`` carries, or None."""
+    return getattr(holder, _SEARCH_RECORD, None)
+
+
+def set_ledger_link(model, link) -> None:
+    """Link ``model`` to the optimizer that trained it (so a new optimizer inherits its record)."""
+    setattr(model, _LEDGER_LINK, link)
+
+
+def ledger_link(model):
+    """The link ``set_ledger_link`` left on ``model``, or None."""
+    return getattr(model, _LEDGER_LINK, None)
+
+
+def set_preprocessing_record(layer, record, digest: str) -> None:
+    """Keep a DP adapt's ``PreprocessingRecord`` on ``layer``, with ``state_digest`` of its adapted state."""
+    setattr(layer, _PREPROCESSING_RECORD, record)
+    setattr(layer, _PREPROCESSING_DIGEST, digest)
+
+
+def set_public_preprocessing(layer, reason: str, digest: str) -> None:
+    """Keep the user's assertion that ``layer`` was adapted on public data (``reason``), with its digest."""
+    setattr(layer, _PUBLIC_PREPROCESSING, reason)
+    setattr(layer, _PREPROCESSING_DIGEST, digest)
+
+
+def preprocessing_record(layer):
+    """The ``PreprocessingRecord`` of ``layer``'s DP adapt, or None."""
+    return getattr(layer, _PREPROCESSING_RECORD, None)
+
+
+def public_preprocessing(layer) -> str | None:
+    """The reason the user gave for ``layer``'s public adapt, or None."""
+    return getattr(layer, _PUBLIC_PREPROCESSING, None)
+
+
+def preprocessing_digest(layer) -> str | None:
+    """``state_digest`` of ``layer`` when its record or assertion was made, or None."""
+    return getattr(layer, _PREPROCESSING_DIGEST, None)
+
+
+def set_dataset_record_keys(dataset, keys) -> None:
+    """Keep the keys of the records a tf.data pipeline draws from on it."""
+    setattr(dataset, _RECORD_KEYS, keys)
+
+
+def dataset_record_keys(dataset):
+    """The record keys ``dataset`` (or a pipeline it wraps by prefetch/with_options) carries, or None."""
+    return _private_api.attached_attribute(dataset, _RECORD_KEYS)
+
+
+def set_dataset_fingerprint(dataset, fingerprint: str) -> None:
+    """Keep a data fingerprint on a tf.data pipeline."""
+    setattr(dataset, _FINGERPRINT, fingerprint)
+
+
+def dataset_fingerprint(dataset) -> str | None:
+    """The data fingerprint ``dataset`` (or a pipeline it wraps by prefetch/with_options) carries, or None."""
+    return _private_api.attached_attribute(dataset, _FINGERPRINT)
+
+
+__all__ = [
+    "attach_run_record", "dataset_fingerprint", "dataset_record_keys", "inherit_releases", "ledger_link",
+    "ledger_state",
+    "parallel_basis", "preprocessing_digest", "preprocessing_found", "preprocessing_record",
+    "public_preprocessing", "release_ledger", "releases", "run_record", "search_record",
+    "set_dataset_fingerprint", "set_dataset_record_keys", "set_ledger_link", "set_ledger_state",
+    "set_preprocessing_found", "set_preprocessing_record", "set_public_preprocessing", "set_search_record",
+    "uncovered",
+]
