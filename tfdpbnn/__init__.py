@@ -3,7 +3,8 @@
 The main names are re-exported here; see the subpackages for the rest:
 ``tfdpbnn.privacy`` (accountants, noise calibration), ``tfdpbnn.layers`` (Bayesian and noisy layers),
 ``tfdpbnn.optimizers`` (DP optimizers), ``tfdpbnn.uncertainty`` (MC prediction, calibration),
-``tfdpbnn.data`` (DIGITS, TFDS loaders, Poisson batches), ``tfdpbnn.callbacks``.
+``tfdpbnn.data`` (DIGITS, TFDS loaders, Poisson batches), ``tfdpbnn.callbacks``, ``tfdpbnn.record``
+(the privacy record: ledgers, run store, releases, statement).
 """
 
 # The release version; setup.cfg reads it (``attr: tfdpbnn.__version__``, a literal parsed without importing).
