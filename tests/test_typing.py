@@ -1,4 +1,4 @@
-"""mypy is clean on ``tfdpbnn/privacy``, ``tfdpbnn/_validation.py`` and the DP mechanism.
+"""mypy is clean on ``tfdpbnn/privacy``, the record's ledgers and store, ``_validation.py`` and the mechanism.
 
 Configuration: ``[tool.mypy]`` in pyproject.toml, which lists the checked files.
 """
