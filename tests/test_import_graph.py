@@ -7,13 +7,15 @@ else to the package ``a.b`` (its ``__init__``); the parent packages Python runs 
 
 Asserted: no import cycle among tfdpbnn modules; the record package (``tfdpbnn/record``) imports only the
 accounting and validation modules, never the optimizers, callbacks, uncertainty, audit or commands that
-write or read it; every module is named in docs/architecture.md.
+write or read it; the record's private attributes on optimizers, models, layers and datasets are spelled
+only in ``tfdpbnn/record/attributes.py``; every module is named in docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tfdpbnn"
@@ -174,3 +176,16 @@ def test_every_module_is_named_in_architecture_doc():
     missing = sorted(str(path.relative_to(ROOT)) for path in MODULES.values()
                      if str(path.relative_to(ROOT)) not in text)
     assert missing == []
+
+
+def test_record_attributes_are_named_only_by_their_accessors():
+    """Every private attribute the record keeps on objects is spelled in ``record/attributes.py`` alone."""
+    tree = ast.parse(MODULES["tfdpbnn.record.attributes"].read_text())
+    names = {node.value.value for node in tree.body
+             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+             and isinstance(node.value.value, str) and node.value.value.startswith("_")}
+    assert {"_dp_record", "_tfdpbnn_ledger_link", "_tfdpbnn_record_keys"} <= names
+    spelled = sorted(f"{path.relative_to(ROOT)}: {name}"
+                     for module, path in MODULES.items() if module != "tfdpbnn.record.attributes"
+                     for name in names if re.search(rf"\b{name}\b", path.read_text()))
+    assert spelled == []
