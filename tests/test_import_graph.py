@@ -189,3 +189,25 @@ def test_record_attributes_are_named_only_by_their_accessors():
                      for module, path in MODULES.items() if module != "tfdpbnn.record.attributes"
                      for name in names if re.search(rf"\b{name}\b", path.read_text()))
     assert spelled == []
+
+
+def test_loading_the_record_loads_no_writer_or_reader():
+    """Module-level imports of the record, with the package ``__init__`` files Python runs on the way
+    (except ``tfdpbnn/__init__.py``), reach no optimizer, callback, uncertainty, audit or command module."""
+    def runs(module, target):
+        parts = target.split(".")
+        parents = [".".join(parts[:i]) for i in range(2, len(parts))]
+        return [target] + [p for p in parents if not (module == p or module.startswith(p + "."))]
+
+    edges = {m: {r for t, _, inside in imports if not inside for r in runs(m, t)}
+             for m, imports in GRAPH.items()}
+    seen, todo = set(), [m for m in MODULES if m.startswith("tfdpbnn.record")]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(edges.get(module, ()))
+    forbidden = ("tfdpbnn.optimizers", "tfdpbnn.callbacks", "tfdpbnn.uncertainty", "tfdpbnn.audit",
+                 "tfdpbnn.commands")
+    assert sorted(m for m in seen if any(m == f or m.startswith(f + ".") for f in forbidden)) == []
+    assert "tfdpbnn.privacy.budget" in seen  # the walk does follow the record's imports
