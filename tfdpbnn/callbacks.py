@@ -217,14 +217,16 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         optimizer = self.model.optimizer
         if optimizer._dp_record.check_rewind():
             self.on_train_begin()
-        self._epoch_start_examples = optimizer._dp_ledger.open_counters()[1]
+        self._epoch_start_examples = float(optimizer._dp_ledger.open_examples.numpy())  # open_counters()[1]
 
     def _pass_check(self, optimizer):
+        if not self.check_passes or self._epoch_start_examples is None:
+            return
         state = optimizer._dp_ledger
         description = state.open_description()
-        if not self.check_passes or description is None or self._epoch_start_examples is None:
+        if description is None:
             return
-        seen = int(round(state.open_counters()[1] - self._epoch_start_examples))
+        seen = int(round(float(state.open_examples.numpy()) - self._epoch_start_examples))
         if seen != description["num_examples"]:
             state.close_open_phase(source="failed_pass_check")
             self.model.stop_training = True

@@ -123,15 +123,16 @@ class _OptimizerMechanism(DPMechanism):
         return result
 
 
-def check_compute_dtype(model) -> None:
+def check_compute_dtype(model, submodules=None) -> None:
     """Refuse a model under a float16/bfloat16 dtype policy (``tf.keras.mixed_precision``), naming it.
 
     Keras wraps the optimizer of such a model in a ``LossScaleOptimizer`` that applies unscaled gradients
     it computed itself, outside the DP mechanism; and the per-example norms and noise would be float16.
+    ``submodules``: ``_private_api.submodules(model)`` when the caller has just walked the model.
     """
     policy = tf.keras.mixed_precision.global_policy()
     names = {policy.name} if policy.compute_dtype in ("float16", "bfloat16") else set()
-    for layer in _private_api.submodules(model):
+    for layer in _private_api.submodules(model) if submodules is None else submodules:
         layer_policy = getattr(layer, "dtype_policy", None)
         if layer_policy is not None and getattr(layer_policy, "compute_dtype", None) in ("float16",
                                                                                           "bfloat16"):
@@ -710,12 +711,15 @@ class DPOptimizerMixin:
         the loop picks the batches (it may feed one batch again and again), so every step is counted as one
         participation of every example, without amplification.
         """
-        self._adopt_model_ledger(model)
+        # One walk over the model's modules for the dtype and preprocessing checks: nothing between them
+        # builds the model or changes its layers.
+        submodules = _private_api.submodules(model)
+        self._adopt_model_ledger(model, submodules)
         self.mechanism.new_run()  # this run's noise key: fresh from os.urandom (tfdpbnn.optimizers.noise)
         check_distributed_input(model.distribute_strategy, x, shuffle=shuffle)
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
-        self._check_model(model, x, y)
+        self._check_model(model, x, y, submodules)
         source = sampling["source"] if _fit else "custom_loop"
         self._dp_ledger.open_phase(
             kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
@@ -732,9 +736,10 @@ class DPOptimizerMixin:
         examples into passes across calls). ``record_ids``: the batch's record ids for the per-record ledger
         (else its records' content hashes). Raises ``ValueError`` when the optimizer's budget leaves no step.
         """
-        self._adopt_model_ledger(model)
+        submodules = _private_api.submodules(model)  # one walk for both checks (begin_training)
+        self._adopt_model_ledger(model, submodules)
         self.mechanism.new_run()
-        self._check_model(model, x, y)
+        self._check_model(model, x, y, submodules)
         self._dp_ledger.open_phase(
             kind="participations", noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
             sample_rate=None, num_examples=self.num_examples, source="train_on_batch",
@@ -753,13 +758,14 @@ class DPOptimizerMixin:
         from tfdpbnn.privacy.records import input_keys
         from tfdpbnn.privacy.store import input_fingerprint
 
-        self._dp_record.begin(model, input_fingerprint(x, y), planned_steps=1,
-                              record_keys=input_keys(x, y, record_ids))
+        fingerprint = input_fingerprint(x, y)
+        self._dp_record.begin(model, fingerprint, planned_steps=1,
+                              record_keys=input_keys(x, y, record_ids, fingerprint))
         self.note_released_training_metrics()
 
-    def _adopt_model_ledger(self, model):
+    def _adopt_model_ledger(self, model, submodules=None):
         """Make this optimizer the holder of ``model``'s ledger, importing the previous holder's phases."""
-        check_compute_dtype(model)
+        check_compute_dtype(model, submodules)
         link = getattr(model, "_tfdpbnn_ledger_link", None)
         previous = None if link is None else link.optimizer
         if previous is not None and previous is not self:
@@ -777,12 +783,15 @@ class DPOptimizerMixin:
             self._dp_batch_call_limit = None
         model._tfdpbnn_ledger_link = _LedgerLink(self)
 
-    def _check_model(self, model, x, y):
-        """The per-example checks of ``model`` on a synthetic batch shaped like ``x`` (once per model)."""
+    def _check_model(self, model, x, y, submodules=None):
+        """The per-example checks of ``model`` on a synthetic batch shaped like ``x`` (once per model).
+
+        ``submodules``: ``_private_api.submodules(model)`` when the caller has just walked the model.
+        """
         from tfdpbnn.optimizers.other_releases import adopt_search_record
         from tfdpbnn.preprocessing import check_preprocessing
 
-        found = check_preprocessing(model, self.neighboring)  # every call: cheap
+        found = check_preprocessing(model, self.neighboring, submodules=submodules)  # every call
         asserted_state = state_checks.check_declared_state(model)  # layers with own state only
         self._dp_preprocessing = {**found, "asserted_public": found["asserted_public"] + asserted_state}
         adopt_search_record(self, model)

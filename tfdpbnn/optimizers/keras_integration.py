@@ -99,8 +99,9 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
     from tfdpbnn.privacy.records import input_keys
     from tfdpbnn.privacy.store import input_fingerprint
 
-    optimizer._dp_record.begin(model, input_fingerprint(x, arguments.get("y")), planned,
-                               record_keys=input_keys(x, arguments.get("y"), record_ids))
+    fingerprint = input_fingerprint(x, arguments.get("y"))
+    optimizer._dp_record.begin(model, fingerprint, planned,
+                               record_keys=input_keys(x, arguments.get("y"), record_ids, fingerprint))
     optimizer.note_released_training_metrics()
     if arguments.get("validation_split"):
         optimizer.note_uncovered_release("validation_split")

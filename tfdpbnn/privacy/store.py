@@ -77,7 +77,9 @@ def _hash_arrays(arrays) -> str:
                 digest.update(len(item).to_bytes(8, "little") + item)
             continue
         digest.update(f"{array.dtype.str}{array.shape}".encode())
-        digest.update(array.tobytes())
+        # The array's buffer itself (C order, as tobytes() would copy it); a 0-d array's one value.
+        digest.update(array.reshape(-1).view(np.uint8) if array.size and array.dtype.hasobject is False
+                      else array.tobytes())
     return digest.hexdigest()
 
 
@@ -244,6 +246,19 @@ def _size(phase: Phase) -> tuple:
     return (phase.steps, phase.participations or 0, phase.examples)
 
 
+#: Store files whose tables this process has made, by (path, device, inode).
+_MADE: set[tuple] = set()
+
+
+def _file_identity(path: str) -> tuple:
+    """(absolute path, device, inode) of ``path``; (path, None, None) while it does not exist."""
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return (os.path.abspath(path), None, None)
+    return (os.path.abspath(path), stat.st_dev, stat.st_ino)
+
+
 class RunStore:
     """An append-only SQLite record of DP training runs (see the module).
 
@@ -259,6 +274,9 @@ class RunStore:
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
         self._timeout = float(timeout)
+        identity = _file_identity(self.path)
+        if identity in _MADE:
+            return  # this process made the tables of this very file (a file replaced at the path is new)
         # One write transaction taken up front: "CREATE ... IF NOT EXISTS" in autocommit mode reads the schema
         # and then upgrades to a write, and in WAL mode SQLite refuses that upgrade at once ("database is
         # locked", no busy wait) when another process wrote in between, e.g. two processes opening a new
@@ -267,6 +285,7 @@ class RunStore:
             for statement in _SCHEMA.strip().split(";"):
                 if statement.strip():
                     conn.execute(statement)
+        _MADE.add(_file_identity(self.path))
 
     def _open(self) -> sqlite3.Connection:
         return kept_connection(self.path, self._timeout)
@@ -366,10 +385,25 @@ class RunStore:
                 phases.extend(Phase(**p) for p in json.loads(row[0]))
                 phases.append(self._run_phase(conn, run_id))
             # A phase that later runs extended (the same optimizer went on after these weights) counts in
-            # full: loading older weights does not erase what was spent after them.
-            for phase_id in {p.phase_id for p in phases}:
-                phases.extend(self._run_phase(conn, r[0]) for r in conn.execute(
-                    "SELECT run_id FROM runs WHERE phase_id = ?", (int(phase_id),)) if r[0] != exclude_run)
+            # full: loading older weights does not erase what was spent after them. Each run's own phase
+            # (``_run_phase``: its last final snapshot's, else its planned one) in one statement; only the
+            # largest version of each phase (``_size``, by the phase's own id) is decoded.
+            largest: dict[int, tuple] = {}
+            ids = json.dumps(sorted({int(p.phase_id) for p in phases}))
+            for phase_id, run_id, steps, participations, examples, text in conn.execute(
+                    "SELECT json_extract(own, '$.phase_id'), run_id, json_extract(own, '$.steps'), "
+                    "COALESCE(json_extract(own, '$.participations'), 0), json_extract(own, '$.examples'), "
+                    "own FROM (SELECT r.run_id, COALESCE(NULLIF((SELECT s.phase FROM snapshots s "
+                    "WHERE s.run_id = r.run_id AND s.final = 1 ORDER BY s.snapshot DESC LIMIT 1), 'null'), "
+                    "r.planned_phase) AS own FROM runs r "
+                    "WHERE r.phase_id IN (SELECT value FROM json_each(?)))",
+                    (ids,)):
+                if run_id == exclude_run:
+                    continue
+                size = (steps, participations, examples)
+                if phase_id not in largest or size > largest[phase_id][0]:
+                    largest[phase_id] = (size, text)
+            phases.extend(Phase(**json.loads(text)) for _, text in largest.values())
         return _max_steps(phases)
 
     def weights_ledger(self, weights: str) -> list[Phase] | None:
