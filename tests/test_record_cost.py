@@ -99,3 +99,31 @@ def test_one_dp_fit_runs_a_fixed_set_of_transactions_on_the_record_file():
     # Read transactions: the ledger's layout version (twice) and the releases linked to the model.
     assert begins.count("BEGIN DEFERRED") <= 3, statements
     assert statements.count("COMMIT") == len(begins)
+
+
+def test_fingerprints_skip_hashing_only_bytes_equal_to_those_hashed_last(monkeypatch):
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(300, 5)).astype(np.float32)
+    y = rng.integers(0, 3, 300)
+    hashed = []
+    original = store._hash_arrays
+    monkeypatch.setattr(store, "_hash_arrays", lambda arrays: hashed.append(1) or original(arrays))
+    expected = "data:" + original([x, y])
+    # Hashed the first two times (the copy is taken the second time), then compared with the copy.
+    assert [store.data_fingerprint(x, y) for _ in range(4)] == [expected] * 4
+    assert len(hashed) == 2
+    for edit in ((299, 4), (0, 0), (150, 2)):  # a byte changed anywhere: hashed again, a new fingerprint
+        x[edit] = np.nextafter(x[edit], np.float32(np.inf))
+        changed = store.data_fingerprint(x, y)
+        assert changed == "data:" + original([x, y]) != expected
+        expected = changed
+    assert store.data_fingerprint(x.astype(np.float64), y) == "data:" + original([x.astype(np.float64), y])
+    assert store.data_fingerprint(x.reshape(150, 10), y) == "data:" + original([x.reshape(150, 10), y])
+    # Weights: a weight changed in place by one ulp is hashed again.
+    model = small_model()
+    first = store.weights_fingerprint(model)
+    calls = len(hashed)
+    assert store.weights_fingerprint(model) == first and len(hashed) == calls
+    kernel = model.weights[0]
+    kernel.assign(kernel + np.float32(1e-3) * np.eye(*kernel.shape, dtype=np.float32))
+    assert store.weights_fingerprint(model) == "weights:" + original(model.get_weights()) != first
