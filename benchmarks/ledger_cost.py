@@ -15,7 +15,8 @@ time as wall time and as this process's CPU time (other load on a shared machine
    and "mlp" (6,000 records, 784-1000-10, batch 600);
 4. where the DP ``fit``'s time around its steps goes: every phase of the record's work timed (the input
    and model checks, fingerprints, record keys, the store's transactions, each tfdpbnn callback), and their
-   sum per ``fit`` (target: under 10 ms).
+   sum per ``fit`` (target: under 10 ms). The same arrays are fed to every ``fit``, so after the first two
+   the data fingerprint is a byte comparison with the copy hashed last (``tfdpbnn.privacy.store``).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def _run_over(records: int) -> list[str]:
 _PHASES = (
     ("tfdpbnn.optimizers.base:DPOptimizerMixin", "begin_training",
      "input and model checks, noise key, phase"),
-    ("tfdpbnn.privacy.store:", "input_fingerprint", "data fingerprint (SHA-256 of the arrays)"),
+    ("tfdpbnn.privacy.store:", "input_fingerprint", "data fingerprint (SHA-256, or compared with the bytes hashed last)"),
     ("tfdpbnn.privacy.records:", "input_keys", "record keys (content hash, reused for the same bytes)"),
     ("tfdpbnn.optimizers.run_record:RunRecord", "begin",
      "store: weights' record, budgets, reservation, run row"),
