@@ -76,7 +76,8 @@ def _run_over(records: int) -> list[str]:
 _PHASES = (
     ("tfdpbnn.optimizers.base:DPOptimizerMixin", "begin_training",
      "input and model checks, noise key, phase"),
-    ("tfdpbnn.privacy.store:", "input_fingerprint", "data fingerprint (SHA-256, or compared with the bytes hashed last)"),
+    ("tfdpbnn.privacy.store:", "input_fingerprint",
+     "data fingerprint (SHA-256, or compared with the bytes hashed last)"),
     ("tfdpbnn.privacy.records:", "input_keys", "record keys (content hash, reused for the same bytes)"),
     ("tfdpbnn.optimizers.run_record:RunRecord", "begin",
      "store: weights' record, budgets, reservation, run row"),
