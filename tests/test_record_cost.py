@@ -2,8 +2,8 @@
 
 The per-record ledger's reserve and commit run a fixed number of SQL statements whatever the number of
 records (the records travel in bulk statements); the content keys of ``fit``'s arrays are reused only for
-the very same bytes (an array changed in place gets new keys); one DP ``fit`` runs a fixed set of
-transactions.
+the very same bytes (an array changed in place gets new keys); fingerprints skip hashing only bytes equal
+to those hashed last; one DP ``fit`` runs a fixed set of transactions.
 """
 
 from __future__ import annotations
@@ -127,3 +127,10 @@ def test_fingerprints_skip_hashing_only_bytes_equal_to_those_hashed_last(monkeyp
     kernel = model.weights[0]
     kernel.assign(kernel + np.float32(1e-3) * np.eye(*kernel.shape, dtype=np.float32))
     assert store.weights_fingerprint(model) == "weights:" + original(model.get_weights()) != first
+    # The data's copy goes with the caller's arrays.
+    z = rng.normal(size=(50, 2)).astype(np.float32)
+    for _ in range(3):
+        store.data_fingerprint(z)
+    assert store._HELD["data"][0] is not None
+    del z
+    assert "data" not in store._HELD

@@ -84,7 +84,7 @@ def _hash_arrays(arrays) -> str:
 
 
 #: The arrays last hashed per kind ("data", "weights"), kept to skip hashing the same bytes again:
-#: kind -> (held arrays or None, their SHA-256 hex digest, weak references to the caller's arrays).
+#: kind -> (held arrays or None, their SHA-256 hex digest, weak references to the caller's arrays, token).
 _HELD: dict[str, tuple] = {}
 #: The largest total size (bytes) of the arrays held for one kind; larger inputs are hashed every time.
 _HELD_MAX_BYTES = 256 << 20
@@ -129,19 +129,19 @@ def _held_digest(kind: str, arrays, owned: bool) -> str:
         return held[1]
     digest = _hash_arrays(arrays)
     if owned:
-        _HELD[kind] = (arrays, digest, ())
+        _HELD[kind] = (arrays, digest, (), None)
         return digest
     seen = held is not None and len(held[2]) == len(arrays) and all(
         ref() is a for ref, a in zip(held[2], arrays, strict=True))
-    entry: list = []
+    token = object()  # names this entry; the callback holds it, not the entry (no cycle keeps the copy)
 
-    def drop(_ref, kind=kind, entry=entry):  # a caller's array was collected: let the copy go too
-        if entry and _HELD.get(kind) is entry[0]:
+    def drop(_ref, kind=kind, token=token):  # a caller's array was collected: let the copy go too
+        current = _HELD.get(kind)
+        if current is not None and current[3] is token:
             del _HELD[kind]
 
     refs = tuple(weakref.ref(a, drop) for a in arrays)
-    entry.append((None if held is None or not seen else [a.copy() for a in arrays], digest, refs))
-    _HELD[kind] = entry[0]
+    _HELD[kind] = (None if held is None or not seen else [a.copy() for a in arrays], digest, refs, token)
     return digest
 
 
