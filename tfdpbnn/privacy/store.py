@@ -114,12 +114,12 @@ def _held_digest(kind: str, arrays, owned: bool) -> str:
     changed array can pass). ``owned``: the caller's arrays are fresh copies (``model.get_weights()``) and
     are held as they are; otherwise a copy is taken the second time the same array objects are hashed (an
     array hashed once, e.g. made for one call, is never copied) and dropped when the caller's arrays are
-    garbage collected. Numeric arrays in C order only, up to ``_HELD_MAX_BYTES`` in all.
+    garbage collected. Plain numeric arrays in C order only (no subclass), up to ``_HELD_MAX_BYTES`` in all.
     """
     import weakref
 
     arrays = list(arrays)
-    if (not arrays or any(not isinstance(a, np.ndarray) or a.dtype.kind not in "biufc"
+    if (not arrays or any(type(a) is not np.ndarray or a.dtype.kind not in "biufc"
                           or not a.flags.c_contiguous for a in arrays)
             or sum(a.nbytes for a in arrays) > _HELD_MAX_BYTES):
         return _hash_arrays(arrays)
