@@ -1,17 +1,22 @@
-"""What the per-record privacy ledger costs: a run over a million records, and each ``fit`` call.
+"""What the per-record privacy ledger and the privacy record cost: a run over a million records, each ``fit``.
 
-Run: ``python benchmarks/ledger_cost.py [--records 1000000] [--fits 15]`` (about a minute on 2 cores).
-Prints markdown rows for docs/benchmarks.md:
+Run: ``python benchmarks/ledger_cost.py [--records 1000000] [--fits 15] [--models small,mlp]`` (a few
+minutes on 2 cores). Prints the machine, its load average and markdown rows for docs/benchmarks.md, every
+time as wall time and as this process's CPU time (other load on a shared machine inflates the first):
 
 1. hashing ``--records`` records (10 float32 features and an integer label) into canonical record keys
    (``tfdpbnn.record.records.content_keys``), reported apart;
 2. reserving a training release for them and committing what it spent (``RecordLedger.reserve`` +
    ``Reservation.commit``), on new records and again on the same records (a second run), in a fresh
    SQLite ledger file (target: under 2 s);
-3. a small DP ``fit`` (64 examples, 4 features, one pass of 8 steps) with the ledger and without it (the
-   records' keys withheld, so nothing is reserved or committed), median of ``--fits`` interleaved calls
-   (target: the ledger adds under 10 ms per ``fit``); and with the whole privacy record off
-   (``TFDPBNN_PRIVACY_STORE=off``), for reference.
+3. one-epoch ``fit`` calls on arrays, medians of ``--fits`` interleaved calls: a DP ``fit`` with the
+   privacy record (store and ledger), the same with the record off (``TFDPBNN_PRIVACY_STORE=off``), and a
+   non-private ``fit`` (legacy SGD) of the same model; models "small" (1,437 records, 64-32-10, batch 64)
+   and "mlp" (6,000 records, 784-1000-10, batch 600);
+4. where the DP ``fit``'s time around its steps goes: every phase of the record's work timed (the input
+   and model checks, fingerprints, record keys, the store's transactions, each tfdpbnn callback), and their
+   sum per ``fit`` (target: under 10 ms). The same arrays are fed to every ``fit``, so after the first two
+   the data fingerprint is a byte comparison with the copy hashed last (``tfdpbnn.record.store``).
 """
 
 from __future__ import annotations
@@ -67,50 +72,132 @@ def _run_over(records: int) -> list[str]:
     return rows
 
 
-def _fit_costs(fits: int) -> list[str]:
+#: The record's work around the steps of a DP ``fit``, timed per phase: (owner, method, label).
+_PHASES = (
+    ("tfdpbnn.optimizers.base:DPOptimizerMixin", "begin_training",
+     "input and model checks, noise key, phase"),
+    ("tfdpbnn.record.store:", "input_fingerprint",
+     "data fingerprint (SHA-256, or compared with the bytes hashed last)"),
+    ("tfdpbnn.record.records:", "input_keys", "record keys (content hash, reused for the same bytes)"),
+    ("tfdpbnn.record.run_record:RunRecord", "begin",
+     "store: weights' record, budgets, reservation, run row"),
+    ("tfdpbnn.callbacks:DPTrainingMonitor", "on_train_begin", "monitor: train begin"),
+    ("tfdpbnn.callbacks:DPTrainingMonitor", "on_epoch_begin", "monitor: epoch begin (restore check)"),
+    ("tfdpbnn.callbacks:DPTrainingMonitor", "on_train_batch_end", "monitor: batch ends (all)"),
+    ("tfdpbnn.callbacks:DPTrainingMonitor", "on_epoch_end", "monitor: epoch end (snapshot, epsilon)"),
+    ("tfdpbnn.callbacks:DPTrainingMonitor", "on_train_end", "monitor: train end (final snapshot, commit)"),
+    ("tfdpbnn.optimizers.state_checks:StateWatch", "on_train_batch_begin",
+     "state watch: first batch snapshot"),
+    ("tfdpbnn.optimizers.state_checks:StateWatch", "on_train_batch_end", "state watch: first batch check"),
+    ("tfdpbnn.optimizers.keras_integration:", "_dp_fit_arguments", "all of fit's preparation (the rows above "
+                                                                    "to the run row, and the rest)"),
+)
+#: The phases whose sum is the record's whole work per fit (preparation, and every tfdpbnn callback).
+_TOTAL = ("_dp_fit_arguments", "on_train_begin", "on_epoch_begin", "on_train_batch_end", "on_epoch_end",
+          "on_train_end", "on_train_batch_begin")
+
+
+#: label -> [wall, CPU] seconds spent in that phase since the last ``clear()``.
+_SPENT: dict = {}
+
+
+def _install_phase_timers() -> None:
+    """Wrap every ``_PHASES`` method so that its wall and CPU time are added to ``_SPENT[label]``."""
+    import functools
+    import importlib
+
+    for target, name, label in _PHASES:
+        module, _, cls = target.partition(":")
+        owner = importlib.import_module(module)
+        owner = getattr(owner, cls) if cls else owner
+        original = getattr(owner, name)
+
+        def timed(*args, _original=original, _label=label, **kwargs):
+            wall, cpu = time.perf_counter(), time.process_time()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                entry = _SPENT.setdefault(_label, [0.0, 0.0])
+                entry[0] += time.perf_counter() - wall
+                entry[1] += time.process_time() - cpu
+
+        setattr(owner, name, functools.wraps(original)(timed))
+
+
+_MODELS = {  # name: (records, features, hidden units, batch size)
+    "small": (1437, 64, 32, 64),
+    "mlp": (6000, 784, 1000, 600),
+}
+
+
+def _fit_costs(fits: int, which: str) -> tuple[list[str], list[str]]:
+    """One-epoch fits: DP with the record, DP with the record off, non-private; and the record's phases."""
     import tensorflow as tf
 
     import tfdpbnn
-    from tfdpbnn.record import records as record_ids
 
+    n, features, hidden, batch = _MODELS[which]
     rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(64, 4)).astype(np.float32), rng.integers(0, 3, 64)
-    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
-    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=64, batch_size=8, delta=1e-5,
-                                       allow_exceeding_budget=True)
-    model.compile(optimizer=optimizer,
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    original = record_ids.input_keys
+    x = rng.uniform(size=(n, features)).astype(np.float32)
+    y = rng.integers(0, 10, n).astype(np.int32)
 
-    def fit():
+    def compiled(optimizer):
+        tf.keras.utils.set_random_seed(1)
+        model = tf.keras.Sequential([tf.keras.Input((features,)),
+                                     tf.keras.layers.Dense(hidden, activation="relu"),
+                                     tf.keras.layers.Dense(10)])
+        model.compile(optimizer=optimizer,
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    dp = compiled(tfdpbnn.DPSGDOptimizer(1.0, 1.0, learning_rate=0.1, num_examples=n, batch_size=batch,
+                                         delta=1e-5, allow_exceeding_budget=True))
+    plain = compiled(tf.keras.optimizers.legacy.SGD(0.1))
+
+    def fit(model):
+        _SPENT.clear()
         with _Clock() as clock:
-            model.fit(x, y, batch_size=8, epochs=1, verbose=0)
-        return clock.wall, clock.cpu
+            model.fit(x, y, batch_size=batch, epochs=1, verbose=0)
+        return clock.wall, clock.cpu, {k: tuple(v) for k, v in _SPENT.items()}
 
-    os.environ["TFDPBNN_PRIVACY_STORE"] = os.path.join(tempfile.mkdtemp(), "record.sqlite")
+    path = os.path.join(tempfile.mkdtemp(), "record.sqlite")
+    os.environ["TFDPBNN_PRIVACY_STORE"] = path
     for _ in range(3):
-        fit()  # warm up: traced train step, store and ledger files created
-    times: dict[str, list[tuple]] = {"with the ledger": [], "without the ledger": [], "record off": []}
+        fit(dp), fit(plain)  # warm up: traced train steps, store and ledger files created, model checked
+    names = ("DP, record on", "DP, record off", "non-private")
+    times: dict[str, list] = {name: [] for name in names}
     for _ in range(fits):
-        times["with the ledger"].append(fit())
-        record_ids.input_keys = lambda *args, **kwargs: None  # no keys: nothing reserved or committed
-        try:
-            times["without the ledger"].append(fit())
-        finally:
-            record_ids.input_keys = original
-        path = os.environ["TFDPBNN_PRIVACY_STORE"]
+        times["DP, record on"].append(fit(dp))
         os.environ["TFDPBNN_PRIVACY_STORE"] = "off"
         try:
-            times["record off"].append(fit())
+            times["DP, record off"].append(fit(dp))
         finally:
             os.environ["TFDPBNN_PRIVACY_STORE"] = path
-    wall = {k: statistics.median(t[0] for t in v) * 1000 for k, v in times.items()}
-    cpu = {k: statistics.median(t[1] for t in v) * 1000 for k, v in times.items()}
-    rows = [f"| small DP fit (8 steps), {k}, median of {fits} | {wall[k]:.1f} ms | {cpu[k]:.1f} ms |"
-            for k in times]
-    added = {k: v["with the ledger"] - v["without the ledger"] for k, v in (("wall", wall), ("cpu", cpu))}
-    rows.append(f"| the ledger's added cost per fit | {added['wall']:.1f} ms | {added['cpu']:.1f} ms |")
-    return rows
+        times["non-private"].append(fit(plain))
+    label = {"small": f"{n:,} records, 64-32-10", "mlp": f"{n:,} records, 784-1000-10 MLP"}[which]
+    steps = -(-n // batch)
+    rows = []
+    for name in names:
+        wall = statistics.median(t[0] for t in times[name]) * 1e3
+        cpu = statistics.median(t[1] for t in times[name]) * 1e3
+        rows.append(f"| one-epoch fit ({label}, {steps} steps), {name} | {wall:.1f} ms | {cpu:.1f} ms |")
+    for name in names[:2]:
+        ratio = [statistics.median(t[i] for t in times[name]) / statistics.median(
+            t[i] for t in times["non-private"]) for i in (0, 1)]
+        rows.append(f"| {name} / non-private ({label}) | {ratio[0]:.2f}x | {ratio[1]:.2f}x |")
+    phases = []
+    with_record = [t[2] for t in times["DP, record on"]]
+    for _, _method, text in _PHASES:
+        wall = statistics.median(p.get(text, (0.0, 0.0))[0] for p in with_record) * 1e3
+        cpu = statistics.median(p.get(text, (0.0, 0.0))[1] for p in with_record) * 1e3
+        phases.append(f"| {label} | {text} | {wall:.2f} ms | {cpu:.2f} ms |")
+    labels = [text for _, method, text in _PHASES if method in _TOTAL]
+    totals = [(sum(p.get(k, (0.0, 0.0))[0] for k in labels), sum(p.get(k, (0.0, 0.0))[1] for k in labels))
+              for p in with_record]
+    phases.append(f"| {label} | **the record's whole work per fit** (preparation + every tfdpbnn callback), "
+                  f"median of {fits} | **{statistics.median(t[0] for t in totals) * 1e3:.2f} ms** | "
+                  f"**{statistics.median(t[1] for t in totals) * 1e3:.2f} ms** |")
+    return rows, phases
 
 
 def main(argv=None) -> None:
@@ -118,17 +205,34 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--fits", type=int, default=15)
+    parser.add_argument("--models", default="small,mlp",
+                        help=f"comma-separated, of {sorted(_MODELS)} (empty: no fits)")
     args = parser.parse_args(argv)
     if args.records < 1 or args.fits < 1:
         parser.error("--records and --fits must be >= 1")
-    load = os.getloadavg()[0]
+    models = [m for m in args.models.split(",") if m]
+    if any(m not in _MODELS for m in models):
+        parser.error(f"--models: each of {sorted(_MODELS)}, got {args.models!r}")
+    load = os.getloadavg()
     start = time.perf_counter()
-    rows = _run_over(args.records) + _fit_costs(args.fits)
+    if models:
+        _install_phase_timers()
+    rows = _run_over(args.records)
+    phases: list[str] = []
+    for model in models:
+        more, parts = _fit_costs(args.fits, model)
+        rows += more
+        phases += parts
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-          f"1-minute load average at the start {load:.2f}; wall time {time.perf_counter() - start:.0f} s")
+          f"load average (1, 5, 15 minutes) at the start {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}, at "
+          f"the end {os.getloadavg()[0]:.2f}; wall time {time.perf_counter() - start:.0f} s")
     print("| what | wall time | CPU time |\n| --- | ---: | ---: |")
     for row in rows:
         print(row)
+    if phases:
+        print("\n| fit | phase | wall time | CPU time |\n| --- | --- | ---: | ---: |")
+        for row in phases:
+            print(row)
 
 
 if __name__ == "__main__":

@@ -218,14 +218,16 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         optimizer = self.model.optimizer
         if attributes.run_record(optimizer).check_rewind():
             self.on_train_begin()
-        self._epoch_start_examples = attributes.ledger_state(optimizer).open_counters()[1]
+        self._epoch_start_examples = float(attributes.ledger_state(optimizer).open_examples.numpy())
 
     def _pass_check(self, optimizer):
+        if not self.check_passes or self._epoch_start_examples is None:
+            return
         state = attributes.ledger_state(optimizer)
         description = state.open_description()
-        if not self.check_passes or description is None or self._epoch_start_examples is None:
+        if description is None:
             return
-        seen = int(round(state.open_counters()[1] - self._epoch_start_examples))
+        seen = int(round(float(state.open_examples.numpy()) - self._epoch_start_examples))
         if seen != description["num_examples"]:
             state.close_open_phase(source="failed_pass_check")
             self.model.stop_training = True

@@ -678,12 +678,15 @@ class DPOptimizerMixin:
         the loop picks the batches (it may feed one batch again and again), so every step is counted as one
         participation of every example, without amplification.
         """
-        self._adopt_model_ledger(model)
+        # One walk over the model's modules for the dtype and preprocessing checks: nothing between them
+        # builds the model or changes its layers.
+        submodules = _private_api.submodules(model)
+        self._adopt_model_ledger(model, submodules)
         self.mechanism.new_run()  # this run's noise key: fresh from os.urandom (tfdpbnn.optimizers.noise)
         check_distributed_input(model.distribute_strategy, x, shuffle=shuffle)
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
-        self._check_model(model, x, y)
+        self._check_model(model, x, y, submodules)
         source = sampling["source"] if _fit else "custom_loop"
         attributes.ledger_state(self).open_phase(
             kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
@@ -700,9 +703,10 @@ class DPOptimizerMixin:
         examples into passes across calls). ``record_ids``: the batch's record ids for the per-record ledger
         (else its records' content hashes). Raises ``ValueError`` when the optimizer's budget leaves no step.
         """
-        self._adopt_model_ledger(model)
+        submodules = _private_api.submodules(model)  # one walk for both checks (begin_training)
+        self._adopt_model_ledger(model, submodules)
         self.mechanism.new_run()
-        self._check_model(model, x, y)
+        self._check_model(model, x, y, submodules)
         attributes.ledger_state(self).open_phase(
             kind="participations", noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
             sample_rate=None, num_examples=self.num_examples, source="train_on_batch",
@@ -721,13 +725,14 @@ class DPOptimizerMixin:
         from tfdpbnn.record.records import input_keys
         from tfdpbnn.record.store import input_fingerprint
 
-        attributes.run_record(self).begin(model, input_fingerprint(x, y), planned_steps=1,
-                              record_keys=input_keys(x, y, record_ids))
+        fingerprint = input_fingerprint(x, y)
+        attributes.run_record(self).begin(model, fingerprint, planned_steps=1,
+                                              record_keys=input_keys(x, y, record_ids, fingerprint))
         self.note_released_training_metrics()
 
-    def _adopt_model_ledger(self, model):
+    def _adopt_model_ledger(self, model, submodules=None):
         """Make this optimizer the holder of ``model``'s ledger, importing the previous holder's phases."""
-        fit_checks.check_compute_dtype(model)
+        fit_checks.check_compute_dtype(model, submodules)
         link = attributes.ledger_link(model)
         previous = None if link is None else link.optimizer
         if previous is not None and previous is not self:
@@ -739,12 +744,15 @@ class DPOptimizerMixin:
             self._dp_batch_call_limit = None
         attributes.set_ledger_link(model, _LedgerLink(self))
 
-    def _check_model(self, model, x, y):
-        """The per-example checks of ``model`` on a synthetic batch shaped like ``x`` (once per model)."""
+    def _check_model(self, model, x, y, submodules=None):
+        """The per-example checks of ``model`` on a synthetic batch shaped like ``x`` (once per model).
+
+        ``submodules``: ``_private_api.submodules(model)`` when the caller has just walked the model.
+        """
         from tfdpbnn.preprocessing import check_preprocessing
         from tfdpbnn.record.other_releases import adopt_search_record
 
-        found = check_preprocessing(model, self.neighboring)  # every call: cheap
+        found = check_preprocessing(model, self.neighboring, submodules=submodules)  # every call
         asserted_state = state_checks.check_declared_state(model)  # layers with own state only
         attributes.set_preprocessing_found(
             self, {**found, "asserted_public": found["asserted_public"] + asserted_state})

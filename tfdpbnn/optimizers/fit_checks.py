@@ -413,15 +413,16 @@ class LossProbe:
 
 
 
-def check_compute_dtype(model) -> None:
+def check_compute_dtype(model, submodules=None) -> None:
     """Refuse a model under a float16/bfloat16 dtype policy (``tf.keras.mixed_precision``), naming it.
 
     Keras wraps the optimizer of such a model in a ``LossScaleOptimizer`` that applies unscaled gradients
     it computed itself, outside the DP mechanism; and the per-example norms and noise would be float16.
+    ``submodules``: ``_private_api.submodules(model)`` when the caller has just walked the model.
     """
     policy = tf.keras.mixed_precision.global_policy()
     names = {policy.name} if policy.compute_dtype in ("float16", "bfloat16") else set()
-    for layer in _private_api.submodules(model):
+    for layer in _private_api.submodules(model) if submodules is None else submodules:
         layer_policy = getattr(layer, "dtype_policy", None)
         if layer_policy is not None and getattr(layer_policy, "compute_dtype", None) in ("float16",
                                                                                           "bfloat16"):

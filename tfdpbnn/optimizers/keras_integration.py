@@ -101,8 +101,10 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
     from tfdpbnn.record.records import input_keys
     from tfdpbnn.record.store import input_fingerprint
 
-    attributes.run_record(optimizer).begin(model, input_fingerprint(x, arguments.get("y")), planned,
-                               record_keys=input_keys(x, arguments.get("y"), record_ids))
+    fingerprint = input_fingerprint(x, arguments.get("y"))
+    attributes.run_record(optimizer).begin(model, fingerprint, planned,
+                                           record_keys=input_keys(x, arguments.get("y"), record_ids,
+                                                                  fingerprint))
     optimizer.note_released_training_metrics()
     if arguments.get("validation_split"):
         optimizer.note_uncovered_release("validation_split")

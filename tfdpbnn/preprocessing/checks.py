@@ -19,9 +19,9 @@ from tfdpbnn.record import attributes
 from tfdpbnn.record.preprocessing import state_digest
 
 
-def _layers(model):
+def _layers(model, submodules=None):
     seen, out = set(), []
-    for layer in [model, *_private_api.submodules(model)]:
+    for layer in [model, *(_private_api.submodules(model) if submodules is None else submodules)]:
         if isinstance(layer, tf.keras.layers.Layer) and id(layer) not in seen:
             seen.add(id(layer))
             out.append(layer)
@@ -73,16 +73,17 @@ def _vouched(layer) -> bool:
     return held and attributes.preprocessing_digest(layer) == state_digest(layer)
 
 
-def check_preprocessing(model, neighboring: str | None = None) -> dict:
+def check_preprocessing(model, neighboring: str | None = None, submodules=None) -> dict:
     """Refuse data-derived preprocessing that is neither DP nor asserted public; return what was found.
 
     Returns ``{"dp": [PreprocessingRecord, ...], "asserted_public": [{"layer", "type", "reason"}, ...]}``.
     A record or an assertion holds only for the state it was made on (``state_digest``). Raises
     ``ValueError`` naming the first layer adapted without either (or changed since), and for a DP record
     under another ``neighboring`` relation than the training's (the two could not be composed).
+    ``submodules``: ``model``'s modules (``tfdpbnn._private_api.submodules``) when the caller has them.
     """
     found = {"dp": [], "asserted_public": []}
-    for layer in _layers(model):
+    for layer in _layers(model, submodules):
         if not callable(getattr(layer, "adapt", None)):
             continue
         if _vouched(layer):

@@ -115,8 +115,8 @@ class LedgerState:
 
     # ----------------------------------------------------------------------------------- python side
     def _desc(self) -> dict:
-        values = self.open_desc.numpy()
-        return {name: float(values[i]) for i, name in enumerate(_DESC)}
+        values = self.open_desc.numpy().tolist()  # one read of the variable
+        return dict(zip(_DESC, values, strict=True))
 
     @property
     def has_open_phase(self) -> bool:
@@ -127,21 +127,22 @@ class LedgerState:
         """The open phase's identifier (0 when none is open)."""
         return int(self._desc()["phase_id"])
 
-    def open_steps(self) -> int:
-        """Steps taken in the open phase."""
-        if not self.has_open_phase:
+    def open_steps(self, desc: dict | None = None) -> int:
+        """Steps taken in the open phase (``desc``: ``_desc()`` when already read)."""
+        if (self._desc() if desc is None else desc)["phase_id"] == 0:
             return 0
         return int(self._optimizer.iterations.numpy()) - int(round(float(self.open_start.numpy())))
 
-    def open_counters(self) -> tuple[int, float, float]:
-        """(steps, examples, squared deviation) of the open phase."""
-        return self.open_steps(), float(self.open_examples.numpy()), float(self.open_squared.numpy())
+    def open_counters(self, desc: dict | None = None, squared: bool = True) -> tuple[int, float, float]:
+        """(steps, examples, squared deviation) of the open phase (``squared=False``: 0.0 in its place)."""
+        return (self.open_steps(desc), float(self.open_examples.numpy()),
+                float(self.open_squared.numpy()) if squared else 0.0)
 
-    def open_description(self) -> dict | None:
-        """The open phase's description (decoded), or None."""
-        if not self.has_open_phase:
+    def open_description(self, desc: dict | None = None) -> dict | None:
+        """The open phase's description (decoded), or None (``desc``: ``_desc()`` when already read)."""
+        d = self._desc() if desc is None else desc
+        if d["phase_id"] == 0:
             return None
-        d = self._desc()
         return {"kind": _KINDS[int(d["kind"])], "noise_multiplier": d["noise_multiplier"],
                 "neighboring": _NEIGHBORING[int(d["neighboring"])],
                 "sample_rate": d["sample_rate"] or None, "num_examples": int(d["num_examples"]),
@@ -199,14 +200,15 @@ class LedgerState:
 
     def current_phase(self, override_source=None, steps=None, examples=None) -> Phase | None:
         """The open phase as a ``Phase`` (optionally with hypothetical ``steps``/``examples``)."""
-        d = self.open_description()
+        raw = self._desc()  # each variable is read once
+        d = self.open_description(raw)
         if d is None:
             return None
-        real_steps, real_examples, _ = self.open_counters()
-        steps = real_steps if steps is None else int(steps)
-        examples = real_examples if examples is None else float(examples)
+        if steps is None:
+            steps = self.open_steps(raw)
+        examples = float(self.open_examples.numpy()) if examples is None else float(examples)
         source = override_source or d["source"]
-        return _phase_from(d, steps, examples, source, int(self._desc()["phase_id"]),
+        return _phase_from(d, int(steps), examples, source, int(raw["phase_id"]),
                            getattr(self._optimizer, "_dp_phase_override", lambda _d, _s: None))
 
     def close_open_phase(self, source=None) -> None:
@@ -235,7 +237,7 @@ class LedgerState:
     def closed_phases(self) -> list[Phase]:
         """The closed phases, oldest first."""
         count = int(round(float(self.count.numpy())))
-        return [_phase_from_row(row) for row in self.table.numpy()[:count]]
+        return [_phase_from_row(row) for row in self.table.numpy()[:count].tolist()] if count else []
 
     def closed_sources(self) -> list[str]:
         """The sampling source code of each closed phase."""

@@ -217,8 +217,8 @@ class LedgerBackend(abc.ABC):
         """The per-record budget ``{"epsilon", "delta", "accountant"}``, or None."""
 
     @abc.abstractmethod
-    def releases(self) -> list[Release]:
-        """Every release, oldest first."""
+    def releases(self, exclude_kind: str | None = None) -> list[Release]:
+        """Every release, oldest first (``exclude_kind``: all but the releases of that kind)."""
 
     @abc.abstractmethod
     def keys(self, history_ids: Sequence[int]) -> np.ndarray:
@@ -366,11 +366,12 @@ class SQLiteLedger(LedgerBackend):
                 conn.execute("DELETE FROM temp.incoming")
             return self._histories(conn, counts)
 
-    def releases(self) -> list[Release]:
-        """Every release, oldest first."""
+    def releases(self, exclude_kind: str | None = None) -> list[Release]:
+        """Every release, oldest first (``exclude_kind``: all but the releases of that kind)."""
+        where, arguments = ("", ()) if exclude_kind is None else ("WHERE kind != ? ", (exclude_kind,))
         with self._transaction("DEFERRED") as conn:
             return [self._release(row) for row in conn.execute(
-                f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases ORDER BY release")]
+                f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases {where}ORDER BY release", arguments)]
 
     def keys(self, history_ids) -> np.ndarray:
         """The keys of the records whose current history is one of ``history_ids``."""
@@ -561,7 +562,7 @@ class RecordLedger:
     def linked_releases(self, phase_ids) -> list[Release]:
         """The releases other than training that name one of the training ``phase_ids`` (``record``)."""
         wanted = {int(p) for p in phase_ids}
-        return [r for r in self.backend.releases()
+        return [r for r in self.backend.releases(exclude_kind="training")
                 if r.kind != "training" and wanted.intersection(r.phase_ids)]
 
     def histories(self, keys=None) -> list[History]:

@@ -187,8 +187,41 @@ def tag_record_keys(dataset, keys):
     return dataset
 
 
-def input_keys(x, y=None, record_ids=None) -> np.ndarray | None:
-    """The record keys of ``fit``'s input: arrays are hashed, a pipeline carries its tag (else None)."""
+#: Content keys of recent inputs: (SHA-256 data fingerprint, array names) -> keys (read-only), newest last.
+_KEYS_CACHE: dict[tuple, np.ndarray] = {}
+_KEYS_CACHE_MAX = 4
+
+
+def _cached_content_keys(x, y, fingerprint: str | None) -> np.ndarray:
+    """``content_keys(x, y)``, reused across calls on the same bytes.
+
+    ``fingerprint``: ``tfdpbnn.record.store.data_fingerprint(x, y)`` (SHA-256 of every array's dtype, shape
+    and bytes, in ``tf.nest.flatten`` order), computed by the caller on these very arrays. Keys are reused
+    only when that fingerprint and the arrays' names and order match a cached entry, and only for numeric
+    and boolean arrays (an object array's fingerprint hashes ``str`` of its items, which is not its content
+    hash's input). Equal SHA-256 digests mean equal bytes (a collision is not known to be findable), so an
+    array changed in place, or a new array, always gets its keys computed again.
+    """
+    parts = list(_arrays(x, "x")) + ([] if y is None else list(_arrays(y, "y")))
+    if fingerprint is None or not parts or any(a.dtype.kind not in "biufc" for _, a in parts):
+        return content_keys(x, y)
+    key = (fingerprint, tuple(name for name, _ in parts))
+    keys = _KEYS_CACHE.pop(key, None)
+    if keys is None:
+        keys = content_keys(x, y)
+        keys.setflags(write=False)
+    _KEYS_CACHE[key] = keys  # most recent last
+    while len(_KEYS_CACHE) > _KEYS_CACHE_MAX:
+        del _KEYS_CACHE[next(iter(_KEYS_CACHE))]
+    return keys
+
+
+def input_keys(x, y=None, record_ids=None, fingerprint: str | None = None) -> np.ndarray | None:
+    """The record keys of ``fit``'s input: arrays are hashed, a pipeline carries its tag (else None).
+
+    ``fingerprint``: ``tfdpbnn.record.store.data_fingerprint(x, y)`` of these arrays when the caller has
+    it: the content keys of the same bytes are then reused from an earlier call (``_cached_content_keys``).
+    """
     import tensorflow as tf
 
     from tfdpbnn.record import attributes
@@ -202,6 +235,8 @@ def input_keys(x, y=None, record_ids=None) -> np.ndarray | None:
     if record_ids is None and any(isinstance(t, tf.RaggedTensor | tf.SparseTensor)
                                   for t in tf.nest.flatten([x, y])):
         return None  # no canonical content for ragged or sparse rows: the statement says records are unknown
+    if record_ids is None and x is not None:
+        return _cached_content_keys(x, y, fingerprint)
     return record_keys(x, y, record_ids)
 
 

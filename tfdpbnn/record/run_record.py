@@ -139,20 +139,26 @@ class RunRecord:
         self._model = weakref.ref(model)
         self.store = record_store.default_store()
         self.run_id = None
-        self.before_restore = self.ledger_now()
+        self.before_restore = None
         self.commit_reservation()  # a run that ended without its final snapshot
         self.reservation = None
         if self.store is None:
+            self.before_restore = self.ledger_now()
             return
         self.dataset = dataset or "data:unidentified"
-        self.inherit(self.store.weights_record(record_store.weights_fingerprint(model)))
+        weights = record_store.weights_fingerprint(model)  # inherit changes the ledger, not the weights
+        self.inherit(self.store.weights_record(weights))
         optimizer._import_linked_releases()
         state = attributes.ledger_state(optimizer)
-        steps, examples, _ = state.open_counters()
+        steps, examples, _ = state.open_counters(squared=False)
         extra = 0 if planned_steps is None else int(planned_steps)
         planned = state.current_phase(steps=steps + extra, examples=examples + extra * optimizer.batch_size)
         self.phase_id = planned.phase_id
-        self._begin_weights = record_store.weights_fingerprint(model)
+        self._begin_weights = weights
+        # The ledger as it stands now (nothing below changes it): the sizes the reservation's commit compares
+        # with, and what check_rewind compares a restore with.
+        now = self.ledger_now()
+        self._sizes_at_begin = {phase_id: _size(p) for phase_id, p in now.items()}
         # One write transaction for the data set's budget check, the ledger's reservation and the run's row:
         # two runs started together on the same data are serialized, and share no stale read.
         with record_store.transaction(self.store.path):
@@ -178,7 +184,7 @@ class RunRecord:
             if record_keys is not None:
                 self._reserve(record_keys, planned, planned_steps)
             self.run_id = self.store.begin_run(self.dataset, self._begin_weights, planned)
-        self.before_restore = self.ledger_now()
+        self.before_restore = now
 
     def _reserve(self, keys, planned: Phase, planned_steps: int | None) -> None:
         """Reserve the run's planned phase for its records in the per-record ledger (one transaction)."""
@@ -202,14 +208,16 @@ class RunRecord:
         except ValueError:
             self.store = None
             raise
-        self._sizes_at_begin = {p.phase_id: _size(p) for p in self._optimizer.ledger.phases}
 
     def _replayable(self) -> bool:
         """Whether the optimizer's noise is replayable from a seed (``debug_noise_seed``): no guarantee."""
         return bool(getattr(self._optimizer.mechanism, "noise_replayable", False))
 
-    def commit_reservation(self) -> None:
-        """Commit to the ledger what the run spent: the phases it took steps in (a restore may open more)."""
+    def commit_reservation(self, ledger: PrivacyLedger | None = None) -> None:
+        """Commit to the ledger what the run spent: the phases it took steps in (a restore may open more).
+
+        ``ledger``: the optimizer's ledger when the caller has just read it.
+        """
         import dp_accounting
 
         from tfdpbnn.record.ledger_state import describe_source
@@ -219,7 +227,8 @@ class RunRecord:
             return
         begin = getattr(self, "_sizes_at_begin", {})
         inherited = describe_source("record_store")
-        ran = [p for p in self._optimizer.ledger.phases if p.sampling != inherited
+        ran = [p for p in (self._optimizer.ledger if ledger is None else ledger).phases
+               if p.sampling != inherited
                and (p.phase_id not in begin or _size(p) > begin[p.phase_id])]
         if not ran:
             reservation.commit(dp_accounting.NoOpDpEvent())
@@ -344,13 +353,18 @@ class RunRecord:
 
         ``final``: the run ended; what it spent is committed to the per-record ledger.
         """
-        if final:
-            self.commit_reservation()
         if self.store is None or self.run_id is None:
+            if final:
+                self.commit_reservation()
             return
+        weights = record_store.weights_fingerprint(model)
         ledger = self._optimizer.ledger
         phase = next((p for p in ledger.phases if p.phase_id == self.phase_id), None)
-        self.store.snapshot(self.run_id, record_store.weights_fingerprint(model), phase, ledger, final=final)
+        # One transaction (one wait for the disk) for the commit to the per-record ledger and the snapshot.
+        with record_store.transaction(self.store.path):
+            if final:
+                self.commit_reservation(ledger)
+            self.store.snapshot(self.run_id, weights, phase, ledger, final=final)
         if final:
             self.run_id = None
 

@@ -77,18 +77,85 @@ def _hash_arrays(arrays) -> str:
                 digest.update(len(item).to_bytes(8, "little") + item)
             continue
         digest.update(f"{array.dtype.str}{array.shape}".encode())
-        digest.update(array.tobytes())
+        # The array's buffer itself (C order, as tobytes() would copy it); a 0-d array's one value.
+        digest.update(array.reshape(-1).view(np.uint8) if array.size and array.dtype.hasobject is False
+                      else array.tobytes())
     return digest.hexdigest()
+
+
+#: The arrays last hashed per kind ("data", "weights"), kept to skip hashing the same bytes again:
+#: kind -> (held arrays or None, their SHA-256 hex digest, weak references to the caller's arrays, token).
+_HELD: dict[str, tuple] = {}
+#: The largest total size (bytes) of the arrays held for one kind; larger inputs are hashed every time.
+_HELD_MAX_BYTES = 256 << 20
+#: Bytes compared per slice in ``_same_bytes`` (a multiple of 8).
+_COMPARE_BYTES = 1 << 22
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two C-contiguous arrays have the same dtype, shape and bytes (compared in slices)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    a, b = a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
+    for start in range(0, a.size, _COMPARE_BYTES):
+        left, right = a[start:start + _COMPARE_BYTES], b[start:start + _COMPARE_BYTES]
+        if left.size % 8 == 0:
+            left, right = left.view(np.uint64), right.view(np.uint64)
+        if not np.array_equal(left, right):
+            return False
+    return True
+
+
+def _held_digest(kind: str, arrays, owned: bool) -> str:
+    """``_hash_arrays(arrays)``, without hashing again bytes equal to the arrays hashed last for ``kind``.
+
+    The digest of the last arrays hashed is reused only when every array has the dtype, shape and bytes of
+    a copy held since (compared byte for byte: memory reads, about a sixth of SHA-256's time, and nothing a
+    changed array can pass). ``owned``: the caller's arrays are fresh copies (``model.get_weights()``) and
+    are held as they are; otherwise a copy is taken the second time the same array objects are hashed (an
+    array hashed once, e.g. made for one call, is never copied) and dropped when the caller's arrays are
+    garbage collected. Plain numeric arrays in C order only (no subclass), up to ``_HELD_MAX_BYTES`` in all.
+    """
+    import weakref
+
+    arrays = list(arrays)
+    if (not arrays or any(type(a) is not np.ndarray or a.dtype.kind not in "biufc"
+                          or not a.flags.c_contiguous for a in arrays)
+            or sum(a.nbytes for a in arrays) > _HELD_MAX_BYTES):
+        return _hash_arrays(arrays)
+    held = _HELD.get(kind)
+    if held is not None and held[0] is not None and len(held[0]) == len(arrays) and all(
+            _same_bytes(a, b) for a, b in zip(arrays, held[0], strict=True)):
+        return held[1]
+    digest = _hash_arrays(arrays)
+    if owned:
+        _HELD[kind] = (arrays, digest, (), None)
+        return digest
+    seen = held is not None and len(held[2]) == len(arrays) and all(
+        ref() is a for ref, a in zip(held[2], arrays, strict=True))
+    token = object()  # names this entry; the callback holds it, not the entry (no cycle keeps the copy)
+
+    def drop(_ref, kind=kind, token=token):  # a caller's array was collected: let the copy go too
+        current = _HELD.get(kind)
+        if current is not None and current[3] is token:
+            del _HELD[kind]
+
+    refs = tuple(weakref.ref(a, drop) for a in arrays)
+    _HELD[kind] = (None if held is None or not seen else [a.copy() for a in arrays], digest, refs, token)
+    return digest
 
 
 def data_fingerprint(x, y=None) -> str:
     """SHA-256 of the training data's contents (every array of ``x`` and ``y``, dtype and shape included).
 
-    The data never leaves the process; equal data gives equal fingerprints in any process.
+    The data never leaves the process; equal data gives equal fingerprints in any process. Arrays fed to
+    ``fit`` again are compared with a copy of the bytes hashed last instead of hashed again
+    (``_held_digest``).
     """
     import tensorflow as tf
 
-    return "data:" + _hash_arrays(tf.nest.flatten(x) + ([] if y is None else tf.nest.flatten(y)))
+    return "data:" + _held_digest("data", tf.nest.flatten(x) + ([] if y is None else tf.nest.flatten(y)),
+                                  owned=False)
 
 
 def tag_data_fingerprint(dataset, fingerprint: str):
@@ -118,8 +185,12 @@ def input_fingerprint(x, y=None) -> str | None:
 
 
 def weights_fingerprint(model) -> str:
-    """SHA-256 of ``model.get_weights()`` (every variable's bytes, in order): the weights' identity."""
-    return "weights:" + _hash_arrays(model.get_weights())
+    """SHA-256 of ``model.get_weights()`` (every variable's bytes, in order): the weights' identity.
+
+    Weights whose bytes equal those hashed last (a run's start, its restore check, the next run's start)
+    reuse that digest (``_held_digest``).
+    """
+    return "weights:" + _held_digest("weights", model.get_weights(), owned=True)
 
 
 def default_path() -> str | None:
@@ -242,6 +313,19 @@ def _size(phase: Phase) -> tuple:
     return (phase.steps, phase.participations or 0, phase.examples)
 
 
+#: Store files whose tables this process has made, by (path, device, inode).
+_MADE: set[tuple] = set()
+
+
+def _file_identity(path: str) -> tuple:
+    """(absolute path, device, inode) of ``path``; (path, None, None) while it does not exist."""
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return (os.path.abspath(path), None, None)
+    return (os.path.abspath(path), stat.st_dev, stat.st_ino)
+
+
 class RunStore:
     """An append-only SQLite record of DP training runs (see the module).
 
@@ -257,6 +341,9 @@ class RunStore:
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
         self._timeout = float(timeout)
+        identity = _file_identity(self.path)
+        if identity in _MADE:
+            return  # this process made the tables of this very file (a file replaced at the path is new)
         # One write transaction taken up front: "CREATE ... IF NOT EXISTS" in autocommit mode reads the schema
         # and then upgrades to a write, and in WAL mode SQLite refuses that upgrade at once ("database is
         # locked", no busy wait) when another process wrote in between, e.g. two processes opening a new
@@ -265,6 +352,7 @@ class RunStore:
             for statement in _SCHEMA.strip().split(";"):
                 if statement.strip():
                     conn.execute(statement)
+        _MADE.add(_file_identity(self.path))
 
     def _open(self) -> sqlite3.Connection:
         return kept_connection(self.path, self._timeout)
@@ -364,10 +452,25 @@ class RunStore:
                 phases.extend(Phase(**p) for p in json.loads(row[0]))
                 phases.append(self._run_phase(conn, run_id))
             # A phase that later runs extended (the same optimizer went on after these weights) counts in
-            # full: loading older weights does not erase what was spent after them.
-            for phase_id in {p.phase_id for p in phases}:
-                phases.extend(self._run_phase(conn, r[0]) for r in conn.execute(
-                    "SELECT run_id FROM runs WHERE phase_id = ?", (int(phase_id),)) if r[0] != exclude_run)
+            # full: loading older weights does not erase what was spent after them. Each run's own phase
+            # (``_run_phase``: its last final snapshot's, else its planned one) in one statement; only the
+            # largest version of each phase (``_size``, by the phase's own id) is decoded.
+            largest: dict[int, tuple] = {}
+            ids = json.dumps(sorted({int(p.phase_id) for p in phases}))
+            for phase_id, run_id, steps, participations, examples, text in conn.execute(
+                    "SELECT json_extract(own, '$.phase_id'), run_id, json_extract(own, '$.steps'), "
+                    "COALESCE(json_extract(own, '$.participations'), 0), json_extract(own, '$.examples'), "
+                    "own FROM (SELECT r.run_id, COALESCE(NULLIF((SELECT s.phase FROM snapshots s "
+                    "WHERE s.run_id = r.run_id AND s.final = 1 ORDER BY s.snapshot DESC LIMIT 1), 'null'), "
+                    "r.planned_phase) AS own FROM runs r "
+                    "WHERE r.phase_id IN (SELECT value FROM json_each(?)))",
+                    (ids,)):
+                if run_id == exclude_run:
+                    continue
+                size = (steps, participations, examples)
+                if phase_id not in largest or size > largest[phase_id][0]:
+                    largest[phase_id] = (size, text)
+            phases.extend(Phase(**json.loads(text)) for _, text in largest.values())
         return _max_steps(phases)
 
     def weights_ledger(self, weights: str) -> list[Phase] | None:

@@ -1,0 +1,136 @@
+"""What the record costs is bounded by its shape, not measured by a clock.
+
+The per-record ledger's reserve and commit run a fixed number of SQL statements whatever the number of
+records (the records travel in bulk statements); the content keys of ``fit``'s arrays are reused only for
+the very same bytes (an array changed in place gets new keys); fingerprints skip hashing only bytes equal
+to those hashed last; one DP ``fit`` runs a fixed set of transactions.
+"""
+
+from __future__ import annotations
+
+import dp_accounting
+import numpy as np
+from _small_runs import DELTA, LOSS, small_data, small_model
+
+import tfdpbnn
+from tfdpbnn.record import record_ledger, records, store
+
+
+def _statements(path, work) -> list[str]:
+    """The SQL statements ``work()`` runs on the kept connection to ``path``."""
+    conn = store.kept_connection(path, 60.0)
+    seen: list[str] = []
+    conn.set_trace_callback(seen.append)
+    try:
+        work()
+    finally:
+        conn.set_trace_callback(None)
+    return seen
+
+
+def test_reserve_and_commit_run_as_many_statements_for_ten_thousand_records_as_for_ten(tmp_path):
+    event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.0), 3)
+    counts = {}
+    for records_count in (10, 10_000):
+        path = str(tmp_path / f"ledger_{records_count}.sqlite")
+        ledger = record_ledger.RecordLedger(path)
+        keys = np.arange(records_count, dtype=np.int64) * 7919 - 5000
+        for phase_id in (1, 2):  # new records, then the same records moving to a new history
+            def run(ledger=ledger, keys=keys, phase_id=phase_id):
+                ledger.reserve(keys, event, phase_id=phase_id).commit(event)
+            statements = _statements(path, run)
+            counts[(records_count, phase_id)] = len(statements)
+            # The keys travel as one JSON array in one statement; nothing is executed per record.
+            assert sum(str(int(keys[-1])) in s for s in statements) == 1
+        (history,) = ledger.histories(keys)
+        assert history.records == records_count and len(history.releases) == 2
+    assert counts[(10, 1)] == counts[(10_000, 1)]
+    assert counts[(10, 2)] == counts[(10_000, 2)]
+    assert max(counts.values()) < 40
+
+
+def test_content_keys_are_reused_for_the_same_bytes_only():
+    x, y = small_data(32)
+    fingerprint = store.data_fingerprint(x, y)
+    first = records.input_keys(x, y, fingerprint=fingerprint)
+    assert np.array_equal(first, records.content_keys(x, y))
+    assert records.input_keys(x.copy(), y.copy(), fingerprint=store.data_fingerprint(x, y)) is first
+    x[5, 2] += 1.0  # changed in place: same object, new bytes
+    changed = records.input_keys(x, y, fingerprint=store.data_fingerprint(x, y))
+    assert np.array_equal(changed, records.content_keys(x, y))
+    assert changed[5] != first[5] and np.array_equal(np.delete(changed, 5), np.delete(first, 5))
+    # The same bytes under other names are other records' layout: not reused.
+    named = records.input_keys({"a": x}, y, fingerprint=store.data_fingerprint({"a": x}, y))
+    assert np.array_equal(named, records.content_keys({"a": x}, y))
+    assert not np.array_equal(named, changed)
+    # A fingerprint that does not belong to the arrays is the caller's bug; without one, nothing is reused.
+    assert records.input_keys(x, y) is not changed
+
+
+def test_a_row_changed_in_place_between_fits_is_a_new_record_in_the_ledger():
+    x, y = small_data(16)
+    model = small_model()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
+                                                   allow_exceeding_budget=True), loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    before = records.content_keys(x, y)
+    x[3] = 0.5  # the same array object, edited in place
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    after = records.content_keys(x, y)
+    ledger = record_ledger.default_ledger()
+    by_key = {h.records: len(h.releases) for h in ledger.histories(after)}
+    assert by_key == {1: 1, 15: 2}  # the edited row: only the second fit; the others: both
+    (old_row,) = ledger.histories(before[3:4])
+    assert len(old_row.releases) == 1  # the row as it was: only the first fit
+
+
+def test_one_dp_fit_runs_a_fixed_set_of_transactions_on_the_record_file():
+    x, y = small_data(16)
+    model = small_model()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
+                                                   allow_exceeding_budget=True), loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # tables made, model checked
+    path = store.default_path()
+    statements = _statements(path, lambda: model.fit(x, y, batch_size=8, epochs=2, verbose=0))
+    begins = [s for s in statements if s.startswith("BEGIN")]
+    # Write transactions: the weights' record (read under the write lock), the run's row with its
+    # reservation, one snapshot per epoch end, the final snapshot with the ledger commit.
+    assert begins.count("BEGIN IMMEDIATE") == 1 + 1 + 2 + 1, statements
+    # Read transactions: the ledger's layout version (twice) and the releases linked to the model.
+    assert begins.count("BEGIN DEFERRED") <= 3, statements
+    assert statements.count("COMMIT") == len(begins)
+
+
+def test_fingerprints_skip_hashing_only_bytes_equal_to_those_hashed_last(monkeypatch):
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(300, 5)).astype(np.float32)
+    y = rng.integers(0, 3, 300)
+    hashed = []
+    original = store._hash_arrays
+    monkeypatch.setattr(store, "_hash_arrays", lambda arrays: hashed.append(1) or original(arrays))
+    expected = "data:" + original([x, y])
+    # Hashed the first two times (the copy is taken the second time), then compared with the copy.
+    assert [store.data_fingerprint(x, y) for _ in range(4)] == [expected] * 4
+    assert len(hashed) == 2
+    for edit in ((299, 4), (0, 0), (150, 2)):  # a byte changed anywhere: hashed again, a new fingerprint
+        x[edit] = np.nextafter(x[edit], np.float32(np.inf))
+        changed = store.data_fingerprint(x, y)
+        assert changed == "data:" + original([x, y]) != expected
+        expected = changed
+    assert store.data_fingerprint(x.astype(np.float64), y) == "data:" + original([x.astype(np.float64), y])
+    assert store.data_fingerprint(x.reshape(150, 10), y) == "data:" + original([x.reshape(150, 10), y])
+    # Weights: a weight changed in place by one ulp is hashed again.
+    model = small_model()
+    first = store.weights_fingerprint(model)
+    calls = len(hashed)
+    assert store.weights_fingerprint(model) == first and len(hashed) == calls
+    kernel = model.weights[0]
+    kernel.assign(kernel + np.float32(1e-3) * np.eye(*kernel.shape, dtype=np.float32))
+    assert store.weights_fingerprint(model) == "weights:" + original(model.get_weights()) != first
+    # The data's copy goes with the caller's arrays.
+    z = rng.normal(size=(50, 2)).astype(np.float32)
+    for _ in range(3):
+        store.data_fingerprint(z)
+    assert store._HELD["data"][0] is not None
+    del z
+    assert "data" not in store._HELD
