@@ -16,6 +16,8 @@ test set):
   and gamma that ``private_conformal_level`` gives the lowest level for at n = 1,000 (computed from the
   arguments alone, docs/uncertainty.md);
 - ``log, 6 steps, gamma 0.05``: the same on the log-probability grid (``grid="log"``);
+- calibration: the plan's private temperature (4 steps at its share of E) with and without
+  ``null_zone=2`` (``fit_temperature_private``), test ECE over the draws against the raw ECE;
 - ``public threshold``: ``conformal_threshold`` without noise on the same held-out part (no guarantee of
   privacy; the reference).
 
@@ -125,6 +127,18 @@ def run_seed(seed, epsilon, draws, method="dpvd", epochs=20) -> dict:
                 plan.release_epsilons(epsilon, DELTA, "pld")[1])
 
     row["thresholds"]["plan (linear, 4 steps, gamma 0.3)"] = measure(plan_draw)
+    # calibration: the plan's private temperature (its share of E on the held-out part) with and without
+    # the null zone, test ECE over the draws, against the raw ECE
+    for name, zone in (("ece_temperature", None), ("ece_temperature_null_zone", 2.0)):
+        zoned = CalibrationPlan(temperature_null_zone=zone)
+        eps_t = zoned.release_epsilons(epsilon, DELTA, "pld")[0]
+        eces, kept = [], 0
+        for draw in range(draws):
+            fit = tfdpbnn.uncertainty.fit_temperature_private(cal, y_cal, eps_t, DELTA, steps=4,
+                                                              accountant="pld", seed=draw, null_zone=zone)
+            eces.append(tfdpbnn.uncertainty.expected_calibration_error(fit.apply(probs), y_test))
+            kept += fit.temperature == 1.0
+        row[name], row[name + "_std"], row[name + "_kept"] = float(np.mean(eces)), float(np.std(eces)), kept
     for name, (grid, steps, gamma) in THRESHOLDS.items():
         def draw_fit(draw, grid=grid, steps=steps, gamma=gamma):
             fit = private_conformal_threshold(cal, y_cal, ALPHA, epsilon, DELTA, steps=steps, gamma=gamma,
@@ -155,6 +169,13 @@ def table(rows) -> str:
             level = f"{t['level']:.3f}" if "level" in t else "-"
             lines.append(f"| {r['seed']} | {r['accuracy']:.3f} | {r['held_out']} | {name} | {level} | "
                          f"{cov} | {span} | {size} | {full} | {t['epsilon']:.3f} |")
+    lines += ["", "| seed | raw ECE | ECE after the private temperature | with null zone 2 (draws kept "
+              "at T = 1) |",
+              "| --- | --- | --- | --- |"]
+    lines += [f"| {r['seed']} | {r['ece']:.3f} | {r['ece_temperature']:.3f} ± "
+              f"{r['ece_temperature_std']:.3f} | "
+              f"{r['ece_temperature_null_zone']:.3f} ± {r['ece_temperature_null_zone_std']:.3f} "
+              f"({r['ece_temperature_null_zone_kept']}) |" for r in rows]
     names = list(rows[0]["thresholds"]) if rows else []
     lines += ["", "Mean over seeds:", "", "| threshold | coverage | set size |", "| --- | --- | --- |"]
     for name in names:
