@@ -154,9 +154,9 @@ def run_seed(seed, epsilon, draws, method="dpvd", epochs=20) -> dict:
 
 def table(rows) -> str:
     """Markdown: per seed and threshold, coverage and set size (mean ± std over the noise draws)."""
-    lines = ["| seed | model accuracy | held-out | threshold | level at median noise | coverage | min-max "
-             "over draws | set size | draws with all labels | epsilon of the threshold |",
-             "|" + " --- |" * 10]
+    lines = ["| model | seed | model accuracy | held-out | threshold | level at median noise | coverage | "
+             "min-max over draws | set size | draws with all labels | epsilon of the threshold |",
+             "|" + " --- |" * 11]
     for r in rows:
         for name, t in r["thresholds"].items():
             if "coverage_std" in t:
@@ -167,21 +167,25 @@ def table(rows) -> str:
             else:
                 cov, span, size, full = f"{t['coverage']:.3f}", "-", f"{t['set_size']:.2f}", "-"
             level = f"{t['level']:.3f}" if "level" in t else "-"
-            lines.append(f"| {r['seed']} | {r['accuracy']:.3f} | {r['held_out']} | {name} | {level} | "
-                         f"{cov} | {span} | {size} | {full} | {t['epsilon']:.3f} |")
-    lines += ["", "| seed | raw ECE | ECE after the private temperature | with null zone 2 (draws kept "
-              "at T = 1) |",
-              "| --- | --- | --- | --- |"]
-    lines += [f"| {r['seed']} | {r['ece']:.3f} | {r['ece_temperature']:.3f} ± "
+            lines.append(f"| {r['method']} | {r['seed']} | {r['accuracy']:.3f} | {r['held_out']} | {name} | "
+                         f"{level} | {cov} | {span} | {size} | {full} | {t['epsilon']:.3f} |")
+    lines += ["", "| model | seed | raw ECE | ECE after the private temperature | with null zone 2 (draws "
+              "kept at T = 1) |",
+              "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['method']} | {r['seed']} | {r['ece']:.3f} | {r['ece_temperature']:.3f} ± "
               f"{r['ece_temperature_std']:.3f} | "
               f"{r['ece_temperature_null_zone']:.3f} ± {r['ece_temperature_null_zone_std']:.3f} "
               f"({r['ece_temperature_null_zone_kept']}) |" for r in rows]
     names = list(rows[0]["thresholds"]) if rows else []
-    lines += ["", "Mean over seeds:", "", "| threshold | coverage | set size |", "| --- | --- | --- |"]
-    for name in names:
-        cov = np.mean([r["thresholds"][name]["coverage"] for r in rows])
-        size = np.mean([r["thresholds"][name]["set_size"] for r in rows])
-        lines.append(f"| {name} | {cov:.3f} | {size:.2f} |")
+    lines += ["", "Mean (std) over seeds:", "", "| model | seeds | threshold | coverage | set size |",
+              "| --- | --- | --- | --- | --- |"]
+    for method in dict.fromkeys(r["method"] for r in rows):
+        group = [r for r in rows if r["method"] == method]
+        for name in names:
+            cov = np.array([r["thresholds"][name]["coverage"] for r in group])
+            size = np.array([r["thresholds"][name]["set_size"] for r in group])
+            lines.append(f"| {method} | {len(group)} | {name} | {cov.mean():.3f} ({cov.std():.3f}) | "
+                         f"{size.mean():.2f} ({size.std():.2f}) |")
     return "\n".join(lines) + "\n"
 
 
@@ -194,20 +198,30 @@ def main(argv=None) -> int:
     p.add_argument("--method", default="dpvd", choices=("dpvd", "dpsgd"))
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--out", default="docs/results/private_sets")
+    p.add_argument("--render-only", action="store_true", help="only write table.md from results.json")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    start, rows = time.perf_counter(), []
-    for seed in args.seeds:
-        rows.append(run_seed(seed, args.epsilon, args.draws, args.method, args.epochs))
-        print(json.dumps(rows[-1]), flush=True)
-        meta = {"command": "python experiments/private_sets.py " + " ".join(sys.argv[1:] if argv is None
-                                                                             else argv),
-                "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, TensorFlow CPU",
-                "seconds": time.perf_counter() - start}
-        with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
-        with open(os.path.join(args.out, "table.md"), "w") as f:
-            f.write(table(rows))
+    path = os.path.join(args.out, "results.json")
+    results = {"meta": [], "rows": []}
+    if os.path.exists(path):  # rows already there are kept (and not run again)
+        with open(path) as f:
+            results = json.load(f)
+    done = {(r["method"], r["seed"], r["epsilon"], r["epochs"]) for r in results["rows"]}
+    start = time.perf_counter()
+    command = " ".join(sys.argv[1:] if argv is None else argv)
+    meta = {"command": "python experiments/private_sets.py " + command,
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, TensorFlow CPU"}
+    for seed in [] if args.render_only else args.seeds:
+        if (args.method, seed, args.epsilon, args.epochs) in done:
+            continue
+        results["rows"].append(run_seed(seed, args.epsilon, args.draws, args.method, args.epochs))
+        print(json.dumps(results["rows"][-1]), flush=True)
+        results["meta"] = [m for m in results["meta"] if m["command"] != meta["command"]]
+        results["meta"].append(dict(meta, seconds=time.perf_counter() - start))
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write(table(results["rows"]))
     return 0
 
 
