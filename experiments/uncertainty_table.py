@@ -153,7 +153,8 @@ def run_private(method, epsilon, arm, seed, composition="parallel", null_zone=No
     statement = optimizer.privacy_statement()
     row.update({"method": method, "epsilon": epsilon, "arm": arm, "seed": seed,
                 "noise_multiplier": float(optimizer.noise_multiplier),
-                "composition": composition, "temperature_null_zone": null_zone, "training_epsilon": float(statement["training_epsilon"]),
+                "composition": composition, "temperature_null_zone": null_zone,
+                "training_epsilon": float(statement["training_epsilon"]),
                 "temperature": float(temperature.temperature), "threshold": float(threshold.threshold),
                 "temperature_epsilon": float(temperature.privacy.epsilon),
                 "conformal_epsilon": float(threshold.privacy.epsilon),
@@ -253,8 +254,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-reference", action="store_true", help="skip the non-private sgd rows")
     p.add_argument("--composition", default="parallel", choices=("parallel", "sequential"))
     p.add_argument("--null-zone", type=float, default=None,
-                   help="keep the temperature 1 unless a first noisy test of miscalibration exceeds this many "
-                        "noise standard deviations (fit_temperature_private(null_zone=...))")
+                   help="keep the temperature 1 unless a first noisy test of miscalibration exceeds this "
+                        "many noise standard deviations (fit_temperature_private(null_zone=...))")
     p.add_argument("--out", default="docs/results/uncertainty_table")
     p.add_argument("--doc", default="docs/results.md",
                    help="page whose table between <!-- uncertainty-table --> markers is replaced")
