@@ -19,15 +19,15 @@ The bisection runs over a public grid of candidate thresholds b(u), u in [0, 1],
 b(1) = 1 (only midpoints u < 1 are queried). ``grid="linear"``: b(u) = u, resolution 2^-steps of the score
 scale. ``grid="log"``: b(u) = 1 - LOG_GRID_FLOOR^u for u < 1, i.e. the set keeps the labels with p(y | x)
 >= LOG_GRID_FLOOR^u, a bisection of log p; its resolution is 2^-steps of the log10(1 / LOG_GRID_FLOOR)
-decades of probability, fine where a 90% threshold of a model below perfect lies (p(y | x) of 0.001 to
-0.3), where the linear grid's top cell (1 - 2^-steps, 1) swallows every label. The proof below uses only
-that N(b(u)) is nondecreasing in u, so it holds for both grids.
+decades of probability, fine at small probabilities, where the linear grid's top cell (1 - 2^-steps, 1)
+holds every label. The proof below uses only that N(b(u)) is nondecreasing in u, so it holds for both
+grids.
 
 ``private_conformal_level`` computes, from the arguments alone, the score quantile level the threshold
 reaches at median noise, c + t / (n + 1): the expected coverage before the grid's rounding. The margin t
 grows with ``steps`` (sigma grows about as sqrt(steps) at a fixed epsilon, and Phi^-1(1 - beta / steps)
 too) and falls with ``gamma``, while c falls as ``gamma`` rises; the level is smallest at a small gamma
-(e.g. 0.05 at n = 1,000, epsilon 1).
+(0.02-0.05 at n = 1,000, epsilon 1, delta 1e-5).
 
 Coverage: a miscovered test point needs s_{n+1} > q, so q < 1. If q < s_(K) (the K-th smallest score;
 +inf if K > n), q was accepted with N(q) <= K - 1 < c (n + 1), i.e. f(q) < 0, so that query's noise

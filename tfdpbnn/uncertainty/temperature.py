@@ -15,8 +15,10 @@ nondecreasing in tau (the variance of log p under p_tau is its second derivative
   a dp-accounting event composable with training's. With ``null_zone=z`` the first query is D(1) itself,
   a private test of miscalibration: if |D(1) + noise| < z sigma clip the temperature stays 1 (no scaling)
   and no further query is asked; else the bisection goes on in the half of [low, high] the sign points
-  to. A model already calibrated has D(1) near 0 (the NLL is flat at T = 1), and a noisy temperature can
-  only make it worse; the zone keeps it unscaled with probability about 1 - 2 Phi(-z) (z = 2: 0.95).
+  to. A model already calibrated has D(1) near 0 (the NLL is flat at T = 1), and a noisy temperature
+  mostly moves it away from its best T (T = 1 is no bisection result: results are cell midpoints); the
+  zone keeps it unscaled with probability about 1 - 2 Phi(-z) (z = 2: 0.95). Its queries are an adaptive
+  composition of at most ``steps`` Gaussian queries of sensitivity ``clip``: the same event.
 """
 
 from __future__ import annotations
