@@ -121,8 +121,11 @@ def _scores(probs_test, labels, calibrated_test, sets, ood_probs):
     return row
 
 
-def run_private(method, epsilon, arm, seed, composition="parallel") -> dict:
-    """One private row: train, calibrate privately, score; the statement's epsilon covers all of it."""
+def run_private(method, epsilon, arm, seed, composition="parallel", null_zone=None) -> dict:
+    """One private row: train, calibrate privately, score; the statement's epsilon covers all of it.
+
+    ``null_zone``: the private temperature's null zone (``CalibrationPlan(temperature_null_zone=...)``).
+    """
     import tensorflow as tf
 
     import tfdpbnn
@@ -131,7 +134,7 @@ def run_private(method, epsilon, arm, seed, composition="parallel") -> dict:
     start = time.perf_counter()
     tf.keras.backend.clear_session()
     (x, y), (x_cal, y_cal), (x_test, y_test) = _data(seed)
-    plan = CalibrationPlan(composition=composition)
+    plan = CalibrationPlan(composition=composition, temperature_null_zone=null_zone)
     model, optimizer, recipe, q, steps_per_epoch = _model_and_optimizer(method, epsilon, len(x), seed,
                                                                         arm == "mnist5k", plan)
     batches = tfdpbnn.data.poisson_batches(x, y, sample_rate=q, steps_per_epoch=steps_per_epoch,
@@ -150,7 +153,8 @@ def run_private(method, epsilon, arm, seed, composition="parallel") -> dict:
     statement = optimizer.privacy_statement()
     row.update({"method": method, "epsilon": epsilon, "arm": arm, "seed": seed,
                 "noise_multiplier": float(optimizer.noise_multiplier),
-                "composition": composition, "training_epsilon": float(statement["training_epsilon"]),
+                "composition": composition, "temperature_null_zone": null_zone,
+                "training_epsilon": float(statement["training_epsilon"]),
                 "temperature": float(temperature.temperature), "threshold": float(threshold.threshold),
                 "temperature_epsilon": float(temperature.privacy.epsilon),
                 "conformal_epsilon": float(threshold.privacy.epsilon),
@@ -249,6 +253,9 @@ def main(argv=None) -> int:
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     p.add_argument("--no-reference", action="store_true", help="skip the non-private sgd rows")
     p.add_argument("--composition", default="parallel", choices=("parallel", "sequential"))
+    p.add_argument("--null-zone", type=float, default=None,
+                   help="keep the temperature 1 unless a first noisy test of miscalibration exceeds this "
+                        "many noise standard deviations (fit_temperature_private(null_zone=...))")
     p.add_argument("--out", default="docs/results/uncertainty_table")
     p.add_argument("--doc", default="docs/results.md",
                    help="page whose table between <!-- uncertainty-table --> markers is replaced")
@@ -269,7 +276,7 @@ def main(argv=None) -> int:
         if (method, eps, arm, seed) in done:
             continue
         row = (run_reference(arm, seed) if method == "sgd"
-               else run_private(method, eps, arm, seed, args.composition))
+               else run_private(method, eps, arm, seed, args.composition, args.null_zone))
         results["rows"].append(row)
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}),
               flush=True)

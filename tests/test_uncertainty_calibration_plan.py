@@ -76,3 +76,20 @@ def test_statement_takes_the_larger_part_under_parallel_composition():
                                          neighboring="replace_one")
     with pytest.raises(ValueError, match="add/remove"):
         replace_one.record_release(temperature, "parallel")
+
+
+def test_plan_passes_the_grid_and_the_null_zone_to_its_releases():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(700, 4)) * 2.0
+    probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    labels = (rng.random(700)[:, None] > probs.cumsum(1)).sum(1).clip(0, 3)  # calibrated: labels ~ probs
+    plan = CalibrationPlan(composition="sequential", conformal_grid="log", conformal_gamma=0.05,
+                           conformal_steps=6, temperature_null_zone=2.0)
+    temperature, threshold = plan.fit(probs, labels, 4.0, DELTA, allow_uninformative=True, seeds=(0, 0))
+    assert threshold.grid == "log" and threshold.as_dict()["grid"] == "log"
+    assert temperature.temperature == 1.0  # a calibrated model, D(1) inside the zone (seed 0)
+    assert CalibrationPlan().conformal_grid == "linear" and CalibrationPlan().temperature_null_zone is None
+    with pytest.raises(ValueError, match="conformal_grid must be one of 'linear', 'log'"):
+        CalibrationPlan(conformal_grid="exp")
+    with pytest.raises(ValueError, match="temperature_null_zone"):
+        CalibrationPlan(temperature_null_zone=0.0)

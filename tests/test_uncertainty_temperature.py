@@ -102,3 +102,30 @@ def test_bad_arguments(kwargs, match):
     args = {"epsilon": 1.0, "delta": 1e-5, **kwargs}
     with pytest.raises(ValueError, match=match):
         fit_temperature_private(probs, labels, **args)
+
+
+def test_null_zone_keeps_a_calibrated_model_and_scales_a_miscalibrated_one():
+    epsilon, delta, steps, z = 0.4, 1e-5, 4, 2.0
+    calibrated, labels = _miscalibrated(300, 1.0, seed=4)
+    # a calibrated model: D(1) is a sum of 300 mean-zero terms, small against the noise (sigma clip about 57)
+    draws = [fit_temperature_private(calibrated, labels, epsilon, delta, steps=steps, seed=t, null_zone=z)
+             for t in range(200)]
+    kept = sum(d.temperature == 1.0 for d in draws)
+    # P(|D(1) + N(0, s^2)| < 2 s) is 0.954 at D(1) = 0 and falls as |D(1)| grows: at least 170 of 200 (the
+    # binomial's 1e-3 quantile at 0.9 is 167); without the zone T = 1 is never a result (midpoints only)
+    assert kept >= 170, kept
+    assert all(abs(d.temperature - 1.0) > 0.05 for d in (
+        fit_temperature_private(calibrated, labels, epsilon, delta, steps=steps, seed=t) for t in range(20)))
+    # an overconfident model (scale 2.5): D(1) is far beyond the zone, the bisection goes on to T > 1
+    hot, hot_labels = _miscalibrated(300, 2.5, seed=5)
+    fits = [fit_temperature_private(hot, hot_labels, epsilon, delta, steps=steps, seed=t, null_zone=z)
+            for t in range(50)]
+    assert all(f.temperature > 1.5 for f in fits), [f.temperature for f in fits]
+    # the same event and epsilon as without the zone (it asks at most the same queries)
+    plain = fit_temperature_private(hot, hot_labels, epsilon, delta, steps=steps, seed=0)
+    assert fits[0].privacy.dp_event == plain.privacy.dp_event
+    assert fits[0].privacy.epsilon == plain.privacy.epsilon
+    with pytest.raises(ValueError, match="null_zone"):
+        fit_temperature_private(hot, hot_labels, epsilon, delta, null_zone=0.0)
+    with pytest.raises(ValueError, match="bounds must hold the temperature 1"):
+        fit_temperature_private(hot, hot_labels, epsilon, delta, bounds=(1.5, 3.0), null_zone=2.0)

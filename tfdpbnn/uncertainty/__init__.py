@@ -20,6 +20,7 @@ from tfdpbnn.uncertainty.conformal import (
     conformity_scores,
     coverage_and_size,
     min_calibration_size,
+    private_conformal_level,
     private_conformal_threshold,
 )
 from tfdpbnn.uncertainty.iterates import IterateAverage, IterateMoments
@@ -42,6 +43,6 @@ __all__ = [
     "MCPrediction", "MaximumCalibrationError", "PrivacyCost", "TemperatureScaling", "conformal_threshold",
     "conformity_scores", "coverage_and_size", "expected_calibration_error", "fit_temperature",
     "fit_temperature_private", "heteroscedastic_nll", "maximum_calibration_error", "mc_predict",
-    "min_calibration_size",
+    "min_calibration_size", "private_conformal_level",
     "private_conformal_threshold", "reliability_diagram", "scale_probabilities", "split_by_record",
 ]

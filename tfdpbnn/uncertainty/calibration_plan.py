@@ -59,7 +59,10 @@ class CalibrationPlan:
     ``conformal_share``: each release's own epsilon as a fraction of the stated one under "sequential";
     under "parallel" their ratio (both are scaled until their composition meets the stated epsilon).
     ``*_steps``: their numbers of Gaussian queries; ``conformal_gamma``: the share of ``alpha`` spent on the
-    noise; ``alpha``: miscoverage of the prediction sets (0.1: 90% sets).
+    noise; ``alpha``: miscoverage of the prediction sets (0.1: 90% sets); ``conformal_grid``: the
+    threshold's candidate grid ("linear" or "log", ``private_conformal_threshold``);
+    ``temperature_null_zone``: None, or z > 0 to keep the temperature 1 unless a first noisy test of
+    miscalibration exceeds z noise standard deviations (``fit_temperature_private(null_zone=...)``).
     """
 
     composition: str = "parallel"
@@ -69,6 +72,8 @@ class CalibrationPlan:
     conformal_steps: int = 4
     conformal_gamma: float = 0.3
     alpha: float = 0.1
+    conformal_grid: str = "linear"
+    temperature_null_zone: float | None = None
 
     def __post_init__(self):
         check_choice("composition", self.composition, COMPOSITIONS)
@@ -76,6 +81,11 @@ class CalibrationPlan:
             check_open_unit(name, getattr(self, name))
         check_positive_int("temperature_steps", self.temperature_steps)
         check_positive_int("conformal_steps", self.conformal_steps)
+        from tfdpbnn.uncertainty.conformal import GRIDS
+
+        check_choice("conformal_grid", self.conformal_grid, GRIDS)
+        if self.temperature_null_zone is not None:
+            check_positive("temperature_null_zone", self.temperature_null_zone)
 
     def release_epsilons(self, epsilon, delta, accountant="rdp"):
         """``(temperature epsilon, conformal epsilon)``, each release's own, at a stated ``epsilon``."""
@@ -132,11 +142,13 @@ class CalibrationPlan:
                 "pass "
                 "allow_uninformative=True")
         temperature = fit_temperature_private(probs, labels, eps_t, delta, steps=self.temperature_steps,
-                                              accountant=accountant, seed=seeds[0])
+                                              accountant=accountant, seed=seeds[0],
+                                              null_zone=self.temperature_null_zone)
         threshold = private_conformal_threshold(temperature.apply(probs), labels, self.alpha, eps_c, delta,
                                                 steps=self.conformal_steps, gamma=self.conformal_gamma,
                                                 accountant=accountant, seed=seeds[1],
-                                                allow_uninformative=allow_uninformative)
+                                                allow_uninformative=allow_uninformative,
+                                                grid=self.conformal_grid)
         return temperature, threshold
 
 

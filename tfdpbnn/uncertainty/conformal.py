@@ -15,6 +15,20 @@ c (n + 1) by c < 1), so n need not be public. A Gaussian noisy bisection of b ov
 f(b) + noise >= t, with the margin t = sigma * Phi^-1(1 - beta / steps); q is the final right end (1 if
 nothing was accepted, the set of all labels).
 
+The bisection runs over a public grid of candidate thresholds b(u), u in [0, 1], nondecreasing in u with
+b(1) = 1 (only midpoints u < 1 are queried). ``grid="linear"``: b(u) = u, resolution 2^-steps of the score
+scale. ``grid="log"``: b(u) = 1 - LOG_GRID_FLOOR^u for u < 1, i.e. the set keeps the labels with p(y | x)
+>= LOG_GRID_FLOOR^u, a bisection of log p; its resolution is 2^-steps of the log10(1 / LOG_GRID_FLOOR)
+decades of probability, fine at small probabilities, where the linear grid's top cell (1 - 2^-steps, 1)
+holds every label. The proof below uses only that N(b(u)) is nondecreasing in u, so it holds for both
+grids.
+
+``private_conformal_level`` computes, from the arguments alone, the score quantile level the threshold
+reaches at median noise, c + t / (n + 1): the expected coverage before the grid's rounding. The margin t
+grows with ``steps`` (sigma grows about as sqrt(steps) at a fixed epsilon, and Phi^-1(1 - beta / steps)
+too) and falls with ``gamma``, while c falls as ``gamma`` rises; the level is smallest at a small gamma
+(0.02-0.05 at n = 1,000, epsilon 1, delta 1e-5).
+
 Coverage: a miscovered test point needs s_{n+1} > q, so q < 1. If q < s_(K) (the K-th smallest score;
 +inf if K > n), q was accepted with N(q) <= K - 1 < c (n + 1), i.e. f(q) < 0, so that query's noise
 exceeded t: probability at most beta by the union bound over the ``steps`` queries. Otherwise
@@ -32,7 +46,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from tfdpbnn._validation import check_positive_int, check_real
+from tfdpbnn._validation import check_choice, check_positive_int, check_real
 from tfdpbnn.record.private_release import PrivacyCost, gaussian_queries, noisy_bisection
 from tfdpbnn.uncertainty.calibration import _labels, check_probabilities
 
@@ -56,6 +70,7 @@ class ConformalThreshold:
     num_examples: int
     privacy: PrivacyCost
     gamma: float | None = None
+    grid: str | None = None
 
     def predict_sets(self, probs):
         """Boolean [n, C] mask of the prediction sets (C = 2 for a [n, 1] binary column)."""
@@ -64,7 +79,8 @@ class ConformalThreshold:
     def as_dict(self):
         """JSON-ready record."""
         return {"method": "split_conformal", "threshold": self.threshold, "alpha": self.alpha,
-                "gamma": self.gamma, "num_examples": self.num_examples, "privacy": self.privacy.as_dict()}
+                "gamma": self.gamma, "grid": self.grid, "num_examples": self.num_examples,
+                "privacy": self.privacy.as_dict()}
 
 
 def _check_alpha(alpha):
@@ -84,6 +100,42 @@ def conformal_threshold(probs, labels, alpha=0.1):
                               privacy=PrivacyCost.public("split_conformal_public_data"))
 
 
+#: the smallest probability threshold of ``grid="log"``: b(u) = 1 - LOG_GRID_FLOOR^u (module docstring).
+LOG_GRID_FLOOR = 1e-6
+GRIDS = ("linear", "log")
+
+
+def _grid_point(u, grid):
+    """The candidate threshold b(u) of ``grid`` at u in [0, 1]; b(1) = 1 on both grids."""
+    if grid == "linear" or u >= 1.0:
+        return float(u)
+    return float(1.0 - LOG_GRID_FLOOR ** u)
+
+
+def _margin(alpha, epsilon, delta, steps, gamma, accountant, neighboring):
+    """(sigma, PrivacyCost, margin t = sigma Phi^-1(1 - gamma alpha / steps)) after checking the arguments."""
+    sigma, cost = gaussian_queries(epsilon, delta, steps, "split_conformal_gaussian_bisection", accountant,
+                                   neighboring)
+    return sigma, cost, sigma * float(stats.norm.isf(gamma * alpha / steps))
+
+
+def private_conformal_level(num_examples, alpha, epsilon, delta, steps=6, gamma=0.1, accountant="rdp",
+                            neighboring="add_or_remove"):
+    """The score quantile level c + t / (n + 1) a private threshold reaches at median noise (no data read).
+
+    c = 1 - (1 - ``gamma``) ``alpha``; t = sigma Phi^-1(1 - gamma alpha / steps) (module docstring). The
+    expected coverage of ``private_conformal_threshold`` on ``num_examples`` held-out examples is about this
+    level, plus what the grid's rounding up adds; above 1 the sets hold every label in most draws. Use it
+    to choose ``steps`` and ``gamma`` before spending budget (it reads only public sizes).
+    """
+    alpha = _check_alpha(alpha)
+    gamma = check_real("gamma", gamma, low=0.0, high=1.0, low_open=True, high_open=True)
+    steps = check_positive_int("steps", steps)
+    n = check_positive_int("num_examples", num_examples)
+    _, _, margin = _margin(alpha, epsilon, delta, steps, gamma, accountant, neighboring)
+    return 1.0 - (1.0 - gamma) * alpha + margin / (n + 1)
+
+
 def min_calibration_size(alpha, epsilon, delta, steps=6, gamma=0.1, accountant="rdp",
                          neighboring="add_or_remove"):
     """The smallest held-out size n for which ``private_conformal_threshold`` can give informative sets.
@@ -98,17 +150,17 @@ def min_calibration_size(alpha, epsilon, delta, steps=6, gamma=0.1, accountant="
     alpha = _check_alpha(alpha)
     gamma = check_real("gamma", gamma, low=0.0, high=1.0, low_open=True, high_open=True)
     steps = check_positive_int("steps", steps)
-    sigma, _ = gaussian_queries(epsilon, delta, steps, "split_conformal_gaussian_bisection", accountant,
-                                neighboring)
-    margin = sigma * float(stats.norm.isf(gamma * alpha / steps))
+    _, _, margin = _margin(alpha, epsilon, delta, steps, gamma, accountant, neighboring)
     return int(math.ceil(2.0 * margin / ((1.0 - gamma) * alpha) - 1.0 - 1e-9))
 
 
 def private_conformal_threshold(probs, labels, alpha, epsilon, delta, steps=6, gamma=0.1, accountant="rdp",
-                                neighboring="add_or_remove", seed=None, allow_uninformative=False):
+                                neighboring="add_or_remove", seed=None, allow_uninformative=False,
+                                grid="linear"):
     """Split-conformal threshold from a private held-out split, (epsilon, delta)-DP (module docstring).
 
-    Coverage >= 1 - ``alpha``; ``steps`` Gaussian queries (resolution 2^-steps of the score scale);
+    Coverage >= 1 - ``alpha``; ``steps`` Gaussian queries over the candidate thresholds of ``grid``
+    ("linear": resolution 2^-steps of the score scale; "log": 2^-steps of log p, module docstring);
     ``gamma`` in (0, 1): the share of alpha spent on the noise (larger: smaller margin, larger sets from the
     stricter alpha'). The returned ``ConformalThreshold.privacy`` holds the ``DpEvent`` and its epsilon.
 
@@ -120,14 +172,13 @@ def private_conformal_threshold(probs, labels, alpha, epsilon, delta, steps=6, g
     alpha = _check_alpha(alpha)
     gamma = check_real("gamma", gamma, low=0.0, high=1.0, low_open=True, high_open=True)
     steps = check_positive_int("steps", steps)
+    check_choice("grid", grid, GRIDS)
     if not isinstance(allow_uninformative, bool):
         raise ValueError(f"allow_uninformative must be True or False, got {allow_uninformative!r}")
     scores = conformity_scores(probs, labels)
     n = len(scores)
-    sigma, cost = gaussian_queries(epsilon, delta, steps, "split_conformal_gaussian_bisection", accountant,
-                                   neighboring)
+    sigma, cost, margin = _margin(alpha, epsilon, delta, steps, gamma, accountant, neighboring)
     c = 1.0 - (1.0 - gamma) * alpha
-    margin = sigma * float(stats.norm.isf(gamma * alpha / steps))
     needed = min_calibration_size(alpha, epsilon, delta, steps, gamma, accountant, neighboring)
     if n < needed and not allow_uninformative:
         raise ValueError(
@@ -137,11 +188,12 @@ def private_conformal_threshold(probs, labels, alpha, epsilon, delta, steps=6, g
             f"{(1 - c):.3g} (n + 1) scores left out); hold out more examples, raise epsilon or alpha, or "
             "pass allow_uninformative=True to accept sets that approach all labels")
 
-    def query(b):
-        return float(np.sum(scores <= b)) - c * (n + 1)
+    def query(u):
+        return float(np.sum(scores <= _grid_point(u, grid))) - c * (n + 1)
 
     _, hi = noisy_bisection(query, 0.0, 1.0, steps, noise_std=sigma, margin=margin, rng=seed)
-    return ConformalThreshold(threshold=float(hi), alpha=alpha, num_examples=n, privacy=cost, gamma=gamma)
+    return ConformalThreshold(threshold=_grid_point(hi, grid), alpha=alpha, num_examples=n, privacy=cost,
+                              gamma=gamma, grid=grid)
 
 
 def coverage_and_size(sets, labels):

@@ -12,7 +12,13 @@ nondecreasing in tau (the variance of log p under p_tau is its second derivative
 * ``fit_temperature_private``: a private held-out split. Each g_i is clipped to [-clip, clip], so
   D(T) = sum_i clip(g_i(1 / T)) is monotone in T with sensitivity ``clip``; a Gaussian noisy bisection of
   log T on the sign of D (``tfdpbnn.record.private_release``) finds its root, at a privacy cost that is
-  a dp-accounting event composable with training's.
+  a dp-accounting event composable with training's. With ``null_zone=z`` the first query is D(1) itself,
+  a private test of miscalibration: if |D(1) + noise| < z sigma clip the temperature stays 1 (no scaling)
+  and no further query is asked; else the bisection goes on in the half of [low, high] the sign points
+  to. A model already calibrated has D(1) near 0 (the NLL is flat at T = 1), and a noisy temperature
+  mostly moves it away from its best T (T = 1 is no bisection result: results are cell midpoints); the
+  zone keeps it unscaled with probability about 1 - 2 Phi(-z) (z = 2: 0.95). Its queries are an adaptive
+  composition of at most ``steps`` Gaussian queries of sensitivity ``clip``: the same event.
 """
 
 from __future__ import annotations
@@ -118,7 +124,7 @@ def fit_temperature(probs, labels, bounds=DEFAULT_BOUNDS):
 
 
 def fit_temperature_private(probs, labels, epsilon, delta, steps=8, clip=3.0, bounds=DEFAULT_BOUNDS,
-                            accountant="rdp", neighboring="add_or_remove", seed=None):
+                            accountant="rdp", neighboring="add_or_remove", seed=None, null_zone=None):
     """Temperature from a private held-out split by Gaussian noisy bisection, (epsilon, delta)-DP.
 
     Each of ``steps`` bisection steps on log T releases D(T) = sum_i clip(g_i(1/T), -clip, clip) plus
@@ -129,6 +135,10 @@ def fit_temperature_private(probs, labels, epsilon, delta, steps=8, clip=3.0, bo
     queries. Larger ``clip`` biases the root less but needs more noise. The returned
     ``TemperatureScaling.privacy`` holds the ``DpEvent`` (``SelfComposed(Gaussian(sigma / s), steps)``) and
     its epsilon at ``delta`` (at most ``epsilon``).
+
+    ``null_zone``: None (default), or z > 0: keep T = 1 when the first query, D(1) plus its noise, lies
+    within +-z sigma ``clip`` (module docstring; ``bounds`` must then hold 1 strictly inside). Its cost is
+    the same event (the same ``steps`` queries at most).
     """
     log_p, labels = _log_probs_and_labels(probs, labels)
     low, high = _check_bounds(bounds)
@@ -139,7 +149,19 @@ def fit_temperature_private(probs, labels, epsilon, delta, steps=8, clip=3.0, bo
     def query(log_t):  # nondecreasing in log T: -D(T)
         return -float(np.sum(np.clip(per_example_derivatives(log_p, labels, math.exp(-log_t)), -clip, clip)))
 
-    lo, hi = noisy_bisection(query, math.log(low), math.log(high), steps,
-                             noise_std=sigma * clip, rng=seed)
+    lo, hi = math.log(low), math.log(high)
+    rng = np.random.default_rng(seed)
+    if null_zone is not None:
+        null_zone = check_positive("null_zone", null_zone)
+        if not low < 1.0 < high:
+            raise ValueError(f"bounds must hold the temperature 1 strictly inside when null_zone is set, got "
+                             f"{bounds!r}")
+        noisy = query(0.0) + rng.normal(0.0, sigma * clip)
+        if abs(noisy) < null_zone * sigma * clip:
+            return TemperatureScaling(temperature=1.0, privacy=cost, num_examples=len(labels), clip=clip)
+        lo, hi = (lo, 0.0) if noisy >= 0.0 else (0.0, hi)
+        steps -= 1
+    if steps:
+        lo, hi = noisy_bisection(query, lo, hi, steps, noise_std=sigma * clip, rng=rng)
     return TemperatureScaling(temperature=float(math.exp(0.5 * (lo + hi))), privacy=cost,
                               num_examples=len(labels), clip=clip)
