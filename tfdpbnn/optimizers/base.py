@@ -308,6 +308,7 @@ class DPOptimizerMixin:
         self._dp_in_fit = 0  # > 0 while model.fit runs this optimizer (keras_integration)
         self._dp_parallel_basis = {}  # id(release) -> why its records are disjoint from training's
         self._dp_release_ledger = {}  # id(release) -> (its per-record ledger id, written on training records)
+        self._dp_write_watch = state_checks.WriteWatch()  # writes to the weights between DP steps
         for kind in (privacy_ledger or {}).get("not_covered", []):  # a saved optimizer's releases
             self.note_uncovered_release(kind)
         self._restore_releases(privacy_ledger or {})
@@ -457,8 +458,8 @@ class DPOptimizerMixin:
         held = {entry[0] for entry in self._dp_release_ledger.values()}
         added = 0
         for found in ledger.linked_releases(phase_ids):
-            if found.release_id in held:
-                continue
+            if found.release_id in held or found.kind == "search":
+                continue  # a search's scores: in the ledger bound, and in the search record the model carries
             cost = PrivacyCost(mechanism=found.kind, dp_event=found.event(), epsilon=math.nan, delta=0.0,
                                neighboring=found.neighboring)
             release = RestoredRelease(privacy=cost, ledger_release=found.release_id, record={
@@ -712,6 +713,7 @@ class DPOptimizerMixin:
         """
         self._adopt_model_ledger(model)
         self.mechanism.new_run()  # this run's noise key: fresh from os.urandom (tfdpbnn.optimizers.noise)
+        self._dp_write_watch.new_run(model.trainable_variables)
         check_distributed_input(model.distribute_strategy, x, shuffle=shuffle)
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
@@ -734,6 +736,7 @@ class DPOptimizerMixin:
         """
         self._adopt_model_ledger(model)
         self.mechanism.new_run()
+        self._dp_write_watch.new_run(model.trainable_variables)
         self._check_model(model, x, y)
         self._dp_ledger.open_phase(
             kind="participations", noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
@@ -1033,7 +1036,12 @@ class DPOptimizerMixin:
         # Forget what is applied now (only that: under tf.distribute, replicas trace their steps in turns).
         applied = [g for g, _ in grads_and_vars if g is not None]
         self._dp_released = [r for r in released if not any(r is g for g in applied)]
-        return super().apply_gradients(grads_and_vars, *args, **kwargs)
+        written = [v for g, v in grads_and_vars if g is not None]
+        # Refused inside the step when a weight changed since the last DP update (state_checks.WriteWatch).
+        with tf.control_dependencies(self._dp_write_watch.before_write(written)):
+            result = super().apply_gradients(grads_and_vars, *args, **kwargs)
+        self._dp_write_watch.after_write(written)
+        return result
 
     #: Open-phase sources whose steps may run outside model.fit (the caller picks the batches).
     _OUTSIDE_FIT_SOURCES = ("custom_loop", "train_on_batch")

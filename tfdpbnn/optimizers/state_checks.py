@@ -14,6 +14,9 @@ ways are refused before the first DP step:
   metric variables are not model variables, so dropout, noise layers and ``add_metric`` are unaffected
   (metrics are handled by ``release_training_metrics``).
 
+- during the whole run, ``StateWatch`` (non-trainable state, at every epoch's end and at the end) and
+  ``WriteWatch`` (trainable variables written between DP steps, checked inside the next step).
+
 A layer whose state was computed from public data is accepted after
 ``tfdpbnn.preprocessing.assert_public_preprocessing(layer, reason=...)`` (listed under ``asserted_by_user``).
 """
@@ -208,23 +211,130 @@ class VariableSnapshot:
             "with a DP optimizer.")
 
 
+def _moments(variable) -> tf.Tensor:
+    """[sum |v|, sum v^2] of ``variable`` in float64: what the DP step wrote, to compare with later."""
+    value = tf.cast(tf.convert_to_tensor(variable), tf.float64)
+    return tf.stack([tf.reduce_sum(tf.abs(value)), tf.reduce_sum(tf.square(value))])
+
+
+def _differs(now, stored) -> tf.Tensor:
+    """Whether two ``_moments`` differ beyond the rounding of a reduction's order (relative 1e-9)."""
+    return tf.reduce_any(tf.abs(now - stored) > 1e-9 * tf.abs(stored) + 1e-300)
+
+
+class WriteWatch:
+    """What the DP step wrote to the trainable variables, to find writes made outside it during a run.
+
+    The step knows what it wrote: after every ``apply_gradients`` of a DP optimizer, ``after_write`` keeps the
+    moments ([sum |v|, sum v^2], float64) of every variable it updated; before the next one, ``before_write``
+    compares them with the variables' values, inside the traced step, and refuses the step
+    (``InvalidArgumentError`` naming the variable) when any was changed in between: by a callback that
+    writes a weight between batches, a custom loop's ``assign``, anything but the DP update. The variables
+    live in this plain (not trackable) object, as the noise key's, so no checkpoint holds them. Each run
+    (``new_run``: every ``fit``, ``train_on_batch``, ``begin_training``) starts unarmed: weights set before
+    its first step (``load_weights``, a ``BackupAndRestore`` restore) are the per-record ledger's business.
+    A variable found written stays in ``tainted`` for the optimizer's life: its statement then gives no
+    guarantee. Two moments do not identify a tensor: a write that keeps both (a permutation of a weight's
+    values) is not seen.
+    """
+
+    def __init__(self):
+        self._stored = {}  # id(variable) -> (variable, tf.Variable float64 [3]: moments and a written flag)
+        self._tainted = []
+        with tf.init_scope():
+            self._armed = tf.Variable(False, trainable=False, name="dp_write_watch_armed",
+                                      synchronization=tf.VariableSynchronization.ON_READ,
+                                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+    def new_run(self, variables) -> None:
+        """Start a run over ``variables`` (the model's trainable variables): unarmed until the first write."""
+        self._tainted.extend(n for n in self.written() if n not in self._tainted)
+        with tf.init_scope():
+            for v in variables:
+                held = self._stored.get(id(v))
+                if held is None or held[0] is not v:
+                    self._stored[id(v)] = (v, tf.Variable(
+                        tf.zeros([3], tf.float64), trainable=False, name="dp_write_watch",
+                        synchronization=tf.VariableSynchronization.ON_READ,
+                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA))
+                else:
+                    held[1].assign(tf.zeros([3], tf.float64))
+            self._armed.assign(False)
+
+    def _held(self, variables):
+        return [(v, self._stored[id(v)][1]) for v in variables
+                if id(v) in self._stored and self._stored[id(v)][0] is v]
+
+    def before_write(self, variables) -> list:
+        """Inside the step, before the update: refuse it if a variable changed since the last DP write."""
+        checks = []
+        armed = tf.convert_to_tensor(self._armed)
+        for v, stored in self._held(variables):
+            old = tf.convert_to_tensor(stored)
+            written = tf.logical_and(armed, _differs(_moments(v), old[:2]))
+            flag = tf.maximum(old[2], tf.cast(written, tf.float64))
+            mark = stored.assign(tf.concat([old[:2], flag[None]], 0))
+            with tf.control_dependencies([mark]):
+                checks.append(tf.debugging.Assert(
+                    tf.logical_not(written),
+                    [f"variable {v.name!r} was changed outside the DP step during DP training (after the "
+                     "last DP update, before this one: a callback or code between steps wrote it). No "
+                     "epsilon covers what it carries; the step is refused. Change weights only through the "
+                     "DP optimizer while training, or between runs."]))
+        return checks
+
+    def after_write(self, variables) -> None:
+        """Inside the step, after the update: keep the moments of what the DP step wrote; arm the check."""
+        for v, stored in self._held(variables):
+            flag = tf.convert_to_tensor(stored)[2:]
+            stored.assign(tf.concat([_moments(v), flag], 0))
+        self._armed.assign(True)
+
+    def state(self, variables) -> tuple:
+        """The moments of ``variables`` now (eager), rounded to 12 digits: a key for a model state."""
+        return tuple(float(f"{m:.12g}") for v in variables for m in _moments(v).numpy())
+
+    def changed_since_write(self) -> list:
+        """Eager: the names of the watched variables whose values differ from the last DP write's (armed)."""
+        if not bool(self._armed.numpy()):
+            return []
+        return [v.name for v, stored in self._held([held[0] for held in self._stored.values()])
+                if bool(_differs(_moments(v), tf.convert_to_tensor(stored)[:2]).numpy())]
+
+    def written(self) -> list:
+        """Names of the variables found written outside the DP step (this run's and earlier runs')."""
+        now = [v.name for v, stored in self._held([held[0] for held in self._stored.values()])
+               if float(stored.numpy()[2]) > 0]
+        return list(self._tainted) + [n for n in now if n not in self._tainted]
+
+    def taint(self, names) -> None:
+        """Record ``names`` as written outside the DP step (a check outside the traced step found them)."""
+        self._tainted.extend(n for n in names if n not in self._tainted)
+
+
 class StateWatch(tf.keras.callbacks.Callback):
-    """Refuses a DP ``fit`` whose first step changed a model variable outside the DP update.
+    """Refuses a DP ``fit`` in which a model variable changed outside the DP update, at any time of the run.
 
     The variables the step may change are the model's trainable variables (the DP update) and tfdpbnn's
     layers' own state (SI-DPSGD's weight-noise scale); any other (a frozen layer's weights, a layer's
-    non-trainable state, a variable a ``train_step`` override updates after its DP call) is compared with
-    its value before the first batch after that batch, set back, and named in a ``ValueError``.
+    non-trainable state, a variable a ``train_step`` override or a callback updates) is compared with its
+    value before the first batch after that batch, at every epoch's end and at the end of ``fit``, set back,
+    and named in a ``ValueError``. Writes to the trainable variables between steps are refused by the next
+    step (``WriteWatch``); after the last step, at the end of ``fit``, unless the weights are those of an
+    epoch's end (``EarlyStopping(restore_best_weights=True)``: post-processing). A callback's
+    ``on_train_end`` runs after this check: what it writes is code outside the run.
     """
 
     def __init__(self):
         super().__init__()
         self._snapshot = None
         self._done = False
+        self._outside = None
+        self._states = set()
 
     def on_train_begin(self, logs=None):
         """Start watching (the snapshot is taken at the first batch, after every callback's restore)."""
-        self._snapshot, self._done = None, False
+        self._snapshot, self._done, self._outside, self._states = None, False, None, set()
 
     def on_train_batch_begin(self, batch, logs=None):
         """Before the first batch: the snapshot of the variables the DP step must not change."""
@@ -232,12 +342,52 @@ class StateWatch(tf.keras.callbacks.Callback):
             self._snapshot = VariableSnapshot(self.model, outside_dp_update=True)
 
     def on_train_batch_end(self, batch, logs=None):
-        """After the first batch: restore and refuse what changed."""
+        """After the first batch: restore and refuse what changed; keep the snapshot for the run's checks."""
         snapshot, self._snapshot = self._snapshot, None
         self._done = True
         if snapshot is not None:
             snapshot.refuse_changes("the first DP step of fit (outside the DP update of the trainable "
                                     "variables)")
+            self._outside = snapshot
+
+    def _watch(self):
+        return getattr(self.model.optimizer, "_dp_write_watch", None)
+
+    def _refuse_outside(self, when: str) -> None:
+        """Refuse a change of the variables outside the DP update since the first batch (named, restored)."""
+        if self._outside is None:
+            return
+        changed = self._outside.changed()
+        watch = self._watch()
+        if changed and watch is not None:
+            watch.taint([v.name for v in changed])
+        self._outside.refuse_changes(f"a callback or code run during DP fit ({when}; outside the DP update "
+                                     "of the trainable variables)")
+
+    def on_epoch_end(self, epoch, logs=None):
+        """Refuse non-trainable state changed during the epoch; remember the epoch's trainable state."""
+        self._refuse_outside(f"found at the end of epoch {epoch}")
+        watch = self._watch()
+        if watch is not None and self._done:
+            self._states.add(watch.state(self.model.trainable_variables))
+
+    def on_train_end(self, logs=None):
+        """Refuse state changed after the last DP step, unless set back to an epoch's end (as EarlyStopping).
+
+        Weights set to those at an earlier epoch's end are post-processing of what the DP steps released.
+        """
+        self._refuse_outside("found at the end of fit")
+        watch = self._watch()
+        if watch is None or not self._done:
+            return
+        changed = watch.changed_since_write()
+        if changed and watch.state(self.model.trainable_variables) not in self._states:
+            watch.taint(changed)
+            raise ValueError(
+                f"model: variable(s) {changed[:3]} changed after the last DP step of fit (a callback wrote "
+                "them, e.g. in on_epoch_end), to values that are neither that step's nor an epoch end's. No "
+                "epsilon covers what they carry, and the optimizer's privacy statement now says "
+                "guarantee: false. Change weights only through the DP optimizer while training.")
 
 
-__all__ = ["StateWatch", "VariableSnapshot", "check_declared_state", "declared_state"]
+__all__ = ["StateWatch", "VariableSnapshot", "WriteWatch", "check_declared_state", "declared_state"]
