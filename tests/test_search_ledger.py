@@ -29,7 +29,8 @@ def _data():
 def _model(hp, n=64):
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
     model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, hp["noise_multiplier"], num_examples=n,
-                                                   batch_size=hp["batch_size"], delta=1e-5, sampling="poisson"),
+                                                   batch_size=hp["batch_size"], delta=1e-5,
+                                                   sampling="poisson"),
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 

@@ -327,7 +327,8 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
             del model
     wall = time.time() - start
     if reservation is not None:
-        phase_ids = [] if best is None else [p.phase_id for p in best[1].optimizer.ledger.phases if p.released]
+        phases = [] if best is None else best[1].optimizer.ledger.phases
+        phase_ids = [p.phase_id for p in phases if p.released]
         reservation.commit(_scores_event(s, len(plan)), phase_ids=phase_ids)
 
     eps = bounds.epsilon(bounds.ORDERS, total, delta)
