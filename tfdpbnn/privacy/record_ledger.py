@@ -602,7 +602,8 @@ class RecordLedger:
         linked to the selected model's phases). Each such history is composed with every phase of the model
         (the larger of its version and the ledger's, per phase: steps the ledger did not see, e.g. on
         unknown records, count too) and with ``extra`` (the model's releases that the ledger does not hold),
-        so the bound is never below the model's own epsilon. Returns (bound, records); (None, 0) when no release covers any of the phases.
+        so the bound is never below the model's own epsilon. Returns (bound, records); (None, 0) when no
+        release covers any of the phases.
         """
         own = [Release(0, "training", p.neighboring, event_to_config(p.event()), None, int(p.phase_id), "",
                        (int(p.phase_id),)) for p in phases if p.released]
