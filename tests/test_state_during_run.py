@@ -23,7 +23,7 @@ class MeanShift(tf.keras.layers.Layer):
     """Subtracts a non-trainable mean (zero unless something sets it)."""
 
     def build(self, input_shape):
-        self.mu = self.add_weight("mu", input_shape[-1:], initializer="zeros", trainable=False)
+        self.mu = self.add_weight(name="mu", shape=input_shape[-1:], initializer="zeros", trainable=False)
 
     def call(self, inputs):
         return inputs - self.mu

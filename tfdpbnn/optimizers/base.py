@@ -1038,9 +1038,9 @@ class DPOptimizerMixin:
         self._dp_released = [r for r in released if not any(r is g for g in applied)]
         written = [v for g, v in grads_and_vars if g is not None]
         # Refused inside the step when a weight changed since the last DP update (state_checks.WriteWatch).
-        with tf.control_dependencies(self._dp_write_watch.before_write(written)):
+        with tf.control_dependencies(self._dp_write_watch.before_write(written, self.iterations)):
             result = super().apply_gradients(grads_and_vars, *args, **kwargs)
-        self._dp_write_watch.after_write(written)
+        self._dp_write_watch.after_write(written, self.iterations)
         return result
 
     #: Open-phase sources whose steps may run outside model.fit (the caller picks the batches).

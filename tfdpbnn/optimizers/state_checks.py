@@ -229,7 +229,9 @@ class WriteWatch:
     moments ([sum |v|, sum v^2], float64) of every variable it updated; before the next one, ``before_write``
     compares them with the variables' values, inside the traced step, and refuses the step
     (``InvalidArgumentError`` naming the variable) when any was changed in between: by a callback that
-    writes a weight between batches, a custom loop's ``assign``, anything but the DP update. The variables
+    writes a weight between batches, a custom loop's ``assign``, anything but the DP update. A write that
+    also set the optimizer's step counter back (a checkpoint of the model and its optimizer restored:
+    earlier weights of a recorded run, whose rewound steps the privacy record counts again) is accepted. The variables
     live in this plain (not trackable) object, as the noise key's, so no checkpoint holds them. Each run
     (``new_run``: every ``fit``, ``train_on_batch``, ``begin_training``) starts unarmed: weights set before
     its first step (``load_weights``, a ``BackupAndRestore`` restore) are the per-record ledger's business.
@@ -239,7 +241,8 @@ class WriteWatch:
     """
 
     def __init__(self):
-        self._stored = {}  # id(variable) -> (variable, tf.Variable float64 [3]: moments and a written flag)
+        # id(variable) -> (variable, tf.Variable float64 [4]: moments, a written flag, the step counter)
+        self._stored = {}
         self._tainted = []
         with tf.init_scope():
             self._armed = tf.Variable(False, trainable=False, name="dp_write_watch_armed",
@@ -254,26 +257,36 @@ class WriteWatch:
                 held = self._stored.get(id(v))
                 if held is None or held[0] is not v:
                     self._stored[id(v)] = (v, tf.Variable(
-                        tf.zeros([3], tf.float64), trainable=False, name="dp_write_watch",
+                        tf.zeros([4], tf.float64), trainable=False, name="dp_write_watch",
                         synchronization=tf.VariableSynchronization.ON_READ,
                         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA))
                 else:
-                    held[1].assign(tf.zeros([3], tf.float64))
+                    held[1].assign(tf.zeros([4], tf.float64))
+            self._armed.assign(False)
+
+    def disarm(self) -> None:
+        """Skip the check at the next step (a tool that sets the weights on purpose: the privacy audits)."""
+        with tf.init_scope():
             self._armed.assign(False)
 
     def _held(self, variables):
         return [(v, self._stored[id(v)][1]) for v in variables
                 if id(v) in self._stored and self._stored[id(v)][0] is v]
 
-    def before_write(self, variables) -> list:
-        """Inside the step, before the update: refuse it if a variable changed since the last DP write."""
+    def before_write(self, variables, iterations) -> list:
+        """Inside the step, before the update: refuse it if a variable changed since the last DP write.
+
+        ``iterations``: the optimizer's step counter (a restore that set it back is accepted, see above).
+        """
         checks = []
         armed = tf.convert_to_tensor(self._armed)
+        step = tf.cast(tf.convert_to_tensor(iterations), tf.float64)
         for v, stored in self._held(variables):
             old = tf.convert_to_tensor(stored)
-            written = tf.logical_and(armed, _differs(_moments(v), old[:2]))
+            written = tf.logical_and(tf.logical_and(armed, tf.equal(step, old[3])),
+                                     _differs(_moments(v), old[:2]))
             flag = tf.maximum(old[2], tf.cast(written, tf.float64))
-            mark = stored.assign(tf.concat([old[:2], flag[None]], 0))
+            mark = stored.assign(tf.concat([old[:2], flag[None], old[3:]], 0))
             with tf.control_dependencies([mark]):
                 checks.append(tf.debugging.Assert(
                     tf.logical_not(written),
@@ -283,23 +296,26 @@ class WriteWatch:
                      "DP optimizer while training, or between runs."]))
         return checks
 
-    def after_write(self, variables) -> None:
+    def after_write(self, variables, iterations) -> None:
         """Inside the step, after the update: keep the moments of what the DP step wrote; arm the check."""
+        step = tf.cast(tf.convert_to_tensor(iterations), tf.float64)
         for v, stored in self._held(variables):
-            flag = tf.convert_to_tensor(stored)[2:]
-            stored.assign(tf.concat([_moments(v), flag], 0))
+            flag = tf.convert_to_tensor(stored)[2:3]
+            stored.assign(tf.concat([_moments(v), flag, step[None]], 0))
         self._armed.assign(True)
 
     def state(self, variables) -> tuple:
         """The moments of ``variables`` now (eager), rounded to 12 digits: a key for a model state."""
         return tuple(float(f"{m:.12g}") for v in variables for m in _moments(v).numpy())
 
-    def changed_since_write(self) -> list:
-        """Eager: the names of the watched variables whose values differ from the last DP write's (armed)."""
+    def changed_since_write(self, iterations) -> list:
+        """Eager: the watched variables whose values differ from the last DP write's (armed, same step)."""
         if not bool(self._armed.numpy()):
             return []
+        step = float(tf.convert_to_tensor(iterations).numpy())
         return [v.name for v, stored in self._held([held[0] for held in self._stored.values()])
-                if bool(_differs(_moments(v), tf.convert_to_tensor(stored)[:2]).numpy())]
+                if float(stored.numpy()[3]) == step
+                and bool(_differs(_moments(v), tf.convert_to_tensor(stored)[:2]).numpy())]
 
     def written(self) -> list:
         """Names of the variables found written outside the DP step (this run's and earlier runs')."""
@@ -380,7 +396,7 @@ class StateWatch(tf.keras.callbacks.Callback):
         watch = self._watch()
         if watch is None or not self._done:
             return
-        changed = watch.changed_since_write()
+        changed = watch.changed_since_write(self.model.optimizer.iterations)
         if changed and watch.state(self.model.trainable_variables) not in self._states:
             watch.taint(changed)
             raise ValueError(
