@@ -90,16 +90,19 @@ class _RecordedDPGradients(DPGradients):
 class _OptimizerMechanism(DPMechanism):
     """An optimizer's ``DPMechanism`` that records each release (``DPOptimizerMixin.apply_gradients``)."""
 
-    def __init__(self, *args, record, probe, **kwargs):
+    def __init__(self, *args, record, probe, user_loss, **kwargs):
         super().__init__(*args, **kwargs)
         self._record = record
         self._probe = probe
+        self._user_loss = user_loss
 
     def clip_losses(self, per_example_loss, var_list, tape):
         """``DPMechanism.clip_losses``; while the optimizer probes a ``train_step``, the loss is checked."""
         probe = self._probe()
         if probe is not None:
             probe(per_example_loss, tape, "optimizer.mechanism.clip_losses")
+        else:
+            self._user_loss("optimizer.mechanism.clip_losses")
         return super().clip_losses(per_example_loss, var_list, tape)
 
     def clip_model(self, model, x, y, sample_weight=None, *, loss_fn=None, var_list=None, training=True):
@@ -111,6 +114,8 @@ class _OptimizerMechanism(DPMechanism):
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, model(x, training=training), sample_weight)
             probe(loss, tape, "optimizer.mechanism.clip_model(loss_fn=...)")
+        elif loss_fn is not None:
+            self._user_loss("optimizer.mechanism.clip_model(loss_fn=...)")
         return super().clip_model(model, x, y, sample_weight, loss_fn=loss_fn, var_list=var_list,
                                   training=training)
 
@@ -309,6 +314,8 @@ class DPOptimizerMixin:
         self._dp_parallel_basis = {}  # id(release) -> why its records are disjoint from training's
         self._dp_release_ledger = {}  # id(release) -> (its per-record ledger id, written on training records)
         self._dp_write_watch = state_checks.WriteWatch()  # writes to the weights between DP steps
+        self._dp_loss_assertion = None  # begin_training(assert_per_example_loss=...) of the open custom loop
+        self._dp_loss_assertions = []  # every such assertion (the statement's asserted_by_user)
         for kind in (privacy_ledger or {}).get("not_covered", []):  # a saved optimizer's releases
             self.note_uncovered_release(kind)
         self._restore_releases(privacy_ledger or {})
@@ -316,7 +323,8 @@ class DPOptimizerMixin:
             self._dp_l2_norm_clip, self._dp_noise_multiplier, self._dp_batch_size, scale=self._dp_sum_scale,
             clipping_method=clipping_method, secure_mode=secure_mode,
             debug_noise_seed=self._dp_static["debug_noise_seed"], neighboring=neighboring,
-            on_batch=self._dp_count_batch, record=self._dp_record_release, probe=lambda: self._dp_probe)
+            on_batch=self._dp_count_batch, record=self._dp_record_release, probe=lambda: self._dp_probe,
+            user_loss=self._dp_require_loss_checked)
 
     # ----------------------------------------------------------------------------------------- state
     def _f32(self, variable):
@@ -702,7 +710,7 @@ class DPOptimizerMixin:
 
     # ------------------------------------------------------------------------------- fit integration
     def begin_training(self, model, x, y=None, batch_size=None, validation_split=0.0, shuffle=True, *,
-                       _fit=False):
+                       assert_per_example_loss: str | None = None, _fit=False):
         """Check ``x`` and ``model``, draw the run's noise key and open the ledger phase for the steps ahead.
 
         ``model.fit`` calls it; call it yourself before a custom training loop that uses
@@ -710,10 +718,30 @@ class DPOptimizerMixin:
         optimizer's declarations, and for a model or loss that couples examples of a batch. In a custom loop
         the loop picks the batches (it may feed one batch again and again), so every step is counted as one
         participation of every example, without amplification.
+
+        ``assert_per_example_loss``: in a custom loop, the loss your code hands to ``minimize``,
+        ``mechanism.clip_losses``/``privatize_losses`` or ``clip_model(loss_fn=...)`` cannot be checked
+        (it is computed from the loop's batch inside your closure); those calls are refused unless you assert,
+        with this reason, that each example's loss depends on that example alone. The statement lists the
+        assertion under ``asserted_by_user``. ``dp_train_step`` (the compiled loss, checked here) needs none.
         """
+        if assert_per_example_loss is not None and (not isinstance(assert_per_example_loss, str)
+                                                    or not assert_per_example_loss.strip()):
+            raise ValueError("assert_per_example_loss must be None or a non-empty string saying why each "
+                             "example's loss in your custom loop depends on that example alone; got "
+                             f"{assert_per_example_loss!r}")
+        if _fit and assert_per_example_loss is not None:
+            raise ValueError("assert_per_example_loss: only for a custom loop (model.fit checks its loss)")
         self._adopt_model_ledger(model)
         self.mechanism.new_run()  # this run's noise key: fresh from os.urandom (tfdpbnn.optimizers.noise)
         self._dp_write_watch.new_run(model.trainable_variables)
+        self._dp_loss_assertion = assert_per_example_loss
+        if assert_per_example_loss is not None:
+            note = ("custom training loop: the per-example loss handed to the DP mechanism (optimizer.minimize, "
+                    "mechanism.clip_losses/privatize_losses, clip_model(loss_fn=...)) keeps examples separate: "
+                    f"{assert_per_example_loss}")
+            if note not in self._dp_loss_assertions:
+                self._dp_loss_assertions.append(note)
         check_distributed_input(model.distribute_strategy, x, shuffle=shuffle)
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
@@ -1004,9 +1032,31 @@ class DPOptimizerMixin:
                 "model.fit's train step builds per-example losses from model.compile(loss=...).")
         if self._dp_probe is not None:  # the first call of a train_step override, on a synthetic batch
             self._dp_probe(loss, tape, "optimizer.minimize")
+        else:
+            self._dp_require_loss_checked("optimizer.minimize")
         clipped = self.mechanism.clip_losses(loss, var_list, tape)
         grads = self._dp_record_release(self._dp_gradients(clipped, var_list))
         return list(zip(grads, var_list, strict=True))
+
+    def _dp_require_loss_checked(self, where: str) -> None:
+        """Refuse a user loss reaching the mechanism in a custom loop that did not assert it (``begin_training``).
+
+        In ``fit`` and ``train_on_batch`` a ``train_step`` override's loss is probed before the first step;
+        in a custom loop the loss is the loop's own, on its own batch, so the user asserts it by name.
+        """
+        with tf.init_scope():
+            if not self._dp_ledger.has_open_phase:
+                return  # refused by _require_open_phase
+            source = self._dp_ledger.open_description()["source"]
+        if source == "custom_loop" and self._dp_loss_assertion is None:
+            raise ValueError(
+                f"assert_per_example_loss: {where} in a custom training loop receives a loss that tfdpbnn cannot "
+                "check for per-example independence (your code computes it from the loop's batch; a "
+                "contrastive loss or a batch mean inside it would make one example move every loss, beyond "
+                "the clip bound). Either call optimizer.begin_training(model, x, y, ..., "
+                "assert_per_example_loss='<why each example's loss depends on that example alone>') (listed "
+                "under asserted_by_user in the privacy statement), or step with optimizer.dp_train_step(model, "
+                "(x, y)), whose compiled loss is checked before the first step.")
 
     def _dp_record_release(self, grads):
         """Remember ``grads`` as released by this optimizer's mechanism in the current step."""

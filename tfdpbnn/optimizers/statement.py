@@ -56,7 +56,7 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
     if current is not None and ledger.phases and len(ledger.phases) > len(sources):
         sources = sources + [current["source"]]
     asserted = [p.sampling for p, s in zip(ledger.phases, sources, strict=False)
-                if s == "asserted_by_user"]
+                if s == "asserted_by_user"] + list(optimizer._dp_loss_assertions)
     epsilon = ledger.epsilon(delta, optimizer.accountant)
     weights, spent = optimizer._dp_record.weights_and_spent(delta, epsilon)
     statement = {

@@ -1,0 +1,71 @@
+"""The loss a custom training loop hands to a DP optimizer's mechanism: asserted by name, or refused.
+
+A contrastive loss (each example's loss against the batch mean) moves every example's loss when one example
+is added, so the clipped sum moves by more than the clip bound C: the epsilon printed for sensitivity C would
+be below the truth. In a custom loop tfdpbnn cannot check the loss (the loop computes it from its own batch),
+so ``minimize``, ``mechanism.clip_losses`` and ``clip_model(loss_fn=...)`` need ``begin_training(...,
+assert_per_example_loss=...)``; ``dp_train_step`` uses the compiled loss, checked before the first step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from _small_runs import DELTA, LOSS, D, N, small_data
+
+import tfdpbnn
+
+PER_EXAMPLE = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+
+def contrastive(y_pred):
+    """Each example's loss is its similarity to the batch's mean output (sensitivity above C at sigma 0:
+    ``tests/test_state_checks.py::test_contrastive_loss_has_sensitivity_above_the_clip_bound``)."""
+    return -tf.reduce_sum(y_pred * tf.reduce_mean(y_pred, axis=0, keepdims=True), axis=1)
+
+
+def _model():
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3)])
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    return model, opt
+
+
+def test_a_custom_loop_loss_is_refused_unless_asserted():
+    x, y = small_data()
+    model, opt = _model()
+    opt.begin_training(model, x, y, batch_size=8)
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(ValueError, match="assert_per_example_loss.*optimizer.minimize"):
+        with tf.GradientTape() as tape:
+            loss = contrastive(model(x[:8]))
+        opt.minimize(loss, model.trainable_variables, tape=tape)
+    with pytest.raises(ValueError, match="assert_per_example_loss.*clip_losses"):
+        with tf.GradientTape() as tape:
+            loss = PER_EXAMPLE(y[:8], model(x[:8]))
+        opt.mechanism.privatize_losses(loss, model.trainable_variables, tape)
+    with pytest.raises(ValueError, match=r"assert_per_example_loss.*clip_model\(loss_fn"):
+        opt.mechanism.privatize_model(model, x[:8], y[:8], loss_fn=lambda t, p, w: PER_EXAMPLE(t, p))
+    assert opt.steps == 0
+    for w, b in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(w, b)
+    # The compiled loss (checked at begin_training) needs no assertion.
+    opt.dp_train_step(model, (x[:8], y[:8]))
+    assert opt.steps == 1
+    with pytest.raises(ValueError, match="assert_per_example_loss must be"):
+        opt.begin_training(model, x, y, batch_size=8, assert_per_example_loss="  ")
+
+
+def test_an_asserted_custom_loop_loss_trains_and_the_statement_names_the_assertion():
+    x, y = small_data()
+    model, opt = _model()
+    opt.begin_training(model, x, y, batch_size=8, assert_per_example_loss="cross-entropy of each example")
+    for start in range(0, N, 8):
+        with tf.GradientTape() as tape:
+            loss = PER_EXAMPLE(y[start:start + 8], model(x[start:start + 8]))
+        opt.minimize(loss, model.trainable_variables, tape=tape)
+    assert opt.steps == N // 8
+    asserted = opt.privacy_statement()["asserted_by_user"]
+    assert any("cross-entropy of each example" in a and "custom training loop" in a for a in asserted)
