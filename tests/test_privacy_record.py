@@ -60,7 +60,7 @@ def test_apply_gradients_refused_in_a_train_step_override():
 def test_mechanism_release_and_minimize_are_applied():
     x, y = small_data()
     model, opt = _compiled()
-    opt.begin_training(model, x, y, batch_size=8, assert_per_example_loss="cross-entropy of each example alone")
+    opt.begin_training(model, x, y, batch_size=8, assert_per_example_loss="per-example cross-entropy")
     released = opt.mechanism.privatize_model(model, x[:8], y[:8])
     opt.apply_gradients(zip(released.gradients, model.trainable_variables, strict=True))
     with tf.GradientTape() as tape:

@@ -122,7 +122,7 @@ def test_a_custom_loop_write_between_steps_is_refused():
     x, y = small_data()
     model = _model()
     opt = model.optimizer
-    opt.begin_training(model, x, y, batch_size=8, assert_per_example_loss="cross-entropy of each example alone")
+    opt.begin_training(model, x, y, batch_size=8, assert_per_example_loss="per-example cross-entropy")
 
     @tf.function
     def step(xb, yb):

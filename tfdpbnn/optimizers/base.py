@@ -737,8 +737,9 @@ class DPOptimizerMixin:
         self._dp_write_watch.new_run(model.trainable_variables)
         self._dp_loss_assertion = assert_per_example_loss
         if assert_per_example_loss is not None:
-            note = ("custom training loop: the per-example loss handed to the DP mechanism (optimizer.minimize, "
-                    "mechanism.clip_losses/privatize_losses, clip_model(loss_fn=...)) keeps examples separate: "
+            note = ("custom training loop: the per-example loss handed to the DP mechanism "
+                    "(optimizer.minimize, mechanism.clip_losses/privatize_losses, clip_model(loss_fn=...)) "
+                    "keeps examples separate: "
                     f"{assert_per_example_loss}")
             if note not in self._dp_loss_assertions:
                 self._dp_loss_assertions.append(note)
@@ -1039,7 +1040,7 @@ class DPOptimizerMixin:
         return list(zip(grads, var_list, strict=True))
 
     def _dp_require_loss_checked(self, where: str) -> None:
-        """Refuse a user loss reaching the mechanism in a custom loop that did not assert it (``begin_training``).
+        """Refuse a user loss reaching the mechanism in a custom loop that did not assert it (begin_training).
 
         In ``fit`` and ``train_on_batch`` a ``train_step`` override's loss is probed before the first step;
         in a custom loop the loss is the loop's own, on its own batch, so the user asserts it by name.
@@ -1050,13 +1051,15 @@ class DPOptimizerMixin:
             source = self._dp_ledger.open_description()["source"]
         if source == "custom_loop" and self._dp_loss_assertion is None:
             raise ValueError(
-                f"assert_per_example_loss: {where} in a custom training loop receives a loss that tfdpbnn cannot "
+                f"assert_per_example_loss: {where} in a custom training loop receives a loss that tfdpbnn "
+                "cannot "
                 "check for per-example independence (your code computes it from the loop's batch; a "
                 "contrastive loss or a batch mean inside it would make one example move every loss, beyond "
                 "the clip bound). Either call optimizer.begin_training(model, x, y, ..., "
                 "assert_per_example_loss='<why each example's loss depends on that example alone>') (listed "
-                "under asserted_by_user in the privacy statement), or step with optimizer.dp_train_step(model, "
-                "(x, y)), whose compiled loss is checked before the first step.")
+                "under asserted_by_user in the privacy statement), or step with "
+                "optimizer.dp_train_step(model, (x, y)), whose compiled loss is checked before the first "
+                "step.")
 
     def _dp_record_release(self, grads):
         """Remember ``grads`` as released by this optimizer's mechanism in the current step."""

@@ -231,12 +231,12 @@ class WriteWatch:
     (``InvalidArgumentError`` naming the variable) when any was changed in between: by a callback that
     writes a weight between batches, a custom loop's ``assign``, anything but the DP update. A write that
     also set the optimizer's step counter back (a checkpoint of the model and its optimizer restored:
-    earlier weights of a recorded run, whose rewound steps the privacy record counts again) is accepted. The variables
-    live in this plain (not trackable) object, as the noise key's, so no checkpoint holds them. Each run
-    (``new_run``: every ``fit``, ``train_on_batch``, ``begin_training``) starts unarmed: weights set before
-    its first step (``load_weights``, a ``BackupAndRestore`` restore) are the per-record ledger's business.
-    A variable found written stays in ``tainted`` for the optimizer's life: its statement then gives no
-    guarantee. Two moments do not identify a tensor: a write that keeps both (a permutation of a weight's
+    earlier weights of a recorded run, whose rewound steps the privacy record counts again) is accepted. The
+    variables live in this plain (not trackable) object, as the noise key's, so no checkpoint holds them. Each
+    run (``new_run``: every ``fit``, ``train_on_batch``, ``begin_training``) starts unarmed: weights set
+    before its first step (``load_weights``, a ``BackupAndRestore`` restore) are the per-record ledger's
+    business. A variable found written stays in ``tainted`` for the optimizer's life: its statement then gives
+    no guarantee. Two moments do not identify a tensor: a write that keeps both (a permutation of a weight's
     values) is not seen.
     """
 
