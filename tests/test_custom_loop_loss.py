@@ -69,3 +69,30 @@ def test_an_asserted_custom_loop_loss_trains_and_the_statement_names_the_asserti
     assert opt.steps == N // 8
     asserted = opt.privacy_statement()["asserted_by_user"]
     assert any("cross-entropy of each example" in a and "custom training loop" in a for a in asserted)
+
+
+# ------------------------------------------------------------------- more ways a user might under-count
+def test_a_model_compiled_again_with_a_coupled_loss_is_checked_again():
+    x, y = small_data()
+    model, opt = _model()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    model.compile(optimizer=opt, loss=lambda t, p: contrastive(p))  # the same optimizer, a coupled loss
+    with pytest.raises(ValueError, match="depends on other examples"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert opt.steps == N // 8
+
+
+def test_validation_data_on_training_records_is_refused():
+    # Keras logs the validation loss without noise every epoch: on training records an exact release.
+    x, y = small_data()
+    model, opt = _model()
+    with pytest.raises(ValueError, match="validation_data: 16 of its 16 records are training records"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, validation_data=(x[:16], y[:16]))
+    assert opt.steps == 0
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    # Records a recorded run trained on are training records for a later fit on other records too.
+    other, other_y = small_data(seed=3)
+    later, _ = _model()
+    with pytest.raises(ValueError, match="validation_data: 8 of its 8 records"):
+        later.fit(other, other_y, batch_size=8, epochs=1, verbose=0, validation_data=(x[8:16], y[8:16]))
+    later.fit(other, other_y, batch_size=8, epochs=1, verbose=0, validation_data=small_data(n=8, seed=4))

@@ -818,7 +818,9 @@ class DPOptimizerMixin:
         asserted_state = state_checks.check_declared_state(model)  # layers with own state only
         self._dp_preprocessing = {**found, "asserted_public": found["asserted_public"] + asserted_state}
         adopt_search_record(self, model)
-        if id(model) not in self._dp_checked_models:
+        # Checked once per model and compiled loss: a model compiled again with another loss is checked again.
+        checked = (id(model), id(getattr(model, "loss", None)))
+        if checked not in self._dp_checked_models:
             check_per_example_independence(model)
             _check_data_independent_losses(model)
             loss_fn = compiled_per_example_loss_fn(model) if getattr(model, "loss", None) else None
@@ -833,7 +835,7 @@ class DPOptimizerMixin:
                 snapshot.refuse_changes("a forward pass in training mode (on a synthetic batch)")
             if fit_checks.overrides_train_step(model):
                 self._probe_train_step(model, x, y)
-            self._dp_checked_models.add(id(model))
+            self._dp_checked_models.add(checked)
 
     def _probe_train_step(self, model, x, y):
         """Run ``model``'s own ``train_step`` once on a synthetic batch, up to the mechanism, and undo it.
