@@ -211,57 +211,62 @@ class VariableSnapshot:
             "with a DP optimizer.")
 
 
-def _moments(variable) -> tf.Tensor:
-    """[sum |v|, sum v^2] of ``variable`` in float64: what the DP step wrote, to compare with later."""
-    value = tf.cast(tf.convert_to_tensor(variable), tf.float64)
-    return tf.stack([tf.reduce_sum(tf.abs(value)), tf.reduce_sum(tf.square(value))])
+def _sums_of_squares(variables) -> tf.Tensor:
+    """[sum v^2 of each variable] (float32): what the DP step wrote, to compare with later."""
+    return tf.stack([tf.reduce_sum(tf.square(tf.cast(tf.convert_to_tensor(v), tf.float32)))
+                     for v in variables])
 
 
 def _differs(now, stored) -> tf.Tensor:
-    """Whether two ``_moments`` differ beyond the rounding of a reduction's order (relative 1e-9)."""
-    return tf.reduce_any(tf.abs(now - stored) > 1e-9 * tf.abs(stored) + 1e-300)
+    """Which sums of squares differ beyond the rounding of a reduction's order (relative 1e-6)."""
+    return tf.abs(now - stored) > 1e-6 * tf.abs(stored) + 1e-30
+
+
+def _on_read(value, name):
+    return tf.Variable(value, trainable=False, name=name, synchronization=tf.VariableSynchronization.ON_READ,
+                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
 
 class WriteWatch:
     """What the DP step wrote to the trainable variables, to find writes made outside it during a run.
 
     The step knows what it wrote: after every ``apply_gradients`` of a DP optimizer, ``after_write`` keeps the
-    moments ([sum |v|, sum v^2], float64) of every variable it updated; before the next one, ``before_write``
-    compares them with the variables' values, inside the traced step, and refuses the step
-    (``InvalidArgumentError`` naming the variable) when any was changed in between: by a callback that
+    sum of squares of every variable it updated (float32, one vector for the run); before the next one,
+    ``before_write`` compares them with the variables' values, inside the traced step, and refuses the step
+    (``InvalidArgumentError`` naming the variables) when any was changed in between: by a callback that
     writes a weight between batches, a custom loop's ``assign``, anything but the DP update. A write that
-    also set the optimizer's step counter back (a checkpoint of the model and its optimizer restored:
-    earlier weights of a recorded run, whose rewound steps the privacy record counts again) is accepted. The
-    variables live in this plain (not trackable) object, as the noise key's, so no checkpoint holds them. Each
-    run (``new_run``: every ``fit``, ``train_on_batch``, ``begin_training``) starts unarmed: weights set
+    also set the optimizer's step counter back (a checkpoint of the model and its optimizer restored: earlier
+    weights of a recorded run, whose rewound steps the privacy record counts again) is accepted. The
+    variables live in this plain (not trackable) object, as the noise key's, so no checkpoint holds them.
+    Each run (``new_run``: every ``fit``, ``train_on_batch``, ``begin_training``) starts unarmed: weights set
     before its first step (``load_weights``, a ``BackupAndRestore`` restore) are the per-record ledger's
-    business. A variable found written stays in ``tainted`` for the optimizer's life: its statement then gives
-    no guarantee. Two moments do not identify a tensor: a write that keeps both (a permutation of a weight's
-    values) is not seen.
+    business. A variable found written stays in ``written`` for the optimizer's life: its statement then
+    gives no guarantee. A sum of squares does not identify a tensor: a write that keeps it (a permutation
+    or sign flips of a weight's values) is not seen.
     """
 
     def __init__(self):
-        # id(variable) -> (variable, tf.Variable float64 [4]: moments, a written flag, the step counter)
-        self._stored = {}
+        self._variables, self._index = [], {}
         self._tainted = []
         with tf.init_scope():
-            self._armed = tf.Variable(False, trainable=False, name="dp_write_watch_armed",
-                                      synchronization=tf.VariableSynchronization.ON_READ,
-                                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self._armed = _on_read(False, "dp_write_watch_armed")
+            self._step = _on_read(tf.constant(-1, tf.int64), "dp_write_watch_step")
+            self._stored = self._flags = None
 
     def new_run(self, variables) -> None:
         """Start a run over ``variables`` (the model's trainable variables): unarmed until the first write."""
         self._tainted.extend(n for n in self.written() if n not in self._tainted)
+        variables = list(variables)
         with tf.init_scope():
-            for v in variables:
-                held = self._stored.get(id(v))
-                if held is None or held[0] is not v:
-                    self._stored[id(v)] = (v, tf.Variable(
-                        tf.zeros([4], tf.float64), trainable=False, name="dp_write_watch",
-                        synchronization=tf.VariableSynchronization.ON_READ,
-                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA))
-                else:
-                    held[1].assign(tf.zeros([4], tf.float64))
+            if [id(v) for v in variables] != [id(v) for v in self._variables] or any(
+                    a is not b for a, b in zip(variables, self._variables, strict=True)):
+                self._variables = variables
+                self._index = {id(v): i for i, v in enumerate(variables)}
+                self._stored = _on_read(tf.zeros([len(variables)], tf.float32), "dp_write_watch")
+                self._flags = _on_read(tf.zeros([len(variables)], tf.float32), "dp_write_watch_flags")
+            else:
+                self._stored.assign(tf.zeros([len(variables)], tf.float32))
+                self._flags.assign(tf.zeros([len(variables)], tf.float32))
             self._armed.assign(False)
 
     def disarm(self) -> None:
@@ -269,58 +274,65 @@ class WriteWatch:
         with tf.init_scope():
             self._armed.assign(False)
 
-    def _held(self, variables):
-        return [(v, self._stored[id(v)][1]) for v in variables
-                if id(v) in self._stored and self._stored[id(v)][0] is v]
+    def _held(self, variables) -> list:
+        return [(v, self._index[id(v)]) for v in variables
+                if id(v) in self._index and self._variables[self._index[id(v)]] is v]
 
     def before_write(self, variables, iterations) -> list:
         """Inside the step, before the update: refuse it if a variable changed since the last DP write.
 
         ``iterations``: the optimizer's step counter (a restore that set it back is accepted, see above).
         """
-        checks = []
-        armed = tf.convert_to_tensor(self._armed)
-        step = tf.cast(tf.convert_to_tensor(iterations), tf.float64)
-        for v, stored in self._held(variables):
-            old = tf.convert_to_tensor(stored)
-            written = tf.logical_and(tf.logical_and(armed, tf.equal(step, old[3])),
-                                     _differs(_moments(v), old[:2]))
-            flag = tf.maximum(old[2], tf.cast(written, tf.float64))
-            mark = stored.assign(tf.concat([old[:2], flag[None], old[3:]], 0))
-            with tf.control_dependencies([mark]):
-                checks.append(tf.debugging.Assert(
-                    tf.logical_not(written),
-                    [f"variable {v.name!r} was changed outside the DP step during DP training (after the "
-                     "last DP update, before this one: a callback or code between steps wrote it). No "
-                     "epsilon covers what it carries; the step is refused. Change weights only through the "
-                     "DP optimizer while training, or between runs."]))
-        return checks
+        held = self._held(variables)
+        if not held:
+            return []
+        index = tf.constant([[i] for _, i in held], tf.int32)
+        old = tf.gather_nd(tf.convert_to_tensor(self._stored), index)
+        same_step = tf.equal(tf.cast(tf.convert_to_tensor(iterations), tf.int64), self._step)
+        written = tf.logical_and(tf.logical_and(tf.convert_to_tensor(self._armed), same_step),
+                                 _differs(_sums_of_squares([v for v, _ in held]), old))
+        flags = tf.convert_to_tensor(self._flags)
+        mark = self._flags.assign(tf.tensor_scatter_nd_max(flags, index, tf.cast(written, tf.float32)))
+        names = tf.constant([v.name for v, _ in held])
+        with tf.control_dependencies([mark]):
+            return [tf.debugging.Assert(
+                tf.logical_not(tf.reduce_any(written)),
+                ["these variables were changed outside the DP step during DP training (after the last DP "
+                 "update, before this one: a callback or code between steps wrote them). No epsilon covers "
+                 "what they carry; the step is refused. Change weights only through the DP optimizer while "
+                 "training, or between runs:", tf.boolean_mask(names, written)], summarize=3)]
 
     def after_write(self, variables, iterations) -> None:
-        """Inside the step, after the update: keep the moments of what the DP step wrote; arm the check."""
-        step = tf.cast(tf.convert_to_tensor(iterations), tf.float64)
-        for v, stored in self._held(variables):
-            flag = tf.convert_to_tensor(stored)[2:3]
-            stored.assign(tf.concat([_moments(v), flag, step[None]], 0))
+        """Inside the step, after the update: keep the sums of squares the DP step wrote; arm the check."""
+        held = self._held(variables)
+        if not held:
+            return
+        index = tf.constant([[i] for _, i in held], tf.int32)
+        self._stored.assign(tf.tensor_scatter_nd_update(tf.convert_to_tensor(self._stored), index,
+                                                        _sums_of_squares([v for v, _ in held])))
+        self._step.assign(tf.cast(tf.convert_to_tensor(iterations), tf.int64))
         self._armed.assign(True)
 
-    def state(self, variables) -> tuple:
-        """The moments of ``variables`` now (eager), rounded to 12 digits: a key for a model state."""
-        return tuple(float(f"{m:.12g}") for v in variables for m in _moments(v).numpy())
+    def last_written_state(self) -> tuple:
+        """The sums of squares the last DP write left (eager): a key for the model state it produced."""
+        return () if self._stored is None else tuple(self._stored.numpy().tolist())
 
     def changed_since_write(self, iterations) -> list:
         """Eager: the watched variables whose values differ from the last DP write's (armed, same step)."""
-        if not bool(self._armed.numpy()):
+        if self._stored is None or not bool(self._armed.numpy()) or \
+                int(tf.convert_to_tensor(iterations).numpy()) != int(self._step.numpy()):
             return []
-        step = float(tf.convert_to_tensor(iterations).numpy())
-        return [v.name for v, stored in self._held([held[0] for held in self._stored.values()])
-                if float(stored.numpy()[3]) == step
-                and bool(_differs(_moments(v), tf.convert_to_tensor(stored)[:2]).numpy())]
+        written = _differs(_sums_of_squares(self._variables), tf.convert_to_tensor(self._stored)).numpy()
+        return [v.name for v, w in zip(self._variables, written, strict=True) if w]
+
+    def state(self) -> tuple:
+        """The sums of squares of the watched variables now (eager): a key for the model state."""
+        return () if not self._variables else tuple(_sums_of_squares(self._variables).numpy().tolist())
 
     def written(self) -> list:
         """Names of the variables found written outside the DP step (this run's and earlier runs')."""
-        now = [v.name for v, stored in self._held([held[0] for held in self._stored.values()])
-               if float(stored.numpy()[2]) > 0]
+        now = [] if self._flags is None else [
+            v.name for v, f in zip(self._variables, self._flags.numpy(), strict=True) if f > 0]
         return list(self._tainted) + [n for n in now if n not in self._tainted]
 
     def taint(self, names) -> None:
@@ -384,8 +396,8 @@ class StateWatch(tf.keras.callbacks.Callback):
         """Refuse non-trainable state changed during the epoch; remember the epoch's trainable state."""
         self._refuse_outside(f"found at the end of epoch {epoch}")
         watch = self._watch()
-        if watch is not None and self._done:
-            self._states.add(watch.state(self.model.trainable_variables))
+        if watch is not None and self._done:  # the state the epoch's last DP step wrote (read, not computed)
+            self._states.add(watch.last_written_state())
 
     def on_train_end(self, logs=None):
         """Refuse state changed after the last DP step, unless set back to an epoch's end (as EarlyStopping).
@@ -397,7 +409,7 @@ class StateWatch(tf.keras.callbacks.Callback):
         if watch is None or not self._done:
             return
         changed = watch.changed_since_write(self.model.optimizer.iterations)
-        if changed and watch.state(self.model.trainable_variables) not in self._states:
+        if changed and watch.state() not in self._states:
             watch.taint(changed)
             raise ValueError(
                 f"model: variable(s) {changed[:3]} changed after the last DP step of fit (a callback wrote "
