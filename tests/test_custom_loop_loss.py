@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from _small_runs import DELTA, LOSS, D, N, small_data
+from _small_runs import DELTA, LOSS, D, N, gaussians_epsilon, small_data
 
 import tfdpbnn
 
@@ -96,3 +96,37 @@ def test_validation_data_on_training_records_is_refused():
     with pytest.raises(ValueError, match="validation_data: 8 of its 8 records"):
         later.fit(other, other_y, batch_size=8, epochs=1, verbose=0, validation_data=(x[8:16], y[8:16]))
     later.fit(other, other_y, batch_size=8, epochs=1, verbose=0, validation_data=small_data(n=8, seed=4))
+
+
+def test_sample_weights_scale_the_loss_before_clipping():
+    # A weight of 100 on one example does not move the clipped sum by more than C: it scales the loss,
+    # which is clipped after.
+    x, y = small_data()
+    moved = []
+    for weight in (1.0, 100.0):
+        model, opt = _model()
+        opt.begin_training(model, x, y, batch_size=8)
+        w = np.ones(8, np.float32)
+        w[0] = weight
+        big = opt.mechanism.clip_model(model, x[:8], y[:8], w).clipped_sum
+        small = opt.mechanism.clip_model(model, x[1:8], y[1:8], w[1:]).clipped_sum
+        moved.append(np.sqrt(sum(float(tf.reduce_sum(tf.square(a - b))) for a, b in zip(big, small,
+                                                                                          strict=True))))
+    assert moved[1] <= 1.0 + 1e-5 and moved[1] == pytest.approx(moved[0], rel=1e-5)
+
+
+@pytest.mark.parametrize("how", ["class_weight", "initial_epoch", "steps_per_execution"])
+def test_fit_options_count_every_pass(how):
+    x, y = small_data()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3)])
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS, steps_per_execution=3 if how == "steps_per_execution" else 1)
+    kwargs = {"class_weight": dict(class_weight={0: 50.0, 1: 1.0, 2: 1.0}, epochs=1),
+              "initial_epoch": dict(initial_epoch=1, epochs=3), "steps_per_execution": dict(epochs=2)}[how]
+    model.fit(x, y, batch_size=8, verbose=0, **kwargs)
+    passes = 1 if how == "class_weight" else 2
+    assert opt.steps == passes * N // 8
+    statement = opt.privacy_statement()
+    assert statement["run_epsilon"] >= gaussians_epsilon(1.0, passes) * (1 - 1e-6)
+    assert statement["quote"]["epsilon"] >= statement["run_epsilon"]
