@@ -734,7 +734,6 @@ class DPOptimizerMixin:
             raise ValueError("assert_per_example_loss: only for a custom loop (model.fit checks its loss)")
         self._adopt_model_ledger(model)
         self.mechanism.new_run()  # this run's noise key: fresh from os.urandom (tfdpbnn.optimizers.noise)
-        self._dp_write_watch.new_run(model.trainable_variables)
         self._dp_loss_assertion = assert_per_example_loss
         if assert_per_example_loss is not None:
             note = ("custom training loop: the per-example loss handed to the DP mechanism "
@@ -747,6 +746,7 @@ class DPOptimizerMixin:
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
         self._check_model(model, x, y)
+        self._dp_write_watch.new_run(model.trainable_variables)  # after the checks have built the model
         source = sampling["source"] if _fit else "custom_loop"
         self._dp_ledger.open_phase(
             kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
@@ -765,8 +765,8 @@ class DPOptimizerMixin:
         """
         self._adopt_model_ledger(model)
         self.mechanism.new_run()
-        self._dp_write_watch.new_run(model.trainable_variables)
         self._check_model(model, x, y)
+        self._dp_write_watch.new_run(model.trainable_variables)  # after the checks have built the model
         self._dp_ledger.open_phase(
             kind="participations", noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
             sample_rate=None, num_examples=self.num_examples, source="train_on_batch",

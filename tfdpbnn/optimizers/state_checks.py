@@ -258,7 +258,7 @@ class WriteWatch:
         self._tainted.extend(n for n in self.written() if n not in self._tainted)
         variables = list(variables)
         with tf.init_scope():
-            if [id(v) for v in variables] != [id(v) for v in self._variables] or any(
+            if self._stored is None or [id(v) for v in variables] != [id(v) for v in self._variables] or any(
                     a is not b for a, b in zip(variables, self._variables, strict=True)):
                 self._variables = variables
                 self._index = {id(v): i for i, v in enumerate(variables)}
