@@ -59,7 +59,7 @@ def test_custom_steps_after_a_fit_are_refused_until_begin_training():
     for w, b in zip(model.get_weights(), before, strict=True):
         assert (w == b).all()                    # nothing updated the weights
     assert opt.steps == N // B
-    opt.begin_training(model, x, y, batch_size=B)
+    opt.begin_training(model, x, y, batch_size=B, assert_per_example_loss="per-example cross-entropy")
     for _ in range(3):
         with tf.GradientTape() as tape:
             loss = PER_EXAMPLE(y[:B], model(x[:B]))

@@ -219,7 +219,7 @@ def test_custom_loop_needs_begin_training():
         with tf.GradientTape() as tape:
             loss = tf.keras.losses.sparse_categorical_crossentropy(y[:8], model(x[:8]), from_logits=True)
         opt.minimize(loss, model.trainable_variables, tape=tape)
-    opt.begin_training(model, x, y, batch_size=8)
+    opt.begin_training(model, x, y, batch_size=8, assert_per_example_loss="per-example cross-entropy")
     for start in range(0, N, 8):
         with tf.GradientTape() as tape:
             loss = tf.keras.losses.sparse_categorical_crossentropy(y[start:start + 8],

@@ -199,7 +199,7 @@ def test_load_model_with_compile_keeps_the_record_and_the_uncovered_releases(tmp
     first = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA,
                                    release_training_metrics=("loss",))
     model.compile(optimizer=first, loss=LOSS)
-    model.fit(x, y, batch_size=8, epochs=2, verbose=0, validation_data=(x[:8], y[:8]))
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, validation_data=small_data(n=8, seed=1))
     model.save(str(tmp_path / "m.keras"))
     loaded = tf.keras.models.load_model(str(tmp_path / "m.keras"))
     opt = loaded.optimizer

@@ -44,6 +44,9 @@ class _RunBoundaries(tf.keras.callbacks.Callback):
         self.scores.append(canary_weights(self.model)[0] - self.w0)
         self.model.set_weights(self.initial)
         self.optimizer_.iterations.assign(0)
+        watch = getattr(self.optimizer_, "_dp_write_watch", None)
+        if watch is not None:  # the next run starts from the initial weights, on purpose
+            watch.disarm()
 
 
 def multi_run_scores(model, optimizer, x, y, num_runs, steps_per_run):

@@ -92,16 +92,19 @@ class _RecordedDPGradients(DPGradients):
 class _OptimizerMechanism(DPMechanism):
     """An optimizer's ``DPMechanism`` that records each release (``DPOptimizerMixin.apply_gradients``)."""
 
-    def __init__(self, *args, record, probe, **kwargs):
+    def __init__(self, *args, record, probe, user_loss, **kwargs):
         super().__init__(*args, **kwargs)
         self._record = record
         self._probe = probe
+        self._user_loss = user_loss
 
     def clip_losses(self, per_example_loss, var_list, tape):
         """``DPMechanism.clip_losses``; while the optimizer probes a ``train_step``, the loss is checked."""
         probe = self._probe()
         if probe is not None:
             probe(per_example_loss, tape, "optimizer.mechanism.clip_losses")
+        else:
+            self._user_loss("optimizer.mechanism.clip_losses")
         return super().clip_losses(per_example_loss, var_list, tape)
 
     def clip_model(self, model, x, y, sample_weight=None, *, loss_fn=None, var_list=None, training=True):
@@ -113,6 +116,8 @@ class _OptimizerMechanism(DPMechanism):
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, model(x, training=training), sample_weight)
             probe(loss, tape, "optimizer.mechanism.clip_model(loss_fn=...)")
+        elif loss_fn is not None:
+            self._user_loss("optimizer.mechanism.clip_model(loss_fn=...)")
         return super().clip_model(model, x, y, sample_weight, loss_fn=loss_fn, var_list=var_list,
                                   training=training)
 
@@ -278,6 +283,9 @@ class DPOptimizerMixin:
         self._dp_batch_call_limit = None
         attributes.attach_run_record(self, RunRecord(self))  # the run record, and no other releases yet
         self._dp_in_fit = 0  # > 0 while model.fit runs this optimizer (keras_integration)
+        self._dp_write_watch = state_checks.WriteWatch()  # writes to the weights between DP steps
+        self._dp_loss_assertion = None  # begin_training(assert_per_example_loss=...) of the open custom loop
+        attributes.set_loss_assertions(self, [])  # every such assertion (the statement's asserted_by_user)
         for kind in (privacy_ledger or {}).get("not_covered", []):  # a saved optimizer's releases
             self.note_uncovered_release(kind)
         self._restore_releases(privacy_ledger or {})
@@ -285,7 +293,8 @@ class DPOptimizerMixin:
             self._dp_l2_norm_clip, self._dp_noise_multiplier, self._dp_batch_size, scale=self._dp_sum_scale,
             clipping_method=clipping_method, secure_mode=secure_mode,
             debug_noise_seed=self._dp_static["debug_noise_seed"], neighboring=neighboring,
-            on_batch=self._dp_count_batch, record=self._dp_record_release, probe=lambda: self._dp_probe)
+            on_batch=self._dp_count_batch, record=self._dp_record_release, probe=lambda: self._dp_probe,
+            user_loss=self._dp_require_loss_checked)
 
     # ----------------------------------------------------------------------------------------- state
     def _f32(self, variable):
@@ -423,8 +432,8 @@ class DPOptimizerMixin:
         held = {entry[0] for entry in attributes.release_ledger(self).values()}
         added = 0
         for found in ledger.linked_releases(phase_ids):
-            if found.release_id in held:
-                continue
+            if found.release_id in held or found.kind == "search":
+                continue  # a search's scores: in the ledger bound, and in the search record the model carries
             cost = PrivacyCost(mechanism=found.kind, dp_event=found.event(), epsilon=math.nan, delta=0.0,
                                neighboring=found.neighboring)
             release = RestoredRelease(privacy=cost, ledger_release=found.release_id, record={
@@ -669,7 +678,7 @@ class DPOptimizerMixin:
 
     # ------------------------------------------------------------------------------- fit integration
     def begin_training(self, model, x, y=None, batch_size=None, validation_split=0.0, shuffle=True, *,
-                       _fit=False):
+                       assert_per_example_loss: str | None = None, _fit=False):
         """Check ``x`` and ``model``, draw the run's noise key and open the ledger phase for the steps ahead.
 
         ``model.fit`` calls it; call it yourself before a custom training loop that uses
@@ -677,16 +686,38 @@ class DPOptimizerMixin:
         optimizer's declarations, and for a model or loss that couples examples of a batch. In a custom loop
         the loop picks the batches (it may feed one batch again and again), so every step is counted as one
         participation of every example, without amplification.
+
+        ``assert_per_example_loss``: in a custom loop, the loss your code hands to ``minimize``,
+        ``mechanism.clip_losses``/``privatize_losses`` or ``clip_model(loss_fn=...)`` cannot be checked
+        (it is computed from the loop's batch inside your closure); those calls are refused unless you assert,
+        with this reason, that each example's loss depends on that example alone. The statement lists the
+        assertion under ``asserted_by_user``. ``dp_train_step`` (the compiled loss, checked here) needs none.
         """
+        if assert_per_example_loss is not None and (not isinstance(assert_per_example_loss, str)
+                                                    or not assert_per_example_loss.strip()):
+            raise ValueError("assert_per_example_loss must be None or a non-empty string saying why each "
+                             "example's loss in your custom loop depends on that example alone; got "
+                             f"{assert_per_example_loss!r}")
+        if _fit and assert_per_example_loss is not None:
+            raise ValueError("assert_per_example_loss: only for a custom loop (model.fit checks its loss)")
         # One walk over the model's modules for the dtype and preprocessing checks: nothing between them
         # builds the model or changes its layers.
         submodules = _private_api.submodules(model)
         self._adopt_model_ledger(model, submodules)
         self.mechanism.new_run()  # this run's noise key: fresh from os.urandom (tfdpbnn.optimizers.noise)
+        self._dp_loss_assertion = assert_per_example_loss
+        if assert_per_example_loss is not None:
+            note = ("custom training loop: the per-example loss handed to the DP mechanism "
+                    "(optimizer.minimize, mechanism.clip_losses/privatize_losses, clip_model(loss_fn=...)) "
+                    "keeps examples separate: "
+                    f"{assert_per_example_loss}")
+            if note not in attributes.loss_assertions(self):
+                attributes.loss_assertions(self).append(note)
         check_distributed_input(model.distribute_strategy, x, shuffle=shuffle)
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
         self._check_model(model, x, y, submodules)
+        self._dp_write_watch.new_run(model.trainable_variables)  # after the checks have built the model
         source = sampling["source"] if _fit else "custom_loop"
         attributes.ledger_state(self).open_phase(
             kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
@@ -707,6 +738,7 @@ class DPOptimizerMixin:
         self._adopt_model_ledger(model, submodules)
         self.mechanism.new_run()
         self._check_model(model, x, y, submodules)
+        self._dp_write_watch.new_run(model.trainable_variables)  # after the checks have built the model
         attributes.ledger_state(self).open_phase(
             kind="participations", noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
             sample_rate=None, num_examples=self.num_examples, source="train_on_batch",
@@ -757,7 +789,9 @@ class DPOptimizerMixin:
         attributes.set_preprocessing_found(
             self, {**found, "asserted_public": found["asserted_public"] + asserted_state})
         adopt_search_record(self, model)
-        if id(model) not in self._dp_checked_models:
+        # Checked once per model and compiled loss: a model compiled again with another loss is checked again.
+        checked = (id(model), id(getattr(model, "loss", None)))
+        if checked not in self._dp_checked_models:
             check_per_example_independence(model)
             _check_data_independent_losses(model)
             loss_fn = compiled_per_example_loss_fn(model) if getattr(model, "loss", None) else None
@@ -772,7 +806,7 @@ class DPOptimizerMixin:
                 snapshot.refuse_changes("a forward pass in training mode (on a synthetic batch)")
             if fit_checks.overrides_train_step(model):
                 self._probe_train_step(model, x, y)
-            self._dp_checked_models.add(id(model))
+            self._dp_checked_models.add(checked)
 
     def _probe_train_step(self, model, x, y):
         """Run ``model``'s own ``train_step`` once on a synthetic batch, up to the mechanism, and undo it.
@@ -972,9 +1006,33 @@ class DPOptimizerMixin:
                 "model.fit's train step builds per-example losses from model.compile(loss=...).")
         if self._dp_probe is not None:  # the first call of a train_step override, on a synthetic batch
             self._dp_probe(loss, tape, "optimizer.minimize")
+        else:
+            self._dp_require_loss_checked("optimizer.minimize")
         clipped = self.mechanism.clip_losses(loss, var_list, tape)
         grads = self._dp_record_release(self._dp_gradients(clipped, var_list))
         return list(zip(grads, var_list, strict=True))
+
+    def _dp_require_loss_checked(self, where: str) -> None:
+        """Refuse a user loss reaching the mechanism in a custom loop that did not assert it (begin_training).
+
+        In ``fit`` and ``train_on_batch`` a ``train_step`` override's loss is probed before the first step;
+        in a custom loop the loss is the loop's own, on its own batch, so the user asserts it by name.
+        """
+        with tf.init_scope():
+            if not attributes.ledger_state(self).has_open_phase:
+                return  # refused by _require_open_phase
+            source = attributes.ledger_state(self).open_description()["source"]
+        if source == "custom_loop" and self._dp_loss_assertion is None:
+            raise ValueError(
+                f"assert_per_example_loss: {where} in a custom training loop receives a loss that tfdpbnn "
+                "cannot "
+                "check for per-example independence (your code computes it from the loop's batch; a "
+                "contrastive loss or a batch mean inside it would make one example move every loss, beyond "
+                "the clip bound). Either call optimizer.begin_training(model, x, y, ..., "
+                "assert_per_example_loss='<why each example's loss depends on that example alone>') (listed "
+                "under asserted_by_user in the privacy statement), or step with "
+                "optimizer.dp_train_step(model, (x, y)), whose compiled loss is checked before the first "
+                "step.")
 
     def _dp_record_release(self, grads):
         """Remember ``grads`` as released by this optimizer's mechanism in the current step."""
@@ -1004,7 +1062,12 @@ class DPOptimizerMixin:
         # Forget what is applied now (only that: under tf.distribute, replicas trace their steps in turns).
         applied = [g for g, _ in grads_and_vars if g is not None]
         self._dp_released = [r for r in released if not any(r is g for g in applied)]
-        return super().apply_gradients(grads_and_vars, *args, **kwargs)
+        written = [v for g, v in grads_and_vars if g is not None]
+        # Refused inside the step when a weight changed since the last DP update (state_checks.WriteWatch).
+        with tf.control_dependencies(self._dp_write_watch.before_write(written, self.iterations)):
+            result = super().apply_gradients(grads_and_vars, *args, **kwargs)
+        self._dp_write_watch.after_write(written, self.iterations)
+        return result
 
     #: Open-phase sources whose steps may run outside model.fit (the caller picks the batches).
     _OUTSIDE_FIT_SOURCES = ("custom_loop", "train_on_batch")

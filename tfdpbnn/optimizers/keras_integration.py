@@ -85,6 +85,42 @@ def _planned_steps(model, x, arguments):
     return max(0, epochs) * int(per_epoch)
 
 
+def _refuse_validation_on_training_records(validation, train_keys) -> None:
+    """Refuse ``validation_data`` holding records this fit or a recorded run trains on (arrays only).
+
+    Keras computes the validation loss and metrics without noise and puts them in the logs every epoch: on
+    training records that is an exact release of them, which no epsilon covers. Records are compared by
+    their ledger keys (``tfdpbnn.record.records``: content, or ``record_ids`` for training); a
+    ``tf.data`` validation set is not read (it stays listed under ``not_covered``).
+    """
+    import numpy as np
+
+    from tfdpbnn.record.record_ledger import default_ledger
+    from tfdpbnn.record.records import input_keys
+
+    if isinstance(validation, tf.data.Dataset):
+        return
+    parts = tuple(validation) if isinstance(validation, tuple | list) else (validation,)
+    try:
+        keys = input_keys(parts[0], parts[1] if len(parts) > 1 else None)
+    except (ValueError, TypeError):
+        return
+    if keys is None:
+        return
+    overlap = 0 if train_keys is None else int(np.isin(keys, train_keys).sum())
+    ledger = default_ledger()
+    if not overlap and ledger is not None:
+        overlap = sum(h.records for h in ledger.histories(keys)
+                      if any(r.kind == "training" for r in h.releases))
+    if overlap:
+        raise ValueError(
+            f"validation_data: {overlap} of its {len(np.unique(keys))} records are training records (of this "
+            "fit or of a run recorded in the per-record ledger). Keras would put their loss and metrics, "
+            "computed without noise, in the logs at every epoch: an exact release of training records that "
+            "no epsilon covers. Validate on records held out of all DP training "
+            "(tfdpbnn.uncertainty.split_by_record), or evaluate on training records with a DP mechanism.")
+
+
 def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
     """Check and prepare one DP ``fit`` call; returns the arguments to pass on.
 
@@ -102,9 +138,10 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
     from tfdpbnn.record.store import input_fingerprint
 
     fingerprint = input_fingerprint(x, arguments.get("y"))
-    attributes.run_record(optimizer).begin(model, fingerprint, planned,
-                                           record_keys=input_keys(x, arguments.get("y"), record_ids,
-                                                                  fingerprint))
+    keys = input_keys(x, arguments.get("y"), record_ids, fingerprint)
+    if arguments.get("validation_data") is not None:
+        _refuse_validation_on_training_records(arguments["validation_data"], keys)
+    attributes.run_record(optimizer).begin(model, fingerprint, planned, record_keys=keys)
     optimizer.note_released_training_metrics()
     if arguments.get("validation_split"):
         optimizer.note_uncovered_release("validation_split")

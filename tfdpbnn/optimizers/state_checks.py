@@ -14,6 +14,9 @@ ways are refused before the first DP step:
   metric variables are not model variables, so dropout, noise layers and ``add_metric`` are unaffected
   (metrics are handled by ``release_training_metrics``).
 
+- during the whole run, ``StateWatch`` (non-trainable state, at every epoch's end and at the end) and
+  ``WriteWatch`` (trainable variables written between DP steps, checked inside the next step).
+
 A layer whose state was computed from public data is accepted after
 ``tfdpbnn.preprocessing.assert_public_preprocessing(layer, reason=...)`` (listed under ``asserted_by_user``).
 """
@@ -209,23 +212,158 @@ class VariableSnapshot:
             "with a DP optimizer.")
 
 
+def _sums_of_squares(variables) -> tf.Tensor:
+    """[sum v^2 of each variable] (float32): what the DP step wrote, to compare with later."""
+    return tf.stack([tf.reduce_sum(tf.square(tf.cast(tf.convert_to_tensor(v), tf.float32)))
+                     for v in variables])
+
+
+def _differs(now, stored) -> tf.Tensor:
+    """Which sums of squares differ beyond the rounding of a reduction's order (relative 1e-6)."""
+    return tf.abs(now - stored) > 1e-6 * tf.abs(stored) + 1e-30
+
+
+def _on_read(value, name):
+    return tf.Variable(value, trainable=False, name=name, synchronization=tf.VariableSynchronization.ON_READ,
+                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+
+class WriteWatch:
+    """What the DP step wrote to the trainable variables, to find writes made outside it during a run.
+
+    The step knows what it wrote: after every ``apply_gradients`` of a DP optimizer, ``after_write`` keeps the
+    sum of squares of every variable it updated (float32, one vector for the run); before the next one,
+    ``before_write`` compares them with the variables' values, inside the traced step, and refuses the step
+    (``InvalidArgumentError`` naming the variables) when any was changed in between: by a callback that
+    writes a weight between batches, a custom loop's ``assign``, anything but the DP update. A write that
+    also set the optimizer's step counter back (a checkpoint of the model and its optimizer restored: earlier
+    weights of a recorded run, whose rewound steps the privacy record counts again) is accepted. The
+    variables live in this plain (not trackable) object, as the noise key's, so no checkpoint holds them.
+    Each run (``new_run``: every ``fit``, ``train_on_batch``, ``begin_training``) starts unarmed: weights set
+    before its first step (``load_weights``, a ``BackupAndRestore`` restore) are the per-record ledger's
+    business. A variable found written stays in ``written`` for the optimizer's life: its statement then
+    gives no guarantee. A sum of squares does not identify a tensor: a write that keeps it (a permutation
+    or sign flips of a weight's values) is not seen.
+    """
+
+    def __init__(self):
+        self._variables, self._index = [], {}
+        self._tainted = []
+        with tf.init_scope():
+            self._armed = _on_read(False, "dp_write_watch_armed")
+            self._step = _on_read(tf.constant(-1, tf.int64), "dp_write_watch_step")
+            self._stored = self._flags = None
+
+    def new_run(self, variables) -> None:
+        """Start a run over ``variables`` (the model's trainable variables): unarmed until the first write."""
+        self._tainted.extend(n for n in self.written() if n not in self._tainted)
+        variables = list(variables)
+        with tf.init_scope():
+            if self._stored is None or [id(v) for v in variables] != [id(v) for v in self._variables] or any(
+                    a is not b for a, b in zip(variables, self._variables, strict=True)):
+                self._variables = variables
+                self._index = {id(v): i for i, v in enumerate(variables)}
+                self._stored = _on_read(tf.zeros([len(variables)], tf.float32), "dp_write_watch")
+                self._flags = _on_read(tf.zeros([len(variables)], tf.float32), "dp_write_watch_flags")
+            else:
+                self._stored.assign(tf.zeros([len(variables)], tf.float32))
+                self._flags.assign(tf.zeros([len(variables)], tf.float32))
+            self._armed.assign(False)
+
+    def disarm(self) -> None:
+        """Skip the check at the next step (a tool that sets the weights on purpose: the privacy audits)."""
+        with tf.init_scope():
+            self._armed.assign(False)
+
+    def _held(self, variables) -> list:
+        return [(v, self._index[id(v)]) for v in variables
+                if id(v) in self._index and self._variables[self._index[id(v)]] is v]
+
+    def before_write(self, variables, iterations) -> list:
+        """Inside the step, before the update: refuse it if a variable changed since the last DP write.
+
+        ``iterations``: the optimizer's step counter (a restore that set it back is accepted, see above).
+        """
+        held = self._held(variables)
+        if not held:
+            return []
+        index = tf.constant([[i] for _, i in held], tf.int32)
+        old = tf.gather_nd(tf.convert_to_tensor(self._stored), index)
+        same_step = tf.equal(tf.cast(tf.convert_to_tensor(iterations), tf.int64), self._step)
+        written = tf.logical_and(tf.logical_and(tf.convert_to_tensor(self._armed), same_step),
+                                 _differs(_sums_of_squares([v for v, _ in held]), old))
+        flags = tf.convert_to_tensor(self._flags)
+        mark = self._flags.assign(tf.tensor_scatter_nd_max(flags, index, tf.cast(written, tf.float32)))
+        names = tf.constant([v.name for v, _ in held])
+        with tf.control_dependencies([mark]):
+            return [tf.debugging.Assert(
+                tf.logical_not(tf.reduce_any(written)),
+                ["these variables were changed outside the DP step during DP training (after the last DP "
+                 "update, before this one: a callback or code between steps wrote them). No epsilon covers "
+                 "what they carry; the step is refused. Change weights only through the DP optimizer while "
+                 "training, or between runs:", tf.boolean_mask(names, written)], summarize=3)]
+
+    def after_write(self, variables, iterations) -> None:
+        """Inside the step, after the update: keep the sums of squares the DP step wrote; arm the check."""
+        held = self._held(variables)
+        if not held:
+            return
+        index = tf.constant([[i] for _, i in held], tf.int32)
+        self._stored.assign(tf.tensor_scatter_nd_update(tf.convert_to_tensor(self._stored), index,
+                                                        _sums_of_squares([v for v, _ in held])))
+        self._step.assign(tf.cast(tf.convert_to_tensor(iterations), tf.int64))
+        self._armed.assign(True)
+
+    def last_written_state(self) -> tuple:
+        """The sums of squares the last DP write left (eager): a key for the model state it produced."""
+        return () if self._stored is None else tuple(self._stored.numpy().tolist())
+
+    def changed_since_write(self, iterations) -> list:
+        """Eager: the watched variables whose values differ from the last DP write's (armed, same step)."""
+        if self._stored is None or not bool(self._armed.numpy()) or \
+                int(tf.convert_to_tensor(iterations).numpy()) != int(self._step.numpy()):
+            return []
+        written = _differs(_sums_of_squares(self._variables), tf.convert_to_tensor(self._stored)).numpy()
+        return [v.name for v, w in zip(self._variables, written, strict=True) if w]
+
+    def state(self) -> tuple:
+        """The sums of squares of the watched variables now (eager): a key for the model state."""
+        return () if not self._variables else tuple(_sums_of_squares(self._variables).numpy().tolist())
+
+    def written(self) -> list:
+        """Names of the variables found written outside the DP step (this run's and earlier runs')."""
+        now = [] if self._flags is None else [
+            v.name for v, f in zip(self._variables, self._flags.numpy(), strict=True) if f > 0]
+        return list(self._tainted) + [n for n in now if n not in self._tainted]
+
+    def taint(self, names) -> None:
+        """Record ``names`` as written outside the DP step (a check outside the traced step found them)."""
+        self._tainted.extend(n for n in names if n not in self._tainted)
+
+
 class StateWatch(tf.keras.callbacks.Callback):
-    """Refuses a DP ``fit`` whose first step changed a model variable outside the DP update.
+    """Refuses a DP ``fit`` in which a model variable changed outside the DP update, at any time of the run.
 
     The variables the step may change are the model's trainable variables (the DP update) and tfdpbnn's
     layers' own state (SI-DPSGD's weight-noise scale); any other (a frozen layer's weights, a layer's
-    non-trainable state, a variable a ``train_step`` override updates after its DP call) is compared with
-    its value before the first batch after that batch, set back, and named in a ``ValueError``.
+    non-trainable state, a variable a ``train_step`` override or a callback updates) is compared with its
+    value before the first batch after that batch, at every epoch's end and at the end of ``fit``, set back,
+    and named in a ``ValueError``. Writes to the trainable variables between steps are refused by the next
+    step (``WriteWatch``); after the last step, at the end of ``fit``, unless the weights are those of an
+    epoch's end (``EarlyStopping(restore_best_weights=True)``: post-processing). A callback's
+    ``on_train_end`` runs after this check: what it writes is code outside the run.
     """
 
     def __init__(self):
         super().__init__()
         self._snapshot = None
         self._done = False
+        self._outside = None
+        self._states = set()
 
     def on_train_begin(self, logs=None):
         """Start watching (the snapshot is taken at the first batch, after every callback's restore)."""
-        self._snapshot, self._done = None, False
+        self._snapshot, self._done, self._outside, self._states = None, False, None, set()
 
     def on_train_batch_begin(self, batch, logs=None):
         """Before the first batch: the snapshot of the variables the DP step must not change."""
@@ -233,12 +371,52 @@ class StateWatch(tf.keras.callbacks.Callback):
             self._snapshot = VariableSnapshot(self.model, outside_dp_update=True)
 
     def on_train_batch_end(self, batch, logs=None):
-        """After the first batch: restore and refuse what changed."""
+        """After the first batch: restore and refuse what changed; keep the snapshot for the run's checks."""
         snapshot, self._snapshot = self._snapshot, None
         self._done = True
         if snapshot is not None:
             snapshot.refuse_changes("the first DP step of fit (outside the DP update of the trainable "
                                     "variables)")
+            self._outside = snapshot
+
+    def _watch(self):
+        return getattr(self.model.optimizer, "_dp_write_watch", None)
+
+    def _refuse_outside(self, when: str) -> None:
+        """Refuse a change of the variables outside the DP update since the first batch (named, restored)."""
+        if self._outside is None:
+            return
+        changed = self._outside.changed()
+        watch = self._watch()
+        if changed and watch is not None:
+            watch.taint([v.name for v in changed])
+        self._outside.refuse_changes(f"a callback or code run during DP fit ({when}; outside the DP update "
+                                     "of the trainable variables)")
+
+    def on_epoch_end(self, epoch, logs=None):
+        """Refuse non-trainable state changed during the epoch; remember the epoch's trainable state."""
+        self._refuse_outside(f"found at the end of epoch {epoch}")
+        watch = self._watch()
+        if watch is not None and self._done:  # the state the epoch's last DP step wrote (read, not computed)
+            self._states.add(watch.last_written_state())
+
+    def on_train_end(self, logs=None):
+        """Refuse state changed after the last DP step, unless set back to an epoch's end (as EarlyStopping).
+
+        Weights set to those at an earlier epoch's end are post-processing of what the DP steps released.
+        """
+        self._refuse_outside("found at the end of fit")
+        watch = self._watch()
+        if watch is None or not self._done:
+            return
+        changed = watch.changed_since_write(self.model.optimizer.iterations)
+        if changed and watch.state() not in self._states:
+            watch.taint(changed)
+            raise ValueError(
+                f"model: variable(s) {changed[:3]} changed after the last DP step of fit (a callback wrote "
+                "them, e.g. in on_epoch_end), to values that are neither that step's nor an epoch end's. No "
+                "epsilon covers what they carry, and the optimizer's privacy statement now says "
+                "guarantee: false. Change weights only through the DP optimizer while training.")
 
 
-__all__ = ["StateWatch", "VariableSnapshot", "check_declared_state", "declared_state"]
+__all__ = ["StateWatch", "VariableSnapshot", "WriteWatch", "check_declared_state", "declared_state"]

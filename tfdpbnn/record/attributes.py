@@ -5,7 +5,8 @@ The privacy record travels with the objects a user holds, as private attributes:
 - a DP optimizer: its run record (``RunRecord``), its phase ledger as variables (``LedgerState``), the
   other releases it composes (private calibrations and the like: ``releases``, with ``parallel_basis`` and
   ``release_ledger``), the DP preprocessing found on its model (``preprocessing_found``), the releases no
-  epsilon covers (``uncovered``) and a private search's record (``search_record``);
+  epsilon covers (``uncovered``), a private search's record (``search_record``) and the user's assertions
+  that a custom loop's loss keeps examples separate (``loss_assertions``);
 - a model: the link to the optimizer that last trained it (``ledger_link``) and a search's record;
 - a preprocessing layer: its DP adapt's record, the user's public-data assertion, and the digest of its
   state when either was made (``preprocessing_record``, ``public_preprocessing``, ``preprocessing_digest``);
@@ -28,6 +29,7 @@ _RELEASE_LEDGER = "_dp_release_ledger"
 _PREPROCESSING_FOUND = "_dp_preprocessing"
 _UNCOVERED = "_dp_uncovered"
 _SEARCH_RECORD = "_dp_search_record"
+_LOSS_ASSERTIONS = "_dp_loss_assertions"
 # ------------------------------------------------------------------------------------ models
 _LEDGER_LINK = "_tfdpbnn_ledger_link"
 # ------------------------------------------------------------------------------------ preprocessing layers
@@ -113,6 +115,16 @@ def set_search_record(holder, record) -> None:
 def search_record(holder):
     """The ``SearchRecord`` ``holder`` carries, or None."""
     return getattr(holder, _SEARCH_RECORD, None)
+
+
+def set_loss_assertions(optimizer, assertions: list) -> None:
+    """Keep the user's assertions that a custom loop's per-example loss keeps examples separate."""
+    setattr(optimizer, _LOSS_ASSERTIONS, assertions)
+
+
+def loss_assertions(optimizer) -> list:
+    """The per-example-loss assertions (``begin_training(assert_per_example_loss=...)``); [] if none."""
+    return getattr(optimizer, _LOSS_ASSERTIONS, [])
 
 
 def set_ledger_link(model, link) -> None:

@@ -598,11 +598,13 @@ class RecordLedger:
     def bound_for(self, phases, delta: float, accountant: str = "rdp", extra=()) -> tuple[float | None, int]:
         """The ledger bound of a model trained in ``phases`` (``tfdpbnn.record.ledger.Phase`` objects).
 
-        The largest composed epsilon over every record that a release covering one of those phases touched.
-        Each such history is composed with every phase of the model (the larger of its version and the
-        ledger's, per phase: steps the ledger did not see, e.g. on unknown records, count too) and with
-        ``extra`` (the model's releases that the ledger does not hold), so the bound is never below the
-        model's own epsilon. Returns (bound, records); (None, 0) when no release covers any of the phases.
+        The largest composed epsilon over every record that a release covering one of those phases touched:
+        a training release, or a private search's scores on its validation records (``kind="search"``,
+        linked to the selected model's phases). Each such history is composed with every phase of the model
+        (the larger of its version and the ledger's, per phase: steps the ledger did not see, e.g. on
+        unknown records, count too) and with ``extra`` (the model's releases that the ledger does not hold),
+        so the bound is never below the model's own epsilon. Returns (bound, records); (None, 0) when no
+        release covers any of the phases.
         """
         own = [Release(0, "training", p.neighboring, event_to_config(p.event()), None, int(p.phase_id), "",
                        (int(p.phase_id),)) for p in phases if p.released]
@@ -610,7 +612,8 @@ class RecordLedger:
         worst: float | None = None
         records = 0
         for history in self.histories():
-            if not any(r.kind == "training" and wanted.intersection(r.phase_ids) for r in history.releases):
+            if not any(r.kind in ("training", "search") and wanted.intersection(r.phase_ids)
+                       for r in history.releases):
                 continue
             value = composed_epsilon(history.composed(own) + list(extra), delta, accountant,
                                      _neighboring(history))

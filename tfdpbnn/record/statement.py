@@ -56,7 +56,7 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
     if current is not None and ledger.phases and len(ledger.phases) > len(sources):
         sources = sources + [current["source"]]
     asserted = [p.sampling for p, s in zip(ledger.phases, sources, strict=False)
-                if s == "asserted_by_user"]
+                if s == "asserted_by_user"] + list(attributes.loss_assertions(optimizer))
     epsilon = ledger.epsilon(delta, optimizer.accountant)
     weights, spent = attributes.run_record(optimizer).weights_and_spent(delta, epsilon)
     statement = {
@@ -108,7 +108,17 @@ def _noise_source(optimizer) -> str:
 def _mark_guarantee(statement: dict, optimizer) -> dict:
     """``guarantee``: False for replayable noise (``debug_noise_seed``): epsilon infinite, and the reason."""
     replayable = optimizer.mechanism.noise_replayable
-    statement["guarantee"] = not replayable
+    written = optimizer._dp_write_watch.written()
+    statement["guarantee"] = not replayable and not written
+    if written and not replayable:
+        statement["guarantee_reason"] = (
+            f"state written outside the DP step: no guarantee. Variable(s) {written[:3]} changed during DP "
+            "training outside the DP update (a callback or code between steps); what they carry is covered "
+            "by no epsilon. epsilon is infinite; epsilon_if_state_were_untouched is the accountant's value.")
+        statement["epsilon_if_state_were_untouched"] = statement["epsilon"]
+        statement["epsilon"] = statement["run_epsilon"] = math.inf
+        statement["quote"] = {"epsilon": math.inf, "which": "guarantee",
+                              "note": "no epsilon holds: state was written outside the DP step"}
     if replayable:
         statement["guarantee_reason"] = (
             "noise replayable: no guarantee. The optimizer was built with debug_noise_seed="
@@ -124,6 +134,8 @@ def _mark_guarantee(statement: dict, optimizer) -> dict:
 
 def add_ledger_bound(statement: dict, optimizer, delta: float) -> dict:
     """``statement`` with ``run_epsilon``, ``ledger_bound`` and ``quote`` (see the module)."""
+    # A private search that selected the model: its trials are training releases on the training records,
+    # its noisy scores a "search" release on the validation records linked to the model's phases.
     # The model's other releases compose with every history of its training records, whether or not they are
     # in the ledger too: a release recorded with its data (record_release(x=, y=)) names its records in the
     # form it was given, which need not be the form training gave them (an upper bound: it may count twice).
@@ -134,8 +146,6 @@ def add_ledger_bound(statement: dict, optimizer, delta: float) -> dict:
         r.privacy.dp_event for r, _ in attributes.releases(optimizer)
         if not in_histories.get(id(r), (None, False))[1]]
     unavailable = None
-    if attributes.search_record(optimizer) is not None:
-        unavailable = "the private search that selected this model is not written to the per-record ledger"
     accountant = statement["accountant"]
     bound = attributes.run_record(optimizer).ledger_statement(delta, accountant, extra, unavailable)
     run = statement["epsilon"]

@@ -228,6 +228,32 @@ def _fit(model, hp, x, y, callbacks, verbose):
         raise RuntimeError(f"the trial ran {ran} steps but its accounting assumed {steps}")
 
 
+def _scores_event(score_noise_multiplier: float, trials: int):
+    """The noisy counts of ``trials`` trials on the validation split: Gaussians of sensitivity 1, composed."""
+    import dp_accounting
+
+    if trials == 0:
+        return dp_accounting.NoOpDpEvent()
+    return dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(score_noise_multiplier), trials)
+
+
+def _reserve_scores(x_val, y_val, score_noise_multiplier: float, trials: int):
+    """Reserve the search's scores for the validation records in the per-record ledger (None if it is off).
+
+    Raises ``BudgetExceededError`` before any trial when a validation record would exceed the ledger's
+    per-record budget.
+    """
+    from tfdpbnn.record.record_ledger import default_ledger
+    from tfdpbnn.record.records import record_keys
+
+    ledger = default_ledger()
+    if ledger is None:
+        return None
+    return ledger.reserve(record_keys(x_val, y_val), _scores_event(score_noise_multiplier, trials),
+                          kind="search", description=f"private_search: noisy validation scores of {trials} "
+                                                     f"trials (score noise {score_noise_multiplier:.4g})")
+
+
 def _default_predict(model, x):
     return model(x, training=False)
 
@@ -280,6 +306,10 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
         k = distribution.sample(rng)
         plan = [int(rng.integers(len(candidates))) for _ in range(k)]
 
+    # The noisy scores are a release on the validation records: reserved in the per-record ledger before the
+    # first trial (K is drawn above, so the plan is known), committed with the selected model's phases. The
+    # trials' training is written against the training records by their own fits.
+    reservation = _reserve_scores(x_val, y_val, s, len(plan))
     start = time.time()
     records, best = [], None
     for i in plan:
@@ -296,6 +326,10 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
         else:
             del model
     wall = time.time() - start
+    if reservation is not None:
+        phases = [] if best is None else best[1].optimizer.ledger.phases
+        phase_ids = [p.phase_id for p in phases if p.released]
+        reservation.commit(_scores_event(s, len(plan)), phase_ids=phase_ids)
 
     eps = bounds.epsilon(bounds.ORDERS, total, delta)
     per_candidate = [bounds.epsilon(bounds.ORDERS, c, delta) for c in train]

@@ -1,0 +1,80 @@
+"""A private search in the per-record ledger: its trials on the training records, its scores on the validation
+records, and the selected model's ledger bound covering both (truths from dp-accounting)."""
+
+from __future__ import annotations
+
+import dp_accounting
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdpbnn
+import tfdpbnn.tuning
+from tfdpbnn.privacy import dp_sgd_event
+from tfdpbnn.record.record_ledger import BudgetExceededError, default_ledger
+from tfdpbnn.record.records import record_keys
+
+CANDIDATES = [dict(noise_multiplier=1.0, batch_size=32, epochs=1), dict(noise_multiplier=1.5, batch_size=16,
+                                                                         epochs=1)]
+SCORE_NOISE = 2.0
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(96, 4)).astype("float32")
+    y = rng.integers(0, 3, 96)
+    return x[:64], y[:64], x[64:], y[64:]
+
+
+def _model(hp, n=64):
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, hp["noise_multiplier"], num_examples=n,
+                                                   batch_size=hp["batch_size"], delta=1e-5,
+                                                   sampling="poisson"),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _rdp(*events):
+    return dp_accounting.rdp.RdpAccountant().compose(dp_accounting.ComposedDpEvent(list(events))).get_epsilon(
+        1e-5)
+
+
+def test_search_is_charged_to_its_records_and_in_the_selected_models_ledger_bound():
+    x, y, xv, yv = _data()
+    res = tfdpbnn.tuning.private_search(_model, CANDIDATES, x, y, xv, yv, delta=1e-5, distribution=None,
+                                        score_noise_multiplier=SCORE_NOISE)
+    ledger = default_ledger()
+    # Truths, independently: both trials' DP-SGD on every training record (q 0.5, 2 steps; q 0.25, 4 steps);
+    # two noisy counts (sensitivity 1, noise 2) on every validation record.
+    train_truth = _rdp(dp_sgd_event(1.0, 0.5, 2), dp_sgd_event(1.5, 0.25, 4))
+    val_truth = _rdp(*[dp_accounting.GaussianDpEvent(SCORE_NOISE)] * 2)
+    assert ledger.max_epsilon(record_keys(x, y), 1e-5) == pytest.approx(train_truth, rel=1e-3)
+    assert ledger.max_epsilon(record_keys(xv, yv), 1e-5) == pytest.approx(val_truth, rel=1e-3)
+    statement = res.model.optimizer.privacy_statement()
+    bound = statement["ledger_bound"]
+    assert bound["epsilon"] is not None, bound
+    assert bound["epsilon"] >= max(train_truth, val_truth) * (1 - 1e-6)
+    assert statement["quote"]["epsilon"] >= max(train_truth, val_truth, res.privacy["epsilon"]) * (1 - 1e-6)
+    # The selected weights in a fresh model with a new optimizer (no search record travels): the ledger
+    # finds the search through the weights' phases.
+    fresh = _model(res.hparams)
+    fresh.set_weights(res.model.get_weights())
+    later = fresh.optimizer.privacy_statement(model=fresh)
+    assert later["ledger_bound"]["epsilon"] >= max(train_truth, val_truth) * (1 - 1e-6)
+    assert later["quote"]["epsilon"] >= max(train_truth, val_truth) * (1 - 1e-6)
+
+
+def test_search_over_a_validation_records_budget_is_refused_before_any_trial():
+    x, y, xv, yv = _data()
+    default_ledger().set_budget(epsilon=_rdp(dp_accounting.GaussianDpEvent(SCORE_NOISE)) * 1.2, delta=1e-5)
+    built = []
+
+    def build(hp):
+        built.append(hp)
+        return _model(hp)
+
+    with pytest.raises(BudgetExceededError, match="search release"):
+        tfdpbnn.tuning.private_search(build, CANDIDATES, x, y, xv, yv, delta=1e-5, distribution=None,
+                                      score_noise_multiplier=SCORE_NOISE)
+    assert built == []

@@ -1,0 +1,137 @@
+"""State changed outside the DP step during a run (callbacks, code between steps), not only at its start.
+
+Each write below sets a model variable from the training data (the data's mean): the model would release the
+mean exactly, with no noise. The run refuses it, naming the variable, and the optimizer's statement then
+gives no guarantee. Weights set back to an epoch's end (post-processing) are accepted.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from _small_runs import DELTA, LOSS, D, N, small_data
+
+import tfdpbnn
+
+REFUSED = (ValueError, tf.errors.InvalidArgumentError)
+
+
+class MeanShift(tf.keras.layers.Layer):
+    """Subtracts a non-trainable mean (zero unless something sets it)."""
+
+    def build(self, input_shape):
+        self.mu = self.add_weight(name="mu", shape=input_shape[-1:], initializer="zeros", trainable=False)
+
+    def call(self, inputs):
+        return inputs - self.mu
+
+
+class At(tf.keras.callbacks.Callback):
+    """Runs ``action(model)`` at batch end ``batch`` (or at epoch end ``epoch``)."""
+
+    def __init__(self, action, batch=None, epoch=None):
+        super().__init__()
+        self.action, self.batch, self.epoch = action, batch, epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.batch:
+            self.action(self.model)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch:
+            self.action(self.model)
+
+
+def _model(shift=False):
+    tf.keras.utils.set_random_seed(0)
+    layers = [tf.keras.Input((D,))] + ([MeanShift()] if shift else []) + [tf.keras.layers.Dense(3)]
+    model = tf.keras.Sequential(layers)
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
+                  loss=LOSS)
+    return model
+
+
+def _kernel_from_data(x):
+    def action(model):
+        kernel = model.layers[-1].kernel
+        kernel.assign(np.tile(x.mean(axis=0)[:, None], (1, 3)))
+    return action
+
+
+def _no_guarantee(model, name):
+    statement = model.optimizer.privacy_statement()
+    assert statement["guarantee"] is False
+    assert math.isinf(statement["epsilon"]) and math.isinf(statement["quote"]["epsilon"])
+    assert name in statement["guarantee_reason"]
+    assert np.isfinite(statement["epsilon_if_state_were_untouched"])
+
+
+def test_a_weight_written_between_batches_is_refused_by_the_next_step():
+    x, y = small_data()
+    model = _model()
+    with pytest.raises(REFUSED, match="changed outside the DP step"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[At(_kernel_from_data(x), batch=2)])
+    assert model.optimizer.steps == 3  # the fourth step, after the write, was refused
+    _no_guarantee(model, "kernel")
+
+
+def test_non_trainable_state_set_from_data_mid_run_is_refused_and_set_back():
+    x, y = small_data()
+    model = _model(shift=True)
+    layer = model.layers[0]
+    with pytest.raises(ValueError, match="mu"):
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0,
+                  callbacks=[At(lambda m: layer.mu.assign(x.mean(axis=0)), epoch=0)])
+    np.testing.assert_array_equal(layer.mu.numpy(), np.zeros(D, np.float32))  # set back
+    _no_guarantee(model, "mu")
+
+
+def test_a_weight_written_after_the_last_step_is_refused_at_the_end_of_fit():
+    x, y = small_data()
+    model = _model()
+    with pytest.raises(ValueError, match="after the last DP step"):
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[At(_kernel_from_data(x), epoch=1)])
+    _no_guarantee(model, "kernel")
+
+
+def test_weights_set_back_to_an_epoch_end_are_accepted():
+    x, y = small_data()
+    model = _model()
+    kept = {}
+
+    class KeepAndRestore(tf.keras.callbacks.Callback):  # as EarlyStopping(restore_best_weights=True)
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                kept["weights"] = model.get_weights()
+            if epoch == 2:
+                model.set_weights(kept["weights"])
+
+    model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[KeepAndRestore()])
+    statement = model.optimizer.privacy_statement()
+    assert statement["guarantee"] is True and np.isfinite(statement["epsilon"])
+    # A new fit starts a new run: weights set between runs are the ledger's business, not refused.
+    model.layers[-1].kernel.assign(model.layers[-1].kernel * 0.5)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert model.optimizer.privacy_statement()["guarantee"] is True
+
+
+def test_a_custom_loop_write_between_steps_is_refused():
+    x, y = small_data()
+    model = _model()
+    opt = model.optimizer
+    opt.begin_training(model, x, y, batch_size=8, assert_per_example_loss="per-example cross-entropy")
+
+    @tf.function
+    def step(xb, yb):
+        opt.minimize(lambda: LOSS.__class__(from_logits=True, reduction="none")(yb, model(xb, training=True)),
+                     model.trainable_variables)
+
+    step(x[:8], y[:8])
+    step(x[8:16], y[8:16])
+    model.layers[-1].bias.assign(tf.constant(x[:3, 0]))
+    with pytest.raises(REFUSED, match="bias"):
+        step(x[16:24], y[16:24])
+    _no_guarantee(model, "bias")
