@@ -581,7 +581,8 @@ def example_batch(model):
         raise ValueError("model: the traced audit of a saved model needs a single input and a single output; "
                          "call tfdpbnn.audit.traced.traced_audit(model, x_example, y_example) instead")
     spec = model.inputs[0]
-    x = np.zeros((1,) + tuple(int(d) for d in spec.shape[1:]), spec.dtype.as_numpy_dtype)
+    dtype = tf.as_dtype(spec.dtype).as_numpy_dtype          # Keras 3's input dtype is a str
+    x = np.zeros((1,) + tuple(int(d) for d in spec.shape[1:]), dtype)
     out = int(model.outputs[0].shape[-1] or 1)
     loss = model.loss
     name = loss if isinstance(loss, str) else (getattr(loss, "name", None) or getattr(loss, "__name__", None)
