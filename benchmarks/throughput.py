@@ -631,6 +631,7 @@ def _run_set(python, args, keys):
                "--examples", str(args.examples), "--batch-size", str(args.batch_size),
                "--repeats", str(args.repeats), "--models", ",".join(keys), "--json", out]
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        env.pop("TF_USE_LEGACY_KERAS", None)  # tfdpbnn set it here (Keras 2); each set picks its own Keras
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
         with open(out) as f:
             return json.load(f)
