@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from importlib import metadata
 import os
 import platform
 import statistics
@@ -599,7 +600,7 @@ def main(argv=None):
                             for system, ts in times.items()}
         with open(args.json, "w") as f:
             json.dump({"tensorflow": tf.__version__, "keras_major": _keras_version.KERAS_MAJOR,
-                       "keras": tf.keras.__version__ if hasattr(tf.keras, "__version__") else "",
+                       "keras": metadata.version(_keras_version.KERAS_PACKAGE.replace("_", "-")),
                        "results": summary}, f, indent=1)
     text = report(results, args)
     if not args.no_write:
