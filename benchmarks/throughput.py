@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from importlib import metadata
 import os
 import platform
 import statistics
 import subprocess
 import sys
 import time
+from importlib import metadata
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
