@@ -54,7 +54,7 @@ def bernoulli_mc(model, x, num_samples):
 
 def two_logit_model(model):
     """A serving model whose outputs [0, l] have softmax [1 - sigmoid(l), sigmoid(l)] (same weights)."""
-    logit = model.output
+    logit = model.outputs[0]
     return tf.keras.Model(model.inputs, tf.keras.layers.Concatenate()([tf.zeros_like(logit), logit]))
 
 

@@ -88,12 +88,14 @@ def test_export_round_trip_all_layers(tmp_path):
     with pytest.raises(tf.errors.InvalidArgumentError, match="num_samples"):
         mc_fn(x=tf.constant(X), num_samples=tf.constant(0))
 
-    # Keras reload (same files as model.save): identical deterministic outputs, MC through python
-    reloaded = tf.keras.models.load_model(path)
-    np.testing.assert_allclose(reloaded(X).numpy(), det, **F32)
-    np.testing.assert_allclose(mc_predict(reloaded, X, num_samples=MC).mean, ref.mean, atol=0.05)
-    noisy = [layer for layer in reloaded.layers if isinstance(layer, L.NoisyDense)][0]
-    assert noisy.noise_stddev.numpy() == pytest.approx(0.1)
+    # Keras reload (same files as model.save): identical deterministic outputs, MC through python. Keras 2
+    # only: Keras 3's load_model reads no SavedModel (the .keras round trip below covers it there).
+    if _keras_version.KERAS_MAJOR == 2:
+        reloaded = tf.keras.models.load_model(path)
+        np.testing.assert_allclose(reloaded(X).numpy(), det, **F32)
+        np.testing.assert_allclose(mc_predict(reloaded, X, num_samples=MC).mean, ref.mean, atol=0.05)
+        noisy = [layer for layer in reloaded.layers if isinstance(layer, L.NoisyDense)][0]
+        assert noisy.noise_stddev.numpy() == pytest.approx(0.1)
 
     # plain model.save, Keras v3 format, keeps working for every layer
     keras_path = str(tmp_path / "m.keras")
