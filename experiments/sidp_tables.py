@@ -66,6 +66,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tfdpbnn._private_api import submodules
+
 __all__ = ["DATASETS", "EPSILONS", "METHODS", "NOISE_LEVELS", "NORMS", "PAPER_TABLE1", "PAPER_TABLE4",
            "build_model", "paper_mode_noise_multiplier", "public_split", "run", "train_one"]
 
@@ -279,7 +281,7 @@ def train_one(kind: str, norm: str, epsilon, setting: dict, x_train, y_train, x_
                   clipping_method="jacobian" if norm == "bn" else "auto")
     if kind == "nonprivate":  # Davody et al. 2020, Table 1: noisy weights, no clipping, no DP noise
         opt = tf.keras.optimizers.Adam(setting["nonprivate_adam_lr"])
-        for layer in model.submodules:
+        for layer in submodules(model):
             if hasattr(layer, "set_noise_stddev"):
                 layer.set_noise_stddev(weight_noise)
     elif kind == "dpsgd":
@@ -313,7 +315,7 @@ def train_one(kind: str, norm: str, epsilon, setting: dict, x_train, y_train, x_
         # One released sample theta_T (Davody et al. 2020, Algorithm 1's output; all the paper-mode epsilon
         # covers).
         if kind == "nonprivate":
-            for layer in model.submodules:
+            for layer in submodules(model):
                 if hasattr(layer, "sample_weights_into_kernel"):
                     layer.sample_weights_into_kernel()
         else:
