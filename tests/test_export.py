@@ -100,7 +100,9 @@ def test_export_round_trip_all_layers(tmp_path):
     # plain model.save, Keras v3 format, keeps working for every layer
     keras_path = str(tmp_path / "m.keras")
     model.save(keras_path)
-    np.testing.assert_allclose(tf.keras.models.load_model(keras_path)(X).numpy(), det, **F32)
+    reloaded = tf.keras.models.load_model(keras_path,
+                                          custom_objects={"PrivateStatementSGD": PrivateStatementSGD})
+    np.testing.assert_allclose(reloaded(X).numpy(), det, **F32)
 
 
 def test_export_regression_with_explicit_privacy(tmp_path):
