@@ -9,6 +9,12 @@ measurement times the clipping engine alone (bare steps, no noise), to separate 
 
     python benchmarks/throughput.py --repeats 3 --jacobian-steps 1   # the run in docs/benchmarks.md
     python benchmarks/throughput.py --quick --no-write   # a smoke run
+    python benchmarks/throughput.py --keras-sets .venv/bin/python .venv-keras3/bin/python   # Keras 2 vs 3
+
+``--keras-sets PY2 PY3`` runs this script (tfdpbnn systems only, no memory probes) under the Keras 2 set's
+and the Keras 3 set's Python in turn, each in its own subprocess, for ``--rounds`` alternating rounds, and
+reports per model and system the median examples/s, wall and CPU seconds per epoch on each Keras, with the
+1-minute load average before and after (the section between the keras-sets markers of docs/benchmarks.md).
 
 Systems: non-private Keras SGD; tf-privacy ``VectorizedDPKerasSGDOptimizer`` (per-example jacobian, a few
 steps); tf-privacy ``DPSequential`` with its fast-clipping layer registry (Dense/Embedding only, so the MLP);
@@ -25,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from importlib import metadata
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -33,9 +40,17 @@ import tensorflow as tf  # noqa: E402
 
 import tfdpbnn  # noqa: E402
 import tfdpbnn.layers as L  # noqa: E402
+from tfdpbnn import _keras_version  # noqa: E402
 from tfdpbnn._private_api import VECTORIZED_OPTIMIZERS, tensorflow_privacy_module  # noqa: E402
 
 CLIP, SIGMA, LR = 1.0, 1.0, 0.05
+
+
+def sgd(learning_rate):
+    """The non-private SGD: Keras 2's legacy SGD (as tf-privacy's optimizers), Keras 3's SGD on Keras 3."""
+    if _keras_version.KERAS_MAJOR == 2:
+        return tf.keras.optimizers.legacy.SGD(learning_rate)
+    return tf.keras.optimizers.SGD(learning_rate)
 
 
 # ------------------------------------------------------------------------------------------------- models
@@ -133,11 +148,11 @@ def build(key, system, n, batch):
             "tensorflow_privacy.privacy.keras_models.dp_keras_model").DPSequential
         model = DPSequential(l2_norm_clip=CLIP, noise_multiplier=SIGMA,
                              layer_registry=layer_registry.make_default_layer_registry(), layers=layers)
-        model.compile(optimizer=tf.keras.optimizers.legacy.SGD(LR), loss=loss)
+        model.compile(optimizer=sgd(LR), loss=loss)
         return model
     model = tf.keras.Sequential(layers)
     if system == "non-private":
-        opt = tf.keras.optimizers.legacy.SGD(LR)
+        opt = sgd(LR)
     elif system == "tf-privacy vectorized":
         vectorized = tensorflow_privacy_module(VECTORIZED_OPTIMIZERS)
         opt = vectorized.VectorizedDPKerasSGDOptimizer(l2_norm_clip=CLIP, noise_multiplier=SIGMA,
@@ -160,10 +175,11 @@ def systems_for(key, with_baselines):
 
 class _EpochTimer(tf.keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
-        self.start = time.perf_counter()
+        self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
     def on_epoch_end(self, epoch, logs=None):
         self.seconds = time.perf_counter() - self.start
+        self.cpu_seconds = time.process_time() - self.cpu_start
 
 
 def dataset(x, y, batch):
@@ -175,15 +191,20 @@ def dataset(x, y, batch):
     return tfdpbnn.data.assert_sampling(ds, "shuffle", num_examples=len(x))
 
 
-def run_epoch(model, ds):
-    """Seconds of one ``model.fit`` epoch over ``ds``."""
+def run_epoch(model, ds, cpu=None):
+    """Wall seconds of one ``model.fit`` epoch over ``ds``; its CPU seconds (all threads) go to ``cpu``."""
     timer = _EpochTimer()
     model.fit(ds, epochs=1, verbose=0, callbacks=[timer])
+    if cpu is not None:
+        cpu.append(timer.cpu_seconds)
     return timer.seconds
 
 
 def time_model(key, args):
-    """Interleaved timing of every system of ``key``: ({system: [seconds per epoch]}, examples/epoch)."""
+    """Interleaved timing of every system of ``key``.
+
+    Returns ``({system: [wall seconds per epoch]}, examples/epoch, {system: [CPU seconds per epoch]})``.
+    """
     shape = MODELS[key][2]
     x, y = data(shape, args.examples)
     ds = dataset(x, y, args.batch_size)
@@ -194,6 +215,7 @@ def time_model(key, args):
     small = dataset(x[: args.batch_size * args.jacobian_steps], y[: args.batch_size * args.jacobian_steps],
                     args.batch_size)
     times = {s: [] for s in systems}
+    cpu = {s: [] for s in systems}
     one = dataset(x[: args.batch_size], y[: args.batch_size], args.batch_size)
     for s, m in models.items():                       # warm-up: tracing and first-epoch effects
         run_epoch(m, one if s == slow else ds)
@@ -202,8 +224,8 @@ def time_model(key, args):
             if s == slow:
                 times[s].append(run_epoch(m, small) * steps / args.jacobian_steps)
             else:
-                times[s].append(run_epoch(m, ds))
-    return times, steps * args.batch_size
+                times[s].append(run_epoch(m, ds, cpu[s]))
+    return times, steps * args.batch_size, cpu
 
 
 def _proc_status_kib(field):
@@ -248,7 +270,7 @@ def engine_overhead(key, args):
 
     x, y = data(MODELS[key][2], args.batch_size)
     model = build(key, "non-private", args.examples, args.batch_size)
-    opt = tf.keras.optimizers.legacy.SGD(LR)
+    opt = sgd(LR)
     variables = model.trainable_variables
 
     def loss_fn(yt, yp, sw):
@@ -521,12 +543,17 @@ def main(argv=None):
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="also write the timings (model -> system -> median examples/s, time ratio) as "
                              "JSON (benchmarks/tf_versions.py reads it)")
+    parser.add_argument("--keras-sets", nargs=2, metavar=("PYTHON_KERAS2", "PYTHON_KERAS3"),
+                        help="compare the Keras 2 and Keras 3 sets: run this script under each Python "
+                             "(module docstring)")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of --keras-sets")
     parser.add_argument("--probe", nargs=2, metavar=("MODEL", "SYSTEM"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.examples, args.repeats, args.jacobian_steps = 1200, 2, 1
     for value, name in ((args.examples, "--examples"), (args.batch_size, "--batch-size"),
-                        (args.repeats, "--repeats"), (args.jacobian_steps, "--jacobian-steps")):
+                        (args.repeats, "--repeats"), (args.jacobian_steps, "--jacobian-steps"),
+                        (args.rounds, "--rounds")):
         if value < 1:
             raise SystemExit(f"{name} must be >= 1, got {value}")
     if args.examples < args.batch_size:
@@ -538,9 +565,12 @@ def main(argv=None):
     for k in keys:
         if k not in MODELS:
             raise SystemExit(f"--models: unknown model {k!r}; choose from {', '.join(MODELS)}")
-    results = {}
+    if args.keras_sets:
+        return compare_keras_sets(args, keys)
+    results, cpu_by_key = {}, {}
     for key in keys:
-        times, examples = time_model(key, args)
+        times, examples, cpu = time_model(key, args)
+        cpu_by_key[key] = cpu
         memory = {}
         if not args.no_memory:
             for system in times:
@@ -563,10 +593,15 @@ def main(argv=None):
         for key, (times, examples, _, _, _) in results.items():
             base = statistics.median(times["non-private"])
             summary[key] = {system: {"examples_per_s": examples / statistics.median(ts),
-                                     "time_ratio": statistics.median(ts) / base}
+                                     "time_ratio": statistics.median(ts) / base,
+                                     "wall_s_per_epoch": statistics.median(ts),
+                                     "cpu_s_per_epoch": (statistics.median(cpu_by_key[key][system])
+                                                         if cpu_by_key[key][system] else None)}
                             for system, ts in times.items()}
         with open(args.json, "w") as f:
-            json.dump({"tensorflow": tf.__version__, "results": summary}, f, indent=1)
+            json.dump({"tensorflow": tf.__version__, "keras_major": _keras_version.KERAS_MAJOR,
+                       "keras": metadata.version(_keras_version.KERAS_PACKAGE.replace("_", "-")),
+                       "results": summary}, f, indent=1)
     text = report(results, args)
     if not args.no_write:
         # Keep the sections benchmarks/scaling.py, tf_versions.py and epsilon_cost.py wrote between markers.
@@ -574,12 +609,86 @@ def main(argv=None):
         if os.path.exists(args.out):
             with open(args.out) as f:
                 old = f.read()
-        for name in ("scaling", "tf-versions", "epsilon-cost"):
+        for name in ("scaling", "tf-versions", "keras-sets", "epsilon-cost"):
             begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
             if begin in old and end in old:
                 text = text.rstrip("\n") + "\n\n" + old[old.index(begin): old.index(end) + len(end)] + "\n"
         with open(args.out, "w") as f:
             f.write(text)
+        print(f"wrote {os.path.normpath(args.out)}")
+    return 0
+
+
+KERAS_BEGIN, KERAS_END = "<!-- keras-sets:begin -->", "<!-- keras-sets:end -->"
+
+
+def _run_set(python, args, keys):
+    """This script under ``python`` (its own subprocess, tfdpbnn systems only): its ``--json`` output."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "throughput.json")
+        cmd = [python, os.path.abspath(__file__), "--no-baselines", "--no-memory", "--no-write",
+               "--examples", str(args.examples), "--batch-size", str(args.batch_size),
+               "--repeats", str(args.repeats), "--models", ",".join(keys), "--json", out]
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        env.pop("TF_USE_LEGACY_KERAS", None)  # tfdpbnn set it here (Keras 2); each set picks its own Keras
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            return json.load(f)
+
+
+def compare_keras_sets(args, keys):
+    """``--keras-sets``: the same models and batches on the Keras 2 and the Keras 3 set (module docstring)."""
+    from scaling import write_section
+
+    load_before, start = os.getloadavg()[0], time.perf_counter()
+    runs = {2: [], 3: []}
+    versions = {}
+    for r in range(args.rounds):
+        for major, python in zip((2, 3), args.keras_sets, strict=True):
+            data = _run_set(python, args, keys)
+            if data["keras_major"] != major:
+                raise SystemExit(f"--keras-sets: {python} runs Keras {data['keras_major']}, expected Keras "
+                                 f"{major} (give the Keras 2 set's Python first)")
+            versions[major] = f"TensorFlow {data['tensorflow']}, Keras {data['keras']}"
+            runs[major].append(data["results"])
+            print(f"round {r + 1}: Keras {major} ({versions[major]}): " + ", ".join(
+                f"{m}/{s} {v['examples_per_s']:,.0f} ex/s" for m, systems in data["results"].items()
+                for s, v in systems.items()), flush=True)
+    load_after, seconds = os.getloadavg()[0], time.perf_counter() - start
+
+    def median(major, model, system, field):
+        return statistics.median(run[model][system][field] for run in runs[major])
+
+    lines = [KERAS_BEGIN, "", "## Keras 2 and Keras 3", "",
+             f"Generated by `python benchmarks/throughput.py --keras-sets .venv/bin/python "
+             f".venv-keras3/bin/python --rounds {args.rounds} --examples {args.examples} --batch-size "
+             f"{args.batch_size} --repeats {args.repeats} --models {','.join(keys)}` (wall time "
+             f"{seconds:.0f} s): this script with `--no-baselines --no-memory` under each set's Python, "
+             f"each in its own subprocess, alternating, {args.rounds} round(s); the same models, random "
+             f"data and batch size {args.batch_size} on both; medians over the rounds of each run's "
+             f"median epoch. Keras 2: "
+             f"{versions[2]} (Python 3.11); Keras 3: {versions[3]} (Python 3.13). Machine: "
+             f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores; 1-minute load "
+             f"average {load_before:.2f} before and {load_after:.2f} after (near or above the core count, "
+             "other work competed: wall times are then noisy; CPU seconds, summed over TensorFlow's threads, "
+             "less so).", "",
+             "| model | system | Keras 2 examples/s | Keras 3 examples/s | Keras 3 / Keras 2 | Keras 2 wall "
+             "s / epoch | Keras 3 wall s / epoch | Keras 2 CPU s / epoch | Keras 3 CPU s / epoch |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for model in runs[2][0]:
+        for system in runs[2][0][model]:
+            k2, k3 = (median(m, model, system, "examples_per_s") for m in (2, 3))
+            w2, w3 = (median(m, model, system, "wall_s_per_epoch") for m in (2, 3))
+            c2, c3 = (median(m, model, system, "cpu_s_per_epoch") for m in (2, 3))
+            lines.append(f"| {model} | {system} | {k2:,.0f} | {k3:,.0f} | {k3 / k2:.2f} | {w2:.3f} | "
+                         f"{w3:.3f} | {c2:.3f} | {c3:.3f} |")
+    lines += ["", KERAS_END]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        write_section(text, args.out, KERAS_BEGIN, KERAS_END)
         print(f"wrote {os.path.normpath(args.out)}")
     return 0
 

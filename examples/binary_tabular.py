@@ -54,8 +54,10 @@ def bernoulli_mc(model, x, num_samples):
 
 def two_logit_model(model):
     """A serving model whose outputs [0, l] have softmax [1 - sigmoid(l), sigmoid(l)] (same weights)."""
-    logit = model.output
-    return tf.keras.Model(model.inputs, tf.keras.layers.Concatenate()([tf.zeros_like(logit), logit]))
+    logit = model.outputs[0]
+    # logit * 0.0: a zero column built from Keras operations (Keras 3 refuses TensorFlow functions such as
+    # tf.zeros_like on its symbolic tensors); the logit is finite, so this is exactly 0
+    return tf.keras.Model(model.inputs, tf.keras.layers.Concatenate()([logit * 0.0, logit]))
 
 
 def main():

@@ -213,6 +213,14 @@ def build_model(input_shape, norm: str, noisy: bool, x_public, arch: str = "smal
     return tf.keras.Model(inp, out)
 
 
+def _all_layers(model):
+    """Every layer of ``model``, nested models included (public ``layers``; Keras 3 has no ``submodules``)."""
+    for layer in model.layers:
+        yield layer
+        if hasattr(layer, "layers"):
+            yield from _all_layers(layer)
+
+
 def paper_mode_noise_multiplier(epsilon: float, steps: int, delta: float = DELTA) -> float:
     """The noise multiplier z that gives the paper mode the epsilon that holds of ``epsilon``.
 
@@ -279,7 +287,7 @@ def train_one(kind: str, norm: str, epsilon, setting: dict, x_train, y_train, x_
                   clipping_method="jacobian" if norm == "bn" else "auto")
     if kind == "nonprivate":  # Davody et al. 2020, Table 1: noisy weights, no clipping, no DP noise
         opt = tf.keras.optimizers.Adam(setting["nonprivate_adam_lr"])
-        for layer in model.submodules:
+        for layer in _all_layers(model):
             if hasattr(layer, "set_noise_stddev"):
                 layer.set_noise_stddev(weight_noise)
     elif kind == "dpsgd":
@@ -313,7 +321,7 @@ def train_one(kind: str, norm: str, epsilon, setting: dict, x_train, y_train, x_
         # One released sample theta_T (Davody et al. 2020, Algorithm 1's output; all the paper-mode epsilon
         # covers).
         if kind == "nonprivate":
-            for layer in model.submodules:
+            for layer in _all_layers(model):
                 if hasattr(layer, "sample_weights_into_kernel"):
                     layer.sample_weights_into_kernel()
         else:

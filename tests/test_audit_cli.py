@@ -126,3 +126,14 @@ def test_one_run_fdp_estimator_on_a_full_batch_run(broken, tmp_path, capsys):
     assert result["claimed_mu"] == pytest.approx(2 ** 0.5 / result["declared_noise_multiplier"])
     assert result["caught"] == (broken is not None) == (result["gdp_mu_lb"] > result["claimed_mu"])
     assert "mu-GDP:" in capsys.readouterr().out
+
+
+def test_multi_run_refuses_an_optimizer_with_per_variable_state():
+    from tfdpbnn import optimizers as O
+    from tfdpbnn.audit.multi_run import check_stateless
+
+    common = dict(num_examples=4, batch_size=2)
+    check_stateless(O.DPSGDOptimizer(1.0, 1.0, **common))           # plain SGD: accepted
+    for opt in (O.DPAdamOptimizer(1.0, 1.0, **common), O.DPSGDOptimizer(1.0, 1.0, momentum=0.9, **common)):
+        with pytest.raises(ValueError, match="optimizer: it keeps per-variable state"):
+            check_stateless(opt)

@@ -118,6 +118,12 @@ def test_refusals_name_the_argument():
     model.compile(optimizer=O.DPSGDOptimizer(1.0, 1.0, num_examples=4, batch_size=2), loss=LOSS)
     with pytest.raises(ValueError, match="alpha"):
         traced_audit(model, np.zeros((1, 2), np.float32), np.array([0]), alpha=2.0)
+    schedule = tf.keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
+    # Keras 3's optimizer.learning_rate is the schedule's current value; its config holds the schedule
+    model.compile(optimizer=O.DPSGDOptimizer(1.0, 1.0, learning_rate=schedule, num_examples=4, batch_size=2),
+                  loss=LOSS)
+    with pytest.raises(ValueError, match="optimizer: a learning-rate schedule"):
+        traced_audit(model, np.zeros((1, 2), np.float32), np.array([0]))
 
 
 def test_a_patch_that_does_not_apply_is_an_error(tmp_path):

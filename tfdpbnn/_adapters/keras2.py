@@ -16,3 +16,23 @@ def optimizer_bases():
 def save_saved_model(model, path, signatures):
     """Write ``model`` as a TensorFlow SavedModel with ``signatures``, without its optimizer."""
     tf.keras.models.save_model(model, path, save_format="tf", include_optimizer=False, signatures=signatures)
+
+
+def train_function(model):
+    """``fit``'s traced train function of ``model`` (``make_train_function`` returns it on Keras 2)."""
+    return model.make_train_function()
+
+
+def optimizer_slot(optimizer, variable, name):
+    """The optimizer slot ``name`` (``"m"``, ``"v"``, ``"momentum"``) of ``variable``."""
+    return optimizer.get_slot(variable, name)
+
+
+def optimizer_slot_names(optimizer) -> list:
+    """The names of the per-variable slots ``optimizer`` keeps."""
+    return list(optimizer.get_slot_names())
+
+
+def variable_name(variable) -> str:
+    """A variable's name, unique within a model (Keras 2's scoped ``name``)."""
+    return variable.name

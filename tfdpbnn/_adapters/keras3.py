@@ -14,7 +14,8 @@ suite): ``Trainer._compile_loss`` (the ``CompileLoss`` of ``model.compile(loss=.
 ``build`` and ``_flat_losses`` (to rebuild the unreduced per-example loss), ``Trainer._loss_tracker`` (the
 ``loss`` metric), ``keras.src.backend.common.masking.get_keras_mask`` and
 ``keras.src.losses.loss.squeeze_or_expand_to_same_rank`` (Keras's alignment of loss
-values and sample weights).
+values and sample weights), and ``Optimizer._get_variable_index`` with Adam's ``_momentums`` /
+``_velocities`` (the optimizer slots the traced-step audit reads, ``optimizer_slot``).
 """
 
 from __future__ import annotations
@@ -196,6 +197,40 @@ def is_keras_variable(value) -> bool:
 def tf_variable(variable):
     """The ``tf.Variable`` a ``keras.Variable`` holds on the TensorFlow backend (anything else as given)."""
     return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def train_function(model):
+    """``fit``'s traced train function of ``model`` (Keras 3's ``make_train_function`` sets it, returns None).
+
+    The optimizer is built first on the model's trainable variables, as ``fit`` does before its first step.
+    """
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    model.make_train_function()
+    return model.train_function
+
+
+#: The per-variable slot lists of Keras 3's optimizers, by Keras 2's slot names: Adam's first and second
+#: moments (private ``_momentums``, ``_velocities``) and SGD's momentum (public ``momentums``).
+_SLOT_LISTS = {"m": "_momentums", "v": "_velocities", "momentum": "momentums"}
+
+
+def optimizer_slot_names(optimizer) -> list:
+    """The names (Keras 2's) of the per-variable slots ``optimizer`` keeps; it must be built."""
+    return [name for name, attr in _SLOT_LISTS.items() if getattr(optimizer, attr, None)]
+
+
+def optimizer_slot(optimizer, variable, name):
+    """The optimizer slot ``name`` (``"m"``, ``"v"``, ``"momentum"``) of ``variable`` (Keras 3 lists)."""
+    if name not in optimizer_slot_names(optimizer):
+        raise ValueError(f"name: {type(optimizer).__name__} keeps no slot {name!r}; it keeps "
+                         f"{optimizer_slot_names(optimizer)}")
+    return getattr(optimizer, _SLOT_LISTS[name])[optimizer._get_variable_index(variable)]
+
+
+def variable_name(variable) -> str:
+    """A variable's name, unique within a model (Keras 3's ``path``; its ``name`` is the last part only)."""
+    return variable.path
 
 
 def check() -> None:

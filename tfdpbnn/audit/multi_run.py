@@ -21,7 +21,8 @@ from tfdpbnn.data.sampling import assert_sampling
 
 def check_stateless(optimizer) -> None:
     """Refuse an optimizer with per-variable state (momentum, Adam moments): a reset could not clear it."""
-    if any(v.shape.rank for v in optimizer.variables()):
+    config = optimizer.get_config()     # slots exist only after the first step, the configuration before
+    if "beta_1" in config or config.get("momentum"):
         raise ValueError("optimizer: it keeps per-variable state (momentum or Adam moments), so runs would "
                          "not be independent; the multi-run audit needs a plain SGD-type DP optimizer")
 

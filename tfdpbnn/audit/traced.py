@@ -1,8 +1,9 @@
 """The traced-step audit: the released update of the compiled train function ``model.fit`` runs.
 
 The step audit (``tfdpbnn.audit.step``) calls the optimizer's mechanism eagerly on one canary coordinate;
-this audit drives the SAME traced function that ``fit`` calls (tf-keras ``model.make_train_function()``:
-the ``tf.function`` around ``Model.train_step``, which dispatches to ``optimizer.dp_train_step``), on a copy
+this audit drives the SAME traced function that ``fit`` calls (``model.make_train_function()`` on Keras 2
+and Keras 3's TensorFlow trainer: the ``tf.function`` around ``Model.train_step``, which dispatches to
+``optimizer.dp_train_step``), on a copy
 of the user's compiled model with a copy of its DP optimizer, one crafted batch per call, and reads what
 each call released from the weights and the optimizer's slots:
 
@@ -47,6 +48,9 @@ import warnings
 
 import numpy as np
 import tensorflow as tf
+
+from tfdpbnn import _adapters
+from tfdpbnn._private_api import sublayers
 
 #: What each check can and cannot see (printed by ``TracedAuditResult.summary``).
 SEES = {
@@ -177,6 +181,7 @@ class TracedStep:
         from tfdpbnn.optimizers import SIDPOptimizer
         from tfdpbnn.optimizers.keras_integration import dp_optimizer_of
 
+        adapter = _adapters.current()
         original = dp_optimizer_of(model)
         if original is None:
             raise ValueError("model: compile it with a tfdpbnn DP optimizer first")
@@ -198,7 +203,7 @@ class TracedStep:
             warnings.simplefilter("ignore", UserWarning)
             opt.begin_training(self.model, np.broadcast_to(self.x_example, (n,) + x_example.shape[1:]),
                                np.broadcast_to(self.y_example, (n,) + y_example.shape[1:]), batch_size=b)
-        self.train_function = self.model.make_train_function()
+        self.train_function = adapter.train_function(self.model)
         # One iterator for every call, reading the batch from variables: no read-ahead (every tf.data
         # optimization and autotuning off), so each call consumes the batch assigned just before it.
         self._batch = [tf.Variable(a, trainable=False) for a in (self.x_example, self.y_example,
@@ -211,18 +216,19 @@ class TracedStep:
         self._iterator = iter(tf.data.Dataset.from_tensors(0).repeat().map(
             lambda _: tuple(v.read_value() for v in batch)).with_options(options))
         self.variables = list(self.model.trainable_variables)
-        self.names = [v.name for v in self.variables]
+        self.names = [adapter.variable_name(v) for v in self.variables]
         self._rule = self._update_rule()
         self.calls = 0
         self._call(self.x_example, self.y_example, np.zeros(1, np.float32))  # traces, creates the slots
-        slots = [opt.get_slot(v, s) for v in self.variables for s in opt.get_slot_names()]
+        slots = [adapter.optimizer_slot(opt, v, s) for v in self.variables
+                 for s in adapter.optimizer_slot_names(opt)]
         for s in slots:
             s.assign(tf.zeros_like(s))
         state = list(self.model.variables) + slots + [opt.iterations]
         self._snapshot = [tf.constant(v.numpy()) for v in state]
         self._initial = list(self._snapshot)
-        trainable = {v.ref() for v in self.variables}
-        self._trainable_at = [i for i, v in enumerate(state) if v.ref() in trainable]
+        trainable = {id(v) for v in self.variables}
+        self._trainable_at = [i for i, v in enumerate(state) if id(v) in trainable]
 
         @tf.function
         def restore(values):
@@ -246,10 +252,11 @@ class TracedStep:
         if config.get("decay"):
             raise ValueError(f"optimizer: decay={config['decay']!r}; the traced audit needs a constant "
                              "learning rate")
-        if isinstance(opt.learning_rate, tf.keras.optimizers.schedules.LearningRateSchedule):
+        if isinstance(config.get("learning_rate"), dict) or isinstance(
+                opt.learning_rate, tf.keras.optimizers.schedules.LearningRateSchedule):
             raise ValueError("optimizer: a learning-rate schedule; the traced audit needs a constant "
                              "learning rate (the released gradient is read from the update)")
-        names = set(opt.get_slot_names() or ())
+        names = set(_adapters.current().optimizer_slot_names(opt))
         if "beta_1" in config:
             return "adam"
         if config.get("nesterov"):
@@ -280,13 +287,13 @@ class TracedStep:
         self._restore(self._snapshot)
         before = [v.numpy().astype(np.float64) for v in self.variables]
         self._call(x, y, np.asarray(w, np.float32))
-        opt = self.optimizer
+        opt, slot = self.optimizer, _adapters.current().optimizer_slot
         if self._rule == "adam":
-            beta_1 = float(tf.keras.backend.get_value(opt.beta_1))
-            return [opt.get_slot(v, "m").numpy().astype(np.float64) / (1.0 - beta_1) for v in self.variables]
-        eta = float(tf.keras.backend.get_value(opt.learning_rate))
+            beta_1 = float(np.asarray(opt.beta_1))
+            return [slot(opt, v, "m").numpy().astype(np.float64) / (1.0 - beta_1) for v in self.variables]
+        eta = float(np.asarray(opt.learning_rate))
         if self._rule == "momentum":
-            return [-opt.get_slot(v, "momentum").numpy().astype(np.float64) / eta for v in self.variables]
+            return [-slot(opt, v, "momentum").numpy().astype(np.float64) / eta for v in self.variables]
         return [(b - v.numpy().astype(np.float64)) / eta for b, v in zip(before, self.variables, strict=True)]
 
 
@@ -404,7 +411,7 @@ def _inputs(model, x_example, rng, scales):
     """Candidate single-example inputs shaped like ``x_example``: scaled normals, or random ids."""
     x = np.asarray(x_example)
     if np.issubdtype(x.dtype, np.integer):
-        vocab = [layer.input_dim for layer in model.submodules
+        vocab = [layer.input_dim for layer in sublayers(model)
                  if isinstance(layer, tf.keras.layers.Embedding)]
         high = min(vocab) if vocab else int(x.max()) + 1
         return [rng.integers(0, high, size=x.shape).astype(x.dtype) for _ in scales] + [np.zeros_like(x)]
@@ -533,12 +540,6 @@ def traced_audit(model, x_example, y_example, *, calls=None, alpha=1e-3, seed=0,
       ascent: random-search steps from the largest found (float inputs).
     """
     start = time.perf_counter()
-    from tfdpbnn import _keras_version
-
-    if _keras_version.KERAS_MAJOR != 2:
-        raise NotImplementedError(
-            "traced_audit reads the released gradient from Keras 2 optimizer slots and is not ported to "
-            "Keras 3 yet; run it on the Keras 2 set (Python 3.11, tf-keras), or use the step audit")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
     tf.keras.utils.set_random_seed(seed)
@@ -583,7 +584,8 @@ def example_batch(model):
         raise ValueError("model: the traced audit of a saved model needs a single input and a single output; "
                          "call tfdpbnn.audit.traced.traced_audit(model, x_example, y_example) instead")
     spec = model.inputs[0]
-    x = np.zeros((1,) + tuple(int(d) for d in spec.shape[1:]), spec.dtype.as_numpy_dtype)
+    dtype = tf.as_dtype(spec.dtype).as_numpy_dtype          # Keras 3's input dtype is a str
+    x = np.zeros((1,) + tuple(int(d) for d in spec.shape[1:]), dtype)
     out = int(model.outputs[0].shape[-1] or 1)
     loss = model.loss
     name = loss if isinstance(loss, str) else (getattr(loss, "name", None) or getattr(loss, "__name__", None)
