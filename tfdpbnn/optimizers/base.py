@@ -991,7 +991,7 @@ class DPOptimizerMixin:
         if callable(loss):
             with tape:
                 if not callable(var_list):
-                    tape.watch(var_list)
+                    tape.watch(_private_api.tf_variables(tf.nest.flatten(var_list)))
                 loss = loss()
                 if callable(var_list):
                     var_list = var_list()
