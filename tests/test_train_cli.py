@@ -131,12 +131,14 @@ def test_train_with_public_pretraining_keeps_the_epsilon_and_says_so(tmp_path, c
         with open(os.path.join(out, "summary.json")) as fh:
             summaries[name] = json.load(fh)
     printed = capsys.readouterr().out
-    assert "pretrained on public mnist5k (5000 examples" in printed and "public data used: mnist5k" in printed
+    assert "pretrained on public mnist5k (nist normalization, 5000 examples" in printed
+    assert "public data used: mnist5k" in printed
     public, private = summaries["public"], summaries["private"]
     # public data cost nothing: the same noise, steps and epsilon as without them
     assert public["epsilon"] == pytest.approx(private["epsilon"], rel=1e-12) and public["epsilon"] <= 1.0
     assert public["noise_multiplier"] == private["noise_multiplier"] and public["steps"] == private["steps"]
     assert public["public_data"]["source"] == "mnist5k" and public["public_data"]["epsilon_cost"] == 0.0
+    assert public["public_data"]["normalization"] == "nist"  # the recipe's default
     assert public["public_data"]["settings"]["epochs"] == 1 and private["public_data"] is None
 
 
@@ -147,6 +149,9 @@ def test_train_public_needs_digits(tmp_path, capsys):
     code = cli.main(["train", "--method", "dpsgd", "--epsilon", "1", "--public-epochs", "2", "--out",
                      str(tmp_path)])
     assert code == 2 and "--public-epochs" in capsys.readouterr().err
+    code = cli.main(["train", "--method", "dpsgd", "--epsilon", "1", "--public-normalization", "aspect",
+                     "--out", str(tmp_path)])
+    assert code == 2 and "--public-normalization needs --public" in capsys.readouterr().err
 
 
 @pytest.mark.slow   # not in the fast tier: an end-to-end run of the command
