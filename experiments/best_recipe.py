@@ -73,11 +73,13 @@ def ood_sets(x_test, seed=0):
 
 
 def run_one(method, epsilon, seed, learning_rate, weights, ema_decay=0.9, epochs=None, sample_rate=None,
-            copies=0):
+            copies=0, trainable_last=None):
     """Fine-tune (from ``weights``, or the random initialization if None) on all DIGITS records; score.
 
     ``copies`` > 0: augmentation multiplicity (``tfdpbnn.layers.AugmentationCopies`` in front of the network,
     its per-example loss the mean over ``copies`` augmented copies, clipped once; De et al. 2022).
+    ``trainable_last``: fine-tune only the last that many layers with weights
+    (``tfdpbnn.public.freeze_layers``).
     """
     import tensorflow as tf
 
@@ -102,6 +104,8 @@ def run_one(method, epsilon, seed, learning_rate, weights, ema_decay=0.9, epochs
         loss = tfdpbnn.layers.CopiesSparseCategoricalCrossentropy(from_logits=True)
     if weights is not None:
         model.set_weights(weights)
+    if trainable_last is not None:
+        tfdpbnn.public.freeze_layers(model, trainable_last)
     optimizer = train_recipes.build_optimizer(method, recipe, epsilon, DELTA, n, batch_size)
     model.compile(optimizer=optimizer, loss=loss)
     steps = int(math.ceil(n / batch_size))
@@ -158,12 +162,40 @@ def private_temperature_draws(train_probs, y, test_probs, y_test, epsilon, share
             "ece_private_temperature_std": float(eces.std())}
 
 
-def select_rate(method, epsilon):
+def select_rate(method, epsilon, normalization=None):
     """The learning rate the public data choose for training from scratch at ``epsilon`` (no privacy cost)."""
     from tfdpbnn.commands import train_recipes
 
     recipe = dataclasses.replace(train_recipes.RECIPES[method], accountant="pld")
-    return train_recipes.public_fine_tuning_rate(method, recipe, epsilon, DELTA)
+    return train_recipes.public_fine_tuning_rate(
+        method, recipe, epsilon, DELTA, normalization=normalization or train_recipes.PUBLIC_NORMALIZATION)
+
+
+def pretrained_weights(method, seed, normalization):
+    """The network of ``seed`` pretrained on MNIST-5k with ``normalization``, and its DIGITS test accuracy.
+
+    The accuracy (before any private step) is for the research notes only: nothing is chosen by it.
+    """
+    import tfdpbnn
+    from tfdpbnn.commands import train_recipes
+
+    model = train_recipes.build_model(method, (64,), 10, 1437, 64, seed, kl_weight=0.03)
+    train_recipes.pretrain_on_public(model, "mnist5k", seed, normalization=normalization)
+    _, (x_test, y_test) = tfdpbnn.data.load_digits(seed=seed)
+    logits = np.asarray(model(x_test - 0.5, training=False))
+    return model.get_weights(), float(np.mean(logits.argmax(1) == y_test))
+
+
+def pretrained_table(method, seeds) -> str:
+    """Markdown: DIGITS test accuracy of the network pretrained on MNIST-5k per normalization (notes only)."""
+    lines = ["| normalization | seeds | DIGITS test accuracy before any private step | per seed |",
+             "| --- | --- | --- | --- |"]
+    for normalization in ("aspect", "nist"):
+        accuracies = [pretrained_weights(method, seed, normalization)[1] for seed in seeds]
+        lines.append(f"| {normalization} | {len(seeds)} | {np.mean(accuracies):.3f} ± "
+                     f"{np.std(accuracies):.3f} | {', '.join(f'{a:.3f}' for a in accuracies)} |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines) + "\n"
 
 
 def table(rows, method) -> str:
@@ -345,6 +377,10 @@ def main(argv=None) -> int:
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 0.3])
     parser.add_argument("--method", default="dpvd", choices=("dpvd", "dpsgd"))
     parser.add_argument("--no-scratch", action="store_true", help="skip the no-pretraining arm")
+    parser.add_argument("--no-aspect", action="store_true",
+                        help="skip the arm pretrained on MNIST-5k normalized with the aspect ratio kept")
+    parser.add_argument("--last-layer", action="store_true",
+                        help="also fine-tune only the pretrained network's last layer (arm 'last layer')")
     parser.add_argument("--copies", type=int, nargs="+", default=[],
                         help="also run the recipe with augmentation multiplicity K (arm 'copies K')")
     parser.add_argument("--out", default=os.path.join("runs", "best_recipe"))
@@ -355,6 +391,8 @@ def main(argv=None) -> int:
                         help="with --demo-command: score the SavedModels already in --out, do not train")
     parser.add_argument("--mnist5k-sets", action="store_true",
                         help="private 90%% sets with MNIST-5k as the private data (mnist5k_sets.json)")
+    parser.add_argument("--pretrained-table", action="store_true",
+                        help="only the pretrained network's DIGITS accuracy, per normalization")
     parser.add_argument("--accountant-table", action="store_true",
                         help="only print sigma against steps and sample rate (no training)")
     args = parser.parse_args(argv)
@@ -366,6 +404,13 @@ def main(argv=None) -> int:
         return 0
     if args.accountant_table:
         print(accountant_table(args.epsilons))
+        return 0
+    if args.pretrained_table:
+        os.makedirs(args.out, exist_ok=True)
+        text = pretrained_table(args.method, args.seeds)
+        with open(os.path.join(args.out, "pretrained.md"), "w") as handle:
+            handle.write(text)
+        print(text)
         return 0
     if args.demo_command:
         os.makedirs(args.out, exist_ok=True)
@@ -386,28 +431,45 @@ def main(argv=None) -> int:
         return 0
     os.makedirs(args.out, exist_ok=True)
     rows, start = [], time.time()
-    rates = {}
+    rates, aspect_rates, pretrained = {}, {}, []
     for epsilon in args.epsilons:  # on public data only, once per epsilon
         rates[epsilon] = select_rate(args.method, epsilon)
         print("chosen on public data:", epsilon, rates[epsilon], flush=True)
+        if not args.no_aspect:
+            aspect_rates[epsilon] = select_rate(args.method, epsilon, "aspect")
+            print("chosen on public data (aspect):", epsilon, aspect_rates[epsilon], flush=True)
     for seed in args.seeds:
-        model = train_recipes.build_model(args.method, (64,), 10, 1437, 64, seed, kl_weight=0.03)
-        train_recipes.pretrain_on_public(model, "mnist5k", seed)
-        weights = model.get_weights()
+        weights, accuracy = pretrained_weights(args.method, seed, train_recipes.PUBLIC_NORMALIZATION)
+        pretrained.append({"seed": seed, "normalization": train_recipes.PUBLIC_NORMALIZATION,
+                           "digits_test_accuracy": accuracy})
+        if not args.no_aspect:
+            aspect_weights, accuracy = pretrained_weights(args.method, seed, "aspect")
+            pretrained.append({"seed": seed, "normalization": "aspect", "digits_test_accuracy": accuracy})
+        print(json.dumps([p for p in pretrained if p["seed"] == seed]), flush=True)
         for epsilon in args.epsilons:
-            rows += run_one(args.method, epsilon, seed, rates[epsilon]["learning_rate"], weights)
+            before = len(rows)
+            rate = rates[epsilon]["learning_rate"]
+            rows += run_one(args.method, epsilon, seed, rate, weights)
             if not args.no_scratch:
                 scratch_rate = train_recipes.RECIPES[args.method].learning_rate
                 scratch = run_one(args.method, epsilon, seed, scratch_rate, None)
                 rows += [dict(r, arm="no pretraining") for r in scratch if r["arm"] == "recipe"]
+            if not args.no_aspect:
+                aspect = run_one(args.method, epsilon, seed, aspect_rates[epsilon]["learning_rate"],
+                                 aspect_weights)
+                rows += [dict(r, arm="aspect public data") for r in aspect if r["arm"] == "recipe"]
+            if args.last_layer:
+                head = run_one(args.method, epsilon, seed, rate, weights, trainable_last=1)
+                rows += [dict(r, arm="last layer") for r in head if r["arm"] == "recipe"]
             for k in args.copies:
-                augmented = run_one(args.method, epsilon, seed, rates[epsilon]["learning_rate"], weights,
-                                    copies=k)
+                augmented = run_one(args.method, epsilon, seed, rate, weights, copies=k)
                 rows += [dict(r, arm=f"copies {k}") for r in augmented if r["arm"] == "recipe"]
-            for r in rows[-((4 if args.no_scratch else 5) + len(args.copies)):]:
+            for r in rows[before:]:
                 print(json.dumps(r), flush=True)
             with open(os.path.join(args.out, "results.json"), "w") as handle:
                 json.dump({"rows": rows, "rates": {str(k): v for k, v in rates.items()},
+                           "aspect_rates": {str(k): v for k, v in aspect_rates.items()},
+                           "pretrained": pretrained,
                            "wall_seconds": time.time() - start, "machine": platform.platform(),
                            "cpus": os.cpu_count()}, handle, indent=1)
     text = table(rows, args.method)

@@ -47,7 +47,55 @@ def test_known_geometry_converts_to_hand_computed_blocks():
     assert public.mnist_to_digits(np.zeros((1, 28, 28))).max() == 0.0
 
 
+def test_nist_normalization_fills_the_20x32_box_then_thins_the_stroke():
+    # 16 x 8 rectangle: its box is scaled to 20 wide by 32 high (aspect ratio not kept), columns 6..25, all
+    # rows: 640 on-pixels > 560, so two erosions (frame edges count as off): rows 2..29, columns 8..23.
+    bitmap = public.image_to_bitmap(_rectangle(16, 8) / 255.0, normalization="nist")
+    expected = np.zeros((32, 32), dtype=np.uint8)
+    expected[2:30, 8:24] = 1
+    np.testing.assert_array_equal(bitmap, expected)
+    # its blocks: columns 8..23 are blocks 2..5; block rows 0 and 7 hold 2 of their 4 rows
+    blocks = public.mnist_to_digits(_rectangle(16, 8)[None], normalization="nist").reshape(8, 8) * 16
+    want = np.zeros((8, 8))
+    want[:, 2:6] = 16
+    want[0, 2:6] = want[7, 2:6] = 8
+    np.testing.assert_allclose(blocks, want, atol=1e-6)
+    # a wide bar gets the same box: the NIST box ignores the aspect ratio
+    np.testing.assert_array_equal(public.image_to_bitmap(_rectangle(4, 16) / 255.0, normalization="nist"),
+                                  expected)
+
+
+def _square(height, width, top=6, left=6):
+    bitmap = np.zeros((32, 32), dtype=np.uint8)
+    bitmap[top:top + height, left:left + width] = 1
+    return bitmap
+
+
+@pytest.mark.parametrize("height,width,count", [
+    (24, 24, 20 * 20),                  # 576 > 560: two erosions, 2 pixels off every side
+    (21, 20, 19 * 18),                  # 420 in (412, 560]: one erosion
+    (20, 20, 20 * 20),                  # 400 in [256, 412]: unchanged
+    (15, 16, 17 * 18 - 4),              # 240 in [108, 256): one 4-neighbour dilation (corners stay off)
+    (10, 10, 14 * 14 - 4 * 3),          # 100 < 108: two dilations, the L1 ball of radius 2 around it
+])
+def test_stroke_width_normalization_follows_nist_counts(height, width, count):
+    out = public.normalize_stroke_width(_square(height, width))
+    assert int(out.sum()) == count
+    assert set(np.unique(out)) <= {0, 1}
+
+
+def test_stroke_width_erosion_treats_outside_the_frame_as_off():
+    full = np.ones((32, 32), dtype=np.uint8)  # 1024 on-pixels: two erosions, the frame edges are off
+    np.testing.assert_array_equal(public.normalize_stroke_width(full), np.pad(np.ones((28, 28)), 2))
+
+
 def test_conversion_bad_input():
+    with pytest.raises(ValueError, match="normalization"):
+        public.mnist_to_digits(_rectangle(4, 4)[None], normalization="square")
+    with pytest.raises(ValueError, match="normalization"):
+        public.image_to_bitmap(_rectangle(4, 4), normalization="NIST")
+    with pytest.raises(ValueError, match="bitmap"):
+        public.normalize_stroke_width(np.zeros((8, 8)))
     with pytest.raises(ValueError, match="images"):
         public.mnist_to_digits(np.zeros((2, 5)))
     with pytest.raises(ValueError, match=r"\[0, 255\]"):
@@ -79,6 +127,15 @@ def test_mnist5k_matches_digits_format_and_a_classifier_transfers():
     classifier = LogisticRegression(max_iter=300).fit(x, y)
     accuracy = classifier.score(np.concatenate([x_digits, x_test]), np.concatenate([y_digits, y_test]))
     assert accuracy > 0.5
+    # The NIST normalization: the 20-wide box (dilated at most twice) never reaches block columns 0 and 7
+    # (pixels 0-3 and 28-31); still block counts, and the same classifier reads DIGITS better.
+    nist, y_nist = public.load_mnist5k_as_digits(normalization="nist")
+    np.testing.assert_array_equal(y_nist, y)
+    np.testing.assert_allclose(nist * 16, np.round(nist * 16), atol=1e-5)
+    assert nist.reshape(-1, 8, 8)[:, :, [0, 7]].max() == 0.0
+    nist_accuracy = LogisticRegression(max_iter=300).fit(nist, y).score(
+        np.concatenate([x_digits, x_test]), np.concatenate([y_digits, y_test]))
+    assert nist_accuracy > accuracy + 0.03
 
 
 def _mlp(n=200, hidden=8):

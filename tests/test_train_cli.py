@@ -47,11 +47,14 @@ def test_train_writes_model_privacy_json_diagram_and_summary(method, tmp_path, c
 
 
 def test_parser_choices_are_the_recipes():
-    """The parser's method and public-source choices (stdlib-only module) are what the recipes build."""
+    """The parser's method, public-source and normalization choices (stdlib-only module) are the recipes'."""
     from tfdpbnn.commands import train, train_recipes
+    from tfdpbnn.data import public
 
     assert train.METHODS == train_recipes.METHODS
     assert train.PUBLIC_SOURCES == train_recipes.PUBLIC_SOURCES
+    assert train.PUBLIC_NORMALIZATIONS[0] == train_recipes.PUBLIC_NORMALIZATION  # the parser's default
+    assert sorted(train.PUBLIC_NORMALIZATIONS) == sorted(public.NORMALIZATIONS)
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -139,12 +142,14 @@ def test_train_with_public_pretraining_keeps_the_epsilon_and_says_so(tmp_path, c
         with open(os.path.join(out, "summary.json")) as fh:
             summaries[name] = json.load(fh)
     printed = capsys.readouterr().out
-    assert "pretrained on public mnist5k (5000 examples" in printed and "public data used: mnist5k" in printed
+    assert "pretrained on public mnist5k (nist normalization, 5000 examples" in printed
+    assert "public data used: mnist5k" in printed
     public, private = summaries["public"], summaries["private"]
     # public data cost nothing: the same noise, steps and epsilon as without them
     assert public["epsilon"] == pytest.approx(private["epsilon"], rel=1e-12) and public["epsilon"] <= 1.0
     assert public["noise_multiplier"] == private["noise_multiplier"] and public["steps"] == private["steps"]
     assert public["public_data"]["source"] == "mnist5k" and public["public_data"]["epsilon_cost"] == 0.0
+    assert public["public_data"]["normalization"] == "nist"  # the recipe's default
     assert public["public_data"]["settings"]["epochs"] == 1 and private["public_data"] is None
 
 
@@ -155,6 +160,9 @@ def test_train_public_needs_digits(tmp_path, capsys):
     code = cli.main(["train", "--method", "dpsgd", "--epsilon", "1", "--public-epochs", "2", "--out",
                      str(tmp_path)])
     assert code == 2 and "--public-epochs" in capsys.readouterr().err
+    code = cli.main(["train", "--method", "dpsgd", "--epsilon", "1", "--public-normalization", "aspect",
+                     "--out", str(tmp_path)])
+    assert code == 2 and "--public-normalization needs --public" in capsys.readouterr().err
 
 
 @pytest.mark.slow   # not in the fast tier: an end-to-end run of the command

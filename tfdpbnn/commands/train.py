@@ -20,6 +20,8 @@ import time
 # train_recipes.METHODS and PUBLIC_SOURCES are the same names (tests/test_train_cli.py checks it).
 METHODS = ("dpvd", "dpsgld", "dpbbp", "dpmcdropout", "dpd", "sidp", "dpsgd")
 PUBLIC_SOURCES = ("mnist5k",)
+#: tfdpbnn.data.public.NORMALIZATIONS, the recipe's (train_recipes.PUBLIC_NORMALIZATION) first
+PUBLIC_NORMALIZATIONS = ("nist", "aspect")
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10")
 
 
@@ -67,6 +69,10 @@ def add_parser(subparsers) -> None:
                    help="pretrain without privacy on this public data set before the private training "
                         "(mnist5k: 5,000 MNIST images in DIGITS' format, --dataset digits only; needs "
                         "pip install 'tfdpbnn[public]'); public data cost no privacy: epsilon is unchanged")
+    p.add_argument("--public-normalization", default=None, choices=PUBLIC_NORMALIZATIONS,
+                   help="size normalization of the public MNIST-5k images (needs --public): nist (default), "
+                        "the NIST system's that made DIGITS (20x32 box, stroke-width normalization; Garris "
+                        "et al. 1994), or aspect (aspect ratio kept, no stroke normalization)")
     p.add_argument("--public-epochs", type=int, default=None,
                    help="epochs of the public pretraining (default: the pretraining recipe, 20)")
     p.add_argument("--ema", type=float, default=None,
@@ -119,6 +125,9 @@ def _check(args):
     public_epochs = getattr(args, "public_epochs", None)
     if public_epochs is not None and (public_epochs < 1 or getattr(args, "public", None) is None):
         raise ValueError(f"--public-epochs must be an integer >= 1 and needs --public, got {public_epochs}")
+    normalization = getattr(args, "public_normalization", None)
+    if normalization is not None and getattr(args, "public", None) is None:
+        raise ValueError(f"--public-normalization needs --public, got --public-normalization {normalization}")
     ema = getattr(args, "ema", None)
     if ema is not None and not (0.0 <= ema < 1.0):
         raise ValueError(f"--ema must be a decay in [0, 1), got {ema}")
@@ -196,8 +205,10 @@ def train(args) -> dict:
         from tfdpbnn.commands.train_recipes import public_fine_tuning_rate
 
         start = time.time()
+        normalization = getattr(args, "public_normalization", None) or PUBLIC_NORMALIZATIONS[0]
         simulated = dataclasses.replace(recipe, sample_rate=q)
-        chosen = public_fine_tuning_rate(args.method, simulated, args.epsilon, args.delta, public)
+        chosen = public_fine_tuning_rate(args.method, simulated, args.epsilon, args.delta, public,
+                                         normalization=normalization)
         recipe.learning_rate = chosen["learning_rate"]  # fine-tuning rate chosen on public data only
         print(f"tfdpbnn train: fine-tuning learning rate {recipe.learning_rate:g}, the best of "
               f"{chosen['candidates']} for training from scratch at this epsilon simulated on public "
@@ -209,10 +220,11 @@ def train(args) -> dict:
         if getattr(args, "public_epochs", None) is not None:
             settings.epochs = args.public_epochs
         start = time.time()
-        public_info = pretrain_on_public(model, public, args.seed, settings)
+        public_info = pretrain_on_public(model, public, args.seed, settings, normalization=normalization)
         public_info["seconds"] = time.time() - start
         public_info["fine_tuning_learning_rate"] = chosen
-        print(f"tfdpbnn train: pretrained on public {public} ({public_info['examples']} examples, "
+        print(f"tfdpbnn train: pretrained on public {public} ({normalization} normalization, "
+              f"{public_info['examples']} examples, "
               f"{public_info['settings']['epochs']} epochs, no privacy cost; train accuracy "
               f"{public_info['final_train_accuracy']:.3f}) in {public_info['seconds']:.1f} s")
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)

