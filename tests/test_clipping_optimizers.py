@@ -23,6 +23,7 @@ def fixed_noise(monkeypatch):
 
 
 def build(kind):
+    tf.keras.utils.set_random_seed(0)   # before the layers: Keras 3 seeds each initializer when it is made
     public = np.random.default_rng(1).normal(size=(4, 5)).astype("float32")
     stacks = {
         "dpvd": [L.DenseVariational(6, num_examples=32, activation="relu"),
@@ -32,7 +33,6 @@ def build(kind):
         "sidp": [L.PublicBatchNormalization(public_batch=public), L.NoisyDense(6, noise_stddev=0.1),
                  tf.keras.layers.LayerNormalization(), L.NoisyDense(3)],
     }
-    tf.keras.utils.set_random_seed(0)
     return tf.keras.Sequential([tf.keras.Input((5,)), *stacks[kind]])
 
 
