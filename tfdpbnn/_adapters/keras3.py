@@ -14,7 +14,7 @@ suite): ``Trainer._compile_loss`` (the ``CompileLoss`` of ``model.compile(loss=.
 ``build`` and ``_flat_losses`` (to rebuild the unreduced per-example loss), ``Trainer._loss_tracker`` (the
 ``loss`` metric), ``keras.src.backend.common.masking.get_keras_mask`` and
 ``keras.src.losses.loss.squeeze_or_expand_to_same_rank`` (Keras's alignment of loss
-values and sample weights).
+values and sample weights), and ``Trainer._flatten_metrics_in_order`` (``train_on_batch``'s list of logs).
 """
 
 from __future__ import annotations
@@ -186,6 +186,11 @@ def squeeze_or_expand(values, sample_weight):
 def steps_per_execution(model):
     """Keras 3's ``model.steps_per_execution`` (a public int), or None."""
     return getattr(model, "steps_per_execution", None)
+
+
+def flatten_logs(model, logs):
+    """``logs`` as ``train_on_batch`` returns them without ``return_dict`` (``_flatten_metrics_in_order``)."""
+    return model._flatten_metrics_in_order(logs)
 
 
 def is_keras_variable(value) -> bool:

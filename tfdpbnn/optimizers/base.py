@@ -966,7 +966,7 @@ class DPOptimizerMixin:
         if names is None:
             return logs
         logs = {k: v for k, v in logs.items() if k in names}
-        for metric in model.metrics:
+        for metric in _private_api.metric_objects(model):
             if metric.name not in names:
                 metric.reset_state()
         return logs
