@@ -76,6 +76,18 @@ class _Keras3Base:
         return self.add_variable(shape=tuple(shape), initializer=initializer, dtype=dtype,
                                  aggregation=_AGGREGATIONS.get(aggregation, aggregation), name=name)
 
+    def load_own_variables(self, store):
+        """Keras 3's restore of the optimizer's variables, never rewinding the privacy ledger.
+
+        Keras 3's weights files (``load_weights``, ``load_model``) hold the optimizer's variables, the
+        ledger's counts among them. An optimizer that has taken steps keeps its own (its ledger counts every
+        step that ran; loading older weights rewinds the weights, not the spending); one that has taken none
+        restores them (a resumed run).
+        """
+        if int(self.iterations.numpy()) > 0:
+            return
+        super().load_own_variables(store)
+
     def minimize(self, loss, var_list, tape=None):
         """Keras 2's ``minimize``, which Keras 3 optimizers lack: ``_compute_gradients``, then apply them.
 
