@@ -77,16 +77,18 @@ class _Keras3Base:
                                  aggregation=_AGGREGATIONS.get(aggregation, aggregation), name=name)
 
     def load_own_variables(self, store):
-        """Keras 3's restore of the optimizer's variables, never rewinding the privacy ledger.
+        """Keras 3's restore of the optimizer's variables, counting again the steps it takes off the ledger.
 
-        Keras 3's weights files (``load_weights``, ``load_model``) hold the optimizer's variables, the
-        ledger's counts among them. An optimizer that has taken steps keeps its own (its ledger counts every
-        step that ran; loading older weights rewinds the weights, not the spending); one that has taken none
-        restores them (a resumed run).
+        Keras 3's weights files (``load_weights``, ``load_model``, ``BackupAndRestore``) hold the optimizer's
+        variables, the ledger's counters among them. Restored into an optimizer that has taken steps, they
+        would set its ledger back; the steps after the restore point ran, so they are counted again as
+        "rewound" phases (``RunRecord.account_rewind``, as after a ``tf.train.Checkpoint`` restore).
         """
-        if int(self.iterations.numpy()) > 0:
-            return
+        record = getattr(self, "_dp_record", None)
+        before = record.ledger_now() if record is not None and int(self.iterations.numpy()) > 0 else None
         super().load_own_variables(store)
+        if before:
+            record.account_rewind(before)
 
     def minimize(self, loss, var_list, tape=None):
         """Keras 2's ``minimize``, which Keras 3 optimizers lack: ``_compute_gradients``, then apply them.
