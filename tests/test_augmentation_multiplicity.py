@@ -73,6 +73,7 @@ def test_copies_are_averaged_not_summed_below_the_clip():
     assert changes[1] == pytest.approx(changes[0], rel=1e-4)
 
 
+@pytest.mark.slow   # two fits end to end; the sensitivity for every K stays in the fast tier
 def test_statement_epsilon_does_not_depend_on_k():
     """The accounting sees one example per example: the stated epsilon is the same for K = 1 and K = 4."""
     x, y = _digits(40)

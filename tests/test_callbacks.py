@@ -23,6 +23,7 @@ def _setup(sampling="poisson", sigma=1.0):
     return model, opt, x, y
 
 
+@pytest.mark.slow   # fit end to end, every sound accountant at each epoch (checked in test_privacy_*)
 def test_epsilon_in_history_each_epoch_for_every_sound_accountant():
     model, opt, x, y = _setup()
     ds = tfdpbnn.data.poisson_batches(x, y, sample_rate=0.1)

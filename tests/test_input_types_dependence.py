@@ -8,7 +8,10 @@ import tensorflow as tf
 from _small_runs import DELTA, LOSS, D, N, gaussians_epsilon, small_data
 
 import tfdpbnn
+from tfdpbnn import _keras_version
 from tfdpbnn.clipping import clipped_gradients
+
+KERAS3 = _keras_version.KERAS_MAJOR == 3
 
 
 class _Penalty(tf.keras.layers.Layer):
@@ -50,7 +53,8 @@ def _fit(model, x, y):
     return opt
 
 
-@pytest.mark.parametrize("dtype", ["int32", "float32"])
+@pytest.mark.parametrize("dtype", ["int32", pytest.param("float32", marks=pytest.mark.skipif(
+    KERAS3, reason="Keras 3's Dense takes no RaggedTensor ('object of type RaggedTensor has no len()')"))])
 def test_ragged_inputs_coupling_or_penalty_refused_plain_accepted(dtype):
     x, y = _ragged_data(dtype)
     with pytest.raises(ValueError, match="model.losses depends on the input data"):
@@ -103,6 +107,7 @@ def _dict_model(coupled):
                           tf.keras.layers.Dense(3)(tf.keras.layers.Concatenate()([h, values])))
 
 
+@pytest.mark.skipif(KERAS3, reason="Keras 3's fit cannot take numpy string arrays ('Invalid dtype: str32')")
 def test_dict_input_with_strings_coupled_refused_and_plain_accepted():
     xv, y = small_data()
     rng = np.random.default_rng(0)
@@ -134,6 +139,8 @@ def test_sparse_and_deeply_ragged_inputs_are_refused_by_name():
         fit_checks._synthetic(deep, 4, np.random.default_rng(0))
 
 
+@pytest.mark.xfail(KERAS3, strict=True, reason="not ported: on Keras 3 the pre-fit check does not catch "
+                   "float ids fed to an Embedding yet")
 def test_float_ids_into_an_embedding_get_the_fix_and_integer_ids_train():
     """Float32 token ids reach an Embedding: the pre-fit check names the layer and the fix (integer ids)
     instead of TensorFlow's out-of-range gather error; the same ids as int32 train."""

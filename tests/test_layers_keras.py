@@ -24,7 +24,7 @@ def _stack():
 
 class _Subclassed(tf.keras.Model):
     def __init__(self):
-        super().__init__()
+        super().__init__(name="subclassed")   # Keras 3 refuses its default "__subclassed" as a name scope
         self.stack = _stack()
 
     def call(self, x, training=None):
@@ -34,7 +34,7 @@ class _Subclassed(tf.keras.Model):
 
 
 def _check(model):
-    model.compile(tf.keras.optimizers.legacy.SGD(0.01), "sparse_categorical_crossentropy")
+    model.compile(tf.keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
     hist = model.fit(X, Y, epochs=1, batch_size=4, verbose=0)
     assert np.isfinite(hist.history["loss"][0])
     assert len(model.losses) == 3  # KL terms of Conv2DVariational, DenseBayesByBackprop, DenseVariational

@@ -18,6 +18,7 @@ from _dp_models import LAYER_KINDS, N_EXAMPLES, NOISY_KINDS, make_data, make_mod
 from scipy import stats
 
 import tfdpbnn
+from tfdpbnn import _keras_version
 from tfdpbnn.record import attributes
 
 B = 8
@@ -59,9 +60,9 @@ class _nullcontext:
 
 
 def base_optimizer(name, lr):
-    if name == "dpadam":
-        return tf.keras.optimizers.legacy.Adam(lr)
-    return tf.keras.optimizers.legacy.SGD(lr)
+    """The non-private Keras optimizer a DP optimizer's update rule is built on (Keras 2: the legacy ones)."""
+    optimizers = tf.keras.optimizers if _keras_version.KERAS_MAJOR == 3 else tf.keras.optimizers.legacy
+    return optimizers.Adam(lr) if name == "dpadam" else optimizers.SGD(lr)
 
 
 def compiled(kind, name, clip, sigma, lr):

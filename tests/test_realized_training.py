@@ -16,6 +16,7 @@ import tensorflow as tf
 from _small_runs import DELTA, LOSS, D, N, gaussians_epsilon, rdp_epsilon, small_data, small_model
 
 import tfdpbnn
+from tfdpbnn import _keras_version
 
 
 def _poisson(sigma, q, steps):
@@ -201,6 +202,10 @@ def test_restoring_a_checkpoint_into_other_settings_never_rewrites_epsilon(tmp_p
 
 @pytest.mark.parametrize("save_format", ["tf", "keras", "h5"])
 def test_model_save_formats_keep_the_ledger(tmp_path, save_format):
+    if _keras_version.KERAS_MAJOR == 3 and save_format != "keras":
+        pytest.skip({"tf": "Keras 3's model.save writes no SavedModel (tfdpbnn.export does)",
+                     "h5": "Keras 3 cannot fit a model loaded from .h5 with its optimizer (plain SGD alike: "
+                           "'Unknown variable', the optimizer is built on other variables)"}[save_format])
     x, y = small_data()
     model, opt = _compiled(batch_size=8)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
@@ -254,11 +259,18 @@ def test_sigma_zero_is_infinite_epsilon():
 
 
 # ---------------------------------------------------------------------------------------- sensitivity
+class _ActivityLoss(tf.keras.layers.Layer):
+    """Adds a loss computed from its input (an activity penalty): data-dependent."""
+
+    def call(self, inputs):
+        self.add_loss(tf.reduce_mean(tf.square(inputs)))
+        return inputs
+
+
 def test_data_dependent_add_loss_is_refused():
     inputs = tf.keras.Input((D,))
-    hidden = tf.keras.layers.Dense(5)(inputs)
+    hidden = _ActivityLoss()(tf.keras.layers.Dense(5)(inputs))
     model = tf.keras.Model(inputs, tf.keras.layers.Dense(3)(hidden))
-    model.add_loss(tf.reduce_mean(tf.square(hidden)))
     model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8), loss=LOSS)
     x, y = small_data()
     with pytest.raises(ValueError, match="model.losses depends on the input"):

@@ -161,9 +161,9 @@ def test_a_new_optimizer_continuing_a_loaded_model_counts_the_release(tmp_path):
 def test_weights_loaded_into_a_fresh_model_find_the_release_in_the_ledger(tmp_path):
     x, y = small_data()
     model, _, release = _trained_with_release(x, y)
-    model.save_weights(str(tmp_path / "w.h5"))
+    model.save_weights(str(tmp_path / "w.weights.h5"))
     fresh = small_model(seed=5)
-    fresh.load_weights(str(tmp_path / "w.h5"))
+    fresh.load_weights(str(tmp_path / "w.weights.h5"))
     new = tfdpbnn.DPSGDOptimizer(1.0, SIGMA, num_examples=N, batch_size=N, delta=DELTA)
     fresh.compile(optimizer=new, loss=LOSS)
     fresh.fit(x, y, batch_size=N, epochs=1, verbose=0)

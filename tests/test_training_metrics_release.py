@@ -12,13 +12,24 @@ import tensorflow as tf
 
 import tfdpbnn
 from tests._small_runs import DELTA, LOSS, D, N, small_data
+from tfdpbnn import _keras_version
 
 
 class _InputMean(tf.keras.layers.Layer):
-    """Identity that adds the batch's input mean as a metric (``add_metric``, updated by the forward pass)."""
+    """Identity that adds the batch's input mean as a metric, updated by the forward pass (``add_metric``;
+    Keras 3, which has no ``add_metric``: a ``Mean`` metric of the layer)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        if _keras_version.KERAS_MAJOR == 3:
+            self.tracker = tf.keras.metrics.Mean(name="input_mean")
 
     def call(self, inputs):
-        self.add_metric(tf.reduce_mean(inputs) + 10.0, name="input_mean")   # + 10: never 0 by chance
+        value = tf.reduce_mean(inputs) + 10.0   # + 10: never 0 by chance
+        if _keras_version.KERAS_MAJOR == 3:
+            self.tracker.update_state(value)
+        else:
+            self.add_metric(value, name="input_mean")
         return inputs
 
 

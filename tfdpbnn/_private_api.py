@@ -85,14 +85,61 @@ def train_step_needs_output(model) -> bool:
     return _keras3 is not None or steps_per_execution(model) > 1
 
 
+def flatten_logs(model, logs):
+    """``logs`` (a dict) as ``train_on_batch`` returns them without ``return_dict``.
+
+    A list in the order of ``model``'s metrics, or the one value (Keras's ``flatten_metrics_in_order``).
+    """
+    if _keras3 is not None:
+        return _keras3.flatten_logs(model, logs)
+    training = importlib.import_module(f"{_keras_version.KERAS_PACKAGE}.src.engine.training")
+    return training.flatten_metrics_in_order(logs, model.metrics_names)
+
+
+def metric_objects(model) -> list:
+    """The metric objects of ``model.metrics``, with containers opened.
+
+    Keras 3 lists the compiled metrics as one ``CompileMetrics`` named ``compile_metrics``, whose ``metrics``
+    are the metrics by name (``accuracy``); Keras 2 lists those directly.
+    """
+    out = []
+
+    def walk(metrics):
+        for metric in metrics:
+            inner = getattr(metric, "metrics", None)
+            if isinstance(inner, list | tuple) and inner and _keras3 is not None:
+                walk(inner)
+            else:
+                out.append(metric)
+
+    walk(model.metrics)
+    return out
+
+
 def sublayers(layer, recursive: bool = True) -> list:
     """The Keras layers inside ``layer`` (Keras's ``_flatten_layers``; much faster than ``submodules``)."""
     return list(layer._flatten_layers(include_self=False, recursive=recursive))
 
 
 def build_input_shape(layer):
-    """The input shape ``layer`` was built with (Keras's ``_build_input_shape``), or None if not built."""
+    """The input shape ``layer`` was built with, or None if not built (or built from several inputs).
+
+    Keras 2's ``_build_input_shape``; on Keras 3 the public ``get_build_config()``.
+    """
+    if _keras3 is not None:
+        return (layer.get_build_config() or {}).get("input_shape")
     return getattr(layer, "_build_input_shape", None)
+
+
+def created_non_trainable(layer) -> list | None:
+    """On Keras 3, the variables ``layer`` itself created non-trainable (``Layer._non_trainable_variables``).
+
+    Freezing a Keras 3 layer (``trainable = False``) marks its weights non-trainable too, so their flag no
+    longer tells them from state. None on Keras 2, where it does.
+    """
+    if _keras3 is None:
+        return None
+    return list(layer._non_trainable_variables)
 
 
 def steps_per_execution(model) -> int:

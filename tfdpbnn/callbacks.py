@@ -189,7 +189,8 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
             if missing:
                 raise ValueError(f"release_training_metrics: {missing} are not training metrics of this "
                                  f"model; its logs hold {sorted(logs)}")
-        withheld = ({"loss"} | {m.name for m in self.model.metrics}) - set(released or ())
+        names = {m.name for m in _private_api.metric_objects(self.model)}
+        withheld = ({"loss"} | names) - set(released or ())
         for key in list(logs):
             if key in withheld:
                 del logs[key]

@@ -14,8 +14,9 @@ suite): ``Trainer._compile_loss`` (the ``CompileLoss`` of ``model.compile(loss=.
 ``build`` and ``_flat_losses`` (to rebuild the unreduced per-example loss), ``Trainer._loss_tracker`` (the
 ``loss`` metric), ``keras.src.backend.common.masking.get_keras_mask`` and
 ``keras.src.losses.loss.squeeze_or_expand_to_same_rank`` (Keras's alignment of loss
-values and sample weights), and ``Optimizer._get_variable_index`` with Adam's ``_momentums`` /
-``_velocities`` (the optimizer slots the traced-step audit reads, ``optimizer_slot``).
+values and sample weights), ``Optimizer._get_variable_index`` with Adam's ``_momentums`` /
+``_velocities`` (the optimizer slots the traced-step audit reads, ``optimizer_slot``), and
+``Trainer._flatten_metrics_in_order`` (``train_on_batch``'s list of logs).
 """
 
 from __future__ import annotations
@@ -76,6 +77,17 @@ class _Keras3Base:
                 return tf.constant(np.broadcast_to(_exact, shape), dtype=dtype)
         return self.add_variable(shape=tuple(shape), initializer=initializer, dtype=dtype,
                                  aggregation=_AGGREGATIONS.get(aggregation, aggregation), name=name)
+
+    def load_own_variables(self, store):
+        """Keras 3's restore of the optimizer's variables, counting again the steps it takes off the ledger.
+
+        Keras 3's weights files (``load_weights``, ``load_model``, ``BackupAndRestore``) hold the optimizer's
+        variables, the ledger's counters among them. Restored into an optimizer that has taken steps, they
+        would set its ledger back; the steps after the restore point ran, so they are counted again as
+        "rewound" phases (``RunRecord.account_rewind``, as after a ``tf.train.Checkpoint`` restore).
+        """
+        load = super().load_own_variables
+        self._dp_count_rewind(lambda: load(store))
 
     def minimize(self, loss, var_list, tape=None):
         """Keras 2's ``minimize``, which Keras 3 optimizers lack: ``_compute_gradients``, then apply them.
@@ -187,6 +199,11 @@ def squeeze_or_expand(values, sample_weight):
 def steps_per_execution(model):
     """Keras 3's ``model.steps_per_execution`` (a public int), or None."""
     return getattr(model, "steps_per_execution", None)
+
+
+def flatten_logs(model, logs):
+    """``logs`` as ``train_on_batch`` returns them without ``return_dict`` (``_flatten_metrics_in_order``)."""
+    return model._flatten_metrics_in_order(logs)
 
 
 def is_keras_variable(value) -> bool:

@@ -673,6 +673,18 @@ class DPOptimizerMixin:
         return (f"checked: none of the release's {len(np.unique(keys))} records was touched by this model's "
                 "training (per-record ledger)")
 
+    def _dp_count_rewind(self, restore) -> None:
+        """Run ``restore`` and count again the steps it takes off the ledger.
+
+        ``restore`` restores this optimizer's variables, the ledger's counters among them; the steps it sets
+        back ran, so they are counted again as "rewound" phases (``RunRecord.account_rewind``).
+        """
+        record = attributes.run_record(self)
+        before = record.ledger_now() if record is not None and int(self.iterations.numpy()) > 0 else None
+        restore()
+        if before:
+            record.account_rewind(before)
+
     def _dp_statement_extras(self) -> dict:
         return {}
 
@@ -971,7 +983,7 @@ class DPOptimizerMixin:
         if names is None:
             return logs
         logs = {k: v for k, v in logs.items() if k in names}
-        for metric in model.metrics:
+        for metric in _private_api.metric_objects(model):
             if metric.name not in names:
                 metric.reset_state()
         return logs

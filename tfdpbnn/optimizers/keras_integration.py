@@ -37,6 +37,7 @@ import math
 
 import tensorflow as tf
 
+from tfdpbnn import _private_api
 from tfdpbnn.record import attributes
 
 _original_train_step = None
@@ -225,7 +226,18 @@ def install() -> None:
             bound = batch_signature.bind(self, *args, **kwargs)
             optimizer.begin_batch_call(self, bound.arguments.get("x"), bound.arguments.get("y"),
                                        record_ids=record_ids)
-            result = _original_train_on_batch(self, *args, **kwargs)
+            from tfdpbnn.callbacks import NO_RELEASED_METRICS
+
+            return_dict = bool(bound.arguments.get("return_dict", False))
+            if _private_api.train_step_needs_output(self):
+                # the step's constant output for a train function that needs one is not a metric: dropped
+                arguments = {**bound.arguments, "return_dict": True}
+                result = dict(_original_train_on_batch(**arguments))
+                result.pop(NO_RELEASED_METRICS, None)
+                if not return_dict:
+                    result = _private_api.flatten_logs(self, result)
+            else:
+                result = _original_train_on_batch(self, *args, **kwargs)
             attributes.run_record(optimizer).snapshot(self, final=True)
             return result
         return _original_train_on_batch(self, *args, **kwargs)

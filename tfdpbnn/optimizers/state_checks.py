@@ -61,9 +61,12 @@ def declared_state(layer) -> list:
     Weights of a frozen layer (``layer.trainable = False``) are trainable variables the user froze, not
     state the layer computes, and are not included.
     """
+    created = _private_api.created_non_trainable(layer)
+    if created is not None:   # Keras 3
+        return [v for v in created if v.dtype != tf.resource]
     if all(getattr(v, "trainable", True) for v in layer.weights):
         return []
-    return [v for v in _own_weights(layer) if isinstance(v, tf.Variable) and not v.trainable
+    return [v for v in _own_weights(layer) if _private_api.is_variable(v) and not v.trainable
             and v.dtype != tf.resource]
 
 
@@ -179,8 +182,9 @@ class VariableSnapshot:
         if outside_dp_update:  # the DP step updates these; tfdpbnn's layers' own state is the library's
             skip = {id(v) for v in model.trainable_variables}
             skip |= {id(v) for layer in _layers(model) if _library_layer(layer) for v in layer.weights}
-        self._variables = [v for v in model.variables
-                           if isinstance(v, tf.Variable) and v.dtype != tf.resource and id(v) not in skip]
+        # weights, not variables: Keras 3's variables also hold the random-number state (SeedGenerator)
+        self._variables = [v for v in model.weights
+                           if _private_api.is_variable(v) and v.dtype != tf.resource and id(v) not in skip]
         self._values = _values(self._variables)
 
     def changed(self) -> list:

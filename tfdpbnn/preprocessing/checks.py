@@ -1,6 +1,7 @@
 """Find preprocessing layers whose state was computed from data, before the first DP step.
 
-A layer counts as data-derived when it has an ``adapt`` method and either reports ``is_adapted`` or holds a
+A layer counts as data-derived when it has an ``adapt`` method and either reports ``is_adapted`` (Keras 2;
+on Keras 3, which has no such flag, ``_adapted`` reads the vocabulary and bin boundaries) or holds a
 non-trainable variable that differs from the same layer freshly built from its config (e.g. state assigned
 by hand, or restored from a file). ``Hashing`` and layers built with explicit constants (``Normalization(
 mean=..., variance=...)``, ``StringLookup(vocabulary=...)``) are not adapted: their constants are the
@@ -20,8 +21,15 @@ from tfdpbnn.record.preprocessing import state_digest
 
 
 def _layers(model, submodules=None):
-    seen, out = set(), []
-    for layer in [model, *(_private_api.submodules(model) if submodules is None else submodules)]:
+    """``model`` and its layers, less the inner layers of a layer with ``adapt``.
+
+    Those (``TextVectorization``'s lookup layer) hold that layer's state, which is judged with it.
+    """
+    layers = [model, *(_private_api.submodules(model) if submodules is None else submodules)]
+    seen = {id(inner) for layer in layers if callable(getattr(layer, "adapt", None))
+            for inner in _private_api.submodules(layer) if inner is not layer}
+    out = []
+    for layer in layers:
         if isinstance(layer, tf.keras.layers.Layer) and id(layer) not in seen:
             seen.add(id(layer))
             out.append(layer)
@@ -55,13 +63,44 @@ def _differs_from_fresh(layer) -> bool:
                for a, b in zip(state, fresh, strict=True))
 
 
+def _vocabulary(layer) -> list[str]:
+    return [str(token) for token in layer.get_vocabulary()]
+
+
+def _adapted(layer) -> bool:
+    """Whether ``layer``'s own state says it was computed by ``adapt``.
+
+    Keras 2 layers report it (``is_adapted``). Keras 3 layers have no such flag and keep a vocabulary or bin
+    boundaries outside their variables: a layer with ``get_vocabulary`` (``StringLookup``, ``IntegerLookup``,
+    ``TextVectorization``) counts as adapted when its vocabulary differs from that of a twin built from its
+    config (which holds only a vocabulary given to the constructor); a ``Discretization`` when it holds bin
+    boundaries beside ``num_bins`` (the constructor takes one or the other; ``adapt`` sets both).
+    """
+    flag = getattr(layer, "is_adapted", None)
+    if flag is not None:
+        return bool(flag)
+    if getattr(layer, "num_bins", None) is not None and getattr(layer, "bin_boundaries", None) is not None:
+        return True
+    if callable(getattr(layer, "get_vocabulary", None)):
+        try:
+            twin = type(layer).from_config(layer.get_config())
+            return _vocabulary(layer) != _vocabulary(twin)
+        except (AttributeError, TypeError, ValueError, RuntimeError) as err:
+            raise ValueError(
+                f"model: the preprocessing layer {layer.name!r} ({type(layer).__name__}) holds a vocabulary "
+                f"that tfdpbnn cannot compare with the one it was built with ({err}); it may have been "
+                "computed from the private data. Assert that it was not with tfdpbnn.preprocessing."
+                "assert_public_preprocessing(layer, reason=...)") from err
+    return False
+
+
 def data_derived_layers(model) -> list:
     """The layers of ``model`` with an ``adapt`` method whose state was computed from data (module)."""
     out = []
     for layer in _layers(model):
         if not callable(getattr(layer, "adapt", None)):
             continue
-        if getattr(layer, "is_adapted", False) or _differs_from_fresh(layer):
+        if _adapted(layer) or _differs_from_fresh(layer):
             out.append(layer)
     return out
 
@@ -99,7 +138,7 @@ def check_preprocessing(model, neighboring: str | None = None, submodules=None) 
                     f"with neighboring={neighboring!r} so that the two can be composed")
             found["dp"].append(record)
             continue
-        if not (getattr(layer, "is_adapted", False) or _differs_from_fresh(layer)):
+        if not (_adapted(layer) or _differs_from_fresh(layer)):
             continue
         changed = (" (it changed after its DP adapt or public assertion, e.g. adapt was called again)"
                    if attributes.preprocessing_digest(layer) is not None else "")

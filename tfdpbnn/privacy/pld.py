@@ -35,6 +35,15 @@ class AdaptivePLDAccountant(dp_accounting.pld.PLDAccountant):
         super().__init__(neighboring_relation, value_discretization_interval or START_INTERVAL)
 
     def _maybe_compose(self, event, count, do_compose):
+        # Poisson-subsampled events only under add/remove adjacency, whichever dp-accounting runs: 0.6 also
+        # composes them under replace-one, which 0.4.3 and tfdpbnn's other accountants refuse and which is
+        # not checked against tfdpbnn's replace-one events (in units of the sensitivity 2C). Composed events
+        # come back here.
+        if (isinstance(event, dp_accounting.PoissonSampledDpEvent)
+                and self.neighboring_relation is not NeighboringRelation.ADD_OR_REMOVE_ONE):
+            return self.CompositionErrorDetails(
+                invalid_event=event, error_message="neighboring_relation must be ADD_OR_REMOVE_ONE for "
+                f"PoissonSampledDpEvent; found {self.neighboring_relation}.")
         # In adaptive mode, composition happens at query time on the ledger, at several intervals.
         return super()._maybe_compose(event, count, do_compose and self._fixed is not None)
 

@@ -63,11 +63,12 @@ class ZCDPAccountant(EventAccountant):
             return
         rdp = dp_accounting.rdp.RdpAccountant(orders=list(TRUNCATION_ORDERS)).compose(
             dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), count).rdp
-        # dp-accounting >= 0.6 gives inf at fractional orders whose series does not converge in its step cap;
-        # the Renyi divergence is nondecreasing in the order (Mironov 2017), so the value at the next higher
-        # order with a finite value bounds it.
-        rdp = np.asarray(rdp, dtype=float)
-        rdp = np.where(np.isinf(rdp), np.minimum.accumulate(rdp[::-1])[::-1], rdp)
+        # dp-accounting >= 0.6 gives inf at fractional orders whose series does not converge in its step cap,
+        # and at small fractional orders a loose bound (measured: 0.0092 at order 1.05 against 0.0006 at order
+        # 24 for s = 100, q = 0.05, 200 steps). The Renyi divergence is nondecreasing in the order (Mironov
+        # 2017), so the smallest value at any order >= alpha bounds the one at alpha: the curve is replaced
+        # by that envelope (no change where dp-accounting's curve is already nondecreasing).
+        rdp = np.minimum.accumulate(np.asarray(rdp, dtype=float)[::-1])[::-1]
         self._trunc_rho += np.maximum.accumulate(rdp / TRUNCATION_ORDERS)
         self._truncated = True
 
