@@ -170,7 +170,7 @@ def _max_abs(tensors) -> float:
 
 def _embedding_names(model) -> list[str]:
     """Names of the ``Embedding`` layers of ``model`` (nested ones included)."""
-    return [layer.name for layer in getattr(model, "submodules", ())
+    return [layer.name for layer in _private_api.submodules(model)
             if isinstance(layer, tf.keras.layers.Embedding)]
 
 
