@@ -15,12 +15,15 @@ suite): ``Trainer._compile_loss`` (the ``CompileLoss`` of ``model.compile(loss=.
 ``loss`` metric), ``keras.src.backend.common.masking.get_keras_mask`` and
 ``keras.src.losses.loss.squeeze_or_expand_to_same_rank`` (Keras's alignment of loss
 values and sample weights), ``Optimizer._get_variable_index`` with Adam's ``_momentums`` /
-``_velocities`` (the optimizer slots the traced-step audit reads, ``optimizer_slot``), and
-``Trainer._flatten_metrics_in_order`` (``train_on_batch``'s list of logs).
+``_velocities`` (the optimizer slots the traced-step audit reads, ``optimizer_slot``),
+``Trainer._flatten_metrics_in_order`` (``train_on_batch``'s list of logs), and ``TensorFlowTrainer``'s
+``_distribute_strategy`` and ``_maybe_symbolic_build`` (``fit``'s build of the model from its first batch
+under a ``tf.distribute`` strategy, ``build_from_one_replica``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import keras
@@ -250,6 +253,45 @@ def variable_name(variable) -> str:
     return variable.path
 
 
+def _first_replica(strategy, value):
+    """Replica 0's part of a distributed value (its local results' first); anything else as given."""
+    if isinstance(value, tf.distribute.DistributedValues):
+        return strategy.experimental_local_results(value)[0]
+    return value
+
+
+@contextlib.contextmanager
+def build_from_one_replica(model):
+    """During ``model.fit`` under a ``tf.distribute`` strategy: Keras builds from one replica's batch part.
+
+    Keras 3's ``TensorFlowTrainer.fit`` first builds the model, its compiled loss and metrics and the
+    optimizer from the shapes of the first batch, which it gets by reducing the replicas' parts of that
+    batch with MEAN (``_maybe_symbolic_build``): one sum of the parts, which fails (``AddN``) as soon as
+    the replicas' parts differ in size, as Poisson batches split across replicas do. Here, for this fit,
+    that build reads replica 0's part instead (only its shapes are used, symbolically; nothing is reduced
+    or released). The DP step itself is untouched. Without a strategy (``_distribute_strategy`` None) Keras
+    builds at tracing and nothing changes.
+    """
+    strategy = getattr(model, "_distribute_strategy", None)
+    if strategy is None:
+        yield
+        return
+    keras_build = model._maybe_symbolic_build
+
+    def build(iterator=None, data_batch=None):
+        if iterator is not None and data_batch is None:
+            for _, _, batches in iterator:  # Keras's own walk: the epoch iterator's first batch
+                data_batch = tf.nest.map_structure(lambda v: _first_replica(strategy, v), next(batches))
+                break
+        return keras_build(data_batch=data_batch)
+
+    model.__dict__["_maybe_symbolic_build"] = build   # this model only, for this call (no tracking)
+    try:
+        yield
+    finally:
+        model.__dict__.pop("_maybe_symbolic_build", None)
+
+
 def check() -> None:
     """Raise ``RuntimeError`` naming the Keras 3 internal that the installed Keras no longer provides."""
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
@@ -263,6 +305,9 @@ def check() -> None:
     except (AttributeError, TypeError, ImportError) as err:
         raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s CompileLoss internals changed ({err}); "
                            "update tfdpbnn/_adapters/keras3.py") from err
+    if not callable(getattr(model, "_maybe_symbolic_build", None)) or not hasattr(model, "_distribute_strategy"):
+        raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s TensorFlowTrainer._maybe_symbolic_build or "
+                           "_distribute_strategy changed; update tfdpbnn/_adapters/keras3.py")
     if not isinstance(parts[2][0], keras.losses.Loss) or total_loss_metric(model) is None:
         raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s CompileLoss._flat_losses or "
                            "Trainer._loss_tracker changed; update tfdpbnn/_adapters/keras3.py")
