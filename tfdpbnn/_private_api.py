@@ -179,6 +179,13 @@ def fit_build_context(model):
     return contextlib.nullcontext()
 
 
+def step_logs(model, logs):
+    """A DP train step's ``logs`` as the Keras in use reduces them across workers (Keras 3: ``step_logs``)."""
+    if _keras3 is not None:
+        return _keras3.step_logs(model, logs)
+    return logs
+
+
 def compiled_loss(model):
     """The compiled-loss container of ``model`` (``model.compile(loss=...)``), or None without a loss."""
     if _keras3 is not None:

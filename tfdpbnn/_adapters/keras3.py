@@ -292,6 +292,20 @@ def build_from_one_replica(model):
         model.__dict__.pop("_maybe_symbolic_build", None)
 
 
+def step_logs(model, logs):
+    """A train step's ``logs`` in the form Keras 3's ``fit`` reduces across workers.
+
+    Under a multi-worker ``MultiWorkerMirroredStrategy`` Keras 3 reduces each log value of a step with
+    ``strategy.reduce("MEAN", value, axis=0)`` (``reduce_per_replica``), which fails for the scalars a train
+    step returns (Keras's own steps included); each scalar is given a length-1 axis there, so the reduce is
+    the mean of the replicas' values, as Keras 2 takes it. Anywhere else ``logs`` is returned unchanged.
+    """
+    trainer = _internal("keras.src.backend.tensorflow.trainer")
+    if not trainer._collective_all_reduce_multi_worker(model.distribute_strategy):
+        return logs
+    return {k: tf.reshape(v, [1]) if v.shape.rank == 0 else v for k, v in logs.items()}
+
+
 def check() -> None:
     """Raise ``RuntimeError`` naming the Keras 3 internal that the installed Keras no longer provides."""
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
