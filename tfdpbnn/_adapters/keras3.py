@@ -16,9 +16,10 @@ suite): ``Trainer._compile_loss`` (the ``CompileLoss`` of ``model.compile(loss=.
 ``keras.src.losses.loss.squeeze_or_expand_to_same_rank`` (Keras's alignment of loss
 values and sample weights), ``Optimizer._get_variable_index`` with Adam's ``_momentums`` /
 ``_velocities`` (the optimizer slots the traced-step audit reads, ``optimizer_slot``),
-``Trainer._flatten_metrics_in_order`` (``train_on_batch``'s list of logs), and ``TensorFlowTrainer``'s
+``Trainer._flatten_metrics_in_order`` (``train_on_batch``'s list of logs), ``TensorFlowTrainer``'s
 ``_distribute_strategy`` and ``_maybe_symbolic_build`` (``fit``'s build of the model from its first batch
-under a ``tf.distribute`` strategy, ``build_from_one_replica``).
+under a ``tf.distribute`` strategy, ``build_from_one_replica``) and the trainer module's
+``_collective_all_reduce_multi_worker`` (when ``fit`` reduces a step's logs across workers, ``step_logs``).
 """
 
 from __future__ import annotations
@@ -303,6 +304,7 @@ def step_logs(model, logs):
     trainer = _internal("keras.src.backend.tensorflow.trainer")
     if not trainer._collective_all_reduce_multi_worker(model.distribute_strategy):
         return logs
+    logs = {k: tf.convert_to_tensor(v) for k, v in logs.items()}
     return {k: tf.reshape(v, [1]) if v.shape.rank == 0 else v for k, v in logs.items()}
 
 
@@ -319,9 +321,13 @@ def check() -> None:
     except (AttributeError, TypeError, ImportError) as err:
         raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s CompileLoss internals changed ({err}); "
                            "update tfdpbnn/_adapters/keras3.py") from err
-    if not callable(getattr(model, "_maybe_symbolic_build", None)) or not hasattr(model, "_distribute_strategy"):
-        raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s TensorFlowTrainer._maybe_symbolic_build or "
-                           "_distribute_strategy changed; update tfdpbnn/_adapters/keras3.py")
+    trainer = _internal("keras.src.backend.tensorflow.trainer")
+    if (not callable(getattr(model, "_maybe_symbolic_build", None))
+            or not hasattr(model, "_distribute_strategy")
+            or not callable(getattr(trainer, "_collective_all_reduce_multi_worker", None))):
+        raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s TensorFlowTrainer._maybe_symbolic_build, "
+                           "_distribute_strategy or _collective_all_reduce_multi_worker changed; update "
+                           "tfdpbnn/_adapters/keras3.py")
     if not isinstance(parts[2][0], keras.losses.Loss) or total_loss_metric(model) is None:
         raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s CompileLoss._flat_losses or "
                            "Trainer._loss_tracker changed; update tfdpbnn/_adapters/keras3.py")
