@@ -22,6 +22,7 @@ pinned version breaks in one place with a clear message (``check()`` is run by t
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from typing import Any
@@ -164,6 +165,25 @@ def loss_container_parts(container, y_pred, y, sample_weight):
     if not container._built:
         container.build(y_pred)
     return y_true, sample_weight, container._losses, container._loss_weights
+
+
+def fit_build_context(model):
+    """A context for one ``model.fit`` call: on Keras 3 under a strategy, its build reads one replica's batch.
+
+    Keras 3 builds a distributed model from the MEAN of the replicas' parts of the first batch, which fails
+    when they differ in size (Poisson batches); ``tfdpbnn._adapters.keras3.build_from_one_replica``. Keras 2
+    builds at tracing: nothing to do.
+    """
+    if _keras3 is not None:
+        return _keras3.build_from_one_replica(model)
+    return contextlib.nullcontext()
+
+
+def step_logs(model, logs):
+    """A DP train step's ``logs`` as the Keras in use reduces them across workers (Keras 3: ``step_logs``)."""
+    if _keras3 is not None:
+        return _keras3.step_logs(model, logs)
+    return logs
 
 
 def compiled_loss(model):

@@ -15,12 +15,16 @@ suite): ``Trainer._compile_loss`` (the ``CompileLoss`` of ``model.compile(loss=.
 ``loss`` metric), ``keras.src.backend.common.masking.get_keras_mask`` and
 ``keras.src.losses.loss.squeeze_or_expand_to_same_rank`` (Keras's alignment of loss
 values and sample weights), ``Optimizer._get_variable_index`` with Adam's ``_momentums`` /
-``_velocities`` (the optimizer slots the traced-step audit reads, ``optimizer_slot``), and
-``Trainer._flatten_metrics_in_order`` (``train_on_batch``'s list of logs).
+``_velocities`` (the optimizer slots the traced-step audit reads, ``optimizer_slot``),
+``Trainer._flatten_metrics_in_order`` (``train_on_batch``'s list of logs), ``TensorFlowTrainer``'s
+``_distribute_strategy`` and ``_maybe_symbolic_build`` (``fit``'s build of the model from its first batch
+under a ``tf.distribute`` strategy, ``build_from_one_replica``) and the trainer module's
+``_collective_all_reduce_multi_worker`` (when ``fit`` reduces a step's logs across workers, ``step_logs``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import keras
@@ -250,6 +254,60 @@ def variable_name(variable) -> str:
     return variable.path
 
 
+def _first_replica(strategy, value):
+    """Replica 0's part of a distributed value (its local results' first); anything else as given."""
+    if isinstance(value, tf.distribute.DistributedValues):
+        return strategy.experimental_local_results(value)[0]
+    return value
+
+
+@contextlib.contextmanager
+def build_from_one_replica(model):
+    """During ``model.fit`` under a ``tf.distribute`` strategy: Keras builds from one replica's batch part.
+
+    Keras 3's ``TensorFlowTrainer.fit`` first builds the model, its compiled loss and metrics and the
+    optimizer from the shapes of the first batch, which it gets by reducing the replicas' parts of that
+    batch with MEAN (``_maybe_symbolic_build``): one sum of the parts, which fails (``AddN``) as soon as
+    the replicas' parts differ in size, as Poisson batches split across replicas do. Here, for this fit,
+    that build reads replica 0's part instead (only its shapes are used, symbolically; nothing is reduced
+    or released). The DP step itself is untouched. Without a strategy (``_distribute_strategy`` None) Keras
+    builds at tracing and nothing changes.
+    """
+    strategy = getattr(model, "_distribute_strategy", None)
+    if strategy is None:
+        yield
+        return
+    keras_build = model._maybe_symbolic_build
+
+    def build(iterator=None, data_batch=None):
+        if iterator is not None and data_batch is None:
+            for _, _, batches in iterator:  # Keras's own walk: the epoch iterator's first batch
+                data_batch = tf.nest.map_structure(lambda v: _first_replica(strategy, v), next(batches))
+                break
+        return keras_build(data_batch=data_batch)
+
+    model.__dict__["_maybe_symbolic_build"] = build   # this model only, for this call (no tracking)
+    try:
+        yield
+    finally:
+        model.__dict__.pop("_maybe_symbolic_build", None)
+
+
+def step_logs(model, logs):
+    """A train step's ``logs`` in the form Keras 3's ``fit`` reduces across workers.
+
+    Under a multi-worker ``MultiWorkerMirroredStrategy`` Keras 3 reduces each log value of a step with
+    ``strategy.reduce("MEAN", value, axis=0)`` (``reduce_per_replica``), which fails for the scalars a train
+    step returns (Keras's own steps included); each scalar is given a length-1 axis there, so the reduce is
+    the mean of the replicas' values, as Keras 2 takes it. Anywhere else ``logs`` is returned unchanged.
+    """
+    trainer = _internal("keras.src.backend.tensorflow.trainer")
+    if not trainer._collective_all_reduce_multi_worker(model.distribute_strategy):
+        return logs
+    logs = {k: tf.convert_to_tensor(v) for k, v in logs.items()}
+    return {k: tf.reshape(v, [1]) if v.shape.rank == 0 else v for k, v in logs.items()}
+
+
 def check() -> None:
     """Raise ``RuntimeError`` naming the Keras 3 internal that the installed Keras no longer provides."""
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
@@ -263,6 +321,13 @@ def check() -> None:
     except (AttributeError, TypeError, ImportError) as err:
         raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s CompileLoss internals changed ({err}); "
                            "update tfdpbnn/_adapters/keras3.py") from err
+    trainer = _internal("keras.src.backend.tensorflow.trainer")
+    if (not callable(getattr(model, "_maybe_symbolic_build", None))
+            or not hasattr(model, "_distribute_strategy")
+            or not callable(getattr(trainer, "_collective_all_reduce_multi_worker", None))):
+        raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s TensorFlowTrainer._maybe_symbolic_build, "
+                           "_distribute_strategy or _collective_all_reduce_multi_worker changed; update "
+                           "tfdpbnn/_adapters/keras3.py")
     if not isinstance(parts[2][0], keras.losses.Loss) or total_loss_metric(model) is None:
         raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s CompileLoss._flat_losses or "
                            "Trainer._loss_tracker changed; update tfdpbnn/_adapters/keras3.py")

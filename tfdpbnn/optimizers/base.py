@@ -954,7 +954,7 @@ class DPOptimizerMixin:
                 needs_output = _private_api.train_step_needs_output(model)
             if needs_output:  # the train function needs some output: a constant, withheld from logs
                 logs[NO_RELEASED_METRICS] = tf.zeros([])
-        return logs
+        return _private_api.step_logs(model, logs)
 
     def _dp_training_metrics(self, model, x, y, sample_weight, clipped):
         """The released training-batch metrics of one step (``release_training_metrics``), as logs.

@@ -204,7 +204,8 @@ def install() -> None:
         arguments = _dp_fit_arguments(self, optimizer, arguments, record_ids)
         optimizer._dp_in_fit += 1  # steps outside a fit may not count in its phase (_require_open_phase)
         try:
-            return _original_fit(self, **arguments, **extra)
+            with _private_api.fit_build_context(self):
+                return _original_fit(self, **arguments, **extra)
         except BaseException:
             # Keras calls no on_train_end on an error: what ran up to it (a crash mid-epoch) is recorded.
             attributes.run_record(optimizer).snapshot(self, final=True)
