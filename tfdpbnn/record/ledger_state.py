@@ -21,6 +21,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from tfdpbnn._private_api import read_numpy
 from tfdpbnn.record.ledger import Phase, PrivacyLedger, new_phase_id
 
 #: Phases one optimizer's table holds (a new phase beyond it raises: the record is never truncated).
@@ -115,7 +116,7 @@ class LedgerState:
 
     # ----------------------------------------------------------------------------------- python side
     def _desc(self) -> dict:
-        values = self.open_desc.numpy().tolist()  # one read of the variable
+        values = read_numpy(self.open_desc).tolist()  # one read of the variable
         return dict(zip(_DESC, values, strict=True))
 
     @property
@@ -131,12 +132,12 @@ class LedgerState:
         """Steps taken in the open phase (``desc``: ``_desc()`` when already read)."""
         if (self._desc() if desc is None else desc)["phase_id"] == 0:
             return 0
-        return int(self._optimizer.iterations.numpy()) - int(round(float(self.open_start.numpy())))
+        return int(read_numpy(self._optimizer.iterations)) - int(round(float(read_numpy(self.open_start))))
 
     def open_counters(self, desc: dict | None = None, squared: bool = True) -> tuple[int, float, float]:
         """(steps, examples, squared deviation) of the open phase (``squared=False``: 0.0 in its place)."""
-        return (self.open_steps(desc), float(self.open_examples.numpy()),
-                float(self.open_squared.numpy()) if squared else 0.0)
+        return (self.open_steps(desc), float(read_numpy(self.open_examples)),
+                float(read_numpy(self.open_squared)) if squared else 0.0)
 
     def open_description(self, desc: dict | None = None) -> dict | None:
         """The open phase's description (decoded), or None (``desc``: ``_desc()`` when already read)."""
@@ -168,7 +169,7 @@ class LedgerState:
         desc[_D["source"]] = _SOURCES.index(source)
         desc[_D["batch_size"]] = float(batch_size)
         self.open_desc.assign(desc)
-        self.open_start.assign(float(self._optimizer.iterations.numpy()))
+        self.open_start.assign(float(read_numpy(self._optimizer.iterations)))
         self.open_examples.assign(0.0)
         self.open_squared.assign(0.0)
 
@@ -183,7 +184,7 @@ class LedgerState:
         if d is None or d["kind"] != "shuffle" or not d["num_examples"]:
             return
         n = d["num_examples"]
-        examples = float(self.open_examples.numpy())
+        examples = float(read_numpy(self.open_examples))
         whole = _participations(examples, n) * n
         if whole > examples:
             self.open_examples.assign(float(whole))
@@ -206,7 +207,7 @@ class LedgerState:
             return None
         if steps is None:
             steps = self.open_steps(raw)
-        examples = float(self.open_examples.numpy()) if examples is None else float(examples)
+        examples = float(read_numpy(self.open_examples)) if examples is None else float(examples)
         source = override_source or d["source"]
         return _phase_from(d, int(steps), examples, source, int(raw["phase_id"]),
                            getattr(self._optimizer, "_dp_phase_override", lambda _d, _s: None))
@@ -224,25 +225,25 @@ class LedgerState:
         """Add a closed phase (phases already in the table, by id, are skipped)."""
         if any(p.phase_id == phase.phase_id for p in self.closed_phases()):
             return
-        count = int(round(float(self.count.numpy())))
+        count = int(round(float(read_numpy(self.count))))
         if count >= MAX_PHASES:
             raise ValueError(
                 f"privacy ledger: this optimizer already holds {MAX_PHASES} training phases; start a new "
                 "optimizer (the model's ledger carries over) rather than losing the record")
-        table = self.table.numpy()
+        table = read_numpy(self.table)
         table[count] = _row(phase, source)
         self.table.assign(table)
         self.count.assign(float(count + 1))
 
     def closed_phases(self) -> list[Phase]:
         """The closed phases, oldest first."""
-        count = int(round(float(self.count.numpy())))
-        return [_phase_from_row(row) for row in self.table.numpy()[:count].tolist()] if count else []
+        count = int(round(float(read_numpy(self.count))))
+        return [_phase_from_row(row) for row in read_numpy(self.table)[:count].tolist()] if count else []
 
     def closed_sources(self) -> list[str]:
         """The sampling source code of each closed phase."""
-        count = int(round(float(self.count.numpy())))
-        return [_SOURCES[int(row[_COL["source"]])] for row in self.table.numpy()[:count]]
+        count = int(round(float(read_numpy(self.count))))
+        return [_SOURCES[int(row[_COL["source"]])] for row in read_numpy(self.table)[:count]]
 
     def ledger(self, steps=None, examples=None) -> PrivacyLedger:
         """Closed phases plus the open one (with hypothetical ``steps``/``examples`` if given)."""
@@ -260,7 +261,7 @@ class LedgerState:
         if self.has_open_phase:
             steps, examples, squared = self.open_counters()
             desc = self._desc()
-            config["open"] = {**{k: desc[k] for k in _DESC}, "start_step": int(self.open_start.numpy()),
+            config["open"] = {**{k: desc[k] for k in _DESC}, "start_step": int(read_numpy(self.open_start)),
                               "examples": examples, "squared_deviation": squared}
         return config
 
