@@ -217,9 +217,10 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         (``RunRecord.account_rewind``) and the budget stop restarts from the restored step.
         """
         optimizer = self.model.optimizer
-        if attributes.run_record(optimizer).check_rewind():
-            self.on_train_begin()
         state = attributes.ledger_state(optimizer)
+        with state.reading_once():  # a restore ran before (on_train_begin); nothing here takes a step
+            if attributes.run_record(optimizer).check_rewind():
+                self.on_train_begin()
         self._epoch_start_examples = float(_private_api.read_numpy(state.open_examples))
 
     def _pass_check(self, optimizer):
@@ -248,6 +249,10 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         """
         self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
+        with attributes.ledger_state(optimizer).reading_once():  # the checks, snapshot and epsilon: no step
+            self._epoch_end(optimizer, epoch, logs)
+
+    def _epoch_end(self, optimizer, epoch, logs):
         self._poisson_check(optimizer)
         self._pass_check(optimizer)
         attributes.run_record(optimizer).snapshot(self.model)
