@@ -86,9 +86,12 @@ _PHASES = (
     ("tfdpbnn.callbacks:DPTrainingMonitor", "on_train_batch_end", "monitor: batch ends (all)"),
     ("tfdpbnn.callbacks:DPTrainingMonitor", "on_epoch_end", "monitor: epoch end (snapshot, epsilon)"),
     ("tfdpbnn.callbacks:DPTrainingMonitor", "on_train_end", "monitor: train end (final snapshot, commit)"),
+    ("tfdpbnn.optimizers.state_checks:StateWatch", "on_train_begin", "state watch: train begin"),
     ("tfdpbnn.optimizers.state_checks:StateWatch", "on_train_batch_begin",
      "state watch: first batch snapshot"),
     ("tfdpbnn.optimizers.state_checks:StateWatch", "on_train_batch_end", "state watch: first batch check"),
+    ("tfdpbnn.optimizers.state_checks:StateWatch", "on_epoch_end", "state watch: epoch end check"),
+    ("tfdpbnn.optimizers.state_checks:StateWatch", "on_train_end", "state watch: train end check"),
     ("tfdpbnn.optimizers.keras_integration:", "_dp_fit_arguments", "all of fit's preparation (the rows above "
                                                                     "to the run row, and the rest)"),
 )

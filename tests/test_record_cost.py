@@ -3,7 +3,8 @@
 The per-record ledger's reserve and commit run a fixed number of SQL statements whatever the number of
 records (the records travel in bulk statements); the content keys of ``fit``'s arrays are reused only for
 the very same bytes (an array changed in place gets new keys); fingerprints skip hashing only bytes equal
-to those hashed last; one DP ``fit`` runs a fixed set of transactions.
+to those hashed last; one DP ``fit`` runs a fixed set of transactions; the fast variable reads equal
+``numpy()`` and a block that reads the ledger once sees every write the ledger makes.
 """
 
 from __future__ import annotations
@@ -134,3 +135,33 @@ def test_fingerprints_skip_hashing_only_bytes_equal_to_those_hashed_last(monkeyp
     assert store._HELD["data"][0] is not None
     del z
     assert "data" not in store._HELD
+
+
+def test_fast_variable_reads_equal_numpy_and_reads_once_forget_every_write():
+    import tensorflow as tf
+
+    from tfdpbnn import _private_api
+    from tfdpbnn.record import attributes
+
+    table = tf.Variable(np.arange(12, dtype=np.float64).reshape(3, 4) / 7)
+    fast = _private_api.read_numpy(table)
+    np.testing.assert_allclose(fast, table.numpy(), rtol=1e-15, atol=0)  # the same op reads it
+    fast[0, 0] = -1.0  # a copy of its own, as numpy() gives
+    np.testing.assert_allclose(table.numpy()[0, 0], 0.0, atol=1e-12)
+
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, learning_rate=0.1, num_examples=64, batch_size=8,
+                                       delta=DELTA)
+    state = attributes.ledger_state(optimizer)
+    with state.reading_once():
+        assert state.open_description() is None  # read, and kept, inside the block
+        state.open_phase(kind="participations", noise_multiplier=1.0, neighboring="add_or_remove",
+                         sample_rate=None, num_examples=64, source="train_on_batch", batch_size=8)
+        described = state.open_description()  # the write forgot the kept read
+        assert described is not None and described["num_examples"] == 64
+    optimizer.iterations.assign_add(3)  # three steps, outside any block
+    with state.reading_once():
+        assert state.open_steps() == 3
+        assert state.closed_phases() == []  # kept: the table and its count
+        state.close_open_phase()  # appends the phase: both written
+        assert state.open_description() is None
+        assert [p.steps for p in state.closed_phases()] == [3]

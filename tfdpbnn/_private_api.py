@@ -241,6 +241,21 @@ def tf_variables(variables):
     return [_keras3.tf_variable(v) for v in variables]
 
 
+def read_numpy(variable):
+    """``variable.numpy()``, read by one ``ReadVariableOp`` when ``variable`` is a plain eager variable.
+
+    The same value as ``variable.numpy()`` (the same op reads it), about four times faster eagerly (no
+    tape, handle-data or tracing wrappers): the privacy record reads its ledger variables tens of times per
+    ``fit``. A Keras 3 ``keras.Variable`` is read through the ``tf.Variable`` it holds; a distributed variable
+    (or anything but a ``tf.Variable``) by its own ``numpy()``.
+    """
+    inner = variable if _keras3 is None else _keras3.tf_variable(variable)
+    if isinstance(inner, tf.Variable) and not isinstance(inner, tf.distribute.DistributedValues) \
+            and tf.executing_eagerly():
+        return tf.raw_ops.ReadVariableOp(resource=inner.handle, dtype=inner.dtype).numpy()
+    return variable.numpy()
+
+
 def is_variable(value) -> bool:
     """Whether ``value`` is a variable: a ``tf.Variable``, or on Keras 3 also a ``keras.Variable``."""
     return isinstance(value, tf.Variable) or (_keras3 is not None and _keras3.is_keras_variable(value))

@@ -75,7 +75,7 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         """Stop training before the step (or ``steps_per_execution`` block) that would pass the budget."""
         if self.max_steps is not None:
-            steps = int(self.model.optimizer.iterations.numpy())
+            steps = int(_private_api.read_numpy(self.model.optimizer.iterations))
             if steps + _private_api.steps_per_execution(self.model) > self.max_steps:
                 self.model.stop_training = True
                 self.stopped_at_step = steps
@@ -217,9 +217,11 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         (``RunRecord.account_rewind``) and the budget stop restarts from the restored step.
         """
         optimizer = self.model.optimizer
-        if attributes.run_record(optimizer).check_rewind():
-            self.on_train_begin()
-        self._epoch_start_examples = float(attributes.ledger_state(optimizer).open_examples.numpy())
+        state = attributes.ledger_state(optimizer)
+        with state.reading_once():  # a restore ran before (on_train_begin); nothing here takes a step
+            if attributes.run_record(optimizer).check_rewind():
+                self.on_train_begin()
+        self._epoch_start_examples = float(_private_api.read_numpy(state.open_examples))
 
     def _pass_check(self, optimizer):
         if not self.check_passes or self._epoch_start_examples is None:
@@ -228,7 +230,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         description = state.open_description()
         if description is None:
             return
-        seen = int(round(float(state.open_examples.numpy()) - self._epoch_start_examples))
+        seen = int(round(float(_private_api.read_numpy(state.open_examples)) - self._epoch_start_examples))
         if seen != description["num_examples"]:
             state.close_open_phase(source="failed_pass_check")
             self.model.stop_training = True
@@ -247,6 +249,10 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         """
         self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
+        with attributes.ledger_state(optimizer).reading_once():  # the checks, snapshot and epsilon: no step
+            self._epoch_end(optimizer, epoch, logs)
+
+    def _epoch_end(self, optimizer, epoch, logs):
         self._poisson_check(optimizer)
         self._pass_check(optimizer)
         attributes.run_record(optimizer).snapshot(self.model)
@@ -303,7 +309,7 @@ class PosteriorSampler(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         """Keep ``model.get_weights()`` after every ``thinning``-th step past ``burn_in``."""
-        step = int(self.model.optimizer.iterations.numpy())
+        step = int(_private_api.read_numpy(self.model.optimizer.iterations))
         if step > self.burn_in and (step - self.burn_in) % self.thinning == 0:
             self._samples.append(self.model.get_weights())
             self.sampled_steps.append(step)

@@ -315,17 +315,17 @@ class DPOptimizerMixin:
     @property
     def noise_multiplier(self) -> float:
         """sigma: the DP-SGD noise multiplier the accounting uses."""
-        return float(self._dp_noise_multiplier.numpy())
+        return float(_private_api.read_numpy(self._dp_noise_multiplier))
 
     @property
     def l2_norm_clip(self) -> float:
         """C: the per-example clip bound."""
-        return float(self._dp_l2_norm_clip.numpy())
+        return float(_private_api.read_numpy(self._dp_l2_norm_clip))
 
     @property
     def batch_size(self) -> int:
         """B: the expected batch size."""
-        return int(round(float(self._dp_batch_size.numpy())))
+        return int(round(float(_private_api.read_numpy(self._dp_batch_size))))
 
     @property
     def sample_rate(self) -> float:
@@ -365,7 +365,7 @@ class DPOptimizerMixin:
     @property
     def steps(self) -> int:
         """Steps taken so far by this optimizer (``optimizer.iterations``)."""
-        return int(self.iterations.numpy())
+        return int(_private_api.read_numpy(self.iterations))
 
     @property
     def ledger(self):
@@ -680,7 +680,8 @@ class DPOptimizerMixin:
         back ran, so they are counted again as "rewound" phases (``RunRecord.account_rewind``).
         """
         record = attributes.run_record(self)
-        before = record.ledger_now() if record is not None and int(self.iterations.numpy()) > 0 else None
+        ran = int(_private_api.read_numpy(self.iterations)) > 0
+        before = record.ledger_now() if record is not None and ran else None
         restore()
         if before:
             record.account_rewind(before)

@@ -253,6 +253,7 @@ class WriteWatch:
     def __init__(self):
         self._variables, self._index = [], {}
         self._tainted = []
+        self._compiled_check = None  # changed_since_write's comparison, traced once per set of variables
         with tf.init_scope():
             self._armed = _on_read(False, "dp_write_watch_armed")
             self._step = _on_read(tf.constant(-1, tf.int64), "dp_write_watch_step")
@@ -269,10 +270,13 @@ class WriteWatch:
                 self._index = {id(v): i for i, v in enumerate(variables)}
                 self._stored = _on_read(tf.zeros([len(variables)], tf.float32), "dp_write_watch")
                 self._flags = _on_read(tf.zeros([len(variables)], tf.float32), "dp_write_watch_flags")
-            else:
-                self._stored.assign(tf.zeros([len(variables)], tf.float32))
-                self._flags.assign(tf.zeros([len(variables)], tf.float32))
-            self._armed.assign(False)
+                self._compiled_check = None
+            else:  # numpy zeros, no value read back: one op each (new_run runs at every fit)
+                zeros = np.zeros([len(variables)], np.float32)
+                self._stored.assign(zeros, read_value=False)
+                if np.any(_private_api.read_numpy(self._flags)):
+                    self._flags.assign(zeros, read_value=False)
+            self._armed.assign(False, read_value=False)
 
     def disarm(self) -> None:
         """Skip the check at the next step (a tool that sets the weights on purpose: the privacy audits)."""
@@ -320,14 +324,22 @@ class WriteWatch:
 
     def last_written_state(self) -> tuple:
         """The sums of squares the last DP write left (eager): a key for the model state it produced."""
-        return () if self._stored is None else tuple(self._stored.numpy().tolist())
+        return () if self._stored is None else tuple(_private_api.read_numpy(self._stored).tolist())
 
     def changed_since_write(self, iterations) -> list:
         """Eager: the watched variables whose values differ from the last DP write's (armed, same step)."""
-        if self._stored is None or not bool(self._armed.numpy()) or \
-                int(tf.convert_to_tensor(iterations).numpy()) != int(self._step.numpy()):
+        step = _private_api.read_numpy(iterations) if _private_api.is_variable(iterations) \
+            else tf.convert_to_tensor(iterations).numpy()
+        if self._stored is None or not bool(_private_api.read_numpy(self._armed)) or \
+                int(step) != int(_private_api.read_numpy(self._step)):
             return []
-        written = _differs(_sums_of_squares(self._variables), tf.convert_to_tensor(self._stored)).numpy()
+        if self._compiled_check is None:
+            # The same sums and comparison as the DP step's (one traced call instead of a few eager ops per
+            # variable); the variables and the stored sums are captured, so it is traced once per set.
+            variables, stored = self._variables, self._stored
+            self._compiled_check = tf.function(
+                lambda: _differs(_sums_of_squares(variables), tf.convert_to_tensor(stored)), autograph=False)
+        written = self._compiled_check().numpy()
         return [v.name for v, w in zip(self._variables, written, strict=True) if w]
 
     def state(self) -> tuple:
@@ -336,8 +348,8 @@ class WriteWatch:
 
     def written(self) -> list:
         """Names of the variables found written outside the DP step (this run's and earlier runs')."""
-        now = [] if self._flags is None else [
-            v.name for v, f in zip(self._variables, self._flags.numpy(), strict=True) if f > 0]
+        flags = [] if self._flags is None else _private_api.read_numpy(self._flags)
+        now = [v.name for v, f in zip(self._variables, flags, strict=True) if f > 0] if len(flags) else []
         return list(self._tainted) + [n for n in now if n not in self._tainted]
 
     def taint(self, names) -> None:

@@ -16,11 +16,13 @@ other settings), the open phase is closed first. Steps already taken are never r
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
 import tensorflow as tf
 
+from tfdpbnn._private_api import read_numpy
 from tfdpbnn.record.ledger import Phase, PrivacyLedger, new_phase_id
 
 #: Phases one optimizer's table holds (a new phase beyond it raises: the record is never truncated).
@@ -76,6 +78,7 @@ class LedgerState:
 
     def __init__(self, optimizer, config=None):
         self._optimizer = optimizer
+        self._memo = None  # variable id -> value read, inside ``reading_once`` (None outside)
         config = config or {}
         table = np.zeros([MAX_PHASES, len(_COLUMNS)])
         phases = [Phase(**p) for p in config.get("phases", [])]
@@ -114,8 +117,38 @@ class LedgerState:
         self.open_squared.assign_add(tf.square(b - expected))
 
     # ----------------------------------------------------------------------------------- python side
+    @contextlib.contextmanager
+    def reading_once(self):
+        """Within: each ledger variable (and the step counter) is read once; the methods' writes forget them.
+
+        For a block that takes no training step and restores nothing (a callback's epoch end, a run's
+        start): its queries all see the variables as they were when first read, or as this object wrote them.
+        """
+        outer = self._memo is not None
+        if not outer:
+            self._memo = {}
+        try:
+            yield self
+        finally:
+            if not outer:
+                self._memo = None
+
+    def _read(self, variable):
+        memo = self._memo
+        if memo is None:
+            return read_numpy(variable)
+        key = id(variable)
+        if key not in memo:
+            memo[key] = read_numpy(variable)
+        return memo[key]
+
+    def _forget(self) -> None:
+        """Called before and after every write: the next reads see the variables anew."""
+        if self._memo:
+            self._memo.clear()
+
     def _desc(self) -> dict:
-        values = self.open_desc.numpy().tolist()  # one read of the variable
+        values = self._read(self.open_desc).tolist()  # one read of the variable
         return dict(zip(_DESC, values, strict=True))
 
     @property
@@ -131,12 +164,12 @@ class LedgerState:
         """Steps taken in the open phase (``desc``: ``_desc()`` when already read)."""
         if (self._desc() if desc is None else desc)["phase_id"] == 0:
             return 0
-        return int(self._optimizer.iterations.numpy()) - int(round(float(self.open_start.numpy())))
+        return int(self._read(self._optimizer.iterations)) - int(round(float(self._read(self.open_start))))
 
     def open_counters(self, desc: dict | None = None, squared: bool = True) -> tuple[int, float, float]:
         """(steps, examples, squared deviation) of the open phase (``squared=False``: 0.0 in its place)."""
-        return (self.open_steps(desc), float(self.open_examples.numpy()),
-                float(self.open_squared.numpy()) if squared else 0.0)
+        return (self.open_steps(desc), float(self._read(self.open_examples)),
+                float(self._read(self.open_squared)) if squared else 0.0)
 
     def open_description(self, desc: dict | None = None) -> dict | None:
         """The open phase's description (decoded), or None (``desc``: ``_desc()`` when already read)."""
@@ -167,10 +200,13 @@ class LedgerState:
         desc[_D["num_examples"]] = int(num_examples)
         desc[_D["source"]] = _SOURCES.index(source)
         desc[_D["batch_size"]] = float(batch_size)
+        start = float(self._read(self._optimizer.iterations))
+        self._forget()
         self.open_desc.assign(desc)
-        self.open_start.assign(float(self._optimizer.iterations.numpy()))
+        self.open_start.assign(start)
         self.open_examples.assign(0.0)
         self.open_squared.assign(0.0)
+        self._forget()
 
     def finish_partial_pass(self) -> None:
         """Count the open shuffle phase's partial pass as a whole one (its next steps start a new pass).
@@ -183,20 +219,24 @@ class LedgerState:
         if d is None or d["kind"] != "shuffle" or not d["num_examples"]:
             return
         n = d["num_examples"]
-        examples = float(self.open_examples.numpy())
+        examples = float(self._read(self.open_examples))
         whole = _participations(examples, n) * n
         if whole > examples:
+            self._forget()
             self.open_examples.assign(float(whole))
+            self._forget()
 
     def extend_open_phase(self, steps: int, examples: float) -> None:
         """Count ``steps`` and ``examples`` more in the open phase.
 
         They are steps an earlier copy of this phase took, found in the privacy record store.
         """
+        self._forget()
         if steps > 0:
             self.open_start.assign_sub(float(steps))
         if examples > 0:
             self.open_examples.assign_add(float(examples))
+        self._forget()
 
     def current_phase(self, override_source=None, steps=None, examples=None) -> Phase | None:
         """The open phase as a ``Phase`` (optionally with hypothetical ``steps``/``examples``)."""
@@ -206,7 +246,7 @@ class LedgerState:
             return None
         if steps is None:
             steps = self.open_steps(raw)
-        examples = float(self.open_examples.numpy()) if examples is None else float(examples)
+        examples = float(self._read(self.open_examples)) if examples is None else float(examples)
         source = override_source or d["source"]
         return _phase_from(d, int(steps), examples, source, int(raw["phase_id"]),
                            getattr(self._optimizer, "_dp_phase_override", lambda _d, _s: None))
@@ -216,33 +256,37 @@ class LedgerState:
         phase = self.current_phase(override_source=source)
         if phase is not None and phase.steps > 0:
             self.append(phase, source or self.open_description()["source"])
+        self._forget()
         self.open_desc.assign(np.zeros(len(_DESC)))
         self.open_examples.assign(0.0)
         self.open_squared.assign(0.0)
+        self._forget()
 
     def append(self, phase: Phase, source: str) -> None:
         """Add a closed phase (phases already in the table, by id, are skipped)."""
         if any(p.phase_id == phase.phase_id for p in self.closed_phases()):
             return
-        count = int(round(float(self.count.numpy())))
+        count = int(round(float(self._read(self.count))))
         if count >= MAX_PHASES:
             raise ValueError(
                 f"privacy ledger: this optimizer already holds {MAX_PHASES} training phases; start a new "
                 "optimizer (the model's ledger carries over) rather than losing the record")
-        table = self.table.numpy()
+        table = read_numpy(self.table)  # a copy of its own: changed below
         table[count] = _row(phase, source)
+        self._forget()
         self.table.assign(table)
         self.count.assign(float(count + 1))
+        self._forget()
 
     def closed_phases(self) -> list[Phase]:
         """The closed phases, oldest first."""
-        count = int(round(float(self.count.numpy())))
-        return [_phase_from_row(row) for row in self.table.numpy()[:count].tolist()] if count else []
+        count = int(round(float(self._read(self.count))))
+        return [_phase_from_row(row) for row in self._read(self.table)[:count].tolist()] if count else []
 
     def closed_sources(self) -> list[str]:
         """The sampling source code of each closed phase."""
-        count = int(round(float(self.count.numpy())))
-        return [_SOURCES[int(row[_COL["source"]])] for row in self.table.numpy()[:count]]
+        count = int(round(float(self._read(self.count))))
+        return [_SOURCES[int(row[_COL["source"]])] for row in self._read(self.table)[:count]]
 
     def ledger(self, steps=None, examples=None) -> PrivacyLedger:
         """Closed phases plus the open one (with hypothetical ``steps``/``examples`` if given)."""
@@ -260,7 +304,7 @@ class LedgerState:
         if self.has_open_phase:
             steps, examples, squared = self.open_counters()
             desc = self._desc()
-            config["open"] = {**{k: desc[k] for k in _DESC}, "start_step": int(self.open_start.numpy()),
+            config["open"] = {**{k: desc[k] for k in _DESC}, "start_step": int(self._read(self.open_start)),
                               "examples": examples, "squared_deviation": squared}
         return config
 

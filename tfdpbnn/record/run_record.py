@@ -135,6 +135,10 @@ class RunRecord:
         ``record_keys``: the keys of the run's records (``tfdpbnn.record.records.input_keys``), or None when
         they are unknown (a pipeline without keys).
         """
+        with attributes.ledger_state(self._optimizer).reading_once():  # no step, no restore in between
+            self._begin(model, dataset, planned_steps, record_keys)
+
+    def _begin(self, model, dataset, planned_steps, record_keys) -> None:
         optimizer = self._optimizer
         self._model = weakref.ref(model)
         self.store = record_store.default_store()

@@ -188,9 +188,20 @@ def weights_fingerprint(model) -> str:
     """SHA-256 of ``model.get_weights()`` (every variable's bytes, in order): the weights' identity.
 
     Weights whose bytes equal those hashed last (a run's start, its restore check, the next run's start)
-    reuse that digest (``_held_digest``).
+    reuse that digest (``_held_digest``). The arrays are those ``get_weights`` returns (the same read of each
+    variable of ``model.weights``, in order), read directly (``_private_api.read_numpy``) unless a variable
+    is distributed.
     """
-    return "weights:" + _held_digest("weights", model.get_weights(), owned=True)
+    import tensorflow as tf
+
+    from tfdpbnn import _private_api
+
+    variables = model.weights
+    if any(isinstance(v, tf.distribute.DistributedValues) for v in variables):
+        arrays = model.get_weights()
+    else:
+        arrays = [_private_api.read_numpy(v) for v in variables]
+    return "weights:" + _held_digest("weights", arrays, owned=True)
 
 
 def default_path() -> str | None:
