@@ -9,6 +9,7 @@ and on a real source edit run in a subprocess (the noise seed frozen at trace ti
 import numpy as np
 import pytest
 import tensorflow as tf
+from _tiers import SLOW_ON_KERAS2
 
 from tfdpbnn import optimizers as O
 from tfdpbnn.audit import inject_bug
@@ -65,7 +66,7 @@ def test_calls_for_power_meets_its_power():
     assert std_power(k * 3, per) >= 0.99 > std_power((k - 1) * 3, per)
 
 
-@pytest.mark.parametrize("method", ["dpsgld", "dpvd"])
+@pytest.mark.parametrize("method", ["dpsgld", pytest.param("dpvd", marks=SLOW_ON_KERAS2)])  # fast: dpsgld
 def test_honest_method_passes_with_the_clip_bound_reached(method):
     r = method_traced_audit(method, 1.0, calls=200, candidates=50, ascent=10)
     assert not r.flagged, r.summary()
@@ -88,7 +89,7 @@ def _embedding_model():
     return model, np.array([[1, 2, 3, 4]], np.int32)
 
 
-@pytest.mark.parametrize("build", [_conv_model, _embedding_model])
+@pytest.mark.parametrize("build", [_conv_model, pytest.param(_embedding_model, marks=SLOW_ON_KERAS2)])
 def test_conv_and_embedding_models_pass_and_every_variable_is_reached(build):
     tf.keras.utils.set_random_seed(0)
     model, x = build()
