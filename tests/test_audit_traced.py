@@ -9,6 +9,7 @@ and on a real source edit run in a subprocess (the noise seed frozen at trace ti
 import numpy as np
 import pytest
 import tensorflow as tf
+from _tiers import slow_on_keras2
 
 from tfdpbnn import optimizers as O
 from tfdpbnn.audit import inject_bug
@@ -65,6 +66,9 @@ def test_calls_for_power_meets_its_power():
     assert std_power(k * 3, per) >= 0.99 > std_power((k - 1) * 3, per)
 
 
+# The audit runs on whole models (the compiled train step of a fit, called many times): with the other
+# audits in the full suite on Keras 2; the mechanism and sensitivity they probe: test_optimizers_properties
+@slow_on_keras2
 @pytest.mark.parametrize("method", ["dpsgld", "dpvd"])
 def test_honest_method_passes_with_the_clip_bound_reached(method):
     r = method_traced_audit(method, 1.0, calls=200, candidates=50, ascent=10)
@@ -88,6 +92,7 @@ def _embedding_model():
     return model, np.array([[1, 2, 3, 4]], np.int32)
 
 
+@slow_on_keras2   # an audit run (above)
 @pytest.mark.parametrize("build", [_conv_model, _embedding_model])
 def test_conv_and_embedding_models_pass_and_every_variable_is_reached(build):
     tf.keras.utils.set_random_seed(0)
@@ -101,6 +106,7 @@ def test_conv_and_embedding_models_pass_and_every_variable_is_reached(build):
     assert model.optimizer.steps == 0
 
 
+@slow_on_keras2   # an audit run (above)
 @pytest.mark.parametrize("bug, check", [("noise-2/3", "noise"), ("clip-1.5x", "sensitivity")])
 def test_hook_mutations_are_flagged_through_the_traced_step(bug, check):
     with inject_bug(bug):

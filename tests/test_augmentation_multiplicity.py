@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from _tiers import SLOW_ON_KERAS2
 
 import tfdpbnn
 from tfdpbnn.layers import AugmentationCopies, CopiesSparseCategoricalCrossentropy, augment_digit_counts
@@ -43,7 +44,11 @@ def _step_change(model, x, y, clipping_method, clip=CLIP):
                                                                       strict=True)))
 
 
-@pytest.mark.parametrize("clipping_method,dpvd", [("ghost", False), ("jacobian", False), ("ghost", True)])
+# fast tier: ghost with DP-SGD (the jacobian rule's and DPVD's sensitivity: test_optimizers_properties.py,
+# test_clipping_jacobian.py)
+@pytest.mark.parametrize("clipping_method,dpvd", [("ghost", False),
+                                                  pytest.param("jacobian", False, marks=SLOW_ON_KERAS2),
+                                                  pytest.param("ghost", True, marks=SLOW_ON_KERAS2)])
 def test_one_example_contribution_is_within_c_for_every_k(clipping_method, dpvd):
     """One example, 8 augmented copies: the step's weight change has norm C / B (the clip binds) at most."""
     x, y = _digits(1)

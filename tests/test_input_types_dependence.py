@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from _small_runs import DELTA, LOSS, D, N, gaussians_epsilon, small_data
+from _tiers import SLOW_ON_KERAS2
 
 import tfdpbnn
 from tfdpbnn import _keras_version
@@ -53,8 +54,10 @@ def _fit(model, x, y):
     return opt
 
 
-@pytest.mark.parametrize("dtype", ["int32", pytest.param("float32", marks=pytest.mark.skipif(
-    KERAS3, reason="Keras 3's Dense takes no RaggedTensor ('object of type RaggedTensor has no len()')"))])
+# fast tier: int32 (the same refusal code; float32 in the full suite)
+@pytest.mark.parametrize("dtype", ["int32", pytest.param("float32", marks=[
+    *SLOW_ON_KERAS2, pytest.mark.skipif(KERAS3, reason="Keras 3's Dense takes no RaggedTensor ('object of "
+                                                        "type RaggedTensor has no len()')")])])
 def test_ragged_inputs_coupling_or_penalty_refused_plain_accepted(dtype):
     x, y = _ragged_data(dtype)
     with pytest.raises(ValueError, match="model.losses depends on the input data"):

@@ -3,6 +3,7 @@
 import numpy as np
 import tensorflow as tf
 from _float32 import F32
+from _tiers import slow_on_keras2
 
 import tfdpbnn.layers as L
 
@@ -51,5 +52,6 @@ def test_sequential():
     _check(tf.keras.Sequential([tf.keras.Input((5, 5, 1))] + _stack()))
 
 
+@slow_on_keras2   # the layer stack of test_sequential; subclassed-model clipping: test_clipping_ghost.py
 def test_subclassed():
     _check(_Subclassed())

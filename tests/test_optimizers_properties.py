@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from _dp_models import LAYER_KINDS, N_EXAMPLES, NOISY_KINDS, make_data, make_model
+from _tiers import SLOW_ON_KERAS2
 from scipy import stats
 
 import tfdpbnn
@@ -30,6 +31,14 @@ NOISE_SAMPLES = 600
 
 OPTIMIZERS = ("dpsgd", "dpadam", "dpvd", "dpsgld", "sidp", "sidp_paper")
 CASES = [(o, k) for o in OPTIMIZERS for k in LAYER_KINDS if not o.startswith("sidp") or k in NOISY_KINDS]
+# The fast tier runs a covering subset: every layer kind under one of the four gradient optimizers (in turn,
+# so each optimizer meets two or three kinds, noisy layers included) and each SIDP mode on one noisy kind.
+# The per-example clipping depends only on the layer kind and the update rule only on the optimizer; the
+# full suite runs every pair, and so does the Keras 3 set's fast tier (tests/_tiers.py).
+_FAST = {(("dpsgd", "dpadam", "dpvd", "dpsgld")[i % 4], k) for i, k in enumerate(LAYER_KINDS)} | {
+    ("sidp", "noisy_dense_ln"), ("sidp_paper", "noisy_conv2d_public_bn")}
+assert {k for _, k in _FAST} == set(LAYER_KINDS) and {o for o, _ in _FAST} == set(OPTIMIZERS)
+CASES = [pytest.param(o, k, marks=() if (o, k) in _FAST else SLOW_ON_KERAS2) for o, k in CASES]
 
 
 def make_optimizer(name, clip, sigma, lr):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import tensorflow as tf
 from _small_runs import DELTA, LOSS, N, gaussians_epsilon, small_data, small_model
+from _tiers import SLOW_ON_KERAS2
 
 import tfdpbnn
 from tfdpbnn import _keras_version
@@ -25,7 +26,7 @@ def _model():
     return model, opt
 
 
-@pytest.mark.parametrize("calls, steps", [(6, 2), (5, 1)])
+@pytest.mark.parametrize("calls, steps", [(6, 2), pytest.param(5, 1, marks=SLOW_ON_KERAS2)])  # fast: 6, 2
 def test_short_fits_in_a_loop_count_one_participation_per_call(calls, steps):
     x, y = small_data()
     model, opt = _model()

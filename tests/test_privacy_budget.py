@@ -6,6 +6,7 @@ import warnings
 import dp_accounting as dpa
 import pytest
 from _exact_gaussian import gaussian_epsilon
+from _tiers import SLOW_ON_KERAS2
 
 from tfdpbnn.privacy import (
     available_accountants,
@@ -107,7 +108,8 @@ def test_calibrate_noise_bad_input(kwargs, match):
         calibrate_noise(**args)
 
 
-@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+# fast tier: rdp (the same calibration code; PLD against dp-accounting: tests/test_privacy_accountants.py)
+@pytest.mark.parametrize("accountant", ["rdp", pytest.param("pld", marks=SLOW_ON_KERAS2)])
 def test_calibrate_noise_leaves_room_for_other_releases(accountant):
     # Training at q = 0.2 for 120 steps plus a release of 6 Gaussian queries at sigma 20 (a private
     # calibration): the training noise is the smallest whose composition with it meets epsilon 1, checked

@@ -14,6 +14,7 @@ import dp_accounting
 import pytest
 import tensorflow as tf
 from _small_runs import DELTA, LOSS, D, N, gaussians_epsilon, rdp_epsilon, small_data, small_model
+from _tiers import SLOW_ON_KERAS2, slow_on_keras2
 
 import tfdpbnn
 from tfdpbnn import _keras_version
@@ -200,7 +201,7 @@ def test_restoring_a_checkpoint_into_other_settings_never_rewrites_epsilon(tmp_p
     assert opt2.epsilon() == pytest.approx(expected, rel=0.01)
 
 
-@pytest.mark.parametrize("save_format", ["tf", "keras", "h5"])
+@pytest.mark.parametrize("save_format", ["tf", "keras", pytest.param("h5", marks=SLOW_ON_KERAS2)])
 def test_model_save_formats_keep_the_ledger(tmp_path, save_format):
     if _keras_version.KERAS_MAJOR == 3 and save_format != "keras":
         pytest.skip({"tf": "Keras 3's model.save writes no SavedModel (tfdpbnn.export does)",
@@ -354,6 +355,7 @@ def test_budget_can_be_exceeded_only_by_asking():
     assert opt.privacy_statement()["target_epsilon"] == 2.0
 
 
+@slow_on_keras2   # a reporting path (TensorBoard files); the epsilon it logs: the tests above
 def test_epsilon_reaches_tensorboard_whatever_the_callback_order(tmp_path):
     x, y = small_data()
     model, opt = _compiled(batch_size=8)

@@ -14,6 +14,7 @@ import warnings
 import numpy as np
 import pytest
 import tensorflow as tf
+from _tiers import slow_on_keras2
 
 import tfdpbnn
 from tests._small_runs import DELTA, LOSS, D, N, gaussians_epsilon, small_data, small_model
@@ -44,6 +45,7 @@ def _fit_update(**kwargs):
     return _flat(model.get_weights()) - w0, opt
 
 
+@slow_on_keras2   # two fits; fresh noise per step: the custom-loop and traced-step tests below
 def test_two_seeded_fits_release_different_noise_unless_replayable():
     first, opt = _fit_update()
     second, _ = _fit_update()

@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+from _tiers import SLOW_ON_KERAS2
 
 import tfdpbnn
 from tfdpbnn import cli, privacy
@@ -69,7 +70,9 @@ def test_train_bad_input(argv, message, tmp_path, capsys):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("method", METHODS)
+# fast tier: dpsgd and dpvd (the same calibration, calibrate_noise; every method in the full suite)
+@pytest.mark.parametrize("method", [m if m in ("dpsgd", "dpvd") else pytest.param(m, marks=SLOW_ON_KERAS2)
+                                    for m in METHODS])
 def test_every_method_recipe_builds_a_model_and_calibrated_optimizer(method):
     model = build_model(method, (64,), 10, 1437, 8, seed=0)
     opt = build_optimizer(method, RECIPES[method], 1.0, 1e-5, 1437, 287)

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+from _tiers import slow_on_keras2
 
 import tfdpbnn
 from tfdpbnn import cli
@@ -24,6 +25,7 @@ def _train(tmp_path, name, extra):
         return out, json.load(fh)
 
 
+@slow_on_keras2   # a CLI training run with export; export round trips: tests/test_export.py
 def test_ema_is_post_processing_and_the_export_takes_raw_inputs(tmp_path, capsys):
     _, last = _train(tmp_path, "last", [])
     out, ema = _train(tmp_path, "ema", ["--ema", "0.5"])

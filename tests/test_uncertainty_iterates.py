@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 from _float32 import F32
 from _small_runs import DELTA, LOSS, N, small_data, small_model
+from _tiers import slow_on_keras2
 
 import tfdpbnn
 from tfdpbnn.uncertainty import IterateAverage, IterateMoments, mc_predict
@@ -67,6 +68,7 @@ def test_iterate_average_is_the_stated_recursion_and_costs_no_privacy():
     assert not np.allclose(model2.trainable_variables[0].numpy(), record2.iterates[-1][0])
 
 
+@slow_on_keras2   # a fit; that iterates cost no privacy: the test above
 def test_iterate_moments_match_numpy_and_sample_the_fitted_gaussian():
     record, moments = _Record(), IterateMoments(burn_in=2, thinning=2, max_iterates=1)
     model, optimizer = _fit([record, moments])

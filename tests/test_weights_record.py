@@ -13,6 +13,7 @@ import os
 import pytest
 import tensorflow as tf
 from _small_runs import DELTA, LOSS, N, gaussians_epsilon, small_data, small_model
+from _tiers import SLOW_ON_KERAS2, slow_on_keras2
 
 import tfdpbnn
 from tfdpbnn import _keras_version
@@ -51,7 +52,9 @@ def test_statement_of_the_trained_model_names_its_weights_and_what_was_spent(tmp
     _assert_weights_and_spent(first.privacy_statement(), 3, 3)
 
 
-@pytest.mark.parametrize("suffix", [".weights.h5", pytest.param(".ckpt", marks=_TF_CHECKPOINT)])
+# fast tier: .weights.h5 (.ckpt into the same model: tests/test_dataset_store.py)
+@pytest.mark.parametrize("suffix", [".weights.h5",
+                                    pytest.param(".ckpt", marks=[_TF_CHECKPOINT, *SLOW_ON_KERAS2])])
 def test_older_weights_loaded_into_a_new_model_keep_what_was_spent_after_them(tmp_path, suffix):
     _, _, paths = _three_epochs_with_checkpoints(tmp_path, suffix)
     fresh = small_model(seed=1)
@@ -149,6 +152,7 @@ def test_resumed_shuffled_epoch_counts_the_interrupted_partial_pass(tmp_path):
 
 @pytest.mark.skipif(_keras_version.KERAS_MAJOR == 3, reason="Keras 3's BackupAndRestore writes .weights.h5 "
                     "files, not the TensorFlow checkpoint this test reads by its Keras 2 keys")
+@slow_on_keras2   # a resumed run: the partial pass and the new model's inheritance have their own tests here
 def test_resumed_run_in_a_new_model_from_the_backup_counts_the_partial_pass(tmp_path):
     x, y = small_data()
     backup_dir = _crash_with_backup(tmp_path, x, y)
