@@ -111,25 +111,29 @@ def _mark_guarantee(statement: dict, optimizer) -> dict:
     written = optimizer._dp_write_watch.written()
     statement["guarantee"] = not replayable and not written
     if written and not replayable:
-        statement["guarantee_reason"] = (
+        _no_guarantee(
+            statement, "epsilon_if_state_were_untouched",
             f"state written outside the DP step: no guarantee. Variable(s) {written[:3]} changed during DP "
             "training outside the DP update (a callback or code between steps); what they carry is covered "
-            "by no epsilon. epsilon is infinite; epsilon_if_state_were_untouched is the accountant's value.")
-        statement["epsilon_if_state_were_untouched"] = statement["epsilon"]
-        statement["epsilon"] = statement["run_epsilon"] = math.inf
-        statement["quote"] = {"epsilon": math.inf, "which": "guarantee",
-                              "note": "no epsilon holds: state was written outside the DP step"}
+            "by no epsilon. epsilon is infinite; epsilon_if_state_were_untouched is the accountant's value.",
+            "no epsilon holds: state was written outside the DP step")
     if replayable:
-        statement["guarantee_reason"] = (
+        _no_guarantee(
+            statement, "epsilon_if_noise_were_secret",
             "noise replayable: no guarantee. The optimizer was built with debug_noise_seed="
             f"{optimizer._dp_static['debug_noise_seed']}, so whoever knows the seed can subtract the noise. "
             "epsilon is infinite; epsilon_if_noise_were_secret and the per-accountant values are what the "
-            "accountant gives for secret noise, not guarantees.")
-        statement["epsilon_if_noise_were_secret"] = statement["epsilon"]
-        statement["epsilon"] = statement["run_epsilon"] = math.inf
-        statement["quote"] = {"epsilon": math.inf, "which": "guarantee",
-                              "note": "no epsilon holds: the noise is replayable from debug_noise_seed"}
+            "accountant gives for secret noise, not guarantees.",
+            "no epsilon holds: the noise is replayable from debug_noise_seed")
     return statement
+
+
+def _no_guarantee(statement: dict, kept_as: str, reason: str, note: str) -> None:
+    """Mark ``statement`` as holding no guarantee: epsilon inf, the accountant's value kept as ``kept_as``."""
+    statement["guarantee_reason"] = reason
+    statement[kept_as] = statement["epsilon"]
+    statement["epsilon"] = statement["run_epsilon"] = math.inf
+    statement["quote"] = {"epsilon": math.inf, "which": "guarantee", "note": note}
 
 
 def add_ledger_bound(statement: dict, optimizer, delta: float) -> dict:
