@@ -135,3 +135,140 @@ def test_a_custom_loop_write_between_steps_is_refused():
     with pytest.raises(REFUSED, match="bias"):
         step(x[16:24], y[16:24])
     _no_guarantee(model, "bias")
+
+
+# ------------------------------------------------------------------ writes a sum of squares does not see
+def _neighbour(x):
+    """``x`` with its first row replaced (a replace-one neighbour) by a row far from the others."""
+    other = x.copy()
+    other[0] = [40.0, -40.0, 0.0, 0.0]
+    return other
+
+
+def _permute_rows(x):  # the kernel's rows sorted by the data's feature means
+    return lambda kernel: tf.gather(kernel, np.argsort(x.mean(axis=0)))
+
+
+def _flip_signs(x):  # the sign of each row set by the sign of the data's feature mean
+    return lambda kernel: kernel * np.where(x.mean(axis=0) > 0, 1.0, -1.0)[:, None].astype(np.float32)
+
+
+def _swap_two_rows(x):  # rows 0 and 1 swapped when feature 1's mean exceeds feature 0's
+    def write(kernel):
+        means = x.mean(axis=0)
+        return tf.gather(kernel, [1, 0, 2, 3]) if means[1] > means[0] else tf.convert_to_tensor(kernel)
+    return write
+
+
+@pytest.mark.parametrize("write", [_permute_rows, _flip_signs, _swap_two_rows])
+def test_a_write_that_keeps_the_sums_of_squares_is_refused(write):
+    x, y = small_data()
+    model = _model()
+    # The truth, independently: the write is a deterministic function of the data that differs between
+    # neighbouring data sets, and keeps the kernel's sum of squares (so a sum-of-squares check cannot see it).
+    kernel = model.layers[-1].kernel.numpy()
+    mine, theirs = np.asarray(write(x)(kernel)), np.asarray(write(_neighbour(x))(kernel))
+    assert not np.array_equal(mine, theirs)  # no noise: the two data sets are told apart, no epsilon holds
+    np.testing.assert_allclose(np.sum(np.square(mine)), np.sum(np.square(kernel)), rtol=1e-6)
+
+    def action(m):
+        m.layers[-1].kernel.assign(write(x)(m.layers[-1].kernel))
+
+    with pytest.raises(REFUSED, match="changed outside the DP step"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[At(action, batch=2)])
+    assert model.optimizer.steps == 3
+    _no_guarantee(model, "kernel")
+
+
+class AtEnd(tf.keras.callbacks.Callback):
+    """Runs ``action(model)`` in ``on_train_end``."""
+
+    def __init__(self, action):
+        super().__init__()
+        self.action = action
+
+    def on_train_end(self, logs=None):
+        self.action(self.model)
+
+
+def test_a_weight_written_in_on_train_end_is_refused():
+    x, y = small_data()
+    model = _model()
+    with pytest.raises(ValueError, match="after the last DP step"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[AtEnd(_kernel_from_data(x))])
+    np.testing.assert_allclose(model.layers[-1].kernel.numpy()[:, 0], x.mean(axis=0), rtol=1e-6)
+    _no_guarantee(model, "kernel")
+
+
+def test_weights_restored_to_an_epoch_end_in_on_train_end_are_accepted():
+    x, y = small_data()
+    model = _model()
+    kept = {}
+
+    class RestoreAtEnd(tf.keras.callbacks.Callback):  # Keras 3's EarlyStopping restores in on_train_end
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                kept["weights"] = model.get_weights()
+
+        def on_train_end(self, logs=None):
+            model.set_weights(kept["weights"])
+
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[RestoreAtEnd()])
+    np.testing.assert_array_equal(model.layers[-1].kernel.numpy(), kept["weights"][0])
+    assert model.optimizer.privacy_statement()["guarantee"] is True
+
+
+def _frozen_model():
+    tf.keras.utils.set_random_seed(0)
+    frozen = tf.keras.layers.Dense(D, trainable=False)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), frozen, tf.keras.layers.Dense(3)])
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
+                  loss=LOSS)
+    return model, frozen
+
+
+@pytest.mark.parametrize("which", ["frozen kernel", "non-trainable mean"])
+def test_state_changed_between_train_on_batch_calls_is_refused(which):
+    x, y = small_data()
+    if which == "frozen kernel":
+        model, frozen = _frozen_model()
+        variable, name = frozen.kernel, "kernel"
+    else:
+        model = _model(shift=True)
+        variable, name = model.layers[0].mu, "mu"
+    model.train_on_batch(x[:8], y[:8])
+    mean = x.mean(axis=0)
+    variable.assign(np.tile(mean[:, None], (1, D)) if which == "frozen kernel" else mean)
+    with pytest.raises(ValueError, match=name):
+        model.train_on_batch(x[8:16], y[8:16])
+    assert model.optimizer.steps == 1
+    _no_guarantee(model, name)
+
+
+def test_state_changed_between_custom_loop_steps_is_refused():
+    x, y = small_data()
+    model = _model(shift=True)
+    opt = model.optimizer
+    opt.begin_training(model, x, y, batch_size=8, assert_per_example_loss="per-example cross-entropy")
+
+    @tf.function
+    def step(xb, yb):
+        opt.minimize(lambda: LOSS.__class__(from_logits=True, reduction="none")(yb, model(xb, training=True)),
+                     model.trainable_variables)
+
+    step(x[:8], y[:8])
+    model.layers[0].mu.assign(x.mean(axis=0))
+    with pytest.raises(REFUSED, match="mu"):
+        step(x[8:16], y[8:16])
+    assert opt.steps == 1
+    _no_guarantee(model, "mu")
+
+
+def test_a_write_is_refused_under_xla():
+    x, y = small_data()
+    model = _model()
+    model.compile(optimizer=model.optimizer, loss=LOSS, jit_compile=True)
+    with pytest.raises(REFUSED, match="changed outside the DP step"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[At(_kernel_from_data(x), batch=2)])
+    assert model.optimizer.steps <= 4  # the step after the write ran (XLA dropped its assertion), no more
+    _no_guarantee(model, "kernel")

@@ -15,6 +15,8 @@ pinned version breaks in one place with a clear message (``check()`` is run by t
   ``keras`` is Keras 3): the same internals, under the package that ``tf.keras`` resolved to
   (``tfdpbnn._keras_version``). On Keras 3 the functions below that read Keras internals pass on to the
   Keras 3 adapter, which lists the Keras 3 private names it uses (``tfdpbnn._adapters.keras3``).
+- TensorFlow: ``tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext`` (whether the step
+  being traced is compiled by XLA, which drops ``tf.debugging.Assert``).
 - tensorflow-privacy: ``_was_dp_gradients_called`` on its vectorized Keras optimizers (set after our own
   DP gradient so its ``apply_gradients`` check passes); and the ``sys.skip_tf_privacy_import`` flag that its
   package ``__init__`` reads (``tensorflow_privacy_module``).
@@ -270,6 +272,13 @@ def own_trainable_weights(layer):
     return own if own is not None else layer._trainable_variables
 
 
+def in_xla_context() -> bool:
+    """Whether the graph being traced is compiled by XLA (``jit_compile=True``): XLA drops assertions."""
+    from tensorflow.python.ops import control_flow_util
+
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
 def mark_dp_gradients_computed(optimizer) -> None:
     """Tell a tensorflow-privacy vectorized optimizer that the gradient it applies was privatized."""
     optimizer._was_dp_gradients_called = True
@@ -300,8 +309,18 @@ def tensorflow_privacy_module(name: str):
     return importlib.import_module(name)
 
 
+def _check_xla_context() -> None:
+    found = []
+    tf.function(lambda: found.append(in_xla_context()) or tf.constant(0), jit_compile=True)()
+    if found != [True] or in_xla_context():
+        raise RuntimeError("tfdpbnn: TensorFlow's control_flow_util.GraphOrParentsInXlaContext no longer "
+                           f"finds a jit_compile function; update tfdpbnn/_private_api.py for tensorflow "
+                           f"{tf.__version__}")
+
+
 def check() -> None:
     """Raise ``RuntimeError`` naming the private name that the installed versions no longer provide."""
+    _check_xla_context()
     if _keras3 is not None:
         _check_tf_data()
         _keras3.check()

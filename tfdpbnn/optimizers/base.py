@@ -730,7 +730,11 @@ class DPOptimizerMixin:
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
         self._check_model(model, x, y, submodules)
-        self._dp_write_watch.new_run(model.trainable_variables)  # after the checks have built the model
+        # After the checks have built the model. A custom loop's steps also compare the state no DP step may
+        # change (model.fit's StateWatch does it at every epoch end, and sets it back).
+        self._dp_write_watch.new_run(
+            model.trainable_variables, () if _fit else state_checks.variables_outside_dp_update(model),
+            kind="fit" if _fit else "custom_loop")
         source = sampling["source"] if _fit else "custom_loop"
         attributes.ledger_state(self).open_phase(
             kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
@@ -747,11 +751,16 @@ class DPOptimizerMixin:
         examples into passes across calls). ``record_ids``: the batch's record ids for the per-record ledger
         (else its records' content hashes). Raises ``ValueError`` when the optimizer's budget leaves no step.
         """
+        constants = state_checks.variables_outside_dp_update(model) if model.built else []
+        # The state no DP step may change, as the last call left it (ValueError naming what changed since)
+        self._dp_write_watch.refuse_changed_constants(constants)
         submodules = _private_api.submodules(model)  # one walk for both checks (begin_training)
         self._adopt_model_ledger(model, submodules)
         self.mechanism.new_run()
         self._check_model(model, x, y, submodules)
-        self._dp_write_watch.new_run(model.trainable_variables)  # after the checks have built the model
+        if not constants:  # after the checks have built the model
+            constants = state_checks.variables_outside_dp_update(model)
+        self._dp_write_watch.new_run(model.trainable_variables, constants, kind="train_on_batch")
         attributes.ledger_state(self).open_phase(
             kind="participations", noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
             sample_rate=None, num_examples=self.num_examples, source="train_on_batch",

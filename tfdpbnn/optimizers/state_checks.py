@@ -14,8 +14,10 @@ ways are refused before the first DP step:
   metric variables are not model variables, so dropout, noise layers and ``add_metric`` are unaffected
   (metrics are handled by ``release_training_metrics``).
 
-- during the whole run, ``StateWatch`` (non-trainable state, at every epoch's end and at the end) and
-  ``WriteWatch`` (trainable variables written between DP steps, checked inside the next step).
+- during the whole run, ``StateWatch`` (non-trainable state, at every epoch's end and after every
+  callback's ``on_train_end``) and ``WriteWatch`` (every bit of the trainable variables, written between DP
+  steps, checked inside the next step; in custom loops and between ``train_on_batch`` calls the
+  non-trainable state too).
 
 A layer whose state was computed from public data is accepted after
 ``tfdpbnn.preprocessing.assert_public_preprocessing(layer, reason=...)`` (listed under ``asserted_by_user``).
@@ -178,13 +180,11 @@ class VariableSnapshot:
 
     def __init__(self, model, outside_dp_update: bool = False):
         self._model = model
-        skip = set()
-        if outside_dp_update:  # the DP step updates these; tfdpbnn's layers' own state is the library's
-            skip = {id(v) for v in model.trainable_variables}
-            skip |= {id(v) for layer in _layers(model) if _library_layer(layer) for v in layer.weights}
-        # weights, not variables: Keras 3's variables also hold the random-number state (SeedGenerator)
-        self._variables = [v for v in model.weights
-                           if _private_api.is_variable(v) and v.dtype != tf.resource and id(v) not in skip]
+        if outside_dp_update:  # the DP step updates the others; tfdpbnn's layers' own state is the library's
+            self._variables = variables_outside_dp_update(model)
+        else:  # weights, not variables: Keras 3's variables also hold the random-number state (SeedGenerator)
+            self._variables = [v for v in model.weights
+                               if _private_api.is_variable(v) and v.dtype != tf.resource]
         self._values = _values(self._variables)
 
     def changed(self) -> list:
@@ -216,15 +216,27 @@ class VariableSnapshot:
             "with a DP optimizer.")
 
 
-def _sums_of_squares(variables) -> tf.Tensor:
-    """[sum v^2 of each variable] (float32): what the DP step wrote, to compare with later."""
-    return tf.stack([tf.reduce_sum(tf.square(tf.cast(tf.convert_to_tensor(v), tf.float32)))
-                     for v in variables])
+_SAME_SIZE_INT = {1: tf.int8, 2: tf.int16, 4: tf.int32, 8: tf.int64}
 
 
-def _differs(now, stored) -> tf.Tensor:
-    """Which sums of squares differ beyond the rounding of a reduction's order (relative 1e-6)."""
-    return tf.abs(now - stored) > 1e-6 * tf.abs(stored) + 1e-30
+def _bits(value) -> tf.Tensor:
+    """``value``'s bits as integers of the same size (float and complex: a NaN equals itself, -0 is not 0)."""
+    value = tf.convert_to_tensor(value)
+    if value.dtype.is_complex:
+        value = tf.stack([tf.math.real(value), tf.math.imag(value)])
+    if value.dtype.is_floating:
+        return tf.bitcast(value, _SAME_SIZE_INT[value.dtype.size])
+    return value
+
+
+def _unequal(variable, copy) -> tf.Tensor:
+    """Whether any bit of ``variable`` differs from ``copy`` (a scalar bool; exact, no tolerance)."""
+    return tf.reduce_any(tf.not_equal(_bits(variable), _bits(copy)))
+
+
+def _fingerprint(values) -> tf.Tensor:
+    """FarmHash64 of the bytes of each of ``values`` ([n, 8] uint8): a key for the state they hold."""
+    return tf.concat([tf.fingerprint(tf.reshape(_bits(v), [1, -1])) for v in values], axis=0)
 
 
 def _on_read(value, name):
@@ -232,51 +244,104 @@ def _on_read(value, name):
                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
 
-class WriteWatch:
-    """What the DP step wrote to the trainable variables, to find writes made outside it during a run.
+def variables_outside_dp_update(model) -> list:
+    """The variables of ``model`` that no DP step may change (not trainable, not tfdpbnn layers' own).
 
-    The step knows what it wrote: after every ``apply_gradients`` of a DP optimizer, ``after_write`` keeps the
-    sum of squares of every variable it updated (float32, one vector for the run); before the next one,
-    ``before_write`` compares them with the variables' values, inside the traced step, and refuses the step
-    (``InvalidArgumentError`` naming the variables) when any was changed in between: by a callback that
-    writes a weight between batches, a custom loop's ``assign``, anything but the DP update. A write that
-    also set the optimizer's step counter back (a checkpoint of the model and its optimizer restored: earlier
-    weights of a recorded run, whose rewound steps the privacy record counts again) is accepted. The
-    variables live in this plain (not trackable) object, as the noise key's, so no checkpoint holds them.
-    Each run (``new_run``: every ``fit``, ``train_on_batch``, ``begin_training``) starts unarmed: weights set
-    before its first step (``load_weights``, a ``BackupAndRestore`` restore) are the per-record ledger's
-    business. A variable found written stays in ``written`` for the optimizer's life: its statement then
-    gives no guarantee. A sum of squares does not identify a tensor: a write that keeps it (a permutation
-    or sign flips of a weight's values) is not seen.
+    Weights, not variables: Keras 3's variables also hold the random-number state (``SeedGenerator``).
+    """
+    skip = {id(v) for v in model.trainable_variables}
+    skip |= {id(v) for layer in _layers(model) if _library_layer(layer) for v in layer.weights}
+    return [v for v in model.weights
+            if _private_api.is_variable(v) and v.dtype != tf.resource and id(v) not in skip]
+
+
+class WriteWatch:
+    """What the DP step wrote to the model's variables, to find writes made outside it during a run.
+
+    The step knows what it wrote: after every ``apply_gradients`` of a DP optimizer, ``after_write`` keeps an
+    exact copy of every variable it updated; before the next one, ``before_write`` compares every bit of the
+    variables with their copies, inside the traced step, and refuses the step (``InvalidArgumentError``
+    naming the variables) when any was changed in between: by a callback that writes a weight between
+    batches, a custom loop's ``assign``, anything but the DP update (a permutation or sign flip of a
+    weight's values too: nothing but the same bits passes). A write that also set the optimizer's step
+    counter back (a checkpoint of the model and its optimizer restored: earlier weights of a recorded run,
+    whose rewound steps the privacy record counts again) is accepted. The variables live in this plain (not
+    trackable) object, as the noise key's, so no checkpoint holds them; the copies double the memory of the
+    watched weights. Each run (``new_run``: every ``fit``, ``train_on_batch``, ``begin_training``) starts
+    unarmed: weights set before its first step (``load_weights``, a ``BackupAndRestore`` restore) are the
+    per-record ledger's business.
+
+    ``constants`` (``new_run``): variables no DP step may change (``variables_outside_dp_update``: a layer's
+    non-trainable state, a frozen layer's weights), copied when the run starts and compared at every step
+    of a custom loop, and again when the next ``train_on_batch`` call starts (``model.fit`` compares them at
+    every epoch end with ``StateWatch``, which also sets them back).
+
+    Under XLA (``jit_compile=True``) the failing assertion is dropped and the step runs; the variable's flag
+    is set all the same, so ``StateWatch`` refuses the run at that batch's end (``refuse_written``), a
+    ``train_on_batch`` call when it returns, and the statement gives no guarantee. A variable found written
+    stays in ``written`` for the optimizer's life: its statement then gives no guarantee.
     """
 
     def __init__(self):
-        self._variables, self._index = [], {}
+        self._variables, self._index, self._copies = [], {}, []
+        self._constants, self._constant_copies = [], []
         self._tainted = []
-        self._compiled_check = None  # changed_since_write's comparison, traced once per set of variables
+        self._compiled = {}  # traced eager checks (changed_since_write, fingerprints), per set of variables
+        self._kind = None  # the kind of the last run ("fit", "custom_loop", "train_on_batch")
         with tf.init_scope():
             self._armed = _on_read(False, "dp_write_watch_armed")
             self._step = _on_read(tf.constant(-1, tf.int64), "dp_write_watch_step")
-            self._stored = self._flags = None
+            self._flags = None
 
-    def new_run(self, variables) -> None:
-        """Start a run over ``variables`` (the model's trainable variables): unarmed until the first write."""
+    def new_run(self, variables, constants=(), kind="fit") -> None:
+        """Start a run over ``variables`` (the model's trainable variables): unarmed until the first write.
+
+        ``constants``: variables no step of the run may change (see the class), copied now. ``kind``:
+        ``"fit"``, ``"custom_loop"`` or ``"train_on_batch"`` (see ``refuse_changed_constants``).
+        """
         self._tainted.extend(n for n in self.written() if n not in self._tainted)
-        variables = list(variables)
+        variables, constants = list(variables), list(constants)
         with tf.init_scope():
-            if self._stored is None or [id(v) for v in variables] != [id(v) for v in self._variables] or any(
-                    a is not b for a, b in zip(variables, self._variables, strict=True)):
+            self._kind = kind
+            if self._flags is None or not _same(variables, self._variables) or not _same(constants,
+                                                                                       self._constants):
                 self._variables = variables
                 self._index = {id(v): i for i, v in enumerate(variables)}
-                self._stored = _on_read(tf.zeros([len(variables)], tf.float32), "dp_write_watch")
-                self._flags = _on_read(tf.zeros([len(variables)], tf.float32), "dp_write_watch_flags")
-                self._compiled_check = None
-            else:  # numpy zeros, no value read back: one op each (new_run runs at every fit)
-                zeros = np.zeros([len(variables)], np.float32)
-                self._stored.assign(zeros, read_value=False)
+                self._copies = [_on_read(tf.zeros(v.shape, v.dtype), "dp_write_watch_copy")
+                                for v in variables]
+                self._constants = constants
+                self._constant_copies = [_on_read(tf.convert_to_tensor(v), "dp_write_watch_constant")
+                                         for v in constants]
+                self._flags = _on_read(tf.zeros([len(variables) + len(constants)], tf.float32),
+                                       "dp_write_watch_flags")
+                self._compiled = {}
+            else:
+                for v, copy in zip(constants, self._constant_copies, strict=True):
+                    copy.assign(v, read_value=False)
                 if np.any(_private_api.read_numpy(self._flags)):
-                    self._flags.assign(zeros, read_value=False)
+                    self._flags.assign(np.zeros(self._flags.shape, np.float32), read_value=False)
             self._armed.assign(False, read_value=False)
+
+    def refuse_changed_constants(self, constants) -> None:
+        """Before a ``train_on_batch`` call: the last run's constants must hold their values if it was one.
+
+        Consecutive ``train_on_batch`` calls are one DP run fed batch by batch: a variable no DP step may
+        change (``constants``, the same variables as the last call's) that changed between them raises
+        ``ValueError`` naming it, and the statement gives no guarantee.
+        """
+        constants = list(constants)
+        if self._kind != "train_on_batch" or not _same(constants, self._constants):
+            return
+        with tf.init_scope():
+            changed = [v.name for v, c in zip(constants, self._constant_copies, strict=True)
+                       if not _equal(_numpy(v), _numpy(c))]
+        if changed:
+            self.taint(changed)
+            raise ValueError(
+                f"model: variable(s) {changed[:3]} changed between two train_on_batch calls of a DP run, "
+                "outside the DP update (they are not trainable: a layer's non-trainable state or a frozen "
+                "layer's weights). No epsilon covers what they carry; the optimizer's privacy statement now "
+                "says guarantee: false. Change them only before DP training.")
 
     def disarm(self) -> None:
         """Skip the check at the next step (a tool that sets the weights on purpose: the privacy audits)."""
@@ -284,25 +349,30 @@ class WriteWatch:
             self._armed.assign(False)
 
     def _held(self, variables) -> list:
-        return [(v, self._index[id(v)]) for v in variables
+        return [self._index[id(v)] for v in variables
                 if id(v) in self._index and self._variables[self._index[id(v)]] is v]
 
     def before_write(self, variables, iterations) -> list:
         """Inside the step, before the update: refuse it if a variable changed since the last DP write.
 
         ``iterations``: the optimizer's step counter (a restore that set it back is accepted, see above).
+        Also compares the run's constants with their copies from its start.
         """
         held = self._held(variables)
-        if not held:
+        if not held and not self._constants:
             return []
-        index = tf.constant([[i] for _, i in held], tf.int32)
-        old = tf.gather_nd(tf.convert_to_tensor(self._stored), index)
-        same_step = tf.equal(tf.cast(tf.convert_to_tensor(iterations), tf.int64), self._step)
-        written = tf.logical_and(tf.logical_and(tf.convert_to_tensor(self._armed), same_step),
-                                 _differs(_sums_of_squares([v for v, _ in held]), old))
+        armed = tf.logical_and(tf.convert_to_tensor(self._armed), tf.equal(
+            tf.cast(tf.convert_to_tensor(iterations), tf.int64), tf.convert_to_tensor(self._step)))
+        checks = [tf.logical_and(armed, _unequal(self._variables[i], self._copies[i])) for i in held]
+        checks += [_unequal(v, c) for v, c in zip(self._constants, self._constant_copies, strict=True)]
+        where = held + list(range(len(self._variables), len(self._variables) + len(self._constants)))
+        written = tf.stack(checks)
         flags = tf.convert_to_tensor(self._flags)
-        mark = self._flags.assign(tf.tensor_scatter_nd_max(flags, index, tf.cast(written, tf.float32)))
-        names = tf.constant([v.name for v, _ in held])
+        mark = self._flags.assign(tf.tensor_scatter_nd_max(
+            flags, tf.constant([[i] for i in where], tf.int32), tf.cast(written, tf.float32)))
+        if _private_api.in_xla_context():  # XLA drops assertions (and has no string gather): the flags stay
+            return [mark]
+        names = tf.constant([self._variables[i].name for i in held] + [v.name for v in self._constants])
         with tf.control_dependencies([mark]):
             return [tf.debugging.Assert(
                 tf.logical_not(tf.reduce_any(written)),
@@ -312,49 +382,79 @@ class WriteWatch:
                  "training, or between runs:", tf.boolean_mask(names, written)], summarize=3)]
 
     def after_write(self, variables, iterations) -> None:
-        """Inside the step, after the update: keep the sums of squares the DP step wrote; arm the check."""
+        """Inside the step, after the update: keep a copy of what the DP step wrote; arm the check."""
         held = self._held(variables)
         if not held:
             return
-        index = tf.constant([[i] for _, i in held], tf.int32)
-        self._stored.assign(tf.tensor_scatter_nd_update(tf.convert_to_tensor(self._stored), index,
-                                                        _sums_of_squares([v for v, _ in held])))
+        for i in held:
+            self._copies[i].assign(self._variables[i], read_value=False)
         self._step.assign(tf.cast(tf.convert_to_tensor(iterations), tf.int64))
         self._armed.assign(True)
 
-    def last_written_state(self) -> tuple:
-        """The sums of squares the last DP write left (eager): a key for the model state it produced."""
-        return () if self._stored is None else tuple(_private_api.read_numpy(self._stored).tolist())
+    def _traced(self, name, fn):
+        """``fn`` traced once per set of variables (one call instead of a few eager ops per variable)."""
+        if name not in self._compiled:
+            self._compiled[name] = tf.function(fn, autograph=False)
+        return self._compiled[name]()
+
+    def last_written_state(self) -> bytes:
+        """A key (FarmHash64 of every bit) of the weights the last DP write left (eager)."""
+        if not self._copies:
+            return b""
+        copies = self._copies
+        return self._traced("written_key", lambda: _fingerprint(copies)).numpy().tobytes()
+
+    def state(self) -> bytes:
+        """The same key for the watched variables' values now (eager)."""
+        if not self._variables:
+            return b""
+        variables = self._variables
+        return self._traced("state_key", lambda: _fingerprint(variables)).numpy().tobytes()
 
     def changed_since_write(self, iterations) -> list:
         """Eager: the watched variables whose values differ from the last DP write's (armed, same step)."""
         step = _private_api.read_numpy(iterations) if _private_api.is_variable(iterations) \
             else tf.convert_to_tensor(iterations).numpy()
-        if self._stored is None or not bool(_private_api.read_numpy(self._armed)) or \
-                int(step) != int(_private_api.read_numpy(self._step)):
+        if self._flags is None or not self._variables or not bool(_private_api.read_numpy(self._armed)) \
+                or int(step) != int(_private_api.read_numpy(self._step)):
             return []
-        if self._compiled_check is None:
-            # The same sums and comparison as the DP step's (one traced call instead of a few eager ops per
-            # variable); the variables and the stored sums are captured, so it is traced once per set.
-            variables, stored = self._variables, self._stored
-            self._compiled_check = tf.function(
-                lambda: _differs(_sums_of_squares(variables), tf.convert_to_tensor(stored)), autograph=False)
-        written = self._compiled_check().numpy()
+        variables, copies = self._variables, self._copies
+        written = self._traced("changed", lambda: tf.stack(
+            [_unequal(v, c) for v, c in zip(variables, copies, strict=True)])).numpy()
         return [v.name for v, w in zip(self._variables, written, strict=True) if w]
 
-    def state(self) -> tuple:
-        """The sums of squares of the watched variables now (eager): a key for the model state."""
-        return () if not self._variables else tuple(_sums_of_squares(self._variables).numpy().tolist())
+    def _flagged(self) -> list:
+        flags = [] if self._flags is None else _private_api.read_numpy(self._flags)
+        watched = self._variables + self._constants
+        return [v.name for v, f in zip(watched, flags, strict=True) if f > 0] if len(flags) else []
 
     def written(self) -> list:
         """Names of the variables found written outside the DP step (this run's and earlier runs')."""
-        flags = [] if self._flags is None else _private_api.read_numpy(self._flags)
-        now = [v.name for v, f in zip(self._variables, flags, strict=True) if f > 0] if len(flags) else []
-        return list(self._tainted) + [n for n in now if n not in self._tainted]
+        return list(self._tainted) + [n for n in self._flagged() if n not in self._tainted]
+
+    def refuse_written(self, when: str) -> None:
+        """Raise ``ValueError`` naming the variables this run's steps found written.
+
+        For steps compiled by XLA, whose failing assertion was dropped: the step ran on, its flag was set.
+        """
+        flagged = self._flagged()
+        if flagged:
+            raise ValueError(
+                f"model: variable(s) {flagged[:3]} were changed outside the DP step during DP training "
+                f"(found {when}; the step's own refusal was dropped, as XLA drops assertions). No epsilon "
+                "covers what they carry; the optimizer's privacy statement now says guarantee: false.")
 
     def taint(self, names) -> None:
         """Record ``names`` as written outside the DP step (a check outside the traced step found them)."""
         self._tainted.extend(n for n in names if n not in self._tainted)
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def _numpy(variable):
+    return np.asarray(_private_api.read_numpy(variable))
 
 
 class StateWatch(tf.keras.callbacks.Callback):
@@ -365,9 +465,11 @@ class StateWatch(tf.keras.callbacks.Callback):
     non-trainable state, a variable a ``train_step`` override or a callback updates) is compared with its
     value before the first batch after that batch, at every epoch's end and at the end of ``fit``, set back,
     and named in a ``ValueError``. Writes to the trainable variables between steps are refused by the next
-    step (``WriteWatch``); after the last step, at the end of ``fit``, unless the weights are those of an
-    epoch's end (``EarlyStopping(restore_best_weights=True)``: post-processing). A callback's
-    ``on_train_end`` runs after this check: what it writes is code outside the run.
+    step (``WriteWatch``; under XLA, whose steps drop the failing assertion, at that batch's end); after the
+    last step, at the end of ``fit``, unless the weights are those of an epoch's end
+    (``EarlyStopping(restore_best_weights=True)``: post-processing). The end-of-``fit`` checks run in
+    ``self.end``, a callback placed after every other one (``model.fit`` puts it last), so a write in any
+    callback's ``on_train_end`` is seen too.
     """
 
     def __init__(self):
@@ -376,10 +478,13 @@ class StateWatch(tf.keras.callbacks.Callback):
         self._done = False
         self._outside = None
         self._states = set()
+        self._jit = False
+        self.end = _StateWatchEnd(self)
 
     def on_train_begin(self, logs=None):
         """Start watching (the snapshot is taken at the first batch, after every callback's restore)."""
         self._snapshot, self._done, self._outside, self._states = None, False, None, set()
+        self._jit = getattr(self.model, "jit_compile", False) is True
 
     def on_train_batch_begin(self, batch, logs=None):
         """Before the first batch: the snapshot of the variables the DP step must not change."""
@@ -387,7 +492,13 @@ class StateWatch(tf.keras.callbacks.Callback):
             self._snapshot = VariableSnapshot(self.model, outside_dp_update=True)
 
     def on_train_batch_end(self, batch, logs=None):
-        """After the first batch: restore and refuse what changed; keep the snapshot for the run's checks."""
+        """After the first batch: restore and refuse what changed; keep the snapshot for the run's checks.
+
+        Under XLA, after every batch: refuse the run if the step found a variable written (its own
+        assertion was dropped).
+        """
+        if self._jit and self._watch() is not None:
+            self._watch().refuse_written(f"after batch {batch}")
         snapshot, self._snapshot = self._snapshot, None
         self._done = True
         if snapshot is not None:
@@ -413,15 +524,18 @@ class StateWatch(tf.keras.callbacks.Callback):
         """Refuse non-trainable state changed during the epoch; remember the epoch's trainable state."""
         self._refuse_outside(f"found at the end of epoch {epoch}")
         watch = self._watch()
-        if watch is not None and self._done:  # the state the epoch's last DP step wrote (read, not computed)
+        if watch is not None and self._done:  # the state the epoch's last DP step wrote (its copy's key)
+            if self._jit:
+                watch.refuse_written(f"at the end of epoch {epoch}")
             self._states.add(watch.last_written_state())
 
-    def on_train_end(self, logs=None):
+    def finish(self):
         """Refuse state changed after the last DP step, unless set back to an epoch's end (as EarlyStopping).
 
         Weights set to those at an earlier epoch's end are post-processing of what the DP steps released.
+        Run by ``self.end`` after every other callback's ``on_train_end``.
         """
-        self._refuse_outside("found at the end of fit")
+        self._refuse_outside("found at the end of fit, after every callback's on_train_end")
         watch = self._watch()
         if watch is None or not self._done:
             return
@@ -430,9 +544,22 @@ class StateWatch(tf.keras.callbacks.Callback):
             watch.taint(changed)
             raise ValueError(
                 f"model: variable(s) {changed[:3]} changed after the last DP step of fit (a callback wrote "
-                "them, e.g. in on_epoch_end), to values that are neither that step's nor an epoch end's. No "
-                "epsilon covers what they carry, and the optimizer's privacy statement now says "
-                "guarantee: false. Change weights only through the DP optimizer while training.")
+                "them, e.g. in on_epoch_end or on_train_end), to values that are neither that step's nor an "
+                "epoch end's. No epsilon covers what they carry, and the optimizer's privacy statement now "
+                "says guarantee: false. Change weights only through the DP optimizer while training.")
 
 
-__all__ = ["StateWatch", "VariableSnapshot", "WriteWatch", "check_declared_state", "declared_state"]
+class _StateWatchEnd(tf.keras.callbacks.Callback):
+    """``StateWatch``'s end-of-``fit`` check, as the last callback (after every ``on_train_end``)."""
+
+    def __init__(self, watch):
+        super().__init__()
+        self._state_watch = watch
+
+    def on_train_end(self, logs=None):
+        """Run ``StateWatch.finish``."""
+        self._state_watch.finish()
+
+
+__all__ = ["StateWatch", "VariableSnapshot", "WriteWatch", "check_declared_state", "declared_state",
+           "variables_outside_dp_update"]
