@@ -71,6 +71,35 @@ def test_an_asserted_custom_loop_loss_trains_and_the_statement_names_the_asserti
     assert any("cross-entropy of each example" in a and "custom training loop" in a for a in asserted)
 
 
+def test_the_loss_assertion_travels_with_the_optimizer_config_the_saved_model_and_a_new_optimizer(
+        tmp_path):
+    x, y = small_data()
+    model, opt = _model()
+    opt.begin_training(model, x, y, batch_size=8, assert_per_example_loss="cross-entropy of each example")
+    with tf.GradientTape() as tape:
+        loss = PER_EXAMPLE(y[:8], model(x[:8]))
+    opt.minimize(loss, model.trainable_variables, tape=tape)
+
+    def named(optimizer):
+        asserted = optimizer.privacy_statement()["asserted_by_user"]
+        return any("cross-entropy of each example" in a for a in asserted)
+
+    again = type(opt).from_config(opt.get_config())
+    assert again.steps == 1 and named(again)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    assert named(tf.keras.models.load_model(path).optimizer)
+    # A new optimizer compiled onto the model imports its custom-loop phase and the assertion it rests on.
+    fresh = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=fresh, loss=LOSS)
+    model.train_on_batch(x[:8], y[:8])
+    assert fresh.ledger.steps == 2 and named(fresh)
+    config = opt.get_config()
+    config["privacy_ledger"]["loss_assertions"] = [" "]
+    with pytest.raises(ValueError, match="loss_assertions"):
+        type(opt).from_config(config)
+
+
 # ------------------------------------------------------------------- more ways a user might under-count
 def test_a_model_compiled_again_with_a_coupled_loss_is_checked_again():
     x, y = small_data()

@@ -153,6 +153,14 @@ class _LedgerLink:
         self.optimizer = optimizer
 
 
+def _loss_assertions_from(saved) -> list:
+    """The custom-loop loss assertions of a saved optimizer's ``privacy_ledger`` config (checked)."""
+    if not isinstance(saved, list | tuple) or not all(isinstance(a, str) and a.strip() for a in saved):
+        raise ValueError("privacy_ledger['loss_assertions'] must be a list of non-empty strings (the "
+                         f"assert_per_example_loss reasons a saved optimizer carried), got {saved!r}")
+    return list(saved)
+
+
 class DPOptimizerMixin:
     """DP-SGD step, accounting state and privacy statement shared by every tfdpbnn DP optimizer.
 
@@ -285,7 +293,9 @@ class DPOptimizerMixin:
         self._dp_in_fit = 0  # > 0 while model.fit runs this optimizer (keras_integration)
         self._dp_write_watch = state_checks.WriteWatch()  # writes to the weights between DP steps
         self._dp_loss_assertion = None  # begin_training(assert_per_example_loss=...) of the open custom loop
-        attributes.set_loss_assertions(self, [])  # every such assertion (the statement's asserted_by_user)
+        # every such assertion (the statement's asserted_by_user), a saved optimizer's too (get_config)
+        attributes.set_loss_assertions(self, _loss_assertions_from((privacy_ledger or {}).get(
+            "loss_assertions", [])))
         for kind in (privacy_ledger or {}).get("not_covered", []):  # a saved optimizer's releases
             self.note_uncovered_release(kind)
         self._restore_releases(privacy_ledger or {})
@@ -381,6 +391,8 @@ class DPOptimizerMixin:
                        "privacy_ledger": {**attributes.ledger_state(self).to_config(),
                                           "not_covered": sorted(attributes.uncovered(self)),
                                           **self._releases_config()}})
+        if attributes.loss_assertions(self):  # the phases they vouch for travel in the same config
+            config["privacy_ledger"]["loss_assertions"] = list(attributes.loss_assertions(self))
         return config
 
     def _releases_config(self) -> dict:
@@ -795,6 +807,8 @@ class DPOptimizerMixin:
                                      attributes.ledger_state(previous).closed_sources(), strict=True):
                 attributes.ledger_state(self).append(phase, source)
             attributes.inherit_releases(self, previous)  # its private calibrations and the like
+            held = attributes.loss_assertions(self)  # and the assertions its custom-loop phases rest on
+            held.extend(a for a in attributes.loss_assertions(previous) if a not in held)
             self._dp_batch_call_limit = None
         attributes.set_ledger_link(model, _LedgerLink(self))
 

@@ -363,23 +363,35 @@ class WriteWatch:
             return []
         armed = tf.logical_and(tf.convert_to_tensor(self._armed), tf.equal(
             tf.cast(tf.convert_to_tensor(iterations), tf.int64), tf.convert_to_tensor(self._step)))
-        checks = [tf.logical_and(armed, _unequal(self._variables[i], self._copies[i])) for i in held]
-        checks += [_unequal(v, c) for v, c in zip(self._constants, self._constant_copies, strict=True)]
+        parts = []
+        if held:
+            parts.append(tf.logical_and(armed, tf.stack(
+                [_unequal(self._variables[i], self._copies[i]) for i in held])))
+        if self._constants:
+            parts.append(tf.stack([_unequal(v, c)
+                                   for v, c in zip(self._constants, self._constant_copies, strict=True)]))
+        written = parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
         where = held + list(range(len(self._variables), len(self._variables) + len(self._constants)))
-        written = tf.stack(checks)
-        flags = tf.convert_to_tensor(self._flags)
-        mark = self._flags.assign(tf.tensor_scatter_nd_max(
-            flags, tf.constant([[i] for i in where], tf.int32), tf.cast(written, tf.float32)))
+        flags, found = tf.convert_to_tensor(self._flags), tf.cast(written, tf.float32)
+        if where == list(range(len(self._variables) + len(self._constants))):  # every watched variable
+            mark = self._flags.assign(tf.maximum(flags, found))
+        else:
+            mark = self._flags.assign(tf.tensor_scatter_nd_max(
+                flags, tf.constant([[i] for i in where], tf.int32), found))
         if _private_api.in_xla_context():  # XLA drops assertions (and has no string gather): the flags stay
             return [mark]
-        names = tf.constant([self._variables[i].name for i in held] + [v.name for v in self._constants])
-        with tf.control_dependencies([mark]):
-            return [tf.debugging.Assert(
-                tf.logical_not(tf.reduce_any(written)),
+        names = [self._variables[i].name for i in held] + [v.name for v in self._constants]
+
+        def refuse():  # built into the graph's failing branch only: nothing gathered at a clean step
+            return tf.debugging.Assert(
+                False,
                 ["these variables were changed outside the DP step during DP training (after the last DP "
                  "update, before this one: a callback or code between steps wrote them). No epsilon covers "
                  "what they carry; the step is refused. Change weights only through the DP optimizer while "
-                 "training, or between runs:", tf.boolean_mask(names, written)], summarize=3)]
+                 "training, or between runs:", tf.boolean_mask(tf.constant(names), written)], summarize=3)
+
+        with tf.control_dependencies([mark]):
+            return [tf.cond(tf.reduce_any(written), lambda: _after(refuse), lambda: tf.constant(True))]
 
     def after_write(self, variables, iterations) -> None:
         """Inside the step, after the update: keep a copy of what the DP step wrote; arm the check."""
@@ -447,6 +459,12 @@ class WriteWatch:
     def taint(self, names) -> None:
         """Record ``names`` as written outside the DP step (a check outside the traced step found them)."""
         self._tainted.extend(n for n in names if n not in self._tainted)
+
+
+def _after(op) -> tf.Tensor:
+    """``True`` once ``op()`` has run (a ``tf.cond`` branch that holds an assertion)."""
+    with tf.control_dependencies([op()]):
+        return tf.constant(True)
 
 
 def _same(a, b) -> bool:
