@@ -15,6 +15,7 @@ import tensorflow as tf
 from _small_runs import DELTA, LOSS, D, N, small_data
 
 import tfdpbnn
+from tfdpbnn.optimizers.state_checks import WriteWatch
 
 REFUSED = (ValueError, tf.errors.InvalidArgumentError)
 
@@ -161,18 +162,39 @@ def _swap_two_rows(x):  # rows 0 and 1 swapped when feature 1's mean exceeds fea
 
 
 @pytest.mark.parametrize("write", [_permute_rows, _flip_signs, _swap_two_rows])
-def test_a_write_that_keeps_the_sums_of_squares_is_refused(write):
-    x, y = small_data()
-    model = _model()
+def test_a_write_that_keeps_the_sums_of_squares_is_seen_by_the_next_step(write):
+    x, _ = small_data()
+    tf.keras.utils.set_random_seed(0)
+    kernel = tf.Variable(tf.random.normal([D, 3]), name="kernel")
     # The truth, independently: the write is a deterministic function of the data that differs between
     # neighbouring data sets, and keeps the kernel's sum of squares (so a sum-of-squares check cannot see it).
-    kernel = model.layers[-1].kernel.numpy()
-    mine, theirs = np.asarray(write(x)(kernel)), np.asarray(write(_neighbour(x))(kernel))
+    mine, theirs = np.asarray(write(x)(kernel.numpy())), np.asarray(write(_neighbour(x))(kernel.numpy()))
     assert not np.array_equal(mine, theirs)  # no noise: the two data sets are told apart, no epsilon holds
-    np.testing.assert_allclose(np.sum(np.square(mine)), np.sum(np.square(kernel)), rtol=1e-6)
+    np.testing.assert_allclose(np.sum(np.square(mine)), np.sum(np.square(kernel.numpy())), rtol=1e-6)
+    watch, iterations = WriteWatch(), tf.Variable(0, dtype=tf.int64)
+    watch.new_run([kernel])
+
+    @tf.function
+    def step():  # what a DP optimizer's apply_gradients does around its update
+        with tf.control_dependencies(watch.before_write([kernel], iterations)):
+            kernel.assign_sub(0.01 * tf.ones_like(kernel))
+            iterations.assign_add(1)
+        watch.after_write([kernel], iterations)
+
+    step()
+    step()
+    kernel.assign(write(x)(kernel))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="kernel"):
+        step()
+    assert int(iterations.numpy()) == 2 and watch.written() == [kernel.name]
+
+
+def test_a_permutation_of_a_kernel_between_batches_is_refused():
+    x, y = small_data()
+    model = _model()
 
     def action(m):
-        m.layers[-1].kernel.assign(write(x)(m.layers[-1].kernel))
+        m.layers[-1].kernel.assign(_permute_rows(x)(m.layers[-1].kernel))
 
     with pytest.raises(REFUSED, match="changed outside the DP step"):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[At(action, batch=2)])
