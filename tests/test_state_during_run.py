@@ -294,3 +294,23 @@ def test_a_write_is_refused_under_xla():
         model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[At(_kernel_from_data(x), batch=2)])
     assert model.optimizer.steps <= 4  # the step after the write ran (XLA dropped its assertion), no more
     _no_guarantee(model, "kernel")
+
+
+@pytest.mark.slow  # XLA compiles the step (about 6 s); the fit under XLA above stays in the fast tier
+def test_a_custom_loop_write_under_xla_voids_the_statement():
+    x, y = small_data()
+    model = _model()
+    opt = model.optimizer
+    opt.begin_training(model, x, y, batch_size=8, assert_per_example_loss="per-example cross-entropy")
+
+    @tf.function(jit_compile=True)
+    def step(xb, yb):
+        opt.minimize(lambda: LOSS.__class__(from_logits=True, reduction="none")(yb, model(xb, training=True)),
+                     model.trainable_variables)
+
+    step(x[:8], y[:8])
+    assert model.optimizer.privacy_statement()["guarantee"] is True
+    model.layers[-1].bias.assign(tf.constant(x[:3, 0]))
+    step(x[8:16], y[8:16])  # XLA dropped the step's assertion: it ran, and its flag was set
+    assert opt.steps == 2
+    _no_guarantee(model, "bias")
