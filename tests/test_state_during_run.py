@@ -314,3 +314,16 @@ def test_a_custom_loop_write_under_xla_voids_the_statement():
     step(x[8:16], y[8:16])  # XLA dropped the step's assertion: it ran, and its flag was set
     assert opt.steps == 2
     _no_guarantee(model, "bias")
+
+
+def test_a_write_after_the_trainable_set_changed_still_voids_the_statement():
+    x, y = small_data()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(D), tf.keras.layers.Dense(3)])
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
+                  loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    model.layers[0].trainable = False  # a new set of trainable variables; the step traced before stays
+    with pytest.raises(REFUSED, match="changed outside the DP step"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[At(_kernel_from_data(x), batch=2)])
+    _no_guarantee(model, "kernel")

@@ -744,9 +744,9 @@ class DPOptimizerMixin:
         self._check_model(model, x, y, submodules)
         # After the checks have built the model. A custom loop's steps also compare the state no DP step may
         # change (model.fit's StateWatch does it at every epoch end, and sets it back).
-        self._dp_write_watch.new_run(
-            model.trainable_variables, () if _fit else state_checks.variables_outside_dp_update(model),
-            kind="fit" if _fit else "custom_loop")
+        self._dp_write_watch.new_run(model.trainable_variables,
+                                     state_checks.variables_outside_dp_update(model),
+                                     kind="fit" if _fit else "custom_loop")
         source = sampling["source"] if _fit else "custom_loop"
         attributes.ledger_state(self).open_phase(
             kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,

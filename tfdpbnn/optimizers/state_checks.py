@@ -286,18 +286,21 @@ class WriteWatch:
         self._variables, self._index, self._copies = [], {}, []
         self._constants, self._constant_copies = [], []
         self._tainted = []
+        self._retired = []  # (watched variables, flags) of earlier sets of variables (see new_run)
         self._compiled = {}  # traced eager checks (changed_since_write, fingerprints), per set of variables
         self._kind = None  # the kind of the last run ("fit", "custom_loop", "train_on_batch")
         with tf.init_scope():
             self._armed = _on_read(False, "dp_write_watch_armed")
+            self._check_constants = _on_read(False, "dp_write_watch_constants")
             self._step = _on_read(tf.constant(-1, tf.int64), "dp_write_watch_step")
             self._flags = None
 
     def new_run(self, variables, constants=(), kind="fit") -> None:
         """Start a run over ``variables`` (the model's trainable variables): unarmed until the first write.
 
-        ``constants``: variables no step of the run may change (see the class), copied now. ``kind``:
-        ``"fit"``, ``"custom_loop"`` or ``"train_on_batch"`` (see ``refuse_changed_constants``).
+        ``constants``: variables no step of the run may change (see the class), copied now; the steps of
+        a ``"custom_loop"`` or ``"train_on_batch"`` run (``kind``) compare them, those of a ``"fit"`` do not
+        (``StateWatch`` does, and sets them back). See also ``refuse_changed_constants``.
         """
         self._tainted.extend(n for n in self.written() if n not in self._tainted)
         variables, constants = list(variables), list(constants)
@@ -305,6 +308,8 @@ class WriteWatch:
             self._kind = kind
             if self._flags is None or not _same(variables, self._variables) or not _same(constants,
                                                                                        self._constants):
+                if self._flags is not None:  # a step traced earlier still writes these flags
+                    self._retired.append((self._variables + self._constants, self._flags))
                 self._variables = variables
                 self._index = {id(v): i for i, v in enumerate(variables)}
                 self._copies = [_on_read(tf.zeros(v.shape, v.dtype), "dp_write_watch_copy")
@@ -318,8 +323,10 @@ class WriteWatch:
             else:
                 for v, copy in zip(constants, self._constant_copies, strict=True):
                     copy.assign(v, read_value=False)
-                if np.any(_private_api.read_numpy(self._flags)):
-                    self._flags.assign(np.zeros(self._flags.shape, np.float32), read_value=False)
+            for _, flags in [*self._retired, (None, self._flags)]:
+                if np.any(_private_api.read_numpy(flags)):
+                    flags.assign(np.zeros(flags.shape, np.float32), read_value=False)
+            self._check_constants.assign(kind != "fit", read_value=False)
             self._armed.assign(False, read_value=False)
 
     def refuse_changed_constants(self, constants) -> None:
@@ -368,8 +375,8 @@ class WriteWatch:
             parts.append(tf.logical_and(armed, tf.stack(
                 [_unequal(self._variables[i], self._copies[i]) for i in held])))
         if self._constants:
-            parts.append(tf.stack([_unequal(v, c)
-                                   for v, c in zip(self._constants, self._constant_copies, strict=True)]))
+            parts.append(tf.logical_and(tf.convert_to_tensor(self._check_constants), tf.stack(
+                [_unequal(v, c) for v, c in zip(self._constants, self._constant_copies, strict=True)])))
         written = parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
         where = held + list(range(len(self._variables), len(self._variables) + len(self._constants)))
         flags, found = tf.convert_to_tensor(self._flags), tf.cast(written, tf.float32)
@@ -436,9 +443,13 @@ class WriteWatch:
         return [v.name for v, w in zip(self._variables, written, strict=True) if w]
 
     def _flagged(self) -> list:
-        flags = [] if self._flags is None else _private_api.read_numpy(self._flags)
-        watched = self._variables + self._constants
-        return [v.name for v, f in zip(watched, flags, strict=True) if f > 0] if len(flags) else []
+        """Names of the variables the steps flagged since the run started (every set of variables)."""
+        found = []
+        for watched, flags in [*self._retired, (self._variables + self._constants, self._flags)]:
+            if flags is not None:
+                found += [v.name for v, f in zip(watched, _private_api.read_numpy(flags), strict=True)
+                          if f > 0 and v.name not in found]
+        return found
 
     def written(self) -> list:
         """Names of the variables found written outside the DP step (this run's and earlier runs')."""
