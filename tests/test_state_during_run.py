@@ -15,6 +15,7 @@ import tensorflow as tf
 from _small_runs import DELTA, LOSS, D, N, small_data
 
 import tfdpbnn
+from tfdpbnn import _keras_version
 from tfdpbnn.optimizers.state_checks import WriteWatch
 
 REFUSED = (ValueError, tf.errors.InvalidArgumentError)
@@ -316,6 +317,8 @@ def test_a_custom_loop_write_under_xla_voids_the_statement():
     _no_guarantee(model, "bias")
 
 
+@pytest.mark.skipif(_keras_version.KERAS_MAJOR == 3, reason="Keras 3's reused step still updates the layer "
+                    "made non-trainable: the first batch's check refuses the second fit before any write")
 def test_a_write_after_the_trainable_set_changed_still_voids_the_statement():
     x, y = small_data()
     tf.keras.utils.set_random_seed(0)
@@ -324,6 +327,8 @@ def test_a_write_after_the_trainable_set_changed_still_voids_the_statement():
                   loss=LOSS)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     model.layers[0].trainable = False  # a new set of trainable variables; the step traced before stays
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # nothing written outside the steps: accepted
+    assert model.optimizer.privacy_statement()["guarantee"] is True
     with pytest.raises(REFUSED, match="changed outside the DP step"):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[At(_kernel_from_data(x), batch=2)])
     _no_guarantee(model, "kernel")

@@ -279,7 +279,9 @@ class WriteWatch:
     Under XLA (``jit_compile=True``) the failing assertion is dropped and the step runs; the variable's flag
     is set all the same, so ``StateWatch`` refuses the run at that batch's end (``refuse_written``), a
     ``train_on_batch`` call when it returns, and the statement gives no guarantee. A variable found written
-    stays in ``written`` for the optimizer's life: its statement then gives no guarantee.
+    stays in ``written`` for the optimizer's life: its statement then gives no guarantee. A new set of
+    variables (a layer made non-trainable) gets new flags (a variable keeps its copy); a step traced before
+    keeps writing the old flags, which ``written`` reads too.
     """
 
     def __init__(self):
@@ -287,6 +289,7 @@ class WriteWatch:
         self._constants, self._constant_copies = [], []
         self._tainted = []
         self._retired = []  # (watched variables, flags) of earlier sets of variables (see new_run)
+        self._copy_of = {}  # id(variable) -> (variable, its copy)
         self._compiled = {}  # traced eager checks (changed_since_write, fingerprints), per set of variables
         self._kind = None  # the kind of the last run ("fit", "custom_loop", "train_on_batch")
         with tf.init_scope():
@@ -312,8 +315,11 @@ class WriteWatch:
                     self._retired.append((self._variables + self._constants, self._flags))
                 self._variables = variables
                 self._index = {id(v): i for i, v in enumerate(variables)}
-                self._copies = [_on_read(tf.zeros(v.shape, v.dtype), "dp_write_watch_copy")
-                                for v in variables]
+                for v in variables:  # one copy per variable for the watch's life: every traced step shares it
+                    if id(v) not in self._copy_of or self._copy_of[id(v)][0] is not v:
+                        copy = _on_read(tf.zeros(v.shape, v.dtype), "dp_write_watch_copy")
+                        self._copy_of[id(v)] = (v, copy)
+                self._copies = [self._copy_of[id(v)][1] for v in variables]
                 self._constants = constants
                 self._constant_copies = [_on_read(tf.convert_to_tensor(v), "dp_write_watch_constant")
                                          for v in constants]
