@@ -317,6 +317,7 @@ def test_a_custom_loop_write_under_xla_voids_the_statement():
     _no_guarantee(model, "bias")
 
 
+@pytest.mark.slow  # three fits
 @pytest.mark.skipif(_keras_version.KERAS_MAJOR == 3, reason="Keras 3's reused step still updates the layer "
                     "made non-trainable: the first batch's check refuses the second fit before any write")
 def test_a_write_after_the_trainable_set_changed_still_voids_the_statement():
