@@ -235,6 +235,7 @@ CREATE TABLE IF NOT EXISTS ledger_releases (
 CREATE TABLE IF NOT EXISTS ledger_histories (
     history INTEGER PRIMARY KEY AUTOINCREMENT, parent INTEGER, release INTEGER NOT NULL,
     records INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS ledger_histories_parent ON ledger_histories(parent);
 CREATE TABLE IF NOT EXISTS ledger_records (record INTEGER PRIMARY KEY, history INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger_budget (
     set_at REAL NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, accountant TEXT NOT NULL);
@@ -342,19 +343,16 @@ class SQLiteLedger(LedgerBackend):
                 for h, count in counts.items()]
 
     @staticmethod
-    def _load_keys(conn, keys: np.ndarray) -> dict:
-        """Put ``keys`` (distinct) and their current history in the temporary table ``incoming``.
+    def _key_counts(conn, keys: np.ndarray) -> tuple[dict, str]:
+        """{history (None: records new to the ledger): record count} of ``keys`` (distinct), in one statement.
 
-        Returns {history (None: records new to the ledger): record count}.
+        Also returns the keys as the JSON array the statement read (str of a list of ints is one, parsed by
+        SQLite's ``json_each`` in C), for a statement that writes their rows.
         """
-        conn.execute("PRAGMA temp_store=MEMORY")
-        conn.execute("CREATE TEMP TABLE IF NOT EXISTS incoming (record INTEGER PRIMARY KEY, old INTEGER)")
-        conn.execute("DELETE FROM temp.incoming")
-        # One JSON array of the keys (str of a list of ints is one), read by SQLite's json_each in C.
-        conn.execute("INSERT INTO temp.incoming SELECT j.value, r.history FROM json_each(?) j "
-                     "LEFT JOIN ledger_records r ON r.record = j.value",
-                     (str(np.asarray(keys, dtype=np.int64).tolist()),))
-        return dict(conn.execute("SELECT old, COUNT(*) FROM temp.incoming GROUP BY old"))
+        text = str(np.asarray(keys, dtype=np.int64).tolist())
+        return dict(conn.execute("SELECT r.history, COUNT(*) FROM json_each(?) j "
+                                 "LEFT JOIN ledger_records r ON r.record = j.value GROUP BY r.history",
+                                 (text,))), text
 
     def histories(self, keys=None) -> list[History]:
         """The distinct histories of ``keys`` (of every record when None), with their record counts."""
@@ -362,8 +360,7 @@ class SQLiteLedger(LedgerBackend):
             if keys is None:
                 counts = dict(conn.execute("SELECT history, records FROM ledger_histories WHERE records > 0"))
             else:
-                counts = self._load_keys(conn, keys)
-                conn.execute("DELETE FROM temp.incoming")
+                counts, _ = self._key_counts(conn, keys)
             return self._histories(conn, counts)
 
     def releases(self, exclude_kind: str | None = None) -> list[Release]:
@@ -402,7 +399,7 @@ class SQLiteLedger(LedgerBackend):
     def reserve(self, keys, release: Release, check) -> int:
         """One ``BEGIN IMMEDIATE`` transaction: check the records' histories, then write the release."""
         with self._transaction() as conn:
-            counts = self._load_keys(conn, keys)
+            counts, text = self._key_counts(conn, keys)
             check(self._histories(conn, counts), self._budget(conn))
             release_id = conn.execute(
                 "INSERT INTO ledger_releases (kind, neighboring, phase_id, phase_ids, planned, spent, "
@@ -410,21 +407,38 @@ class SQLiteLedger(LedgerBackend):
                 (release.kind, release.neighboring, release.phase_id,
                  json.dumps([int(p) for p in release.phase_ids]), json.dumps(release.planned),
                  release.description, time.time(), socket.gethostname(), os.getpid())).lastrowid
-            conn.execute("CREATE TEMP TABLE IF NOT EXISTS moves (old INTEGER PRIMARY KEY, new INTEGER)")
-            conn.execute("DELETE FROM temp.moves")
+            sizes = dict(conn.execute("SELECT history, records FROM ledger_histories WHERE history IN "
+                                      "(SELECT value FROM json_each(?))",
+                                      (json.dumps([h for h in counts if h is not None]),)))
+            moves = []  # (old history or -1 for new records, new history) of the records that change rows
             for old, count in counts.items():
+                if old is not None and sizes[old] == count:
+                    # Every record of ``old`` moves: ``old``'s row becomes the new history (its chain moves
+                    # to a new row, and the histories that pointed at it point there): no record row changes.
+                    moved = conn.execute("INSERT INTO ledger_histories (parent, release, records) "
+                                         "SELECT parent, release, 0 FROM ledger_histories WHERE history = ?",
+                                         (old,)).lastrowid
+                    conn.execute("UPDATE ledger_histories SET parent = ? WHERE parent = ?", (moved, old))
+                    conn.execute("UPDATE ledger_histories SET parent = ?, release = ? WHERE history = ?",
+                                 (moved, release_id, old))
+                    continue
                 new = conn.execute("INSERT INTO ledger_histories (parent, release, records) VALUES (?, ?, ?)",
                                    (old, release_id, count)).lastrowid
-                conn.execute("INSERT INTO temp.moves VALUES (?, ?)", (-1 if old is None else old, new))
+                moves.append((-1 if old is None else old, new))
                 if old is not None:
                     conn.execute("UPDATE ledger_histories SET records = records - ? WHERE history = ?",
                                  (count, old))
-            conn.execute(
-                "INSERT INTO ledger_records (record, history) "
-                "SELECT i.record, m.new FROM temp.incoming i JOIN temp.moves m "
-                "ON m.old = COALESCE(i.old, -1) WHERE true "
-                "ON CONFLICT(record) DO UPDATE SET history = excluded.history")
-            conn.execute("DELETE FROM temp.incoming")
+            if list(counts) == [None]:  # every record is new to the ledger
+                conn.execute("INSERT INTO ledger_records (record, history) SELECT value, ? FROM json_each(?)",
+                             (moves[0][1], text))
+            elif moves:  # records new to the ledger, or leaving a history that keeps others: one statement
+                conn.execute(
+                    "INSERT INTO ledger_records (record, history) "
+                    "SELECT j.value, json_extract(m.value, '$[1]') FROM json_each(?) j "
+                    "LEFT JOIN ledger_records r ON r.record = j.value "
+                    "JOIN json_each(?) m ON json_extract(m.value, '$[0]') = COALESCE(r.history, -1) "
+                    "WHERE true ON CONFLICT(record) DO UPDATE SET history = excluded.history",
+                    (text, json.dumps(moves)))
         return int(release_id)
 
     def commit(self, release_id: int, spent: dict, phase_id: int | None, phase_ids: Sequence[int]) -> None:
