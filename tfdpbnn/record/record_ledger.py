@@ -45,6 +45,7 @@ import numpy as np
 
 from tfdpbnn._validation import check_choice, check_open_unit, check_positive
 from tfdpbnn.privacy.budget import NEIGHBORING
+from tfdpbnn.record import store as record_store
 
 #: Version of the ledger tables' layout, kept in the file (table ``ledger_meta``, key ``schema_version``).
 SCHEMA_VERSION = 1
@@ -260,12 +261,10 @@ class SQLiteLedger(LedgerBackend):
     """
 
     def __init__(self, path, timeout: float = 60.0):
-        self.path = os.fspath(path)
-        if not self.path:
-            raise ValueError("path: the record ledger needs a file path, got ''")
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self.path = record_store.checked_file(path, "the record ledger")
         self._timeout = float(timeout)
-        checked = self._file_identity() in _CHECKED  # tables made by this process: only the version is read
+        # Tables made by this process: only the version is read.
+        checked = record_store.file_identity(self.path) in _CHECKED
         with self._transaction("DEFERRED" if checked else "IMMEDIATE") as conn:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if "ledger_meta" in tables:
@@ -287,21 +286,11 @@ class SQLiteLedger(LedgerBackend):
                         conn.execute(statement)
                 conn.execute("INSERT OR IGNORE INTO ledger_meta VALUES ('schema_version', ?)",
                              (str(SCHEMA_VERSION),))
-        _CHECKED.add(self._file_identity())
-
-    def _file_identity(self) -> tuple:
-        """(path, device, inode): a file replaced at the same path is checked again."""
-        try:
-            stat = os.stat(self.path)
-        except FileNotFoundError:
-            return (os.path.abspath(self.path), None, None)
-        return (os.path.abspath(self.path), stat.st_dev, stat.st_ino)
+        _CHECKED.add(record_store.file_identity(self.path))  # a file replaced at the path is checked again
 
     def _transaction(self, mode: str = "IMMEDIATE", durable: bool = True):
         """``tfdpbnn.record.store.transaction`` on this file (joins one already open in this thread)."""
-        from tfdpbnn.record.store import transaction
-
-        return transaction(self.path, self._timeout, mode, durable)
+        return record_store.transaction(self.path, self._timeout, mode, durable)
 
     # ------------------------------------------------------------------------------------- reading
     @staticmethod
@@ -642,9 +631,7 @@ def _neighboring(history: History) -> str:
 
 def default_ledger() -> RecordLedger | None:
     """The ledger in the privacy record store's file (``tfdpbnn.record.store.default_path``); None if off."""
-    from tfdpbnn.record.store import default_path
-
-    path = default_path()
+    path = record_store.default_path()
     return None if path is None else RecordLedger(path)
 
 
