@@ -36,20 +36,52 @@ def test_reserve_and_commit_run_as_many_statements_for_ten_thousand_records_as_f
         path = str(tmp_path / f"ledger_{records_count}.sqlite")
         ledger = record_ledger.RecordLedger(path)
         keys = np.arange(records_count, dtype=np.int64) * 7919 - 5000
-        for phase_id in (1, 2):  # new records, then the same records moving to a new history
+        # New records; the same records again (this process placed them last: their rows are not read);
+        # the same records again as another process sees them (their rows read in one statement).
+        for phase_id, travels in ((1, 2), (2, 0), (3, 1)):
+            if phase_id == 3:
+                record_ledger._PLACED.clear()
+
             def run(ledger=ledger, keys=keys, phase_id=phase_id):
                 ledger.reserve(keys, event, phase_id=phase_id).commit(event)
             statements = _statements(path, run)
             counts[(records_count, phase_id)] = len(statements)
             # The keys travel as one JSON array: read once, and written once for records new to the ledger.
             # Records that all move together keep their rows: the history's row becomes the new history.
-            assert sum(str(int(keys[-1])) in s for s in statements) == (2 if phase_id == 1 else 1)
+            assert sum(str(int(keys[-1])) in s for s in statements) == travels
             assert any("INSERT INTO ledger_records" in s for s in statements) == (phase_id == 1)
         (history,) = ledger.histories(keys)
-        assert history.records == records_count and len(history.releases) == 2
-    assert counts[(10, 1)] == counts[(10_000, 1)]
-    assert counts[(10, 2)] == counts[(10_000, 2)]
+        assert history.records == records_count and len(history.releases) == 3
+    for phase_id in (1, 2, 3):
+        assert counts[(10, phase_id)] == counts[(10_000, phase_id)]
     assert max(counts.values()) < 40
+
+
+def test_records_placed_by_this_process_are_read_again_once_another_release_moved_some(tmp_path):
+    """The placement this process remembers is used only while no other release moved any of its records."""
+    from tfdpbnn.record import store as record_store
+
+    path = str(tmp_path / "ledger.sqlite")
+    ledger = record_ledger.RecordLedger(path)
+    event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(2.0), 2)
+    keys = np.arange(50, dtype=np.int64)
+    ledger.record(keys, event, kind="other")
+    remembered = dict(record_ledger._PLACED)
+    for moved in (keys[:7], keys):  # another process's release on some, then on all, of these records
+        ledger.record(moved, event, kind="other")
+        record_ledger._PLACED.clear()
+        record_ledger._PLACED.update(remembered)  # as if that release was written by another process
+        statements = _statements(path, lambda: ledger.record(keys, event, kind="other"))
+        assert sum("json_each" in s and "ledger_records" in s for s in statements) == 1  # read again
+        remembered = dict(record_ledger._PLACED)
+    by_size = sorted((h.records, len(h.releases)) for h in ledger.histories(keys))
+    assert by_size == [(7, 5), (43, 4)]  # 1 + 2 + 2 releases on the first 7, 1 + 1 + 2 on the others
+    # A reservation rolled back with its transaction is not remembered as placing anything.
+    with np.testing.assert_raises(RuntimeError), record_store.transaction(path):
+        ledger.record(keys, event, kind="other")
+        raise RuntimeError("rolled back")
+    ledger.record(keys, event, kind="other")
+    assert sorted((h.records, len(h.releases)) for h in ledger.histories(keys)) == [(7, 6), (43, 5)]
 
 
 def test_histories_stay_right_when_whole_histories_move_in_place(tmp_path):

@@ -245,6 +245,9 @@ CREATE TABLE IF NOT EXISTS ledger_budget (
 
 #: Ledger files whose tables this process has made, by (path, device, inode).
 _CHECKED: set[tuple] = set()
+#: Where this process's last reservation on each ledger file left its records: file identity ->
+#: (the keys, distinct int64 (a copy); the release's id; its ``created`` time; {history: records}).
+_PLACED: dict[tuple, tuple] = {}
 
 
 class SQLiteLedger(LedgerBackend):
@@ -332,6 +335,31 @@ class SQLiteLedger(LedgerBackend):
                 for h, count in counts.items()]
 
     @staticmethod
+    def _placed_counts(conn, identity: tuple, keys: np.ndarray) -> dict | None:
+        """{history: record count} of ``keys`` without reading their rows, or None (then read them).
+
+        Known when this process's last reservation on the file was for the same keys and no release since
+        moved any of them. After a reservation, its release is on every history its records are in, and
+        those histories hold no other record; a later release moving some of them leaves fewer records in
+        the history, and one moving all of them puts itself in the history's row (``reserve``); records
+        never join a history that exists. So the same (release, records) in every such history means the
+        same records are there. The release's row (its ``created`` time and process) must be this
+        reservation's own: one rolled back with its transaction may leave its ids to another.
+        """
+        placed = _PLACED.get(identity)
+        if placed is None or placed[0].shape != keys.shape or not np.array_equal(placed[0], keys):
+            return None
+        _, release_id, created, where = placed
+        row = conn.execute("SELECT created, pid FROM ledger_releases WHERE release = ?",
+                           (release_id,)).fetchone()
+        if row is None or row[0] != created or row[1] != os.getpid():
+            return None
+        now = {h: n for h, release, n in conn.execute(
+            "SELECT history, release, records FROM ledger_histories WHERE history IN "
+            "(SELECT value FROM json_each(?))", (json.dumps(list(where)),)) if release == release_id}
+        return dict(where) if now == where else None
+
+    @staticmethod
     def _key_counts(conn, keys: np.ndarray) -> tuple[dict, str]:
         """{history (None: records new to the ledger): record count} of ``keys`` (distinct), in one statement.
 
@@ -387,19 +415,25 @@ class SQLiteLedger(LedgerBackend):
 
     def reserve(self, keys, release: Release, check) -> int:
         """One ``BEGIN IMMEDIATE`` transaction: check the records' histories, then write the release."""
+        identity = record_store.file_identity(self.path)
         with self._transaction() as conn:
-            counts, text = self._key_counts(conn, keys)
+            counts = self._placed_counts(conn, identity, keys)
+            text = None
+            if counts is None:
+                counts, text = self._key_counts(conn, keys)
             check(self._histories(conn, counts), self._budget(conn))
+            created = time.time()
             release_id = conn.execute(
                 "INSERT INTO ledger_releases (kind, neighboring, phase_id, phase_ids, planned, spent, "
                 "description, created, host, pid) VALUES (?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
                 (release.kind, release.neighboring, release.phase_id,
                  json.dumps([int(p) for p in release.phase_ids]), json.dumps(release.planned),
-                 release.description, time.time(), socket.gethostname(), os.getpid())).lastrowid
+                 release.description, created, socket.gethostname(), os.getpid())).lastrowid
             sizes = dict(conn.execute("SELECT history, records FROM ledger_histories WHERE history IN "
                                       "(SELECT value FROM json_each(?))",
                                       (json.dumps([h for h in counts if h is not None]),)))
             moves = []  # (old history or -1 for new records, new history) of the records that change rows
+            placed = {}  # the histories the records are in afterwards: {history: records}
             for old, count in counts.items():
                 if old is not None and sizes[old] == count:
                     # Every record of ``old`` moves: ``old``'s row becomes the new history (its chain moves
@@ -410,9 +444,11 @@ class SQLiteLedger(LedgerBackend):
                     conn.execute("UPDATE ledger_histories SET parent = ? WHERE parent = ?", (moved, old))
                     conn.execute("UPDATE ledger_histories SET parent = ?, release = ? WHERE history = ?",
                                  (moved, release_id, old))
+                    placed[old] = count
                     continue
                 new = conn.execute("INSERT INTO ledger_histories (parent, release, records) VALUES (?, ?, ?)",
                                    (old, release_id, count)).lastrowid
+                placed[new] = count
                 moves.append((-1 if old is None else old, new))
                 if old is not None:
                     conn.execute("UPDATE ledger_histories SET records = records - ? WHERE history = ?",
@@ -428,6 +464,7 @@ class SQLiteLedger(LedgerBackend):
                     "JOIN json_each(?) m ON json_extract(m.value, '$[0]') = COALESCE(r.history, -1) "
                     "WHERE true ON CONFLICT(record) DO UPDATE SET history = excluded.history",
                     (text, json.dumps(moves)))
+            _PLACED[identity] = (np.array(keys, dtype=np.int64), int(release_id), created, placed)
         return int(release_id)
 
     def commit(self, release_id: int, spent: dict, phase_id: int | None, phase_ids: Sequence[int]) -> None:
