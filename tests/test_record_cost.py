@@ -84,6 +84,29 @@ def test_records_placed_by_this_process_are_read_again_once_another_release_move
     assert sorted((h.records, len(h.releases)) for h in ledger.histories(keys)) == [(7, 6), (43, 5)]
 
 
+def test_committed_releases_are_decoded_once_and_a_commit_is_seen(tmp_path, monkeypatch):
+    """A history's chain grows with every fit on its records; its committed releases are not decoded again."""
+    path = str(tmp_path / "ledger.sqlite")
+    ledger = record_ledger.RecordLedger(path)
+    keys = np.arange(20, dtype=np.int64)
+    events = [dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.0 + i), 2) for i in range(6)]
+    for event in events[:5]:
+        ledger.record(keys, event, kind="other")
+    reservation = ledger.reserve(keys, events[5], kind="other")  # reserved: its spent event may still come
+    decoded = []
+    original = record_ledger.json.loads
+    monkeypatch.setattr(record_ledger.json, "loads", lambda text: decoded.append(text) or original(text))
+    (history,) = ledger.histories(keys)
+    assert [r.committed for r in history.releases] == [True] * 5 + [False]
+    assert len(decoded) == 2  # the reserved release's planned event and phase ids: the others were kept
+    reservation.commit(events[4])  # spent less than planned
+    (history,) = ledger.histories(keys)
+    assert history.releases[-1].committed and history.releases[-1].event() == events[4]
+    assert [r.event() for r in history.releases[:5]] == events[:5]
+    truth = record_ledger.composed_epsilon(events[:5] + [events[4]], 1e-5, "rdp", "add_or_remove")
+    assert abs(ledger.max_epsilon(keys, 1e-5) - truth) <= 1e-9 * truth
+
+
 def test_histories_stay_right_when_whole_histories_move_in_place(tmp_path):
     """Whole moves (a history's row reused) mixed with partial ones: each record keeps its own releases."""
     ledger = record_ledger.RecordLedger(str(tmp_path / "ledger.sqlite"))

@@ -245,6 +245,10 @@ CREATE TABLE IF NOT EXISTS ledger_budget (
 
 #: Ledger files whose tables this process has made, by (path, device, inode).
 _CHECKED: set[tuple] = set()
+#: Committed releases decoded from each ledger file: file identity -> {release id: (created, Release)}.
+_DECODED: dict[tuple, dict] = {}
+#: The most releases kept decoded per file (then the file's are dropped and decoded again as needed).
+_DECODED_MAX = 100_000
 #: Where this process's last reservation on each ledger file left its records: file identity ->
 #: (the keys, distinct int64 (a copy); the release's id; its ``created`` time; {history: records}).
 _PLACED: dict[tuple, tuple] = {}
@@ -296,13 +300,32 @@ class SQLiteLedger(LedgerBackend):
         return record_store.transaction(self.path, self._timeout, mode, durable)
 
     # ------------------------------------------------------------------------------------- reading
-    @staticmethod
-    def _release(row) -> Release:
-        return Release(release_id=row[0], kind=row[1], neighboring=row[2], phase_id=row[3],
-                       planned=json.loads(row[4]), spent=None if row[5] is None else json.loads(row[5]),
-                       description=row[6], phase_ids=tuple(json.loads(row[7])))
+    _RELEASE_COLUMNS = "release, kind, neighboring, phase_id, planned, spent, description, phase_ids, created"
 
-    _RELEASE_COLUMNS = "release, kind, neighboring, phase_id, planned, spent, description, phase_ids"
+    def _decode(self, rows) -> list[Release]:
+        """``Release`` objects of ``ledger_releases`` rows (``_RELEASE_COLUMNS``).
+
+        A committed release's row never changes, so it is decoded once per process and file (kept with its
+        ``created`` time, which a row must match to reuse it: a file replaced at the same path is not
+        mistaken for this one).
+        """
+        cache = _DECODED.setdefault(record_store.file_identity(self.path), {})
+        out = []
+        for row in rows:
+            held = cache.get(row[0])
+            if held is not None and held[0] == row[8]:
+                out.append(held[1])
+                continue
+            release = Release(release_id=row[0], kind=row[1], neighboring=row[2], phase_id=row[3],
+                              planned=json.loads(row[4]),
+                              spent=None if row[5] is None else json.loads(row[5]),
+                              description=row[6], phase_ids=tuple(json.loads(row[7])))
+            if release.committed:
+                if len(cache) >= _DECODED_MAX:
+                    cache.clear()
+                cache[row[0]] = (row[8], release)
+            out.append(release)
+        return out
 
     def _histories(self, conn, counts: dict) -> list[History]:
         """``History`` objects for ``{history id (or None: no history yet): record count}``."""
@@ -327,9 +350,9 @@ class SQLiteLedger(LedgerBackend):
         wanted = sorted({r for chain in chains.values() for r in chain})
         releases = {}
         if wanted:
-            for row in conn.execute(f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases WHERE release IN "
-                                    "(SELECT value FROM json_each(?))", (json.dumps(wanted),)):
-                releases[row[0]] = self._release(row)
+            releases = {r.release_id: r for r in self._decode(conn.execute(
+                f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases WHERE release IN "
+                "(SELECT value FROM json_each(?))", (json.dumps(wanted),)))}
         return [History(history_id=0 if h is None else h, records=int(count),
                         releases=tuple(releases[r] for r in chains.get(h, [])))
                 for h, count in counts.items()]
@@ -384,8 +407,8 @@ class SQLiteLedger(LedgerBackend):
         """Every release, oldest first (``exclude_kind``: all but the releases of that kind)."""
         where, arguments = ("", ()) if exclude_kind is None else ("WHERE kind != ? ", (exclude_kind,))
         with self._transaction("DEFERRED") as conn:
-            return [self._release(row) for row in conn.execute(
-                f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases {where}ORDER BY release", arguments)]
+            return self._decode(conn.execute(
+                f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases {where}ORDER BY release", arguments))
 
     def keys(self, history_ids) -> np.ndarray:
         """The keys of the records whose current history is one of ``history_ids``."""
