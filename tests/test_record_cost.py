@@ -284,3 +284,35 @@ def test_fast_variable_reads_equal_numpy_and_reads_once_forget_every_write():
         state.close_open_phase()  # appends the phase: both written
         assert state.open_description() is None
         assert [p.steps for p in state.closed_phases()] == [3]
+
+
+def test_rdp_to_epsilon_on_arrays_equals_dp_accounting():
+    """The ledger's RDP-to-epsilon conversion is dp-accounting's ``compute_epsilon``, case by case."""
+    import pytest
+    from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
+
+    from tfdpbnn.privacy._rdp_conversion import rdp_epsilon
+
+    orders = np.asarray(DEFAULT_RDP_ORDERS, dtype=np.float64)
+    rng = np.random.default_rng(7)
+    curves = []
+    for sigma, q, steps in ((0.6, 0.01, 1000), (1.0, 0.04, 23), (5.0, 1.0, 3), (50.0, 0.001, 10)):
+        event = dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+        curves.append((orders, dp_accounting.rdp.RdpAccountant().compose(event).rdp))
+    curves.append((orders, np.full(orders.shape, 1e-12)))  # the KL case: epsilon 0
+    curves.append((orders, np.where(orders > 40, np.inf, 0.3 * orders)))  # infinite at high orders
+    odd = np.asarray([1.0, 1.005, 1.01, 1.5, 2.0, 64.0])  # orders at and near 1
+    curves.append((odd, rng.uniform(0, 3, odd.size)))
+    curves.append((orders, np.full(orders.shape, np.inf)))
+    for delta in (1e-10, 1e-5, 0.01, 0.5):
+        for o, r in curves:
+            want = dp_accounting.rdp.compute_epsilon(o, r, delta)[0]
+            got = rdp_epsilon(o, r, delta)
+            if np.isinf(want):
+                assert np.isinf(got)
+            else:
+                assert abs(got - want) <= 1e-12 * max(1.0, abs(want)), (delta, got, want)
+    assert np.isinf(rdp_epsilon(orders, curves[0][1], 0.0))  # delta 0: dp-accounting's answer, infinite
+    with pytest.raises(ValueError, match="negative"):
+        rdp_epsilon(orders, -np.ones(orders.shape), 1e-5)

@@ -37,8 +37,27 @@ def curve_epsilon(orders, rdp, delta: float) -> float:
     """(epsilon, delta)-DP of an RDP curve (dp-accounting's conversion, Canonne, Kamath & Steinke 2020)."""
     orders, rdp = check_curve(orders, rdp)
     check_open_unit("delta", delta)
-    eps, _ = dp_accounting.rdp.compute_epsilon(orders, rdp, delta)
-    return float(eps)
+    return rdp_epsilon(orders, rdp, delta)
+
+
+def rdp_epsilon(orders, rdp, delta: float) -> float:
+    """``dp_accounting.rdp.compute_epsilon(orders, rdp, delta)[0]``, the same bound computed on arrays.
+
+    dp-accounting's conversion (Canonne, Kamath & Steinke 2020, Prop. 12) loops over the orders in Python
+    (about 0.3 ms for its 156 default orders); here each order's epsilon is the same expression with the same
+    cases: 0 where ``delta**2 + expm1(-rdp) > 0`` (the KL bound), the Prop. 12 bound for orders above 1.01,
+    else infinite; the smallest, at least 0. Inputs dp-accounting refuses (delta <= 0, orders below 1,
+    negative rdp, unequal lengths) go to it, and it raises or answers as it does.
+    """
+    orders = np.asarray(orders, dtype=np.float64)
+    rdp = np.asarray(rdp, dtype=np.float64)
+    if (not delta > 0 or orders.shape != rdp.shape or orders.ndim != 1 or orders.size == 0
+            or np.any(orders < 1) or np.any(rdp < 0) or np.any(np.isnan(rdp))):
+        return float(dp_accounting.rdp.compute_epsilon(orders, rdp, delta)[0])
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        bound = rdp + np.log1p(-1.0 / orders) - np.log(delta * orders) / (orders - 1.0)
+        eps = np.where(delta ** 2 + np.expm1(-rdp) > 0, 0.0, np.where(orders > 1.01, bound, np.inf))
+    return float(max(0.0, eps[int(np.argmin(eps))]))
 
 
 def epsilon_from_rdp(orders: np.ndarray, rdp: np.ndarray, delta: float) -> np.ndarray:
