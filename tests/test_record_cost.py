@@ -187,6 +187,28 @@ def test_one_dp_fit_runs_a_fixed_set_of_transactions_on_the_record_file():
     assert statements.count("COMMIT") == len(begins)
 
 
+def test_the_restore_check_runs_only_when_another_callback_could_have_restored(monkeypatch):
+    """No callback but tfdpbnn's: three weight fingerprints per fit (start, epoch end, end); else four."""
+    import tensorflow as tf
+
+    from tfdpbnn.record import run_record
+
+    x, y = small_data(16)
+    model = small_model()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
+                                                   allow_exceeding_budget=True), loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    calls = []
+    original = run_record.record_store.weights_fingerprint
+    monkeypatch.setattr(run_record.record_store, "weights_fingerprint",
+                        lambda m: calls.append(1) or original(m))
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert len(calls) == 3
+    calls.clear()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[tf.keras.callbacks.Callback()])
+    assert len(calls) == 4
+
+
 def test_fingerprints_skip_hashing_only_bytes_equal_to_those_hashed_last(monkeypatch):
     rng = np.random.default_rng(3)
     x = rng.normal(size=(300, 5)).astype(np.float32)

@@ -159,7 +159,11 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
                     and description["kind"] == "shuffle")
     from tfdpbnn.optimizers.state_checks import StateWatch
 
-    arguments["callbacks"] = [DPTrainingMonitor(check_passes=whole_passes), StateWatch()] + privacy + others
+    # Callbacks other than tfdpbnn's may restore weights or the optimizer in on_train_begin
+    # (BackupAndRestore); with none (a subclass counts as another's), the monitor skips the restore check.
+    foreign = others + [c for c in privacy if type(c) is not PrivacyCallback]
+    monitor = DPTrainingMonitor(check_passes=whole_passes, others_may_restore=bool(foreign))
+    arguments["callbacks"] = [monitor, StateWatch()] + privacy + others
     return arguments
 
 
