@@ -20,11 +20,11 @@ import re
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tfdpbnn"
 
-# What the record package may import: itself, the accountants and budget, the argument checks, and the
-# private-API layer (Keras and tf.data private names) with its per-Keras adapters; the private-selection
-# bounds (RDP curves of a private search, pure accounting) are read for a search's record.
+# What the record package may import: itself, the accountants and budget (with the RDP orders and conversion
+# of a private search's curve), the argument checks, and the private-API layer (Keras and tf.data private
+# names) with its per-Keras adapters.
 RECORD_MAY_IMPORT = ("tfdpbnn.record", "tfdpbnn.privacy", "tfdpbnn._validation", "tfdpbnn._private_api",
-                     "tfdpbnn._adapters", "tfdpbnn._keras_version", "tfdpbnn.tuning.bounds")
+                     "tfdpbnn._adapters", "tfdpbnn._keras_version")
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -191,15 +191,49 @@ def test_record_attributes_are_named_only_by_their_accessors():
     assert spelled == []
 
 
+def _runs(module: str, target: str) -> list[str]:
+    """``target`` and the packages whose ``__init__`` Python runs to import it from ``module``.
+
+    ``tfdpbnn/__init__.py`` (it imports the public names) and the packages ``module`` is inside (already
+    run) are left out.
+    """
+    parts = target.split(".")
+    parents = [".".join(parts[:i]) for i in range(2, len(parts))]
+    return [target] + [p for p in parents if not (module == p or module.startswith(p + "."))]
+
+
+#: The one strongly connected group left when package ``__init__`` files count as edges, and the imports
+#: that hold it: ``layers/noisy.py`` draws its noise with ``tfdpbnn.optimizers.noise`` and
+#: ``preprocessing/checks.py`` reads ``tfdpbnn.optimizers.state_checks.declared_state``, each running
+#: ``optimizers/__init__`` and so ``optimizers/base`` (which imports ``clipping``, ``preprocessing``...).
+#: Moving ``noise.py`` and ``declared_state`` out of the optimizers package breaks it; shrink this then.
+KNOWN_PACKAGE_GROUP = sorted(
+    [f"tfdpbnn.{m}" for m in (
+        "clipping", "clipping.rules", "layers", "layers.noisy", "optimizers", "optimizers.base",
+        "optimizers.dpsgd", "optimizers.dpsgld", "optimizers.dpvd", "optimizers.mechanism",
+        "optimizers.sidp", "preprocessing", "preprocessing.checks", "uncertainty",
+        "uncertainty.calibration", "uncertainty.calibration_plan", "uncertainty.conformal",
+        "uncertainty.mc", "uncertainty.outputs", "uncertainty.regression", "uncertainty.temperature",
+    )])
+
+
+def test_package_init_files_count_as_edges_and_no_group_holds_the_record():
+    """With the ``__init__`` files Python runs on the way (every import, inside functions too): the record
+    and the tuning package are in no import circle, and no circle beyond the known group exists."""
+    edges = {m: {r for t, _, _ in imports for r in _runs(m, t)} for m, imports in GRAPH.items()}
+    assert "tfdpbnn.optimizers" in edges["tfdpbnn.layers.noisy"]  # through tfdpbnn.optimizers.noise
+    assert _runs("tfdpbnn.record.store", "tfdpbnn.optimizers.noise") == ["tfdpbnn.optimizers.noise",
+                                                                        "tfdpbnn.optimizers"]
+    cycles = _cycles(edges)
+    in_record = sorted(m for c in cycles for m in c if m.startswith(("tfdpbnn.record", "tfdpbnn.tuning")))
+    assert in_record == []
+    assert cycles == [KNOWN_PACKAGE_GROUP], cycles
+
+
 def test_loading_the_record_loads_no_writer_or_reader():
     """Module-level imports of the record, with the package ``__init__`` files Python runs on the way
     (except ``tfdpbnn/__init__.py``), reach no optimizer, callback, uncertainty, audit or command module."""
-    def runs(module, target):
-        parts = target.split(".")
-        parents = [".".join(parts[:i]) for i in range(2, len(parts))]
-        return [target] + [p for p in parents if not (module == p or module.startswith(p + "."))]
-
-    edges = {m: {r for t, _, inside in imports if not inside for r in runs(m, t)}
+    edges = {m: {r for t, _, inside in imports if not inside for r in _runs(m, t)}
              for m, imports in GRAPH.items()}
     seen, todo = set(), [m for m in MODULES if m.startswith("tfdpbnn.record")]
     while todo:

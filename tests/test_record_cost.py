@@ -36,18 +36,103 @@ def test_reserve_and_commit_run_as_many_statements_for_ten_thousand_records_as_f
         path = str(tmp_path / f"ledger_{records_count}.sqlite")
         ledger = record_ledger.RecordLedger(path)
         keys = np.arange(records_count, dtype=np.int64) * 7919 - 5000
-        for phase_id in (1, 2):  # new records, then the same records moving to a new history
+        # New records; the same records again (this process placed them last: their rows are not read);
+        # the same records again as another process sees them (their rows read in one statement).
+        for phase_id, travels in ((1, 2), (2, 0), (3, 1)):
+            if phase_id == 3:
+                record_ledger._PLACED.clear()
+
             def run(ledger=ledger, keys=keys, phase_id=phase_id):
                 ledger.reserve(keys, event, phase_id=phase_id).commit(event)
             statements = _statements(path, run)
             counts[(records_count, phase_id)] = len(statements)
-            # The keys travel as one JSON array in one statement; nothing is executed per record.
-            assert sum(str(int(keys[-1])) in s for s in statements) == 1
+            # The keys travel as one JSON array: read once, and written once for records new to the ledger.
+            # Records that all move together keep their rows: the history's row becomes the new history.
+            assert sum(str(int(keys[-1])) in s for s in statements) == travels
+            assert any("INSERT INTO ledger_records" in s for s in statements) == (phase_id == 1)
         (history,) = ledger.histories(keys)
-        assert history.records == records_count and len(history.releases) == 2
-    assert counts[(10, 1)] == counts[(10_000, 1)]
-    assert counts[(10, 2)] == counts[(10_000, 2)]
+        assert history.records == records_count and len(history.releases) == 3
+    for phase_id in (1, 2, 3):
+        assert counts[(10, phase_id)] == counts[(10_000, phase_id)]
     assert max(counts.values()) < 40
+
+
+def test_records_placed_by_this_process_are_read_again_once_another_release_moved_some(tmp_path):
+    """The placement this process remembers is used only while no other release moved any of its records."""
+    from tfdpbnn.record import store as record_store
+
+    path = str(tmp_path / "ledger.sqlite")
+    ledger = record_ledger.RecordLedger(path)
+    event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(2.0), 2)
+    keys = np.arange(50, dtype=np.int64)
+    ledger.record(keys, event, kind="other")
+    remembered = dict(record_ledger._PLACED)
+    for moved in (keys[:7], keys):  # another process's release on some, then on all, of these records
+        ledger.record(moved, event, kind="other")
+        record_ledger._PLACED.clear()
+        record_ledger._PLACED.update(remembered)  # as if that release was written by another process
+        statements = _statements(path, lambda: ledger.record(keys, event, kind="other"))
+        assert sum("json_each" in s and "ledger_records" in s for s in statements) == 1  # read again
+        remembered = dict(record_ledger._PLACED)
+    by_size = sorted((h.records, len(h.releases)) for h in ledger.histories(keys))
+    assert by_size == [(7, 5), (43, 4)]  # 1 + 2 + 2 releases on the first 7, 1 + 1 + 2 on the others
+    # A reservation rolled back with its transaction is not remembered as placing anything.
+    with np.testing.assert_raises(RuntimeError), record_store.transaction(path):
+        ledger.record(keys, event, kind="other")
+        raise RuntimeError("rolled back")
+    ledger.record(keys, event, kind="other")
+    assert sorted((h.records, len(h.releases)) for h in ledger.histories(keys)) == [(7, 6), (43, 5)]
+
+
+def test_committed_releases_are_decoded_once_and_a_commit_is_seen(tmp_path, monkeypatch):
+    """A history's chain grows with every fit on its records; its committed releases are not decoded again."""
+    path = str(tmp_path / "ledger.sqlite")
+    ledger = record_ledger.RecordLedger(path)
+    keys = np.arange(20, dtype=np.int64)
+    events = [dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.0 + i), 2) for i in range(6)]
+    for event in events[:5]:
+        ledger.record(keys, event, kind="other")
+    reservation = ledger.reserve(keys, events[5], kind="other")  # reserved: its spent event may still come
+    decoded = []
+    original = record_ledger.json.loads
+    monkeypatch.setattr(record_ledger.json, "loads", lambda text: decoded.append(text) or original(text))
+    (history,) = ledger.histories(keys)
+    assert [r.committed for r in history.releases] == [True] * 5 + [False]
+    assert len(decoded) == 2  # the reserved release's planned event and phase ids: the others were kept
+    reservation.commit(events[4])  # spent less than planned
+    (history,) = ledger.histories(keys)
+    assert history.releases[-1].committed and history.releases[-1].event() == events[4]
+    assert [r.event() for r in history.releases[:5]] == events[:5]
+    truth = record_ledger.composed_epsilon(events[:5] + [events[4]], 1e-5, "rdp", "add_or_remove")
+    assert abs(ledger.max_epsilon(keys, 1e-5) - truth) <= 1e-9 * truth
+
+
+def test_histories_stay_right_when_whole_histories_move_in_place(tmp_path):
+    """Whole moves (a history's row reused) mixed with partial ones: each record keeps its own releases."""
+    ledger = record_ledger.RecordLedger(str(tmp_path / "ledger.sqlite"))
+    events = [dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.0 + i), 1 + i)
+              for i in range(5)]
+    a, b, c = np.arange(0, 40), np.arange(40, 100), np.arange(100, 130)
+    plan = [np.concatenate([a, b]), a, b, np.concatenate([b, c]), np.concatenate([a, b, c])]
+    expected = {int(k): [] for k in np.concatenate([a, b, c])}
+    ids = []
+    for event, keys in zip(events, plan, strict=True):
+        release = ledger.record(keys, event, kind="other")
+        ids.append(release)
+        for k in keys:
+            expected[int(k)].append(release)
+        # Every record's history is exactly the releases written against it, in order, after each write.
+        for group in (a, b, c):
+            for history in ledger.histories(group):
+                held = [r.release_id for r in history.releases]
+                members = [k for k in group if expected[int(k)] == held]
+                assert len(members) == history.records, (held, history.records)
+    assert sum(h.records for h in ledger.histories()) == 130
+    # The composed epsilon of a record equals that of its own releases composed (dp-accounting directly).
+    (history_a,) = ledger.histories(a)
+    truth = record_ledger.composed_epsilon([events[0], events[1], events[4]], 1e-5, "rdp", "add_or_remove")
+    assert abs(ledger.max_epsilon(a, 1e-5) - truth) <= 1e-9 * truth
+    assert [r.release_id for r in history_a.releases] == [ids[0], ids[1], ids[4]]
 
 
 def test_content_keys_are_reused_for_the_same_bytes_only():
@@ -102,6 +187,28 @@ def test_one_dp_fit_runs_a_fixed_set_of_transactions_on_the_record_file():
     assert statements.count("COMMIT") == len(begins)
 
 
+def test_the_restore_check_runs_only_when_another_callback_could_have_restored(monkeypatch):
+    """No callback but tfdpbnn's: three weight fingerprints per fit (start, epoch end, end); else four."""
+    import tensorflow as tf
+
+    from tfdpbnn.record import run_record
+
+    x, y = small_data(16)
+    model = small_model()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
+                                                   allow_exceeding_budget=True), loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    calls = []
+    original = run_record.record_store.weights_fingerprint
+    monkeypatch.setattr(run_record.record_store, "weights_fingerprint",
+                        lambda m: calls.append(1) or original(m))
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert len(calls) == 3
+    calls.clear()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[tf.keras.callbacks.Callback()])
+    assert len(calls) == 4
+
+
 def test_fingerprints_skip_hashing_only_bytes_equal_to_those_hashed_last(monkeypatch):
     rng = np.random.default_rng(3)
     x = rng.normal(size=(300, 5)).astype(np.float32)
@@ -137,6 +244,40 @@ def test_fingerprints_skip_hashing_only_bytes_equal_to_those_hashed_last(monkeyp
     assert "data" not in store._HELD
 
 
+def test_the_model_walk_finds_every_module_tf_module_finds_in_its_order():
+    import tensorflow as tf
+
+    from tfdpbnn import _private_api
+
+    layers = tf.keras.layers
+
+    class Wrapped(tf.keras.Model):  # layers in lists, dicts, a plain tf.Module and a shared layer
+        def __init__(self):
+            super().__init__()
+            self.first = layers.Dense(3)
+            self.blocks = [layers.Dense(2), {"norm": layers.Normalization(), "again": self.first}, (1, None)]
+            self.holder = tf.Module()
+            self.holder.inner = [layers.Dense(4)]
+
+        def call(self, x):
+            return self.first(x)
+
+    wrapped = Wrapped()
+    wrapped(tf.zeros((1, 5)))
+    inputs = tf.keras.Input((5,))
+    functional = tf.keras.Model(inputs, layers.Dense(2)(layers.Normalization()(inputs)))
+    functional.extra = layers.Dense(7)
+    recurrent = tf.keras.Sequential([tf.keras.Input((3, 4)), layers.TimeDistributed(layers.Dense(2)),
+                                     layers.Bidirectional(layers.LSTM(2)), layers.Dense(1)])
+    nested = tf.keras.Sequential([tf.keras.Input((5,)), functional, layers.Dense(1)])
+    for model in (wrapped, functional, recurrent, nested, small_model()):
+        if not isinstance(model, tf.Module):  # Keras 3: its own layer walk
+            continue
+        expected = tf.Module.submodules.fget(model)
+        assert [id(m) for m in _private_api.submodules(model)] == [id(m) for m in expected]
+        assert len(expected) >= 2
+
+
 def test_fast_variable_reads_equal_numpy_and_reads_once_forget_every_write():
     import tensorflow as tf
 
@@ -165,3 +306,42 @@ def test_fast_variable_reads_equal_numpy_and_reads_once_forget_every_write():
         state.close_open_phase()  # appends the phase: both written
         assert state.open_description() is None
         assert [p.steps for p in state.closed_phases()] == [3]
+
+
+def test_rdp_to_epsilon_on_arrays_equals_dp_accounting():
+    """The ledger's RDP-to-epsilon conversion is dp-accounting's ``compute_epsilon``, case by case."""
+    import pytest
+    from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
+
+    from tfdpbnn.privacy._rdp_conversion import rdp_epsilon
+
+    orders = np.asarray(DEFAULT_RDP_ORDERS, dtype=np.float64)
+    rng = np.random.default_rng(7)
+    curves = []
+    for sigma, q, steps in ((0.6, 0.01, 1000), (1.0, 0.04, 23), (5.0, 1.0, 3), (50.0, 0.001, 10)):
+        event = dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+        curves.append((orders, dp_accounting.rdp.RdpAccountant().compose(event).rdp))
+    curves.append((orders, np.full(orders.shape, 1e-12)))  # the KL case: epsilon 0
+    curves.append((orders, np.where(orders > 40, np.inf, 0.3 * orders)))  # infinite at high orders
+    odd = np.asarray([1.0, 1.005, 1.01, 1.5, 2.0, 64.0])  # orders at and near 1
+    curves.append((odd, rng.uniform(0, 3, odd.size)))
+    curves.append((orders, np.full(orders.shape, np.inf)))
+    for delta in (1e-10, 1e-5, 0.01, 0.5):
+        for o, r in curves:
+            want = dp_accounting.rdp.compute_epsilon(o, r, delta)[0]
+            got = rdp_epsilon(o, r, delta)
+            if np.isinf(want):
+                assert np.isinf(got)
+            else:
+                assert abs(got - want) <= 1e-12 * max(1.0, abs(want)), (delta, got, want)
+    assert np.isinf(rdp_epsilon(orders, curves[0][1], 0.0))  # delta 0: dp-accounting's answer, infinite
+    # Inputs dp-accounting refuses or treats apart (its versions differ on a negative divergence) go to it.
+    negative = -np.ones(orders.shape)
+    try:
+        want = dp_accounting.rdp.compute_epsilon(orders, negative, 1e-5)[0]
+    except ValueError:
+        with pytest.raises(ValueError):
+            rdp_epsilon(orders, negative, 1e-5)
+    else:
+        assert abs(rdp_epsilon(orders, negative, 1e-5) - want) <= 1e-12

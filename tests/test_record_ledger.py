@@ -295,3 +295,15 @@ def test_dp_preprocessing_is_written_against_its_records():
     with pytest.raises(ValueError, match="record_ids: 3 ids for 64 values"):
         tfdpbnn.preprocessing.private_discretization(x[:, 0], num_bins=4, epsilon=1.0, delta=DELTA,
                                                      bounds=(-3.0, 3.0), record_ids=[1, 2, 3])
+
+
+def test_store_and_ledger_refuse_an_empty_path_and_make_the_directory(tmp_path):
+    from tfdpbnn.record import store
+
+    for make, what in ((store.RunStore, "privacy record store"),
+                       (record_ledger.RecordLedger, "record ledger")):
+        with pytest.raises(ValueError, match=f"path: the {what} needs a file path"):
+            make("")
+        path = tmp_path / what.replace(" ", "_") / "deeper" / "file.sqlite"
+        make(path)  # a pathlib path; its directories are made
+        assert path.exists()

@@ -222,14 +222,65 @@ def squeeze_or_expand(values, sample_weight):
 def submodules(model):
     """Every layer inside ``model``, recursively.
 
-    ``model.submodules`` on Keras 2 (a ``tf.Module``); on Keras 3, whose layers are not ``tf.Module``s,
-    ``Layer._flatten_layers`` without the model itself.
+    On Keras 2 (a ``tf.Module``) the modules ``model.submodules`` gives, in its order (``_module_walk``); on
+    Keras 3, whose layers are not ``tf.Module``s, ``Layer._flatten_layers`` without the model itself.
     """
+    if isinstance(model, tf.Module):
+        return _module_walk(model)
     found = getattr(model, "submodules", None)
     if found is not None:
         return found
     flatten = getattr(model, "_flatten_layers", None)
     return () if flatten is None else tuple(flatten(include_self=False, recursive=True))
+
+
+#: Types ``tf.nest`` treats as leaves that ``_module_leaves`` passes without calling it.
+_PLAIN_LEAVES = frozenset({bool, int, float, complex, str, bytes, type(None)})
+
+
+def _module_leaves(value) -> list:
+    """``tf.nest.flatten(value)``, with plain lists and tuples unpacked and plain scalars passed here."""
+    kind = type(value)
+    if kind in _PLAIN_LEAVES:
+        return [value]
+    if kind is list or kind is tuple:
+        return [leaf for item in value for leaf in _module_leaves(item)]
+    return tf.nest.flatten(value)
+
+
+def _module_walk(root) -> tuple:
+    """``root.submodules``: the same modules in the same order, several times faster.
+
+    ``tf.Module``'s walk: every attribute not in ``_TF_MODULE_IGNORED_PROPERTIES``, by sorted name, flattened
+    by ``tf.nest`` (here without a ``tf.nest`` call for plain scalars, lists and tuples); a module's own
+    attributes before its submodules'; each object once. It runs before every DP ``fit``.
+    """
+    seen = {id(root)}
+    found = []
+    stack: list[int] = []
+
+    def walk(module, recursive):
+        below = []
+        ignored = module._TF_MODULE_IGNORED_PROPERTIES
+        attributes = vars(module)
+        for key in sorted(attributes):
+            if key in ignored:
+                continue
+            for leaf in _module_leaves(attributes[key]):
+                if id(leaf) in seen:
+                    continue
+                seen.add(id(leaf))
+                if isinstance(leaf, tf.Module):
+                    found.append(leaf)
+                    if recursive:
+                        below.append(leaf)
+        stack.append(id(module))
+        for inner in below:
+            walk(inner, id(inner) not in stack)
+        stack.pop()
+
+    walk(root, True)
+    return tuple(found)
 
 
 def tf_variables(variables):

@@ -113,11 +113,16 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
     - ``logs["epsilon"]`` (with the optimizer's delta) at every epoch end, for ``History`` and
       ``TensorBoard`` (with an accountant other than "rdp": ``logs["epsilon_rdp"]`` at every epoch end and
       ``logs["epsilon"]`` at the last; ``on_epoch_end``).
+    - A restore by another callback's ``on_train_begin`` (``BackupAndRestore``) is counted at the first
+      epoch's start (``RunRecord.check_rewind``). ``others_may_restore=False`` says that the ``fit`` has no
+      callback but tfdpbnn's (which restore nothing): the check is skipped (``fit`` passes it so when the
+      caller gave no callback).
     """
 
-    def __init__(self, false_alarm_rate=None, check_passes=False):
+    def __init__(self, false_alarm_rate=None, check_passes=False, others_may_restore=True):
         super().__init__()
         self.check_passes = bool(check_passes)
+        self.others_may_restore = bool(others_may_restore)
         self._epoch_start_examples = None
         from tfdpbnn.privacy import sampling_test
 
@@ -219,7 +224,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         optimizer = self.model.optimizer
         state = attributes.ledger_state(optimizer)
         with state.reading_once():  # a restore ran before (on_train_begin); nothing here takes a step
-            if attributes.run_record(optimizer).check_rewind():
+            if attributes.run_record(optimizer).check_rewind(restore_possible=self.others_may_restore):
                 self.on_train_begin()
         self._epoch_start_examples = float(_private_api.read_numpy(state.open_examples))
 

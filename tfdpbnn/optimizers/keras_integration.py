@@ -159,9 +159,12 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
                     and description["kind"] == "shuffle")
     from tfdpbnn.optimizers.state_checks import StateWatch
 
+    # Callbacks other than tfdpbnn's may restore weights or the optimizer in on_train_begin
+    # (BackupAndRestore); with none (a subclass counts as another's), the monitor skips the restore check.
+    foreign = others + [c for c in privacy if type(c) is not PrivacyCallback]
+    monitor = DPTrainingMonitor(check_passes=whole_passes, others_may_restore=bool(foreign))
     watch = StateWatch()  # its end-of-fit check last: after every callback's on_train_end
-    arguments["callbacks"] = [DPTrainingMonitor(check_passes=whole_passes), watch] + privacy + others + \
-        [watch.end]
+    arguments["callbacks"] = [monitor, watch] + privacy + others + [watch.end]
     return arguments
 
 

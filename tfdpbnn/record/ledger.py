@@ -29,6 +29,7 @@ import dp_accounting
 import numpy as np
 
 from tfdpbnn._validation import check_choice, check_open_unit
+from tfdpbnn.privacy._rdp_conversion import rdp_epsilon
 from tfdpbnn.privacy.budget import NEIGHBORING, SENSITIVITY
 from tfdpbnn.privacy.registry import get_accountant, sound_accountants
 
@@ -235,7 +236,7 @@ def _rdp_epsilon(event, delta, neighboring) -> float:
         else:
             total = total + count * _rdp_of_one(item, neighboring)
     orders = get_accountant("rdp", neighboring_relation=NEIGHBORING[neighboring]).orders
-    return float(dp_accounting.rdp.compute_epsilon(orders, total, delta)[0])
+    return rdp_epsilon(orders, total, delta)
 
 
 def _epsilon_of(event, delta, accountant, neighboring) -> float:

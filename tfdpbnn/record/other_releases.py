@@ -30,7 +30,8 @@ from tfdpbnn.record import attributes
 class SearchRecord:
     """What a ``private_search`` spent (Papernot & Steinke 2022 for random stopping).
 
-    Its statement, its RDP curve at ``tfdpbnn.tuning.bounds.ORDERS``, and the selected model's ledger steps
+    Its statement, its RDP curve at ``tfdpbnn.tuning.bounds.ORDERS`` (the
+    orders of ``tfdpbnn.privacy._rdp_conversion``), and the selected model's ledger steps
     at the selection.
     """
 
@@ -108,10 +109,10 @@ def adopt_search_record(optimizer, model) -> None:
 
 
 def _rdp_curve(event, neighboring):
+    from tfdpbnn.privacy._rdp_conversion import ORDERS
     from tfdpbnn.privacy.budget import NEIGHBORING
-    from tfdpbnn.tuning import bounds
 
-    accountant = dp_accounting.rdp.RdpAccountant(orders=list(bounds.ORDERS),
+    accountant = dp_accounting.rdp.RdpAccountant(orders=list(ORDERS),
                                                  neighboring_relation=NEIGHBORING[neighboring])
     return np.asarray(accountant.compose(event).rdp, dtype=np.float64)
 
@@ -124,8 +125,8 @@ def composed_epsilon(optimizer, ledger, delta: float, accountant: str) -> float:
     With a search record the composition is by RDP whatever ``accountant`` is (the search's bound is an RDP
     curve).
     """
+    from tfdpbnn.privacy._rdp_conversion import ORDERS, curve_epsilon
     from tfdpbnn.record.ledger import _epsilon_of
-    from tfdpbnn.tuning import bounds
 
     found = attributes.preprocessing_found(optimizer) or {"dp": []}
     sequential, parallel = _recorded(optimizer)
@@ -149,7 +150,7 @@ def composed_epsilon(optimizer, ledger, delta: float, accountant: str) -> float:
         curve = curve + _rdp_curve(ledger.event(), ledger.neighboring)
     for event in events:
         curve = curve + _rdp_curve(event, ledger.neighboring)
-    return bounds.epsilon(bounds.ORDERS, curve, delta)
+    return curve_epsilon(ORDERS, curve, delta)
 
 
 def _recorded(optimizer):

@@ -45,6 +45,7 @@ import numpy as np
 
 from tfdpbnn._validation import check_choice, check_open_unit, check_positive
 from tfdpbnn.privacy.budget import NEIGHBORING
+from tfdpbnn.record import store as record_store
 
 #: Version of the ledger tables' layout, kept in the file (table ``ledger_meta``, key ``schema_version``).
 SCHEMA_VERSION = 1
@@ -235,6 +236,7 @@ CREATE TABLE IF NOT EXISTS ledger_releases (
 CREATE TABLE IF NOT EXISTS ledger_histories (
     history INTEGER PRIMARY KEY AUTOINCREMENT, parent INTEGER, release INTEGER NOT NULL,
     records INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS ledger_histories_parent ON ledger_histories(parent);
 CREATE TABLE IF NOT EXISTS ledger_records (record INTEGER PRIMARY KEY, history INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger_budget (
     set_at REAL NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, accountant TEXT NOT NULL);
@@ -243,6 +245,13 @@ CREATE TABLE IF NOT EXISTS ledger_budget (
 
 #: Ledger files whose tables this process has made, by (path, device, inode).
 _CHECKED: set[tuple] = set()
+#: Committed releases decoded from each ledger file: file identity -> {release id: (created, Release)}.
+_DECODED: dict[tuple, dict] = {}
+#: The most releases kept decoded per file (then the file's are dropped and decoded again as needed).
+_DECODED_MAX = 100_000
+#: Where this process's last reservation on each ledger file left its records: file identity ->
+#: (the keys, distinct int64 (a copy); the release's id; its ``created`` time; {history: records}).
+_PLACED: dict[tuple, tuple] = {}
 
 
 class SQLiteLedger(LedgerBackend):
@@ -259,12 +268,10 @@ class SQLiteLedger(LedgerBackend):
     """
 
     def __init__(self, path, timeout: float = 60.0):
-        self.path = os.fspath(path)
-        if not self.path:
-            raise ValueError("path: the record ledger needs a file path, got ''")
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self.path = record_store.checked_file(path, "the record ledger")
         self._timeout = float(timeout)
-        checked = self._file_identity() in _CHECKED  # tables made by this process: only the version is read
+        # Tables made by this process: only the version is read.
+        checked = record_store.file_identity(self.path) in _CHECKED
         with self._transaction("DEFERRED" if checked else "IMMEDIATE") as conn:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if "ledger_meta" in tables:
@@ -286,30 +293,39 @@ class SQLiteLedger(LedgerBackend):
                         conn.execute(statement)
                 conn.execute("INSERT OR IGNORE INTO ledger_meta VALUES ('schema_version', ?)",
                              (str(SCHEMA_VERSION),))
-        _CHECKED.add(self._file_identity())
-
-    def _file_identity(self) -> tuple:
-        """(path, device, inode): a file replaced at the same path is checked again."""
-        try:
-            stat = os.stat(self.path)
-        except FileNotFoundError:
-            return (os.path.abspath(self.path), None, None)
-        return (os.path.abspath(self.path), stat.st_dev, stat.st_ino)
+        _CHECKED.add(record_store.file_identity(self.path))  # a file replaced at the path is checked again
 
     def _transaction(self, mode: str = "IMMEDIATE", durable: bool = True):
         """``tfdpbnn.record.store.transaction`` on this file (joins one already open in this thread)."""
-        from tfdpbnn.record.store import transaction
-
-        return transaction(self.path, self._timeout, mode, durable)
+        return record_store.transaction(self.path, self._timeout, mode, durable)
 
     # ------------------------------------------------------------------------------------- reading
-    @staticmethod
-    def _release(row) -> Release:
-        return Release(release_id=row[0], kind=row[1], neighboring=row[2], phase_id=row[3],
-                       planned=json.loads(row[4]), spent=None if row[5] is None else json.loads(row[5]),
-                       description=row[6], phase_ids=tuple(json.loads(row[7])))
+    _RELEASE_COLUMNS = "release, kind, neighboring, phase_id, planned, spent, description, phase_ids, created"
 
-    _RELEASE_COLUMNS = "release, kind, neighboring, phase_id, planned, spent, description, phase_ids"
+    def _decode(self, rows) -> list[Release]:
+        """``Release`` objects of ``ledger_releases`` rows (``_RELEASE_COLUMNS``).
+
+        A committed release's row never changes, so it is decoded once per process and file (kept with its
+        ``created`` time, which a row must match to reuse it: a file replaced at the same path is not
+        mistaken for this one).
+        """
+        cache = _DECODED.setdefault(record_store.file_identity(self.path), {})
+        out = []
+        for row in rows:
+            held = cache.get(row[0])
+            if held is not None and held[0] == row[8]:
+                out.append(held[1])
+                continue
+            release = Release(release_id=row[0], kind=row[1], neighboring=row[2], phase_id=row[3],
+                              planned=json.loads(row[4]),
+                              spent=None if row[5] is None else json.loads(row[5]),
+                              description=row[6], phase_ids=tuple(json.loads(row[7])))
+            if release.committed:
+                if len(cache) >= _DECODED_MAX:
+                    cache.clear()
+                cache[row[0]] = (row[8], release)
+            out.append(release)
+        return out
 
     def _histories(self, conn, counts: dict) -> list[History]:
         """``History`` objects for ``{history id (or None: no history yet): record count}``."""
@@ -334,27 +350,49 @@ class SQLiteLedger(LedgerBackend):
         wanted = sorted({r for chain in chains.values() for r in chain})
         releases = {}
         if wanted:
-            for row in conn.execute(f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases WHERE release IN "
-                                    "(SELECT value FROM json_each(?))", (json.dumps(wanted),)):
-                releases[row[0]] = self._release(row)
+            releases = {r.release_id: r for r in self._decode(conn.execute(
+                f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases WHERE release IN "
+                "(SELECT value FROM json_each(?))", (json.dumps(wanted),)))}
         return [History(history_id=0 if h is None else h, records=int(count),
                         releases=tuple(releases[r] for r in chains.get(h, [])))
                 for h, count in counts.items()]
 
     @staticmethod
-    def _load_keys(conn, keys: np.ndarray) -> dict:
-        """Put ``keys`` (distinct) and their current history in the temporary table ``incoming``.
+    def _placed_counts(conn, identity: tuple, keys: np.ndarray) -> dict | None:
+        """{history: record count} of ``keys`` without reading their rows, or None (then read them).
 
-        Returns {history (None: records new to the ledger): record count}.
+        Known when this process's last reservation on the file was for the same keys and no release since
+        moved any of them. After a reservation, its release is on every history its records are in, and
+        those histories hold no other record; a later release moving some of them leaves fewer records in
+        the history, and one moving all of them puts itself in the history's row (``reserve``); records
+        never join a history that exists. So the same (release, records) in every such history means the
+        same records are there. The release's row (its ``created`` time and process) must be this
+        reservation's own: one rolled back with its transaction may leave its ids to another.
         """
-        conn.execute("PRAGMA temp_store=MEMORY")
-        conn.execute("CREATE TEMP TABLE IF NOT EXISTS incoming (record INTEGER PRIMARY KEY, old INTEGER)")
-        conn.execute("DELETE FROM temp.incoming")
-        # One JSON array of the keys (str of a list of ints is one), read by SQLite's json_each in C.
-        conn.execute("INSERT INTO temp.incoming SELECT j.value, r.history FROM json_each(?) j "
-                     "LEFT JOIN ledger_records r ON r.record = j.value",
-                     (str(np.asarray(keys, dtype=np.int64).tolist()),))
-        return dict(conn.execute("SELECT old, COUNT(*) FROM temp.incoming GROUP BY old"))
+        placed = _PLACED.get(identity)
+        if placed is None or placed[0].shape != keys.shape or not np.array_equal(placed[0], keys):
+            return None
+        _, release_id, created, where = placed
+        row = conn.execute("SELECT created, pid FROM ledger_releases WHERE release = ?",
+                           (release_id,)).fetchone()
+        if row is None or row[0] != created or row[1] != os.getpid():
+            return None
+        now = {h: n for h, release, n in conn.execute(
+            "SELECT history, release, records FROM ledger_histories WHERE history IN "
+            "(SELECT value FROM json_each(?))", (json.dumps(list(where)),)) if release == release_id}
+        return dict(where) if now == where else None
+
+    @staticmethod
+    def _key_counts(conn, keys: np.ndarray) -> tuple[dict, str]:
+        """{history (None: records new to the ledger): record count} of ``keys`` (distinct), in one statement.
+
+        Also returns the keys as the JSON array the statement read (str of a list of ints is one, parsed by
+        SQLite's ``json_each`` in C), for a statement that writes their rows.
+        """
+        text = str(np.asarray(keys, dtype=np.int64).tolist())
+        return dict(conn.execute("SELECT r.history, COUNT(*) FROM json_each(?) j "
+                                 "LEFT JOIN ledger_records r ON r.record = j.value GROUP BY r.history",
+                                 (text,))), text
 
     def histories(self, keys=None) -> list[History]:
         """The distinct histories of ``keys`` (of every record when None), with their record counts."""
@@ -362,16 +400,15 @@ class SQLiteLedger(LedgerBackend):
             if keys is None:
                 counts = dict(conn.execute("SELECT history, records FROM ledger_histories WHERE records > 0"))
             else:
-                counts = self._load_keys(conn, keys)
-                conn.execute("DELETE FROM temp.incoming")
+                counts, _ = self._key_counts(conn, keys)
             return self._histories(conn, counts)
 
     def releases(self, exclude_kind: str | None = None) -> list[Release]:
         """Every release, oldest first (``exclude_kind``: all but the releases of that kind)."""
         where, arguments = ("", ()) if exclude_kind is None else ("WHERE kind != ? ", (exclude_kind,))
         with self._transaction("DEFERRED") as conn:
-            return [self._release(row) for row in conn.execute(
-                f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases {where}ORDER BY release", arguments)]
+            return self._decode(conn.execute(
+                f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases {where}ORDER BY release", arguments))
 
     def keys(self, history_ids) -> np.ndarray:
         """The keys of the records whose current history is one of ``history_ids``."""
@@ -401,30 +438,56 @@ class SQLiteLedger(LedgerBackend):
 
     def reserve(self, keys, release: Release, check) -> int:
         """One ``BEGIN IMMEDIATE`` transaction: check the records' histories, then write the release."""
+        identity = record_store.file_identity(self.path)
         with self._transaction() as conn:
-            counts = self._load_keys(conn, keys)
+            counts = self._placed_counts(conn, identity, keys)
+            text = None
+            if counts is None:
+                counts, text = self._key_counts(conn, keys)
             check(self._histories(conn, counts), self._budget(conn))
+            created = time.time()
             release_id = conn.execute(
                 "INSERT INTO ledger_releases (kind, neighboring, phase_id, phase_ids, planned, spent, "
                 "description, created, host, pid) VALUES (?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
                 (release.kind, release.neighboring, release.phase_id,
                  json.dumps([int(p) for p in release.phase_ids]), json.dumps(release.planned),
-                 release.description, time.time(), socket.gethostname(), os.getpid())).lastrowid
-            conn.execute("CREATE TEMP TABLE IF NOT EXISTS moves (old INTEGER PRIMARY KEY, new INTEGER)")
-            conn.execute("DELETE FROM temp.moves")
+                 release.description, created, socket.gethostname(), os.getpid())).lastrowid
+            sizes = dict(conn.execute("SELECT history, records FROM ledger_histories WHERE history IN "
+                                      "(SELECT value FROM json_each(?))",
+                                      (json.dumps([h for h in counts if h is not None]),)))
+            moves = []  # (old history or -1 for new records, new history) of the records that change rows
+            placed = {}  # the histories the records are in afterwards: {history: records}
             for old, count in counts.items():
+                if old is not None and sizes[old] == count:
+                    # Every record of ``old`` moves: ``old``'s row becomes the new history (its chain moves
+                    # to a new row, and the histories that pointed at it point there): no record row changes.
+                    moved = conn.execute("INSERT INTO ledger_histories (parent, release, records) "
+                                         "SELECT parent, release, 0 FROM ledger_histories WHERE history = ?",
+                                         (old,)).lastrowid
+                    conn.execute("UPDATE ledger_histories SET parent = ? WHERE parent = ?", (moved, old))
+                    conn.execute("UPDATE ledger_histories SET parent = ?, release = ? WHERE history = ?",
+                                 (moved, release_id, old))
+                    placed[old] = count
+                    continue
                 new = conn.execute("INSERT INTO ledger_histories (parent, release, records) VALUES (?, ?, ?)",
                                    (old, release_id, count)).lastrowid
-                conn.execute("INSERT INTO temp.moves VALUES (?, ?)", (-1 if old is None else old, new))
+                placed[new] = count
+                moves.append((-1 if old is None else old, new))
                 if old is not None:
                     conn.execute("UPDATE ledger_histories SET records = records - ? WHERE history = ?",
                                  (count, old))
-            conn.execute(
-                "INSERT INTO ledger_records (record, history) "
-                "SELECT i.record, m.new FROM temp.incoming i JOIN temp.moves m "
-                "ON m.old = COALESCE(i.old, -1) WHERE true "
-                "ON CONFLICT(record) DO UPDATE SET history = excluded.history")
-            conn.execute("DELETE FROM temp.incoming")
+            if list(counts) == [None]:  # every record is new to the ledger
+                conn.execute("INSERT INTO ledger_records (record, history) SELECT value, ? FROM json_each(?)",
+                             (moves[0][1], text))
+            elif moves:  # records new to the ledger, or leaving a history that keeps others: one statement
+                conn.execute(
+                    "INSERT INTO ledger_records (record, history) "
+                    "SELECT j.value, json_extract(m.value, '$[1]') FROM json_each(?) j "
+                    "LEFT JOIN ledger_records r ON r.record = j.value "
+                    "JOIN json_each(?) m ON json_extract(m.value, '$[0]') = COALESCE(r.history, -1) "
+                    "WHERE true ON CONFLICT(record) DO UPDATE SET history = excluded.history",
+                    (text, json.dumps(moves)))
+            _PLACED[identity] = (np.array(keys, dtype=np.int64), int(release_id), created, placed)
         return int(release_id)
 
     def commit(self, release_id: int, spent: dict, phase_id: int | None, phase_ids: Sequence[int]) -> None:
@@ -628,9 +691,7 @@ def _neighboring(history: History) -> str:
 
 def default_ledger() -> RecordLedger | None:
     """The ledger in the privacy record store's file (``tfdpbnn.record.store.default_path``); None if off."""
-    from tfdpbnn.record.store import default_path
-
-    path = default_path()
+    path = record_store.default_path()
     return None if path is None else RecordLedger(path)
 
 

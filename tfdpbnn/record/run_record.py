@@ -278,17 +278,21 @@ class RunRecord:
                      records=records)
         return entry
 
-    def check_rewind(self) -> int:
+    def check_rewind(self, restore_possible: bool = True) -> int:
         """After the callbacks' ``on_train_begin`` (where ``BackupAndRestore`` restores): count a restore.
 
         Steps the restore took off this optimizer's ledger are counted again (``account_rewind``), and when
         it changed the weights (a new model and optimizer resuming from an earlier run's backup), their
         record is inherited from the store as ``begin`` does. Returns how many phases were added.
+        ``restore_possible=False``: the ``fit`` runs no callback that could have restored anything (only
+        tfdpbnn's); nothing is read or compared.
         """
         before, self.before_restore = getattr(self, "before_restore", None), None
+        begin_weights, self._begin_weights = getattr(self, "_begin_weights", None), None
+        if not restore_possible:
+            return 0
         added = 0 if not before else self.account_rewind(before)
         model = self.model()
-        begin_weights, self._begin_weights = getattr(self, "_begin_weights", None), None
         if self.store is not None and model is not None and begin_weights is not None:
             weights = record_store.weights_fingerprint(model)
             if weights != begin_weights:

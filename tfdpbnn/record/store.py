@@ -328,7 +328,19 @@ def _size(phase: Phase) -> tuple:
 _MADE: set[tuple] = set()
 
 
-def _file_identity(path: str) -> tuple:
+def checked_file(path, what: str) -> str:
+    """``path`` as a string (``os.fspath``), with its directory created; an empty path is refused.
+
+    ``what``: what the file holds, for the error ("the privacy record store", "the record ledger").
+    """
+    path = os.fspath(path)
+    if not path:
+        raise ValueError(f"path: {what} needs a file path, got ''")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return path
+
+
+def file_identity(path: str) -> tuple:
     """(absolute path, device, inode) of ``path``; (path, None, None) while it does not exist."""
     try:
         stat = os.stat(path)
@@ -346,13 +358,9 @@ class RunStore:
     """
 
     def __init__(self, path, timeout: float = 60.0):
-        self.path = os.fspath(path)
-        if not self.path:
-            raise ValueError("path: the privacy record store needs a file path, got ''")
-        directory = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(directory, exist_ok=True)
+        self.path = checked_file(path, "the privacy record store")
         self._timeout = float(timeout)
-        identity = _file_identity(self.path)
+        identity = file_identity(self.path)
         if identity in _MADE:
             return  # this process made the tables of this very file (a file replaced at the path is new)
         # One write transaction taken up front: "CREATE ... IF NOT EXISTS" in autocommit mode reads the schema
@@ -363,7 +371,7 @@ class RunStore:
             for statement in _SCHEMA.strip().split(";"):
                 if statement.strip():
                     conn.execute(statement)
-        _MADE.add(_file_identity(self.path))
+        _MADE.add(file_identity(self.path))
 
     def _open(self) -> sqlite3.Connection:
         return kept_connection(self.path, self._timeout)

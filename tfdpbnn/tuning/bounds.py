@@ -36,25 +36,13 @@ import math
 
 import dp_accounting
 import numpy as np
-from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS, compute_delta
+from dp_accounting.rdp.rdp_privacy_accountant import compute_delta
 
 from tfdpbnn._validation import check_open_unit, check_positive
+from tfdpbnn.privacy._rdp_conversion import ORDERS, check_curve, curve_epsilon
 
-#: Renyi orders on which every curve of this package is evaluated (dp-accounting's default grid).
-ORDERS = np.asarray(DEFAULT_RDP_ORDERS, dtype=np.float64)
-
-
-def _check_curve(orders, rdp):
-    orders = np.asarray(orders, dtype=np.float64)
-    rdp = np.asarray(rdp, dtype=np.float64)
-    if orders.ndim != 1 or orders.shape != rdp.shape or orders.size == 0:
-        raise ValueError(f"orders and rdp must be 1-D arrays of the same non-zero length; got shapes "
-                         f"{orders.shape} and {rdp.shape}")
-    if np.any(orders <= 1):
-        raise ValueError(f"orders must all be > 1; got min {orders.min()}")
-    if np.any(np.isnan(rdp)) or np.any(rdp < 0):
-        raise ValueError("rdp must be >= 0 (inf allowed) at every order")
-    return orders, rdp
+#: (epsilon, delta)-DP of an RDP curve (``tfdpbnn.privacy._rdp_conversion.curve_epsilon``).
+epsilon = curve_epsilon
 
 
 def _monotone(orders, rdp):
@@ -158,7 +146,7 @@ def selection_rdp(orders, rdp, distribution) -> np.ndarray:
     ``distribution``: ``TruncatedNegativeBinomial`` (Papernot & Steinke 2022, Theorem 2, minimized over
     lambda_hat in ``orders``) or ``PoissonTrials`` (their Theorem 6). Returns eps'(lambda) at ``orders``.
     """
-    orders, rdp = _check_curve(orders, rdp)
+    orders, rdp = check_curve(orders, rdp)
     if isinstance(distribution, TruncatedNegativeBinomial):
         eta, gamma = distribution.eta, distribution.gamma
         # (1 + eta) * min over lambda_hat of [(1 - 1/lambda_hat) eps_hat + log(1/gamma) / lambda_hat]
@@ -195,14 +183,6 @@ def composed_rdp(curves) -> np.ndarray:
     if curves.ndim != 2 or curves.shape[0] == 0:
         raise ValueError(f"curves must be a non-empty 2-D array [runs, orders]; got shape {curves.shape}")
     return curves.sum(axis=0)
-
-
-def epsilon(orders, rdp, delta: float) -> float:
-    """(epsilon, delta)-DP of an RDP curve (dp-accounting's conversion, Canonne, Kamath & Steinke 2020)."""
-    orders, rdp = _check_curve(orders, rdp)
-    check_open_unit("delta", delta)
-    eps, _ = dp_accounting.rdp.compute_epsilon(orders, rdp, delta)
-    return float(eps)
 
 
 def training_rdp(noise_multiplier: float, sample_rate: float, steps: int, sampling: str = "poisson",
