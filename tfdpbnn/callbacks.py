@@ -99,7 +99,10 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
     A DP ``model.fit`` puts one at the front of its callbacks (users need not add it):
 
     - Budget (optimizer built from ``epsilon``/``delta``, or ``target_epsilon``): training stops before the
-      step (or the ``steps_per_execution`` block) that would exceed it; a ``fit`` with nothing left raises.
+      step (or the ``steps_per_execution`` block) that would exceed it; a ``fit`` with nothing left, or
+      with less left than one ``steps_per_execution`` block, raises.
+    - The noise multiplier: one changed during ``fit`` (a callback writing the optimizer's variables) stops
+      training with ``ValueError``; lowered, the statement's ``guarantee`` is false (``_noise_check``).
     - Poisson sampling: the realized batch sizes are tested against Binomial(n, q)
       (``tfdpbnn.privacy.sampling_test``; whole-run false-alarm rate ``false_alarm_rate``) after 8, 16, 32,
       ... steps and at every epoch end. On rejection the steps taken are re-accounted without
@@ -146,7 +149,41 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
                     "and one more step would exceed it. Build the optimizer with "
                     "allow_exceeding_budget=True to go on (the privacy statement then reports the larger "
                     "epsilon).")
+            if left < self._per_call:
+                raise ValueError(
+                    f"steps_per_execution: the model runs {self._per_call} steps per execution, and the "
+                    f"budget epsilon={optimizer.target_epsilon:g} (delta={optimizer.delta:g}) allows "
+                    f"{left} more; training can stop only between executions, so the first one would "
+                    f"exceed the budget. Compile with steps_per_execution <= {left}, or build the optimizer "
+                    "with allow_exceeding_budget=True.")
             self.max_steps = optimizer.steps + left
+
+    def _noise_check(self, optimizer):
+        """Refuse a noise multiplier changed during ``fit`` (a callback writing ``optimizer.variables``).
+
+        The open phase of the privacy ledger describes its steps with the noise multiplier it was opened
+        with; steps run with another one are not the steps it accounts. A lower one makes the printed
+        epsilon too small: the write is then named in the statement (``guarantee`` false). A new ``fit``
+        opens a phase with the optimizer's noise multiplier of that time.
+        """
+        description = attributes.ledger_state(optimizer).open_description()
+        if description is None:
+            return
+        sigma = optimizer.noise_multiplier
+        if abs(sigma - description["noise_multiplier"]) <= 1e-12 * max(1.0, abs(sigma)):
+            return
+        watch = getattr(optimizer, "_dp_write_watch", None)
+        if sigma < description["noise_multiplier"] and watch is not None:
+            watch.taint(["dp_noise_multiplier"])
+        self.model.stop_training = True
+        raise ValueError(
+            f"noise_multiplier: the optimizer's noise multiplier was changed during fit, from "
+            f"{description['noise_multiplier']:g} (the privacy ledger's open phase) to {sigma:g} (a callback "
+            "or code writing the optimizer's variables); the steps that ran with it are not the steps the "
+            "ledger accounts" + (", so the privacy statement now holds no guarantee"
+                                 if sigma < description["noise_multiplier"] else "")
+            + ". Change the noise between fits: each fit opens a phase with the optimizer's noise "
+            "multiplier.")
 
     def _poisson_check(self, optimizer):
         from tfdpbnn.privacy import sampling_test
@@ -201,6 +238,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         Training-batch metrics not released (``release_training_metrics``) are taken out of the logs.
         """
         self._withhold_training_metrics(logs)
+        self._noise_check(self.model.optimizer)
         self._steps += self._per_call
         self._open_steps += self._per_call
         if self._open_steps >= 8 and self._open_steps & (self._open_steps - 1) == 0:  # 8, 16, 32, ...
@@ -278,6 +316,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
         attributes.run_record(optimizer).snapshot(self.model, final=True)
+        self._noise_check(optimizer)
 
 
 class PosteriorSampler(tf.keras.callbacks.Callback):

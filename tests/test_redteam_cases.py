@@ -1,0 +1,123 @@
+"""Ways a Keras user could make a DP fit print an epsilon below the truth, each refused or counted.
+
+Each test computes the truth with dp-accounting (64 records, B = 8, sigma 1, delta 1e-5) and fails on the
+code before its fix: two rows under one ``record_ids`` id (a group of two: 16.51 where 7.08 was printed), a
+DP-trained model trained further by a plain optimizer on its records (no epsilon holds; 7.08 printed), a
+noise multiplier lowered by a callback mid-fit (12.30 where 7.08 was printed; Keras 3 exposes the variable
+as ``optimizer.variables``), and a ``steps_per_execution`` block that overshoots the optimizer's budget.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import dp_accounting
+import numpy as np
+import pytest
+import tensorflow as tf
+from _small_runs import DELTA, LOSS, N, gaussians_epsilon, rdp_epsilon, small_data, small_model
+
+import tfdpbnn
+
+
+def _compiled(sigma=1.0, **kwargs):
+    model = small_model()
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, sigma, num_examples=N, batch_size=8, delta=DELTA, **kwargs)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    return model, optimizer
+
+
+def test_an_id_given_to_two_rows_is_refused():
+    x, y = small_data()
+    ids = np.arange(N)
+    ids[1] = 0  # rows 0 and 1 are one record: it enters each pass twice
+    model, optimizer = _compiled()
+    truth = gaussians_epsilon(0.5, 2)  # a group of two in 2 passes: sensitivity 2C at sigma 1
+    printed_before = gaussians_epsilon(1.0, 2)
+    assert truth > 2 * printed_before
+    with pytest.raises(ValueError, match=r"record_ids: 1 rows repeat an id.*id 0 names 2 rows"):
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, record_ids=ids)
+    assert optimizer.steps == 0
+    with pytest.raises(ValueError, match="record_ids: 1 rows repeat"):
+        tfdpbnn.data.poisson_batches(x, y, sample_rate=0.125,
+                                     record_ids=["a", "b"] + [str(i) for i in range(2, N - 1)] + ["b"])
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, record_ids=np.arange(N))  # distinct ids: trained
+    assert optimizer.privacy_statement()["quote"]["epsilon"] == pytest.approx(printed_before, rel=1e-6)
+
+
+def test_non_private_training_of_a_dp_trained_model_on_its_records_is_refused():
+    x, y = small_data()
+    model, optimizer = _compiled()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    model.compile(optimizer="adam", loss=LOSS)
+    with pytest.raises(ValueError, match="optimizer: Adam is not a tfdpbnn DP optimizer.*64 of the records"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    with pytest.raises(ValueError, match="given to train_on_batch are training records"):
+        model.train_on_batch(x[:8].astype("float64"), y[:8])  # the same records, cast
+    # Public records, and a fresh copy of the model as a baseline, train as before.
+    public_x = np.random.default_rng(9).normal(size=(16, x.shape[1])).astype("float32")
+    model.fit(public_x, y[:16], batch_size=8, epochs=1, verbose=0)
+    baseline = tf.keras.models.clone_model(model)
+    baseline.compile(optimizer="adam", loss=LOSS)
+    baseline.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
+def test_non_private_training_of_loaded_dp_weights_is_refused(tmp_path):
+    x, y = small_data()
+    model, _ = _compiled()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    path = os.path.join(tmp_path, "dp.weights.h5")
+    model.save_weights(path)
+    loaded = small_model(seed=1)
+    loaded.load_weights(path)  # no link to the DP optimizer: the record store knows the weights
+    loaded.compile(optimizer="sgd", loss=LOSS)
+    with pytest.raises(ValueError, match="optimizer: SGD is not a tfdpbnn DP optimizer"):
+        loaded.fit(x[10:], y[10:], batch_size=8, epochs=1, verbose=0)
+
+
+class _LowerNoise(tf.keras.callbacks.Callback):
+    """Noise decay as a user might write it: sigma halved at the second epoch's start."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 1:
+            self.model.optimizer._dp_noise_multiplier.assign(0.5)  # Keras 3: one of optimizer.variables
+
+
+def test_a_noise_multiplier_lowered_during_fit_is_refused_and_voids_the_guarantee():
+    x, y = small_data()
+    model, optimizer = _compiled()
+    truth = rdp_epsilon(dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(1.0),
+                                                        dp_accounting.GaussianDpEvent(0.5)]))
+    assert truth > gaussians_epsilon(1.0, 2) + 5  # 12.30 against the 7.08 printed before
+    with pytest.raises(ValueError, match="noise_multiplier: the optimizer's noise multiplier was changed"):
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[_LowerNoise()])
+    statement = optimizer.privacy_statement()
+    assert statement["guarantee"] is False and math.isinf(statement["quote"]["epsilon"])
+    # A new fit opens a phase with the noise multiplier it runs with.
+    optimizer._dp_noise_multiplier.assign(1.0)
+    fresh_model, fresh = _compiled()
+    fresh._dp_noise_multiplier.assign(0.5)
+    fresh_model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert fresh.privacy_statement()["run_epsilon"] == pytest.approx(gaussians_epsilon(0.5, 1), rel=1e-6)
+
+
+def test_a_steps_per_execution_block_cannot_overshoot_the_budget():
+    x, y = small_data()
+    q = 8 / N
+
+    def poisson(steps):
+        return rdp_epsilon(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(1.0)), steps))
+
+    budget = (poisson(6) + poisson(7)) / 2  # room for 6 steps
+    model, optimizer = _compiled(target_epsilon=budget, sampling="poisson")
+    model.compile(optimizer=optimizer, loss=LOSS, steps_per_execution=4)
+    data = tfdpbnn.data.poisson_batches(x, y, sample_rate=q)
+    with pytest.warns(UserWarning, match="budget"):
+        model.fit(data, epochs=3, verbose=0)
+    assert optimizer.steps == 4 and optimizer.epsilon() <= budget  # a second block of 4 would pass it
+    model.compile(optimizer=optimizer, loss=LOSS, steps_per_execution=3)  # 2 steps are left
+    with pytest.raises(ValueError, match="steps_per_execution: the model runs 3 steps per execution.*2 more"):
+        model.fit(data, epochs=1, verbose=0)
+    assert optimizer.steps == 4 and optimizer.epsilon() <= budget  # before the fix: 7 steps, above it
