@@ -16,7 +16,7 @@ import dp_accounting
 import numpy as np
 import pytest
 import tensorflow as tf
-from _small_runs import DELTA, LOSS, N, gaussians_epsilon, rdp_epsilon, small_data, small_model
+from _small_runs import DELTA, LOSS, D, N, gaussians_epsilon, rdp_epsilon, small_data, small_model
 
 import tfdpbnn
 
@@ -121,3 +121,40 @@ def test_a_steps_per_execution_block_cannot_overshoot_the_budget():
     with pytest.raises(ValueError, match="steps_per_execution: the model runs 3 steps per execution.*2 more"):
         model.fit(data, epochs=1, verbose=0)
     assert optimizer.steps == 4 and optimizer.epsilon() <= budget  # before the fix: 7 steps, above it
+
+
+def _two_models_sharing(layer):
+    tf.keras.utils.set_random_seed(0)
+    return [tf.keras.Sequential([tf.keras.Input((D,)), layer, tf.keras.layers.Dense(3)])
+            for _ in range(2)]
+
+
+def test_a_layer_shared_by_two_models_composes_both_optimizers_training():
+    (x1, y1), (x2, y2) = small_data(seed=0), small_data(seed=5)  # two record sets
+    first, second = _two_models_sharing(tf.keras.layers.Dense(5))
+    first_optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    second_optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    first.compile(optimizer=first_optimizer, loss=LOSS)
+    second.compile(optimizer=second_optimizer, loss=LOSS)
+    first.fit(x1, y1, batch_size=8, epochs=1, verbose=0)
+    second.fit(x2, y2, batch_size=8, epochs=3, verbose=0)
+    truth = gaussians_epsilon(1.0, 3)  # the first model's shared layer carries 3 passes over x2: 9.01
+    statement = first_optimizer.privacy_statement()  # 4.73 before: the first optimizer's pass alone
+    assert statement["quote"]["epsilon"] >= truth * (1 - 1e-9)
+    assert statement["run_epsilon"] >= truth * (1 - 1e-9)
+
+
+def test_trained_layers_under_a_new_head_on_other_records_compose_their_training():
+    (x1, y1), (x2, y2) = small_data(seed=0), small_data(seed=5)
+    body = tf.keras.layers.Dense(5)
+    first, second = _two_models_sharing(body)
+    first.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
+                  loss=LOSS)
+    first.fit(x1, y1, batch_size=8, epochs=3, verbose=0)
+    second_optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    second.compile(optimizer=second_optimizer, loss=LOSS)  # the trained body, a new head
+    second.fit(x2, y2, batch_size=8, epochs=1, verbose=0)
+    truth = gaussians_epsilon(1.0, 3)  # x1's records, 3 passes, are in the body: 9.01 (4.73 printed before)
+    statement = second_optimizer.privacy_statement()
+    assert statement["quote"]["epsilon"] >= truth * (1 - 1e-9)
+    assert statement["ledger_bound"]["epsilon"] >= truth * (1 - 1e-9)

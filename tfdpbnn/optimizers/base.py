@@ -211,6 +211,13 @@ class DPOptimizerMixin:
             raise ValueError(
                 f"epsilon: {type(self).__name__} has no 'epsilon' argument; the privacy budget is "
                 f"target_epsilon=... (with delta=...), got epsilon={kwargs['epsilon']!r}")
+        if kwargs.get("gradient_accumulation_steps") not in (None, 1):
+            raise ValueError(
+                f"gradient_accumulation_steps: {type(self).__name__} takes one DP step (one noised sum, "
+                "counted in the privacy ledger) per batch, and Keras's accumulation would count its steps "
+                "apart from the batches; got gradient_accumulation_steps="
+                f"{kwargs['gradient_accumulation_steps']!r}. Use a larger batch_size instead (the same "
+                "update with less noise per example)")
         if "adam_epsilon" in kwargs:  # DPAdamOptimizer's ``epsilon`` (Adam's own), passed on under its name
             kwargs["epsilon"] = kwargs.pop("adam_epsilon")
         clip = check_positive("l2_norm_clip", l2_norm_clip)
@@ -517,6 +524,9 @@ class DPOptimizerMixin:
         the training behind the weights in hand of ``model`` (default: the model this optimizer last
         trained; a model given here first inherits its weights' record from the privacy record store).
         """
+        target = model if model is not None else attributes.run_record(self).model()
+        if target is not None:
+            self._import_shared_training(target)
         return build_statement(self, self._resolve_delta(delta), model=model)
 
     #: What a run can release beside the DP gradients, which no epsilon covers (``note_uncovered_release``).
@@ -730,6 +740,7 @@ class DPOptimizerMixin:
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
         self._check_model(model, x, y, submodules)
+        self._import_shared_training(model)  # built by the checks
         self._dp_write_watch.new_run(model.trainable_variables)  # after the checks have built the model
         source = sampling["source"] if _fit else "custom_loop"
         attributes.ledger_state(self).open_phase(
@@ -751,6 +762,7 @@ class DPOptimizerMixin:
         self._adopt_model_ledger(model, submodules)
         self.mechanism.new_run()
         self._check_model(model, x, y, submodules)
+        self._import_shared_training(model)  # built by the checks
         self._dp_write_watch.new_run(model.trainable_variables)  # after the checks have built the model
         attributes.ledger_state(self).open_phase(
             kind="participations", noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
@@ -788,6 +800,26 @@ class DPOptimizerMixin:
             attributes.inherit_releases(self, previous)  # its private calibrations and the like
             self._dp_batch_call_limit = None
         attributes.set_ledger_link(model, _LedgerLink(self))
+
+    def _import_shared_training(self, model) -> None:
+        """Import the phases of every other DP optimizer that trained one of ``model``'s trainable variables.
+
+        A layer shared by two models, or a trained model's layers under a new head, carry the training of
+        every optimizer that updated them; this optimizer's ledger then holds those phases (and their
+        releases) too, and its statement and ledger bound compose them. The other optimizer's open phase is
+        closed (its next steps open a new one). Then this optimizer is noted as a trainer of the variables.
+        """
+        variables = model.trainable_variables
+        state = attributes.ledger_state(self)
+        for other in attributes.variable_trainers(variables):
+            if other is self:
+                continue
+            attributes.ledger_state(other).close_open_phase()
+            for phase, source in zip(attributes.ledger_state(other).closed_phases(),
+                                     attributes.ledger_state(other).closed_sources(), strict=True):
+                state.append(phase, source)
+            attributes.inherit_releases(self, other)
+        attributes.add_variable_trainer(variables, self)
 
     def _check_model(self, model, x, y, submodules=None):
         """The per-example checks of ``model`` on a synthetic batch shaped like ``x`` (once per model).
