@@ -164,10 +164,11 @@ def distinct_id_keys(record_ids) -> np.ndarray:
     unique, counts = np.unique(keys, return_counts=True)
     if unique.size != keys.size:
         ids = np.asarray(record_ids).ravel()
-        first = int(np.flatnonzero(keys == unique[np.argmax(counts)])[0])
+        first = ids[int(np.flatnonzero(keys == unique[np.argmax(counts)])[0])]
+        first = first.item() if isinstance(first, np.generic) else first
         raise ValueError(
             f"record_ids: {keys.size - unique.size} rows repeat an id given to another row (id "
-            f"{ids[first]!r} names {int(counts.max())} rows). A record must be one row: two rows of one "
+            f"{first!r} names {int(counts.max())} rows). A record must be one row: two rows of one "
             "record enter every pass twice, and their epsilon (a group of two) is larger than the one "
             "printed for rows. Give each row its own id, or merge the rows of a record into one row")
     return keys
