@@ -158,3 +158,23 @@ def test_trained_layers_under_a_new_head_on_other_records_compose_their_training
     statement = second_optimizer.privacy_statement()
     assert statement["quote"]["epsilon"] >= truth * (1 - 1e-9)
     assert statement["ledger_bound"]["epsilon"] >= truth * (1 - 1e-9)
+
+
+def test_a_global_variable_read_by_a_lambda_and_set_from_the_data_mid_fit_is_refused():
+    x, y = small_data()
+    shift = tf.Variable(tf.zeros((D,)))  # not a model variable: the DP step does not train it
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Lambda(lambda t: t + shift),
+                                 tf.keras.layers.Dense(3)])
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=optimizer, loss=LOSS)
+
+    class DataMean(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            shift.assign(x.mean(axis=0))  # the mean of the private data, released exactly (no epsilon holds)
+
+    with pytest.raises(ValueError, match=r"model: the variable\(s\) .* changed during DP fit"):
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[DataMean()])  # 7.08 printed before
+    np.testing.assert_allclose(shift.numpy(), np.zeros(D), atol=0)  # set back
+    statement = optimizer.privacy_statement()
+    assert statement["guarantee"] is False and math.isinf(statement["quote"]["epsilon"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import numbers
 
+import numpy as np
 import tensorflow as tf
 
 from tfdpbnn import _private_api
@@ -135,6 +136,8 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         """Start the step counts and set the budget stop; raise if the optimizer's budget is already spent."""
         optimizer = _dp_optimizer(self.model)
+        self._foreign = [(v, np.array(_private_api.read_numpy(v), copy=True))
+                         for v in getattr(optimizer, "_dp_foreign_variables", {}).get(id(self.model), [])]
         # Steps are counted here in Python, so a batch end costs no read of a training variable.
         self._steps = optimizer.steps
         self._open_steps = attributes.ledger_state(optimizer).open_steps()
@@ -157,6 +160,31 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
                     f"exceed the budget. Compile with steps_per_execution <= {left}, or build the optimizer "
                     "with allow_exceeding_budget=True.")
             self.max_steps = optimizer.steps + left
+
+    def _foreign_check(self, when: str) -> None:
+        """Refuse a change of a variable the model reads but does not own (a global one in a ``Lambda``).
+
+        ``check_per_example`` found them in the model's forward pass; the DP step does not train them, so
+        their values are constants of the model during ``fit`` (set before it, they are trusted as constants
+        you give a layer). Changed during ``fit`` (a callback setting one from the data), they carry what no
+        epsilon covers: set back, named, and the statement's ``guarantee`` is false.
+        """
+        changed = [(v, before) for v, before in self._foreign
+                   if not np.array_equal(_private_api.read_numpy(v), before)]
+        if not changed:
+            return
+        names = [v.name for v, _ in changed]
+        for v, before in changed:
+            v.assign(before)
+        watch = getattr(self.model.optimizer, "_dp_write_watch", None)
+        if watch is not None:
+            watch.taint(names)
+        self.model.stop_training = True
+        raise ValueError(
+            f"model: the variable(s) {names}, read by the model's forward pass but not the model's own (a "
+            f"global tf.Variable in a Lambda), changed during DP fit ({when}); the DP step does not train "
+            "them, so what set them is outside every epsilon: set back, and the privacy statement now holds "
+            "no guarantee. Make such a value a weight of a layer, or keep it constant during training.")
 
     def _noise_check(self, optimizer):
         """Refuse a noise multiplier changed during ``fit`` (a callback writing ``optimizer.variables``).
@@ -291,6 +319,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
             self._epoch_end(optimizer, epoch, logs)
 
     def _epoch_end(self, optimizer, epoch, logs):
+        self._foreign_check(f"found at the end of epoch {epoch}")
         self._poisson_check(optimizer)
         self._pass_check(optimizer)
         attributes.run_record(optimizer).snapshot(self.model)
@@ -317,6 +346,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         optimizer = _dp_optimizer(self.model)
         attributes.run_record(optimizer).snapshot(self.model, final=True)
         self._noise_check(optimizer)
+        self._foreign_check("found at the end of fit")
 
 
 class PosteriorSampler(tf.keras.callbacks.Callback):

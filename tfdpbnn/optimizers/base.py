@@ -275,6 +275,7 @@ class DPOptimizerMixin:
                            "secure_mode": secure_mode, "debug_noise_seed": debug_noise_seed,
                            "release_training_metrics": _check_release(release_training_metrics)}
         self._dp_checked_models = set()
+        self._dp_foreign_variables = {}  # id(model) -> variables its forward pass reads that are not its own
         self._dp_probe = None  # a fit_checks.LossProbe while a train_step override is probed
         with tf.init_scope():
             self._dp_noise_multiplier = self._dp_variable("dp_noise_multiplier", noise_multiplier)
@@ -844,7 +845,7 @@ class DPOptimizerMixin:
             for _ in range(1 if model.built and model.variables else 2):
                 snapshot = state_checks.VariableSnapshot(model)
                 try:
-                    fit_checks.check_per_example(model, loss_fn, x, y)
+                    self._dp_foreign_variables[id(model)] = fit_checks.check_per_example(model, loss_fn, x, y)
                 except BaseException:
                     snapshot.restore()
                     raise

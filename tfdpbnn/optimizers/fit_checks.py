@@ -195,6 +195,12 @@ def _call_synthetic(model, xs, float_inputs):
         raise
 
 
+def _foreign_variables(model, read) -> list:
+    """The variables of ``read`` that are not ``model``'s (a Keras 3 variable counts with what it wraps)."""
+    own = {id(w) for v in model.variables for w in (v, getattr(v, "_value", None))}
+    return [v for v in read if id(v) not in own and not isinstance(v, tf.distribute.DistributedValues)]
+
+
 def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed: int = 0) -> None:
     """Raise ``ValueError`` if one example's loss can depend on another example of the batch.
 
@@ -204,6 +210,10 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
     inputs and predictions, and the compiled loss must return one value per example. Integer, boolean and
     string inputs have no derivative: changing the second half of them must move neither the first half's
     outputs nor ``model.losses`` (``_check_discrete_inputs``).
+
+    Returns the trainable variables the forward pass read that are not ``model``'s own (a global
+    ``tf.Variable`` in a ``Lambda``): the DP step does not train them, so ``fit`` watches that they keep
+    their values (``tfdpbnn.callbacks.DPTrainingMonitor``).
     """
     x_like, y_like = _element_parts(x, y)
     rng = np.random.default_rng(seed)
@@ -262,10 +272,12 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
                 "loss: one example's compiled loss depends on other examples' predictions (e.g. a batch "
                 "mean inside the loss), so per-example clipping does not bound the sensitivity. Use a loss "
                 "computed per example.")
+    foreign = [] if tf.distribute.has_strategy() else _foreign_variables(model, tape.watched_variables())
     del tape
     discrete = [t for t, _ in _leaves(xs, half) if not t.dtype.is_floating]
     if discrete:
         _check_discrete_inputs(model, xs, rows, half)
+    return foreign
 
 
 def _changed_second_half(xs, half: int):
