@@ -272,7 +272,9 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
                 "loss: one example's compiled loss depends on other examples' predictions (e.g. a batch "
                 "mean inside the loss), so per-example clipping does not bound the sensitivity. Use a loss "
                 "computed per example.")
-    foreign = [] if tf.distribute.has_strategy() else _foreign_variables(model, tape.watched_variables())
+    distributed = tf.distribute.has_strategy() or getattr(model, "distribute_strategy",
+                                                          None) not in (None, tf.distribute.get_strategy())
+    foreign = [] if distributed else _foreign_variables(model, tape.watched_variables())
     del tape
     discrete = [t for t, _ in _leaves(xs, half) if not t.dtype.is_floating]
     if discrete:
