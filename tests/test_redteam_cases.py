@@ -181,3 +181,9 @@ def test_a_global_variable_read_by_a_lambda_and_set_from_the_data_mid_fit_is_ref
     np.testing.assert_allclose(shift.numpy(), np.zeros(D), atol=0)  # set back
     statement = optimizer.privacy_statement()
     assert statement["guarantee"] is False and math.isinf(statement["quote"]["epsilon"])
+
+
+def test_gradient_accumulation_is_refused_by_name():
+    with pytest.raises(ValueError, match="gradient_accumulation_steps: DPSGDOptimizer takes one DP step"):
+        tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA,
+                               gradient_accumulation_steps=4)
