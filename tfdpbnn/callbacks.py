@@ -102,8 +102,10 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
     - Budget (optimizer built from ``epsilon``/``delta``, or ``target_epsilon``): training stops before the
       step (or the ``steps_per_execution`` block) that would exceed it; a ``fit`` with nothing left, or
       with less left than one ``steps_per_execution`` block, raises.
-    - The noise multiplier: one changed during ``fit`` (a callback writing the optimizer's variables) stops
-      training with ``ValueError``; lowered, the statement's ``guarantee`` is false (``_noise_check``).
+    - The noise multiplier: one changed during ``fit`` (a callback writing the optimizer's variables), found
+      at the epoch's end or the end of ``fit``, stops training with ``ValueError``; lowered, the statement's
+      ``guarantee`` is false (``_noise_check``). Variables the model reads but does not own (a global
+      ``tf.Variable`` in a ``Lambda``) are compared at the same times (``_foreign_check``).
     - Poisson sampling: the realized batch sizes are tested against Binomial(n, q)
       (``tfdpbnn.privacy.sampling_test``; whole-run false-alarm rate ``false_alarm_rate``) after 8, 16, 32,
       ... steps and at every epoch end. On rejection the steps taken are re-accounted without
@@ -266,7 +268,6 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         Training-batch metrics not released (``release_training_metrics``) are taken out of the logs.
         """
         self._withhold_training_metrics(logs)
-        self._noise_check(self.model.optimizer)
         self._steps += self._per_call
         self._open_steps += self._per_call
         if self._open_steps >= 8 and self._open_steps & (self._open_steps - 1) == 0:  # 8, 16, 32, ...
@@ -319,6 +320,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
             self._epoch_end(optimizer, epoch, logs)
 
     def _epoch_end(self, optimizer, epoch, logs):
+        self._noise_check(optimizer)
         self._foreign_check(f"found at the end of epoch {epoch}")
         self._poisson_check(optimizer)
         self._pass_check(optimizer)
