@@ -198,7 +198,7 @@ def add_variable_trainer(variables, optimizer) -> None:
 
 def variable_trainers(variables) -> list:
     """The live DP optimizers that trained any of ``variables`` (``add_variable_trainer``), each once."""
-    found = {}
+    found: dict[int, object] = {}
     for variable in variables:
         for ref in getattr(variable, _TRAINERS, ()):
             optimizer = ref()
