@@ -188,3 +188,35 @@ def test_gradient_accumulation_is_refused_by_name():
     with pytest.raises(ValueError, match="gradient_accumulation_steps: DPSGDOptimizer takes one DP step"):
         tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA,
                                gradient_accumulation_steps=4)
+
+
+class _CopiesInBatch(tf.keras.Model):
+    """A train_step override that hands the DP step each example beside an augmented copy of it."""
+
+    def train_step(self, data):
+        x, y = data[0], data[1]
+        return self.optimizer.dp_train_step(self, (tf.concat([x, x * 1.01], 0), tf.concat([y, y], 0)))
+
+
+class _Mixup(tf.keras.Model):
+    """A train_step override that mixes each example with another one of the batch (mixup)."""
+
+    def train_step(self, data):
+        x, y = data[0], data[1]
+        return self.optimizer.dp_train_step(self, (0.5 * x + 0.5 * tf.reverse(x, [0]), y))
+
+
+@pytest.mark.parametrize("override, message", [(_CopiesInBatch, "has \\[12\\] rows for a batch of 6"),
+                                               (_Mixup, "mix examples of the batch")])
+def test_a_train_step_override_handing_the_dp_step_copied_or_mixed_rows_is_refused(override, message):
+    x, y = small_data()
+    tf.keras.utils.set_random_seed(0)
+    inputs = tf.keras.Input((D,))
+    model = override(inputs, tf.keras.layers.Dense(3)(inputs))
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    truth = gaussians_epsilon(0.5, 2)  # each example in two rows of a step: sensitivity 2 C, 16.51
+    assert truth > gaussians_epsilon(1.0, 4)  # above the 10.73 (copies) and 7.08 (mixup) printed before
+    with pytest.raises(ValueError, match=f"x: the .*batch handed to dp_train_step .*{message}"):
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    assert optimizer.steps == 0

@@ -872,7 +872,8 @@ class DPOptimizerMixin:
         snapshot = state_checks.VariableSnapshot(model)
         self._dp_probe = probe
         try:
-            model.train_step(probe.data)
+            with probe.recording():  # how the batch handed to dp_train_step derives from the inputs
+                model.train_step(probe.data)
         except fit_checks.ProbeReached:
             pass
         except ValueError:
@@ -973,6 +974,7 @@ class DPOptimizerMixin:
         (``(x, y)`` or ``(x, y, sample_weight)``); it returns the Keras logs.
         """
         if self._dp_probe is not None:  # the compiled loss: fit_checks.check_per_example has checked it
+            self._dp_probe.check_batch(tf.keras.utils.unpack_x_y_sample_weight(data)[0], "dp_train_step")
             raise fit_checks.ProbeReached("dp_train_step")
         x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
         self._require_open_phase()

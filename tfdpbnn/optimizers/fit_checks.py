@@ -11,6 +11,7 @@ refuses a mixed-precision dtype policy.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -391,6 +392,51 @@ class LossProbe:
 
         self.x = tf.nest.map_structure(watched, xs)
         self.inputs = [t for t in tf.nest.flatten(self.x) if isinstance(t, tf.Variable)]
+        self._tape = None
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Record, on a tape of the probe's own, what the probed ``train_step`` computes from the inputs."""
+        with tf.GradientTape(persistent=True) as tape:
+            self._tape = tape
+            try:
+                yield
+            finally:
+                self._tape = None
+
+    def check_batch(self, x, where: str) -> None:
+        """Refuse a batch handed to ``where`` that is not one row per example of the probed batch.
+
+        A ``train_step`` override that hands ``dp_train_step`` more rows than the batch (an example and its
+        augmented copy side by side) or rows that mix examples (mixup) lets one example move the clipped sum
+        by more than the clip bound: each row must derive from one example (its first half's rows have zero
+        derivative with respect to the second half's inputs).
+        """
+        leaves = [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)]
+        rows = {int(t.shape[0]) for t in leaves if t.shape.rank and t.shape[0] is not None}
+        if rows and rows != {self.rows}:
+            raise ValueError(
+                f"x: the batch handed to {where} has {sorted(rows)} rows for a batch of {self.rows} examples "
+                "(on a synthetic batch); each example must be one row of the clipped sum (an example and a "
+                "copy of it in one batch move it by twice the clip bound). Augment each example in place, or "
+                "use tfdpbnn's augmentation multiplicity.")
+        floats = [t for t in leaves if t.dtype.is_floating and t.shape.rank]
+        if self._tape is None or not floats:
+            return
+        with self._tape.stop_recording():
+            masks = [tf.broadcast_to(tf.reshape(tf.cast(tf.range(self.rows) < self.half, t.dtype),
+                                                [self.rows] + [1] * (t.shape.rank - 1)), tf.shape(t))
+                     for t in floats]
+            grads = self._tape.gradient(floats, self.inputs, output_gradients=masks,
+                                        unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        own = _max_abs([g[:self.half] for g in grads])
+        cross = _max_abs([g[self.half:] for g in grads])
+        if cross > COUPLING_TOLERANCE * max(own, 1.0):
+            raise ValueError(
+                f"x: the rows of the batch handed to {where} mix examples of the batch (e.g. mixup): on a "
+                f"synthetic batch the first half's rows have derivative {cross:.3g} with respect to the "
+                "second half's inputs, so one example moves more than one row and per-example clipping does "
+                "not bound its influence. Hand the mechanism one row per example.")
 
     @property
     def data(self):
