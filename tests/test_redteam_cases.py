@@ -7,8 +7,9 @@ noise multiplier lowered by a callback mid-fit (12.30 where 7.08 was printed; Ke
 as ``optimizer.variables``), a ``steps_per_execution`` block that overshoots the optimizer's budget, a layer
 shared by two models or trained layers under a new head trained on other records (7.08 here, 9.01 with
 the 3 passes of docs/privacy.md, where 4.73 was printed), Keras 3's ``gradient_accumulation_steps``, and a
-global variable in a ``Lambda`` set from the data mid-fit (no epsilon holds; 7.08 printed). docs/privacy.md
-lists them with the cases that held.
+global variable in a ``Lambda`` set from the data mid-fit (no epsilon holds; 7.08 printed), and a
+``train_step`` override handing the DP step augmented copies beside the examples or mixup rows (16.51 where
+10.73 or 7.08 was printed). docs/privacy.md lists them with the cases that held.
 """
 
 from __future__ import annotations
