@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import numbers
 
+import numpy as np
 import tensorflow as tf
 
 from tfdpbnn import _private_api
@@ -99,7 +100,12 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
     A DP ``model.fit`` puts one at the front of its callbacks (users need not add it):
 
     - Budget (optimizer built from ``epsilon``/``delta``, or ``target_epsilon``): training stops before the
-      step (or the ``steps_per_execution`` block) that would exceed it; a ``fit`` with nothing left raises.
+      step (or the ``steps_per_execution`` block) that would exceed it; a ``fit`` with nothing left, or
+      with less left than one ``steps_per_execution`` block, raises.
+    - The noise multiplier: one changed during ``fit`` (a callback writing the optimizer's variables), found
+      at the epoch's end or the end of ``fit``, stops training with ``ValueError``; lowered, the statement's
+      ``guarantee`` is false (``_noise_check``). Variables the model reads but does not own (a global
+      ``tf.Variable`` in a ``Lambda``) are compared at the same times (``_foreign_check``).
     - Poisson sampling: the realized batch sizes are tested against Binomial(n, q)
       (``tfdpbnn.privacy.sampling_test``; whole-run false-alarm rate ``false_alarm_rate``) after 8, 16, 32,
       ... steps and at every epoch end. On rejection the steps taken are re-accounted without
@@ -137,6 +143,8 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         """Start the step counts and set the budget stop; raise if the optimizer's budget is already spent."""
         optimizer = _dp_optimizer(self.model)
+        self._foreign = [(v, np.array(_private_api.read_numpy(v), copy=True))
+                         for v in getattr(optimizer, "_dp_foreign_variables", {}).get(id(self.model), [])]
         # Steps are counted here in Python, so a batch end costs no read of a training variable.
         self._steps = optimizer.steps
         self._open_steps = attributes.ledger_state(optimizer).open_steps()
@@ -151,7 +159,66 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
                     "and one more step would exceed it. Build the optimizer with "
                     "allow_exceeding_budget=True to go on (the privacy statement then reports the larger "
                     "epsilon).")
+            if left < self._per_call:
+                raise ValueError(
+                    f"steps_per_execution: the model runs {self._per_call} steps per execution, and the "
+                    f"budget epsilon={optimizer.target_epsilon:g} (delta={optimizer.delta:g}) allows "
+                    f"{left} more; training can stop only between executions, so the first one would "
+                    f"exceed the budget. Compile with steps_per_execution <= {left}, or build the optimizer "
+                    "with allow_exceeding_budget=True.")
             self.max_steps = optimizer.steps + left
+
+    def _foreign_check(self, when: str) -> None:
+        """Refuse a change of a variable the model reads but does not own (a global one in a ``Lambda``).
+
+        ``check_per_example`` found them in the model's forward pass; the DP step does not train them, so
+        their values are constants of the model during ``fit`` (set before it, they are trusted as constants
+        you give a layer). Changed during ``fit`` (a callback setting one from the data), they carry what no
+        epsilon covers: set back, named, and the statement's ``guarantee`` is false.
+        """
+        changed = [(v, before) for v, before in self._foreign
+                   if not np.array_equal(_private_api.read_numpy(v), before)]
+        if not changed:
+            return
+        names = [v.name for v, _ in changed]
+        for v, before in changed:
+            v.assign(before)
+        watch = getattr(self.model.optimizer, "_dp_write_watch", None)
+        if watch is not None:
+            watch.taint(names)
+        self.model.stop_training = True
+        raise ValueError(
+            f"model: the variable(s) {names}, read by the model's forward pass but not the model's own (a "
+            f"global tf.Variable in a Lambda), changed during DP fit ({when}); the DP step does not train "
+            "them, so what set them is outside every epsilon: set back, and the privacy statement now holds "
+            "no guarantee. Make such a value a weight of a layer, or keep it constant during training.")
+
+    def _noise_check(self, optimizer):
+        """Refuse a noise multiplier changed during ``fit`` (a callback writing ``optimizer.variables``).
+
+        The open phase of the privacy ledger describes its steps with the noise multiplier it was opened
+        with; steps run with another one are not the steps it accounts. A lower one makes the printed
+        epsilon too small: the write is then named in the statement (``guarantee`` false). A new ``fit``
+        opens a phase with the optimizer's noise multiplier of that time.
+        """
+        description = attributes.ledger_state(optimizer).open_description()
+        if description is None:
+            return
+        sigma = optimizer.noise_multiplier
+        if abs(sigma - description["noise_multiplier"]) <= 1e-12 * max(1.0, abs(sigma)):
+            return
+        watch = getattr(optimizer, "_dp_write_watch", None)
+        if sigma < description["noise_multiplier"] and watch is not None:
+            watch.taint(["dp_noise_multiplier"])
+        self.model.stop_training = True
+        raise ValueError(
+            f"noise_multiplier: the optimizer's noise multiplier was changed during fit, from "
+            f"{description['noise_multiplier']:g} (the privacy ledger's open phase) to {sigma:g} (a callback "
+            "or code writing the optimizer's variables); the steps that ran with it are not the steps the "
+            "ledger accounts" + (", so the privacy statement now holds no guarantee"
+                                 if sigma < description["noise_multiplier"] else "")
+            + ". Change the noise between fits: each fit opens a phase with the optimizer's noise "
+            "multiplier.")
 
     def _poisson_check(self, optimizer):
         from tfdpbnn.privacy import sampling_test
@@ -258,6 +325,8 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
             self._epoch_end(optimizer, epoch, logs)
 
     def _epoch_end(self, optimizer, epoch, logs):
+        self._noise_check(optimizer)
+        self._foreign_check(f"found at the end of epoch {epoch}")
         self._poisson_check(optimizer)
         self._pass_check(optimizer)
         attributes.run_record(optimizer).snapshot(self.model)
@@ -283,6 +352,8 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
         attributes.run_record(optimizer).snapshot(self.model, final=True)
+        self._noise_check(optimizer)
+        self._foreign_check("found at the end of fit")
 
 
 class PosteriorSampler(tf.keras.callbacks.Callback):

@@ -219,6 +219,13 @@ class DPOptimizerMixin:
             raise ValueError(
                 f"epsilon: {type(self).__name__} has no 'epsilon' argument; the privacy budget is "
                 f"target_epsilon=... (with delta=...), got epsilon={kwargs['epsilon']!r}")
+        if kwargs.get("gradient_accumulation_steps") not in (None, 1):
+            raise ValueError(
+                f"gradient_accumulation_steps: {type(self).__name__} takes one DP step (one noised sum, "
+                "counted in the privacy ledger) per batch, and Keras's accumulation would count its steps "
+                "apart from the batches; got gradient_accumulation_steps="
+                f"{kwargs['gradient_accumulation_steps']!r}. Use a larger batch_size instead (the same "
+                "update with less noise per example)")
         if "adam_epsilon" in kwargs:  # DPAdamOptimizer's ``epsilon`` (Adam's own), passed on under its name
             kwargs["epsilon"] = kwargs.pop("adam_epsilon")
         clip = check_positive("l2_norm_clip", l2_norm_clip)
@@ -276,6 +283,7 @@ class DPOptimizerMixin:
                            "secure_mode": secure_mode, "debug_noise_seed": debug_noise_seed,
                            "release_training_metrics": _check_release(release_training_metrics)}
         self._dp_checked_models = set()
+        self._dp_foreign_variables = {}  # id(model) -> variables its forward pass reads that are not its own
         self._dp_probe = None  # a fit_checks.LossProbe while a train_step override is probed
         with tf.init_scope():
             self._dp_noise_multiplier = self._dp_variable("dp_noise_multiplier", noise_multiplier)
@@ -529,6 +537,9 @@ class DPOptimizerMixin:
         the training behind the weights in hand of ``model`` (default: the model this optimizer last
         trained; a model given here first inherits its weights' record from the privacy record store).
         """
+        target = model if model is not None else attributes.run_record(self).model()
+        if target is not None:
+            self._import_shared_training(target)
         return build_statement(self, self._resolve_delta(delta), model=model)
 
     #: What a run can release beside the DP gradients, which no epsilon covers (``note_uncovered_release``).
@@ -742,6 +753,7 @@ class DPOptimizerMixin:
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
         self._check_model(model, x, y, submodules)
+        self._import_shared_training(model)  # built by the checks
         # After the checks have built the model. A custom loop's steps also compare the state no DP step may
         # change (model.fit's StateWatch does it at every epoch end, and sets it back).
         self._dp_write_watch.new_run(model.trainable_variables,
@@ -770,6 +782,7 @@ class DPOptimizerMixin:
         self._adopt_model_ledger(model, submodules)
         self.mechanism.new_run()
         self._check_model(model, x, y, submodules)
+        self._import_shared_training(model)  # built by the checks
         if not constants:  # after the checks have built the model
             constants = state_checks.variables_outside_dp_update(model)
         self._dp_write_watch.new_run(model.trainable_variables, constants, kind="train_on_batch")
@@ -812,6 +825,26 @@ class DPOptimizerMixin:
             self._dp_batch_call_limit = None
         attributes.set_ledger_link(model, _LedgerLink(self))
 
+    def _import_shared_training(self, model) -> None:
+        """Import the phases of every other DP optimizer that trained one of ``model``'s trainable variables.
+
+        A layer shared by two models, or a trained model's layers under a new head, carry the training of
+        every optimizer that updated them; this optimizer's ledger then holds those phases (and their
+        releases) too, and its statement and ledger bound compose them. The other optimizer's open phase is
+        closed (its next steps open a new one). Then this optimizer is noted as a trainer of the variables.
+        """
+        variables = model.trainable_variables
+        state = attributes.ledger_state(self)
+        for other in attributes.variable_trainers(variables):
+            if other is self:
+                continue
+            attributes.ledger_state(other).close_open_phase()
+            for phase, source in zip(attributes.ledger_state(other).closed_phases(),
+                                     attributes.ledger_state(other).closed_sources(), strict=True):
+                state.append(phase, source)
+            attributes.inherit_releases(self, other)
+        attributes.add_variable_trainer(variables, self)
+
     def _check_model(self, model, x, y, submodules=None):
         """The per-example checks of ``model`` on a synthetic batch shaped like ``x`` (once per model).
 
@@ -835,7 +868,7 @@ class DPOptimizerMixin:
             for _ in range(1 if model.built and model.variables else 2):
                 snapshot = state_checks.VariableSnapshot(model)
                 try:
-                    fit_checks.check_per_example(model, loss_fn, x, y)
+                    self._dp_foreign_variables[id(model)] = fit_checks.check_per_example(model, loss_fn, x, y)
                 except BaseException:
                     snapshot.restore()
                     raise
@@ -862,7 +895,8 @@ class DPOptimizerMixin:
         snapshot = state_checks.VariableSnapshot(model)
         self._dp_probe = probe
         try:
-            model.train_step(probe.data)
+            with probe.recording():  # how the batch handed to dp_train_step derives from the inputs
+                model.train_step(probe.data)
         except fit_checks.ProbeReached:
             pass
         except ValueError:
@@ -963,6 +997,7 @@ class DPOptimizerMixin:
         (``(x, y)`` or ``(x, y, sample_weight)``); it returns the Keras logs.
         """
         if self._dp_probe is not None:  # the compiled loss: fit_checks.check_per_example has checked it
+            self._dp_probe.check_batch(tf.keras.utils.unpack_x_y_sample_weight(data)[0], "dp_train_step")
             raise fit_checks.ProbeReached("dp_train_step")
         x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
         self._require_open_phase()

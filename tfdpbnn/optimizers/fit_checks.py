@@ -11,6 +11,7 @@ refuses a mixed-precision dtype policy.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -195,6 +196,12 @@ def _call_synthetic(model, xs, float_inputs):
         raise
 
 
+def _foreign_variables(model, read) -> list:
+    """The variables of ``read`` that are not ``model``'s (a Keras 3 variable counts with what it wraps)."""
+    own = {id(w) for v in model.variables for w in (v, getattr(v, "_value", None))}
+    return [v for v in read if id(v) not in own and not isinstance(v, tf.distribute.DistributedValues)]
+
+
 def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed: int = 0) -> None:
     """Raise ``ValueError`` if one example's loss can depend on another example of the batch.
 
@@ -204,6 +211,10 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
     inputs and predictions, and the compiled loss must return one value per example. Integer, boolean and
     string inputs have no derivative: changing the second half of them must move neither the first half's
     outputs nor ``model.losses`` (``_check_discrete_inputs``).
+
+    Returns the trainable variables the forward pass read that are not ``model``'s own (a global
+    ``tf.Variable`` in a ``Lambda``): the DP step does not train them, so ``fit`` watches that they keep
+    their values (``tfdpbnn.callbacks.DPTrainingMonitor``).
     """
     x_like, y_like = _element_parts(x, y)
     rng = np.random.default_rng(seed)
@@ -262,10 +273,14 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
                 "loss: one example's compiled loss depends on other examples' predictions (e.g. a batch "
                 "mean inside the loss), so per-example clipping does not bound the sensitivity. Use a loss "
                 "computed per example.")
+    distributed = tf.distribute.has_strategy() or getattr(model, "distribute_strategy",
+                                                          None) not in (None, tf.distribute.get_strategy())
+    foreign = [] if distributed else _foreign_variables(model, tape.watched_variables())
     del tape
     discrete = [t for t, _ in _leaves(xs, half) if not t.dtype.is_floating]
     if discrete:
         _check_discrete_inputs(model, xs, rows, half)
+    return foreign
 
 
 def _changed_second_half(xs, half: int):
@@ -377,6 +392,51 @@ class LossProbe:
 
         self.x = tf.nest.map_structure(watched, xs)
         self.inputs = [t for t in tf.nest.flatten(self.x) if isinstance(t, tf.Variable)]
+        self._tape = None
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Record, on a tape of the probe's own, what the probed ``train_step`` computes from the inputs."""
+        with tf.GradientTape(persistent=True) as tape:
+            self._tape = tape
+            try:
+                yield
+            finally:
+                self._tape = None
+
+    def check_batch(self, x, where: str) -> None:
+        """Refuse a batch handed to ``where`` that is not one row per example of the probed batch.
+
+        A ``train_step`` override that hands ``dp_train_step`` more rows than the batch (an example and its
+        augmented copy side by side) or rows that mix examples (mixup) lets one example move the clipped sum
+        by more than the clip bound: each row must derive from one example (its first half's rows have zero
+        derivative with respect to the second half's inputs).
+        """
+        leaves = [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)]
+        rows = {int(t.shape[0]) for t in leaves if t.shape.rank and t.shape[0] is not None}
+        if rows and rows != {self.rows}:
+            raise ValueError(
+                f"x: the batch handed to {where} has {sorted(rows)} rows for a batch of {self.rows} examples "
+                "(on a synthetic batch); each example must be one row of the clipped sum (an example and a "
+                "copy of it in one batch move it by twice the clip bound). Augment each example in place, or "
+                "use tfdpbnn's augmentation multiplicity.")
+        floats = [t for t in leaves if t.dtype.is_floating and t.shape.rank]
+        if self._tape is None or not floats:
+            return
+        with self._tape.stop_recording():
+            masks = [tf.broadcast_to(tf.reshape(tf.cast(tf.range(self.rows) < self.half, t.dtype),
+                                                [self.rows] + [1] * (t.shape.rank - 1)), tf.shape(t))
+                     for t in floats]
+            grads = self._tape.gradient(floats, self.inputs, output_gradients=masks,
+                                        unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        own = _max_abs([g[:self.half] for g in grads])
+        cross = _max_abs([g[self.half:] for g in grads])
+        if cross > COUPLING_TOLERANCE * max(own, 1.0):
+            raise ValueError(
+                f"x: the rows of the batch handed to {where} mix examples of the batch (e.g. mixup): on a "
+                f"synthetic batch the first half's rows have derivative {cross:.3g} with respect to the "
+                "second half's inputs, so one example moves more than one row and per-example clipping does "
+                "not bound its influence. Hand the mechanism one row per example.")
 
     @property
     def data(self):

@@ -86,6 +86,20 @@ def _planned_steps(model, x, arguments):
     return max(0, epochs) * int(per_epoch)
 
 
+def _recorded_training_records(keys, train_keys=None) -> int:
+    """How many records of ``keys`` are in ``train_keys`` or trained on by a run in the per-record ledger."""
+    import numpy as np
+
+    from tfdpbnn.record.record_ledger import default_ledger
+
+    overlap = 0 if train_keys is None else int(np.isin(keys, train_keys).sum())
+    ledger = default_ledger()
+    if not overlap and ledger is not None:
+        overlap = sum(h.records for h in ledger.histories(keys)
+                      if any(r.kind == "training" for r in h.releases))
+    return overlap
+
+
 def _refuse_validation_on_training_records(validation, train_keys) -> None:
     """Refuse ``validation_data`` holding records this fit or a recorded run trains on (arrays only).
 
@@ -96,7 +110,6 @@ def _refuse_validation_on_training_records(validation, train_keys) -> None:
     """
     import numpy as np
 
-    from tfdpbnn.record.record_ledger import default_ledger
     from tfdpbnn.record.records import input_keys
 
     if isinstance(validation, tf.data.Dataset):
@@ -108,11 +121,7 @@ def _refuse_validation_on_training_records(validation, train_keys) -> None:
         return
     if keys is None:
         return
-    overlap = 0 if train_keys is None else int(np.isin(keys, train_keys).sum())
-    ledger = default_ledger()
-    if not overlap and ledger is not None:
-        overlap = sum(h.records for h in ledger.histories(keys)
-                      if any(r.kind == "training" for r in h.releases))
+    overlap = _recorded_training_records(keys, train_keys)
     if overlap:
         raise ValueError(
             f"validation_data: {overlap} of its {len(np.unique(keys))} records are training records (of this "
@@ -120,6 +129,42 @@ def _refuse_validation_on_training_records(validation, train_keys) -> None:
             "computed without noise, in the logs at every epoch: an exact release of training records that "
             "no epsilon covers. Validate on records held out of all DP training "
             "(tfdpbnn.uncertainty.split_by_record), or evaluate on training records with a DP mechanism.")
+
+
+def refuse_non_private_training(model, x, y=None, record_ids=None, call="fit") -> None:
+    """Refuse training a DP-trained ``model`` without DP on records that DP training used.
+
+    A model a tfdpbnn DP optimizer trained (in this process, or whose weights the privacy record store
+    holds) compiled with a plain optimizer (``"adam"``) and fit on the private records takes their
+    gradients without clipping or noise into the weights; a later DP optimizer, or the earlier one compiled
+    again, would then print an epsilon for weights that no epsilon covers. The records are compared by
+    their ledger keys (content, ``record_ids``, or a tagged pipeline's keys); data with unknown records (an
+    untagged pipeline, a generator) and models never DP-trained are not checked.
+    """
+    from tfdpbnn.record import store as record_store
+    from tfdpbnn.record.records import input_keys
+
+    if record_store.default_path() is None:
+        return
+    if attributes.ledger_link(model) is None:
+        store = record_store.default_store()
+        if not store.weights_record(record_store.weights_fingerprint(model)):
+            return
+    try:
+        keys = input_keys(x, y, record_ids)
+    except (ValueError, TypeError):
+        return
+    if keys is None:
+        return
+    overlap = _recorded_training_records(keys)
+    if overlap:
+        raise ValueError(
+            f"optimizer: {type(getattr(model, 'optimizer', None)).__name__} is not a tfdpbnn DP optimizer, "
+            f"and {overlap} of the records given to {call} are training records of this DP-trained model's "
+            "per-record ledger: their gradients would enter the weights without clipping or noise, and no "
+            "epsilon printed for these weights (by any DP optimizer compiled later) would hold. Compile a "
+            "tfdpbnn DP optimizer to go on training, or train a fresh model (tf.keras.models.clone_model) "
+            "as a non-private baseline.")
 
 
 def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
@@ -199,6 +244,8 @@ def install() -> None:
     def fit(self, *args, **kwargs):
         optimizer = dp_optimizer_of(self)
         if optimizer is None:
+            bound = signature.bind(self, *args, **kwargs)
+            refuse_non_private_training(self, bound.arguments.get("x"), bound.arguments.get("y"))
             return _original_fit(self, *args, **kwargs)
         record_ids = kwargs.pop("record_ids", None)
         bound = signature.bind(self, *args, **kwargs)
@@ -248,6 +295,9 @@ def install() -> None:
             if getattr(self, "jit_compile", False) is True:  # XLA dropped the step's failing assertion
                 optimizer._dp_write_watch.refuse_written("when train_on_batch returned")
             return result
+        bound = batch_signature.bind(self, *args, **kwargs)
+        refuse_non_private_training(self, bound.arguments.get("x"), bound.arguments.get("y"),
+                                    call="train_on_batch")
         return _original_train_on_batch(self, *args, **kwargs)
 
     tf.keras.Model.train_on_batch = train_on_batch

@@ -59,9 +59,9 @@ def private_discretization(data, *, num_bins: int, epsilon: float, delta: float,
         raise ValueError(f"bounds must be a pair (lo, hi), got {bounds!r}")
     keys = None
     if record_ids is not None:
-        from tfdpbnn.record.records import id_keys
+        from tfdpbnn.record.records import distinct_id_keys
 
-        keys = id_keys(record_ids)
+        keys = distinct_id_keys(record_ids)
         if len(keys) != x.size:
             raise ValueError(f"record_ids: {len(keys)} ids for {x.size} values; give one id per example")
     lo, hi = float(bounds[0]), float(bounds[1])

@@ -10,6 +10,8 @@ The privacy record travels with the objects a user holds, as private attributes:
 - a model: the link to the optimizer that last trained it (``ledger_link``) and a search's record;
 - a preprocessing layer: its DP adapt's record, the user's public-data assertion, and the digest of its
   state when either was made (``preprocessing_record``, ``public_preprocessing``, ``preprocessing_digest``);
+- a trainable variable: the DP optimizers that trained it (``variable_trainers``), so that a model sharing
+  a layer with another model, or built on another model's layers, composes their training;
 - a tf.data pipeline: the keys of the records it draws from (``dataset_record_keys``) and its data
   fingerprint (``dataset_fingerprint``), found through ``prefetch``/``with_options`` wrappers.
 
@@ -36,6 +38,8 @@ _LEDGER_LINK = "_tfdpbnn_ledger_link"
 _PREPROCESSING_RECORD = "_tfdpbnn_preprocessing_record"
 _PUBLIC_PREPROCESSING = "_tfdpbnn_public_preprocessing"
 _PREPROCESSING_DIGEST = "_tfdpbnn_preprocessing_digest"
+# ------------------------------------------------------------------------------------ trainable variables
+_TRAINERS = "_tfdpbnn_dp_trainers"
 # ------------------------------------------------------------------------------------ tf.data pipelines
 _RECORD_KEYS = "_tfdpbnn_record_keys"
 _FINGERPRINT = "_tfdpbnn_data_fingerprint"
@@ -179,17 +183,41 @@ def set_dataset_fingerprint(dataset, fingerprint: str) -> None:
     setattr(dataset, _FINGERPRINT, fingerprint)
 
 
+def add_variable_trainer(variables, optimizer) -> None:
+    """Note on each of ``variables`` that the DP ``optimizer`` trains it (weakly: nothing is kept alive)."""
+    import weakref
+
+    for variable in variables:
+        trainers = getattr(variable, _TRAINERS, None)
+        if trainers is None:
+            trainers = []
+            setattr(variable, _TRAINERS, trainers)
+        if not any(ref() is optimizer for ref in trainers):
+            trainers.append(weakref.ref(optimizer))
+
+
+def variable_trainers(variables) -> list:
+    """The live DP optimizers that trained any of ``variables`` (``add_variable_trainer``), each once."""
+    found: dict[int, object] = {}
+    for variable in variables:
+        for ref in getattr(variable, _TRAINERS, ()):
+            optimizer = ref()
+            if optimizer is not None:
+                found.setdefault(id(optimizer), optimizer)
+    return list(found.values())
+
+
 def dataset_fingerprint(dataset) -> str | None:
     """The data fingerprint ``dataset`` (or a pipeline it wraps by prefetch/with_options) carries, or None."""
     return _private_api.attached_attribute(dataset, _FINGERPRINT)
 
 
 __all__ = [
-    "attach_run_record", "dataset_fingerprint", "dataset_record_keys", "inherit_releases", "ledger_link",
-    "ledger_state",
+    "add_variable_trainer", "attach_run_record", "dataset_fingerprint", "dataset_record_keys",
+    "inherit_releases", "ledger_link", "ledger_state",
     "parallel_basis", "preprocessing_digest", "preprocessing_found", "preprocessing_record",
     "public_preprocessing", "release_ledger", "releases", "run_record", "search_record",
     "set_dataset_fingerprint", "set_dataset_record_keys", "set_ledger_link", "set_ledger_state",
     "set_preprocessing_found", "set_preprocessing_record", "set_public_preprocessing", "set_search_record",
-    "uncovered",
+    "uncovered", "variable_trainers",
 ]

@@ -153,13 +153,34 @@ def id_keys(record_ids) -> np.ndarray:
     return _fmix(h).view(np.int64)
 
 
+def distinct_id_keys(record_ids) -> np.ndarray:
+    """``id_keys(record_ids)`` for the rows of one release, refusing an id given to more than one row.
+
+    Every epsilon counts each row once per noised sum it can enter (a row is the unit of privacy). Two rows
+    under one id are one record in the ledger, and that record enters a pass twice: its true epsilon is a
+    group-of-two bound, about twice as large, so ids repeated within one release are refused.
+    """
+    keys = id_keys(record_ids)
+    unique, counts = np.unique(keys, return_counts=True)
+    if unique.size != keys.size:
+        ids = np.asarray(record_ids).ravel()
+        first = ids[int(np.flatnonzero(keys == unique[np.argmax(counts)])[0])]
+        first = first.item() if isinstance(first, np.generic) else first
+        raise ValueError(
+            f"record_ids: {keys.size - unique.size} rows repeat an id given to another row (id "
+            f"{first!r} names {int(counts.max())} rows). A record must be one row: two rows of one "
+            "record enter every pass twice, and their epsilon (a group of two) is larger than the one "
+            "printed for rows. Give each row its own id, or merge the rows of a record into one row")
+    return keys
+
+
 def record_keys(x=None, y=None, record_ids=None) -> np.ndarray:
-    """One int64 key per record: ``id_keys(record_ids)`` when given, else ``content_keys(x, y)``.
+    """One int64 key per record: ``distinct_id_keys(record_ids)`` when given, else ``content_keys(x, y)``.
 
     With both, the number of ids must equal the number of records of ``x``.
     """
     if record_ids is not None:
-        keys = id_keys(record_ids)
+        keys = distinct_id_keys(record_ids)
         if x is not None:
             rows = {a.shape[0] for _, a in _arrays(x) if a.ndim}
             if rows and rows != {len(keys)}:
@@ -228,10 +249,10 @@ def input_keys(x, y=None, record_ids=None, fingerprint: str | None = None) -> np
 
     if isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
         if record_ids is not None:
-            return id_keys(record_ids)
+            return distinct_id_keys(record_ids)
         return attributes.dataset_record_keys(x)
     if x is None or callable(getattr(x, "__next__", None)) or isinstance(x, tf.keras.utils.Sequence):
-        return None if record_ids is None else id_keys(record_ids)
+        return None if record_ids is None else distinct_id_keys(record_ids)
     if record_ids is None and any(isinstance(t, tf.RaggedTensor | tf.SparseTensor)
                                   for t in tf.nest.flatten([x, y])):
         return None  # no canonical content for ragged or sparse rows: the statement says records are unknown
@@ -240,4 +261,4 @@ def input_keys(x, y=None, record_ids=None, fingerprint: str | None = None) -> np
     return record_keys(x, y, record_ids)
 
 
-__all__ = ["content_keys", "id_keys", "input_keys", "record_keys", "tag_record_keys"]
+__all__ = ["content_keys", "distinct_id_keys", "id_keys", "input_keys", "record_keys", "tag_record_keys"]
