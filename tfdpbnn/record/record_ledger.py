@@ -172,15 +172,20 @@ def _composable(releases: Sequence[Release]) -> list[dp_accounting.DpEvent]:
     return events + list(by_phase.values())
 
 
-def composed_epsilon(events: Sequence[dp_accounting.DpEvent], delta: float, accountant: str,
-                     neighboring: str) -> float:
-    """Epsilon at ``delta`` of ``events`` composed, by a sound accountant (0 for none; inf if non-private)."""
+def _check_accountant(accountant: str) -> None:
     from tfdpbnn.privacy.registry import sound_accountants
-    from tfdpbnn.record.ledger import _epsilon_of
 
     if accountant not in sound_accountants():
         raise ValueError(f"accountant must be one of the sound accountants {sound_accountants()}, got "
                          f"{accountant!r}")
+
+
+def composed_epsilon(events: Sequence[dp_accounting.DpEvent], delta: float, accountant: str,
+                     neighboring: str) -> float:
+    """Epsilon at ``delta`` of ``events`` composed, by a sound accountant (0 for none; inf if non-private)."""
+    from tfdpbnn.record.ledger import _epsilon_of
+
+    _check_accountant(accountant)
     return _epsilon_of(dp_accounting.ComposedDpEvent(list(events)), delta, accountant, neighboring)
 
 
@@ -638,12 +643,18 @@ class RecordLedger:
                 for h in self.histories(keys)]
 
     def max_epsilon(self, keys, delta: float, accountant: str = "rdp", extra=()) -> float:
-        """The largest composed epsilon over the records ``keys`` (each history with ``extra`` events)."""
-        worst = 0.0
-        for history in self.histories(keys):
-            events = history.composed() + list(extra)
-            worst = max(worst, composed_epsilon(events, delta, accountant, _neighboring(history)))
-        return worst
+        """The largest composed epsilon over the records ``keys`` (each history with ``extra`` events).
+
+        Each history's epsilon is the smaller of ``accountant``'s and RDP's (both upper bounds;
+        ``tfdpbnn.record.ledger.largest_epsilon``, which runs the accountant only where it can matter).
+        """
+        from tfdpbnn.record.ledger import largest_epsilon
+
+        _check_accountant(accountant)
+        histories = self.histories(keys)
+        worst = largest_epsilon([h.composed() + list(extra) for h in histories], delta, accountant,
+                                lambda i: _neighboring(histories[i]))
+        return 0.0 if worst is None else worst
 
     def overlap(self, keys, phase_ids) -> tuple[int, bool]:
         """How many of the records ``keys`` a release covering one of ``phase_ids`` touched.
@@ -672,17 +683,14 @@ class RecordLedger:
         own = [Release(0, "training", p.neighboring, event_to_config(p.event()), None, int(p.phase_id), "",
                        (int(p.phase_id),)) for p in phases if p.released]
         wanted = {r.phase_id for r in own}
-        worst: float | None = None
-        records = 0
-        for history in self.histories():
-            if not any(r.kind in ("training", "search") and wanted.intersection(r.phase_ids)
-                       for r in history.releases):
-                continue
-            value = composed_epsilon(history.composed(own) + list(extra), delta, accountant,
-                                     _neighboring(history))
-            worst = value if worst is None else max(worst, value)
-            records += history.records
-        return worst, records
+        held = [h for h in self.histories() if any(
+            r.kind in ("training", "search") and wanted.intersection(r.phase_ids) for r in h.releases)]
+        from tfdpbnn.record.ledger import largest_epsilon
+
+        _check_accountant(accountant)
+        worst = largest_epsilon([h.composed(own) + list(extra) for h in held], delta, accountant,
+                                lambda i: _neighboring(held[i]))
+        return worst, sum(h.records for h in held)
 
 
 def _neighboring(history: History) -> str:
