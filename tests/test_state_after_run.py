@@ -110,3 +110,24 @@ def test_train_on_batch_accepts_recorded_weights_and_assertions_between_calls():
 def test_assert_post_processing_needs_a_reason(reason):
     with pytest.raises(ValueError, match="reason must be a non-empty string"):
         _model().optimizer.assert_post_processing(reason)
+
+
+def test_the_library_post_processing_after_fit_keeps_the_guarantee():
+    # SI-DPSGD's release_weights (a sample around the DP-trained means) and IterateAverage's swap at the end
+    # of fit (the average of the DP iterates) write the weights from DP releases only.
+    from tfdpbnn.uncertainty.iterates import IterateAverage
+
+    x, y = small_data()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tfdpbnn.layers.NoisyDense(3)])
+    opt = tfdpbnn.SIDPOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    kernel = model.layers[0].kernel.numpy()
+    opt.release_weights(model)
+    assert not np.allclose(kernel, model.layers[0].kernel.numpy())
+    assert opt.privacy_statement()["guarantee"] is True
+    model = _model()
+    average = IterateAverage(0.5, swap_at_end=True)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[average])
+    assert model.optimizer.privacy_statement()["guarantee"] is True

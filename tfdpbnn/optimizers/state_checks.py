@@ -457,6 +457,14 @@ class WriteWatch:
         self._released.add(key)
         return key
 
+    def note_post_processing(self) -> None:
+        """Accept the watched weights as they are now: a tfdpbnn function wrote them from DP releases only.
+
+        SI-DPSGD's ``release_weights`` (one sample around the DP-trained means), ``IterateAverage.swap_in``
+        (the average of the DP iterates): post-processing, as an epoch end's weights.
+        """
+        self._released.add(self.state())
+
     def assert_post_processing(self, reason: str) -> None:
         """The user's assertion that the watched weights as they are now were written without private data."""
         self._post_processing[self.state()] = reason
@@ -631,7 +639,7 @@ class StateWatch(tf.keras.callbacks.Callback):
         if watch is None or not self._done:
             return
         changed = watch.changed_since_write(self.model.optimizer.iterations)
-        if changed and watch.state() not in self._states:
+        if changed and watch.state() not in self._states | watch._released:  # or a library post-processing
             watch.taint(changed)
             raise ValueError(
                 f"model: variable(s) {changed[:3]} changed after the last DP step of fit (a callback wrote "
