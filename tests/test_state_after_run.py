@@ -57,6 +57,24 @@ def test_a_weight_written_after_fit_voids_the_statement_unless_asserted():
     assert model.optimizer.privacy_statement()["guarantee"] is False
 
 
+def test_a_weight_written_after_a_custom_loop_voids_the_statement():
+    x, y = small_data()
+    model = _model()
+    opt = model.optimizer
+    opt.begin_training(model, x, y, batch_size=8, assert_per_example_loss="per-example cross-entropy")
+
+    @tf.function
+    def step(xb, yb):
+        opt.minimize(lambda: LOSS.__class__(from_logits=True, reduction="none")(yb, model(xb, training=True)),
+                     model.trainable_variables)
+
+    step(x[:8], y[:8])
+    step(x[8:16], y[8:16])
+    assert opt.privacy_statement(model=model)["guarantee"] is True
+    _write_from_data(model, x)  # after the loop's last step, no step follows
+    _no_guarantee(opt.privacy_statement(model=model))
+
+
 def test_weights_the_record_or_an_epoch_end_holds_are_accepted_after_fit(tmp_path):
     x, y = small_data()
     model = _model()
