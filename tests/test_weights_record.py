@@ -91,6 +91,8 @@ def test_weights_unknown_to_the_store_are_counted_as_everything_spent(monkeypatc
     opt = _compile(model)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
     model.set_weights([w + 1.0 for w in model.get_weights()])  # weights no run wrote
+    assert opt.privacy_statement()["guarantee"] is False  # written after fit: no epsilon unless asserted
+    opt.assert_post_processing("every weight plus 1.0: no data used")
     statement = opt.privacy_statement()
     _assert_weights_and_spent(statement, 2, 2)
     assert "does not hold these weights" in statement["weights"]["note"]

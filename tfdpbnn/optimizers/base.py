@@ -712,6 +712,22 @@ class DPOptimizerMixin:
     def _dp_statement_extras(self) -> dict:
         return {}
 
+    def assert_post_processing(self, reason: str) -> None:
+        """Assert that the trainable weights, as they are now, were written without private data.
+
+        A write to the weights after a DP run returned (``fit``, ``train_on_batch``, a custom loop) that
+        leaves them neither the last DP step's, an epoch end's, nor weights the privacy record holds
+        (``load_weights`` of a recorded checkpoint) voids the statement (``guarantee: false``) and refuses
+        the next ``train_on_batch`` call. Post-processing of DP-released weights with public data only keeps
+        the guarantee (Dwork and Roth, 2014, Proposition 2.1); tfdpbnn cannot check the claim, so it covers
+        these exact weights only (a later write needs its own) and ``reason`` is listed under
+        ``asserted_by_user``.
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError("reason must be a non-empty string saying why the weights written after DP "
+                             f"training used no private data; got {reason!r}")
+        self._dp_write_watch.assert_post_processing(reason)
+
     # ------------------------------------------------------------------------------- fit integration
     def begin_training(self, model, x, y=None, batch_size=None, validation_split=0.0, shuffle=True, *,
                        assert_per_example_loss: str | None = None, _fit=False):
@@ -775,6 +791,9 @@ class DPOptimizerMixin:
         examples into passes across calls). ``record_ids``: the batch's record ids for the per-record ledger
         (else its records' content hashes). Raises ``ValueError`` when the optimizer's budget leaves no step.
         """
+        # Trainable weights written since the last DP call's write (ValueError naming them; see WriteWatch)
+        self._dp_write_watch.refuse_written_between_runs(self.iterations,
+                                                         attributes.run_record(self).recognises_weights)
         constants = state_checks.variables_outside_dp_update(model) if model.built else []
         # The state no DP step may change, as the last call left it (ValueError naming what changed since)
         self._dp_write_watch.refuse_changed_constants(constants)

@@ -154,6 +154,7 @@ class SIDPOptimizer(DPSGDOptimizer):
         for layer in layers:
             layer.sample_weights_into_kernel()
         self._sidp_released_at_step = self.steps
+        self._dp_write_watch.note_post_processing()  # a sample around the DP-trained means: post-processing
 
     def paper_mode_gdp_mu(self) -> float:
         """Mu of the GDP composition over all releases so far plus the final exported sample."""

@@ -292,6 +292,9 @@ class WriteWatch:
         self._copy_of = {}  # id(variable) -> (variable, its copy)
         self._compiled = {}  # traced eager checks (changed_since_write, fingerprints), per set of variables
         self._kind = None  # the kind of the last run ("fit", "custom_loop", "train_on_batch")
+        self._released = set()  # keys (``state``) of the weights an epoch's end released (``note_epoch_end``)
+        self._post_processing = {}  # key of asserted weights -> the reason (``assert_post_processing``)
+        self._asserted_used = []  # reasons of the assertions that accepted a write
         with tf.init_scope():
             self._armed = _on_read(False, "dp_write_watch_armed")
             self._check_constants = _on_read(False, "dp_write_watch_constants")
@@ -448,6 +451,67 @@ class WriteWatch:
             [_unequal(v, c) for v, c in zip(variables, copies, strict=True)])).numpy()
         return [v.name for v, w in zip(self._variables, written, strict=True) if w]
 
+    def note_epoch_end(self) -> bytes:
+        """Remember the weights the last DP write left as an epoch's end (released); return their key."""
+        key = self.last_written_state()
+        self._released.add(key)
+        return key
+
+    def note_post_processing(self) -> None:
+        """Accept the watched weights as they are now: a tfdpbnn function wrote them from DP releases only.
+
+        SI-DPSGD's ``release_weights`` (one sample around the DP-trained means), ``IterateAverage.swap_in``
+        (the average of the DP iterates): post-processing, as an epoch end's weights.
+        """
+        self._released.add(self.state())
+
+    def assert_post_processing(self, reason: str) -> None:
+        """The user's assertion that the watched weights as they are now were written without private data."""
+        self._post_processing[self.state()] = reason
+
+    def post_processing_assertions(self) -> list:
+        """The reasons of the assertions that accepted a write (for the statement's ``asserted_by_user``)."""
+        return list(self._asserted_used)
+
+    def written_after_run(self, iterations, recognised) -> tuple[list, str | None]:
+        """Eager: trainable variables written since the last DP write of a run that has ended, and how known.
+
+        Returns ``(names, None)`` when the watched weights are neither the last DP write's (at the same step
+        counter: a restore that set it back is the record's business), an epoch end's, nor weights that
+        ``recognised()`` (the record) knows; ``(names, reason)`` when the user asserted these weights
+        (``assert_post_processing``); ``([], None)`` otherwise.
+        """
+        changed = self.changed_since_write(iterations)
+        if not changed:
+            return [], None
+        key = self.state()
+        if key in self._released or recognised():
+            return [], None
+        reason = self._post_processing.get(key)
+        if reason is not None and reason not in self._asserted_used:
+            self._asserted_used.append(reason)
+        return changed, reason
+
+    def refuse_written_between_runs(self, iterations, recognised) -> None:
+        """Before a ``train_on_batch`` call: refuse trainable weights written since the last DP write.
+
+        Consecutive DP calls are one run fed batch by batch: the last call's DP write must reach this call's
+        step untouched, unless the weights are an epoch end's, ones the record knows (``load_weights`` of a
+        recorded checkpoint), the optimizer's step counter was set back (a restore), or the user asserted
+        them (``assert_post_processing``). Otherwise ``ValueError`` naming the variables, and the statement
+        gives no guarantee.
+        """
+        changed, asserted = self.written_after_run(iterations, recognised)
+        if changed and asserted is None:
+            self.taint(changed)
+            raise ValueError(
+                f"model: trainable variable(s) {changed[:3]} changed after the last DP write of this "
+                "optimizer (between two DP calls: train_on_batch, fit), outside the DP update, to values "
+                "that are neither that write's, an epoch end's, nor weights the privacy record holds. No "
+                "epsilon covers what they carry; the optimizer's privacy statement now says guarantee: "
+                "false. If the change used no private data, say so first with "
+                "optimizer.assert_post_processing(reason=...) (listed under asserted_by_user).")
+
     def _flagged(self) -> list:
         """Names of the variables the steps flagged since the run started (every set of variables)."""
         found = []
@@ -562,7 +626,7 @@ class StateWatch(tf.keras.callbacks.Callback):
         if watch is not None and self._done:  # the state the epoch's last DP step wrote (its copy's key)
             if self._jit:
                 watch.refuse_written(f"at the end of epoch {epoch}")
-            self._states.add(watch.last_written_state())
+            self._states.add(watch.note_epoch_end())
 
     def finish(self):
         """Refuse state changed after the last DP step, unless set back to an epoch's end (as EarlyStopping).
@@ -575,7 +639,7 @@ class StateWatch(tf.keras.callbacks.Callback):
         if watch is None or not self._done:
             return
         changed = watch.changed_since_write(self.model.optimizer.iterations)
-        if changed and watch.state() not in self._states:
+        if changed and watch.state() not in self._states | watch._released:  # or a library post-processing
             watch.taint(changed)
             raise ValueError(
                 f"model: variable(s) {changed[:3]} changed after the last DP step of fit (a callback wrote "

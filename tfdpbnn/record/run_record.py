@@ -315,6 +315,12 @@ class RunRecord:
         """The model this optimizer last trained or was shown (None if unknown or gone)."""
         return None if self._model is None else self._model()
 
+    def recognises_weights(self) -> bool:
+        """Whether the record store holds a snapshot of the model's weights as they are now (any run's)."""
+        model, store = self.model(), record_store.default_store()
+        return model is not None and store is not None and \
+            store.weights_ledger(record_store.weights_fingerprint(model)) is not None
+
     def weights_and_spent(self, delta: float, epsilon: float) -> tuple[dict, dict]:
         """The statement's ``weights`` (the training behind the weights in hand) and ``spent`` (everything).
 

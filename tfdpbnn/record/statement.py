@@ -108,9 +108,29 @@ def _noise_source(optimizer) -> str:
 def _mark_guarantee(statement: dict, optimizer) -> dict:
     """``guarantee``: False for replayable noise (``debug_noise_seed``): epsilon infinite, and the reason."""
     replayable = optimizer.mechanism.noise_replayable
-    written = optimizer._dp_write_watch.written()
+    watch = optimizer._dp_write_watch
+    written = watch.written()
+    # Trainable weights written after the last DP run ended (after fit or train_on_batch returned): neither
+    # that run's last DP write, an epoch end's, nor weights the record holds, and not asserted by the user.
+    after, asserted = watch.written_after_run(optimizer.iterations,
+                                              attributes.run_record(optimizer).recognises_weights)
+    if after and asserted is None:
+        written = written + [n for n in after if n not in written]
+    statement["asserted_by_user"] = list(statement["asserted_by_user"]) + [
+        f"weights written after DP training used no private data (post-processing): {reason}"
+        for reason in watch.post_processing_assertions()]
     statement["guarantee"] = not replayable and not written
-    if written and not replayable:
+    if after and asserted is None and not replayable:
+        _no_guarantee(
+            statement, "epsilon_if_state_were_untouched",
+            f"weights written outside the DP step: no guarantee. Variable(s) {after[:3]} were changed after "
+            "the last DP step of the run (by code after fit, train_on_batch or a custom loop returned) to "
+            "values that are neither that step's, an epoch end's, nor weights the privacy record holds; no "
+            "epsilon covers what they carry. epsilon is infinite; epsilon_if_state_were_untouched is the "
+            "accountant's value. If the change used no private data, say so with "
+            "optimizer.assert_post_processing(reason=...).",
+            "no epsilon holds: weights were written outside the DP step")
+    elif written and not replayable:
         _no_guarantee(
             statement, "epsilon_if_state_were_untouched",
             f"state written outside the DP step: no guarantee. Variable(s) {written[:3]} changed during DP "

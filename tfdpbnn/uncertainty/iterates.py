@@ -73,6 +73,9 @@ class IterateAverage(tf.keras.callbacks.Callback):
             raise ValueError("IterateAverage.swap_in: no average yet (pass the callback to model.fit first)")
         for a, w in zip(self.average, self.model.trainable_variables, strict=True):
             w.assign(a.astype(tf.as_dtype(w.dtype).as_numpy_dtype))
+        watch = getattr(getattr(self.model, "optimizer", None), "_dp_write_watch", None)
+        if watch is not None:  # the average of the DP iterates: post-processing, accepted by the state checks
+            watch.note_post_processing()
 
 
 class IterateMoments(tf.keras.callbacks.Callback):
