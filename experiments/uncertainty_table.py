@@ -216,7 +216,7 @@ def _public_rate(method, recipe, epsilon, cache_path):
     return cache[key]["learning_rate"]
 
 
-def _temperature_draws(train_probs, y, test_probs, y_test, epsilon, draws, seed):
+def _temperature_draws(train_probs, y, test_probs, y_test, epsilon, draws, seed, null_zone=NULL_ZONE):
     """The never-worse temperature (null zone) fit on the training records, over ``draws`` noise draws.
 
     Returns (mean test ECE after, its std, mean test NLL after, draws kept at T = 1, the first draw's fit).
@@ -228,7 +228,7 @@ def _temperature_draws(train_probs, y, test_probs, y_test, epsilon, draws, seed)
     for draw in range(draws):
         fit = fit_temperature_private(train_probs, y, TEMPERATURE_SHARE * epsilon, DELTA,
                                       steps=TEMPERATURE_STEPS, accountant="pld",
-                                      seed=90_000 + 1000 * seed + draw, null_zone=NULL_ZONE)
+                                      seed=90_000 + 1000 * seed + draw, null_zone=null_zone)
         first = first or fit
         calibrated = fit.apply(test_probs)
         eces.append(expected_calibration_error(calibrated, y_test))
@@ -237,8 +237,12 @@ def _temperature_draws(train_probs, y, test_probs, y_test, epsilon, draws, seed)
     return float(np.mean(eces)), float(np.std(eces)), float(np.mean(nlls)), int(kept), first
 
 
-def _recipe_scores(predict, x, y, x_test, y_test, epsilon, draws, seed):
-    """Raw scores of one predictive (accuracy, ECE, NLL, Brier, AUROCs) and the calibration over draws."""
+def _recipe_scores(predict, x, y, x_test, y_test, epsilon, draws, seed, save=None):
+    """Raw scores of one predictive (accuracy, ECE, NLL, Brier, AUROCs) and the calibration over draws.
+
+    ``save``: an npz path for the training and test probabilities (other calibration rules can be
+    compared on them without training again).
+    """
     from experiments.honest_common import auroc, entropy
     from tfdpbnn.uncertainty import expected_calibration_error
 
@@ -252,14 +256,22 @@ def _recipe_scores(predict, x, y, x_test, y_test, epsilon, draws, seed):
     for name, xo in ood_sets(x_test, seed).items():
         row[f"auroc_{name}"] = auroc(h_in, entropy(predict(xo)))
     if epsilon is not None:
-        ece, ece_std, nll, kept, first = _temperature_draws(predict(x), y, test, y_test, epsilon, draws, seed)
+        train = predict(x)
+        if save:
+            os.makedirs(os.path.dirname(save), exist_ok=True)
+            np.savez(save, train=train, y=y, test=test, y_test=y_test)
+        ece, ece_std, nll, kept, first = _temperature_draws(train, y, test, y_test, epsilon, draws, seed)
         row.update({"ece_calibrated": ece, "ece_calibrated_std": ece_std, "nll_calibrated": nll,
                     "temperature_kept": kept, "draws": draws})
+        # the plain private temperature (no null zone) on the same draws, for comparison
+        row["ece_plain_temperature"] = _temperature_draws(train, y, test, y_test, epsilon, draws, seed,
+                                                          None)[0]
         return row, first
     return row, None
 
 
-def run_recipe(method, epsilon, seed, draws=100, pretrained=None, cache_path="runs/public_rates.json"):
+def run_recipe(method, epsilon, seed, draws=100, pretrained=None, cache_path="runs/public_rates.json",
+               probs_dir="runs/uncertainty_recipe_probs"):
     """Rows of the current recipe: every training record trains, public MNIST-5k pretraining, EMA 0.9.
 
     What ``tfdpbnn train --method M --public mnist5k --ema 0.9 --accountant pld`` runs, in process: the
@@ -330,7 +342,8 @@ def run_recipe(method, epsilon, seed, draws=100, pretrained=None, cache_path="ru
         arms.append(("iterate ensemble", lambda v: predict(v, ensemble)))
     rows = []
     for arm, fn in arms:
-        row, fit = _recipe_scores(fn, x, y, x_test, y_test, epsilon, draws, seed)
+        save = os.path.join(probs_dir, f"{method}-{arm.replace(' ', '_')}-eps{epsilon:g}-seed{seed}.npz")
+        row, fit = _recipe_scores(fn, x, y, x_test, y_test, epsilon, draws, seed, save if probs_dir else None)
         if arm == "recipe":  # one draw recorded: the statement covers training and the temperature
             optimizer.record_release(fit, "sequential")
         statement = optimizer.privacy_statement()
@@ -375,8 +388,8 @@ def run_recipe_reference(seed, draws=0) -> dict:
     return row
 
 
-RECIPE_COLUMNS = ("accuracy", "ece", "ece_calibrated", "nll", "brier", "auroc_noise", "auroc_inverted",
-                  "auroc_rot180")
+RECIPE_COLUMNS = ("accuracy", "ece", "ece_calibrated", "ece_plain_temperature", "nll", "brier", "auroc_noise",
+                  "auroc_inverted", "auroc_rot180")
 
 
 def recipe_table(rows) -> str:
@@ -384,15 +397,19 @@ def recipe_table(rows) -> str:
     groups = {}
     for r in rows:
         groups.setdefault((r["method"], r["epsilon"], r["arm"]), []).append(r)
-    lines = ["| method | epsilon | predictive | seeds | accuracy | ECE | ECE calibrated (never-worse rule) | "
-             "NLL | Brier | AUROC noise | AUROC inverted | AUROC rot180 | T kept at 1 | epsilon spent |",
-             "|" + " --- |" * 14]
+    lines = ["| method | epsilon | predictive | seeds | accuracy | ECE | ECE, null-zone temperature | "
+             "ECE, plain private temperature | NLL | Brier | AUROC noise | AUROC inverted | AUROC rot180 | "
+             "T kept at 1 | epsilon spent |",
+             "|" + " --- |" * 15]
     order = {m: i for i, m in enumerate((*RECIPE_METHODS, "sgd"))}
     for method, eps, arm in sorted(groups, key=lambda k: (-k[1] if k[1] != float("inf") else -1e9,
                                                            order[k[0]], k[2] != "recipe")):
         rs = groups[(method, eps, arm)]
         cells = []
         for c in RECIPE_COLUMNS:
+            if c not in rs[0]:
+                cells.append("-")
+                continue
             v = np.array([r[c] for r in rs])
             cells.append(f"{v.mean():.3f} ({v.std():.3f})" if len(v) > 1 else f"{v.mean():.3f}")
         kept = (f"{sum(r['temperature_kept'] for r in rs)}/{sum(r['draws'] for r in rs)}"
@@ -402,6 +419,40 @@ def recipe_table(rows) -> str:
         lines.append(f"| {method} | {'none' if eps == float('inf') else f'{eps:g}'} | {name} | {len(rs)} | "
                      + " | ".join(cells) + f" | {kept} | "
                      + ("-" if spent == float("inf") else f"{spent:.3f}") + " |")
+    return "\n".join(lines)
+
+
+def zone_analysis(probs_dir, zones, draws=100) -> str:
+    """Markdown: mean test ECE after the private temperature for each null zone, on the saved probabilities.
+
+    Reads the npz files ``run_recipe`` saved (training and test probabilities of every run); the same noise
+    seeds as the table. A zone of 0 stands for no zone (the plain private temperature).
+    """
+    import glob
+
+    from tfdpbnn.uncertainty import expected_calibration_error
+
+    lines = ["| method | epsilon | predictive | runs | raw ECE | "
+             + " | ".join("plain" if z == 0 else f"zone {z:g}" for z in zones)
+             + " | runs worse than raw (per zone) |", "|" + " --- |" * (6 + len(zones))]
+    groups = {}
+    for path in sorted(glob.glob(os.path.join(probs_dir, "*.npz"))):
+        method, arm, eps, _ = os.path.basename(path)[:-4].split("-")
+        groups.setdefault((method, float(eps[3:]), arm), []).append(path)
+    for (method, eps, arm), paths in sorted(groups.items(), key=lambda kv: (-kv[0][1], kv[0][0], kv[0][2])):
+        raw, after = [], {z: [] for z in zones}
+        for path in paths:
+            d = np.load(path)
+            seed = int(path.rsplit("seed", 1)[1][:-4])
+            raw.append(expected_calibration_error(d["test"], d["y_test"]))
+            for z in zones:
+                after[z].append(_temperature_draws(d["train"], d["y"], d["test"], d["y_test"], eps, draws,
+                                                   seed, z or None)[0])
+        raw = np.array(raw)
+        cells = [f"{np.mean(after[z]):.4f}" for z in zones]
+        worse = [str(int(np.sum(np.array(after[z]) > raw + 1e-12))) for z in zones]
+        lines.append(f"| {method} | {eps:g} | {arm.replace('_', ' ')} | {len(paths)} | {raw.mean():.4f} | "
+                     + " | ".join(cells) + f" | {' / '.join(worse)} |")
     return "\n".join(lines)
 
 
@@ -515,7 +566,13 @@ def main(argv=None) -> int:
                         "every record trains, public pretraining, EMA, the never-worse temperature "
                         "(run_recipe)")
     p.add_argument("--draws", type=int, default=100, help="--recipe current: temperature noise draws per run")
+    p.add_argument("--zones", type=float, nargs="+", default=None,
+                   help="only compare null zones (0: none) on the probabilities saved under --probs-dir")
+    p.add_argument("--probs-dir", default="runs/uncertainty_recipe_probs")
     args = p.parse_args(argv)
+    if args.zones:
+        print(zone_analysis(args.probs_dir, args.zones, args.draws))
+        return 0
     if args.recipe == "current":
         if args.methods == list(METHODS):
             args.methods = list(RECIPE_METHODS)
