@@ -25,6 +25,13 @@ DIGITS:
 Run: ``nice python experiments/uncertainty_table.py --seeds 0 1 2 3 4`` (writes results.json and
 table.md under ``--out``, default docs/results/uncertainty_table; rows are appended as they finish, and a
 rerun skips the rows already there).
+
+``--recipe current`` (``run_recipe``; default out docs/results/uncertainty_table_recipe) runs instead the
+current recipe: every training record trains, public MNIST-5k pretraining, the moving average of the
+iterates, DP-SGD's free iterate ensemble, and the never-worse private temperature
+(``fit_temperature_private(null_zone=2)``) fit on the training records at 0.2 of epsilon, composed
+sequentially, measured over ``--draws`` noise draws per run. ``--zones 0 2 3 4`` compares null zones on
+the probabilities it saved (``--probs-dir``), without training.
 """
 
 from __future__ import annotations
