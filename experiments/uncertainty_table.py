@@ -223,7 +223,8 @@ def _public_rate(method, recipe, epsilon, cache_path):
     return cache[key]["learning_rate"]
 
 
-def _temperature_draws(train_probs, y, test_probs, y_test, epsilon, draws, seed, null_zone=NULL_ZONE):
+def _temperature_draws(train_probs, y, test_probs, y_test, epsilon, draws, seed, null_zone=NULL_ZONE,
+                       share=TEMPERATURE_SHARE):
     """The never-worse temperature (null zone) fit on the training records, over ``draws`` noise draws.
 
     Returns (mean test ECE after, its std, mean test NLL after, draws kept at T = 1, the first draw's fit).
@@ -233,7 +234,7 @@ def _temperature_draws(train_probs, y, test_probs, y_test, epsilon, draws, seed,
     eces, nlls, kept, first = [], [], 0, None
     n = len(y_test)
     for draw in range(draws):
-        fit = fit_temperature_private(train_probs, y, TEMPERATURE_SHARE * epsilon, DELTA,
+        fit = fit_temperature_private(train_probs, y, share * epsilon, DELTA,
                                       steps=TEMPERATURE_STEPS, accountant="pld",
                                       seed=90_000 + 1000 * seed + draw, null_zone=null_zone)
         first = first or fit
@@ -244,7 +245,7 @@ def _temperature_draws(train_probs, y, test_probs, y_test, epsilon, draws, seed,
     return float(np.mean(eces)), float(np.std(eces)), float(np.mean(nlls)), int(kept), first
 
 
-def _recipe_scores(predict, x, y, x_test, y_test, epsilon, draws, seed, save=None):
+def _recipe_scores(predict, x, y, x_test, y_test, epsilon, draws, seed, save=None, share=TEMPERATURE_SHARE):
     """Raw scores of one predictive (accuracy, ECE, NLL, Brier, AUROCs) and the calibration over draws.
 
     ``save``: an npz path for the training and test probabilities (other calibration rules can be
@@ -267,18 +268,19 @@ def _recipe_scores(predict, x, y, x_test, y_test, epsilon, draws, seed, save=Non
         if save:
             os.makedirs(os.path.dirname(save), exist_ok=True)
             np.savez(save, train=train, y=y, test=test, y_test=y_test)
-        ece, ece_std, nll, kept, first = _temperature_draws(train, y, test, y_test, epsilon, draws, seed)
+        ece, ece_std, nll, kept, first = _temperature_draws(train, y, test, y_test, epsilon, draws, seed,
+                                                            share=share)
         row.update({"ece_calibrated": ece, "ece_calibrated_std": ece_std, "nll_calibrated": nll,
                     "temperature_kept": kept, "draws": draws})
         # the plain private temperature (no null zone) on the same draws, for comparison
         row["ece_plain_temperature"] = _temperature_draws(train, y, test, y_test, epsilon, draws, seed,
-                                                          None)[0]
+                                                          None, share)[0]
         return row, first
     return row, None
 
 
 def run_recipe(method, epsilon, seed, draws=100, pretrained=None, cache_path="runs/public_rates.json",
-               probs_dir="runs/uncertainty_recipe_probs"):
+               probs_dir="runs/uncertainty_recipe_probs", held_out=0.0):
     """Rows of the current recipe: every training record trains, public MNIST-5k pretraining, EMA 0.9.
 
     What ``tfdpbnn train --method M --public mnist5k --ema 0.9 --accountant pld`` runs, in process: the
@@ -307,6 +309,15 @@ def run_recipe(method, epsilon, seed, draws=100, pretrained=None, cache_path="ru
     batch_size = int(round(recipe.sample_rate * n))
     recipe = dataclasses.replace(recipe, sample_rate=batch_size / n)
     recipe.learning_rate = _public_rate(method, recipe, epsilon, cache_path)
+    x_cal = y_cal = None
+    if held_out:  # a held-out part for the temperature instead (parallel composition; the same rate)
+        from tfdpbnn.uncertainty import split_by_record
+
+        held = split_by_record([x, y], held_out, key=50_000 + seed)
+        (x_cal, y_cal), (x, y) = (x[held], y[held]), (x[~held], y[~held])
+        n = len(x)
+        batch_size = int(round(train_recipes.RECIPES[method].sample_rate * n))
+        recipe = dataclasses.replace(recipe, sample_rate=batch_size / n)
     model = train_recipes.build_model(method, (64,), 10, n, recipe.hidden, seed, kl_weight=recipe.kl_weight)
     key = (method, seed)
     if pretrained is not None and key in pretrained:
@@ -318,7 +329,7 @@ def run_recipe(method, epsilon, seed, draws=100, pretrained=None, cache_path="ru
     room = gaussian_queries(TEMPERATURE_SHARE * epsilon, DELTA, TEMPERATURE_STEPS,
                             "temperature_scaling_gaussian_bisection", "pld")[1].dp_event
     optimizer = train_recipes.build_optimizer(method, recipe, epsilon, DELTA, n, batch_size,
-                                              other_events=[room])
+                                              other_events=[] if held_out else [room])
     model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     steps_per_epoch = int(np.ceil(n / batch_size))
     total = steps_per_epoch * recipe.epochs
@@ -350,11 +361,18 @@ def run_recipe(method, epsilon, seed, draws=100, pretrained=None, cache_path="ru
     rows = []
     for arm, fn in arms:
         save = os.path.join(probs_dir, f"{method}-{arm.replace(' ', '_')}-eps{epsilon:g}-seed{seed}.npz")
-        row, fit = _recipe_scores(fn, x, y, x_test, y_test, epsilon, draws, seed, save if probs_dir else None)
-        if arm == "recipe":  # one draw recorded: the statement covers training and the temperature
-            optimizer.record_release(fit, "sequential")
+        if held_out:  # the temperature on the held-out part at the whole epsilon (parallel composition)
+            row, fit = _recipe_scores(fn, x_cal, y_cal, x_test, y_test, epsilon, draws, seed, None, 1.0)
+            if arm == "recipe":
+                optimizer.record_release(fit, "parallel", asserted_disjoint="split_by_record held-out part")
+        else:
+            row, fit = _recipe_scores(fn, x, y, x_test, y_test, epsilon, draws, seed,
+                                      save if probs_dir else None)
+            if arm == "recipe":  # one draw recorded: the statement covers training and the temperature
+                optimizer.record_release(fit, "sequential")
         statement = optimizer.privacy_statement()
-        row.update({"method": method, "epsilon": epsilon, "arm": arm, "seed": seed,
+        row.update({"method": method, "epsilon": epsilon, "arm": arm, "seed": seed, "held_out": held_out,
+                    "train_records": n,
                     "learning_rate": float(recipe.learning_rate),
                     "noise_multiplier": float(optimizer.noise_multiplier),
                     "training_epsilon": float(statement["training_epsilon"]),
@@ -480,7 +498,7 @@ def main_recipe(args) -> int:
         if (method, eps, seed) in done:
             continue
         new = ([run_recipe_reference(seed)] if method == "sgd"
-               else run_recipe(method, eps, seed, args.draws, pretrained))
+               else run_recipe(method, eps, seed, args.draws, pretrained, held_out=args.held_out))
         results["rows"] += new
         for row in new:
             print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}),
@@ -576,6 +594,9 @@ def main(argv=None) -> int:
     p.add_argument("--zones", type=float, nargs="+", default=None,
                    help="only compare null zones (0: none) on the probabilities saved under --probs-dir")
     p.add_argument("--probs-dir", default="runs/uncertainty_recipe_probs")
+    p.add_argument("--held-out", type=float, default=0.0,
+                   help="--recipe current: hold this fraction out (split_by_record) and fit the temperature "
+                        "there at the whole epsilon (parallel composition), not on the training records")
     args = p.parse_args(argv)
     if args.zones:
         print(zone_analysis(args.probs_dir, args.zones, args.draws))
