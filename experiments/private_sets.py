@@ -16,12 +16,16 @@ test set):
   and gamma that ``private_conformal_level`` gives the lowest level for at n = 1,000 (computed from the
   arguments alone, docs/uncertainty.md);
 - ``log, 6 steps, gamma 0.05``: the same on the log-probability grid (``grid="log"``);
+- ``log, 5 steps (rule)`` / ``log, 4 steps``: fewer queries on the log grid, gamma the one of ``GAMMAS``
+  with the lowest ``private_conformal_level`` at the held-out size (public); the rule (fixed before the
+  run): the fewest steps whose log-grid cell stays within 0.2 decades of probability;
 - calibration: the plan's private temperature (4 steps at its share of E) with and without
   ``null_zone=2`` (``fit_temperature_private``), test ECE over the draws against the raw ECE;
 - ``public threshold``: ``conformal_threshold`` without noise on the same held-out part (no guarantee of
   privacy; the reference).
 
-Run: ``nice python experiments/private_sets.py --seeds 0 1 2 --out docs/results/private_sets``.
+Run: ``python experiments/private_sets.py --seeds 0 1 2 3 4 --out docs/results/private_sets`` (each seed's
+held-out and test probabilities are saved under ``--probs-dir``).
 """
 
 from __future__ import annotations
@@ -42,19 +46,34 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 DELTA = 1e-5
 ALPHA = 0.1
 HELD_OUT_FRACTION = 0.27
-THRESHOLDS = {  # name: (grid, steps, gamma)
+THRESHOLDS = {  # name: (grid, steps, gamma); gamma None: the one of GAMMAS with the lowest level at n
     "linear, 6 steps, gamma 0.05": ("linear", 6, 0.05),
     "log, 6 steps, gamma 0.05": ("log", 6, 0.05),
+    "log, 5 steps (rule)": ("log", 5, None),
+    "log, 4 steps": ("log", 4, None),
 }
+#: public candidates for gamma; ``_level_gamma`` picks the one with the lowest ``private_conformal_level``
+GAMMAS = (0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2)
 
 
-def _train(x, y, epsilon, seed, method="dpvd", epochs=20):
-    """The DP model on (x, y), EMA weights loaded; returns (model, optimizer, MC samples)."""
+def _level_gamma(n, epsilon, steps):
+    """The gamma of ``GAMMAS`` whose ``private_conformal_level`` at (n, epsilon, steps) is lowest (public)."""
+    from tfdpbnn.uncertainty import private_conformal_level
+
+    return min(GAMMAS, key=lambda g: private_conformal_level(n, ALPHA, epsilon, DELTA, steps, g, "pld"))
+
+
+def _train(x, y, epsilon, seed, method="dpvd", epochs=20, ensemble=False):
+    """The DP model on (x, y), EMA weights loaded; returns (model, optimizer, MC samples, snapshots).
+
+    ``ensemble``: also keep the last 30 second-half iterates (every 2nd; ``IterateMoments``), the free
+    posterior of "uncertainty-table" (docs/results.md); ``snapshots`` is None otherwise.
+    """
     import tensorflow as tf
 
     import tfdpbnn
     from tfdpbnn.commands import train_recipes
-    from tfdpbnn.uncertainty import IterateAverage
+    from tfdpbnn.uncertainty import IterateAverage, IterateMoments
 
     recipe = dataclasses.replace(train_recipes.RECIPES[method], accountant="pld", epochs=epochs)
     n = len(x)
@@ -66,12 +85,16 @@ def _train(x, y, epsilon, seed, method="dpvd", epochs=20):
                                            steps_per_epoch=int(math.ceil(n / batch_size)),
                                            secret_seed=10_000 + seed)
     tf.random.set_seed(20_000 + seed)
-    model.fit(batches, epochs=recipe.epochs, verbose=0, callbacks=[IterateAverage(0.9)])
+    callbacks = [IterateAverage(0.9)]
+    if ensemble:
+        total = int(math.ceil(n / batch_size)) * recipe.epochs
+        callbacks.append(IterateMoments(burn_in=total // 2, thinning=2, max_iterates=30))
+    model.fit(batches, epochs=recipe.epochs, verbose=0, callbacks=callbacks)
     samples = recipe.mc_samples if method in train_recipes.STOCHASTIC else 1
-    return model, optimizer, samples
+    return model, optimizer, samples, callbacks[1].iterates if ensemble else None
 
 
-def run_seed(seed, epsilon, draws, method="dpvd", epochs=20) -> dict:
+def run_seed(seed, epsilon, draws, method="dpvd", epochs=20, probs_dir=None, ensemble=False) -> dict:
     """One seed: train privately, then every threshold over ``draws`` noise draws; coverage and size."""
     import tfdpbnn
     from tfdpbnn.uncertainty import (
@@ -92,11 +115,22 @@ def run_seed(seed, epsilon, draws, method="dpvd", epochs=20) -> dict:
     x, y = x_all[rest][~held], y_all[rest][~held]
     x_cal, y_cal = x_all[rest][held], y_all[rest][held]
     y_test = y_all[test]
-    model, optimizer, samples = _train(x, y, epsilon, seed, method, epochs)
-    cal = np.asarray(mc_predict(model, x_cal, num_samples=samples, from_logits=True).mean, dtype=np.float64)
-    probs = np.asarray(mc_predict(model, x_all[test], num_samples=samples, from_logits=True).mean,
-                       dtype=np.float64)
-    row = {"seed": seed, "epsilon": epsilon, "method": method, "epochs": epochs, "train": len(x),
+    model, optimizer, samples, snapshots = _train(x, y, epsilon, seed, method, epochs, ensemble)
+
+    def predict(inputs):
+        if snapshots:
+            out = mc_predict(model, inputs, weight_snapshots=snapshots, from_logits=True)
+        else:
+            out = mc_predict(model, inputs, num_samples=samples, from_logits=True)
+        return np.asarray(out.mean, dtype=np.float64)
+
+    cal, probs = predict(x_cal), predict(x_all[test])
+    label = method + (" ensemble" if ensemble else "")
+    if probs_dir:  # the model's outputs, so thresholds can be compared again without training
+        os.makedirs(probs_dir, exist_ok=True)
+        np.savez(os.path.join(probs_dir, f"{label.replace(' ', '_')}-eps{epsilon:g}-seed{seed}.npz"), cal=cal,
+                 y_cal=y_cal, test=probs, y_test=y_test)
+    row = {"seed": seed, "epsilon": epsilon, "method": label, "epochs": epochs, "train": len(x),
            "held_out": len(x_cal), "accuracy": float(np.mean(probs.argmax(1) == y_test)),
            "ece": float(tfdpbnn.uncertainty.expected_calibration_error(probs, y_test)),
            "training_epsilon": float(optimizer.privacy_statement()["epsilon"]), "thresholds": {}}
@@ -140,6 +174,8 @@ def run_seed(seed, epsilon, draws, method="dpvd", epochs=20) -> dict:
             kept += fit.temperature == 1.0
         row[name], row[name + "_std"], row[name + "_kept"] = float(np.mean(eces)), float(np.std(eces)), kept
     for name, (grid, steps, gamma) in THRESHOLDS.items():
+        gamma = _level_gamma(len(y_cal), epsilon, steps) if gamma is None else gamma
+
         def draw_fit(draw, grid=grid, steps=steps, gamma=gamma):
             fit = private_conformal_threshold(cal, y_cal, ALPHA, epsilon, DELTA, steps=steps, gamma=gamma,
                                               accountant="pld", seed=20_000 + draw, grid=grid)
@@ -148,6 +184,7 @@ def run_seed(seed, epsilon, draws, method="dpvd", epochs=20) -> dict:
         row["thresholds"][name] = measure(draw_fit)
         row["thresholds"][name]["level"] = private_conformal_level(len(y_cal), ALPHA, epsilon, DELTA, steps,
                                                                    gamma, "pld")
+        row["thresholds"][name]["gamma"] = gamma
     row["seconds"] = time.perf_counter() - start
     return row
 
@@ -197,7 +234,11 @@ def main(argv=None) -> int:
     p.add_argument("--draws", type=int, default=100)
     p.add_argument("--method", default="dpvd", choices=("dpvd", "dpsgd"))
     p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--ensemble", action="store_true",
+                   help="predict with the ensemble of the last 30 second-half iterates (free posterior)")
     p.add_argument("--out", default="docs/results/private_sets")
+    p.add_argument("--probs-dir", default="runs/private_sets_probs",
+                   help="where each seed's held-out and test probabilities are saved (npz)")
     p.add_argument("--render-only", action="store_true", help="only write table.md from results.json")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -212,9 +253,10 @@ def main(argv=None) -> int:
     meta = {"command": "python experiments/private_sets.py " + command,
             "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, TensorFlow CPU"}
     for seed in [] if args.render_only else args.seeds:
-        if (args.method, seed, args.epsilon, args.epochs) in done:
+        if (args.method + (" ensemble" if args.ensemble else ""), seed, args.epsilon, args.epochs) in done:
             continue
-        results["rows"].append(run_seed(seed, args.epsilon, args.draws, args.method, args.epochs))
+        results["rows"].append(run_seed(seed, args.epsilon, args.draws, args.method, args.epochs,
+                                        args.probs_dir, args.ensemble))
         print(json.dumps(results["rows"][-1]), flush=True)
         results["meta"] = [m for m in results["meta"] if m["command"] != meta["command"]]
         results["meta"].append(dict(meta, seconds=time.perf_counter() - start))
