@@ -79,7 +79,7 @@ EMA_DECAY = 0.95
 
 
 def run_one(method, epsilon, seed, learning_rate, weights, ema_decay=EMA_DECAY, epochs=None, sample_rate=None,
-            copies=0, trainable_last=None):
+            copies=0, trainable_last=None, temperature_draws=True):
     """Fine-tune (from ``weights``, or the random initialization if None) on all DIGITS records; score.
 
     ``copies`` > 0: augmentation multiplicity (``tfdpbnn.layers.AugmentationCopies`` in front of the network,
@@ -140,7 +140,8 @@ def run_one(method, epsilon, seed, learning_rate, weights, ema_decay=EMA_DECAY, 
     rows["ema 0.9"] = scores(mc, x_test, y_test, ood)
     average.swap_in()
     rows["recipe"] = scores(mc, x_test, y_test, ood)
-    rows["recipe"].update(private_temperature_draws(mc(x), y, mc(x_test), y_test, epsilon))
+    if temperature_draws:
+        rows["recipe"].update(private_temperature_draws(mc(x), y, mc(x_test), y_test, epsilon))
     if float(optimizer.privacy_statement()["epsilon"]) != epsilon_spent:  # post-processing: unchanged
         raise AssertionError("the statement's epsilon changed after post-processing")
     common = {"method": method, "target_epsilon": epsilon, "seed": seed, "learning_rate": learning_rate,
@@ -481,6 +482,11 @@ def main(argv=None) -> int:
                         help="also fine-tune only the pretrained network's last layer (arm 'last layer')")
     parser.add_argument("--copies", type=int, nargs="+", default=[],
                         help="also run the recipe with augmentation multiplicity K (arm 'copies K')")
+    parser.add_argument("--no-temperature-draws", action="store_true",
+                        help="skip the private temperature's 100 noise draws per run (a measurement only)")
+    parser.add_argument("--rates", type=float, nargs="+", default=None,
+                        help="the fine-tuning rates the public data chose, one per epsilon, as printed by an "
+                             "earlier run (skips the public selection, which reads no private data)")
     parser.add_argument("--out", default=os.path.join("runs", "best_recipe"))
     parser.add_argument("--render-only", action="store_true", help="only rewrite table.md from results.json")
     parser.add_argument("--demo-command", action="store_true",
@@ -544,8 +550,11 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     rows, start = [], time.time()
     rates, aspect_rates, pretrained = {}, {}, []
-    for epsilon in args.epsilons:  # on public data only, once per epsilon
-        rates[epsilon] = select_rate(args.method, epsilon)
+    if args.rates is not None and len(args.rates) != len(args.epsilons):
+        parser.error(f"--rates needs one rate per epsilon ({len(args.epsilons)}), got {len(args.rates)}")
+    for i, epsilon in enumerate(args.epsilons):  # on public data only, once per epsilon
+        rates[epsilon] = (select_rate(args.method, epsilon) if args.rates is None
+                          else {"learning_rate": args.rates[i], "given": True})
         print("chosen on public data:", epsilon, rates[epsilon], flush=True)
         if not args.no_aspect:
             aspect_rates[epsilon] = select_rate(args.method, epsilon, "aspect")
@@ -561,20 +570,23 @@ def main(argv=None) -> int:
         for epsilon in args.epsilons:
             before = len(rows)
             rate = rates[epsilon]["learning_rate"]
-            rows += run_one(args.method, epsilon, seed, rate, weights)
+            draws = not args.no_temperature_draws
+            rows += run_one(args.method, epsilon, seed, rate, weights, temperature_draws=draws)
             if not args.no_scratch:
                 scratch_rate = train_recipes.RECIPES[args.method].learning_rate
-                scratch = run_one(args.method, epsilon, seed, scratch_rate, None)
+                scratch = run_one(args.method, epsilon, seed, scratch_rate, None, temperature_draws=draws)
                 rows += [dict(r, arm="no pretraining") for r in scratch if r["arm"] == "recipe"]
             if not args.no_aspect:
                 aspect = run_one(args.method, epsilon, seed, aspect_rates[epsilon]["learning_rate"],
                                  aspect_weights)
                 rows += [dict(r, arm="aspect public data") for r in aspect if r["arm"] == "recipe"]
             if args.last_layer:
-                head = run_one(args.method, epsilon, seed, rate, weights, trainable_last=1)
+                head = run_one(args.method, epsilon, seed, rate, weights, trainable_last=1,
+                               temperature_draws=draws)
                 rows += [dict(r, arm="last layer") for r in head if r["arm"] == "recipe"]
             for k in args.copies:
-                augmented = run_one(args.method, epsilon, seed, rate, weights, copies=k)
+                augmented = run_one(args.method, epsilon, seed, rate, weights, copies=k,
+                                    temperature_draws=draws)
                 rows += [dict(r, arm=f"copies {k}") for r in augmented if r["arm"] == "recipe"]
             for r in rows[before:]:
                 print(json.dumps(r), flush=True)
