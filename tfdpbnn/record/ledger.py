@@ -305,13 +305,18 @@ def largest_epsilon(events_lists, delta: float, accountant: str, neighboring_of)
     items = []
     for i, events in enumerate(events_lists):
         event = dp_accounting.ComposedDpEvent(list(events))
-        try:
+        if accountant == "rdp":
             rdp = _epsilon_of(event, delta, "rdp", neighboring_of(i))
-        except ValueError:  # an event RDP does not compose: the accountant alone answers, never skipped
-            rdp = math.inf
+        else:
+            try:
+                rdp = _epsilon_of(event, delta, "rdp", neighboring_of(i))
+            except ValueError:  # an event RDP does not compose: the accountant alone answers, never skipped
+                rdp = math.inf
         items.append((rdp, i, event))
     if not items:
         return None
+    if accountant == "rdp":
+        return max(rdp for rdp, _, _ in items)
     items.sort(key=lambda item: -item[0])
     worst = -math.inf
     visited: list[tuple[str, dict]] = []
