@@ -43,3 +43,23 @@ def test_weight_noise_is_refused_in_paper_mode_and_out_of_range():
     for bad in (-0.1, float("nan"), "0.1"):
         with pytest.raises(ValueError, match="weight_noise"):
             tfdpbnn.SIDPOptimizer(1.0, 4.0, weight_noise=bad, **COMMON)
+
+
+def test_paper_mode_statement_keeps_a_void_guarantee_void():
+    # Replayable noise (debug_noise_seed): two runs on neighbouring data are told apart, no epsilon holds.
+    # The paper mode's own accounting must not write a finite epsilon over that.
+    import warnings
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 4)).astype("float32"), rng.integers(0, 3, 40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Lemma 4.1 and debug_noise_seed warn
+        paper = tfdpbnn.SIDPOptimizer(1.0, 4.0, paper_mean_update=True, debug_noise_seed=3, **COMMON)
+    model = _model()
+    model.compile(optimizer=paper, loss=LOSS)
+    model.fit(x, y, batch_size=10, epochs=1, verbose=0)
+    paper.release_weights(model)
+    statement = paper.privacy_statement()
+    assert statement["guarantee"] is False
+    assert statement["epsilon"] == float("inf") and statement["quote"]["epsilon"] == float("inf")
+    assert 0 < statement["epsilon_by_accountant"]["gdp_exact"] < float("inf")

@@ -224,11 +224,15 @@ class SIDPOptimizer(DPSGDOptimizer):
         statement = super().privacy_statement(delta=delta, model=model)
         if self.paper_mean_update:
             statement["accountant"] = "gdp-exact (Gaussian releases of theta_t; paper mean update)"
-            statement["epsilon"] = self.epsilon(delta=delta)
-            statement["spent"]["epsilon"] = statement["epsilon"]
+            epsilon = self.epsilon(delta=delta)
+            if statement.get("guarantee", True):
+                statement["epsilon"] = epsilon
+            # else the statement holds no guarantee (replayable noise, state written outside the DP step):
+            # its epsilon stays infinite, and the accountant's value is only reported beside it
+            statement["spent"]["epsilon"] = epsilon
             statement["weights"] = dict(statement["spent"], phases=statement["phases"],
                                         note="paper mode: the released weights count everything spent")
-            statement["epsilon_by_accountant"] = {"gdp_exact": statement["epsilon"]}
+            statement["epsilon_by_accountant"] = {"gdp_exact": epsilon}
             statement["gdp_mu"] = self.paper_mode_gdp_mu()
             statement["note"] = ("paper_mean_update=True: Davody et al. 2020, Lemma 4.1, does not hold; "
                                  "epsilon composes every released sample theta_t with sensitivity Delta_t")
