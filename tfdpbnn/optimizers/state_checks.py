@@ -239,6 +239,20 @@ def _fingerprint(values) -> tf.Tensor:
     return tf.concat([tf.fingerprint(tf.reshape(_bits(v), [1, -1])) for v in values], axis=0)
 
 
+def _tensors(variables) -> list:
+    """The variables' values as tensors (eager reads), for the module's traced checks below."""
+    return [tf.convert_to_tensor(v) for v in variables]
+
+
+# The eager checks outside the step, traced once per structure of values (not per optimizer or model: a
+# tf.function made for every watch is traced again in every process that builds many optimizers, and
+# TensorFlow warns about it), with shapes relaxed after the first retrace.
+_FINGERPRINT = tf.function(_fingerprint, autograph=False, reduce_retracing=True)
+_CHANGED = tf.function(
+    lambda values, copies: tf.stack([_unequal(v, c) for v, c in zip(values, copies, strict=True)]),
+    autograph=False, reduce_retracing=True)
+
+
 def _on_read(value, name):
     return tf.Variable(value, trainable=False, name=name, synchronization=tf.VariableSynchronization.ON_READ,
                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -290,7 +304,6 @@ class WriteWatch:
         self._tainted = []
         self._retired = []  # (watched variables, flags) of earlier sets of variables (see new_run)
         self._copy_of = {}  # id(variable) -> (variable, its copy)
-        self._compiled = {}  # traced eager checks (changed_since_write, fingerprints), per set of variables
         self._kind = None  # the kind of the last run ("fit", "custom_loop", "train_on_batch")
         self._released = set()  # keys (``state``) of the weights an epoch's end released (``note_epoch_end``)
         self._post_processing = {}  # key of asserted weights -> the reason (``assert_post_processing``)
@@ -328,7 +341,6 @@ class WriteWatch:
                                          for v in constants]
                 self._flags = _on_read(tf.zeros([len(variables) + len(constants)], tf.float32),
                                        "dp_write_watch_flags")
-                self._compiled = {}
             else:
                 for v, copy in zip(constants, self._constant_copies, strict=True):
                     copy.assign(v, read_value=False)
@@ -419,25 +431,17 @@ class WriteWatch:
         self._step.assign(tf.cast(tf.convert_to_tensor(iterations), tf.int64))
         self._armed.assign(True)
 
-    def _traced(self, name, fn):
-        """``fn`` traced once per set of variables (one call instead of a few eager ops per variable)."""
-        if name not in self._compiled:
-            self._compiled[name] = tf.function(fn, autograph=False)
-        return self._compiled[name]()
-
     def last_written_state(self) -> bytes:
         """A key (FarmHash64 of every bit) of the weights the last DP write left (eager)."""
         if not self._copies:
             return b""
-        copies = self._copies
-        return self._traced("written_key", lambda: _fingerprint(copies)).numpy().tobytes()
+        return _FINGERPRINT(_tensors(self._copies)).numpy().tobytes()
 
     def state(self) -> bytes:
         """The same key for the watched variables' values now (eager)."""
         if not self._variables:
             return b""
-        variables = self._variables
-        return self._traced("state_key", lambda: _fingerprint(variables)).numpy().tobytes()
+        return _FINGERPRINT(_tensors(self._variables)).numpy().tobytes()
 
     def changed_since_write(self, iterations) -> list:
         """Eager: the watched variables whose values differ from the last DP write's (armed, same step)."""
@@ -446,9 +450,7 @@ class WriteWatch:
         if self._flags is None or not self._variables or not bool(_private_api.read_numpy(self._armed)) \
                 or int(step) != int(_private_api.read_numpy(self._step)):
             return []
-        variables, copies = self._variables, self._copies
-        written = self._traced("changed", lambda: tf.stack(
-            [_unequal(v, c) for v, c in zip(variables, copies, strict=True)])).numpy()
+        written = _CHANGED(_tensors(self._variables), _tensors(self._copies)).numpy()
         return [v.name for v, w in zip(self._variables, written, strict=True) if w]
 
     def note_epoch_end(self) -> bytes:
