@@ -362,7 +362,12 @@ def tensorflow_privacy_module(name: str):
 
 def _check_xla_context() -> None:
     found = []
-    tf.function(lambda: found.append(in_xla_context()) or tf.constant(0), jit_compile=True)()
+
+    def probe():
+        found.append(in_xla_context())
+        return tf.constant(0)
+
+    tf.function(probe, jit_compile=True)()
     if found != [True] or in_xla_context():
         raise RuntimeError("tfdpbnn: TensorFlow's control_flow_util.GraphOrParentsInXlaContext no longer "
                            f"finds a jit_compile function; update tfdpbnn/_private_api.py for tensorflow "
