@@ -24,6 +24,19 @@ def small_model(seed=0):
     return tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3)])
 
 
+def custom_loop_step(model, x, y):
+    """``begin_training`` with the per-example loss asserted; returns a traced ``minimize`` step(xb, yb)."""
+    opt = model.optimizer
+    opt.begin_training(model, x, y, batch_size=8, assert_per_example_loss="per-example cross-entropy")
+
+    @tf.function
+    def step(xb, yb):
+        opt.minimize(lambda: LOSS.__class__(from_logits=True, reduction="none")(yb, model(xb, training=True)),
+                     model.trainable_variables)
+
+    return step
+
+
 def rdp_epsilon(event):
     """dp-accounting's RDP epsilon of ``event`` at DELTA (the independent reference)."""
     return dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(DELTA)

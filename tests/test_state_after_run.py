@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
-from _small_runs import DELTA, LOSS, D, N, small_data
+from _small_runs import DELTA, LOSS, D, N, custom_loop_step, small_data
 
 import tfdpbnn
 
@@ -61,12 +61,7 @@ def test_a_weight_written_after_a_custom_loop_voids_the_statement():
     x, y = small_data()
     model = _model()
     opt = model.optimizer
-    opt.begin_training(model, x, y, batch_size=8, assert_per_example_loss="per-example cross-entropy")
-
-    @tf.function
-    def step(xb, yb):
-        opt.minimize(lambda: LOSS.__class__(from_logits=True, reduction="none")(yb, model(xb, training=True)),
-                     model.trainable_variables)
+    step = custom_loop_step(model, x, y)
 
     step(x[:8], y[:8])
     step(x[8:16], y[8:16])

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
-from _small_runs import DELTA, LOSS, D, N, small_data
+from _small_runs import DELTA, LOSS, D, N, custom_loop_step, small_data
 
 import tfdpbnn
 from tfdpbnn import _keras_version
@@ -123,13 +123,7 @@ def test_weights_set_back_to_an_epoch_end_are_accepted():
 def test_a_custom_loop_write_between_steps_is_refused():
     x, y = small_data()
     model = _model()
-    opt = model.optimizer
-    opt.begin_training(model, x, y, batch_size=8, assert_per_example_loss="per-example cross-entropy")
-
-    @tf.function
-    def step(xb, yb):
-        opt.minimize(lambda: LOSS.__class__(from_logits=True, reduction="none")(yb, model(xb, training=True)),
-                     model.trainable_variables)
+    step = custom_loop_step(model, x, y)
 
     step(x[:8], y[:8])
     step(x[8:16], y[8:16])
@@ -272,12 +266,7 @@ def test_state_changed_between_custom_loop_steps_is_refused():
     x, y = small_data()
     model = _model(shift=True)
     opt = model.optimizer
-    opt.begin_training(model, x, y, batch_size=8, assert_per_example_loss="per-example cross-entropy")
-
-    @tf.function
-    def step(xb, yb):
-        opt.minimize(lambda: LOSS.__class__(from_logits=True, reduction="none")(yb, model(xb, training=True)),
-                     model.trainable_variables)
+    step = custom_loop_step(model, x, y)
 
     step(x[:8], y[:8])
     model.layers[0].mu.assign(x.mean(axis=0))
