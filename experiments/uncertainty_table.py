@@ -481,14 +481,19 @@ def zone_analysis(probs_dir, zones, draws=100) -> str:
     return "\n".join(lines)
 
 
+def _results_so_far(out: str) -> tuple:
+    """``out``/results.json's path and its rows so far (none yet: empty); ``out`` is created."""
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "results.json")
+    if not os.path.exists(path):
+        return path, {"rows": []}
+    with open(path) as f:
+        return path, json.load(f)
+
+
 def main_recipe(args) -> int:
     """``--recipe current``: the current recipe's rows, appended to ``--out``/results.json as they finish."""
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "results.json")
-    results = {"rows": []}
-    if os.path.exists(path):
-        with open(path) as f:
-            results = json.load(f)
+    path, results = _results_so_far(args.out)
     done = {(r["method"], r["epsilon"], r["seed"]) for r in results["rows"]}
     jobs = [job for s in args.seeds  # seed by seed, so a partial run has every method
             for job in [("sgd", float("inf"), s)] * (not args.no_reference)
@@ -609,12 +614,7 @@ def main(argv=None) -> int:
         if args.out == "docs/results/uncertainty_table":
             args.out = "docs/results/uncertainty_table_recipe"
         return main_recipe(args)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "results.json")
-    results = {"rows": []}
-    if os.path.exists(path):
-        with open(path) as f:
-            results = json.load(f)
+    path, results = _results_so_far(args.out)
     done = {(r["method"], r["epsilon"], r["arm"], r["seed"]) for r in results["rows"]}
     jobs = [("sgd", float("inf"), arm, s) for s in args.seeds for arm in args.arms if not args.no_reference]
     jobs += [(m, e, arm, s) for s in args.seeds for e in args.epsilons for arm in args.arms
