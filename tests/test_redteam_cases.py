@@ -14,6 +14,7 @@ global variable in a ``Lambda`` set from the data mid-fit (no epsilon holds; 7.0
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -221,3 +222,123 @@ def test_a_train_step_override_handing_the_dp_step_copied_or_mixed_rows_is_refus
     with pytest.raises(ValueError, match=f"x: the .*batch handed to dp_train_step .*{message}"):
         model.fit(x, y, batch_size=8, epochs=2, verbose=0)
     assert optimizer.steps == 0
+
+
+class _CounterBack(tf.keras.callbacks.Callback):
+    """Sets the optimizer's step counter back at every epoch's start (a schedule reset, as users write)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.model.optimizer.iterations.assign(0)
+
+
+@pytest.mark.parametrize("during", [False, True])
+def test_the_step_counter_set_back_takes_no_step_off_the_run_epsilon(during):
+    x, y = small_data()
+    model, optimizer = _compiled()
+    truth = gaussians_epsilon(1.0, 3)  # three passes ran: 9.01 (4.73 was printed: the two before dropped)
+    callbacks = [_CounterBack()] if during else []
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=callbacks)
+    optimizer.iterations.assign(0)
+    history = model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=callbacks)
+    statement = optimizer.privacy_statement()
+    for printed in (statement["run_epsilon"], statement["epsilon"], optimizer.epsilon(),
+                    history.history["epsilon"][-1], statement["quote"]["epsilon"]):
+        assert printed == pytest.approx(truth, rel=1e-6)
+    assert optimizer.ledger.steps == 24
+    optimizer.iterations.assign(1000)  # set forward: more steps counted, never fewer (an upper bound)
+    assert optimizer.epsilon() >= truth * (1 - 1e-9)
+
+
+class _DataMeanWrite:
+    """Writes the data's feature means into the first kernel's first column (what no epsilon covers)."""
+
+    def __init__(self, x):
+        self.mean = x.mean(axis=0)
+
+    def __call__(self, model):
+        kernel = model.layers[0].kernel
+        kernel.assign(tf.tensor_scatter_nd_update(kernel, [[i, 0] for i in range(D)], self.mean))
+
+
+def test_a_weight_written_between_two_fits_is_refused_and_the_void_statement_prints_no_finite_bound(
+        tmp_path, capsys):
+    from tfdpbnn import cli
+    from tfdpbnn.export import PRIVACY_FORMAT_KEY, PRIVACY_FORMAT_VERSION, _privacy_dict
+
+    x, y = small_data()
+    model, optimizer = _compiled()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    _DataMeanWrite(x)(model)  # the mean carried exactly: no epsilon holds (7.08 printed after a second fit)
+    with pytest.raises(ValueError, match=r"model: trainable variable\(s\) \['dense.*kernel.*changed after "
+                                         "the last DP write"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert optimizer.ledger.steps == 8
+    statement = optimizer.privacy_statement()
+    assert statement["guarantee"] is False and math.isinf(statement["quote"]["epsilon"])
+    bound = statement["ledger_bound"]  # 4.73 printed as the ledger bound of a void statement before
+    assert bound["epsilon"] is None and bound["epsilon_is_infinite"] is True and "no epsilon" in \
+        bound["no_guarantee"]
+    assert bound["epsilon_if_state_were_untouched"] == pytest.approx(gaussians_epsilon(1.0, 1), rel=1e-6)
+    record = json.loads(_privacy_dict(model, None))
+    assert record["ledger_bound"]["epsilon"] is None and record["ledger_bound"]["epsilon_is_infinite"]
+    path = tmp_path / "privacy.json"
+    path.write_text(json.dumps({**record, PRIVACY_FORMAT_KEY: PRIVACY_FORMAT_VERSION}))
+    assert cli.main(["privacy", "--statement", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "ledger bound: infinite (no epsilon holds" in out and "quote: guarantee = infinite" in out
+    # Written with an assertion that no private data was used: the next fit trains.
+    fresh_model, fresh = _compiled()
+    fresh_model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    fresh_model.layers[0].kernel.assign(tf.zeros_like(fresh_model.layers[0].kernel))
+    fresh.assert_post_processing("reset to zeros, no data used")
+    fresh_model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert fresh.privacy_statement()["guarantee"] is True
+
+
+def _rounded(weights, rounding):
+    if rounding == "float16":
+        return [w.astype(np.float16).astype(np.float32) for w in weights]
+    if rounding == "bfloat16":
+        return [tf.cast(tf.cast(w, tf.bfloat16), tf.float32).numpy() for w in weights]
+    return weights
+
+
+def test_one_layer_copied_by_value_brings_its_training_into_the_bound():
+    (x1, y1), (x2, y2) = small_data(seed=0), small_data(seed=5)  # two record sets
+    first, _ = _two_models_sharing(tf.keras.layers.Dense(5))
+    first.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
+                  loss=LOSS)
+    first.fit(x1, y1, batch_size=8, epochs=3, verbose=0)
+    truth = gaussians_epsilon(1.0, 3)  # the copied layer carries 3 passes over x1: 9.01 (7.08 printed before)
+    for rounding in ("exact", "float16", "bfloat16", None):  # None: nothing copied
+        tf.keras.utils.set_random_seed(1)
+        model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(5),
+                                     tf.keras.layers.Dense(3)])
+        if rounding is not None:  # by value into a new model, not shared
+            model.layers[0].set_weights(_rounded(first.layers[0].get_weights(), rounding))
+        optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+        model.compile(optimizer=optimizer, loss=LOSS)
+        model.fit(x2, y2, batch_size=8, epochs=1, verbose=0)
+        statement = optimizer.privacy_statement()
+        if rounding is not None:
+            assert statement["quote"]["epsilon"] >= truth * (1 - 1e-9), rounding
+            assert statement["ledger_bound"]["epsilon"] >= truth * (1 - 1e-9), rounding
+        else:  # its own pass only: no false inheritance (the copies' passes on x2 are in the ledger bound)
+            assert statement["run_epsilon"] == pytest.approx(gaussians_epsilon(1.0, 1), rel=1e-6)
+
+
+def test_a_write_with_the_step_counter_set_back_is_not_taken_for_a_restore():
+    x, y = small_data()
+    model, optimizer = _compiled()
+    write = _DataMeanWrite(x)
+
+    class WriteThenCounterBack(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                write(self.model)
+                self.model.optimizer.iterations.assign(0)  # a restore set the counter back: accepted before
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="changed outside the DP step"):
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[WriteThenCounterBack()])  # 7.08 before
+    statement = optimizer.privacy_statement()
+    assert statement["guarantee"] is False and math.isinf(statement["quote"]["epsilon"])

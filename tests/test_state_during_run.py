@@ -114,8 +114,10 @@ def test_weights_set_back_to_an_epoch_end_are_accepted():
     model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[KeepAndRestore()])
     statement = model.optimizer.privacy_statement()
     assert statement["guarantee"] is True and np.isfinite(statement["epsilon"])
-    # A new fit starts a new run: weights set between runs are the ledger's business, not refused.
+    # Weights written between two runs are refused at the next run's start, as after a run
+    # (tests/test_redteam_cases.py), unless asserted to use no private data.
     model.layers[-1].kernel.assign(model.layers[-1].kernel * 0.5)
+    model.optimizer.assert_post_processing("the kernel halved: no data used")
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert model.optimizer.privacy_statement()["guarantee"] is True
 

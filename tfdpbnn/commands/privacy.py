@@ -71,22 +71,26 @@ def _statement(path: str) -> int:
     if "ledger_bound" not in statement:
         raise ValueError(f"--statement: {file} has no ledger_bound (written by an earlier tfdpbnn); its "
                          f"epsilon {statement.get('epsilon')} holds only for the weights its run produced")
-    def number(value):  # privacy.json writes an infinite epsilon as "inf"
-        return "infinite" if value in ("inf", math.inf) else f"{value:.4g}"
+    def number(entry, key):  # privacy.json writes an infinite epsilon as null plus "<key>_is_infinite"
+        value = entry[key]
+        return "infinite" if value in ("inf", math.inf) or entry.get(f"{key}_is_infinite") \
+            else f"{value:.4g}"
 
     bound = statement["ledger_bound"]
-    if bound.get("epsilon_is_infinite"):
+    if bound.get("no_guarantee"):
+        shown = f"infinite ({bound['no_guarantee']})"
+    elif bound.get("epsilon_is_infinite"):
         shown = "infinite"
     elif bound["epsilon"] is None:
         shown = f"unavailable ({bound.get('unavailable')})"
     else:
-        shown = number(bound["epsilon"])
-    print(f"run epsilon:  {number(statement['run_epsilon'])} (delta {statement['delta']:g}, "
+        shown = number(bound, "epsilon")
+    print(f"run epsilon:  {number(statement, 'run_epsilon')} (delta {statement['delta']:g}, "
           f"{statement['accountant']}): valid for weights trained from scratch in the recorded run")
     print(f"ledger bound: {shown} over {bound['records']} records: valid for any weights derived from any "
           "recorded run on them")
     quote = statement["quote"]
-    print(f"quote: {quote['which']} = {number(quote['epsilon'])} ({quote['note']})")
+    print(f"quote: {quote['which']} = {number(quote, 'epsilon')} ({quote['note']})")
     return 0
 
 

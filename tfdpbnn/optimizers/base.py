@@ -293,6 +293,13 @@ class DPOptimizerMixin:
             # Create the step counter now (Keras creates it lazily); a restored optimizer starts from the
             # steps already taken (Keras's SavedModel loader rebuilds optimizers from config only).
             self.iterations.assign(initial_steps)
+            # The DP writes this optimizer applied: only its apply_gradients adds to it (a restore of the
+            # optimizer's variables sets it back with the rest). The write watch compares it, not
+            # ``iterations``, which code may set (``iterations.assign(0)``) to pass a write off as a restore.
+            self._dp_write_count = self.add_weight(
+                "dp_write_count", shape=[], dtype=tf.float64, trainable=False,
+                initializer=tf.keras.initializers.Constant(float(initial_steps)),
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             attributes.set_ledger_state(self, LedgerState(self, privacy_ledger))
         keras_integration.install()
         self._dp_released = []
@@ -752,6 +759,10 @@ class DPOptimizerMixin:
                              f"{assert_per_example_loss!r}")
         if _fit and assert_per_example_loss is not None:
             raise ValueError("assert_per_example_loss: only for a custom loop (model.fit checks its loss)")
+        # Trainable weights written since this optimizer's last DP write (a fit, then a write, then this
+        # run): refused as between two train_on_batch calls (ValueError naming them; see WriteWatch).
+        self._dp_write_watch.refuse_written_between_runs(self._dp_write_count,
+                                                         attributes.run_record(self).recognises_weights)
         # One walk over the model's modules for the dtype and preprocessing checks: nothing between them
         # builds the model or changes its layers.
         submodules = _private_api.submodules(model)
@@ -792,7 +803,7 @@ class DPOptimizerMixin:
         (else its records' content hashes). Raises ``ValueError`` when the optimizer's budget leaves no step.
         """
         # Trainable weights written since the last DP call's write (ValueError naming them; see WriteWatch)
-        self._dp_write_watch.refuse_written_between_runs(self.iterations,
+        self._dp_write_watch.refuse_written_between_runs(self._dp_write_count,
                                                          attributes.run_record(self).recognises_weights)
         constants = state_checks.variables_outside_dp_update(model) if model.built else []
         # The state no DP step may change, as the last call left it (ValueError naming what changed since)
@@ -1154,9 +1165,10 @@ class DPOptimizerMixin:
         self._dp_released = [r for r in released if not any(r is g for g in applied)]
         written = [v for g, v in grads_and_vars if g is not None]
         # Refused inside the step when a weight changed since the last DP update (state_checks.WriteWatch).
-        with tf.control_dependencies(self._dp_write_watch.before_write(written, self.iterations)):
+        with tf.control_dependencies(self._dp_write_watch.before_write(written, self._dp_write_count)):
             result = super().apply_gradients(grads_and_vars, *args, **kwargs)
-        self._dp_write_watch.after_write(written, self.iterations)
+        self._dp_write_count.assign_add(tf.constant(1.0, tf.float64))
+        self._dp_write_watch.after_write(written, self._dp_write_count)
         return result
 
     #: Open-phase sources whose steps may run outside model.fit (the caller picks the batches).

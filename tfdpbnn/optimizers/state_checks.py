@@ -640,7 +640,7 @@ class StateWatch(tf.keras.callbacks.Callback):
         watch = self._watch()
         if watch is None or not self._done:
             return
-        changed = watch.changed_since_write(self.model.optimizer.iterations)
+        changed = watch.changed_since_write(self.model.optimizer._dp_write_count)
         if changed and watch.state() not in self._states | watch._released:  # or a library post-processing
             watch.taint(changed)
             raise ValueError(

@@ -6,8 +6,14 @@ format and ``from_config`` restore it. It holds:
 
 - the closed phases: a fixed-size float64 table, one row per phase (``MAX_PHASES`` rows);
 - the open phase: the step it started at, its description (sigma, q, n, sampling source, ...) and the
-  counters the DP step updates in the graph: examples processed (sum of realized batch sizes) and the sum of
-  squared deviations of the batch sizes from the expected batch size (for the Poisson test).
+  counters the DP step updates in the graph: steps taken, examples processed (sum of realized batch sizes)
+  and the sum of squared deviations of the batch sizes from the expected batch size (for the Poisson test).
+
+The open phase's steps are what its own counter holds (only the DP step increments it), or
+``optimizer.iterations`` minus the step the phase started at when that is larger (a ledger saved before the
+counter existed): setting ``iterations`` back (``optimizer.iterations.assign(0)``) takes no step off the
+record, and setting it forward only counts more (an upper bound). A restore of the optimizer's variables
+(a checkpoint) sets the counter back with the rest of the ledger: a rewind (``RunRecord.account_rewind``).
 
 The open phase's description is set at the start of every ``fit`` from what that fit really feeds; when it
 differs from the open phase's (another optimizer setting, another input, a restored checkpoint built with
@@ -101,6 +107,7 @@ class LedgerState:
             self.count = weight("dp_ledger_phase_count", float(len(phases)))
             self.open_desc = weight("dp_ledger_open_phase", desc, shape=desc.shape)
             self.open_start = weight("dp_ledger_open_start_step", float(open_config.get("start_step", 0)))
+            self.open_count = weight("dp_ledger_open_steps", float(open_config.get("steps", 0)))
             self.open_examples = weight("dp_ledger_open_examples", float(open_config.get("examples", 0)))
             self.open_squared = weight("dp_ledger_open_squared_deviation",
                                        float(open_config.get("squared_deviation", 0.0)))
@@ -113,6 +120,7 @@ class LedgerState:
         if context is not None and context.num_replicas_in_sync > 1:
             b = context.all_reduce(tf.distribute.ReduceOp.SUM, b)
         expected = self.open_desc[_D["batch_size"]]
+        self.open_count.assign_add(tf.constant(1.0, tf.float64))
         self.open_examples.assign_add(b)
         self.open_squared.assign_add(tf.square(b - expected))
 
@@ -161,10 +169,13 @@ class LedgerState:
         return int(self._desc()["phase_id"])
 
     def open_steps(self, desc: dict | None = None) -> int:
-        """Steps taken in the open phase (``desc``: ``_desc()`` when already read)."""
+        """Steps taken in the open phase (``desc``: ``_desc()`` when already read; module docstring)."""
         if (self._desc() if desc is None else desc)["phase_id"] == 0:
             return 0
-        return int(self._read(self._optimizer.iterations)) - int(round(float(self._read(self.open_start))))
+        counted = int(round(float(self._read(self.open_count))))
+        start = int(round(float(self._read(self.open_start))))
+        by_iterations = int(self._read(self._optimizer.iterations)) - start
+        return max(counted, by_iterations)
 
     def open_counters(self, desc: dict | None = None, squared: bool = True) -> tuple[int, float, float]:
         """(steps, examples, squared deviation) of the open phase (``squared=False``: 0.0 in its place)."""
@@ -204,6 +215,7 @@ class LedgerState:
         self._forget()
         self.open_desc.assign(desc)
         self.open_start.assign(start)
+        self.open_count.assign(0.0)
         self.open_examples.assign(0.0)
         self.open_squared.assign(0.0)
         self._forget()
@@ -234,6 +246,7 @@ class LedgerState:
         self._forget()
         if steps > 0:
             self.open_start.assign_sub(float(steps))
+            self.open_count.assign_add(float(steps))
         if examples > 0:
             self.open_examples.assign_add(float(examples))
         self._forget()
@@ -305,6 +318,7 @@ class LedgerState:
             steps, examples, squared = self.open_counters()
             desc = self._desc()
             config["open"] = {**{k: desc[k] for k in _DESC}, "start_step": int(self._read(self.open_start)),
+                              "steps": steps,
                               "examples": examples, "squared_deviation": squared}
         return config
 

@@ -2,8 +2,9 @@
 
 Before a DP ``fit`` (or a ``train_on_batch`` call) takes its first step, ``RunRecord.begin``:
 
-1. finds the runs whose snapshots hold the model's weights (``weights_fingerprint``) and appends their ledger
-   to the optimizer's (the record travels with the weights, whatever path carried them: ``set_weights``,
+1. finds the runs whose snapshots hold the model's weights (``weights_fingerprint``), or any one variable of
+   them (``variable_fingerprints``: one layer's weights copied by value), and appends their ledger to the
+   optimizer's (the record travels with the weights, whatever path carried them: ``set_weights``,
    ``clone_model``, ``load_model(compile=False)``, ``load_weights``, a checkpoint, another process);
 2. refuses the run when the data set's budget (``RunStore.set_budget``) would be exceeded by its planned
    phase composed with every earlier run on the same data (``tfdpbnn.record.store.input_fingerprint``);
@@ -151,7 +152,10 @@ class RunRecord:
             return
         self.dataset = dataset or "data:unidentified"
         weights = record_store.weights_fingerprint(model)  # inherit changes the ledger, not the weights
-        self.inherit(self.store.weights_record(weights))
+        variables = record_store.variable_fingerprints(model)
+        # A variable with a recorded run's values (one layer copied by value) brings that run's phases.
+        self.inherit(self.store.weights_record(weights, variables=variables))
+        self._begin_variables = set(variables)
         optimizer._import_linked_releases()
         state = attributes.ledger_state(optimizer)
         steps, examples, _ = state.open_counters(squared=False)
@@ -296,7 +300,10 @@ class RunRecord:
         if self.store is not None and model is not None and begin_weights is not None:
             weights = record_store.weights_fingerprint(model)
             if weights != begin_weights:
-                added += self.inherit(self.store.weights_record(weights, exclude_run=self.run_id))
+                variables = record_store.variable_fingerprints(model)
+                added += self.inherit(self.store.weights_record(weights, exclude_run=self.run_id,
+                                                                variables=variables))
+                self._begin_variables = set(variables)
         return added
 
     def adopt(self, model) -> None:
@@ -308,7 +315,8 @@ class RunRecord:
         self._model = weakref.ref(model)
         store = record_store.default_store()
         if store is not None:
-            self.inherit(store.weights_record(record_store.weights_fingerprint(model)))
+            self.inherit(store.weights_record(record_store.weights_fingerprint(model),
+                                              variables=record_store.variable_fingerprints(model)))
             self._optimizer._import_linked_releases()
 
     def model(self):
@@ -372,13 +380,16 @@ class RunRecord:
                 self.commit_reservation()
             return
         weights = record_store.weights_fingerprint(model)
+        # The variables the run wrote (their keys differ from the run's start): found by one layer's copy.
+        begin = getattr(self, "_begin_variables", set())
+        variables = [v for v in record_store.variable_fingerprints(model) if v not in begin]
         ledger = self._optimizer.ledger
         phase = next((p for p in ledger.phases if p.phase_id == self.phase_id), None)
         # One transaction (one wait for the disk) for the commit to the per-record ledger and the snapshot.
         with record_store.transaction(self.store.path):
             if final:
                 self.commit_reservation(ledger)
-            self.store.snapshot(self.run_id, weights, phase, ledger, final=final)
+            self.store.snapshot(self.run_id, weights, phase, ledger, final=final, variables=variables)
         if final:
             self.run_id = None
 

@@ -4,9 +4,11 @@
 model. ``epsilon`` is the optimizer's sound accountant's bound for every phase of the model's training (the
 privacy ledger: what was counted, and whether the sampling was verified or asserted by the user);
 ``approximate_epsilon`` lists approximations beside it, which are not guarantees. ``guarantee`` is False
-when the noise is replayable (``debug_noise_seed``): then ``epsilon`` is infinite, the accountant's value
-for secret noise is kept as ``epsilon_if_noise_were_secret``, ``guarantee_reason`` says why, and no
-epsilon in the statement is a guarantee.
+when the noise is replayable (``debug_noise_seed``) or state was written outside the DP step: then
+``epsilon``, ``run_epsilon``, ``quote`` and ``ledger_bound`` are infinite (``ledger_bound``'s ``epsilon`` None
+with ``epsilon_is_infinite`` and ``no_guarantee`` saying why), the accountant's value is kept as
+``epsilon_if_noise_were_secret`` (or ``epsilon_if_state_were_untouched``, in ``ledger_bound`` too),
+``guarantee_reason`` says why, and no epsilon in the statement is a guarantee.
 
 Two numbers a reader chooses between: ``run_epsilon`` (``epsilon``: the model's own record, valid for the
 weights its recorded training produced from scratch) and ``ledger_bound`` (the per-record ledger's largest
@@ -112,7 +114,7 @@ def _mark_guarantee(statement: dict, optimizer) -> dict:
     written = watch.written()
     # Trainable weights written after the last DP run ended (after fit or train_on_batch returned): neither
     # that run's last DP write, an epoch end's, nor weights the record holds, and not asserted by the user.
-    after, asserted = watch.written_after_run(optimizer.iterations,
+    after, asserted = watch.written_after_run(optimizer._dp_write_count,
                                               attributes.run_record(optimizer).recognises_weights)
     if after and asserted is None:
         written = written + [n for n in after if n not in written]
@@ -154,6 +156,11 @@ def _no_guarantee(statement: dict, kept_as: str, reason: str, note: str) -> None
     statement[kept_as] = statement["epsilon"]
     statement["epsilon"] = statement["run_epsilon"] = math.inf
     statement["quote"] = {"epsilon": math.inf, "which": "guarantee", "note": note}
+    # The ledger bound composes the same runs: no finite number of it holds either.
+    bound = statement.get("ledger_bound")
+    if bound is not None and "no_guarantee" not in bound:
+        bound[kept_as] = math.inf if bound.get("epsilon_is_infinite") else bound["epsilon"]
+        bound.update(epsilon=None, epsilon_is_infinite=True, no_guarantee=note)
 
 
 def add_ledger_bound(statement: dict, optimizer, delta: float) -> dict:

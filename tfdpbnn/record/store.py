@@ -60,6 +60,8 @@ CREATE INDEX IF NOT EXISTS snapshots_weights ON snapshots(weights);
 CREATE INDEX IF NOT EXISTS snapshots_run ON snapshots(run_id);
 CREATE INDEX IF NOT EXISTS runs_dataset ON runs(dataset);
 CREATE INDEX IF NOT EXISTS runs_phase ON runs(phase_id);
+CREATE TABLE IF NOT EXISTS variable_snapshots (
+    digest TEXT NOT NULL, run_id TEXT NOT NULL REFERENCES runs(run_id), UNIQUE (digest, run_id));
 CREATE TABLE IF NOT EXISTS budgets (
     dataset TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, accountant TEXT NOT NULL,
     set_at REAL NOT NULL);
@@ -202,6 +204,43 @@ def weights_fingerprint(model) -> str:
     else:
         arrays = [_private_api.read_numpy(v) for v in variables]
     return "weights:" + _held_digest("weights", arrays, owned=True)
+
+
+def _bfloat16_bits(array: np.ndarray) -> np.ndarray:
+    """The bfloat16 rounding (to nearest even) of a float32 array, as its uint16 bit patterns."""
+    bits = array.view(np.uint32)
+    return ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(
+        np.uint16)
+
+
+def variable_fingerprints(model) -> list[str]:
+    """Keys of each of ``model.weights``' values: SHA-256 of its float16 and of its bfloat16 rounding.
+
+    A snapshot writes the keys of the variables its run changed (``RunStore.snapshot``'s ``variables``), so
+    one layer's weights copied into another model (``set_weights(layer.get_weights())``) are found
+    (``RunStore.weights_record``): exact copies, float64 casts and copies rounded to float16 or bfloat16
+    (rounding is idempotent: a rounded copy rounds to the same values). Non-float variables are keyed by
+    their exact bytes. Rounded bytes equal to those hashed last at the same position reuse their key
+    (``_held_digest``).
+    """
+    import tensorflow as tf
+
+    from tfdpbnn import _private_api
+
+    variables = model.weights
+    if any(isinstance(v, tf.distribute.DistributedValues) for v in variables):
+        arrays = model.get_weights()
+    else:
+        arrays = [_private_api.read_numpy(v) for v in variables]
+    keys = []
+    for i, array in enumerate(arrays):
+        if array.dtype.kind != "f":
+            keys.append("variable:" + _held_digest(f"variable{i}", [np.ascontiguousarray(array)], owned=True))
+            continue
+        wide = np.ascontiguousarray(array, dtype=np.float32)
+        keys.append("variable:f16:" + _held_digest(f"variable{i}:f16", [wide.astype(np.float16)], owned=True))
+        keys.append("variable:bf16:" + _held_digest(f"variable{i}:bf16", [_bfloat16_bits(wide)], owned=True))
+    return keys
 
 
 def default_path() -> str | None:
@@ -390,14 +429,21 @@ class RunStore:
         return run_id
 
     def snapshot(self, run_id: str, weights: str, phase: Phase | None, ledger: PrivacyLedger,
-                 final: bool = False) -> None:
-        """Append what the run has counted so far (``final``: the run ended) and the weights it produced."""
+                 final: bool = False, variables=()) -> None:
+        """Append what the run has counted so far (``final``: the run ended) and the weights it produced.
+
+        ``variables``: keys (``variable_fingerprints``) of the variables the run wrote, each found later by
+        ``weights_record`` (one row per key and run).
+        """
         with self._connect() as conn:
             conn.execute(
                 "INSERT INTO snapshots (run_id, recorded, final, weights, phase, ledger) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (run_id, time.time(), int(bool(final)), weights,
                  "null" if phase is None else _phase_json(phase), json.dumps(ledger.to_config())))
+            if variables:
+                conn.executemany("INSERT OR IGNORE INTO variable_snapshots VALUES (?, ?)",
+                                 [(digest, run_id) for digest in variables])
 
     def set_budget(self, dataset: str, epsilon: float, delta: float, accountant: str = "rdp") -> None:
         """Set the data set's budget (the latest one set holds; earlier ones stay in the record)."""
@@ -455,41 +501,53 @@ class RunStore:
         phases = self.dataset_phases(dataset) + ([] if extra is None else [extra])
         return PrivacyLedger(_max_steps(phases)).epsilon(delta, accountant)
 
-    def weights_record(self, weights: str, exclude_run: str | None = None) -> list[Phase]:
+    def weights_record(self, weights: str, exclude_run: str | None = None, variables=()) -> list[Phase]:
         """The ledger of the runs whose snapshots hold these weights, each phase as far as any run took it.
 
         A run that never wrote a final snapshot (killed, or still running elsewhere) adds its planned phase.
-        ``exclude_run``: a run whose own phase is left out (the caller's run, still going).
+        ``exclude_run``: a run whose own phase is left out (the caller's run, still going). ``variables``:
+        keys of the model's variables (``variable_fingerprints``); the runs that wrote any of them count too
+        (one layer's weights copied by value from a trained model carry that model's training). One
+        transaction.
         """
         with self._connect() as conn:
             run_ids = [r[0] for r in conn.execute(
                 "SELECT DISTINCT run_id FROM snapshots WHERE weights = ?", (weights,))]
-            phases: list[Phase] = []
-            for run_id in run_ids:
-                row = conn.execute("SELECT ledger FROM snapshots WHERE run_id = ? "
-                                   "ORDER BY snapshot DESC LIMIT 1", (run_id,)).fetchone()
-                phases.extend(Phase(**p) for p in json.loads(row[0]))
-                phases.append(self._run_phase(conn, run_id))
-            # A phase that later runs extended (the same optimizer went on after these weights) counts in
-            # full: loading older weights does not erase what was spent after them. Each run's own phase
-            # (``_run_phase``: its last final snapshot's, else its planned one) in one statement; only the
-            # largest version of each phase (``_size``, by the phase's own id) is decoded.
-            largest: dict[int, tuple] = {}
-            ids = json.dumps(sorted({int(p.phase_id) for p in phases}))
-            for phase_id, run_id, steps, participations, examples, text in conn.execute(
-                    "SELECT json_extract(own, '$.phase_id'), run_id, json_extract(own, '$.steps'), "
-                    "COALESCE(json_extract(own, '$.participations'), 0), json_extract(own, '$.examples'), "
-                    "own FROM (SELECT r.run_id, COALESCE(NULLIF((SELECT s.phase FROM snapshots s "
-                    "WHERE s.run_id = r.run_id AND s.final = 1 ORDER BY s.snapshot DESC LIMIT 1), 'null'), "
-                    "r.planned_phase) AS own FROM runs r "
-                    "WHERE r.phase_id IN (SELECT value FROM json_each(?)))",
-                    (ids,)):
-                if run_id == exclude_run:
-                    continue
-                size = (steps, participations, examples)
-                if phase_id not in largest or size > largest[phase_id][0]:
-                    largest[phase_id] = (size, text)
-            phases.extend(Phase(**json.loads(text)) for _, text in largest.values())
+            if variables:
+                run_ids += [r[0] for r in conn.execute(
+                    "SELECT DISTINCT run_id FROM variable_snapshots WHERE digest IN "
+                    "(SELECT value FROM json_each(?))", (json.dumps(sorted(set(variables))),))
+                    if r[0] not in run_ids]
+            return self._runs_record(conn, run_ids, exclude_run)
+
+    def _runs_record(self, conn, run_ids, exclude_run) -> list[Phase]:
+        """Every phase of the runs ``run_ids`` (their last snapshot's ledger and their own phase)."""
+        phases: list[Phase] = []
+        for run_id in run_ids:
+            row = conn.execute("SELECT ledger FROM snapshots WHERE run_id = ? "
+                               "ORDER BY snapshot DESC LIMIT 1", (run_id,)).fetchone()
+            phases.extend(Phase(**p) for p in json.loads(row[0]))
+            phases.append(self._run_phase(conn, run_id))
+        # A phase that later runs extended (the same optimizer went on after these weights) counts in
+        # full: loading older weights does not erase what was spent after them. Each run's own phase
+        # (``_run_phase``: its last final snapshot's, else its planned one) in one statement; only the
+        # largest version of each phase (``_size``, by the phase's own id) is decoded.
+        largest: dict[int, tuple] = {}
+        ids = json.dumps(sorted({int(p.phase_id) for p in phases}))
+        for phase_id, run_id, steps, participations, examples, text in conn.execute(
+                "SELECT json_extract(own, '$.phase_id'), run_id, json_extract(own, '$.steps'), "
+                "COALESCE(json_extract(own, '$.participations'), 0), json_extract(own, '$.examples'), "
+                "own FROM (SELECT r.run_id, COALESCE(NULLIF((SELECT s.phase FROM snapshots s "
+                "WHERE s.run_id = r.run_id AND s.final = 1 ORDER BY s.snapshot DESC LIMIT 1), 'null'), "
+                "r.planned_phase) AS own FROM runs r "
+                "WHERE r.phase_id IN (SELECT value FROM json_each(?)))",
+                (ids,)):
+            if run_id == exclude_run:
+                continue
+            size = (steps, participations, examples)
+            if phase_id not in largest or size > largest[phase_id][0]:
+                largest[phase_id] = (size, text)
+        phases.extend(Phase(**json.loads(text)) for _, text in largest.values())
         return _max_steps(phases)
 
     def weights_ledger(self, weights: str) -> list[Phase] | None:
@@ -516,4 +574,4 @@ class RunStore:
 
 
 __all__ = ["DEFAULT_PATH", "ENV_VAR", "RunStore", "data_fingerprint", "default_path", "default_store",
-           "input_fingerprint", "tag_data_fingerprint", "weights_fingerprint"]
+           "input_fingerprint", "tag_data_fingerprint", "variable_fingerprints", "weights_fingerprint"]
