@@ -3,8 +3,8 @@
 Weights saved mid-pass are not the weights of any recorded snapshot, so their fingerprints find nothing;
 weights rounded to float16 and a trained body under a new head are found by their variables' keys (each
 variable's float16 and bfloat16 rounding, ``tfdpbnn.record.store.variable_fingerprints``); either way the
-per-record ledger holds every release on their records. Truth: the participations of the worst-placed record over every run whose
-weights the derived model carries, counted here, composed with dp-accounting.
+per-record ledger holds every release on their records. Truth: the participations of the worst-placed
+record over every run whose weights the derived model carries, counted here, composed with dp-accounting.
 """
 
 from __future__ import annotations

@@ -1030,6 +1030,7 @@ class DPOptimizerMixin:
             self._dp_probe.check_batch(tf.keras.utils.unpack_x_y_sample_weight(data)[0], "dp_train_step")
             raise fit_checks.ProbeReached("dp_train_step")
         x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
+        attributes.set_step_optimizer(model, self)  # the traced step calls this optimizer (retrace_for)
         self._require_open_phase()
         self._dp_before_step(model)
         var_list = model.trainable_variables

@@ -213,6 +213,18 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
     return arguments
 
 
+def retrace_for(model, optimizer) -> None:
+    """Drop ``model``'s traced train function when its step calls another optimizer than ``optimizer``.
+
+    Keras keeps the train function it traced at the first ``fit``; ``model.optimizer = other`` (without a
+    new ``compile``) leaves that function calling the optimizer it was traced with, whose steps the new
+    optimizer's record would not see. The next ``fit`` or ``train_on_batch`` then traces a new one.
+    """
+    traced, stepped = attributes.step_optimizer(model)
+    if traced and stepped is not optimizer and getattr(model, "train_function", None) is not None:
+        model.train_function = None
+
+
 def installed() -> bool:
     """Whether ``install()`` has run in this process."""
     return bool(getattr(tf.keras.Model.train_step, "_tfdpbnn_hook", False))
@@ -231,6 +243,7 @@ def install() -> None:
         optimizer = dp_optimizer_of(self)
         if optimizer is not None:
             return optimizer.dp_train_step(self, data)
+        attributes.set_step_optimizer(self, None)
         return _original_train_step(self, data)
 
     train_step._tfdpbnn_hook = True
@@ -254,6 +267,7 @@ def install() -> None:
         arguments.pop("self")
         extra = arguments.pop("kwargs", {}) or {}
         arguments = _dp_fit_arguments(self, optimizer, arguments, record_ids)
+        retrace_for(self, optimizer)
         optimizer._dp_in_fit += 1  # steps outside a fit may not count in its phase (_require_open_phase)
         try:
             with _private_api.fit_build_context(self):
@@ -279,6 +293,7 @@ def install() -> None:
             bound = batch_signature.bind(self, *args, **kwargs)
             optimizer.begin_batch_call(self, bound.arguments.get("x"), bound.arguments.get("y"),
                                        record_ids=record_ids)
+            retrace_for(self, optimizer)
             from tfdpbnn.callbacks import NO_RELEASED_METRICS
 
             return_dict = bool(bound.arguments.get("return_dict", False))

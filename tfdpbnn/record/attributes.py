@@ -7,7 +7,8 @@ The privacy record travels with the objects a user holds, as private attributes:
   ``release_ledger``), the DP preprocessing found on its model (``preprocessing_found``), the releases no
   epsilon covers (``uncovered``), a private search's record (``search_record``) and the user's assertions
   that a custom loop's loss keeps examples separate (``loss_assertions``);
-- a model: the link to the optimizer that last trained it (``ledger_link``) and a search's record;
+- a model: the link to the optimizer that last trained it (``ledger_link``), the optimizer its traced train
+  step calls (``step_optimizer``) and a search's record;
 - a preprocessing layer: its DP adapt's record, the user's public-data assertion, and the digest of its
   state when either was made (``preprocessing_record``, ``public_preprocessing``, ``preprocessing_digest``);
 - a trainable variable: the DP optimizers that trained it (``variable_trainers``), so that a model sharing
@@ -34,6 +35,7 @@ _SEARCH_RECORD = "_dp_search_record"
 _LOSS_ASSERTIONS = "_dp_loss_assertions"
 # ------------------------------------------------------------------------------------ models
 _LEDGER_LINK = "_tfdpbnn_ledger_link"
+_STEP_OPTIMIZER = "_tfdpbnn_step_optimizer"
 # ------------------------------------------------------------------------------------ preprocessing layers
 _PREPROCESSING_RECORD = "_tfdpbnn_preprocessing_record"
 _PUBLIC_PREPROCESSING = "_tfdpbnn_public_preprocessing"
@@ -139,6 +141,21 @@ def set_ledger_link(model, link) -> None:
 def ledger_link(model):
     """The link ``set_ledger_link`` left on ``model``, or None."""
     return getattr(model, _LEDGER_LINK, None)
+
+
+def set_step_optimizer(model, optimizer) -> None:
+    """Note, while Keras traces ``model``'s train step, the optimizer the step calls (None: not a DP one)."""
+    import weakref
+
+    object.__setattr__(model, _STEP_OPTIMIZER, None if optimizer is None else weakref.ref(optimizer))
+
+
+def step_optimizer(model):
+    """``(traced, optimizer)``: whether a train step of ``model`` was traced; the DP optimizer it calls."""
+    ref = getattr(model, _STEP_OPTIMIZER, False)
+    if ref is False:
+        return False, None
+    return True, None if ref is None else ref()
 
 
 def set_preprocessing_record(layer, record, digest: str) -> None:

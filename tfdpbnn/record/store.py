@@ -206,11 +206,21 @@ def weights_fingerprint(model) -> str:
     return "weights:" + _held_digest("weights", arrays, owned=True)
 
 
-def _bfloat16_bits(array: np.ndarray) -> np.ndarray:
-    """The bfloat16 rounding (to nearest even) of a float32 array, as its uint16 bit patterns."""
-    bits = array.view(np.uint32)
-    return ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(
-        np.uint16)
+#: Per position in ``model.weights``: (the raw array last keyed there, its keys) (``variable_fingerprints``).
+_HELD_VARIABLES: dict[int, tuple] = {}
+
+
+def _variable_keys(array: np.ndarray) -> list[str]:
+    """The keys of one variable's value: its float16 and bfloat16 roundings' SHA-256 (else exact bytes)."""
+    if array.dtype.kind != "f":
+        return ["variable:" + _hash_arrays([array])]
+    import tensorflow as tf
+
+    wide = np.ascontiguousarray(array, dtype=np.float32)
+    # Both round to nearest even (TensorFlow's float16 cast is 4x numpy's astype on this CPU).
+    float16 = tf.cast(wide, tf.float16).numpy()
+    bfloat16 = wide.astype(tf.bfloat16.as_numpy_dtype).view(np.uint16)
+    return ["variable:f16:" + _hash_arrays([float16]), "variable:bf16:" + _hash_arrays([bfloat16])]
 
 
 def variable_fingerprints(model) -> list[str]:
@@ -220,8 +230,8 @@ def variable_fingerprints(model) -> list[str]:
     one layer's weights copied into another model (``set_weights(layer.get_weights())``) are found
     (``RunStore.weights_record``): exact copies, float64 casts and copies rounded to float16 or bfloat16
     (rounding is idempotent: a rounded copy rounds to the same values). Non-float variables are keyed by
-    their exact bytes. Rounded bytes equal to those hashed last at the same position reuse their key
-    (``_held_digest``).
+    their exact bytes. A variable whose bytes equal those keyed last at its position reuses its keys
+    (compared byte for byte, ``_same_bytes``).
     """
     import tensorflow as tf
 
@@ -234,12 +244,17 @@ def variable_fingerprints(model) -> list[str]:
         arrays = [_private_api.read_numpy(v) for v in variables]
     keys = []
     for i, array in enumerate(arrays):
-        if array.dtype.kind != "f":
-            keys.append("variable:" + _held_digest(f"variable{i}", [np.ascontiguousarray(array)], owned=True))
+        array = np.ascontiguousarray(array)
+        held = _HELD_VARIABLES.get(i)
+        if held is not None and _same_bytes(array, held[0]):
+            keys.extend(held[1])
             continue
-        wide = np.ascontiguousarray(array, dtype=np.float32)
-        keys.append("variable:f16:" + _held_digest(f"variable{i}:f16", [wide.astype(np.float16)], owned=True))
-        keys.append("variable:bf16:" + _held_digest(f"variable{i}:bf16", [_bfloat16_bits(wide)], owned=True))
+        found = _variable_keys(array)
+        if array.nbytes <= _HELD_MAX_BYTES:
+            _HELD_VARIABLES[i] = (array, found)  # a fresh copy (read_numpy, get_weights): held as it is
+        keys.extend(found)
+    for i in [i for i in _HELD_VARIABLES if i >= len(arrays)]:
+        del _HELD_VARIABLES[i]
     return keys
 
 
