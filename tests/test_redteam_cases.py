@@ -360,3 +360,13 @@ def test_a_dp_optimizer_set_as_model_optimizer_without_compile_runs_and_counts_i
         statement = optimizer.privacy_statement()
         assert statement["run_epsilon"] == pytest.approx(truth, rel=1e-6)
         assert statement["quote"]["epsilon"] >= truth * (1 - 1e-9)
+
+
+def test_the_step_counter_set_back_between_train_on_batch_calls_cannot_pass_the_budget():
+    x, y = small_data()
+    model, optimizer = _compiled(target_epsilon=5.0)  # room for one call: 4.73 (two: 7.08)
+    model.train_on_batch(x[:8], y[:8])
+    optimizer.iterations.assign(0)  # before: the budget compared iterations, and 20 calls spent 30.1
+    with pytest.raises(ValueError, match="epsilon: the budget target_epsilon=5 .* is spent"):
+        model.train_on_batch(x[:8], y[:8])
+    assert optimizer.steps == 1 and optimizer.epsilon() == pytest.approx(gaussians_epsilon(1.0, 1), rel=1e-6)

@@ -76,7 +76,7 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         """Stop training before the step (or ``steps_per_execution`` block) that would pass the budget."""
         if self.max_steps is not None:
-            steps = int(_private_api.read_numpy(self.model.optimizer.iterations))
+            steps = _dp_optimizer(self.model).steps  # DP steps (code may set optimizer.iterations)
             if steps + _private_api.steps_per_execution(self.model) > self.max_steps:
                 self.model.stop_training = True
                 self.stopped_at_step = steps

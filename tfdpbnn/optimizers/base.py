@@ -389,8 +389,11 @@ class DPOptimizerMixin:
 
     @property
     def steps(self) -> int:
-        """Steps taken so far by this optimizer (``optimizer.iterations``)."""
-        return int(_private_api.read_numpy(self.iterations))
+        """DP steps taken so far by this optimizer (its count of DP writes).
+
+        Equal to ``optimizer.iterations`` unless code set that counter, which the budget never reads.
+        """
+        return int(_private_api.read_numpy(self._dp_write_count))
 
     @property
     def ledger(self):
