@@ -1171,7 +1171,8 @@ class DPOptimizerMixin:
         # Refused inside the step when a weight changed since the last DP update (state_checks.WriteWatch).
         with tf.control_dependencies(self._dp_write_watch.before_write(written, self._dp_write_count)):
             result = super().apply_gradients(grads_and_vars, *args, **kwargs)
-        self._dp_write_count.assign_add(tf.constant(1.0, tf.float64))
+            # Counted only when the update ran (a refused step fails before it, as Keras's iterations do).
+            self._dp_write_count.assign_add(tf.constant(1.0, tf.float64))
         self._dp_write_watch.after_write(written, self._dp_write_count)
         return result
 
