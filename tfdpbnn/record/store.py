@@ -206,55 +206,53 @@ def weights_fingerprint(model) -> str:
     return "weights:" + _held_digest("weights", arrays, owned=True)
 
 
-#: Per position in ``model.weights``: (the raw array last keyed there, its keys) (``variable_fingerprints``).
-_HELD_VARIABLES: dict[int, tuple] = {}
+#: The traced function computing the per-variable keys (``variable_fingerprints``), made on first use.
+_VARIABLE_KEYS = []
 
 
-def _variable_keys(array: np.ndarray) -> list[str]:
-    """The keys of one variable's value: its float16 and bfloat16 roundings' SHA-256 (else exact bytes)."""
-    if array.dtype.kind != "f":
-        return ["variable:" + _hash_arrays([array])]
-    import tensorflow as tf
+def _keys_function():
+    """A traced function: for each float value, FarmHash64 of its float16 and of its bfloat16 rounding."""
+    if not _VARIABLE_KEYS:
+        import tensorflow as tf
 
-    wide = np.ascontiguousarray(array, dtype=np.float32)
-    # Both round to nearest even (TensorFlow's float16 cast is 4x numpy's astype on this CPU).
-    float16 = tf.cast(wide, tf.float16).numpy()
-    bfloat16 = wide.astype(tf.bfloat16.as_numpy_dtype).view(np.uint16)
-    return ["variable:f16:" + _hash_arrays([float16]), "variable:bf16:" + _hash_arrays([bfloat16])]
+        def rounded(value, dtype):  # round to nearest even, then the bytes hashed in one row
+            return tf.fingerprint(tf.reshape(tf.bitcast(tf.cast(value, dtype), tf.uint8), [1, -1]))[0]
+
+        @tf.function(autograph=False, reduce_retracing=True)
+        def keys(values):
+            return [tf.stack([rounded(tf.cast(v, tf.float32), tf.float16), rounded(tf.cast(v, tf.float32),
+                                                                                    tf.bfloat16)])
+                    for v in values]
+
+        _VARIABLE_KEYS.append(keys)
+    return _VARIABLE_KEYS[0]
 
 
 def variable_fingerprints(model) -> list[str]:
-    """Keys of each of ``model.weights``' values: SHA-256 of its float16 and of its bfloat16 rounding.
+    """Keys of each float variable of ``model.weights``: FarmHash64 of its float16 and bfloat16 roundings.
 
     A snapshot writes the keys of the variables its run changed (``RunStore.snapshot``'s ``variables``), so
     one layer's weights copied into another model (``set_weights(layer.get_weights())``) are found
     (``RunStore.weights_record``): exact copies, float64 casts and copies rounded to float16 or bfloat16
-    (rounding is idempotent: a rounded copy rounds to the same values). Non-float variables are keyed by
-    their exact bytes. A variable whose bytes equal those keyed last at its position reuses its keys
-    (compared byte for byte, ``_same_bytes``).
+    (rounding is idempotent: a rounded copy rounds to the same values). Each key names the variable's shape
+    too. Keys are 64 bits: two different variables of one shape share a key with chance about 2^-64 (an
+    over-count: the other run's phases are added). Computed in one traced call (about 1.3 ms for the
+    784-1000-10 MLP on 2 CPU cores).
     """
     import tensorflow as tf
 
-    from tfdpbnn import _private_api
-
-    variables = model.weights
+    variables = [v for v in model.weights if v.dtype.is_floating]
+    if not variables:
+        return []
     if any(isinstance(v, tf.distribute.DistributedValues) for v in variables):
-        arrays = model.get_weights()
+        values = [tf.constant(a) for a in model.get_weights() if np.asarray(a).dtype.kind == "f"]
     else:
-        arrays = [_private_api.read_numpy(v) for v in variables]
+        values = [tf.convert_to_tensor(v) for v in variables]
     keys = []
-    for i, array in enumerate(arrays):
-        array = np.ascontiguousarray(array)
-        held = _HELD_VARIABLES.get(i)
-        if held is not None and _same_bytes(array, held[0]):
-            keys.extend(held[1])
-            continue
-        found = _variable_keys(array)
-        if array.nbytes <= _HELD_MAX_BYTES:
-            _HELD_VARIABLES[i] = (array, found)  # a fresh copy (read_numpy, get_weights): held as it is
-        keys.extend(found)
-    for i in [i for i in _HELD_VARIABLES if i >= len(arrays)]:
-        del _HELD_VARIABLES[i]
+    for value, pair in zip(values, _keys_function()(values), strict=True):
+        shape = "x".join(str(d) for d in value.shape)
+        f16, bf16 = (bytes(row).hex() for row in pair.numpy())
+        keys += [f"variable:f16:{shape}:{f16}", f"variable:bf16:{shape}:{bf16}"]
     return keys
 
 
