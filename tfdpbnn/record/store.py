@@ -241,7 +241,7 @@ def variable_fingerprints(model) -> list[str]:
     """
     import tensorflow as tf
 
-    variables = [v for v in model.weights if v.dtype.is_floating]
+    variables = [v for v in model.weights if tf.as_dtype(v.dtype).is_floating]  # Keras 3: a dtype name
     if not variables:
         return []
     if any(isinstance(v, tf.distribute.DistributedValues) for v in variables):
