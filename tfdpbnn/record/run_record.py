@@ -152,7 +152,7 @@ class RunRecord:
             return
         self.dataset = dataset or "data:unidentified"
         weights = record_store.weights_fingerprint(model)  # inherit changes the ledger, not the weights
-        variables = record_store.variable_fingerprints(model)
+        variables = self._variable_keys(model, weights)
         # A variable with a recorded run's values (one layer copied by value) brings that run's phases.
         self.inherit(self.store.weights_record(weights, variables=variables))
         self._begin_variables = set(variables)
@@ -300,7 +300,7 @@ class RunRecord:
         if self.store is not None and model is not None and begin_weights is not None:
             weights = record_store.weights_fingerprint(model)
             if weights != begin_weights:
-                variables = record_store.variable_fingerprints(model)
+                variables = self._variable_keys(model, weights)
                 added += self.inherit(self.store.weights_record(weights, exclude_run=self.run_id,
                                                                 variables=variables))
                 self._begin_variables = set(variables)
@@ -315,9 +315,22 @@ class RunRecord:
         self._model = weakref.ref(model)
         store = record_store.default_store()
         if store is not None:
-            self.inherit(store.weights_record(record_store.weights_fingerprint(model),
-                                              variables=record_store.variable_fingerprints(model)))
+            weights = record_store.weights_fingerprint(model)
+            self.inherit(store.weights_record(weights, variables=self._variable_keys(model, weights)))
             self._optimizer._import_linked_releases()
+
+    def _variable_keys(self, model, weights: str) -> list[str]:
+        """``record_store.variable_fingerprints(model)``, reused while the weights' fingerprint is the same.
+
+        ``weights``: ``record_store.weights_fingerprint(model)`` just read (equal weights, equal keys): a
+        fit's final snapshot after its last epoch end, and the next fit's start, compute none.
+        """
+        held = getattr(self, "_held_keys", None)
+        if held is not None and held[0] == weights:
+            return held[1]
+        keys = record_store.variable_fingerprints(model)
+        self._held_keys = (weights, keys)
+        return keys
 
     def model(self):
         """The model this optimizer last trained or was shown (None if unknown or gone)."""
@@ -382,7 +395,7 @@ class RunRecord:
         weights = record_store.weights_fingerprint(model)
         # The variables the run wrote (their keys differ from the run's start): found by one layer's copy.
         begin = getattr(self, "_begin_variables", set())
-        variables = [v for v in record_store.variable_fingerprints(model) if v not in begin]
+        variables = [v for v in self._variable_keys(model, weights) if v not in begin]
         ledger = self._optimizer.ledger
         phase = next((p for p in ledger.phases if p.phase_id == self.phase_id), None)
         # One transaction (one wait for the disk) for the commit to the per-record ledger and the snapshot.
