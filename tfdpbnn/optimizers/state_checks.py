@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdpbnn import _private_api
+from tfdpbnn.preprocessing.checks import declared_state, own_weights
 from tfdpbnn.record import attributes
 from tfdpbnn.record.preprocessing import state_digest
 
@@ -46,30 +47,6 @@ def _layers(model):
 
 def _library_layer(layer) -> bool:
     return type(layer).__module__.startswith("tfdpbnn.")
-
-
-def _own_weights(layer) -> list:
-    """The variables ``layer`` holds itself, not through a sublayer."""
-    weights = layer.weights
-    if not weights:
-        return []
-    inner = {id(v) for sub in _private_api.sublayers(layer, recursive=False) for v in sub.weights}
-    return [v for v in weights if id(v) not in inner]
-
-
-def declared_state(layer) -> list:
-    """The layer's OWN non-trainable variables (``add_weight(trainable=False)``), not its sublayers'.
-
-    Weights of a frozen layer (``layer.trainable = False``) are trainable variables the user froze, not
-    state the layer computes, and are not included.
-    """
-    created = _private_api.created_non_trainable(layer)
-    if created is not None:   # Keras 3
-        return [v for v in created if v.dtype != tf.resource]
-    if all(getattr(v, "trainable", True) for v in layer.weights):
-        return []
-    return [v for v in _own_weights(layer) if _private_api.is_variable(v) and not v.trainable
-            and v.dtype != tf.resource]
 
 
 def _values(variables) -> list:
@@ -172,7 +149,7 @@ def check_declared_state(model) -> list:
 
 def _owners(model) -> dict:
     """``id(variable) -> layer`` for the layer that holds each variable itself."""
-    return {id(v): layer for layer in _layers(model) for v in _own_weights(layer)}
+    return {id(v): layer for layer in _layers(model) for v in own_weights(layer)}
 
 
 class VariableSnapshot:
@@ -662,5 +639,5 @@ class _StateWatchEnd(tf.keras.callbacks.Callback):
         self._state_watch.finish()
 
 
-__all__ = ["StateWatch", "VariableSnapshot", "WriteWatch", "check_declared_state", "declared_state",
+__all__ = ["StateWatch", "VariableSnapshot", "WriteWatch", "check_declared_state",
            "variables_outside_dp_update"]

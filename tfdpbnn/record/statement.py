@@ -97,7 +97,7 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
 
 
 def _noise_source(optimizer) -> str:
-    """What the noise of ``optimizer``'s steps depends on, in words (``tfdpbnn.optimizers.noise``)."""
+    """What the noise of ``optimizer``'s steps depends on, in words (``tfdpbnn.privacy.noise``)."""
     if optimizer.mechanism.noise_replayable:
         return f"replayable: Philox keyed by debug_noise_seed={optimizer._dp_static['debug_noise_seed']}"
     if optimizer._dp_static["secure_mode"]:
