@@ -185,7 +185,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--methods", nargs="+", default=["dpvd", "dpsgd"], choices=("dpvd", "dpsgd"))
     p.add_argument("--epsilon", type=float, default=1.0)
-    p.add_argument("--out", default="docs/results/ood_posteriors")
+    p.add_argument("--out", default=os.path.join("runs", "ood_posteriors"))
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     start, rows = time.perf_counter(), []
