@@ -113,7 +113,8 @@ def _dp_run(x, y, seed, sampling_key, tf_seed, learning_rate, callbacks, epsilon
     from tfdpbnn.commands import train_recipes
 
     tf.keras.backend.clear_session()
-    recipe = dataclasses.replace(train_recipes.RECIPES["dpsgd"], accountant="pld", learning_rate=learning_rate)
+    recipe = dataclasses.replace(train_recipes.RECIPES["dpsgd"], accountant="pld",
+                                 learning_rate=learning_rate)
     n = len(x)
     batch_size = int(round(recipe.sample_rate * n))
     steps = int(math.ceil(n / batch_size))
@@ -262,10 +263,12 @@ def digits_rows(seeds, cycles, peak, members, skip_first, reference=False, epsil
         start = time.perf_counter()
         model, _, plain_eps, plain = _plain(x, y, seed, 10_000 + seed, 20_000 + seed, epsilon)
         for name, weights in plain.items():
-            rows.append(dict(_scores(model, weights, x_test, y_test, ood), seed=seed, posterior=f"dpsgd, {name}",
-                             epsilon=plain_eps, seconds=time.perf_counter() - start))
+            rows.append(dict(_scores(model, weights, x_test, y_test, ood), seed=seed,
+                             posterior=f"dpsgd, {name}", epsilon=plain_eps,
+                             seconds=time.perf_counter() - start))
         start = time.perf_counter()
-        model, optimizer, spent, out = _cyclic(x, y, seed, 10_000 + seed, 20_000 + seed, cycles, peak, epsilon)
+        model, optimizer, spent, out = _cyclic(x, y, seed, 10_000 + seed, 20_000 + seed, cycles, peak,
+                                               epsilon)
         _check_epsilons(plain_eps, spent, optimizer)
         chosen = candidate_name(cycles, peak, members, skip_first)
         for name, weights in ((chosen, out[(members, skip_first)]), ("cyclic, ema", out["cyclic, ema"]),
@@ -299,14 +302,14 @@ def table(rows, sort_by_nll=False) -> str:
              "|" + " --- |" * (len(COLUMNS) + 3)]
     for name in names:
         group = [r for r in rows if r["posterior"] == name]
-        cells = [f"{np.mean([r[k] for r in group]):.3f} ± {np.std([r[k] for r in group]):.3f}" for k, _ in COLUMNS]
+        cells = [f"{np.mean([r[k] for r in group]):.3f} ± {np.std([r[k] for r in group]):.3f}"
+                 for k, _ in COLUMNS]
         lines.append(f"| {name} | {len(group)} | {group[0]['members']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def paired(rows, posterior, against="dpsgd, ema") -> dict:
-    """Per column, the mean and std over seeds of ``posterior`` minus ``against`` (paired by seed), and how
-    many seeds are higher."""
+    """Per column: ``posterior`` minus ``against`` paired by seed (mean, std, how many seeds higher)."""
     by_seed = {r["seed"]: r for r in rows if r["posterior"] == against}
     out = {}
     for key, _ in COLUMNS:
@@ -341,8 +344,8 @@ def main(argv=None) -> int:
     else:
         rows = digits_rows(args.seeds, args.cycles, args.peak, args.members, args.skip_first, args.reference)
         chosen = candidate_name(args.cycles, args.peak, args.members, args.skip_first)
-        result = {"paired_vs_dpsgd_ema": {name: paired(rows, name) for name in
-                                          (chosen, "cyclic, ema", "cyclic, last iterate", "dpsgd, last iterate")}}
+        names = (chosen, "cyclic, ema", "cyclic, last iterate", "dpsgd, last iterate")
+        result = {"paired_vs_dpsgd_ema": {name: paired(rows, name) for name in names}}
         text = table(rows)
         for name, diffs in result["paired_vs_dpsgd_ema"].items():
             text += (f"\n{name} minus dpsgd, ema (paired by seed, mean ± std; seeds higher): "
