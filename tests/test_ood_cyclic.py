@@ -46,6 +46,7 @@ def test_cycle_members_are_each_cycles_last_iterate_and_its_restarted_average():
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # two DP runs on DIGITS (about 15 s): not in the fast tier
 def test_the_cyclic_run_spends_the_plain_runs_epsilon(monkeypatch):
     monkeypatch.setenv("TFDPBNN_PRIVACY_STORE", "off")  # as the experiment runs: each statement its own run's
     rng = np.random.default_rng(1)
