@@ -440,3 +440,31 @@ def test_rdp_to_epsilon_on_arrays_equals_dp_accounting():
             rdp_epsilon(orders, negative, 1e-5)
     else:
         assert abs(rdp_epsilon(orders, negative, 1e-5) - want) <= 1e-12
+
+
+def test_the_end_of_fit_comparison_is_skipped_only_when_nothing_could_have_written(monkeypatch):
+    """Skipped: no callback but tfdpbnn's, and the final snapshot fingerprinted the epoch end's DP write.
+
+    Run: with a callback of the user's (it could write in ``on_train_end``); for a model with a
+    non-trainable weight (the final fingerprint covers more than the write check's key).
+    """
+    import tensorflow as tf
+
+    from tfdpbnn.optimizers import state_checks
+
+    compared = []
+    original = state_checks.WriteWatch.changed_since_write
+    monkeypatch.setattr(state_checks.WriteWatch, "changed_since_write",
+                        lambda self, it: compared.append(1) or original(self, it))
+    x, y = small_data(16)
+    plain = small_model()
+    frozen = tf.keras.Sequential([tf.keras.Input((x.shape[1],)), tf.keras.layers.Dense(4),
+                                  tf.keras.layers.Dense(3)])
+    frozen.layers[0].trainable = False  # its weights: the model's, not the write check's
+    for model, callbacks, expected in ((plain, [], 0), (plain, [tf.keras.callbacks.Callback()], 1),
+                                       (frozen, [], 1)):
+        model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8,
+                                                       delta=DELTA, allow_exceeding_budget=True), loss=LOSS)
+        compared.clear()
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=callbacks)
+        assert len(compared) == expected, (model.name, callbacks)

@@ -208,7 +208,7 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
     # (BackupAndRestore); with none (a subclass counts as another's), the monitor skips the restore check.
     foreign = others + [c for c in privacy if type(c) is not PrivacyCallback]
     monitor = DPTrainingMonitor(check_passes=whole_passes, others_may_restore=bool(foreign))
-    watch = StateWatch()  # its end-of-fit check last: after every callback's on_train_end
+    watch = StateWatch(others_may_write=bool(foreign))  # its end-of-fit check last: after every on_train_end
     arguments["callbacks"] = [monitor, watch] + privacy + others + [watch.end]
     return arguments
 

@@ -570,21 +570,30 @@ class StateWatch(tf.keras.callbacks.Callback):
     (``EarlyStopping(restore_best_weights=True)``: post-processing). The end-of-``fit`` checks run in
     ``self.end``, a callback placed after every other one (``model.fit`` puts it last), so a write in any
     callback's ``on_train_end`` is seen too.
+
+    ``others_may_write=False`` says that the ``fit`` runs no callback but tfdpbnn's (``model.fit`` passes it
+    so when the caller gave none): after the last epoch's end nothing but tfdpbnn's own callbacks runs, so
+    the end-of-``fit`` comparison is skipped when the privacy record's final snapshot fingerprinted the
+    weights as the bytes of the last DP write at that epoch's end (the same SHA-256, ``arrays_digest``) and
+    the step counter has not moved since.
     """
 
-    def __init__(self):
+    def __init__(self, others_may_write: bool = True):
         super().__init__()
         self._snapshot = None
         self._done = False
         self._outside = None
         self._states = set()
         self._jit = False
+        self._others_may_write = bool(others_may_write)
+        self._epoch_end = None  # (key of the last DP write at the last epoch end, the step counter then)
         self.end = _StateWatchEnd(self)
 
     def on_train_begin(self, logs=None):
         """Start watching (the snapshot is taken at the first batch, after every callback's restore)."""
         self._snapshot, self._done, self._outside, self._states = None, False, None, set()
         self._jit = getattr(self.model, "jit_compile", False) is True
+        self._epoch_end = None
 
     def on_train_batch_begin(self, batch, logs=None):
         """Before the first batch: the snapshot of the variables the DP step must not change."""
@@ -627,7 +636,9 @@ class StateWatch(tf.keras.callbacks.Callback):
         if watch is not None and self._done:  # the state the epoch's last DP step wrote (its copy's key)
             if self._jit:
                 watch.refuse_written(f"at the end of epoch {epoch}")
-            self._states.add(watch.note_epoch_end())
+            key = watch.note_epoch_end()
+            self._states.add(key)
+            self._epoch_end = (key, int(_numpy(self.model.optimizer.iterations)))
 
     def finish(self):
         """Refuse state changed after the last DP step, unless set back to an epoch's end (as EarlyStopping).
@@ -637,7 +648,7 @@ class StateWatch(tf.keras.callbacks.Callback):
         """
         self._refuse_outside("found at the end of fit, after every callback's on_train_end")
         watch = self._watch()
-        if watch is None or not self._done:
+        if watch is None or not self._done or self._unchanged_since_epoch_end():
             return
         changed = watch.changed_since_write(self.model.optimizer.iterations)
         if changed and watch.state() not in self._states | watch._released:  # or a library post-processing
@@ -647,6 +658,25 @@ class StateWatch(tf.keras.callbacks.Callback):
                 "them, e.g. in on_epoch_end or on_train_end), to values that are neither that step's nor an "
                 "epoch end's. No epsilon covers what they carry, and the optimizer's privacy statement now "
                 "says guarantee: false. Change weights only through the DP optimizer while training.")
+
+
+    def _unchanged_since_epoch_end(self) -> bool:
+        """Whether the weights are, provably, the last DP write's, as the last epoch's end left them.
+
+        Only for a ``fit`` with no callback but tfdpbnn's (``others_may_write=False``): the privacy record's
+        final snapshot (``RunRecord.final_weights``, read in the monitor's ``on_train_end``) fingerprinted
+        the model's weights as SHA-256 of the very bytes the write check keyed at the last epoch's end (the
+        last DP write's copies; a model whose weights are all trainable), no step ran since (the same step
+        counter), and no callback but tfdpbnn's ran in between to write them.
+        """
+        if self._others_may_write or self._epoch_end is None:
+            return False
+        from tfdpbnn.record import attributes
+
+        key, step = self._epoch_end
+        final = getattr(attributes.run_record(self.model.optimizer), "final_weights", None)
+        return bool(key) and final == "weights:" + key and \
+            int(_numpy(self.model.optimizer.iterations)) == step
 
 
 class _StateWatchEnd(tf.keras.callbacks.Callback):

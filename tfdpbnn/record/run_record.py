@@ -65,6 +65,7 @@ class RunRecord:
         self.phase_id = None
         self._model = None  # weak reference to the model this optimizer last trained or was shown
         self.reservation = None  # the run's release in the per-record ledger, until committed
+        self.final_weights = None  # the weights' fingerprint in the last final snapshot, until a run begins
 
     def inherit(self, phases) -> int:
         """Append the store's phases that this ledger lacks; returns how many were added.
@@ -142,6 +143,7 @@ class RunRecord:
         self._model = weakref.ref(model)
         self.store = record_store.default_store()
         self.run_id = None
+        self.final_weights = None
         self.before_restore = None
         self.commit_reservation()  # a run that ended without its final snapshot
         self.reservation = None
@@ -385,6 +387,7 @@ class RunRecord:
             self.store.snapshot(self.run_id, weights, phase, ledger, final=final)
         if final:
             self.run_id = None
+            self.final_weights = weights
 
     def statement(self, delta: float) -> dict:
         """The privacy statement's ``record`` entry: the store, the data set's spending and budget."""
