@@ -145,6 +145,10 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         """Start the step counts and set the budget stop; raise if the optimizer's budget is already spent."""
         optimizer = _dp_optimizer(self.model)
+        with attributes.ledger_state(optimizer).reading_once():  # no step, no restore in this block
+            self._train_begin(optimizer)
+
+    def _train_begin(self, optimizer):
         self._foreign = [(v, np.array(_private_api.read_numpy(v), copy=True))
                          for v in getattr(optimizer, "_dp_foreign_variables", {}).get(id(self.model), [])]
         # Steps are counted here in Python, so a batch end costs no read of a training variable.
@@ -364,8 +368,9 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
         self._snapshot_due = False  # the last epoch's end: the same weights and ledger as this final snapshot
-        attributes.run_record(optimizer).snapshot(self.model, final=True)
-        self._noise_check(optimizer)
+        with attributes.ledger_state(optimizer).reading_once():  # the snapshot and the checks: no step
+            attributes.run_record(optimizer).snapshot(self.model, final=True)
+            self._noise_check(optimizer)
         self._foreign_check("found at the end of fit")
 
 
