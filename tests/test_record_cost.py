@@ -468,3 +468,25 @@ def test_the_end_of_fit_comparison_is_skipped_only_when_nothing_could_have_writt
         compared.clear()
         model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=callbacks)
         assert len(compared) == expected, (model.name, callbacks)
+
+
+def test_held_weights_are_not_aliased_by_in_graph_updates():
+    """The arrays held for the digests (read from variables) keep their bytes when a DP step writes.
+
+    A held array sharing the variable's buffer would follow the step's in-place update and make the next
+    comparison find "the same bytes" with a stale digest; each key equals SHA-256 of a fresh copy.
+    """
+    x, y = small_data(16)
+    model = small_model()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
+                                                   allow_exceeding_budget=True), loss=LOSS)
+    watch = model.optimizer._dp_write_watch
+    keys, fingerprints = [], []
+    for _ in range(3):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        copies = [np.array(c.numpy(), copy=True) for c in watch._copies]
+        keys.append(watch.last_written_state())
+        assert keys[-1] == store._hash_arrays(copies)
+        fingerprints.append(store.weights_fingerprint(model))
+        assert fingerprints[-1] == "weights:" + store._hash_arrays([w.copy() for w in model.get_weights()])
+    assert len(set(keys)) == len(set(fingerprints)) == 3

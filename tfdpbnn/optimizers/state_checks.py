@@ -452,7 +452,7 @@ class WriteWatch:
         written = _changed(self._variables, self._copies)
         return [v.name for v, w in zip(self._variables, written, strict=True) if w]
 
-    def note_epoch_end(self) -> bytes:
+    def note_epoch_end(self) -> str:
         """Remember the weights the last DP write left as an epoch's end (released); return their key."""
         key = self.last_written_state()
         self._released.add(key)
@@ -659,24 +659,25 @@ class StateWatch(tf.keras.callbacks.Callback):
                 "epoch end's. No epsilon covers what they carry, and the optimizer's privacy statement now "
                 "says guarantee: false. Change weights only through the DP optimizer while training.")
 
-
     def _unchanged_since_epoch_end(self) -> bool:
         """Whether the weights are, provably, the last DP write's, as the last epoch's end left them.
 
         Only for a ``fit`` with no callback but tfdpbnn's (``others_may_write=False``): the privacy record's
         final snapshot (``RunRecord.final_weights``, read in the monitor's ``on_train_end``) fingerprinted
-        the model's weights as SHA-256 of the very bytes the write check keyed at the last epoch's end (the
-        last DP write's copies; a model whose weights are all trainable), no step ran since (the same step
-        counter), and no callback but tfdpbnn's ran in between to write them.
+        the model's weights, which are the watched variables themselves in their order (a model whose
+        weights are all trainable), as SHA-256 of the very bytes the write check keyed at the last epoch's
+        end (the last DP write's copies), no step ran since (the same step counter), and no callback but
+        tfdpbnn's ran in between to write them.
         """
-        if self._others_may_write or self._epoch_end is None:
+        watch = self._watch()
+        if self._others_may_write or self._epoch_end is None or watch is None:
             return False
         from tfdpbnn.record import attributes
 
         key, step = self._epoch_end
         final = getattr(attributes.run_record(self.model.optimizer), "final_weights", None)
-        return bool(key) and final == "weights:" + key and \
-            int(_numpy(self.model.optimizer.iterations)) == step
+        return bool(key) and final == "weights:" + key and _same(list(self.model.weights), watch._variables) \
+            and int(_numpy(self.model.optimizer.iterations)) == step
 
 
 class _StateWatchEnd(tf.keras.callbacks.Callback):
