@@ -236,8 +236,8 @@ def _unequal(variable, copy) -> tf.Tensor:
 
 
 def _arrays(variables) -> list:
-    """The variables' values as fresh numpy arrays (one read each), for the eager checks below."""
-    return [np.asarray(_private_api.read_numpy(v)) for v in variables]
+    """The variables' values as read-only numpy views of one fresh read each (no copy), used at once."""
+    return [np.asarray(_private_api.read_view(v)) for v in variables]
 
 
 def _changed(variables, copies) -> list:

@@ -138,7 +138,7 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     return True
 
 
-def _held_digest(kind: str, arrays, owned: bool, shared: tuple = ()) -> str:
+def _held_digest(kind: str, arrays, owned: bool, shared: tuple = (), views: bool = False) -> str:
     """``_hash_arrays(arrays)``, without hashing again bytes equal to the arrays hashed last for ``kind``.
 
     The digest of the last arrays hashed is reused only when every array has the dtype, shape and bytes of
@@ -149,6 +149,8 @@ def _held_digest(kind: str, arrays, owned: bool, shared: tuple = ()) -> str:
     garbage collected. Plain numeric arrays in C order only (no subclass), up to ``_HELD_MAX_BYTES`` in all.
     ``shared``: other kinds whose held arrays are compared too (the same digest of the same bytes: the
     write check's key of the trainable weights and the weights' fingerprint, ``arrays_digest``).
+    ``views``: the arrays view buffers the caller does not own (``_private_api.read_view``): used at once,
+    and copied when held (``owned`` applies to the copies).
     """
     import weakref
 
@@ -164,6 +166,8 @@ def _held_digest(kind: str, arrays, owned: bool, shared: tuple = ()) -> str:
             return held[1]
     held = _HELD.get(kind)
     digest = _hash_arrays(arrays)
+    if views:
+        arrays = [np.array(a, copy=True) for a in arrays]
     if owned:
         _HELD[kind] = (arrays, digest, (), None)
         return digest
@@ -225,7 +229,7 @@ def weights_fingerprint(model) -> str:
 
     Weights whose bytes equal those hashed last (a run's start, its restore check, the next run's start)
     reuse that digest (``_held_digest``). The arrays are those ``get_weights`` returns (the same read of each
-    variable of ``model.weights``, in order), read directly (``_private_api.read_numpy``) unless a variable
+    variable of ``model.weights``, in order), read directly (``_private_api.read_view``) unless a variable
     is distributed.
     """
     import tensorflow as tf
@@ -236,8 +240,8 @@ def weights_fingerprint(model) -> str:
     if any(isinstance(v, tf.distribute.DistributedValues) for v in variables):
         arrays = model.get_weights()
     else:
-        arrays = [_private_api.read_numpy(v) for v in variables]
-    return "weights:" + _held_digest("weights", arrays, owned=True, shared=("written",))
+        arrays = [_private_api.read_view(v) for v in variables]
+    return "weights:" + _held_digest("weights", arrays, owned=True, shared=("written",), views=True)
 
 
 def arrays_digest(arrays) -> str:
@@ -246,9 +250,10 @@ def arrays_digest(arrays) -> str:
     The write check's key of the trainable weights (``tfdpbnn.optimizers.state_checks.WriteWatch``): arrays
     whose bytes equal those of the weights fingerprinted last (a model whose weights are all trainable, at an
     epoch's end) reuse that digest, and the next fingerprint of the same bytes reuses this one
-    (``_held_digest``). ``arrays``: fresh copies the caller does not keep (read from variables).
+    (``_held_digest``). ``arrays``: fresh reads of variables (``_private_api.read_view``), used at once and
+    copied when held.
     """
-    return _held_digest("written", arrays, owned=True, shared=("weights",))
+    return _held_digest("written", arrays, owned=True, shared=("weights",), views=True)
 
 
 def default_path() -> str | None:
