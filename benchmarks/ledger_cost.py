@@ -19,7 +19,8 @@ inflates the first), and each target with its verdict:
    and model checks, fingerprints, record keys, the store's transactions, each tfdpbnn callback), and their
    sum per ``fit`` (target: under 10 ms). The same arrays are fed to every ``fit``, so after the first two
    the data fingerprint is a byte comparison with the copy hashed last (``tfdpbnn.record.store``), and the
-   reservation finds the records where this process placed them.
+   reservation finds the records where this process placed them. Also the SQL statements (and commits) one
+   DP ``fit`` runs on the record's file.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ _PHASES = (
      "state watch: first batch snapshot"),
     ("tfdpbnn.optimizers.state_checks:StateWatch", "on_train_batch_end", "state watch: first batch check"),
     ("tfdpbnn.optimizers.state_checks:StateWatch", "on_epoch_end", "state watch: epoch end check"),
-    ("tfdpbnn.optimizers.state_checks:StateWatch", "on_train_end", "state watch: train end check"),
+    ("tfdpbnn.optimizers.state_checks:_StateWatchEnd", "on_train_end",
+     "state watch: end-of-fit check (after every callback)"),
     ("tfdpbnn.optimizers.keras_integration:", "_dp_fit_arguments", "all of fit's preparation (the rows above "
                                                                     "to the run row, and the rest)"),
 )
@@ -194,6 +196,17 @@ def _fit_costs(fits: int, which: str) -> tuple[list[str], list[str], dict]:
     label = {"small": f"{n:,} records, 64-32-10", "mlp": f"{n:,} records, 784-1000-10 MLP"}[which]
     steps = -(-n // batch)
     rows = []
+    from tfdpbnn.record import store as record_store
+
+    statements: list[str] = []
+    connection = record_store.kept_connection(path, 60.0)
+    connection.set_trace_callback(statements.append)
+    try:
+        fit(dp)
+    finally:
+        connection.set_trace_callback(None)
+    rows.append(f"| SQL statements in one DP fit ({label}), record on | {len(statements)}, "
+                f"{statements.count('COMMIT')} commits | |")
     for name in names:
         wall = statistics.median(t[0] for t in times[name]) * 1e3
         cpu = statistics.median(t[1] for t in times[name]) * 1e3

@@ -1,6 +1,6 @@
 """Cost of where the DP noise's seed comes from: the run's key and step counter against the alternatives.
 
-Times one fused Box-Muller draw (``tfdpbnn.optimizers.noise``) of ``--size`` numbers (default 795,010: the
+Times one fused Box-Muller draw (``tfdpbnn.privacy.noise``) of ``--size`` numbers (default 795,010: the
 784-1000-10 MLP) in a bare ``tf.function``, seeded three ways: the run's ``os.urandom`` key and a step
 counter (``NoiseKey.next_seed``, the default), secure mode (16 bytes of ``os.urandom`` per step through a
 ``tf.py_function``) and, for comparison, a stateful ``tf.random`` draw (replayable under
@@ -24,7 +24,7 @@ def measure(size: int = 795_010, repeats: int = 40) -> dict:
     """Median milliseconds per draw of ``size`` numbers, by seed source."""
     import tensorflow as tf
 
-    from tfdpbnn.optimizers import noise
+    from tfdpbnn.privacy import noise
 
     key = noise.NoiseKey()
     stddev = tf.Variable(0.01)

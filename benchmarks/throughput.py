@@ -307,10 +307,10 @@ def noise_cost(key, args):
     """Milliseconds per step to draw the DP noise for every trainable variable of ``key``'s model.
 
     One ``tf.random.normal`` per variable (what the optimizers did before) against the fused Box-Muller draw
-    they use (``tfdpbnn.optimizers.noise.gaussian_noise_like``), seeded by TensorFlow's generator and in
+    they use (``tfdpbnn.privacy.noise.gaussian_noise_like``), seeded by TensorFlow's generator and in
     secure mode (``os.urandom`` each step); interleaved bare ``tf.function`` calls.
     """
-    from tfdpbnn.optimizers.noise import gaussian_noise_like
+    from tfdpbnn.privacy.noise import gaussian_noise_like
 
     variables = build(key, "non-private", args.examples, args.batch_size).trainable_variables
     stddev = tf.Variable(SIGMA * CLIP / args.batch_size)
@@ -438,7 +438,7 @@ def report(results, args):
         "",
         "Drawing N(0, (sigma C / B)^2) for every trainable parameter, bare `tf.function` calls interleaved: "
         "one `tf.random.normal` per variable against the fused vectorized Box-Muller draw the optimizers use "
-        "(`tfdpbnn/optimizers/noise.py`: radius from up to 128 random bits, so no value is cut below "
+        "(`tfdpbnn/privacy/noise.py`: radius from up to 128 random bits, so no value is cut below "
         "13.37 sigma C; `tf.random.normal`'s float32 draw stops near 5.7 sigma C), seeded from TensorFlow's "
         "generator, and the same draw in secure mode (128 bits of `os.urandom` per step). Beside it, the "
         "non-private backward pass of the model's largest layer on one batch (bare forward + backward minus "

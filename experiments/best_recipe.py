@@ -36,22 +36,16 @@ import json
 import math
 import os
 import platform
+import sys
 import time
 
 import numpy as np
 
 DELTA = 1e-5
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from experiments.honest_common import auroc, entropy  # noqa: E402  (one AUROC: ties count half)
+
 ARMS = ("recipe", "ema 0.9", "last iterate", "iterate gaussian", "iterate ensemble", "no pretraining")
-
-
-def _auroc(in_scores, out_scores):
-    a, b = np.asarray(out_scores, float), np.asarray(in_scores, float)
-    ranks = np.argsort(np.argsort(np.concatenate([a, b]), kind="mergesort"), kind="mergesort") + 1.0
-    return float((ranks[:len(a)].sum() - len(a) * (len(a) + 1) / 2) / (len(a) * len(b)))
-
-
-def _entropy(p):
-    return -np.sum(p * np.log(np.clip(p, 1e-12, 1.0)), axis=1)
 
 
 def scores(predict, x_test, y_test, ood) -> dict:
@@ -63,7 +57,7 @@ def scores(predict, x_test, y_test, ood) -> dict:
            "ece": float(tfdpbnn.uncertainty.expected_calibration_error(p, y_test)),
            "nll": float(-np.mean(np.log(np.clip(p[np.arange(len(y_test)), y_test], 1e-12, 1.0))))}
     for name, xo in ood.items():
-        out[f"auroc_{name}"] = _auroc(_entropy(p), _entropy(predict(xo)))
+        out[f"auroc_{name}"] = auroc(entropy(p), entropy(predict(xo)))
     return out
 
 

@@ -24,10 +24,15 @@ favour), without and with ``null_zone=2``.
 Scores of each against uniform noise images and inverted digits (1 - x): the AUROC of predictive entropy
 (the score fixed beforehand: the targets are stated on it), and for comparison the mutual information
 (zero for a point estimate: AUROC 0.5, shown as 0 by the runs before ties got their average rank) and
-1 - max p. Accuracy, ECE, NLL on DIGITS' 360 test images. Sampling keys
-10_000 + seed, DP noise seeds 20_000 + seed (the ``best_recipe`` ablation's).
+1 - max p. Accuracy, ECE, NLL on DIGITS' 360 test images. Sampling keys 10_000 + seed, the
+initialization seeded by ``seed``, TensorFlow seed 20_000 + seed afterwards (the ``best_recipe`` ablation's;
+it fixes DPVD's weight draws, not the DP noise, which the optimizers key from ``os.urandom`` at every
+``fit``: two runs of one seed differ by their noise draw).
 
-Run: ``nice python experiments/ood_posteriors.py --seeds 0 1 2 3 4 --out docs/results/ood_posteriors``.
+Run (the record store off: each statement is still its own run's)::
+
+    TFDPBNN_PRIVACY_STORE=off python experiments/ood_posteriors.py --methods dpsgd --seeds 0 1 2 3 4 \
+        --out docs/results/ood_posteriors/dpsgd
 """
 
 from __future__ import annotations
@@ -180,7 +185,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--methods", nargs="+", default=["dpvd", "dpsgd"], choices=("dpvd", "dpsgd"))
     p.add_argument("--epsilon", type=float, default=1.0)
-    p.add_argument("--out", default="docs/results/ood_posteriors")
+    p.add_argument("--out", default=os.path.join("runs", "ood_posteriors"))
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     start, rows = time.perf_counter(), []

@@ -16,7 +16,7 @@ def _fixed_seed_noise_keys(request, monkeypatch):
     """DP noise keys from a seed fixed per test instead of ``os.urandom``, so the suite's statistical tests
     of trained models are fixed-seed (and a failure a real change, not chance).
 
-    The library draws every noise key from ``os.urandom`` (``tfdpbnn.optimizers.noise._fresh_key``); here that
+    The library draws every noise key from ``os.urandom`` (``tfdpbnn.privacy.noise._fresh_key``); here that
     one function returns draws of a generator seeded by the test's id. Tests marked ``os_entropy_noise``
     (``tests/test_run_owns_noise.py``) run the real ``os.urandom`` keys. Subprocesses are not patched.
     """
@@ -26,7 +26,7 @@ def _fixed_seed_noise_keys(request, monkeypatch):
 
     import numpy as np
 
-    from tfdpbnn.optimizers import noise
+    from tfdpbnn.privacy import noise
 
     rng = np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
     monkeypatch.setattr(noise, "_fresh_key",

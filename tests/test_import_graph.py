@@ -2,13 +2,15 @@
 
 Every ``import`` and ``from ... import`` in a module counts, at module level and inside functions, absolute
 and relative. ``import a.b.c`` and ``from a.b import c`` are edges to the module ``a.b.c`` when it exists,
-else to the package ``a.b`` (its ``__init__``); the parent packages Python runs on the way are not counted
-(every module would otherwise reach ``tfdpbnn/__init__.py``, which imports the public names).
+else to the package ``a.b`` (its ``__init__``); the parent packages Python runs on the way are counted only
+where said (every module would otherwise reach ``tfdpbnn/__init__.py``, which imports the public names).
 
-Asserted: no import cycle among tfdpbnn modules; the record package (``tfdpbnn/record``) imports only the
-accounting and validation modules, never the optimizers, callbacks, uncertainty, audit or commands that
-write or read it; the record's private attributes on optimizers, models, layers and datasets are spelled
-only in ``tfdpbnn/record/attributes.py``; every module is named in docs/architecture.md.
+Asserted: no import cycle among tfdpbnn modules, also when the package ``__init__`` files Python runs on
+the way count as edges; every import goes down tfdpbnn's import layers (``LAYERS``); the record package
+(``tfdpbnn/record``) imports only the accounting and validation modules, never the optimizers, callbacks,
+uncertainty, audit or commands that write or read it; the record's private attributes on optimizers,
+models, layers and datasets are spelled only in ``tfdpbnn/record/attributes.py``; every module is named in
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ import tfdpbnn.privacy.budget
 from . import mechanism
 from .. import _validation
 from ..record import ledger
-from tfdpbnn.optimizers import noise, DPMechanism
+from tfdpbnn.optimizers import mechanism as m, DPMechanism
 
 
 def f():
@@ -141,7 +143,7 @@ def f():
     found = {(t, inside) for t, _, inside in _imports("tfdpbnn.optimizers.base", source)}
     assert found == {("tfdpbnn.privacy.budget", False), ("tfdpbnn.optimizers.mechanism", False),
                      ("tfdpbnn._validation", False), ("tfdpbnn.record.ledger", False),
-                     ("tfdpbnn.optimizers.noise", False), ("tfdpbnn.optimizers", False),
+                     ("tfdpbnn.optimizers", False),
                      ("tfdpbnn.record.store", True), ("tfdpbnn.record.records", True)}
     package = {t for t, _, _ in _imports("tfdpbnn.privacy", "from .budget import calibrate_noise")}
     assert package == {"tfdpbnn.privacy.budget"}  # relative to the package itself in an __init__
@@ -202,39 +204,79 @@ def _runs(module: str, target: str) -> list[str]:
     return [target] + [p for p in parents if not (module == p or module.startswith(p + "."))]
 
 
-#: The one strongly connected group left when package ``__init__`` files count as edges, and the imports
-#: that hold it: ``layers/noisy.py`` draws its noise with ``tfdpbnn.optimizers.noise`` and
-#: ``preprocessing/checks.py`` reads ``tfdpbnn.optimizers.state_checks.declared_state``, each running
-#: ``optimizers/__init__`` and so ``optimizers/base`` (which imports ``clipping``, ``preprocessing``...).
-#: Moving ``noise.py`` and ``declared_state`` out of the optimizers package breaks it; shrink this then.
-KNOWN_PACKAGE_GROUP = sorted(
-    [f"tfdpbnn.{m}" for m in (
-        "clipping", "clipping.rules", "layers", "layers.noisy", "optimizers", "optimizers.base",
-        "optimizers.dpsgd", "optimizers.dpsgld", "optimizers.dpvd", "optimizers.mechanism",
-        "optimizers.sidp", "preprocessing", "preprocessing.checks", "uncertainty",
-        "uncertainty.calibration", "uncertainty.calibration_plan", "uncertainty.conformal",
-        "uncertainty.mc", "uncertainty.outputs", "uncertainty.regression", "uncertainty.temperature",
-    )])
+def _package_edges(function_level: bool = True) -> dict[str, set[str]]:
+    """What each import runs: the target and the package ``__init__`` files on the way."""
+    return {m: {r for t, _, inside in imports if function_level or not inside for r in _runs(m, t)}
+            for m, imports in GRAPH.items()}
 
 
-def test_package_init_files_count_as_edges_and_no_group_holds_the_record():
-    """With the ``__init__`` files Python runs on the way (every import, inside functions too): the record
-    and the tuning package are in no import circle, and no circle beyond the known group exists."""
-    edges = {m: {r for t, _, _ in imports for r in _runs(m, t)} for m, imports in GRAPH.items()}
-    assert "tfdpbnn.optimizers" in edges["tfdpbnn.layers.noisy"]  # through tfdpbnn.optimizers.noise
-    assert _runs("tfdpbnn.record.store", "tfdpbnn.optimizers.noise") == ["tfdpbnn.optimizers.noise",
-                                                                        "tfdpbnn.optimizers"]
+def test_no_import_cycle_counting_package_init_files():
+    """With the ``__init__`` files Python runs on the way (every import, inside functions too), no module
+    needs itself: no strongly connected group at all (``tfdpbnn/optimizers/__init__.py`` loads every
+    optimizer, so a layer that imported ``tfdpbnn.optimizers.<anything>`` would close one)."""
+    assert _runs("tfdpbnn.layers.noisy", "tfdpbnn.optimizers.mechanism") == [
+        "tfdpbnn.optimizers.mechanism", "tfdpbnn.optimizers"]
+    edges = _package_edges()
+    assert "tfdpbnn.privacy" in edges["tfdpbnn.layers.noisy"]  # its noise: tfdpbnn.privacy.noise
     cycles = _cycles(edges)
-    in_record = sorted(m for c in cycles for m in c if m.startswith(("tfdpbnn.record", "tfdpbnn.tuning")))
-    assert in_record == []
-    assert cycles == [KNOWN_PACKAGE_GROUP], cycles
+    detail = {tuple(c): sorted(f"{m} -> {t} (line {line})" for m in c for t, line, _ in GRAPH[m]
+                               if set(_runs(m, t)) & set(c)) for c in cycles}
+    assert cycles == [], detail
+
+
+#: tfdpbnn's import layers, lowest first, by top-level module or package under ``tfdpbnn/`` (``""``: the
+#: package's own ``__init__``): accounting, noise, the record and the low-level pieces; what a DP ``fit`` is
+#: made of (layers, their clipping rules, the preprocessing checks, the callbacks a DP fit installs); the
+#: optimizers; and what uses a trained model or drives training. docs/architecture.md, "Import layers".
+LAYERS = (
+    ("_adapters", "_audit_hook", "_keras_version", "_private_api", "_validation", "data", "privacy",
+     "record"),
+    ("callbacks", "clipping", "layers", "preprocessing"),
+    ("optimizers",),
+    ("", "audit", "cli", "commands", "export", "public", "tuning", "uncertainty"),
+)
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[1] if "." in module else ""
+    found = [i for i, names in enumerate(LAYERS) if top in names]
+    assert len(found) == 1, f"{module}: its top-level name {top!r} must be in exactly one of LAYERS"
+    return found[0]
+
+
+def _upward(edges: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {t}" for m, targets in edges.items() for t in targets if _layer(t) > _layer(m))
+
+
+def test_imports_go_down_the_layers():
+    """Every import (module level or inside a function, with the package ``__init__`` files on the way) goes
+    to the same layer or a lower one: the layers and clipping rules import no optimizer, and the optimizers
+    no uncertainty, tuning, export, audit or command module. Every module has a layer."""
+    assert _upward(_package_edges()) == []
+    upward = _upward({"tfdpbnn.layers.noisy": {"tfdpbnn.optimizers"},
+                      "tfdpbnn.optimizers.base": {"tfdpbnn.uncertainty.regression", "tfdpbnn.record"}})
+    assert upward == ["tfdpbnn.layers.noisy -> tfdpbnn.optimizers",
+                      "tfdpbnn.optimizers.base -> tfdpbnn.uncertainty.regression"]  # the check can fail
+    found = {top for m in MODULES for top in [m.split(".")[1] if "." in m else ""]}
+    assert found == {name for names in LAYERS for name in names}  # no stale name in LAYERS
+
+
+def test_layers_and_clipping_import_nothing_above_them():
+    """Named directly, inside functions too: ``tfdpbnn.layers`` and ``tfdpbnn.clipping`` import nothing from
+    the optimizers, uncertainty, callbacks or commands (their only imports of tfdpbnn are below them)."""
+    above = ("tfdpbnn.optimizers", "tfdpbnn.uncertainty", "tfdpbnn.callbacks", "tfdpbnn.commands",
+             "tfdpbnn.audit", "tfdpbnn.tuning", "tfdpbnn.export", "tfdpbnn.public")
+    bad = sorted(f"{m} -> {t} (line {line})" for m, imports in GRAPH.items()
+                 if m.startswith(("tfdpbnn.layers", "tfdpbnn.clipping"))
+                 for t, line, _ in imports for r in _runs(m, t)
+                 if any(r == a or r.startswith(a + ".") for a in above))
+    assert bad == []
 
 
 def test_loading_the_record_loads_no_writer_or_reader():
     """Module-level imports of the record, with the package ``__init__`` files Python runs on the way
     (except ``tfdpbnn/__init__.py``), reach no optimizer, callback, uncertainty, audit or command module."""
-    edges = {m: {r for t, _, inside in imports if not inside for r in _runs(m, t)}
-             for m, imports in GRAPH.items()}
+    edges = _package_edges(function_level=False)
     seen, todo = set(), [m for m in MODULES if m.startswith("tfdpbnn.record")]
     while todo:
         module = todo.pop()

@@ -1,4 +1,4 @@
-"""The fused Box-Muller noise of the DP optimizers (``tfdpbnn.optimizers.noise``) is N(0, s^2), i.i.d.
+"""The fused Box-Muller noise of the DP optimizers (``tfdpbnn.privacy.noise``) is N(0, s^2), i.i.d.
 
 Statistical tests with fixed seeds; each asserts a property a wrong sampler would fail (wrong scale, a
 shifted mean, dependence between the cos and sin halves or between variables, repeated draws, wrong tails).
@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 from scipy import stats
 
-from tfdpbnn.optimizers import noise
-from tfdpbnn.optimizers.noise import exponential_variates, gaussian_noise_like, max_radius
+from tfdpbnn.privacy import noise
+from tfdpbnn.privacy.noise import exponential_variates, gaussian_noise_like, max_radius
 
 SHAPES = [(301, 200), (7,), (200, 3), (1,)]   # 60,808 numbers: an even total, with odd-sized variables
 

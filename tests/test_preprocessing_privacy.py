@@ -152,7 +152,7 @@ def test_dp_adapt_is_close_to_the_truth_at_large_n():
 def test_dp_adapt_is_composed_with_training_and_exported(tmp_path):
     x, y = small_data()
     norm = tf.keras.layers.Normalization()
-    record = private_adapt_normalization(norm, x, epsilon=0.5, delta=DELTA, bounds=(-3.0, 3.0), seed=0)
+    record = private_adapt_normalization(norm, x, epsilon=0.5, delta=DELTA, bounds=(-3.0, 3.0))
     model, opt = _model(norm, sigma=1.0)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
     statement = opt.privacy_statement()
@@ -225,7 +225,7 @@ def test_private_discretization_quantiles_and_composition():
     np.testing.assert_allclose(layer.bin_boundaries, [2.5, 5.0, 7.5], atol=0.1)
     x, y = small_data()
     disc, disc_record = tfdpbnn.preprocessing.private_discretization(
-        x[:, 0], num_bins=3, epsilon=0.5, delta=DELTA, bounds=(-3.0, 3.0), seed=1)
+        x[:, 0], num_bins=3, epsilon=0.5, delta=DELTA, bounds=(-3.0, 3.0))
     tf.keras.utils.set_random_seed(0)
     inputs = tf.keras.Input((D,))
     bins = _as_float(disc(inputs[:, :1]))

@@ -3,7 +3,8 @@
 The per-record ledger's reserve and commit run a fixed number of SQL statements whatever the number of
 records (the records travel in bulk statements); the content keys of ``fit``'s arrays are reused only for
 the very same bytes (an array changed in place gets new keys); fingerprints skip hashing only bytes equal
-to those hashed last; one DP ``fit`` runs a fixed set of transactions; the fast variable reads equal
+to those hashed last; one DP ``fit`` runs a fixed set of transactions, the same for more records and one
+more snapshot per epoch; the write check's key reuses the weights' fingerprint; the fast variable reads equal
 ``numpy()`` and a block that reads the ledger once sees every write the ledger makes.
 """
 
@@ -179,16 +180,113 @@ def test_one_dp_fit_runs_a_fixed_set_of_transactions_on_the_record_file():
     path = store.default_path()
     statements = _statements(path, lambda: model.fit(x, y, batch_size=8, epochs=2, verbose=0))
     begins = [s for s in statements if s.startswith("BEGIN")]
-    # Write transactions: the weights' record (read under the write lock), the run's row with its
-    # reservation, one snapshot per epoch end, the final snapshot with the ledger commit.
-    assert begins.count("BEGIN IMMEDIATE") == 1 + 1 + 2 + 1, statements
-    # Read transactions: the ledger's layout version (twice) and the releases linked to the model.
-    assert begins.count("BEGIN DEFERRED") <= 3, statements
+    # Write transactions: the run's start (the weights' record and linked releases read under the write
+    # lock, the ledger's layout version, the budgets, the reservation, the run's row); the first epoch's
+    # snapshot; the final snapshot with the ledger commit (the last epoch's snapshot: no callback but
+    # tfdpbnn's can see the weights in between). No read transaction of its own.
+    assert begins == ["BEGIN IMMEDIATE"] * 3, statements
     assert statements.count("COMMIT") == len(begins)
+    snapshots = [s for s in statements if s.startswith("INSERT INTO snapshots")]
+    assert [", 1, 'weights:" in s for s in snapshots] == [False, True]  # the epoch's, then the final one
+
+
+def test_a_fits_statements_grow_by_one_snapshot_per_epoch_and_not_with_the_records():
+    """Statements per DP ``fit``: the same for 16 and 64 records; 4 more (one snapshot) per added epoch.
+
+    A snapshot is its row and its variables' keys (one statement each), in one transaction.
+    """
+    counts = {}
+    for n, epochs in ((16, 1), (64, 1), (16, 3), (64, 3)):
+        x, y = small_data(n, seed=n)
+        model = small_model()
+        model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=n, batch_size=8, delta=DELTA,
+                                                       allow_exceeding_budget=True), loss=LOSS)
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # the records placed, the model checked
+        counts[(n, epochs)] = len(_statements(
+            store.default_path(), lambda: model.fit(x, y, batch_size=8, epochs=epochs, verbose=0)))  # noqa: B023
+    assert counts[(16, 1)] == counts[(64, 1)], counts
+    assert counts[(16, 3)] == counts[(64, 3)] == counts[(16, 1)] + 2 * 4, counts
+
+
+def test_the_last_epochs_snapshot_is_the_final_one_only_when_no_other_callback_runs():
+    """The final snapshot holds the last epoch's weights and ledger: the store knows the weights after fit.
+
+    With a callback of the user's (it could save the weights at the epoch's end), every epoch end writes
+    its own snapshot before that callback runs.
+    """
+    import tensorflow as tf
+
+    from tfdpbnn.record import attributes
+
+    x, y = small_data(16)
+    model = small_model()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
+                                                   allow_exceeding_budget=True), loss=LOSS)
+    run = attributes.run_record(model.optimizer)
+    for callbacks, expected in (([], [1]), ([tf.keras.callbacks.Callback()], [0, 1])):
+        fingerprints = []
+
+        class Seen(tf.keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                fingerprints.append(store.weights_fingerprint(self.model))  # noqa: B023
+
+        statements = _statements(store.default_path(), lambda: model.fit(  # noqa: B023
+            x, y, batch_size=8, epochs=1, verbose=0, callbacks=callbacks))  # noqa: B023
+        snapshots = [s for s in statements if s.startswith("INSERT INTO snapshots")]
+        assert [int(", 1, 'weights:" in s) for s in snapshots] == expected, statements
+        assert run.recognises_weights()
+        ledger = store.default_store().weights_ledger(store.weights_fingerprint(model))
+        assert ledger is not None and sum(p.steps for p in ledger) == model.optimizer.ledger.steps
+    # A user's callback that reads the weights at the epoch's end finds them in the store then.
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[Seen()])
+    assert len(fingerprints) == 2
+    assert all(store.default_store().weights_ledger(f) is not None for f in fingerprints)
+
+
+def test_the_write_checks_key_reuses_the_weights_fingerprint_and_every_bit_counts():
+    """The end-of-fit write check: exact (a sign of zero, one ulp); its key is the weights' SHA-256.
+
+    At an epoch's end the key of the last DP write's copies reuses the digest the privacy record computed
+    for the same bytes (a model whose weights are all trainable), and a write after the epoch's end, before
+    the end of ``fit``, is still refused: its bytes are not the epoch end's.
+    """
+    import pytest
+    import tensorflow as tf
+
+    x, y = small_data(16)
+    model = small_model()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
+                                                   allow_exceeding_budget=True), loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    watch = model.optimizer._dp_write_watch
+    key = watch.last_written_state()
+    assert "weights:" + key == store.weights_fingerprint(model) == "weights:" + store._hash_arrays(
+        model.get_weights())
+    assert watch.state() == key and watch.changed_since_write(model.optimizer.iterations) == []
+    bias = model.weights[1]
+    for value in (np.float32(-0.0), np.nextafter(np.float32(0), np.float32(1))):  # bias starts at +0.0
+        saved = bias.numpy()
+        bias.assign(np.where(np.arange(3) == 1, value, saved).astype(np.float32))
+        if not np.array_equal(saved.view(np.int32), bias.numpy().view(np.int32)):
+            assert watch.changed_since_write(model.optimizer.iterations) == [bias.name]
+            assert watch.state() != key
+        bias.assign(saved)
+    assert watch.changed_since_write(model.optimizer.iterations) == []
+
+    class WriteAfterEpochEnd(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):  # after tfdpbnn's epoch-end snapshot and key
+            kernel = self.model.weights[0]
+            kernel.assign(tf.reverse(kernel, axis=[0]))  # the same values, rows swapped
+
+    with pytest.raises(ValueError, match="changed after the last DP step of fit"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[WriteAfterEpochEnd()])
 
 
 def test_the_restore_check_runs_only_when_another_callback_could_have_restored(monkeypatch):
-    """No callback but tfdpbnn's: three weight fingerprints per fit (start, epoch end, end); else four."""
+    """No callback but tfdpbnn's: two weight fingerprints per one-epoch fit (start, end); else four.
+
+    With another callback: the start, the restore check, the epoch end's snapshot and the final one.
+    """
     import tensorflow as tf
 
     from tfdpbnn.record import run_record
@@ -203,7 +301,7 @@ def test_the_restore_check_runs_only_when_another_callback_could_have_restored(m
     monkeypatch.setattr(run_record.record_store, "weights_fingerprint",
                         lambda m: calls.append(1) or original(m))
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    assert len(calls) == 3
+    assert len(calls) == 2
     calls.clear()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[tf.keras.callbacks.Callback()])
     assert len(calls) == 4
@@ -345,3 +443,55 @@ def test_rdp_to_epsilon_on_arrays_equals_dp_accounting():
             rdp_epsilon(orders, negative, 1e-5)
     else:
         assert abs(rdp_epsilon(orders, negative, 1e-5) - want) <= 1e-12
+
+
+def test_the_end_of_fit_comparison_is_skipped_only_when_nothing_could_have_written(monkeypatch):
+    """Skipped: no callback but tfdpbnn's, and the final snapshot fingerprinted the epoch end's DP write.
+
+    Run: with a callback of the user's (it could write in ``on_train_end``); for a model with a
+    non-trainable weight (the final fingerprint covers more than the write check's key).
+    """
+    import tensorflow as tf
+
+    from tfdpbnn.optimizers import state_checks
+
+    compared = []
+    original = state_checks.WriteWatch.changed_since_write
+    monkeypatch.setattr(state_checks.WriteWatch, "changed_since_write",
+                        lambda self, it: compared.append(1) or original(self, it))
+    x, y = small_data(16)
+    plain = small_model()
+    frozen = tf.keras.Sequential([tf.keras.Input((x.shape[1],)), tf.keras.layers.Dense(4),
+                                  tf.keras.layers.Dense(3)])
+    frozen.layers[0].trainable = False  # its weights: the model's, not the write check's
+    # Each count has one more call: the check at the run's start (weights written since the optimizer's last
+    # run); a new optimizer's watch holds no write yet, so that call compares nothing.
+    for model, callbacks, expected in ((plain, [], 1), (plain, [tf.keras.callbacks.Callback()], 2),
+                                       (frozen, [], 2)):
+        model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8,
+                                                       delta=DELTA, allow_exceeding_budget=True), loss=LOSS)
+        compared.clear()
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=callbacks)
+        assert len(compared) == expected, (model.name, callbacks)
+
+
+def test_held_weights_are_not_aliased_by_in_graph_updates():
+    """The arrays held for the digests (read from variables) keep their bytes when a DP step writes.
+
+    A held array sharing the variable's buffer would follow the step's in-place update and make the next
+    comparison find "the same bytes" with a stale digest; each key equals SHA-256 of a fresh copy.
+    """
+    x, y = small_data(16)
+    model = small_model()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
+                                                   allow_exceeding_budget=True), loss=LOSS)
+    watch = model.optimizer._dp_write_watch
+    keys, fingerprints = [], []
+    for _ in range(3):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        copies = [np.array(c.numpy(), copy=True) for c in watch._copies]
+        keys.append(watch.last_written_state())
+        assert keys[-1] == store._hash_arrays(copies)
+        fingerprints.append(store.weights_fingerprint(model))
+        assert fingerprints[-1] == "weights:" + store._hash_arrays([w.copy() for w in model.get_weights()])
+    assert len(set(keys)) == len(set(fingerprints)) == 3

@@ -1,4 +1,4 @@
-"""The run owns its noise: DP noise never depends on a user-settable seed (``tfdpbnn.optimizers.noise``).
+"""The run owns its noise: DP noise never depends on a user-settable seed (``tfdpbnn.privacy.noise``).
 
 After ``tf.keras.utils.set_random_seed(0)`` two identical DP runs must release different noise (else two
 runs on neighbouring data sets are told apart every time: epsilon infinite); ``debug_noise_seed`` replays it

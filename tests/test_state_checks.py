@@ -12,7 +12,7 @@ import tensorflow as tf
 from _small_runs import DELTA, LOSS, D, N, small_data
 
 import tfdpbnn
-from tfdpbnn.optimizers.state_checks import declared_state
+from tfdpbnn.preprocessing.checks import declared_state
 
 
 class MeanShift(tf.keras.layers.Layer):

@@ -57,6 +57,11 @@ def test_naive_search_composes_every_trial_and_exceeds_each(splits):
     assert res.privacy["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
     assert all(res.privacy["epsilon"] > e for e in res.privacy["candidate_training_epsilons"])
     assert res.model.optimizer.steps in (2, 3) and np.isfinite(res.score)
+    # seed=0 makes the scores' noise replayable: the selected model's statement holds no guarantee.
+    statement = res.model.optimizer.privacy_statement(delta=1e-5)
+    assert statement["guarantee"] is False and statement["epsilon"] == float("inf")
+    assert "fixed seed 0" in statement["guarantee_reason"]
+    assert statement["epsilon_if_noise_were_secret"] == pytest.approx(res.privacy["epsilon"], rel=1e-6)
 
 
 def test_random_stopping_search_matches_theorem_2_and_exceeds_one_trial(splits):
@@ -116,7 +121,7 @@ def test_selected_model_states_and_exports_the_search_epsilon(splits, tmp_path):
         return model
 
     res = tfdpbnn.tuning.private_search(build, CANDIDATES, x, y, xv, yv, delta=1e-5, distribution=None,
-                                        score_noise_multiplier=1e3, seed=0)
+                                        score_noise_multiplier=1e3)  # secret randomness: a guarantee
     statement = res.model.optimizer.privacy_statement()
     assert statement["epsilon"] == pytest.approx(res.privacy["epsilon"], rel=1e-6)
     assert statement["training_epsilon"] < statement["epsilon"]

@@ -59,7 +59,7 @@ def test_statement_takes_the_larger_part_under_parallel_composition():
     model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(x[~held], y[~held], batch_size=n, epochs=2, verbose=0)
     probs = tf.nn.softmax(model(x[held])).numpy()
-    temperature, threshold = CalibrationPlan().fit(probs, y[held], 1.0, DELTA, "rdp", seeds=(0, 1),
+    temperature, threshold = CalibrationPlan().fit(probs, y[held], 1.0, DELTA, "rdp",
                                                    allow_uninformative=True)  # ~20 held out: accounting only
     training = optimizer.epsilon()
     optimizer.record_release(temperature, "parallel", x=x[held], y=y[held])  # the ledger checks the split

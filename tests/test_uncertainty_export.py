@@ -66,8 +66,8 @@ def test_private_calibration_is_composed_into_the_trained_models_epsilon(tmp_pat
     held = RNG.normal(size=(300, 4)).astype("float32")
     held_y = (held[:, 0] > 0).astype("int64")
     probs = tf.nn.softmax(model(held)).numpy()
-    temperature = fit_temperature_private(probs, held_y, epsilon=0.5, delta=1e-5, seed=0)
-    sets = private_conformal_threshold(temperature.apply(probs), held_y, 0.1, epsilon=0.5, delta=1e-5, seed=1,
+    temperature = fit_temperature_private(probs, held_y, epsilon=0.5, delta=1e-5)  # secret noise: recorded
+    sets = private_conformal_threshold(temperature.apply(probs), held_y, 0.1, epsilon=0.5, delta=1e-5,
                                        allow_uninformative=True)  # 300 < 1226: the accounting is tested here
     path = export_saved_model(model, str(tmp_path / "m"), calibration=temperature, prediction_sets=sets)
     with open(os.path.join(path, "assets", "privacy.json")) as fh:

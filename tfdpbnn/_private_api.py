@@ -29,6 +29,7 @@ import importlib
 import sys
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from tfdpbnn import _keras_version
@@ -307,6 +308,26 @@ def read_numpy(variable):
             and tf.executing_eagerly():
         return tf.raw_ops.ReadVariableOp(resource=inner.handle, dtype=inner.dtype).numpy()
     return variable.numpy()
+
+
+def read_view(variable):
+    """One fresh read of ``variable`` as a read-only numpy array, without ``numpy()``'s copy.
+
+    The array views the read's buffer (``EagerTensor._numpy``): for a comparison or a hash made at once; copy
+    it to keep it. A write to the variable afterwards gets a new buffer (TensorFlow copies a variable's
+    buffer on write while a read holds it), but nothing here relies on that. Anything but a plain eager
+    ``tf.Variable`` (or a Keras 3 variable holding one) is read by ``read_numpy``.
+    """
+    inner = variable if _keras3 is None else _keras3.tf_variable(variable)
+    if isinstance(inner, tf.Variable) and not isinstance(inner, tf.distribute.DistributedValues) \
+            and tf.executing_eagerly():
+        value = tf.raw_ops.ReadVariableOp(resource=inner.handle, dtype=inner.dtype)
+        array = value._numpy() if hasattr(value, "_numpy") else value.numpy()
+        if isinstance(array, np.ndarray):
+            array = array.view()
+            array.flags.writeable = False
+        return array
+    return read_numpy(variable)
 
 
 def is_variable(value) -> bool:

@@ -115,7 +115,8 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
       process exactly ``num_examples`` examples; otherwise the steps taken are re-accounted as one
       participation each and training stops with ``ValueError`` naming both numbers.
     - The privacy record store (``tfdpbnn.record.store``): a snapshot of the run at every epoch end and
-      a final one at the end of training.
+      a final one at the end of training (a ``fit`` with no callback but tfdpbnn's writes its last epoch's
+      snapshot as the final one: nothing can read the weights in between).
     - ``logs["epsilon"]`` (with the optimizer's delta) at every epoch end, for ``History`` and
       ``TensorBoard`` (with an accountant other than "rdp": ``logs["epsilon_rdp"]`` at every epoch end and
       ``logs["epsilon"]`` at the last; ``on_epoch_end``).
@@ -139,10 +140,15 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         self.max_steps = None
         self.stopped_at_step = None
         self._names_checked = False
+        self._snapshot_due = False
 
     def on_train_begin(self, logs=None):
         """Start the step counts and set the budget stop; raise if the optimizer's budget is already spent."""
         optimizer = _dp_optimizer(self.model)
+        with attributes.ledger_state(optimizer).reading_once():  # no step, no restore in this block
+            self._train_begin(optimizer)
+
+    def _train_begin(self, optimizer):
         self._foreign = [(v, np.array(_private_api.read_numpy(v), copy=True))
                          for v in getattr(optimizer, "_dp_foreign_variables", {}).get(id(self.model), [])]
         # Steps are counted here in Python, so a batch end costs no read of a training variable.
@@ -290,6 +296,9 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         """
         optimizer = self.model.optimizer
         state = attributes.ledger_state(optimizer)
+        if self._snapshot_due:  # the epoch before was taken for the last (see _epoch_end): its snapshot now
+            self._snapshot_due = False
+            attributes.run_record(optimizer).snapshot(self.model)
         with state.reading_once():  # a restore ran before (on_train_begin); nothing here takes a step
             if attributes.run_record(optimizer).check_rewind(restore_possible=self.others_may_restore):
                 self.on_train_begin()
@@ -329,7 +338,15 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         self._foreign_check(f"found at the end of epoch {epoch}")
         self._poisson_check(optimizer)
         self._pass_check(optimizer)
-        attributes.run_record(optimizer).snapshot(self.model)
+        planned = (self.params or {}).get("epochs")
+        if not self.others_may_restore and (self.model.stop_training or (
+                planned is not None and epoch + 1 >= planned)):
+            # The last epoch of a fit that runs no callback but tfdpbnn's: nothing can read or save the
+            # weights before on_train_end, whose final snapshot holds the same weights and ledger; written
+            # there, in one transaction (or at the next epoch's start, should one begin).
+            self._snapshot_due = True
+        else:
+            attributes.run_record(optimizer).snapshot(self.model)
         if logs is None or optimizer.delta is None:
             return
         if optimizer.accountant == "rdp":
@@ -342,7 +359,6 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         except dp_accounting.UnsupportedEventError:  # e.g. Poisson under replace-one: only PLD bounds it
             logs["epsilon"] = optimizer.epsilon()
             return
-        planned = (self.params or {}).get("epochs")
         if self.model.stop_training or planned is None or epoch + 1 >= planned:
             logs["epsilon"] = optimizer.epsilon()
 
@@ -351,8 +367,10 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         """Write the run's final snapshot to the privacy record store."""
         self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
-        attributes.run_record(optimizer).snapshot(self.model, final=True)
-        self._noise_check(optimizer)
+        self._snapshot_due = False  # the last epoch's end: the same weights and ledger as this final snapshot
+        with attributes.ledger_state(optimizer).reading_once():  # the snapshot and the checks: no step
+            attributes.run_record(optimizer).snapshot(self.model, final=True)
+            self._noise_check(optimizer)
         self._foreign_check("found at the end of fit")
 
 

@@ -44,13 +44,13 @@ SOURCE_MUTATIONS = {
           "strict=True)]")]),
     "noise-half-duplicated": (
         "the second half of each noise draw repeats the first half", ALL,
-        [("optimizers/noise.py", "    return flat[:total] if 2 * pairs != total else flat",
+        [("privacy/noise.py", "    return flat[:total] if 2 * pairs != total else flat",
           "    flat = flat[:total] if 2 * pairs != total else flat\n"
           "    return tf.concat([flat[:total - total // 2], flat[:total // 2]], 0)")]),
     "noise-frozen-at-trace": (
         "the step seed is computed in Python when the step is traced: every traced step adds the same "
         "noise", ALL,
-        [("optimizers/noise.py",
+        [("privacy/noise.py",
           "    return (default_key() if key is None else key).next_seed()",
           "    return tf.constant(np.random.default_rng().integers(-2 ** 62, 2 ** 62, size=2), tf.int64)")]),
     "clip-1.5x": (

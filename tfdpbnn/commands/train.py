@@ -278,8 +278,9 @@ def train(args) -> dict:
     calibration = None
     temperature = threshold = None
     if plan is not None:  # private fits on the held-out split, composed into the statement's epsilon
-        temperature, threshold = plan.fit(predict(x_cal), y_cal, args.epsilon, args.delta, recipe.accountant,
-                                          seeds=(secret % (2 ** 31), (secret // 3) % (2 ** 31)))
+        # Their noise is secret (the operating system's entropy, as the optimizer's): a seed would make it
+        # replayable and void the statement.
+        temperature, threshold = plan.fit(predict(x_cal), y_cal, args.epsilon, args.delta, recipe.accountant)
         # "parallel" is checked in the per-record ledger: no held-out record may have trained.
         optimizer.record_release(temperature, plan.composition, x=x_cal, y=y_cal)
         optimizer.record_release(threshold, plan.composition, x=x_cal, y=y_cal)

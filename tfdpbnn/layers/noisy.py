@@ -41,7 +41,7 @@ class _NoisyMixin:
         ``xi`` is ``tf.random.normal`` for prediction-time sampling (``private=False``: MC signatures, whose
         noise is not the privacy noise and must not capture the optimizer's key in a SavedModel), and unless
         a ``SIDPOptimizer`` tracks this layer: then the exact-tailed
-        draw of ``tfdpbnn.optimizers.noise`` seeded by the optimizer's mechanism (``noise_seed``: a key from
+        draw of ``tfdpbnn.privacy.noise`` seeded by the optimizer's mechanism (``noise_seed``: a key from
         ``os.urandom`` per run and a step counter, or ``os.urandom`` per draw in secure mode), because in its
         paper mode ``xi`` is the privacy noise of the released theta and must not be replayable from a seed
         the process sets.
@@ -50,7 +50,7 @@ class _NoisyMixin:
         if next_seed is None:
             noise = tf.random.normal(tf.shape(var), dtype=var.dtype)
         else:
-            from tfdpbnn.optimizers.noise import gaussian_noise_like
+            from tfdpbnn.privacy.noise import gaussian_noise_like
 
             noise = gaussian_noise_like([var], 1.0, seed=next_seed())[0]
         return var + tf.cast(self.noise_stddev, var.dtype) * noise
@@ -199,7 +199,7 @@ def without_dp_noise_keys(model):
     """Detach the optimizer's noise key from ``model``'s noisy layers while the block runs.
 
     A SavedModel must not capture the DP optimizer's noise key (its variables are kept out of every file
-    on purpose, ``tfdpbnn.optimizers.noise``), and the noise a served model samples is prediction-time noise,
+    on purpose, ``tfdpbnn.privacy.noise``), and the noise a served model samples is prediction-time noise,
     not the DP step's: ``export_saved_model`` traces and saves inside this block, where the layers draw
     ``tf.random.normal`` (as without a ``SIDPOptimizer``).
     """

@@ -43,10 +43,10 @@ from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.data.distributed import check_distributed_input
 from tfdpbnn.optimizers import fit_checks, keras_integration, state_checks
 from tfdpbnn.optimizers.mechanism import DPGradients, DPMechanism
-from tfdpbnn.optimizers.noise import check_debug_noise_seed
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
 from tfdpbnn.privacy import sound_accountants
 from tfdpbnn.privacy.budget import NEIGHBORING, SAMPLINGS, steps_per_epoch
+from tfdpbnn.privacy.noise import check_debug_noise_seed
 from tfdpbnn.record import attributes
 from tfdpbnn.record.ledger_state import LedgerState, describe_source
 from tfdpbnn.record.run_record import RunRecord
@@ -185,7 +185,7 @@ class DPOptimizerMixin:
       clipping_method: forwarded to ``tfdpbnn.clipping.clipped_gradients``.
       secure_mode: draw every step's noise from a generator seeded with 16 bytes of ``os.urandom``
         (as Opacus's ``secure_mode``), so no seed set in the process can replay it
-        (``tfdpbnn.optimizers.noise``); default False: a Philox stream keyed by 16 bytes of ``os.urandom``
+        (``tfdpbnn.privacy.noise``); default False: a Philox stream keyed by 16 bytes of ``os.urandom``
         drawn at every ``fit``/``train_on_batch``/``begin_training``, also independent of every seed.
       debug_noise_seed: None (default), or an integer in [0, 2^63): the noise is replayable from it, for
         debugging only. Whoever knows the seed can remove the noise, so the privacy statement says
@@ -770,7 +770,7 @@ class DPOptimizerMixin:
         # builds the model or changes its layers.
         submodules = _private_api.submodules(model)
         self._adopt_model_ledger(model, submodules)
-        self.mechanism.new_run()  # this run's noise key: fresh from os.urandom (tfdpbnn.optimizers.noise)
+        self.mechanism.new_run()  # this run's noise key: fresh from os.urandom (tfdpbnn.privacy.noise)
         self._dp_loss_assertion = assert_per_example_loss
         if assert_per_example_loss is not None:
             note = ("custom training loop: the per-example loss handed to the DP mechanism "

@@ -172,12 +172,19 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
 
     ``record_ids``: the ids of the training records (``fit(..., record_ids=...)``) for the per-record ledger.
     """
-    from tfdpbnn.callbacks import DPTrainingMonitor, PrivacyCallback
-
     x = arguments.get("x")
     optimizer.begin_training(model, x, arguments.get("y"), batch_size=arguments.get("batch_size"),
                              validation_split=arguments.get("validation_split") or 0.0,
                              shuffle=arguments.get("shuffle", True), _fit=True)
+    with attributes.ledger_state(optimizer).reading_once():  # no step, no restore until fit starts
+        return _prepared_fit_arguments(model, optimizer, arguments, record_ids)
+
+
+def _prepared_fit_arguments(model, optimizer, arguments, record_ids):
+    """``_dp_fit_arguments`` after ``begin_training``: the plan, the record's start, the callbacks."""
+    from tfdpbnn.callbacks import DPTrainingMonitor, PrivacyCallback
+
+    x = arguments.get("x")
     planned = _planned_steps(model, x, arguments)
     optimizer.warn_if_plan_exceeds_budget(planned)
     from tfdpbnn.record.records import input_keys
@@ -208,7 +215,7 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
     # (BackupAndRestore); with none (a subclass counts as another's), the monitor skips the restore check.
     foreign = others + [c for c in privacy if type(c) is not PrivacyCallback]
     monitor = DPTrainingMonitor(check_passes=whole_passes, others_may_restore=bool(foreign))
-    watch = StateWatch()  # its end-of-fit check last: after every callback's on_train_end
+    watch = StateWatch(others_may_write=bool(foreign))  # its end-of-fit check last: after every on_train_end
     arguments["callbacks"] = [monitor, watch] + privacy + others + [watch.end]
     return arguments
 

@@ -14,7 +14,7 @@ dp-accounting ``DpEvent`` of one such release, so a loop that composes one event
 
 Data flow of one step (``docs/architecture.md``): batch -> per-example losses -> per-example gradient norms
 (``tfdpbnn.clipping``: one rule per layer, the jacobian as the fallback) -> clip factors -> clipped sum ->
-one noise draw (``tfdpbnn.optimizers.noise``) -> scaled, noised gradient -> update -> ``DpEvent``.
+one noise draw (``tfdpbnn.privacy.noise``) -> scaled, noised gradient -> update -> ``DpEvent``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ from tfdpbnn._validation import check_choice, check_nonnegative, check_positive,
 from tfdpbnn.clipping import clipped_gradients, jacobian_clipped_sum
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.clipping.result import ClippedGradients
-from tfdpbnn.optimizers.noise import (
+from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
+from tfdpbnn.privacy.budget import NEIGHBORING
+from tfdpbnn.privacy.noise import (
     NoiseKey,
     check_debug_noise_seed,
     gaussian_noise_like,
@@ -42,8 +44,6 @@ from tfdpbnn.optimizers.noise import (
     step_seed,
     tail_reveal_probability,
 )
-from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
-from tfdpbnn.privacy.budget import NEIGHBORING
 from tfdpbnn.record.ledger import step_event
 
 
@@ -129,9 +129,9 @@ class DPMechanism:
       clipping_method: "auto" (a registered per-layer rule for every variable, else the jacobian with one
         warning), "ghost" or "jacobian" (``tfdpbnn.clipping.clipped_gradients``).
       secure_mode: seed every step's noise from ``os.urandom`` (None: the process-wide
-        ``tfdpbnn.optimizers.noise.secure_mode()``). Otherwise the noise comes from this mechanism's
+        ``tfdpbnn.privacy.noise.secure_mode()``). Otherwise the noise comes from this mechanism's
         ``noise_key``: a key from ``os.urandom`` (fresh at every ``new_run``) and a step counter, never from a
-        seed set in the process, a checkpoint or a config (``tfdpbnn.optimizers.noise``).
+        seed set in the process, a checkpoint or a config (``tfdpbnn.privacy.noise``).
       debug_noise_seed: None (default), or an integer in [0, 2^63) that makes the noise replayable from it,
         for debugging only: whoever knows the seed can subtract the noise, so no epsilon holds (an
         optimizer's privacy statement then says ``"guarantee": false``). Not with ``secure_mode=True``.
@@ -194,7 +194,7 @@ class DPMechanism:
 
     @staticmethod
     def noise_bounds(noise_multiplier: float) -> dict:
-        """The Gaussian sampler's radius cut, for the privacy statement (``tfdpbnn.optimizers.noise``).
+        """The Gaussian sampler's radius cut, for the privacy statement (``tfdpbnn.privacy.noise``).
 
         ``max_abs_noise_over_sigma_c``: no coordinate of the noise exceeds it times sigma C;
         ``tail_reveal_probability_per_step``: the per-step probability that the cut reveals an example at

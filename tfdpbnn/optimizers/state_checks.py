@@ -31,8 +31,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfdpbnn import _private_api
+from tfdpbnn.preprocessing.checks import declared_state, own_weights
 from tfdpbnn.record import attributes
 from tfdpbnn.record.preprocessing import state_digest
+from tfdpbnn.record.store import arrays_digest, same_bytes
 
 
 def _layers(model):
@@ -46,30 +48,6 @@ def _layers(model):
 
 def _library_layer(layer) -> bool:
     return type(layer).__module__.startswith("tfdpbnn.")
-
-
-def _own_weights(layer) -> list:
-    """The variables ``layer`` holds itself, not through a sublayer."""
-    weights = layer.weights
-    if not weights:
-        return []
-    inner = {id(v) for sub in _private_api.sublayers(layer, recursive=False) for v in sub.weights}
-    return [v for v in weights if id(v) not in inner]
-
-
-def declared_state(layer) -> list:
-    """The layer's OWN non-trainable variables (``add_weight(trainable=False)``), not its sublayers'.
-
-    Weights of a frozen layer (``layer.trainable = False``) are trainable variables the user froze, not
-    state the layer computes, and are not included.
-    """
-    created = _private_api.created_non_trainable(layer)
-    if created is not None:   # Keras 3
-        return [v for v in created if v.dtype != tf.resource]
-    if all(getattr(v, "trainable", True) for v in layer.weights):
-        return []
-    return [v for v in _own_weights(layer) if _private_api.is_variable(v) and not v.trainable
-            and v.dtype != tf.resource]
 
 
 def _values(variables) -> list:
@@ -172,7 +150,7 @@ def check_declared_state(model) -> list:
 
 def _owners(model) -> dict:
     """``id(variable) -> layer`` for the layer that holds each variable itself."""
-    return {id(v): layer for layer in _layers(model) for v in _own_weights(layer)}
+    return {id(v): layer for layer in _layers(model) for v in own_weights(layer)}
 
 
 class VariableSnapshot:
@@ -234,23 +212,17 @@ def _unequal(variable, copy) -> tf.Tensor:
     return tf.reduce_any(tf.not_equal(_bits(variable), _bits(copy)))
 
 
-def _fingerprint(values) -> tf.Tensor:
-    """FarmHash64 of the bytes of each of ``values`` ([n, 8] uint8): a key for the state they hold."""
-    return tf.concat([tf.fingerprint(tf.reshape(_bits(v), [1, -1])) for v in values], axis=0)
+def _arrays(variables) -> list:
+    """The variables' values as read-only numpy views of one fresh read each (no copy), used at once."""
+    return [np.asarray(_private_api.read_view(v)) for v in variables]
 
 
-def _tensors(variables) -> list:
-    """The variables' values as tensors (eager reads), for the module's traced checks below."""
-    return [tf.convert_to_tensor(v) for v in variables]
+def _changed(variables, copies) -> list:
+    """Eager, exact: for each variable, whether any bit differs from its copy (``same_bytes``).
 
-
-# The eager checks outside the step, traced once per structure of values (not per optimizer or model: a
-# tf.function made for every watch is traced again in every process that builds many optimizers, and
-# TensorFlow warns about it), with shapes relaxed after the first retrace.
-_FINGERPRINT = tf.function(_fingerprint, autograph=False, reduce_retracing=True)
-_CHANGED = tf.function(
-    lambda values, copies: tf.stack([_unequal(v, c) for v, c in zip(values, copies, strict=True)]),
-    autograph=False, reduce_retracing=True)
+    Read and compared in numpy (about a third of the time of one traced comparison on a 3 MB model).
+    """
+    return [not same_bytes(a, b) for a, b in zip(_arrays(variables), _arrays(copies), strict=True)]
 
 
 def _on_read(value, name):
@@ -431,17 +403,21 @@ class WriteWatch:
         self._step.assign(tf.cast(tf.convert_to_tensor(iterations), tf.int64))
         self._armed.assign(True)
 
-    def last_written_state(self) -> bytes:
-        """A key (FarmHash64 of every bit) of the weights the last DP write left (eager)."""
-        if not self._copies:
-            return b""
-        return _FINGERPRINT(_tensors(self._copies)).numpy().tobytes()
+    def last_written_state(self) -> str:
+        """A key (SHA-256 of every bit, ``arrays_digest``) of the weights the last DP write left (eager).
 
-    def state(self) -> bytes:
+        At an epoch's end these are usually the bytes the privacy record fingerprinted just before (a model
+        whose weights are all trainable): compared with them, not hashed again.
+        """
+        if not self._copies:
+            return ""
+        return arrays_digest(_arrays(self._copies))
+
+    def state(self) -> str:
         """The same key for the watched variables' values now (eager)."""
         if not self._variables:
-            return b""
-        return _FINGERPRINT(_tensors(self._variables)).numpy().tobytes()
+            return ""
+        return arrays_digest(_arrays(self._variables))
 
     def changed_since_write(self, iterations) -> list:
         """Eager: the watched variables whose values differ from the last DP write's (armed, same step)."""
@@ -450,10 +426,10 @@ class WriteWatch:
         if self._flags is None or not self._variables or not bool(_private_api.read_numpy(self._armed)) \
                 or int(step) != int(_private_api.read_numpy(self._step)):
             return []
-        written = _CHANGED(_tensors(self._variables), _tensors(self._copies)).numpy()
+        written = _changed(self._variables, self._copies)
         return [v.name for v, w in zip(self._variables, written, strict=True) if w]
 
-    def note_epoch_end(self) -> bytes:
+    def note_epoch_end(self) -> str:
         """Remember the weights the last DP write left as an epoch's end (released); return their key."""
         key = self.last_written_state()
         self._released.add(key)
@@ -571,21 +547,30 @@ class StateWatch(tf.keras.callbacks.Callback):
     (``EarlyStopping(restore_best_weights=True)``: post-processing). The end-of-``fit`` checks run in
     ``self.end``, a callback placed after every other one (``model.fit`` puts it last), so a write in any
     callback's ``on_train_end`` is seen too.
+
+    ``others_may_write=False`` says that the ``fit`` runs no callback but tfdpbnn's (``model.fit`` passes it
+    so when the caller gave none): after the last epoch's end nothing but tfdpbnn's own callbacks runs, so
+    the end-of-``fit`` comparison is skipped when the privacy record's final snapshot fingerprinted the
+    weights as the bytes of the last DP write at that epoch's end (the same SHA-256, ``arrays_digest``) and
+    the step counter has not moved since.
     """
 
-    def __init__(self):
+    def __init__(self, others_may_write: bool = True):
         super().__init__()
         self._snapshot = None
         self._done = False
         self._outside = None
         self._states = set()
         self._jit = False
+        self._others_may_write = bool(others_may_write)
+        self._epoch_end = None  # (key of the last DP write at the last epoch end, the step counter then)
         self.end = _StateWatchEnd(self)
 
     def on_train_begin(self, logs=None):
         """Start watching (the snapshot is taken at the first batch, after every callback's restore)."""
         self._snapshot, self._done, self._outside, self._states = None, False, None, set()
         self._jit = getattr(self.model, "jit_compile", False) is True
+        self._epoch_end = None
 
     def on_train_batch_begin(self, batch, logs=None):
         """Before the first batch: the snapshot of the variables the DP step must not change."""
@@ -628,7 +613,9 @@ class StateWatch(tf.keras.callbacks.Callback):
         if watch is not None and self._done:  # the state the epoch's last DP step wrote (its copy's key)
             if self._jit:
                 watch.refuse_written(f"at the end of epoch {epoch}")
-            self._states.add(watch.note_epoch_end())
+            key = watch.note_epoch_end()
+            self._states.add(key)
+            self._epoch_end = (key, int(_numpy(self.model.optimizer.iterations)))
 
     def finish(self):
         """Refuse state changed after the last DP step, unless set back to an epoch's end (as EarlyStopping).
@@ -638,7 +625,7 @@ class StateWatch(tf.keras.callbacks.Callback):
         """
         self._refuse_outside("found at the end of fit, after every callback's on_train_end")
         watch = self._watch()
-        if watch is None or not self._done:
+        if watch is None or not self._done or self._unchanged_since_epoch_end():
             return
         changed = watch.changed_since_write(self.model.optimizer._dp_write_count)
         if changed and watch.state() not in self._states | watch._released:  # or a library post-processing
@@ -648,6 +635,26 @@ class StateWatch(tf.keras.callbacks.Callback):
                 "them, e.g. in on_epoch_end or on_train_end), to values that are neither that step's nor an "
                 "epoch end's. No epsilon covers what they carry, and the optimizer's privacy statement now "
                 "says guarantee: false. Change weights only through the DP optimizer while training.")
+
+    def _unchanged_since_epoch_end(self) -> bool:
+        """Whether the weights are, provably, the last DP write's, as the last epoch's end left them.
+
+        Only for a ``fit`` with no callback but tfdpbnn's (``others_may_write=False``): the privacy record's
+        final snapshot (``RunRecord.final_weights``, read in the monitor's ``on_train_end``) fingerprinted
+        the model's weights, which are the watched variables themselves in their order (a model whose
+        weights are all trainable), as SHA-256 of the very bytes the write check keyed at the last epoch's
+        end (the last DP write's copies), no step ran since (the same step counter), and no callback but
+        tfdpbnn's ran in between to write them.
+        """
+        watch = self._watch()
+        if self._others_may_write or self._epoch_end is None or watch is None:
+            return False
+        from tfdpbnn.record import attributes
+
+        key, step = self._epoch_end
+        final = getattr(attributes.run_record(self.model.optimizer), "final_weights", None)
+        return bool(key) and final == "weights:" + key and _same(list(self.model.weights), watch._variables) \
+            and int(_numpy(self.model.optimizer.iterations)) == step
 
 
 class _StateWatchEnd(tf.keras.callbacks.Callback):
@@ -662,5 +669,5 @@ class _StateWatchEnd(tf.keras.callbacks.Callback):
         self._state_watch.finish()
 
 
-__all__ = ["StateWatch", "VariableSnapshot", "WriteWatch", "check_declared_state", "declared_state",
+__all__ = ["StateWatch", "VariableSnapshot", "WriteWatch", "check_declared_state",
            "variables_outside_dp_update"]

@@ -8,6 +8,9 @@ mean=..., variance=...)``, ``StringLookup(vocabulary=...)``) are not adapted: th
 user's, like any weight given to the model. A data-derived layer is accepted only with a DP adapt record
 (``tfdpbnn.preprocessing.private_adapt_normalization``) or the user's assertion that the data were public
 (``assert_public_preprocessing``); otherwise DP training is refused.
+
+``declared_state`` (a layer's own non-trainable variables) is the state that ``assert_public_preprocessing``
+accepts on a layer without ``adapt`` and that ``tfdpbnn.optimizers.state_checks`` compares with a fresh copy.
 """
 
 from __future__ import annotations
@@ -34,6 +37,30 @@ def _layers(model, submodules=None):
             seen.add(id(layer))
             out.append(layer)
     return out
+
+
+def own_weights(layer) -> list:
+    """The variables ``layer`` holds itself, not through a sublayer."""
+    weights = layer.weights
+    if not weights:
+        return []
+    inner = {id(v) for sub in _private_api.sublayers(layer, recursive=False) for v in sub.weights}
+    return [v for v in weights if id(v) not in inner]
+
+
+def declared_state(layer) -> list:
+    """The layer's OWN non-trainable variables (``add_weight(trainable=False)``), not its sublayers'.
+
+    Weights of a frozen layer (``layer.trainable = False``) are trainable variables the user froze, not
+    state the layer computes, and are not included.
+    """
+    created = _private_api.created_non_trainable(layer)
+    if created is not None:   # Keras 3
+        return [v for v in created if v.dtype != tf.resource]
+    if all(getattr(v, "trainable", True) for v in layer.weights):
+        return []
+    return [v for v in own_weights(layer) if _private_api.is_variable(v) and not v.trainable
+            and v.dtype != tf.resource]
 
 
 def _state_variables(layer) -> list:
@@ -175,8 +202,6 @@ def assert_public_preprocessing(layer_or_model, reason: str):
         if not targets:
             raise ValueError("layer_or_model: the model has no adapted preprocessing layer to assert about")
     else:
-        from tfdpbnn.optimizers.state_checks import declared_state
-
         if not callable(getattr(layer_or_model, "adapt", None)) and not declared_state(layer_or_model):
             raise ValueError(f"layer_or_model: {layer_or_model.name!r} ({type(layer_or_model).__name__}) is "
                              "neither a preprocessing layer (it has no adapt method) nor a layer holding its "
@@ -187,4 +212,5 @@ def assert_public_preprocessing(layer_or_model, reason: str):
     return layer_or_model
 
 
-__all__ = ["assert_public_preprocessing", "check_preprocessing", "data_derived_layers"]
+__all__ = ["assert_public_preprocessing", "check_preprocessing", "data_derived_layers", "declared_state",
+           "own_weights"]

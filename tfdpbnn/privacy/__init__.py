@@ -1,5 +1,8 @@
 """Privacy accounting for DP training: accountants, DP-SGD events, epsilon and noise calibration.
 
+The Gaussian noise of the DP step (and of the noisy layers' weights under ``SIDPOptimizer``) is drawn by
+``tfdpbnn.privacy.noise``: exact tails, the run's own key, secure mode; what the accounting assumes of it.
+
 Accountants (all ``dp_accounting.PrivacyAccountant`` subclasses, swappable with dp-accounting's):
 "rdp", "pld" (dp-accounting), "zcdp" (``ZCDPAccountant``), "gdp" (``GDPAccountant``, approximate under
 subsampling), "ac" (``AdvancedCompositionAccountant``, Ermis & Cemgil's (2017a) DPVD-AC). See docs/privacy.md.

@@ -160,6 +160,25 @@ def _recorded(optimizer):
             [r for r, how in recorded if how == "parallel"])
 
 
+def replayable_releases(optimizer) -> list:
+    """The optimizer's other releases whose noise came from a user-given seed, in words (empty: none).
+
+    A recorded release (``PrivacyCost.replayable_from``), a DP preprocessing layer adapted with ``seed=``,
+    or a private search run with ``seed=`` (its noisy scores are drawn from it): whoever knows the seed can
+    subtract the noise, so the statement that composes them holds no guarantee.
+    """
+    found = attributes.preprocessing_found(optimizer) or {"dp": []}
+    out = [f"release {type(r).__name__} ({r.privacy.mechanism}): noise replayable from "
+           f"{r.privacy.replayable_from}" for r, _ in attributes.releases(optimizer)
+           if getattr(r.privacy, "replayable_from", None)]
+    out += [f"preprocessing layer {r.layer!r}: noise from {r.details['noise']}" for r in found["dp"]
+            if r.details.get("noise", "secret") != "secret"]
+    search = attributes.search_record(optimizer)
+    if search is not None and search.statement.get("randomness", "secret") != "secret":
+        out.append(f"private_search: scores' noise and trial draws from {search.statement['randomness']}")
+    return out
+
+
 def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
     """``statement`` with the preprocessing and search releases added and composed (see the module)."""
     from tfdpbnn import privacy
@@ -224,4 +243,5 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
 
 
 __all__ = ["RestoredRelease", "SearchRecord", "add_other_releases", "adopt_search_record",
-           "composed_epsilon", "release_config", "release_from_config", "search_config", "search_from_config"]
+           "composed_epsilon", "release_config", "release_from_config", "replayable_releases",
+           "search_config", "search_from_config"]

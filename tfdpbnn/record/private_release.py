@@ -31,6 +31,11 @@ class PrivacyCost:
     ``dp_event`` composes with training's event (``dp_accounting.ComposedDpEvent([training, dp_event])``);
     ``epsilon`` is this release alone, by ``accountant`` under ``neighboring``. A fit on public data has
     ``dp_event = NoOpDpEvent()`` and epsilon 0 (``PrivacyCost.public()``).
+
+    ``replayable_from``: None when the noise came from the operating system's entropy (a fresh numpy
+    ``default_rng()``); else the user-given seed it is replayable from (``seed=`` of the private fits, for
+    tests and experiments). Whoever knows the seed can subtract the noise, so no epsilon holds for a
+    replayable release: a privacy statement that composes one says ``guarantee: false``.
     """
 
     mechanism: str
@@ -41,6 +46,7 @@ class PrivacyCost:
     neighboring: str | None = None
     noise_multiplier: float | None = None
     queries: int = 0
+    replayable_from: str | None = None
 
     @classmethod
     def public(cls, mechanism):
@@ -52,7 +58,13 @@ class PrivacyCost:
         return {"mechanism": self.mechanism, "epsilon": self.epsilon, "delta": self.delta,
                 "accountant": self.accountant, "neighboring": self.neighboring,
                 "noise_multiplier": self.noise_multiplier, "queries": self.queries,
-                "dp_event": event_to_config(self.dp_event)}
+                "replayable_from": self.replayable_from, "dp_event": event_to_config(self.dp_event)}
+
+    def with_noise_seed(self, seed) -> PrivacyCost:
+        """This cost, marked replayable when the release's noise came from ``seed`` (None: secret noise)."""
+        if seed is None:
+            return self
+        return dataclasses.replace(self, replayable_from=f"seed={seed!r}")
 
 
 def gaussian_queries(epsilon, delta, queries, mechanism, accountant="rdp", neighboring="add_or_remove"):

@@ -66,6 +66,7 @@ class RunRecord:
         self.phase_id = None
         self._model = None  # weak reference to the model this optimizer last trained or was shown
         self.reservation = None  # the run's release in the per-record ledger, until committed
+        self.final_weights = None  # the weights' fingerprint in the last final snapshot, until a run begins
 
     def inherit(self, phases) -> int:
         """Append the store's phases that this ledger lacks; returns how many were added.
@@ -140,10 +141,10 @@ class RunRecord:
             self._begin(model, dataset, planned_steps, record_keys)
 
     def _begin(self, model, dataset, planned_steps, record_keys) -> None:
-        optimizer = self._optimizer
         self._model = weakref.ref(model)
         self.store = record_store.default_store()
         self.run_id = None
+        self.final_weights = None
         self.before_restore = None
         self.commit_reservation()  # a run that ended without its final snapshot
         self.reservation = None
@@ -152,10 +153,19 @@ class RunRecord:
             return
         self.dataset = dataset or "data:unidentified"
         weights = record_store.weights_fingerprint(model)  # inherit changes the ledger, not the weights
+        # Outside the write transaction: the keys of the model's variables (one layer copied by value).
         variables = self._variable_keys(model, weights)
+        self._begin_variables = set(variables)
+        # One write transaction (one commit) for the weights' record, the releases linked to it, the data
+        # set's budget check, the ledger's reservation and the run's row: two runs started together on the
+        # same data or weights are serialized, and share no stale read.
+        with record_store.transaction(self.store.path):
+            self._begin_in_transaction(weights, dataset, planned_steps, record_keys, variables)
+
+    def _begin_in_transaction(self, weights, dataset, planned_steps, record_keys, variables=()) -> None:
+        optimizer = self._optimizer
         # A variable with a recorded run's values (one layer copied by value) brings that run's phases.
         self.inherit(self.store.weights_record(weights, variables=variables))
-        self._begin_variables = set(variables)
         optimizer._import_linked_releases()
         state = attributes.ledger_state(optimizer)
         steps, examples, _ = state.open_counters(squared=False)
@@ -167,31 +177,28 @@ class RunRecord:
         # with, and what check_rewind compares a restore with.
         now = self.ledger_now()
         self._sizes_at_begin = {phase_id: _size(p) for phase_id, p in now.items()}
-        # One write transaction for the data set's budget check, the ledger's reservation and the run's row:
-        # two runs started together on the same data are serialized, and share no stale read.
-        with record_store.transaction(self.store.path):
-            budget = self.store.budget(self.dataset) if dataset is not None else None
-            if budget is not None:
-                if planned_steps is None:
-                    raise ValueError(
-                        "steps_per_epoch: the data set has a privacy budget in the record store "
-                        f"({self.store.path}), and the number of steps this fit will take is unknown; "
-                        "pass steps_per_epoch (or a dataset of known cardinality) so the budget can be "
-                        "checked before the first step")
-                spent = self.store.dataset_epsilon(self.dataset, budget["delta"], budget["accountant"])
-                after = self.store.dataset_epsilon(self.dataset, budget["delta"], budget["accountant"],
-                                                   extra=planned)
-                if after > budget["epsilon"] * (1 + 1e-9):
-                    self.store = None
-                    raise ValueError(
-                        f"dataset budget: this data set has spent epsilon {spent:.4g} (delta "
-                        f"{budget['delta']:g}, {budget['accountant']}) over the runs recorded in "
-                        f"{self.store_path}, and the planned {extra} steps would bring it to {after:.4g} > "
-                        f"its budget {budget['epsilon']:g}. Nothing was run. Train fewer steps or with more "
-                        "noise, or raise the budget with RunStore.set_budget.")
-            if record_keys is not None:
-                self._reserve(record_keys, planned, planned_steps)
-            self.run_id = self.store.begin_run(self.dataset, self._begin_weights, planned)
+        budget = self.store.budget(self.dataset) if dataset is not None else None
+        if budget is not None:
+            if planned_steps is None:
+                raise ValueError(
+                    "steps_per_epoch: the data set has a privacy budget in the record store "
+                    f"({self.store.path}), and the number of steps this fit will take is unknown; "
+                    "pass steps_per_epoch (or a dataset of known cardinality) so the budget can be "
+                    "checked before the first step")
+            spent = self.store.dataset_epsilon(self.dataset, budget["delta"], budget["accountant"])
+            after = self.store.dataset_epsilon(self.dataset, budget["delta"], budget["accountant"],
+                                               extra=planned)
+            if after > budget["epsilon"] * (1 + 1e-9):
+                self.store = None
+                raise ValueError(
+                    f"dataset budget: this data set has spent epsilon {spent:.4g} (delta "
+                    f"{budget['delta']:g}, {budget['accountant']}) over the runs recorded in "
+                    f"{self.store_path}, and the planned {extra} steps would bring it to {after:.4g} > "
+                    f"its budget {budget['epsilon']:g}. Nothing was run. Train fewer steps or with more "
+                    "noise, or raise the budget with RunStore.set_budget.")
+        if record_keys is not None:
+            self._reserve(record_keys, planned, planned_steps)
+        self.run_id = self.store.begin_run(self.dataset, self._begin_weights, planned)
         self.before_restore = now
 
     def _reserve(self, keys, planned: Phase, planned_steps: int | None) -> None:
@@ -405,6 +412,7 @@ class RunRecord:
             self.store.snapshot(self.run_id, weights, phase, ledger, final=final, variables=variables)
         if final:
             self.run_id = None
+            self.final_weights = weights
 
     def statement(self, delta: float) -> dict:
         """The privacy statement's ``record`` entry: the store, the data set's spending and budget."""

@@ -22,7 +22,7 @@ import math
 import warnings
 
 from tfdpbnn.record import attributes
-from tfdpbnn.record.other_releases import add_other_releases
+from tfdpbnn.record.other_releases import add_other_releases, replayable_releases
 
 
 def build_statement(optimizer, delta: float, model=None) -> dict:
@@ -99,7 +99,7 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
 
 
 def _noise_source(optimizer) -> str:
-    """What the noise of ``optimizer``'s steps depends on, in words (``tfdpbnn.optimizers.noise``)."""
+    """What the noise of ``optimizer``'s steps depends on, in words (``tfdpbnn.privacy.noise``)."""
     if optimizer.mechanism.noise_replayable:
         return f"replayable: Philox keyed by debug_noise_seed={optimizer._dp_static['debug_noise_seed']}"
     if optimizer._dp_static["secure_mode"]:
@@ -108,7 +108,10 @@ def _noise_source(optimizer) -> str:
 
 
 def _mark_guarantee(statement: dict, optimizer) -> dict:
-    """``guarantee``: False for replayable noise (``debug_noise_seed``): epsilon infinite, and the reason."""
+    """``guarantee``: False for replayable noise or state written outside the DP step; epsilon infinite.
+
+    Replayable: ``debug_noise_seed``, or a release composed into the statement fit with ``seed=``.
+    """
     replayable = optimizer.mechanism.noise_replayable
     watch = optimizer._dp_write_watch
     written = watch.written()
@@ -139,6 +142,15 @@ def _mark_guarantee(statement: dict, optimizer) -> dict:
             "training outside the DP update (a callback or code between steps); what they carry is covered "
             "by no epsilon. epsilon is infinite; epsilon_if_state_were_untouched is the accountant's value.",
             "no epsilon holds: state was written outside the DP step")
+    seeded = replayable_releases(optimizer)
+    if seeded and statement["guarantee"]:
+        statement["guarantee"] = False
+        _no_guarantee(
+            statement, "epsilon_if_noise_were_secret",
+            f"noise replayable: no guarantee. {'; '.join(seeded[:3])}: whoever knows the seed can subtract "
+            "that noise. epsilon is infinite; epsilon_if_noise_were_secret is the accountant's value for "
+            "secret noise. Fit the release again without seed= (secret noise from the operating system).",
+            "no epsilon holds: a release's noise is replayable from a seed")
     if replayable:
         _no_guarantee(
             statement, "epsilon_if_noise_were_secret",

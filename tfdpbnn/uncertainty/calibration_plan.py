@@ -123,7 +123,8 @@ class CalibrationPlan:
             allow_uninformative=False):
         """``(TemperatureScaling, ConformalThreshold)`` fit privately on held-out ``probs``/``labels``.
 
-        The threshold is fit on the calibrated probabilities; ``seeds``: the two fits' noise seeds. Fewer
+        The threshold is fit on the calibrated probabilities; ``seeds``: the two fits' noise seeds (None:
+        secret noise; a seed, for tests and experiments, makes that release replayable: no guarantee). Fewer
         held-out examples than ``min_calibration_size`` are refused (``ValueError``) before either fit,
         unless ``allow_uninformative=True`` (``private_conformal_threshold``).
         """

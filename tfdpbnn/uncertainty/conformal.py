@@ -168,6 +168,9 @@ def private_conformal_threshold(probs, labels, alpha, epsilon, delta, steps=6, g
     steps, gamma)`` is refused with ``ValueError`` (the sets would approach all labels: coverage without
     information); ``allow_uninformative=True`` asserts that such sets are wanted anyway. The check treats
     the split's size as public, as the DP optimizers' declared ``num_examples`` is.
+
+    ``seed``: None (default: secret noise from the operating system's entropy) or a seed for tests and
+    experiments, which makes the release replayable (``privacy.replayable_from``: no guarantee).
     """
     alpha = _check_alpha(alpha)
     gamma = check_real("gamma", gamma, low=0.0, high=1.0, low_open=True, high_open=True)
@@ -192,7 +195,8 @@ def private_conformal_threshold(probs, labels, alpha, epsilon, delta, steps=6, g
         return float(np.sum(scores <= _grid_point(u, grid))) - c * (n + 1)
 
     _, hi = noisy_bisection(query, 0.0, 1.0, steps, noise_std=sigma, margin=margin, rng=seed)
-    return ConformalThreshold(threshold=_grid_point(hi, grid), alpha=alpha, num_examples=n, privacy=cost,
+    return ConformalThreshold(threshold=_grid_point(hi, grid), alpha=alpha, num_examples=n,
+                              privacy=cost.with_noise_seed(seed),
                               gamma=gamma, grid=grid)
 
 

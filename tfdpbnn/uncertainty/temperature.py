@@ -139,6 +139,10 @@ def fit_temperature_private(probs, labels, epsilon, delta, steps=8, clip=3.0, bo
     ``null_zone``: None (default), or z > 0: keep T = 1 when the first query, D(1) plus its noise, lies
     within +-z sigma ``clip`` (module docstring; ``bounds`` must then hold 1 strictly inside). Its cost is
     the same event (the same ``steps`` queries at most).
+
+    ``seed``: None (default: noise from the operating system's entropy, what a published guarantee needs)
+    or a seed for tests and experiments; then the noise is replayable and the release's
+    ``privacy.replayable_from`` names the seed (a statement that records it holds no guarantee).
     """
     log_p, labels = _log_probs_and_labels(probs, labels)
     low, high = _check_bounds(bounds)
@@ -146,6 +150,7 @@ def fit_temperature_private(probs, labels, epsilon, delta, steps=8, clip=3.0, bo
     steps = check_positive_int("steps", steps)
     sigma, cost = gaussian_queries(epsilon, delta, steps, "temperature_scaling_gaussian_bisection",
                                    accountant, neighboring)
+    cost = cost.with_noise_seed(seed)
     def query(log_t):  # nondecreasing in log T: -D(T)
         return -float(np.sum(np.clip(per_example_derivatives(log_p, labels, math.exp(-log_t)), -clip, clip)))
 

@@ -28,7 +28,6 @@ from tfdpbnn.clipping.rules.public_batch_normalization import CARRIED_REASON, Pu
 def builtin_rules() -> list[tuple[type, ClippingRule]]:
     """``(layer_class, rule)`` for every layer type tfdpbnn clips fast out of the box."""
     from tfdpbnn import layers
-    from tfdpbnn.uncertainty.regression import HeteroscedasticHead
 
     return [
         (tf.keras.layers.Dense, DenseRule()),
@@ -41,7 +40,7 @@ def builtin_rules() -> list[tuple[type, ClippingRule]]:
         (layers.NoisyDense, NoisyDenseRule()),
         (layers.NoisyConv2D, NoisyConv2DRule()),
         (layers.PublicBatchNormalization, PublicBatchNormalizationRule()),
-        (HeteroscedasticHead, HeteroscedasticHeadRule()),
+        (layers.HeteroscedasticHead, HeteroscedasticHeadRule()),
     ]
 
 
