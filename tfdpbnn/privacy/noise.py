@@ -167,7 +167,7 @@ def check_debug_noise_seed(value, secure_mode=None):
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < 2 ** 63:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < 2 ** 63:
         raise ValueError("debug_noise_seed must be None (noise keyed from os.urandom, the default) or an "
                          f"integer in [0, 2**63) (replayable noise, no privacy guarantee); got {value!r}")
     if secure_mode:

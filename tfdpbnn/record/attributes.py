@@ -21,6 +21,8 @@ The optimizers (the DP step) write them; the statement, the callbacks, the check
 
 from __future__ import annotations
 
+import typing
+
 from tfdpbnn import _private_api
 
 # ------------------------------------------------------------------------------------ DP optimizers
@@ -152,7 +154,7 @@ def set_step_optimizer(model, optimizer) -> None:
 
 def step_optimizer(model):
     """``(traced, optimizer)``: whether a train step of ``model`` was traced; the DP optimizer it calls."""
-    ref = getattr(model, _STEP_OPTIMIZER, False)
+    ref: typing.Any = getattr(model, _STEP_OPTIMIZER, False)
     if ref is False:
         return False, None
     return True, None if ref is None else ref()

@@ -271,7 +271,7 @@ def arrays_digest(arrays) -> str:
 
 
 #: The traced function computing the per-variable keys (``variable_fingerprints``), made on first use.
-_VARIABLE_KEYS = []
+_VARIABLE_KEYS: list = []
 
 
 def _keys_function():
