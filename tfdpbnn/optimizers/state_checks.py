@@ -552,7 +552,7 @@ class StateWatch(tf.keras.callbacks.Callback):
     so when the caller gave none): after the last epoch's end nothing but tfdpbnn's own callbacks runs, so
     the end-of-``fit`` comparison is skipped when the privacy record's final snapshot fingerprinted the
     weights as the bytes of the last DP write at that epoch's end (the same SHA-256, ``arrays_digest``) and
-    the step counter has not moved since.
+    the count of DP writes has not moved since.
     """
 
     def __init__(self, others_may_write: bool = True):
@@ -615,7 +615,7 @@ class StateWatch(tf.keras.callbacks.Callback):
                 watch.refuse_written(f"at the end of epoch {epoch}")
             key = watch.note_epoch_end()
             self._states.add(key)
-            self._epoch_end = (key, int(_numpy(self.model.optimizer.iterations)))
+            self._epoch_end = (key, int(_numpy(self.model.optimizer._dp_write_count)))
 
     def finish(self):
         """Refuse state changed after the last DP step, unless set back to an epoch's end (as EarlyStopping).
@@ -643,18 +643,16 @@ class StateWatch(tf.keras.callbacks.Callback):
         final snapshot (``RunRecord.final_weights``, read in the monitor's ``on_train_end``) fingerprinted
         the model's weights, which are the watched variables themselves in their order (a model whose
         weights are all trainable), as SHA-256 of the very bytes the write check keyed at the last epoch's
-        end (the last DP write's copies), no step ran since (the same step counter), and no callback but
-        tfdpbnn's ran in between to write them.
+        end (the last DP write's copies), no DP write since (the same ``_dp_write_count``), and no callback
+        but tfdpbnn's ran in between to write them.
         """
         watch = self._watch()
         if self._others_may_write or self._epoch_end is None or watch is None:
             return False
-        from tfdpbnn.record import attributes
-
-        key, step = self._epoch_end
-        final = getattr(attributes.run_record(self.model.optimizer), "final_weights", None)
+        key, writes = self._epoch_end
+        final = attributes.run_record(self.model.optimizer).final_weights
         return bool(key) and final == "weights:" + key and _same(list(self.model.weights), watch._variables) \
-            and int(_numpy(self.model.optimizer.iterations)) == step
+            and int(_numpy(self.model.optimizer._dp_write_count)) == writes
 
 
 class _StateWatchEnd(tf.keras.callbacks.Callback):

@@ -67,6 +67,8 @@ class RunRecord:
         self._model = None  # weak reference to the model this optimizer last trained or was shown
         self.reservation = None  # the run's release in the per-record ledger, until committed
         self.final_weights = None  # the weights' fingerprint in the last final snapshot, until a run begins
+        self._begin_variables: set = set()  # the variables' keys at the run's start (``_variable_keys``)
+        self._held_keys = None  # (weights' fingerprint, its variables' keys), last computed
 
     def inherit(self, phases) -> int:
         """Append the store's phases that this ledger lacks; returns how many were added.
@@ -332,9 +334,8 @@ class RunRecord:
         ``weights``: ``record_store.weights_fingerprint(model)`` just read (equal weights, equal keys): a
         fit's final snapshot after its last epoch end, and the next fit's start, compute none.
         """
-        held = getattr(self, "_held_keys", None)
-        if held is not None and held[0] == weights:
-            return held[1]
+        if self._held_keys is not None and self._held_keys[0] == weights:
+            return self._held_keys[1]
         keys = record_store.variable_fingerprints(model)
         self._held_keys = (weights, keys)
         return keys
@@ -401,8 +402,7 @@ class RunRecord:
             return
         weights = record_store.weights_fingerprint(model)
         # The variables the run wrote (their keys differ from the run's start): found by one layer's copy.
-        begin = getattr(self, "_begin_variables", set())
-        variables = [v for v in self._variable_keys(model, weights) if v not in begin]
+        variables = [v for v in self._variable_keys(model, weights) if v not in self._begin_variables]
         ledger = self._optimizer.ledger
         phase = next((p for p in ledger.phases if p.phase_id == self.phase_id), None)
         # One transaction (one wait for the disk) for the commit to the per-record ledger and the snapshot.

@@ -284,9 +284,8 @@ def _keys_function():
 
         @tf.function(autograph=False, reduce_retracing=True)
         def keys(values):
-            return [tf.stack([rounded(tf.cast(v, tf.float32), tf.float16), rounded(tf.cast(v, tf.float32),
-                                                                                    tf.bfloat16)])
-                    for v in values]
+            wide = [tf.cast(v, tf.float32) for v in values]
+            return [tf.stack([rounded(w, tf.float16), rounded(w, tf.bfloat16)]) for w in wide]
 
         _VARIABLE_KEYS.append(keys)
     return _VARIABLE_KEYS[0]
