@@ -29,7 +29,10 @@ def test_shapes_dtypes_and_zero_stddev():
     assert [z.dtype for z in out] == [tf.float32] * len(SHAPES) + [tf.float64]
     assert all(np.all(z.numpy() == 0) for z in gaussian_noise_like([tf.zeros((5, 3))], 0.0))
     assert gaussian_noise_like([], 1.0) == []
-    odd = gaussian_noise_like([tf.zeros((3, 3))], 2.0)[0]   # an odd total: one number is dropped, not reused
+    # An odd total: one number is dropped, not reused (a replayable key: nine distinct float32 values are
+    # then fixed, where the default key's fresh draw held two equal ones with probability about 7e-7:
+    # 36 pairs, each equal in float32 with probability about 2^-23 / (2 pi)).
+    odd = gaussian_noise_like([tf.zeros((3, 3))], 2.0, key=noise.NoiseKey(debug_seed=5))[0]
     assert odd.shape == (3, 3) and len(np.unique(odd.numpy())) == 9
 
 
@@ -57,17 +60,20 @@ def test_halves_variables_and_steps_are_independent():
     # just zero correlation: a wrong angle would correlate the magnitudes).
     for a, b in ((cos_part, sin_part), (cos_part ** 2, sin_part ** 2)):
         assert abs(np.corrcoef(a, b)[0, 1]) < 5 / np.sqrt(half)
-    # Two consecutive draws in one process (two DP steps) are different and uncorrelated.
+    # Two consecutive draws in one process (two DP steps) are different and uncorrelated. They come from the
+    # process-wide default key, drawn by whichever test used it first (not seeded by this test): two fresh
+    # draws of 20,000 exceed 6 / sqrt(20000) with probability 2e-9 each (5 / sqrt(n) was 5.7e-7 each);
+    # replayed noise gives r = 1.
     first = gaussian_noise_like([tf.zeros((20000,))], 1.0)[0].numpy()
     second = gaussian_noise_like([tf.zeros((20000,))], 1.0)[0].numpy()
-    assert abs(np.corrcoef(first, second)[0, 1]) < 5 / np.sqrt(20000)
+    assert abs(np.corrcoef(first, second)[0, 1]) < 6 / np.sqrt(20000)
     # A replayable key replays; TensorFlow's global seed does not replay the default key's noise.
     np.testing.assert_array_equal(draw(1.0, seed=3)[0], draw(1.0, seed=3)[0])
     tf.keras.utils.set_random_seed(0)
     first = gaussian_noise_like([tf.zeros((20000,))], 1.0)[0].numpy()
     tf.keras.utils.set_random_seed(0)
     second = gaussian_noise_like([tf.zeros((20000,))], 1.0)[0].numpy()
-    assert abs(np.corrcoef(first, second)[0, 1]) < 5 / np.sqrt(20000)
+    assert abs(np.corrcoef(first, second)[0, 1]) < 6 / np.sqrt(20000)
 
 
 def test_tensor_stddev_in_a_graph():
