@@ -10,8 +10,8 @@ data, Luo et al. 2021):
   weights it started from, and its planned phase (``tfdpbnn.record.ledger.Phase`` with the steps the run may
   take), written before its first step;
 - ``snapshots`` rows (at every epoch end and at the end of the run) hold the run's own phase as counted,
-  the model's whole ledger (every phase that produced the weights) and the fingerprint of the weights
-  (SHA-256 of ``model.get_weights()``).
+  the model's whole ledger (every phase that produced the weights) and the weights' identity
+  (``weights_fingerprint``: every bit of every variable).
 
 A run starting from weights that an earlier run's snapshot holds inherits that run's whole ledger, up to
 its LAST snapshot (loading older weights does not erase what was spent after them). A data set's spending
