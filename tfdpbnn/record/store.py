@@ -294,31 +294,37 @@ def _held_identity(kind: str, variables, shared: tuple = (), keys: bool = True,
 
     The values are read once each (``_private_api.read_view``, a view of the read's buffer; ``arrays``:
     values already read, e.g. ``get_weights()`` of distributed variables) and compared byte for byte
-    (``same_bytes``: memory reads, about a sixth of the hashing's time on the 3.2 MB of the 784-1000-10 MLP,
-    and nothing a changed bit can pass) with the copies held for ``kind`` and for each kind of ``shared``
-    (the write check's key of the trainable weights and the weights' identity are the same function of the
-    same bytes). Otherwise hashed in one traced call (``_identity_and_keys``, on the very copies then held);
-    ``keys``: the float variables' keys too (a held entry without them is reused only when ``keys`` is
-    False). Plain numeric arrays in C order only, up to ``_HELD_MAX_BYTES`` in all, are held.
+    (``same_bytes``: memory reads, a tenth of the hashing's time on the 3.2 MB of the 784-1000-10 MLP, and
+    nothing a changed bit can pass) with the copies held for ``kind`` and for each kind of ``shared`` (the
+    write check's key of the trainable weights and the weights' identity are the same function of the same
+    bytes). Otherwise the variables are read again as tensors, hashed in one traced call
+    (``_identity_and_keys``; tensors read from the variables, not made from numpy arrays, which TensorFlow
+    would copy to align them: twice the time) and their very bytes copied into the held copies. ``keys``:
+    the float variables' keys too (a held entry without them is reused only when ``keys`` is False). Plain
+    numeric arrays in C order only, up to ``_HELD_MAX_BYTES`` in all, are held.
     """
     import tensorflow as tf
 
     from tfdpbnn import _private_api
 
-    if arrays is None:
+    given = arrays is not None
+    if not given:
         arrays = [_private_api.read_view(v) for v in variables]
     arrays = [np.asarray(a) for a in arrays]
     holdable = bool(arrays) and all(type(a) is np.ndarray and a.dtype.kind in "biufc"
                                     and a.flags.c_contiguous for a in arrays) \
         and sum(a.nbytes for a in arrays) <= _HELD_MAX_BYTES
+    if holdable:
+        for name in (kind, *shared):
+            held = _HELD_WEIGHTS.get(name)
+            if held is not None and (held[2] is not None or not keys) and len(held[0]) == len(arrays) \
+                    and all(same_bytes(a, b) for a, b in zip(arrays, held[0], strict=True)):
+                return held[1], held[2]
+    tensors = [tf.constant(a) for a in arrays] if given else [tf.convert_to_tensor(v) for v in variables]
     if not holdable:
-        return _identity_and_keys([tf.constant(a) for a in arrays], keys)
-    for name in (kind, *shared):
-        held = _HELD_WEIGHTS.get(name)
-        if held is not None and (held[2] is not None or not keys) and len(held[0]) == len(arrays) and all(
-                same_bytes(a, b) for a, b in zip(arrays, held[0], strict=True)):
-            return held[1], held[2]
-    held = _HELD_WEIGHTS.get(kind)
+        return _identity_and_keys(tensors, keys)
+    arrays = [np.asarray(t) for t in tensors]  # views of the tensors hashed (CPU; a copy elsewhere)
+    held = _HELD_WEIGHTS.pop(kind, None)  # no stale entry if hashing fails
     kept = held[0] if held is not None and len(held[0]) == len(arrays) else None
     if kept is not None and all(k.dtype == a.dtype and k.shape == a.shape
                                 for k, a in zip(kept, arrays, strict=True)):
@@ -327,8 +333,7 @@ def _held_identity(kind: str, variables, shared: tuple = (), keys: bool = True,
         copies = kept
     else:
         copies = [np.array(a, copy=True) for a in arrays]
-    _HELD_WEIGHTS.pop(kind, None)  # no stale entry if hashing fails
-    identity, found = _identity_and_keys([tf.constant(c) for c in copies], keys)
+    identity, found = _identity_and_keys(tensors, keys)
     _HELD_WEIGHTS[kind] = (copies, identity, found)
     return identity, found
 
