@@ -169,3 +169,13 @@ def test_weights_an_earlier_store_recorded_by_their_sha256_are_still_found(monke
     fresh = store.default_store()
     assert fresh.weights_record(store.weights_fingerprint(trained), legacy=never) == []
     assert fresh.weights_ledger(store.weights_fingerprint(trained), legacy=never) is None
+
+
+def test_distributed_weights_have_the_identity_of_the_same_plain_weights():
+    """Mirrored variables (read through ``get_weights``; Keras 3's wrap them): the same identity and keys."""
+    plain = small_model()
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        mirrored = small_model()
+    mirrored.set_weights(plain.get_weights())
+    assert store.weights_identity(mirrored) == store.weights_identity(plain)
+    assert store.weights_fingerprint(mirrored) == reference_identity(plain.get_weights())
