@@ -179,3 +179,21 @@ def test_distributed_weights_have_the_identity_of_the_same_plain_weights():
     mirrored.set_weights(plain.get_weights())
     assert store.weights_identity(mirrored) == store.weights_identity(plain)
     assert store.weights_fingerprint(mirrored) == reference_identity(plain.get_weights())
+
+
+def test_identities_held_for_a_few_models_are_reused_and_bounded(monkeypatch):
+    """Models fingerprinted in turn are each hashed once; at most ``_HELD_WEIGHTS_MAX`` copies are held."""
+    monkeypatch.setattr(store, "_HELD_WEIGHTS", {})
+    hashed = []
+    identify = store._identity_and_keys
+    monkeypatch.setattr(store, "_identity_and_keys", lambda *a: hashed.append(1) or identify(*a))
+    models = [small_model(seed=seed) for seed in range(store._HELD_WEIGHTS_MAX + 1)]
+    identities = [reference_identity(m.get_weights()) for m in models]
+    for _ in range(3):
+        assert [store.weights_fingerprint(m) for m in models[:2]] == identities[:2]
+    assert len(hashed) == 2
+    assert [store.weights_fingerprint(m) for m in models] == identities
+    assert len(hashed) == len(models) and len(store._HELD_WEIGHTS) == store._HELD_WEIGHTS_MAX
+    assert store.weights_fingerprint(models[2]) == identities[2] and len(hashed) == len(models)
+    assert store.weights_fingerprint(models[0]) == identities[0]  # the least recently used: dropped
+    assert len(hashed) == len(models) + 1

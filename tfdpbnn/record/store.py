@@ -223,9 +223,12 @@ _IDENTITY_SCHEME = b"tfdpbnn weights identity: FarmHash64 of each variable's byt
 #: Prefix of the weights' identity after "weights:" (the hex digests before it had none; see
 #: ``RunStore.holds_legacy_weights``).
 IDENTITY_PREFIX = "v2:"
-#: The weights' identities and keys last computed, per kind ("weights": ``model.weights``, "written": the
-#: write check's copies): kind -> (held copies of the arrays, identity, the float variables' keys or None).
-_HELD_WEIGHTS: dict[str, tuple] = {}
+#: The weights' identities and keys last computed, most recent last: (kind, ids of the variables) ->
+#: (held copies of the arrays, identity, the float variables' keys or None). Kinds: "weights"
+#: (``model.weights``), "written" (a write check's copies).
+_HELD_WEIGHTS: dict[tuple, tuple] = {}
+#: At most this many entries in ``_HELD_WEIGHTS`` (a model and its write check, for a few models).
+_HELD_WEIGHTS_MAX = 4
 #: The traced function computing the weights' FarmHash64s (``_fingerprint_function``), made on first use.
 _FINGERPRINTS: list = []
 
@@ -288,20 +291,22 @@ def _identity_and_keys(values, keys: bool = True) -> tuple[str, list[str] | None
     return identity, found
 
 
-def _held_identity(kind: str, variables, shared: tuple = (), keys: bool = True,
-                   arrays=None) -> tuple[str, list[str] | None]:
+def _held_identity(kind: str, variables, keys: bool = True, arrays=None) -> tuple[str, list[str] | None]:
     """``(identity, keys)`` of the variables' values, reusing those last computed for the same bytes.
 
     The values are read once each (``_private_api.read_view``, a view of the read's buffer; ``arrays``:
     values already read, e.g. ``get_weights()`` of distributed variables) and compared byte for byte
     (``same_bytes``: memory reads, a tenth of the hashing's time on the 3.2 MB of the 784-1000-10 MLP, and
-    nothing a changed bit can pass) with the copies held for ``kind`` and for each kind of ``shared`` (the
-    write check's key of the trainable weights and the weights' identity are the same function of the same
-    bytes). Otherwise the variables are read again as tensors, hashed in one traced call
-    (``_identity_and_keys``; tensors read from the variables, not made from numpy arrays, which TensorFlow
-    would copy to align them: twice the time) and their very bytes copied into the held copies. ``keys``:
-    the float variables' keys too (a held entry without them is reused only when ``keys`` is False). Plain
-    numeric arrays in C order only, up to ``_HELD_MAX_BYTES`` in all, are held.
+    nothing a changed bit can pass; arrays that differ differ early, as trained weights do) with the copies
+    held (``_HELD_WEIGHTS``): the identity and the keys are functions of the bytes, dtypes and shapes alone,
+    so any held copy of equal arrays gives them (the write check's key of a model's trainable weights at an
+    epoch's end, then the record's snapshot of the same weights, the next run's start; the entries of
+    other models trained in between stay). Otherwise the variables are read again as tensors, hashed in one
+    traced call (``_identity_and_keys``; tensors read from the variables, not made from numpy arrays, which
+    TensorFlow would copy to align them: twice the time) and their very bytes copied into the entry of
+    ``kind`` and these variables (the least recently used entries dropped beyond ``_HELD_WEIGHTS_MAX``, or
+    ``_HELD_MAX_BYTES`` in all). ``keys``: the float variables' keys too (an entry without them serves only
+    ``keys=False``). Plain numeric arrays in C order only are held.
     """
     import tensorflow as tf
 
@@ -311,30 +316,34 @@ def _held_identity(kind: str, variables, shared: tuple = (), keys: bool = True,
     if not given:
         arrays = [_private_api.read_view(v) for v in variables]
     arrays = [np.asarray(a) for a in arrays]
-    holdable = bool(arrays) and all(type(a) is np.ndarray and a.dtype.kind in "biufc"
-                                    and a.flags.c_contiguous for a in arrays) \
-        and sum(a.nbytes for a in arrays) <= _HELD_MAX_BYTES
+    size = sum(a.nbytes for a in arrays)
+    holdable = bool(arrays) and size <= _HELD_MAX_BYTES and all(
+        type(a) is np.ndarray and a.dtype.kind in "biufc" and a.flags.c_contiguous for a in arrays)
     if holdable:
-        for name in (kind, *shared):
-            held = _HELD_WEIGHTS.get(name)
-            if held is not None and (held[2] is not None or not keys) and len(held[0]) == len(arrays) \
-                    and all(same_bytes(a, b) for a, b in zip(arrays, held[0], strict=True)):
+        for name, held in reversed(list(_HELD_WEIGHTS.items())):
+            if (held[2] is not None or not keys) and len(held[0]) == len(arrays) and all(
+                    same_bytes(a, b) for a, b in zip(arrays, held[0], strict=True)):
+                _HELD_WEIGHTS[name] = _HELD_WEIGHTS.pop(name)  # most recently used
                 return held[1], held[2]
     tensors = [tf.constant(a) for a in arrays] if given else [tf.convert_to_tensor(v) for v in variables]
     if not holdable:
         return _identity_and_keys(tensors, keys)
     arrays = [np.asarray(t) for t in tensors]  # views of the tensors hashed (CPU; a copy elsewhere)
-    held = _HELD_WEIGHTS.pop(kind, None)  # no stale entry if hashing fails
+    name = (kind, tuple(id(v) for v in variables))
+    held = _HELD_WEIGHTS.pop(name, None)  # no stale entry if hashing fails
     kept = held[0] if held is not None and len(held[0]) == len(arrays) else None
     if kept is not None and all(k.dtype == a.dtype and k.shape == a.shape
                                 for k, a in zip(kept, arrays, strict=True)):
-        for k, a in zip(kept, arrays, strict=True):  # into this kind's copies of the last arrays
+        for k, a in zip(kept, arrays, strict=True):  # into this entry's copies of the last arrays
             np.copyto(k, a)
         copies = kept
     else:
         copies = [np.array(a, copy=True) for a in arrays]
     identity, found = _identity_and_keys(tensors, keys)
-    _HELD_WEIGHTS[kind] = (copies, identity, found)
+    _HELD_WEIGHTS[name] = (copies, identity, found)
+    while len(_HELD_WEIGHTS) > _HELD_WEIGHTS_MAX or sum(
+            sum(c.nbytes for c in entry[0]) for entry in _HELD_WEIGHTS.values()) > _HELD_MAX_BYTES:
+        del _HELD_WEIGHTS[next(iter(_HELD_WEIGHTS))]  # the least recently used
     return identity, found
 
 
@@ -355,8 +364,7 @@ def weights_identity(model) -> tuple[str, list[str]]:
     weights whose bytes equal those identified last (a run's start, an epoch's end as the write check
     keyed it, the final snapshot, the next run's start) reuse them (``_held_identity``).
     """
-    identity, keys = _held_identity("weights", model.weights, shared=("written",),
-                                    arrays=_weights_arrays(model))
+    identity, keys = _held_identity("weights", model.weights, arrays=_weights_arrays(model))
     return "weights:" + identity, list(keys or ())
 
 
@@ -400,7 +408,7 @@ def variables_identity(variables) -> str:
     both (``_held_identity``: the same bytes are compared, not hashed again; the float variables' keys are
     computed in the same call, for the record's snapshot that follows).
     """
-    return _held_identity("written", variables, shared=("weights",))[0]
+    return _held_identity("written", variables)[0]
 
 
 def variable_fingerprints(model) -> list[str]:
