@@ -320,11 +320,11 @@ def _held_identity(kind: str, variables, keys: bool = True, arrays=None) -> tupl
     holdable = bool(arrays) and size <= _HELD_MAX_BYTES and all(
         type(a) is np.ndarray and a.dtype.kind in "biufc" and a.flags.c_contiguous for a in arrays)
     if holdable:
-        for name, held in reversed(list(_HELD_WEIGHTS.items())):
-            if (held[2] is not None or not keys) and len(held[0]) == len(arrays) and all(
-                    same_bytes(a, b) for a, b in zip(arrays, held[0], strict=True)):
-                _HELD_WEIGHTS[name] = _HELD_WEIGHTS.pop(name)  # most recently used
-                return held[1], held[2]
+        for key, entry in reversed(list(_HELD_WEIGHTS.items())):
+            if (entry[2] is not None or not keys) and len(entry[0]) == len(arrays) and all(
+                    same_bytes(a, b) for a, b in zip(arrays, entry[0], strict=True)):
+                _HELD_WEIGHTS[key] = _HELD_WEIGHTS.pop(key)  # most recently used
+                return entry[1], entry[2]
     tensors = [tf.constant(a) for a in arrays] if given else [tf.convert_to_tensor(v) for v in variables]
     if not holdable:
         return _identity_and_keys(tensors, keys)
