@@ -361,8 +361,8 @@ def weights_identity(model) -> tuple[str, list[str]]:
 
     Both come from one traced call over the values of ``model.weights`` (the arrays ``get_weights``
     returns, read directly unless a variable is distributed) and one transfer of its result to the host;
-    weights whose bytes equal those identified last (a run's start, an epoch's end as the write check
-    keyed it, the final snapshot, the next run's start) reuse them (``_held_identity``).
+    weights whose bytes equal a held copy's (an epoch's end as the write check keyed it, then the final
+    snapshot and the next run's start) reuse its identity and keys (``_held_identity``).
     """
     identity, keys = _held_identity("weights", model.weights, arrays=_weights_arrays(model))
     return "weights:" + identity, list(keys or ())
@@ -378,8 +378,10 @@ def weights_fingerprint(model) -> str:
     on every platform and in every version, which ``tf.fingerprint``'s own documentation does not repeat:
     a test pins one value (``tests/test_weights_identity.py``). The bytes are the variables' in the
     machine's order (little-endian on every platform TensorFlow supports). Two different weights share an
-    identity only if some variable's two values share a FarmHash64 (chance about 2^-64 per variable, not a
-    cryptographic bound; see ``docs/privacy.md``). Stores written before this identity hold SHA-256 of the
+    identity only if every variable that differs shares its FarmHash64 with the other value (chance at most
+    about 2^-64 for values no one chose to collide; not a cryptographic bound: an over-count where the
+    record inherits, an under-count where it accepts weights as known, ``docs/privacy.md`` says why that is
+    accepted). Stores written before this identity hold SHA-256 of the
     bytes instead (``legacy_weights_fingerprint``); the record still finds them (``RunStore.weights_record``).
     """
     return weights_identity(model)[0]
