@@ -13,6 +13,7 @@ from __future__ import annotations
 import dp_accounting
 import numpy as np
 from _small_runs import DELTA, LOSS, small_data, small_model
+from test_weights_identity import reference_identity
 
 import tfdpbnn
 from tfdpbnn.record import record_ledger, records, store
@@ -244,10 +245,10 @@ def test_the_last_epochs_snapshot_is_the_final_one_only_when_no_other_callback_r
 
 
 def test_the_write_checks_key_reuses_the_weights_fingerprint_and_every_bit_counts():
-    """The end-of-fit write check: exact (a sign of zero, one ulp); its key is the weights' SHA-256.
+    """The end-of-fit write check: exact (a sign of zero, one ulp); its key is the weights' identity.
 
-    At an epoch's end the key of the last DP write's copies reuses the digest the privacy record computed
-    for the same bytes (a model whose weights are all trainable), and a write after the epoch's end, before
+    At an epoch's end the key of the last DP write's copies is the identity the privacy record uses for
+    the same bytes (a model whose weights are all trainable), and a write after the epoch's end, before
     the end of ``fit``, is still refused: its bytes are not the epoch end's.
     """
     import pytest
@@ -260,8 +261,7 @@ def test_the_write_checks_key_reuses_the_weights_fingerprint_and_every_bit_count
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     watch = model.optimizer._dp_write_watch
     key = watch.last_written_state()
-    assert "weights:" + key == store.weights_fingerprint(model) == "weights:" + store._hash_arrays(
-        model.get_weights())
+    assert "weights:" + key == store.weights_fingerprint(model) == reference_identity(model.get_weights())
     assert watch.state() == key and watch.changed_since_write(model.optimizer.iterations) == []
     bias = model.weights[1]
     for value in (np.float32(-0.0), np.nextafter(np.float32(0), np.float32(1))):  # bias starts at +0.0
@@ -297,8 +297,8 @@ def test_the_restore_check_runs_only_when_another_callback_could_have_restored(m
                                                    allow_exceeding_budget=True), loss=LOSS)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     calls = []
-    original = run_record.record_store.weights_fingerprint
-    monkeypatch.setattr(run_record.record_store, "weights_fingerprint",
+    original = run_record.record_store.weights_identity
+    monkeypatch.setattr(run_record.record_store, "weights_identity",
                         lambda m: calls.append(1) or original(m))
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert len(calls) == 2
@@ -326,13 +326,17 @@ def test_fingerprints_skip_hashing_only_bytes_equal_to_those_hashed_last(monkeyp
     assert store.data_fingerprint(x.astype(np.float64), y) == "data:" + original([x.astype(np.float64), y])
     assert store.data_fingerprint(x.reshape(150, 10), y) == "data:" + original([x.reshape(150, 10), y])
     # Weights: a weight changed in place by one ulp is hashed again.
+    identified = []
+    identify = store._identity_and_keys
+    monkeypatch.setattr(store, "_identity_and_keys", lambda *a: identified.append(1) or identify(*a))
+    monkeypatch.setattr(store, "_HELD_WEIGHTS", {})  # none held from other tests' equal weights
     model = small_model()
     first = store.weights_fingerprint(model)
-    calls = len(hashed)
-    assert store.weights_fingerprint(model) == first and len(hashed) == calls
+    assert store.weights_fingerprint(model) == first and len(identified) == 1
     kernel = model.weights[0]
     kernel.assign(kernel + np.float32(1e-3) * np.eye(*kernel.shape, dtype=np.float32))
-    assert store.weights_fingerprint(model) == "weights:" + original(model.get_weights()) != first
+    assert store.weights_fingerprint(model) == reference_identity(model.get_weights()) != first
+    assert len(identified) == 2
     # The data's copy goes with the caller's arrays.
     z = rng.normal(size=(50, 2)).astype(np.float32)
     for _ in range(3):
@@ -479,7 +483,7 @@ def test_held_weights_are_not_aliased_by_in_graph_updates():
     """The arrays held for the digests (read from variables) keep their bytes when a DP step writes.
 
     A held array sharing the variable's buffer would follow the step's in-place update and make the next
-    comparison find "the same bytes" with a stale digest; each key equals SHA-256 of a fresh copy.
+    comparison find "the same bytes" with a stale digest; each key equals the identity of a fresh copy.
     """
     x, y = small_data(16)
     model = small_model()
@@ -491,7 +495,7 @@ def test_held_weights_are_not_aliased_by_in_graph_updates():
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)
         copies = [np.array(c.numpy(), copy=True) for c in watch._copies]
         keys.append(watch.last_written_state())
-        assert keys[-1] == store._hash_arrays(copies)
+        assert "weights:" + keys[-1] == reference_identity(copies)
         fingerprints.append(store.weights_fingerprint(model))
-        assert fingerprints[-1] == "weights:" + store._hash_arrays([w.copy() for w in model.get_weights()])
+        assert fingerprints[-1] == reference_identity([w.copy() for w in model.get_weights()])
     assert len(set(keys)) == len(set(fingerprints)) == 3

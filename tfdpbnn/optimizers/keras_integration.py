@@ -148,7 +148,8 @@ def refuse_non_private_training(model, x, y=None, record_ids=None, call="fit") -
         return
     if attributes.ledger_link(model) is None:
         store = record_store.default_store()
-        if not store.weights_record(record_store.weights_fingerprint(model)):
+        if not store.weights_record(record_store.weights_fingerprint(model),
+                                    legacy=lambda: record_store.legacy_weights_fingerprint(model)):
             return
     try:
         keys = input_keys(x, y, record_ids)

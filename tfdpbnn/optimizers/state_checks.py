@@ -34,7 +34,7 @@ from tfdpbnn import _private_api
 from tfdpbnn.preprocessing.checks import declared_state, own_weights
 from tfdpbnn.record import attributes
 from tfdpbnn.record.preprocessing import state_digest
-from tfdpbnn.record.store import arrays_digest, same_bytes
+from tfdpbnn.record.store import same_bytes, variables_identity
 
 
 def _layers(model):
@@ -404,20 +404,21 @@ class WriteWatch:
         self._armed.assign(True)
 
     def last_written_state(self) -> str:
-        """A key (SHA-256 of every bit, ``arrays_digest``) of the weights the last DP write left (eager).
+        """A key of every bit of the weights the last DP write left (eager; ``variables_identity``).
 
-        At an epoch's end these are usually the bytes the privacy record fingerprinted just before (a model
-        whose weights are all trainable): compared with them, not hashed again.
+        For a model whose weights are all trainable it is the weights' identity the privacy record writes
+        (``weights_fingerprint`` without "weights:"), computed once for both: at an epoch's end the record's
+        snapshot that follows compares the same bytes instead of hashing them again.
         """
         if not self._copies:
             return ""
-        return arrays_digest(_arrays(self._copies))
+        return variables_identity(self._copies)
 
     def state(self) -> str:
         """The same key for the watched variables' values now (eager)."""
         if not self._variables:
             return ""
-        return arrays_digest(_arrays(self._variables))
+        return variables_identity(self._variables)
 
     def changed_since_write(self, iterations) -> list:
         """Eager: the watched variables whose values differ from the last DP write's (armed, same step)."""
@@ -551,8 +552,8 @@ class StateWatch(tf.keras.callbacks.Callback):
     ``others_may_write=False`` says that the ``fit`` runs no callback but tfdpbnn's (``model.fit`` passes it
     so when the caller gave none): after the last epoch's end nothing but tfdpbnn's own callbacks runs, so
     the end-of-``fit`` comparison is skipped when the privacy record's final snapshot fingerprinted the
-    weights as the bytes of the last DP write at that epoch's end (the same SHA-256, ``arrays_digest``) and
-    the count of DP writes has not moved since.
+    weights as the bytes of the last DP write at that epoch's end (the same identity,
+    ``variables_identity``) and the count of DP writes has not moved since.
     """
 
     def __init__(self, others_may_write: bool = True):
@@ -642,9 +643,9 @@ class StateWatch(tf.keras.callbacks.Callback):
         Only for a ``fit`` with no callback but tfdpbnn's (``others_may_write=False``): the privacy record's
         final snapshot (``RunRecord.final_weights``, read in the monitor's ``on_train_end``) fingerprinted
         the model's weights, which are the watched variables themselves in their order (a model whose
-        weights are all trainable), as SHA-256 of the very bytes the write check keyed at the last epoch's
-        end (the last DP write's copies), no DP write since (the same ``_dp_write_count``), and no callback
-        but tfdpbnn's ran in between to write them.
+        weights are all trainable), with the identity of the very bytes the write check keyed at the last
+        epoch's end (the last DP write's copies), no DP write since (the same ``_dp_write_count``), and no
+        callback but tfdpbnn's ran in between to write them.
         """
         watch = self._watch()
         if self._others_may_write or self._epoch_end is None or watch is None:

@@ -55,6 +55,11 @@ def _lost_part(ran: Phase, restored: Phase | None) -> Phase:
     return dataclasses.replace(ran, participations=participations, **common)
 
 
+def _legacy(model):
+    """The weights' identity as earlier stores hold it, computed when asked (``RunStore.weights_record``)."""
+    return lambda: record_store.legacy_weights_fingerprint(model)
+
+
 class RunRecord:
     """The store side of one optimizer's ledger (module docstring)."""
 
@@ -67,8 +72,7 @@ class RunRecord:
         self._model = None  # weak reference to the model this optimizer last trained or was shown
         self.reservation = None  # the run's release in the per-record ledger, until committed
         self.final_weights = None  # the weights' fingerprint in the last final snapshot, until a run begins
-        self._begin_variables: set = set()  # the variables' keys at the run's start (``_variable_keys``)
-        self._held_keys = None  # (weights' fingerprint, its variables' keys), last computed
+        self._begin_variables: set = set()  # the variables' keys at the run's start (``weights_identity``)
 
     def inherit(self, phases) -> int:
         """Append the store's phases that this ledger lacks; returns how many were added.
@@ -154,20 +158,22 @@ class RunRecord:
             self.before_restore = self.ledger_now()
             return
         self.dataset = dataset or "data:unidentified"
-        weights = record_store.weights_fingerprint(model)  # inherit changes the ledger, not the weights
-        # Outside the write transaction: the keys of the model's variables (one layer copied by value).
-        variables = self._variable_keys(model, weights)
+        # Outside the write transaction: the weights' identity and the keys of the model's variables (one
+        # layer copied by value), in one call; inherit changes the ledger, not the weights.
+        weights, variables = record_store.weights_identity(model)
         self._begin_variables = set(variables)
         # One write transaction (one commit) for the weights' record, the releases linked to it, the data
         # set's budget check, the ledger's reservation and the run's row: two runs started together on the
         # same data or weights are serialized, and share no stale read.
         with record_store.transaction(self.store.path):
-            self._begin_in_transaction(weights, dataset, planned_steps, record_keys, variables)
+            self._begin_in_transaction(weights, dataset, planned_steps, record_keys, variables,
+                                       legacy=_legacy(model))
 
-    def _begin_in_transaction(self, weights, dataset, planned_steps, record_keys, variables=()) -> None:
+    def _begin_in_transaction(self, weights, dataset, planned_steps, record_keys, variables=(),
+                              legacy=None) -> None:
         optimizer = self._optimizer
         # A variable with a recorded run's values (one layer copied by value) brings that run's phases.
-        self.inherit(self.store.weights_record(weights, variables=variables))
+        self.inherit(self.store.weights_record(weights, variables=variables, legacy=legacy))
         optimizer._import_linked_releases()
         state = attributes.ledger_state(optimizer)
         steps, examples, _ = state.open_counters(squared=False)
@@ -307,11 +313,10 @@ class RunRecord:
         added = 0 if not before else self.account_rewind(before)
         model = self.model()
         if self.store is not None and model is not None and begin_weights is not None:
-            weights = record_store.weights_fingerprint(model)
+            weights, variables = record_store.weights_identity(model)
             if weights != begin_weights:
-                variables = self._variable_keys(model, weights)
                 added += self.inherit(self.store.weights_record(weights, exclude_run=self.run_id,
-                                                                variables=variables))
+                                                                variables=variables, legacy=_legacy(model)))
                 self._begin_variables = set(variables)
         return added
 
@@ -324,21 +329,9 @@ class RunRecord:
         self._model = weakref.ref(model)
         store = record_store.default_store()
         if store is not None:
-            weights = record_store.weights_fingerprint(model)
-            self.inherit(store.weights_record(weights, variables=self._variable_keys(model, weights)))
+            weights, variables = record_store.weights_identity(model)
+            self.inherit(store.weights_record(weights, variables=variables, legacy=_legacy(model)))
             self._optimizer._import_linked_releases()
-
-    def _variable_keys(self, model, weights: str) -> list[str]:
-        """``record_store.variable_fingerprints(model)``, reused while the weights' fingerprint is the same.
-
-        ``weights``: ``record_store.weights_fingerprint(model)`` just read (equal weights, equal keys): a
-        fit's final snapshot after its last epoch end, and the next fit's start, compute none.
-        """
-        if self._held_keys is not None and self._held_keys[0] == weights:
-            return self._held_keys[1]
-        keys = record_store.variable_fingerprints(model)
-        self._held_keys = (weights, keys)
-        return keys
 
     def model(self):
         """The model this optimizer last trained or was shown (None if unknown or gone)."""
@@ -348,7 +341,7 @@ class RunRecord:
         """Whether the record store holds a snapshot of the model's weights as they are now (any run's)."""
         model, store = self.model(), record_store.default_store()
         return model is not None and store is not None and \
-            store.weights_ledger(record_store.weights_fingerprint(model)) is not None
+            store.weights_ledger(record_store.weights_fingerprint(model), legacy=_legacy(model)) is not None
 
     def weights_and_spent(self, delta: float, epsilon: float) -> tuple[dict, dict]:
         """The statement's ``weights`` (the training behind the weights in hand) and ``spent`` (everything).
@@ -370,7 +363,7 @@ class RunRecord:
             fingerprint = record_store.weights_fingerprint(model)
             store = record_store.default_store()
             if store is not None:
-                phases = store.weights_ledger(fingerprint)
+                phases = store.weights_ledger(fingerprint, legacy=_legacy(model))
         if phases is None:
             why = ("the model is unknown to this optimizer (no fit yet; pass model= to privacy_statement)"
                    if model is None else "the record store does not hold these weights"
@@ -400,9 +393,9 @@ class RunRecord:
             if final:
                 self.commit_reservation()
             return
-        weights = record_store.weights_fingerprint(model)
+        weights, keys = record_store.weights_identity(model)
         # The variables the run wrote (their keys differ from the run's start): found by one layer's copy.
-        variables = [v for v in self._variable_keys(model, weights) if v not in self._begin_variables]
+        variables = [v for v in keys if v not in self._begin_variables]
         ledger = self._optimizer.ledger
         phase = next((p for p in ledger.phases if p.phase_id == self.phase_id), None)
         # One transaction (one wait for the disk) for the commit to the per-record ledger and the snapshot.

@@ -10,8 +10,8 @@ data, Luo et al. 2021):
   weights it started from, and its planned phase (``tfdpbnn.record.ledger.Phase`` with the steps the run may
   take), written before its first step;
 - ``snapshots`` rows (at every epoch end and at the end of the run) hold the run's own phase as counted,
-  the model's whole ledger (every phase that produced the weights) and the fingerprint of the weights
-  (SHA-256 of ``model.get_weights()``).
+  the model's whole ledger (every phase that produced the weights) and the weights' identity
+  (``weights_fingerprint``: every bit of every variable).
 
 A run starting from weights that an earlier run's snapshot holds inherits that run's whole ledger, up to
 its LAST snapshot (loading older weights does not erase what was spent after them). A data set's spending
@@ -85,13 +85,11 @@ def _hash_arrays(arrays) -> str:
     return digest.hexdigest()
 
 
-#: The arrays last hashed per kind ("data", "weights"), kept to skip hashing the same bytes again:
+#: The arrays last hashed per kind ("data"), kept to skip hashing the same bytes again:
 #: kind -> (held arrays or None, their SHA-256 hex digest, weak references to the caller's arrays, token).
 _HELD: dict[str, tuple] = {}
 #: The largest total size (bytes) of the arrays held for one kind; larger inputs are hashed every time.
 _HELD_MAX_BYTES = 256 << 20
-#: The last field of a ``_HELD`` entry whose arrays are copies ``_held_digest`` made (reused for the next).
-_COPIED = "copied"
 #: Bytes compared per slice in ``same_bytes`` (a multiple of 8).
 _COMPARE_BYTES = 1 << 22
 
@@ -142,19 +140,15 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     return True
 
 
-def _held_digest(kind: str, arrays, owned: bool, shared: tuple = (), views: bool = False) -> str:
+def _held_digest(kind: str, arrays, owned: bool) -> str:
     """``_hash_arrays(arrays)``, without hashing again bytes equal to the arrays hashed last for ``kind``.
 
     The digest of the last arrays hashed is reused only when every array has the dtype, shape and bytes of
     a copy held since (compared byte for byte: memory reads, about a sixth of SHA-256's time, and nothing a
-    changed array can pass). ``owned``: the caller's arrays are fresh copies (``model.get_weights()``) and
-    are held as they are; otherwise a copy is taken the second time the same array objects are hashed (an
-    array hashed once, e.g. made for one call, is never copied) and dropped when the caller's arrays are
-    garbage collected. Plain numeric arrays in C order only (no subclass), up to ``_HELD_MAX_BYTES`` in all.
-    ``shared``: other kinds whose held arrays are compared too (the same digest of the same bytes: the
-    write check's key of the trainable weights and the weights' fingerprint, ``arrays_digest``).
-    ``views``: the arrays view buffers the caller does not own (``_private_api.read_view``): used at once,
-    and copied when held (``owned`` applies to the copies).
+    changed array can pass). ``owned``: the caller's arrays are fresh copies and are held as they are;
+    otherwise a copy is taken the second time the same array objects are hashed (an array hashed once, e.g.
+    made for one call, is never copied) and dropped when the caller's arrays are garbage collected. Plain
+    numeric arrays in C order only (no subclass), up to ``_HELD_MAX_BYTES`` in all.
     """
     import weakref
 
@@ -163,25 +157,11 @@ def _held_digest(kind: str, arrays, owned: bool, shared: tuple = (), views: bool
                           or not a.flags.c_contiguous for a in arrays)
             or sum(a.nbytes for a in arrays) > _HELD_MAX_BYTES):
         return _hash_arrays(arrays)
-    for name in (kind, *shared):
-        held = _HELD.get(name)
-        if held is not None and held[0] is not None and len(held[0]) == len(arrays) and all(
-                same_bytes(a, b) for a, b in zip(arrays, held[0], strict=True)):
-            return held[1]
     held = _HELD.get(kind)
+    if held is not None and held[0] is not None and len(held[0]) == len(arrays) and all(
+            same_bytes(a, b) for a, b in zip(arrays, held[0], strict=True)):
+        return held[1]
     digest = _hash_arrays(arrays)
-    if views:  # copied into this kind's copies of the last views when they have the same layout
-        kept = held[0] if held is not None and held[3] == _COPIED and len(held[0]) == len(arrays) else None
-        if kept is not None and all(k.dtype == a.dtype and k.shape == a.shape
-                                    for k, a in zip(kept, arrays, strict=True)):
-            for k, a in zip(kept, arrays, strict=True):
-                np.copyto(k, a)
-            arrays = kept
-        else:
-            arrays = [np.array(a, copy=True) for a in arrays]
-        if owned:
-            _HELD[kind] = (arrays, digest, (), _COPIED)
-            return digest
     if owned:
         _HELD[kind] = (arrays, digest, (), None)
         return digest
@@ -238,57 +218,199 @@ def input_fingerprint(x, y=None) -> str | None:
     return data_fingerprint(x, y)
 
 
-def weights_fingerprint(model) -> str:
-    """SHA-256 of ``model.get_weights()`` (every variable's bytes, in order): the weights' identity.
+#: What the weights' identity is made of (``weights_identity``), hashed first: a new scheme gets a new name.
+_IDENTITY_SCHEME = b"tfdpbnn weights identity: FarmHash64 of each variable's bytes, its dtype and shape\n"
+#: Prefix of the weights' identity after "weights:" (the hex digests before it had none; see
+#: ``RunStore.holds_legacy_weights``).
+IDENTITY_PREFIX = "v2:"
+#: The weights' identities and keys last computed, most recent last: (kind, ids of the variables) ->
+#: (held copies of the arrays, identity, the float variables' keys or None). Kinds: "weights"
+#: (``model.weights``), "written" (a write check's copies).
+_HELD_WEIGHTS: dict[tuple, tuple] = {}
+#: At most this many entries in ``_HELD_WEIGHTS`` (a model and its write check, for a few models).
+_HELD_WEIGHTS_MAX = 4
+#: The traced function computing the weights' FarmHash64s (``_fingerprint_function``), made on first use.
+_FINGERPRINTS: list = []
 
-    Weights whose bytes equal those hashed last (a run's start, its restore check, the next run's start)
-    reuse that digest (``_held_digest``). The arrays are those ``get_weights`` returns (the same read of each
-    variable of ``model.weights``, in order), read directly (``_private_api.read_view``) unless a variable
-    is distributed.
+
+def _fingerprint_function():
+    """A traced function: one ``uint8`` tensor ``[rows, 8]`` of FarmHash64s (``tf.fingerprint``) of values.
+
+    Rows: for each value, the fingerprint of its exact bytes (``tf.bitcast`` to bytes, C order; a bool as
+    one byte per value; strings by each element's fingerprint); then, with ``keys``, for each floating
+    value, those of its float16 and of its bfloat16 rounding (from float32, round to nearest even). One
+    call, one transfer to the host.
+    """
+    if not _FINGERPRINTS:
+        import tensorflow as tf
+
+        def row(data):  # the fingerprint of the bytes of ``data`` in one row
+            return tf.fingerprint(tf.reshape(data, [1, -1]))[0]
+
+        def exact(value):
+            if value.dtype == tf.string:
+                return row(tf.fingerprint(tf.reshape(value, [-1])))
+            if value.dtype == tf.bool:
+                return row(tf.cast(value, tf.uint8))
+            return row(value if value.dtype == tf.uint8 else tf.bitcast(value, tf.uint8))
+
+        def rounded(value, dtype):  # round to nearest even, then the bytes hashed in one row
+            return row(tf.bitcast(tf.cast(value, dtype), tf.uint8))
+
+        @tf.function(autograph=False, reduce_retracing=True)
+        def fingerprints(values, keys):
+            rows = [exact(v) for v in values]
+            if keys:
+                for value in values:
+                    if value.dtype.is_floating:
+                        wide = tf.cast(value, tf.float32)
+                        rows += [rounded(wide, tf.float16), rounded(wide, tf.bfloat16)]
+            return tf.stack(rows)
+
+        _FINGERPRINTS.append(fingerprints)
+    return _FINGERPRINTS[0]
+
+
+def _identity_and_keys(values, keys: bool = True) -> tuple[str, list[str] | None]:
+    """The identity (``weights_identity``) of tensors ``values`` and, with ``keys``, their float keys."""
+    import tensorflow as tf
+
+    rows = _fingerprint_function()(values, bool(keys)).numpy() if values else np.zeros((0, 8), np.uint8)
+    digest = hashlib.sha256(_IDENTITY_SCHEME)
+    for value, row in zip(values, rows, strict=False):
+        digest.update(f"{tf.as_dtype(value.dtype).name}{tuple(value.shape)}:".encode() + row.tobytes())
+    identity = IDENTITY_PREFIX + digest.hexdigest()
+    if not keys:
+        return identity, None
+    found, pairs = [], iter(rows[len(values):])
+    for value in values:
+        if tf.as_dtype(value.dtype).is_floating:
+            shape = "x".join(str(d) for d in value.shape)
+            found += [f"variable:f16:{shape}:{bytes(next(pairs)).hex()}",
+                      f"variable:bf16:{shape}:{bytes(next(pairs)).hex()}"]
+    return identity, found
+
+
+def _held_identity(kind: str, variables, keys: bool = True, arrays=None) -> tuple[str, list[str] | None]:
+    """``(identity, keys)`` of the variables' values, reusing those last computed for the same bytes.
+
+    The values are read once each (``_private_api.read_view``, a view of the read's buffer; ``arrays``:
+    values already read, e.g. ``get_weights()`` of distributed variables) and compared byte for byte
+    (``same_bytes``: memory reads, a tenth of the hashing's time on the 3.2 MB of the 784-1000-10 MLP, and
+    nothing a changed bit can pass; arrays that differ differ early, as trained weights do) with the copies
+    held (``_HELD_WEIGHTS``): the identity and the keys are functions of the bytes, dtypes and shapes alone,
+    so any held copy of equal arrays gives them (the write check's key of a model's trainable weights at an
+    epoch's end, then the record's snapshot of the same weights, the next run's start; the entries of
+    other models trained in between stay). Otherwise the variables are read again as tensors, hashed in one
+    traced call (``_identity_and_keys``; tensors read from the variables, not made from numpy arrays, which
+    TensorFlow would copy to align them: twice the time) and their very bytes copied into the entry of
+    ``kind`` and these variables (the least recently used entries dropped beyond ``_HELD_WEIGHTS_MAX``, or
+    ``_HELD_MAX_BYTES`` in all). ``keys``: the float variables' keys too (an entry without them serves only
+    ``keys=False``). Plain numeric arrays in C order only are held.
     """
     import tensorflow as tf
 
     from tfdpbnn import _private_api
 
-    variables = model.weights
-    if any(isinstance(v, tf.distribute.DistributedValues) for v in variables):
-        arrays = model.get_weights()
-    else:
+    given = arrays is not None
+    if not given:
         arrays = [_private_api.read_view(v) for v in variables]
-    return "weights:" + _held_digest("weights", arrays, owned=True, shared=("written",), views=True)
+    arrays = [np.asarray(a) for a in arrays]
+    size = sum(a.nbytes for a in arrays)
+    holdable = bool(arrays) and size <= _HELD_MAX_BYTES and all(
+        type(a) is np.ndarray and a.dtype.kind in "biufc" and a.flags.c_contiguous for a in arrays)
+    if holdable:
+        for key, entry in reversed(list(_HELD_WEIGHTS.items())):
+            if (entry[2] is not None or not keys) and len(entry[0]) == len(arrays) and all(
+                    same_bytes(a, b) for a, b in zip(arrays, entry[0], strict=True)):
+                _HELD_WEIGHTS[key] = _HELD_WEIGHTS.pop(key)  # most recently used
+                return entry[1], entry[2]
+    tensors = [tf.constant(a) for a in arrays] if given else [tf.convert_to_tensor(v) for v in variables]
+    if not holdable:
+        return _identity_and_keys(tensors, keys)
+    arrays = [np.asarray(t) for t in tensors]  # views of the tensors hashed (CPU; a copy elsewhere)
+    name = (kind, tuple(id(v) for v in variables))
+    held = _HELD_WEIGHTS.pop(name, None)  # no stale entry if hashing fails
+    kept = held[0] if held is not None and len(held[0]) == len(arrays) else None
+    if kept is not None and all(k.dtype == a.dtype and k.shape == a.shape
+                                for k, a in zip(kept, arrays, strict=True)):
+        for k, a in zip(kept, arrays, strict=True):  # into this entry's copies of the last arrays
+            np.copyto(k, a)
+        copies = kept
+    else:
+        copies = [np.array(a, copy=True) for a in arrays]
+    identity, found = _identity_and_keys(tensors, keys)
+    _HELD_WEIGHTS[name] = (copies, identity, found)
+    while len(_HELD_WEIGHTS) > _HELD_WEIGHTS_MAX or sum(
+            sum(c.nbytes for c in entry[0]) for entry in _HELD_WEIGHTS.values()) > _HELD_MAX_BYTES:
+        del _HELD_WEIGHTS[next(iter(_HELD_WEIGHTS))]  # the least recently used
+    return identity, found
 
 
-def arrays_digest(arrays) -> str:
-    """SHA-256 (hex) of freshly read arrays (each one's dtype, shape and bytes), as ``weights_fingerprint``.
+def _weights_arrays(model):
+    """``model.get_weights()`` when a variable is distributed, else None (read directly)."""
+    import tensorflow as tf
 
-    The write check's key of the trainable weights (``tfdpbnn.optimizers.state_checks.WriteWatch``): arrays
-    whose bytes equal those of the weights fingerprinted last (a model whose weights are all trainable, at an
-    epoch's end) reuse that digest, and the next fingerprint of the same bytes reuses this one
-    (``_held_digest``). ``arrays``: fresh reads of variables (``_private_api.read_view``), used at once and
-    copied when held.
+    if any(isinstance(v, tf.distribute.DistributedValues) for v in model.weights):
+        return model.get_weights()
+    return None
+
+
+def weights_identity(model) -> tuple[str, list[str]]:
+    """The weights' fingerprint (``weights_fingerprint``) and their float variables' keys, in one call.
+
+    Both come from one traced call over the values of ``model.weights`` (the arrays ``get_weights``
+    returns, read directly unless a variable is distributed) and one transfer of its result to the host;
+    weights whose bytes equal a held copy's (an epoch's end as the write check keyed it, then the final
+    snapshot and the next run's start) reuse its identity and keys (``_held_identity``).
     """
-    return _held_digest("written", arrays, owned=True, shared=("weights",), views=True)
+    identity, keys = _held_identity("weights", model.weights, arrays=_weights_arrays(model))
+    return "weights:" + identity, list(keys or ())
 
 
-#: The traced function computing the per-variable keys (``variable_fingerprints``), made on first use.
-_VARIABLE_KEYS: list = []
+def weights_fingerprint(model) -> str:
+    """The weights' identity: every variable of ``model.weights``, in order, each with its dtype and shape.
+
+    ``"weights:v2:"`` and the SHA-256 (hex) of the list of each variable's dtype, shape and FarmHash64 of its
+    exact bytes (``tf.fingerprint``: every bit counts, -0.0 is not 0.0, a NaN's payload counts; a bool as one
+    byte per value). TensorFlow documents ``tf.fingerprint`` as FarmHash's 64-bit fingerprint written in
+    little-endian order; FarmHash documents its fingerprint functions (unlike its hash functions) as the same
+    on every platform and in every version, which ``tf.fingerprint``'s own documentation does not repeat:
+    a test pins one value (``tests/test_weights_identity.py``). The bytes are the variables' in the
+    machine's order (little-endian on every platform TensorFlow supports). Two different weights share an
+    identity only if every variable that differs shares its FarmHash64 with the other value (chance at most
+    about 2^-64 for values no one chose to collide; not a cryptographic bound: an over-count where the
+    record inherits, an under-count where it accepts weights as known, ``docs/privacy.md`` says why that is
+    accepted). Stores written before this identity hold SHA-256 of the
+    bytes instead (``legacy_weights_fingerprint``); the record still finds them (``RunStore.weights_record``).
+    """
+    return weights_identity(model)[0]
 
 
-def _keys_function():
-    """A traced function: for each float value, FarmHash64 of its float16 and of its bfloat16 rounding."""
-    if not _VARIABLE_KEYS:
-        import tensorflow as tf
+def legacy_weights_fingerprint(model) -> str:
+    """The weights' identity as stores written before ``weights_fingerprint``'s "v2" hold it.
 
-        def rounded(value, dtype):  # round to nearest even, then the bytes hashed in one row
-            return tf.fingerprint(tf.reshape(tf.bitcast(tf.cast(value, dtype), tf.uint8), [1, -1]))[0]
+    ``"weights:"`` and the SHA-256 (hex) of every array of ``get_weights()`` in order (each one's dtype,
+    shape and bytes, ``_hash_arrays``). Computed only to find weights such a store holds
+    (``RunStore.weights_record``, ``RunStore.weights_ledger``).
+    """
+    from tfdpbnn import _private_api
 
-        @tf.function(autograph=False, reduce_retracing=True)
-        def keys(values):
-            wide = [tf.cast(v, tf.float32) for v in values]
-            return [tf.stack([rounded(w, tf.float16), rounded(w, tf.bfloat16)]) for w in wide]
+    arrays = _weights_arrays(model)
+    if arrays is None:
+        arrays = [_private_api.read_view(v) for v in model.weights]
+    return "weights:" + _hash_arrays(arrays)
 
-        _VARIABLE_KEYS.append(keys)
-    return _VARIABLE_KEYS[0]
+
+def variables_identity(variables) -> str:
+    """The identity of the variables' values (``weights_fingerprint`` without "weights:"), as held.
+
+    The write check's key of the trainable weights (``tfdpbnn.optimizers.state_checks.WriteWatch``): for a
+    model whose weights are all trainable, the key of the weights is the weights' identity, computed once for
+    both (``_held_identity``: the same bytes are compared, not hashed again; the float variables' keys are
+    computed in the same call, for the record's snapshot that follows).
+    """
+    return _held_identity("written", variables)[0]
 
 
 def variable_fingerprints(model) -> list[str]:
@@ -299,24 +421,10 @@ def variable_fingerprints(model) -> list[str]:
     (``RunStore.weights_record``): exact copies, float64 casts and copies rounded to float16 or bfloat16
     (rounding is idempotent: a rounded copy rounds to the same values). Each key names the variable's shape
     too. Keys are 64 bits: two different variables of one shape share a key with chance about 2^-64 (an
-    over-count: the other run's phases are added). Computed in one traced call (about 1.3 ms for the
-    784-1000-10 MLP on 2 CPU cores).
+    over-count: the other run's phases are added). Computed with the weights' identity in one traced call
+    (``weights_identity``).
     """
-    import tensorflow as tf
-
-    variables = [v for v in model.weights if tf.as_dtype(v.dtype).is_floating]  # Keras 3: a dtype name
-    if not variables:
-        return []
-    if any(isinstance(v, tf.distribute.DistributedValues) for v in variables):
-        values = [tf.constant(a) for a in model.get_weights() if np.asarray(a).dtype.kind == "f"]
-    else:
-        values = [tf.convert_to_tensor(v) for v in variables]
-    keys = []
-    for value, pair in zip(values, _keys_function()(values), strict=True):
-        shape = "x".join(str(d) for d in value.shape)
-        f16, bf16 = (bytes(row).hex() for row in pair.numpy())
-        keys += [f"variable:f16:{shape}:{f16}", f"variable:bf16:{shape}:{bf16}"]
-    return keys
+    return weights_identity(model)[1]
 
 
 def default_path() -> str | None:
@@ -577,24 +685,45 @@ class RunStore:
         phases = self.dataset_phases(dataset) + ([] if extra is None else [extra])
         return PrivacyLedger(_max_steps(phases)).epsilon(delta, accountant)
 
-    def weights_record(self, weights: str, exclude_run: str | None = None, variables=()) -> list[Phase]:
+    def weights_record(self, weights: str, exclude_run: str | None = None, variables=(),
+                       legacy=None) -> list[Phase]:
         """The ledger of the runs whose snapshots hold these weights, each phase as far as any run took it.
 
         A run that never wrote a final snapshot (killed, or still running elsewhere) adds its planned phase.
         ``exclude_run``: a run whose own phase is left out (the caller's run, still going). ``variables``:
         keys of the model's variables (``variable_fingerprints``); the runs that wrote any of them count too
-        (one layer's weights copied by value from a trained model carry that model's training). One
-        transaction.
+        (one layer's weights copied by value from a trained model carry that model's training). ``legacy``:
+        a function giving the weights' identity as earlier stores wrote it (``legacy_weights_fingerprint``),
+        called only when no snapshot holds ``weights`` and the store holds such identities
+        (``holds_legacy_weights``). One transaction.
         """
         with self._connect() as conn:
-            run_ids = [r[0] for r in conn.execute(
-                "SELECT DISTINCT run_id FROM snapshots WHERE weights = ?", (weights,))]
+            run_ids = self._runs_holding(conn, weights, legacy)
             if variables:
                 run_ids += [r[0] for r in conn.execute(
                     "SELECT DISTINCT run_id FROM variable_snapshots WHERE digest IN "
                     "(SELECT value FROM json_each(?))", (json.dumps(sorted(set(variables))),))
                     if r[0] not in run_ids]
             return self._runs_record(conn, run_ids, exclude_run)
+
+    @staticmethod
+    def holds_legacy_weights(conn) -> bool:
+        """Whether any snapshot holds a weights' identity of the earlier kind ("weights:" and 64 hex digits).
+
+        Those sort before "weights:g", the "v2:" ones after: one look into the index of the weights (an
+        older version of the library may still write into a shared store, so this is asked every time).
+        """
+        return conn.execute("SELECT 1 FROM snapshots WHERE weights >= 'weights:0' AND weights < 'weights:g' "
+                            "LIMIT 1").fetchone() is not None
+
+    def _runs_holding(self, conn, weights: str, legacy) -> list[str]:
+        """The runs whose snapshots hold ``weights`` (else, with ``legacy``, the earlier identity of them)."""
+        run_ids = [r[0] for r in conn.execute("SELECT DISTINCT run_id FROM snapshots WHERE weights = ?",
+                                              (weights,))]
+        if not run_ids and legacy is not None and self.holds_legacy_weights(conn):
+            run_ids = [r[0] for r in conn.execute("SELECT DISTINCT run_id FROM snapshots WHERE weights = ?",
+                                                  (legacy(),))]
+        return run_ids
 
     def _runs_record(self, conn, run_ids, exclude_run) -> list[Phase]:
         """Every phase of the runs ``run_ids`` (their last snapshot's ledger and their own phase)."""
@@ -626,14 +755,17 @@ class RunStore:
         phases.extend(Phase(**json.loads(text)) for _, text in largest.values())
         return _max_steps(phases)
 
-    def weights_ledger(self, weights: str) -> list[Phase] | None:
+    def weights_ledger(self, weights: str, legacy=None) -> list[Phase] | None:
         """The ledger that produced these exact weights: the phases of the snapshots holding them (or None).
 
         Unlike ``weights_record`` (what was spent, including steps taken after these weights), this is each
-        phase as counted when the weights were written: the training behind the weights in hand.
+        phase as counted when the weights were written: the training behind the weights in hand. ``legacy``:
+        as for ``weights_record``.
         """
         with self._connect() as conn:
             rows = conn.execute("SELECT ledger FROM snapshots WHERE weights = ?", (weights,)).fetchall()
+            if not rows and legacy is not None and self.holds_legacy_weights(conn):
+                rows = conn.execute("SELECT ledger FROM snapshots WHERE weights = ?", (legacy(),)).fetchall()
         if not rows:
             return None
         return _max_steps(Phase(**p) for row in rows for p in json.loads(row[0]))
@@ -649,6 +781,6 @@ class RunStore:
                 "delta": delta, "accountant": accountant, "budget": self.budget(dataset)}
 
 
-__all__ = ["DEFAULT_PATH", "ENV_VAR", "RunStore", "arrays_digest", "data_fingerprint", "default_path",
-           "default_store", "input_fingerprint", "tag_data_fingerprint", "variable_fingerprints",
-           "weights_fingerprint"]
+__all__ = ["DEFAULT_PATH", "ENV_VAR", "IDENTITY_PREFIX", "RunStore", "data_fingerprint", "default_path",
+           "default_store", "input_fingerprint", "legacy_weights_fingerprint", "tag_data_fingerprint",
+           "variable_fingerprints", "variables_identity", "weights_fingerprint", "weights_identity"]

@@ -1,0 +1,199 @@
+"""The weights' identity (``tfdpbnn.record.store.weights_fingerprint``): every bit and variable, any process.
+
+The identity is SHA-256 over each variable's dtype, shape and FarmHash64 (``tf.fingerprint``) of its exact
+bytes, computed in one traced call with the per-variable float16/bfloat16 keys. ``reference_identity``
+recomputes it independently (eagerly, one ``tf.fingerprint`` per array of ``get_weights()``). Stores written
+before it hold SHA-256 of the bytes (``legacy_weights_fingerprint``): their weights are still found.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from _small_runs import DELTA, LOSS, small_data, small_model
+
+import tfdpbnn
+from tfdpbnn.record import store
+from tfdpbnn.record.ledger import Phase, PrivacyLedger
+
+
+def reference_identity(arrays) -> str:
+    """The identity of ``arrays`` as ``weights_fingerprint`` defines it, computed array by array, eagerly."""
+    digest = hashlib.sha256(store._IDENTITY_SCHEME)
+    for array in arrays:
+        array = np.array(array, copy=True, order="C")  # a 0-d array stays 0-d
+        raw = (array.astype(np.uint8) if array.dtype == bool else array).reshape(1, -1).view(np.uint8)
+        row = tf.fingerprint(tf.constant(raw)).numpy()[0]
+        digest.update(f"{tf.as_dtype(array.dtype).name}{array.shape}:".encode() + row.tobytes())
+    return "weights:" + store.IDENTITY_PREFIX + digest.hexdigest()
+
+
+class _Counter(tf.keras.layers.Layer):
+    """A layer holding an int64 counter and a bool flag (non-float weights are part of the identity)."""
+
+    def build(self, input_shape):
+        self.count = self.add_weight(name="count", shape=(), dtype="int64", initializer="zeros",
+                                     trainable=False)
+        self.flag = self.add_weight(name="flag", shape=(2,), dtype="bool", initializer="zeros",
+                                    trainable=False)
+
+    def call(self, inputs):
+        return inputs
+
+
+def _model_with_counter():
+    tf.keras.utils.set_random_seed(0)
+    return tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3), _Counter()])
+
+
+def test_the_identity_is_every_bit_of_every_variable():
+    """Equal to the independent reference; changed by one ulp, a sign of zero, an int counter, a bool."""
+    model = _model_with_counter()
+    first = store.weights_fingerprint(model)
+    assert first == reference_identity(model.get_weights())
+    assert store.weights_fingerprint(model) == first  # the held copy's identity, reused
+    kernel, bias, count, flag = model.weights
+    changes = [
+        (kernel, lambda k: np.where(np.arange(k.size).reshape(k.shape) == 5,
+                                    np.nextafter(k, np.float32(np.inf)), k).astype(np.float32)),
+        (bias, lambda b: np.where(np.arange(3) == 1, np.float32(-0.0), b).astype(np.float32)),  # +0.0 before
+        (count, lambda c: np.int64(c + 1)),
+        (flag, lambda f: np.array([False, True])),
+    ]
+    seen = {first}
+    for variable, change in changes:
+        saved = variable.numpy()
+        variable.assign(change(saved))
+        changed = store.weights_fingerprint(model)
+        assert changed == reference_identity(model.get_weights()) and changed not in seen, variable.name
+        seen.add(changed)
+        variable.assign(saved)
+        assert store.weights_fingerprint(model) == first
+    # The float keys (one pair per float variable) come from the same call, for the same bytes.
+    identity, keys = store.weights_identity(model)
+    assert identity == first and keys == store.variable_fingerprints(model) and len(keys) == 4
+    rounded = tf.bitcast(tf.cast(kernel, tf.float16), tf.uint8)
+    expected = bytes(tf.fingerprint(tf.reshape(rounded, [1, -1])).numpy()[0]).hex()
+    assert keys[0] == "variable:f16:4x3:" + expected
+
+
+def test_farmhash64_is_the_value_it_was():
+    """``tf.fingerprint`` of fixed bytes is pinned: a TensorFlow that changed it would change every identity.
+
+    FarmHash documents its fingerprint functions as stable across platforms and versions; TensorFlow's
+    documentation of ``tf.fingerprint`` (FarmHash64, little-endian bytes) does not promise it. The value is
+    FarmHash's ``Fingerprint64`` of the bytes 0..15 (the same from the pyfarmhash bindings, little-endian).
+    """
+    data = tf.constant(np.arange(16, dtype=np.uint8).reshape(1, -1))
+    assert bytes(tf.fingerprint(data).numpy()[0]).hex() == "d45641a3a025fd0e"
+
+
+def test_the_identity_is_the_same_in_another_process():
+    """The same weights (set from fixed arrays) have the same identity and keys in a fresh process."""
+    code = ("import numpy as np, tfdpbnn, tensorflow as tf\n"
+            "from tfdpbnn.record import store\n"
+            "m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])\n"
+            "rng = np.random.default_rng(7)\n"
+            "m.set_weights([rng.normal(size=w.shape).astype(np.float32) for w in m.get_weights()])\n"
+            "identity, keys = store.weights_identity(m)\n"
+            "print(identity, *keys)\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                         check=True).stdout.split()
+    model = small_model()
+    rng = np.random.default_rng(7)
+    model.set_weights([rng.normal(size=w.shape).astype(np.float32) for w in model.get_weights()])
+    identity, keys = store.weights_identity(model)
+    assert out == [identity, *keys]
+
+
+def test_a_write_after_the_last_epoch_end_is_still_seen():
+    """A callback's write in ``on_train_end`` (after the epoch end's key and the final snapshot): refused."""
+
+    class WriteAtTrainEnd(tf.keras.callbacks.Callback):
+        def on_train_end(self, logs=None):
+            bias = self.model.weights[1]
+            bias.assign(bias + 1e-3)
+
+    x, y = small_data(16)
+    model = small_model()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
+                                                   allow_exceeding_budget=True), loss=LOSS)
+    with pytest.raises(ValueError, match="changed after the last DP step of fit"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[WriteAtTrainEnd()])
+
+
+def test_weights_an_earlier_store_recorded_by_their_sha256_are_still_found(monkeypatch):
+    """A store row with the earlier identity (SHA-256 of the bytes, no variable keys) is found.
+
+    A model loaded from those weights inherits the row's phases before its first step (its statement does
+    not start from zero); the earlier identity is computed only when the new one is not in the store and
+    the store holds earlier identities.
+    """
+    trained = small_model(seed=3)
+    record = store.default_store()
+    phase = Phase(kind="participations", noise_multiplier=1.1, neighboring="add_or_remove", steps=40,
+                  participations=5, examples=320, num_examples=64)
+    run = record.begin_run("data:earlier", "weights:" + "0" * 64, phase)
+    legacy = store.legacy_weights_fingerprint(trained)
+    assert legacy == "weights:" + store._hash_arrays(trained.get_weights())
+    record.snapshot(run, legacy, phase, PrivacyLedger([phase]), final=True)  # as an earlier version wrote it
+
+    def never():
+        raise AssertionError("the earlier identity was computed although it was not needed")
+
+    # Not found by the new identity, nor by variable keys (the row has none): found by the earlier one.
+    assert record.weights_record(store.weights_fingerprint(trained)) == []
+    found = record.weights_record(store.weights_fingerprint(trained),
+                                  legacy=lambda: store.legacy_weights_fingerprint(trained))
+    assert [p.phase_id for p in found] == [phase.phase_id]
+    assert record.weights_ledger(store.weights_fingerprint(trained),
+                                 legacy=lambda: store.legacy_weights_fingerprint(trained)) is not None
+    loaded = small_model(seed=4)
+    loaded.set_weights(trained.get_weights())
+    x, y = small_data(16)
+    loaded.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.1, 1.0, num_examples=16, batch_size=8, delta=DELTA,
+                                                    allow_exceeding_budget=True), loss=LOSS)
+    loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    ledger = loaded.optimizer.ledger
+    assert phase.phase_id in [p.phase_id for p in ledger.phases]
+    assert ledger.epsilon(DELTA) > PrivacyLedger([phase]).epsilon(DELTA)
+    # A store holding no earlier identity never computes one.
+    monkeypatch.setenv(store.ENV_VAR, os.path.join(os.path.dirname(record.path), "fresh.sqlite"))
+    fresh = store.default_store()
+    assert fresh.weights_record(store.weights_fingerprint(trained), legacy=never) == []
+    assert fresh.weights_ledger(store.weights_fingerprint(trained), legacy=never) is None
+
+
+def test_distributed_weights_have_the_identity_of_the_same_plain_weights():
+    """Mirrored variables (read through ``get_weights``; Keras 3's wrap them): the same identity and keys."""
+    plain = small_model()
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        mirrored = small_model()
+    mirrored.set_weights(plain.get_weights())
+    assert store.weights_identity(mirrored) == store.weights_identity(plain)
+    assert store.weights_fingerprint(mirrored) == reference_identity(plain.get_weights())
+
+
+def test_identities_held_for_a_few_models_are_reused_and_bounded(monkeypatch):
+    """Models fingerprinted in turn are each hashed once; at most ``_HELD_WEIGHTS_MAX`` copies are held."""
+    monkeypatch.setattr(store, "_HELD_WEIGHTS", {})
+    hashed = []
+    identify = store._identity_and_keys
+    monkeypatch.setattr(store, "_identity_and_keys", lambda *a: hashed.append(1) or identify(*a))
+    models = [small_model(seed=seed) for seed in range(store._HELD_WEIGHTS_MAX + 1)]
+    identities = [reference_identity(m.get_weights()) for m in models]
+    for _ in range(3):
+        assert [store.weights_fingerprint(m) for m in models[:2]] == identities[:2]
+    assert len(hashed) == 2
+    assert [store.weights_fingerprint(m) for m in models] == identities
+    assert len(hashed) == len(models) and len(store._HELD_WEIGHTS) == store._HELD_WEIGHTS_MAX
+    assert store.weights_fingerprint(models[2]) == identities[2] and len(hashed) == len(models)
+    assert store.weights_fingerprint(models[0]) == identities[0]  # the least recently used: dropped
+    assert len(hashed) == len(models) + 1
