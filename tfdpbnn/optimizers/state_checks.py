@@ -318,9 +318,9 @@ class WriteWatch:
                     copy.assign(v, read_value=False)
             for _, flags in [*self._retired, (None, self._flags)]:
                 if np.any(_private_api.read_numpy(flags)):
-                    flags.assign(np.zeros(flags.shape, np.float32), read_value=False)
-            self._check_constants.assign(kind != "fit", read_value=False)
-            self._armed.assign(False, read_value=False)
+                    _private_api.assign_now(flags, np.zeros(flags.shape, np.float32))
+            _private_api.assign_now(self._check_constants, np.bool_(kind != "fit"))
+            _private_api.assign_now(self._armed, np.bool_(False))
 
     def refuse_changed_constants(self, constants) -> None:
         """Before a ``train_on_batch`` call: the last run's constants must hold their values if it was one.

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import socket
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
 
@@ -275,19 +276,19 @@ class SQLiteLedger(LedgerBackend):
     def __init__(self, path, timeout: float = 60.0):
         self.path = record_store.checked_file(path, "the record ledger")
         self._timeout = float(timeout)
-        # Tables made by this process: only the version is read.
+        # Tables made or checked by this process: only the version is read (one statement; the whole check
+        # again if its table is gone).
         checked = record_store.file_identity(self.path) in _CHECKED
         with self._transaction("DEFERRED" if checked else "IMMEDIATE") as conn:
+            if checked:
+                try:
+                    self._check_version(conn)
+                    return
+                except sqlite3.OperationalError:  # no ledger_meta table: the whole check below
+                    pass
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if "ledger_meta" in tables:
-                row = conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
-                version = None if row is None else row[0]
-                if version != str(SCHEMA_VERSION):
-                    raise SchemaVersionError(
-                        f"{self.path}: its record ledger has schema version {version}, this tfdpbnn reads "
-                        f"version {SCHEMA_VERSION}. Open it with the tfdpbnn version that wrote it (a newer "
-                        "one reads older files), or point TFDPBNN_PRIVACY_STORE at a new file; never delete "
-                        "the file: the privacy it records was spent.")
+                self._check_version(conn)
             elif tables & {"ledger_releases", "ledger_records", "ledger_histories"}:
                 raise SchemaVersionError(
                     f"{self.path}: it has record-ledger tables but no schema version; it was not written by "
@@ -299,6 +300,20 @@ class SQLiteLedger(LedgerBackend):
                 conn.execute("INSERT OR IGNORE INTO ledger_meta VALUES ('schema_version', ?)",
                              (str(SCHEMA_VERSION),))
         _CHECKED.add(record_store.file_identity(self.path))  # a file replaced at the path is checked again
+
+    def _check_version(self, conn) -> None:
+        """Raise ``SchemaVersionError`` unless the file's ledger layout version is ``SCHEMA_VERSION``.
+
+        ``sqlite3.OperationalError`` when the file has no ``ledger_meta`` table.
+        """
+        row = conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
+        version = None if row is None else row[0]
+        if version != str(SCHEMA_VERSION):
+            raise SchemaVersionError(
+                f"{self.path}: its record ledger has schema version {version}, this tfdpbnn reads "
+                f"version {SCHEMA_VERSION}. Open it with the tfdpbnn version that wrote it (a newer "
+                "one reads older files), or point TFDPBNN_PRIVACY_STORE at a new file; never delete "
+                "the file: the privacy it records was spent.")
 
     def _transaction(self, mode: str = "IMMEDIATE", durable: bool = True):
         """``tfdpbnn.record.store.transaction`` on this file (joins one already open in this thread)."""
@@ -447,6 +462,9 @@ class SQLiteLedger(LedgerBackend):
         with self._transaction() as conn:
             counts = self._placed_counts(conn, identity, keys)
             text = None
+            # Placed by this process's last reservation: each history holds just these records (its size is
+            # their count, as ``_placed_counts`` read it).
+            sizes = None if counts is None else dict(counts)
             if counts is None:
                 counts, text = self._key_counts(conn, keys)
             check(self._histories(conn, counts), self._budget(conn))
@@ -457,9 +475,10 @@ class SQLiteLedger(LedgerBackend):
                 (release.kind, release.neighboring, release.phase_id,
                  json.dumps([int(p) for p in release.phase_ids]), json.dumps(release.planned),
                  release.description, created, socket.gethostname(), os.getpid())).lastrowid
-            sizes = dict(conn.execute("SELECT history, records FROM ledger_histories WHERE history IN "
-                                      "(SELECT value FROM json_each(?))",
-                                      (json.dumps([h for h in counts if h is not None]),)))
+            if sizes is None:
+                sizes = dict(conn.execute("SELECT history, records FROM ledger_histories WHERE history IN "
+                                          "(SELECT value FROM json_each(?))",
+                                          (json.dumps([h for h in counts if h is not None]),)))
             moves = []  # (old history or -1 for new records, new history) of the records that change rows
             placed = {}  # the histories the records are in afterwards: {history: records}
             for old, count in counts.items():
