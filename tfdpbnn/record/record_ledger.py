@@ -351,15 +351,19 @@ class SQLiteLedger(LedgerBackend):
         """``History`` objects for ``{history id (or None: no history yet): record count}``."""
         chains: dict[int, list[int]] = {}
         ids = [h for h in counts if h is not None]
+        releases = {}
         if ids:
-            # Every ancestor of the wanted histories, each with its parent and release.
+            # Every ancestor of the wanted histories, each with its parent and its release's row (one
+            # statement).
+            columns = ", ".join(f"r.{c.strip()}" for c in self._RELEASE_COLUMNS.split(","))
             rows = conn.execute(
                 "WITH RECURSIVE up(h) AS (SELECT value FROM json_each(?) UNION "
                 "SELECT p.parent FROM ledger_histories p JOIN up ON p.history = up.h "
                 "WHERE p.parent IS NOT NULL) "
-                "SELECT history, parent, release FROM ledger_histories WHERE history IN (SELECT h FROM up)",
-                (json.dumps(ids),)).fetchall()
-            link = {h: (parent, release) for h, parent, release in rows}
+                f"SELECT l.history, l.parent, {columns} FROM ledger_histories l "
+                "JOIN ledger_releases r ON r.release = l.release WHERE l.history IN (SELECT h FROM up) "
+                "ORDER BY r.release", (json.dumps(ids),)).fetchall()
+            link = {row[0]: (row[1], row[2]) for row in rows}
             for h in ids:
                 chain, cursor = [], h
                 while cursor is not None:
@@ -367,12 +371,8 @@ class SQLiteLedger(LedgerBackend):
                     chain.append(release)
                     cursor = parent
                 chains[h] = chain[::-1]
-        wanted = sorted({r for chain in chains.values() for r in chain})
-        releases = {}
-        if wanted:
-            releases = {r.release_id: r for r in self._decode(conn.execute(
-                f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases WHERE release IN "
-                "(SELECT value FROM json_each(?))", (json.dumps(wanted),)))}
+            distinct = {row[2]: row[2:] for row in rows}  # each release once (on several rows, maybe)
+            releases = {r.release_id: r for r in self._decode(distinct.values())}
         return [History(history_id=0 if h is None else h, records=int(count),
                         releases=tuple(releases[r] for r in chains.get(h, [])))
                 for h, count in counts.items()]
@@ -393,13 +393,14 @@ class SQLiteLedger(LedgerBackend):
         if placed is None or placed[0].shape != keys.shape or not np.array_equal(placed[0], keys):
             return None
         _, release_id, created, where = placed
-        row = conn.execute("SELECT created, pid FROM ledger_releases WHERE release = ?",
-                           (release_id,)).fetchone()
+        # The release's row and the histories' rows, in one statement.
+        row = conn.execute(
+            "SELECT r.created, r.pid, (SELECT json_group_array(json_array(h.history, h.release, h.records)) "
+            "FROM ledger_histories h WHERE h.history IN (SELECT value FROM json_each(?))) "
+            "FROM ledger_releases r WHERE r.release = ?", (json.dumps(list(where)), release_id)).fetchone()
         if row is None or row[0] != created or row[1] != os.getpid():
             return None
-        now = {h: n for h, release, n in conn.execute(
-            "SELECT history, release, records FROM ledger_histories WHERE history IN "
-            "(SELECT value FROM json_each(?))", (json.dumps(list(where)),)) if release == release_id}
+        now = {h: n for h, release, n in json.loads(row[2]) if release == release_id}
         return dict(where) if now == where else None
 
     @staticmethod
