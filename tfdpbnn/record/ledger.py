@@ -281,8 +281,16 @@ def _rdp_epsilon_of_leaves(leaves: frozenset, delta: float, neighboring: str) ->
     total = np.zeros_like(_rdp_of_one(dp_accounting.NoOpDpEvent(), neighboring))
     for item, count in sorted(leaves, key=lambda pair: repr(pair[0])):  # a fixed order of the sum
         total = total + count * _rdp_of_one(item, neighboring)
-    orders = get_accountant("rdp", neighboring_relation=NEIGHBORING[neighboring]).orders
-    return rdp_epsilon(orders, total, delta)
+    return rdp_epsilon(_rdp_orders(neighboring), total, delta)
+
+
+@functools.lru_cache(maxsize=4)
+def _rdp_orders(neighboring: str) -> np.ndarray:
+    """The Renyi orders of dp-accounting's ``RdpAccountant`` (those of ``_rdp_of_one``'s curves)."""
+    orders = np.asarray(get_accountant("rdp", neighboring_relation=NEIGHBORING[neighboring]).orders,
+                        dtype=np.float64)
+    orders.setflags(write=False)
+    return orders
 
 
 def _epsilon_of(event, delta, accountant, neighboring) -> float:
