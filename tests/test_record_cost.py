@@ -656,3 +656,34 @@ def test_assign_now_writes_what_assign_writes():
     with pytest.raises((ValueError, tf.errors.InvalidArgumentError)):  # a wrong shape: assign's own error
         _private_api.assign_now(flags, np.zeros(4, np.float32))
     assert flags.numpy().tolist() == [0.0, 0.0, 0.0]
+
+
+def test_the_releases_other_than_training_are_read_by_index_in_order(tmp_path):
+    """A fit's start reads the releases that are not training (``linked_releases``) through the kind index,
+    so the training releases (one per fit) are not visited; the same releases as a full read, oldest first.
+    A file made before the index gets it when a process first opens it."""
+    path = str(tmp_path / "ledger.sqlite")
+    ledger = record_ledger.RecordLedger(path)
+    event = dp_accounting.GaussianDpEvent(1.0)
+    kinds = ["training", "calibration", "training", "other", "training", "search", "training"]
+    for i, kind in enumerate(kinds):
+        ledger.record(np.arange(4) + i, event, kind=kind, phase_ids=[] if kind == "training" else [7])
+    everything = ledger.backend.releases()
+    statements = _statements(path, lambda: ledger.backend.releases(exclude_kind="training"))
+    found = ledger.backend.releases(exclude_kind="training")
+    assert [r.release_id for r in found] == [r.release_id for r in everything if r.kind != "training"]
+    assert [r.kind for r in found] == ["calibration", "other", "search"]
+    assert [r.kind for r in ledger.linked_releases([7])] == ["calibration", "other", "search"]
+    selects = [s for s in statements if s.startswith("SELECT")]
+    assert len(selects) == 1, statements
+    select = selects[0]
+    conn = store.kept_connection(path, 60.0)
+    plan = " ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + select))
+    assert "USING INDEX ledger_releases_kind" in plan and "SCAN" not in plan, plan
+    with store.transaction(path) as conn:
+        conn.execute("DROP INDEX ledger_releases_kind")
+    record_ledger._CHECKED.clear()  # what a process that has not opened the file knows
+    record_ledger.RecordLedger(path)
+    names = [r[0] for r in store.kept_connection(path, 60.0).execute(
+        "SELECT name FROM sqlite_master WHERE type = 'index'")]
+    assert "ledger_releases_kind" in names
