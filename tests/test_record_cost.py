@@ -687,3 +687,23 @@ def test_the_releases_other_than_training_are_read_by_index_in_order(tmp_path):
     names = [r[0] for r in store.kept_connection(path, 60.0).execute(
         "SELECT name FROM sqlite_master WHERE type = 'index'")]
     assert "ledger_releases_kind" in names
+
+
+def test_a_fits_statements_do_not_grow_with_earlier_fits():
+    """The same statements (count and text, ids aside) in the 2nd and the 6th fit of one model."""
+    import re
+
+    x, y = small_data(16)
+    model = small_model()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
+                                                   allow_exceeding_budget=True), loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    path = store.default_path()
+    seen = []
+    for _ in range(5):
+        seen.append(_statements(path, lambda: model.fit(x, y, batch_size=8, epochs=1, verbose=0)))
+
+    def shape(statements):  # the statements without their values
+        return [re.sub(r"'[^']*'|\b\d+(\.\d+)?\b", "?", s) for s in statements]
+
+    assert shape(seen[0]) == shape(seen[-1]), (seen[0], seen[-1])
