@@ -10,6 +10,8 @@ more snapshot per epoch; the write check's key reuses the weights' fingerprint; 
 
 from __future__ import annotations
 
+import dataclasses
+
 import dp_accounting
 import numpy as np
 from _small_runs import DELTA, LOSS, small_data, small_model
@@ -499,3 +501,213 @@ def test_held_weights_are_not_aliased_by_in_graph_updates():
         fingerprints.append(store.weights_fingerprint(model))
         assert fingerprints[-1] == reference_identity([w.copy() for w in model.get_weights()])
     assert len(set(keys)) == len(set(fingerprints)) == 3
+
+
+def _phases_cases():
+    """Ledgers of one and several phases (Poisson, passes, full batch; two noise levels), both relations."""
+    from tfdpbnn.record.ledger import Phase
+
+    poisson = dict(kind="poisson", noise_multiplier=1.1, neighboring="add_or_remove", steps=900,
+                   sample_rate=0.01)
+    passes = dict(kind="participations", noise_multiplier=3.0, neighboring="add_or_remove", steps=70,
+                  participations=7)
+    full = dict(kind="gaussian", noise_multiplier=20.0, neighboring="add_or_remove", steps=1)
+    return [[Phase(**poisson)],
+            [Phase(**poisson), Phase(**passes), Phase(**full)],
+            [Phase(**poisson), Phase(**{**poisson, "noise_multiplier": 2.0, "steps": 50}), Phase(**poisson)],
+            [Phase(**{**passes, "neighboring": "replace_one"}),
+             Phase(**{**full, "neighboring": "replace_one"})]]
+
+
+def _independent_rdp(ledger, delta):
+    """dp-accounting's ``RdpAccountant`` on the ledger's event, composed from scratch."""
+    relation = {"add_or_remove": dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+                "replace_one": dp_accounting.NeighboringRelation.REPLACE_ONE}[ledger.neighboring]
+    return dp_accounting.rdp.RdpAccountant(neighboring_relation=relation).compose(ledger.event()).get_epsilon(
+        delta)
+
+
+def test_the_cached_rdp_epsilon_equals_dp_accounting_and_sees_every_change_of_its_key():
+    """The RDP epsilon is cached by (leaf events with counts, delta, relation); each lookup is exact.
+
+    Equal to dp-accounting's ``RdpAccountant`` on the same event (relative 1e-9) for one- and many-phase
+    ledgers, on a miss and on a hit; one more step, another delta, noise level or relation is a new key
+    whose epsilon is computed again (and differs).
+    """
+    import pytest
+
+    from tfdpbnn.record import ledger as ledger_module
+    from tfdpbnn.record.ledger import Phase, PrivacyLedger
+
+    cache = ledger_module._rdp_epsilon_of_leaves
+    for phases in _phases_cases():
+        ledger = PrivacyLedger(phases)
+        for delta in (1e-5, 1e-7):
+            expected = _independent_rdp(ledger, delta)
+            hits = cache.cache_info().hits
+            first = ledger.epsilon(delta, "rdp")
+            again = PrivacyLedger(list(phases)).epsilon(delta, "rdp")  # the same phases: a hit
+            assert cache.cache_info().hits == hits + 1
+            assert first == pytest.approx(expected, rel=1e-9) and again == first
+    base = _phases_cases()[1]
+    before = PrivacyLedger(base).epsilon(1e-5, "rdp")
+    changed = {
+        "one more step": [dataclasses.replace(base[0], steps=901)] + base[1:],
+        "one more pass": base[:1] + [dataclasses.replace(base[1], participations=8)] + base[2:],
+        "another noise level": base[:2] + [dataclasses.replace(base[2], noise_multiplier=19.0)],
+        "another sample rate": [dataclasses.replace(base[0], sample_rate=0.011)] + base[1:],
+        "a phase more": base + [Phase(kind="gaussian", noise_multiplier=20.0, neighboring="add_or_remove",
+                                      steps=1)],
+        "the replace-one relation": [dataclasses.replace(base[2], neighboring="replace_one", steps=3)],
+    }
+    for what, phases in changed.items():
+        ledger = PrivacyLedger(phases)
+        misses = cache.cache_info().misses
+        value = ledger.epsilon(1e-5, "rdp")
+        assert cache.cache_info().misses == misses + 1, what
+        assert value == pytest.approx(_independent_rdp(ledger, 1e-5), rel=1e-9), what
+        assert abs(value - before) > 1e-6, what
+    misses = cache.cache_info().misses
+    assert PrivacyLedger(base).epsilon(2e-5, "rdp") < before  # another delta: a miss, a smaller epsilon
+    assert cache.cache_info().misses == misses + 1
+
+
+def test_other_accountants_keep_their_own_composition():
+    """PLD and zCDP epsilons of a many-phase ledger are their accountants' own on its event, not RDP's."""
+    import pytest
+
+    from tfdpbnn.privacy.registry import get_accountant
+    from tfdpbnn.record.ledger import PrivacyLedger
+
+    ledger = PrivacyLedger(_phases_cases()[2])
+    rdp = ledger.epsilon(1e-5, "rdp")
+    for accountant in ("pld", "zcdp"):
+        expected = get_accountant(accountant).compose(ledger.event()).get_epsilon(1e-5)
+        value = ledger.epsilon(1e-5, accountant)
+        # the same events composed in another order: PLD's discretized convolutions round apart (~1e-9)
+        assert value == pytest.approx(expected, rel=1e-6), accountant
+    assert abs(ledger.epsilon(1e-5, "pld") - rdp) > 1e-2 * rdp  # PLD is not RDP's answer
+
+
+def test_the_epoch_end_epsilon_is_dp_accountings_over_several_fits():
+    """The epsilon logged at each epoch end of a second fit (two phases) is dp-accounting's RDP epsilon."""
+    import pytest
+
+    x, y = small_data(32)
+    model = small_model()
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.1, num_examples=32, batch_size=8, delta=DELTA,
+                                       allow_exceeding_budget=True)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 2.0, num_examples=32, batch_size=8, delta=DELTA,
+                                       allow_exceeding_budget=True)  # takes the first one's phase over
+    model.compile(optimizer=optimizer, loss=LOSS)
+    logged = model.fit(x, y, batch_size=8, epochs=2, verbose=0).history["epsilon"]
+    assert [p.noise_multiplier for p in optimizer.ledger.phases] == [1.1, 2.0]
+    expected = _independent_rdp(optimizer.ledger, DELTA)
+    assert logged[-1] == pytest.approx(expected, rel=1e-6)  # logs are float32-rounded by Keras
+    assert logged[0] < logged[-1]
+
+
+def test_the_ledger_layout_is_checked_at_every_open_in_one_statement(tmp_path):
+    """A ledger file this process checked is checked again at each open: one statement, and a changed
+    version is refused; a file whose version table is gone gets the whole check again."""
+    import pytest
+
+    path = str(tmp_path / "ledger.sqlite")
+    record_ledger.RecordLedger(path)  # tables made
+    statements = _statements(path, lambda: record_ledger.RecordLedger(path))
+    assert [s for s in statements if "ledger_meta" in s or "sqlite_master" in s] == [
+        "SELECT value FROM ledger_meta WHERE key = 'schema_version'"], statements
+    with store.transaction(path) as conn:
+        conn.execute("UPDATE ledger_meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(record_ledger.SchemaVersionError, match="schema version 99"):
+        record_ledger.RecordLedger(path)
+    with store.transaction(path) as conn:
+        conn.execute("DROP TABLE ledger_meta")
+    with pytest.raises(record_ledger.SchemaVersionError, match="no schema version"):
+        record_ledger.RecordLedger(path)
+
+
+def test_a_fits_start_opens_the_ledger_once():
+    """One DP fit's start reads the ledger's layout version once (it was read twice)."""
+    x, y = small_data(16)
+    model = small_model()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
+                                                   allow_exceeding_budget=True), loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    statements = _statements(store.default_path(), lambda: model.fit(x, y, batch_size=8, epochs=1, verbose=0))
+    assert sum("ledger_meta" in s for s in statements) == 1, statements
+    assert not any("sqlite_master" in s for s in statements), statements
+
+
+def test_assign_now_writes_what_assign_writes():
+    """``assign_now`` is ``assign`` (plain eager variables by one op, anything else through ``assign``)."""
+    import pytest
+    import tensorflow as tf
+
+    from tfdpbnn import _private_api
+
+    key = tf.Variable(np.zeros(2, np.int64), trainable=False)
+    _private_api.assign_now(key, np.array([3, -4], np.int64))
+    assert key.numpy().tolist() == [3, -4]
+    flag = tf.Variable(True, trainable=False)
+    _private_api.assign_now(flag, np.bool_(False))
+    assert not bool(flag.numpy())
+    flags = tf.Variable(np.ones(3, np.float32))
+    _private_api.assign_now(flags, np.zeros(3, np.float32))
+    assert flags.numpy().tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError)):  # a wrong shape: assign's own error
+        _private_api.assign_now(flags, np.zeros(4, np.float32))
+    assert flags.numpy().tolist() == [0.0, 0.0, 0.0]
+
+
+def test_the_releases_other_than_training_are_read_by_index_in_order(tmp_path):
+    """A fit's start reads the releases that are not training (``linked_releases``) through the kind index,
+    so the training releases (one per fit) are not visited; the same releases as a full read, oldest first.
+    A file made before the index gets it when a process first opens it."""
+    path = str(tmp_path / "ledger.sqlite")
+    ledger = record_ledger.RecordLedger(path)
+    event = dp_accounting.GaussianDpEvent(1.0)
+    kinds = ["training", "calibration", "training", "other", "training", "search", "training"]
+    for i, kind in enumerate(kinds):
+        ledger.record(np.arange(4) + i, event, kind=kind, phase_ids=[] if kind == "training" else [7])
+    everything = ledger.backend.releases()
+    statements = _statements(path, lambda: ledger.backend.releases(exclude_kind="training"))
+    found = ledger.backend.releases(exclude_kind="training")
+    assert [r.release_id for r in found] == [r.release_id for r in everything if r.kind != "training"]
+    assert [r.kind for r in found] == ["calibration", "other", "search"]
+    assert [r.kind for r in ledger.linked_releases([7])] == ["calibration", "other", "search"]
+    selects = [s for s in statements if s.startswith("SELECT")]
+    assert len(selects) == 1, statements
+    select = selects[0]
+    conn = store.kept_connection(path, 60.0)
+    plan = " ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + select))
+    assert "USING INDEX ledger_releases_kind" in plan and "SCAN" not in plan, plan
+    with store.transaction(path) as conn:
+        conn.execute("DROP INDEX ledger_releases_kind")
+    record_ledger._CHECKED.clear()  # what a process that has not opened the file knows
+    record_ledger.RecordLedger(path)
+    names = [r[0] for r in store.kept_connection(path, 60.0).execute(
+        "SELECT name FROM sqlite_master WHERE type = 'index'")]
+    assert "ledger_releases_kind" in names
+
+
+def test_a_fits_statements_do_not_grow_with_earlier_fits():
+    """The same statements (count and text, ids aside) in the 2nd and the 6th fit of one model."""
+    import re
+
+    x, y = small_data(16)
+    model = small_model()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
+                                                   allow_exceeding_budget=True), loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    path = store.default_path()
+    seen = []
+    for _ in range(5):
+        seen.append(_statements(path, lambda: model.fit(x, y, batch_size=8, epochs=1, verbose=0)))
+
+    def shape(statements):  # the statements without their values
+        return [re.sub(r"'[^']*'|\b\d+(\.\d+)?\b", "?", s) for s in statements]
+
+    assert shape(seen[0]) == shape(seen[-1]), (seen[0], seen[-1])

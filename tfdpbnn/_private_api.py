@@ -16,7 +16,8 @@ pinned version breaks in one place with a clear message (``check()`` is run by t
   (``tfdpbnn._keras_version``). On Keras 3 the functions below that read Keras internals pass on to the
   Keras 3 adapter, which lists the Keras 3 private names it uses (``tfdpbnn._adapters.keras3``).
 - TensorFlow: ``tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext`` (whether the step
-  being traced is compiled by XLA, which drops ``tf.debugging.Assert``).
+  being traced is compiled by XLA, which drops ``tf.debugging.Assert``); ``tensorflow.python.ops.
+  resource_variable_ops.ResourceVariable`` (the plain eager variable that ``assign_now`` writes by one op).
 - tensorflow-privacy: ``_was_dp_gradients_called`` on its vectorized Keras optimizers (set after our own
   DP gradient so its ``apply_gradients`` check passes); and the ``sys.skip_tf_privacy_import`` flag that its
   package ``__init__`` reads (``tensorflow_privacy_module``).
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
 
 from tfdpbnn import _keras_version
 
@@ -308,6 +310,24 @@ def read_numpy(variable):
             and tf.executing_eagerly():
         return tf.raw_ops.ReadVariableOp(resource=inner.handle, dtype=inner.dtype).numpy()
     return variable.numpy()
+
+
+def assign_now(variable, value) -> None:
+    """``variable.assign(value, read_value=False)``, by one ``AssignVariableOp`` for a plain eager variable.
+
+    The same write as ``assign`` (the same op), about three times faster eagerly (no tape, handle-data or
+    tracing wrappers): a run's start resets the noise key and the write watch's flags. Anything but a plain
+    eager ``tf.Variable`` (a distributed one, a ``keras.Variable``, in a graph), or a value of another shape
+    or dtype kind, goes through ``assign`` with its checks.
+    """
+    if type(variable) is resource_variable_ops.ResourceVariable and tf.executing_eagerly():
+        array = np.asarray(value)
+        if array.shape == tuple(variable.shape) and np.can_cast(array.dtype, variable.dtype.as_numpy_dtype,
+                                                                casting="same_kind"):
+            tf.raw_ops.AssignVariableOp(resource=variable.handle,
+                                        value=array.astype(variable.dtype.as_numpy_dtype, copy=False))
+            return
+    variable.assign(value, read_value=False)
 
 
 def read_view(variable):

@@ -444,19 +444,20 @@ class DPOptimizerMixin:
         if search is not None:
             attributes.set_search_record(self, search)
 
-    def _import_linked_releases(self) -> int:
+    def _import_linked_releases(self, ledger_of=None) -> int:
         """Add the per-record ledger's releases that name this model's training phases and are missing here.
 
         A private temperature recorded by an earlier optimizer of these weights (in another process, before
         ``load_weights``, ...) is found so; it is composed sequentially (an upper bound: a parallel split is
-        not re-checked). Returns how many were added.
+        not re-checked). Returns how many were added. ``ledger_of``: a function giving the per-record ledger
+        (the caller's, opened once for its transaction), else ``record_ledger.default_ledger``.
         """
         from tfdpbnn.record.other_releases import RestoredRelease
         from tfdpbnn.record.private_release import PrivacyCost
         from tfdpbnn.record.record_ledger import default_ledger, event_to_config
 
         phase_ids = [p.phase_id for p in self.ledger.phases if p.released]
-        ledger = default_ledger() if phase_ids else None
+        ledger = (ledger_of or default_ledger)() if phase_ids else None
         if ledger is None:
             return 0
         held = {entry[0] for entry in attributes.release_ledger(self).values()}

@@ -293,7 +293,8 @@ class WriteWatch:
         a ``"custom_loop"`` or ``"train_on_batch"`` run (``kind``) compare them, those of a ``"fit"`` do not
         (``StateWatch`` does, and sets them back). See also ``refuse_changed_constants``.
         """
-        self._tainted.extend(n for n in self.written() if n not in self._tainted)
+        values = self._flag_values()  # read once: for the names below, and to reset the flags set
+        self._tainted.extend(n for n in self._flagged(values) if n not in self._tainted)
         variables, constants = list(variables), list(constants)
         with tf.init_scope():
             self._kind = kind
@@ -317,10 +318,11 @@ class WriteWatch:
                 for v, copy in zip(constants, self._constant_copies, strict=True):
                     copy.assign(v, read_value=False)
             for _, flags in [*self._retired, (None, self._flags)]:
-                if np.any(_private_api.read_numpy(flags)):
-                    flags.assign(np.zeros(flags.shape, np.float32), read_value=False)
-            self._check_constants.assign(kind != "fit", read_value=False)
-            self._armed.assign(False, read_value=False)
+                read = values.get(id(flags))  # flags made just now are zeros
+                if read is not None and np.any(read):
+                    _private_api.assign_now(flags, np.zeros(flags.shape, np.float32))
+            _private_api.assign_now(self._check_constants, np.bool_(kind != "fit"))
+            _private_api.assign_now(self._armed, np.bool_(False))
 
     def refuse_changed_constants(self, constants) -> None:
         """Before a ``train_on_batch`` call: the last run's constants must hold their values if it was one.
@@ -491,14 +493,22 @@ class WriteWatch:
                 "false. If the change used no private data, say so first with "
                 "optimizer.assert_post_processing(reason=...) (listed under asserted_by_user).")
 
-    def _flagged(self) -> list:
-        """Names of the variables the steps flagged since the run started (every set of variables)."""
+    def _flagged(self, values=None) -> list:
+        """Names of the variables the steps flagged since the run started (every set of variables).
+
+        ``values``: {id(flags): the flags as just read} (``_flag_values``), else each set of flags is read.
+        """
         found = []
         for watched, flags in [*self._retired, (self._variables + self._constants, self._flags)]:
             if flags is not None:
-                found += [v.name for v, f in zip(watched, _private_api.read_numpy(flags), strict=True)
-                          if f > 0 and v.name not in found]
+                read = values[id(flags)] if values is not None else _private_api.read_numpy(flags)
+                found += [v.name for v, f in zip(watched, read, strict=True) if f > 0 and v.name not in found]
         return found
+
+    def _flag_values(self) -> dict:
+        """{id(flags): values} of every set of flags, each read once."""
+        sets = [*self._retired, (None, self._flags)]
+        return {id(flags): _private_api.read_numpy(flags) for _, flags in sets if flags is not None}
 
     def written(self) -> list:
         """Names of the variables found written outside the DP step (this run's and earlier runs')."""

@@ -66,6 +66,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from tfdpbnn import _private_api
+
 _TWO_PI = np.float32(2.0 * math.pi)
 #: Random 32-bit words the radius may use (drawn lazily: each word after the first only where the previous
 #: ones were all 0). 4 words: radius at most 13.37 s, Gaussian tail left out < 1e-39 per coordinate.
@@ -208,8 +210,8 @@ class NoiseKey:
         if self.debug_seed is not None:
             return
         with tf.init_scope():
-            self._key.assign(_fresh_key(), read_value=False)
-            self._counter.assign(0, read_value=False)
+            _private_api.assign_now(self._key, _fresh_key())
+            _private_api.assign_now(self._counter, np.int64(0))
 
     def next_seed(self) -> tf.Tensor:
         """The [2] int64 seed of the next draw: Philox of (key, counter + 1); increments the counter.

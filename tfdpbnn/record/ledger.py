@@ -263,13 +263,34 @@ def _rdp_epsilon(event, delta, neighboring) -> float:
     RDP composes by adding curves (Mironov 2017, Proposition 1), which is what dp-accounting's
     ``RdpAccountant`` does (count times the curve of a self-composed event, the sum over a composed one);
     here each distinct event's curve is computed once, so the cost does not grow with the number of steps
-    or epoch ends.
+    or epoch ends. The epsilon itself is cached by everything it depends on (``_rdp_epsilon_of_leaves``):
+    the multiset of leaf events with their counts, ``delta`` and the neighbouring relation.
+    """
+    leaves = frozenset(_leaf_counts(event).items())
+    return _rdp_epsilon_of_leaves(leaves, float(delta), neighboring)
+
+
+@functools.lru_cache(maxsize=1024)
+def _rdp_epsilon_of_leaves(leaves: frozenset, delta: float, neighboring: str) -> float:
+    """RDP epsilon of the composition of ``leaves`` ((leaf event, count) pairs) at ``delta`` (cached).
+
+    The curve is the sum of count times each leaf's curve (``_rdp_of_one``), converted by dp-accounting's
+    RDP-to-epsilon conversion (``rdp_epsilon``). A ledger's epsilon at each epoch end is one lookup when
+    its phases have not changed since the last one.
     """
     total = np.zeros_like(_rdp_of_one(dp_accounting.NoOpDpEvent(), neighboring))
-    for item, count in _leaf_counts(event).items():
+    for item, count in sorted(leaves, key=lambda pair: repr(pair[0])):  # a fixed order of the sum
         total = total + count * _rdp_of_one(item, neighboring)
-    orders = get_accountant("rdp", neighboring_relation=NEIGHBORING[neighboring]).orders
-    return rdp_epsilon(orders, total, delta)
+    return rdp_epsilon(_rdp_orders(neighboring), total, delta)
+
+
+@functools.lru_cache(maxsize=4)
+def _rdp_orders(neighboring: str) -> np.ndarray:
+    """The Renyi orders of dp-accounting's ``RdpAccountant`` (those of ``_rdp_of_one``'s curves)."""
+    orders = np.asarray(get_accountant("rdp", neighboring_relation=NEIGHBORING[neighboring]).orders,
+                        dtype=np.float64)
+    orders.setflags(write=False)
+    return orders
 
 
 def _epsilon_of(event, delta, accountant, neighboring) -> float:

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import socket
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
 
@@ -242,6 +243,7 @@ CREATE TABLE IF NOT EXISTS ledger_histories (
     history INTEGER PRIMARY KEY AUTOINCREMENT, parent INTEGER, release INTEGER NOT NULL,
     records INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS ledger_histories_parent ON ledger_histories(parent);
+CREATE INDEX IF NOT EXISTS ledger_releases_kind ON ledger_releases(kind, release);
 CREATE TABLE IF NOT EXISTS ledger_records (record INTEGER PRIMARY KEY, history INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger_budget (
     set_at REAL NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, accountant TEXT NOT NULL);
@@ -275,19 +277,19 @@ class SQLiteLedger(LedgerBackend):
     def __init__(self, path, timeout: float = 60.0):
         self.path = record_store.checked_file(path, "the record ledger")
         self._timeout = float(timeout)
-        # Tables made by this process: only the version is read.
+        # Tables made or checked by this process: only the version is read (one statement; the whole check
+        # again if its table is gone).
         checked = record_store.file_identity(self.path) in _CHECKED
         with self._transaction("DEFERRED" if checked else "IMMEDIATE") as conn:
+            if checked:
+                try:
+                    self._check_version(conn)
+                    return
+                except sqlite3.OperationalError:  # no ledger_meta table: the whole check below
+                    pass
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if "ledger_meta" in tables:
-                row = conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
-                version = None if row is None else row[0]
-                if version != str(SCHEMA_VERSION):
-                    raise SchemaVersionError(
-                        f"{self.path}: its record ledger has schema version {version}, this tfdpbnn reads "
-                        f"version {SCHEMA_VERSION}. Open it with the tfdpbnn version that wrote it (a newer "
-                        "one reads older files), or point TFDPBNN_PRIVACY_STORE at a new file; never delete "
-                        "the file: the privacy it records was spent.")
+                self._check_version(conn)
             elif tables & {"ledger_releases", "ledger_records", "ledger_histories"}:
                 raise SchemaVersionError(
                     f"{self.path}: it has record-ledger tables but no schema version; it was not written by "
@@ -299,6 +301,20 @@ class SQLiteLedger(LedgerBackend):
                 conn.execute("INSERT OR IGNORE INTO ledger_meta VALUES ('schema_version', ?)",
                              (str(SCHEMA_VERSION),))
         _CHECKED.add(record_store.file_identity(self.path))  # a file replaced at the path is checked again
+
+    def _check_version(self, conn) -> None:
+        """Raise ``SchemaVersionError`` unless the file's ledger layout version is ``SCHEMA_VERSION``.
+
+        ``sqlite3.OperationalError`` when the file has no ``ledger_meta`` table.
+        """
+        row = conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
+        version = None if row is None else row[0]
+        if version != str(SCHEMA_VERSION):
+            raise SchemaVersionError(
+                f"{self.path}: its record ledger has schema version {version}, this tfdpbnn reads "
+                f"version {SCHEMA_VERSION}. Open it with the tfdpbnn version that wrote it (a newer "
+                "one reads older files), or point TFDPBNN_PRIVACY_STORE at a new file; never delete "
+                "the file: the privacy it records was spent.")
 
     def _transaction(self, mode: str = "IMMEDIATE", durable: bool = True):
         """``tfdpbnn.record.store.transaction`` on this file (joins one already open in this thread)."""
@@ -336,15 +352,19 @@ class SQLiteLedger(LedgerBackend):
         """``History`` objects for ``{history id (or None: no history yet): record count}``."""
         chains: dict[int, list[int]] = {}
         ids = [h for h in counts if h is not None]
+        releases = {}
         if ids:
-            # Every ancestor of the wanted histories, each with its parent and release.
+            # Every ancestor of the wanted histories, each with its parent and its release's row (one
+            # statement).
+            columns = ", ".join(f"r.{c.strip()}" for c in self._RELEASE_COLUMNS.split(","))
             rows = conn.execute(
                 "WITH RECURSIVE up(h) AS (SELECT value FROM json_each(?) UNION "
                 "SELECT p.parent FROM ledger_histories p JOIN up ON p.history = up.h "
                 "WHERE p.parent IS NOT NULL) "
-                "SELECT history, parent, release FROM ledger_histories WHERE history IN (SELECT h FROM up)",
-                (json.dumps(ids),)).fetchall()
-            link = {h: (parent, release) for h, parent, release in rows}
+                f"SELECT l.history, l.parent, {columns} FROM ledger_histories l "
+                "JOIN ledger_releases r ON r.release = l.release WHERE l.history IN (SELECT h FROM up) "
+                "ORDER BY r.release", (json.dumps(ids),)).fetchall()
+            link = {row[0]: (row[1], row[2]) for row in rows}
             for h in ids:
                 chain, cursor = [], h
                 while cursor is not None:
@@ -352,12 +372,8 @@ class SQLiteLedger(LedgerBackend):
                     chain.append(release)
                     cursor = parent
                 chains[h] = chain[::-1]
-        wanted = sorted({r for chain in chains.values() for r in chain})
-        releases = {}
-        if wanted:
-            releases = {r.release_id: r for r in self._decode(conn.execute(
-                f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases WHERE release IN "
-                "(SELECT value FROM json_each(?))", (json.dumps(wanted),)))}
+            distinct = {row[2]: row[2:] for row in rows}  # each release once (on several rows, maybe)
+            releases = {r.release_id: r for r in self._decode(distinct.values())}
         return [History(history_id=0 if h is None else h, records=int(count),
                         releases=tuple(releases[r] for r in chains.get(h, [])))
                 for h, count in counts.items()]
@@ -378,13 +394,14 @@ class SQLiteLedger(LedgerBackend):
         if placed is None or placed[0].shape != keys.shape or not np.array_equal(placed[0], keys):
             return None
         _, release_id, created, where = placed
-        row = conn.execute("SELECT created, pid FROM ledger_releases WHERE release = ?",
-                           (release_id,)).fetchone()
+        # The release's row and the histories' rows, in one statement.
+        row = conn.execute(
+            "SELECT r.created, r.pid, (SELECT json_group_array(json_array(h.history, h.release, h.records)) "
+            "FROM ledger_histories h WHERE h.history IN (SELECT value FROM json_each(?))) "
+            "FROM ledger_releases r WHERE r.release = ?", (json.dumps(list(where)), release_id)).fetchone()
         if row is None or row[0] != created or row[1] != os.getpid():
             return None
-        now = {h: n for h, release, n in conn.execute(
-            "SELECT history, release, records FROM ledger_histories WHERE history IN "
-            "(SELECT value FROM json_each(?))", (json.dumps(list(where)),)) if release == release_id}
+        now = {h: n for h, release, n in json.loads(row[2]) if release == release_id}
         return dict(where) if now == where else None
 
     @staticmethod
@@ -410,10 +427,16 @@ class SQLiteLedger(LedgerBackend):
 
     def releases(self, exclude_kind: str | None = None) -> list[Release]:
         """Every release, oldest first (``exclude_kind``: all but the releases of that kind)."""
-        where, arguments = ("", ()) if exclude_kind is None else ("WHERE kind != ? ", (exclude_kind,))
         with self._transaction("DEFERRED") as conn:
-            return self._decode(conn.execute(
-                f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases {where}ORDER BY release", arguments))
+            if exclude_kind is None:
+                return self._decode(conn.execute(
+                    f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases ORDER BY release"))
+            # "kind != ?" as two ranges, which the index on kind reads without visiting the excluded kind's
+            # rows (one training release per fit: their number grows); ordered here, so SQLite keeps the
+            # index (an ORDER BY would make it scan the table in release order).
+            rows = conn.execute(f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases "
+                                "WHERE (kind < ? OR kind > ?)", (exclude_kind, exclude_kind)).fetchall()
+            return self._decode(sorted(rows, key=lambda row: row[0]))
 
     def keys(self, history_ids) -> np.ndarray:
         """The keys of the records whose current history is one of ``history_ids``."""
@@ -447,6 +470,9 @@ class SQLiteLedger(LedgerBackend):
         with self._transaction() as conn:
             counts = self._placed_counts(conn, identity, keys)
             text = None
+            # Placed by this process's last reservation: each history holds just these records (its size is
+            # their count, as ``_placed_counts`` read it).
+            sizes = None if counts is None else dict(counts)
             if counts is None:
                 counts, text = self._key_counts(conn, keys)
             check(self._histories(conn, counts), self._budget(conn))
@@ -457,9 +483,10 @@ class SQLiteLedger(LedgerBackend):
                 (release.kind, release.neighboring, release.phase_id,
                  json.dumps([int(p) for p in release.phase_ids]), json.dumps(release.planned),
                  release.description, created, socket.gethostname(), os.getpid())).lastrowid
-            sizes = dict(conn.execute("SELECT history, records FROM ledger_histories WHERE history IN "
-                                      "(SELECT value FROM json_each(?))",
-                                      (json.dumps([h for h in counts if h is not None]),)))
+            if sizes is None:
+                sizes = dict(conn.execute("SELECT history, records FROM ledger_histories WHERE history IN "
+                                          "(SELECT value FROM json_each(?))",
+                                          (json.dumps([h for h in counts if h is not None]),)))
             moves = []  # (old history or -1 for new records, new history) of the records that change rows
             placed = {}  # the histories the records are in afterwards: {history: records}
             for old, count in counts.items():

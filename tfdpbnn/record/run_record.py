@@ -172,9 +172,17 @@ class RunRecord:
     def _begin_in_transaction(self, weights, dataset, planned_steps, record_keys, variables=(),
                               legacy=None) -> None:
         optimizer = self._optimizer
+        opened: list = []
+
+        def ledger() -> record_ledger.RecordLedger:
+            """The per-record ledger in the store's file, opened (its layout checked) once per run start."""
+            if not opened:
+                opened.append(record_ledger.RecordLedger(self.store.path))
+            return opened[0]
+
         # A variable with a recorded run's values (one layer copied by value) brings that run's phases.
         self.inherit(self.store.weights_record(weights, variables=variables, legacy=legacy))
-        optimizer._import_linked_releases()
+        optimizer._import_linked_releases(ledger)
         state = attributes.ledger_state(optimizer)
         steps, examples, _ = state.open_counters(squared=False)
         extra = 0 if planned_steps is None else int(planned_steps)
@@ -205,15 +213,15 @@ class RunRecord:
                     f"its budget {budget['epsilon']:g}. Nothing was run. Train fewer steps or with more "
                     "noise, or raise the budget with RunStore.set_budget.")
         if record_keys is not None:
-            self._reserve(record_keys, planned, planned_steps)
+            self._reserve(record_keys, planned, planned_steps, ledger())
         self.run_id = self.store.begin_run(self.dataset, self._begin_weights, planned)
         self.before_restore = now
 
-    def _reserve(self, keys, planned: Phase, planned_steps: int | None) -> None:
-        """Reserve the run's planned phase for its records in the per-record ledger (one transaction)."""
+    def _reserve(self, keys, planned: Phase, planned_steps: int | None,
+                 ledger: record_ledger.RecordLedger) -> None:
+        """Reserve the run's planned phase for its records in the per-record ``ledger`` (one transaction)."""
         import dp_accounting
 
-        ledger = record_ledger.RecordLedger(self.store.path)
         if planned_steps is None and ledger.budget() is not None:
             self.store = None
             raise ValueError(

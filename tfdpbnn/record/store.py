@@ -698,12 +698,18 @@ class RunStore:
         (``holds_legacy_weights``). One transaction.
         """
         with self._connect() as conn:
-            run_ids = self._runs_holding(conn, weights, legacy)
-            if variables:
-                run_ids += [r[0] for r in conn.execute(
-                    "SELECT DISTINCT run_id FROM variable_snapshots WHERE digest IN "
-                    "(SELECT value FROM json_each(?))", (json.dumps(sorted(set(variables))),))
-                    if r[0] not in run_ids]
+            # The runs holding the weights, then those holding one of the variables, in one statement.
+            found: tuple[list[str], list[str]] = ([], [])
+            for run_id, by_variable in conn.execute(
+                    "SELECT run_id, 0 FROM (SELECT DISTINCT run_id FROM snapshots WHERE weights = ?) "
+                    "UNION ALL SELECT run_id, 1 FROM (SELECT DISTINCT run_id FROM variable_snapshots "
+                    "WHERE digest IN (SELECT value FROM json_each(?)))",
+                    (weights, json.dumps(sorted(set(variables))))):
+                found[by_variable].append(run_id)
+            if not found[0] and legacy is not None and self.holds_legacy_weights(conn):  # an earlier identity
+                found[0].extend(r[0] for r in conn.execute(
+                    "SELECT DISTINCT run_id FROM snapshots WHERE weights = ?", (legacy(),)))
+            run_ids = found[0] + [r for r in dict.fromkeys(found[1]) if r not in found[0]]
             return self._runs_record(conn, run_ids, exclude_run)
 
     @staticmethod
@@ -716,23 +722,21 @@ class RunStore:
         return conn.execute("SELECT 1 FROM snapshots WHERE weights >= 'weights:0' AND weights < 'weights:g' "
                             "LIMIT 1").fetchone() is not None
 
-    def _runs_holding(self, conn, weights: str, legacy) -> list[str]:
-        """The runs whose snapshots hold ``weights`` (else, with ``legacy``, the earlier identity of them)."""
-        run_ids = [r[0] for r in conn.execute("SELECT DISTINCT run_id FROM snapshots WHERE weights = ?",
-                                              (weights,))]
-        if not run_ids and legacy is not None and self.holds_legacy_weights(conn):
-            run_ids = [r[0] for r in conn.execute("SELECT DISTINCT run_id FROM snapshots WHERE weights = ?",
-                                                  (legacy(),))]
-        return run_ids
-
     def _runs_record(self, conn, run_ids, exclude_run) -> list[Phase]:
         """Every phase of the runs ``run_ids`` (their last snapshot's ledger and their own phase)."""
         phases: list[Phase] = []
-        for run_id in run_ids:
-            row = conn.execute("SELECT ledger FROM snapshots WHERE run_id = ? "
-                               "ORDER BY snapshot DESC LIMIT 1", (run_id,)).fetchone()
-            phases.extend(Phase(**p) for p in json.loads(row[0]))
-            phases.append(self._run_phase(conn, run_id))
+        if run_ids:
+            # Each run's last snapshot's ledger and its own phase (``_run_phase``), in one statement.
+            rows = {run_id: (ledger, own) for run_id, ledger, own in conn.execute(
+                "SELECT j.value, (SELECT s.ledger FROM snapshots s WHERE s.run_id = j.value "
+                "ORDER BY s.snapshot DESC LIMIT 1), COALESCE(NULLIF((SELECT s.phase FROM snapshots s "
+                "WHERE s.run_id = j.value AND s.final = 1 ORDER BY s.snapshot DESC LIMIT 1), 'null'), "
+                "(SELECT r.planned_phase FROM runs r WHERE r.run_id = j.value)) FROM json_each(?) j",
+                (json.dumps(run_ids),))}
+            for run_id in run_ids:
+                ledger, own = rows[run_id]
+                phases.extend(Phase(**p) for p in json.loads(ledger))
+                phases.append(Phase(**json.loads(own)))
         # A phase that later runs extended (the same optimizer went on after these weights) counts in
         # full: loading older weights does not erase what was spent after them. Each run's own phase
         # (``_run_phase``: its last final snapshot's, else its planned one) in one statement; only the
