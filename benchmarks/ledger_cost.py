@@ -242,6 +242,11 @@ def _fit_costs(fits: int, which: str) -> tuple[list[str], list[str], dict]:
     totals = [(sum(p.get(k, (0.0, 0.0))[0] for k in labels), sum(p.get(k, (0.0, 0.0))[1] for k in labels))
               for p in first]
     summary["first"] = [statistics.median(t[i] for t in totals) * 1e3 for i in (0, 1)]
+    for _, _method, text in _PHASES:  # where a first fit's work goes (phases over 1 ms)
+        wall = statistics.median(p.get(text, (0.0, 0.0))[0] for p in first) * 1e3
+        cpu = statistics.median(p.get(text, (0.0, 0.0))[1] for p in first) * 1e3
+        if cpu >= 1.0:
+            phases.append(f"| {label}, first fit of a new model | {text} | {wall:.2f} ms | {cpu:.2f} ms |")
     phases.append(f"| {label} | the record's whole work in the first fit of a new model (new weights and "
                   f"optimizer), median of {len(first)} | {summary['first'][0]:.2f} ms | "
                   f"{summary['first'][1]:.2f} ms |")
