@@ -224,7 +224,7 @@ _IDENTITY_SCHEME = b"tfdpbnn weights identity: FarmHash64 of each variable's byt
 #: ``RunStore.holds_legacy_weights``).
 IDENTITY_PREFIX = "v2:"
 #: The weights' identities and keys last computed, most recent last: (kind, ids of the variables) ->
-#: (held copies of the arrays, identity, the float variables' keys or None). Kinds: "weights"
+#: (held copies of the arrays, identity, the float variables' keys). Kinds: "weights"
 #: (``model.weights``), "written" (a write check's copies).
 _HELD_WEIGHTS: dict[tuple, tuple] = {}
 #: At most this many entries in ``_HELD_WEIGHTS`` (a model and its write check, for a few models).
@@ -237,9 +237,9 @@ def _fingerprint_function():
     """A traced function: one ``uint8`` tensor ``[rows, 8]`` of FarmHash64s (``tf.fingerprint``) of values.
 
     Rows: for each value, the fingerprint of its exact bytes (``tf.bitcast`` to bytes, C order; a bool as
-    one byte per value; strings by each element's fingerprint); then, with ``keys``, for each floating
-    value, those of its float16 and of its bfloat16 rounding (from float32, round to nearest even). One
-    call, one transfer to the host.
+    one byte per value; strings by each element's fingerprint); then, for each floating value, those of its
+    float16 and of its bfloat16 rounding (from float32, round to nearest even). One call, one transfer to
+    the host.
     """
     if not _FINGERPRINTS:
         import tensorflow as tf
@@ -258,30 +258,27 @@ def _fingerprint_function():
             return row(tf.bitcast(tf.cast(value, dtype), tf.uint8))
 
         @tf.function(autograph=False, reduce_retracing=True)
-        def fingerprints(values, keys):
+        def fingerprints(values):
             rows = [exact(v) for v in values]
-            if keys:
-                for value in values:
-                    if value.dtype.is_floating:
-                        wide = tf.cast(value, tf.float32)
-                        rows += [rounded(wide, tf.float16), rounded(wide, tf.bfloat16)]
+            for value in values:
+                if value.dtype.is_floating:
+                    wide = tf.cast(value, tf.float32)
+                    rows += [rounded(wide, tf.float16), rounded(wide, tf.bfloat16)]
             return tf.stack(rows)
 
         _FINGERPRINTS.append(fingerprints)
     return _FINGERPRINTS[0]
 
 
-def _identity_and_keys(values, keys: bool = True) -> tuple[str, list[str] | None]:
-    """The identity (``weights_identity``) of tensors ``values`` and, with ``keys``, their float keys."""
+def _identity_and_keys(values) -> tuple[str, list[str]]:
+    """The identity (``weights_identity``) of tensors ``values`` and their float variables' keys."""
     import tensorflow as tf
 
-    rows = _fingerprint_function()(values, bool(keys)).numpy() if values else np.zeros((0, 8), np.uint8)
+    rows = _fingerprint_function()(values).numpy() if values else np.zeros((0, 8), np.uint8)
     digest = hashlib.sha256(_IDENTITY_SCHEME)
     for value, row in zip(values, rows, strict=False):
         digest.update(f"{tf.as_dtype(value.dtype).name}{tuple(value.shape)}:".encode() + row.tobytes())
     identity = IDENTITY_PREFIX + digest.hexdigest()
-    if not keys:
-        return identity, None
     found, pairs = [], iter(rows[len(values):])
     for value in values:
         if tf.as_dtype(value.dtype).is_floating:
@@ -291,7 +288,7 @@ def _identity_and_keys(values, keys: bool = True) -> tuple[str, list[str] | None
     return identity, found
 
 
-def _held_identity(kind: str, variables, keys: bool = True, arrays=None) -> tuple[str, list[str] | None]:
+def _held_identity(kind: str, variables, arrays=None) -> tuple[str, list[str]]:
     """``(identity, keys)`` of the variables' values, reusing those last computed for the same bytes.
 
     The values are read once each (``_private_api.read_view``, a view of the read's buffer; ``arrays``:
@@ -305,8 +302,7 @@ def _held_identity(kind: str, variables, keys: bool = True, arrays=None) -> tupl
     traced call (``_identity_and_keys``; tensors read from the variables, not made from numpy arrays, which
     TensorFlow would copy to align them: twice the time) and their very bytes copied into the entry of
     ``kind`` and these variables (the least recently used entries dropped beyond ``_HELD_WEIGHTS_MAX``, or
-    ``_HELD_MAX_BYTES`` in all). ``keys``: the float variables' keys too (an entry without them serves only
-    ``keys=False``). Plain numeric arrays in C order only are held.
+    ``_HELD_MAX_BYTES`` in all). Plain numeric arrays in C order only are held.
     """
     import tensorflow as tf
 
@@ -321,13 +317,13 @@ def _held_identity(kind: str, variables, keys: bool = True, arrays=None) -> tupl
         type(a) is np.ndarray and a.dtype.kind in "biufc" and a.flags.c_contiguous for a in arrays)
     if holdable:
         for key, entry in reversed(list(_HELD_WEIGHTS.items())):
-            if (entry[2] is not None or not keys) and len(entry[0]) == len(arrays) and all(
+            if len(entry[0]) == len(arrays) and all(
                     same_bytes(a, b) for a, b in zip(arrays, entry[0], strict=True)):
                 _HELD_WEIGHTS[key] = _HELD_WEIGHTS.pop(key)  # most recently used
                 return entry[1], entry[2]
     tensors = [tf.constant(a) for a in arrays] if given else [tf.convert_to_tensor(v) for v in variables]
     if not holdable:
-        return _identity_and_keys(tensors, keys)
+        return _identity_and_keys(tensors)
     arrays = [np.asarray(t) for t in tensors]  # views of the tensors hashed (CPU; a copy elsewhere)
     name = (kind, tuple(id(v) for v in variables))
     held = _HELD_WEIGHTS.pop(name, None)  # no stale entry if hashing fails
@@ -339,7 +335,7 @@ def _held_identity(kind: str, variables, keys: bool = True, arrays=None) -> tupl
         copies = kept
     else:
         copies = [np.array(a, copy=True) for a in arrays]
-    identity, found = _identity_and_keys(tensors, keys)
+    identity, found = _identity_and_keys(tensors)
     _HELD_WEIGHTS[name] = (copies, identity, found)
     while len(_HELD_WEIGHTS) > _HELD_WEIGHTS_MAX or sum(
             sum(c.nbytes for c in entry[0]) for entry in _HELD_WEIGHTS.values()) > _HELD_MAX_BYTES:
@@ -365,7 +361,7 @@ def weights_identity(model) -> tuple[str, list[str]]:
     snapshot and the next run's start) reuse its identity and keys (``_held_identity``).
     """
     identity, keys = _held_identity("weights", model.weights, arrays=_weights_arrays(model))
-    return "weights:" + identity, list(keys or ())
+    return "weights:" + identity, list(keys)
 
 
 def weights_fingerprint(model) -> str:
