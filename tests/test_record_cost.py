@@ -21,6 +21,15 @@ import tfdpbnn
 from tfdpbnn.record import record_ledger, records, store
 
 
+def _compiled_small(n=16, seed=0):
+    """``small_data(n, seed)`` and a new small model compiled with DP-SGD (noise 1, batch 8) for them."""
+    x, y = small_data(n, seed=seed)
+    model = small_model()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=n, batch_size=8, delta=DELTA,
+                                                   allow_exceeding_budget=True), loss=LOSS)
+    return x, y, model
+
+
 def _statements(path, work) -> list[str]:
     """The SQL statements ``work()`` runs on the kept connection to ``path``."""
     conn = store.kept_connection(path, 60.0)
@@ -158,10 +167,7 @@ def test_content_keys_are_reused_for_the_same_bytes_only():
 
 
 def test_a_row_changed_in_place_between_fits_is_a_new_record_in_the_ledger():
-    x, y = small_data(16)
-    model = small_model()
-    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
-                                                   allow_exceeding_budget=True), loss=LOSS)
+    x, y, model = _compiled_small()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     before = records.content_keys(x, y)
     x[3] = 0.5  # the same array object, edited in place
@@ -175,10 +181,7 @@ def test_a_row_changed_in_place_between_fits_is_a_new_record_in_the_ledger():
 
 
 def test_one_dp_fit_runs_a_fixed_set_of_transactions_on_the_record_file():
-    x, y = small_data(16)
-    model = small_model()
-    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
-                                                   allow_exceeding_budget=True), loss=LOSS)
+    x, y, model = _compiled_small()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # tables made, model checked
     path = store.default_path()
     statements = _statements(path, lambda: model.fit(x, y, batch_size=8, epochs=2, verbose=0))
@@ -200,10 +203,7 @@ def test_a_fits_statements_grow_by_one_snapshot_per_epoch_and_not_with_the_recor
     """
     counts = {}
     for n, epochs in ((16, 1), (64, 1), (16, 3), (64, 3)):
-        x, y = small_data(n, seed=n)
-        model = small_model()
-        model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=n, batch_size=8, delta=DELTA,
-                                                       allow_exceeding_budget=True), loss=LOSS)
+        x, y, model = _compiled_small(n, seed=n)
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # the records placed, the model checked
         counts[(n, epochs)] = len(_statements(
             store.default_path(), lambda: model.fit(x, y, batch_size=8, epochs=epochs, verbose=0)))  # noqa: B023
@@ -221,10 +221,7 @@ def test_the_last_epochs_snapshot_is_the_final_one_only_when_no_other_callback_r
 
     from tfdpbnn.record import attributes
 
-    x, y = small_data(16)
-    model = small_model()
-    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
-                                                   allow_exceeding_budget=True), loss=LOSS)
+    x, y, model = _compiled_small()
     run = attributes.run_record(model.optimizer)
     for callbacks, expected in (([], [1]), ([tf.keras.callbacks.Callback()], [0, 1])):
         fingerprints = []
@@ -256,10 +253,7 @@ def test_the_write_checks_key_reuses_the_weights_fingerprint_and_every_bit_count
     import pytest
     import tensorflow as tf
 
-    x, y = small_data(16)
-    model = small_model()
-    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
-                                                   allow_exceeding_budget=True), loss=LOSS)
+    x, y, model = _compiled_small()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     watch = model.optimizer._dp_write_watch
     key = watch.last_written_state()
@@ -293,10 +287,7 @@ def test_the_restore_check_runs_only_when_another_callback_could_have_restored(m
 
     from tfdpbnn.record import run_record
 
-    x, y = small_data(16)
-    model = small_model()
-    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
-                                                   allow_exceeding_budget=True), loss=LOSS)
+    x, y, model = _compiled_small()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     calls = []
     original = run_record.record_store.weights_identity
@@ -487,10 +478,7 @@ def test_held_weights_are_not_aliased_by_in_graph_updates():
     A held array sharing the variable's buffer would follow the step's in-place update and make the next
     comparison find "the same bytes" with a stale digest; each key equals the identity of a fresh copy.
     """
-    x, y = small_data(16)
-    model = small_model()
-    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
-                                                   allow_exceeding_budget=True), loss=LOSS)
+    x, y, model = _compiled_small()
     watch = model.optimizer._dp_write_watch
     keys, fingerprints = [], []
     for _ in range(3):
@@ -631,10 +619,7 @@ def test_the_ledger_layout_is_checked_at_every_open_in_one_statement(tmp_path):
 
 def test_a_fits_start_opens_the_ledger_once():
     """One DP fit's start reads the ledger's layout version once (it was read twice)."""
-    x, y = small_data(16)
-    model = small_model()
-    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
-                                                   allow_exceeding_budget=True), loss=LOSS)
+    x, y, model = _compiled_small()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     statements = _statements(store.default_path(), lambda: model.fit(x, y, batch_size=8, epochs=1, verbose=0))
     assert sum("ledger_meta" in s for s in statements) == 1, statements
@@ -697,10 +682,7 @@ def test_a_fits_statements_do_not_grow_with_earlier_fits():
     """The same statements (count and text, ids aside) in the 2nd and the 6th fit of one model."""
     import re
 
-    x, y = small_data(16)
-    model = small_model()
-    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=8, delta=DELTA,
-                                                   allow_exceeding_budget=True), loss=LOSS)
+    x, y, model = _compiled_small()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     path = store.default_path()
     seen = []
