@@ -266,20 +266,19 @@ def _rdp_epsilon(event, delta, neighboring) -> float:
     or epoch ends. The epsilon itself is cached by everything it depends on (``_rdp_epsilon_of_leaves``):
     the multiset of leaf events with their counts, ``delta`` and the neighbouring relation.
     """
-    leaves = frozenset(_leaf_counts(event).items())
-    return _rdp_epsilon_of_leaves(leaves, float(delta), neighboring)
+    return _rdp_epsilon_of_leaves(_sorted_leaves(event), float(delta), neighboring)
 
 
 @functools.lru_cache(maxsize=1024)
-def _rdp_epsilon_of_leaves(leaves: frozenset, delta: float, neighboring: str) -> float:
-    """RDP epsilon of the composition of ``leaves`` ((leaf event, count) pairs) at ``delta`` (cached).
+def _rdp_epsilon_of_leaves(leaves: tuple, delta: float, neighboring: str) -> float:
+    """RDP epsilon of the composition of ``leaves`` (sorted (leaf event, count) pairs) at ``delta`` (cached).
 
     The curve is the sum of count times each leaf's curve (``_rdp_of_one``), converted by dp-accounting's
     RDP-to-epsilon conversion (``rdp_epsilon``). A ledger's epsilon at each epoch end is one lookup when
     its phases have not changed since the last one.
     """
     total = np.zeros_like(_rdp_of_one(dp_accounting.NoOpDpEvent(), neighboring))
-    for item, count in sorted(leaves, key=lambda pair: repr(pair[0])):  # a fixed order of the sum
+    for item, count in leaves:  # sorted: a fixed order of the sum
         total = total + count * _rdp_of_one(item, neighboring)
     return rdp_epsilon(_rdp_orders(neighboring), total, delta)
 
