@@ -693,3 +693,48 @@ def test_a_fits_statements_do_not_grow_with_earlier_fits():
         return [re.sub(r"'[^']*'|\b\d+(\.\d+)?\b", "?", s) for s in statements]
 
     assert shape(seen[0]) == shape(seen[-1]), (seen[0], seen[-1])
+
+
+def test_a_fits_start_accepts_an_epoch_ends_weights_by_the_identity_the_record_uses(monkeypatch):
+    """The write check at a fit's start and the record's run start share one weights' identity.
+
+    Weights that are an epoch end's (the last one, or an earlier one set back) are accepted by that identity,
+    without comparing them with the last write's copies again; the identity the record's run start uses is
+    the one computed afresh at that moment; weights written between fits to other values are still refused.
+    """
+    import pytest
+    import tensorflow as tf
+
+    from tfdpbnn.optimizers import state_checks
+    from tfdpbnn.record import run_record
+
+    x, y, model = _compiled_small()
+    kept = []
+
+    class KeepFirstEpoch(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):  # reads only
+            if epoch == 0:
+                kept.append(self.model.get_weights())
+
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[KeepFirstEpoch()])
+    compared, used = [], []
+    original_changed = state_checks.WriteWatch.changed_since_write
+    monkeypatch.setattr(state_checks.WriteWatch, "changed_since_write",
+                        lambda self, it: compared.append(1) or original_changed(self, it))
+    original_begin = run_record.RunRecord._begin
+
+    def begin(self, model, dataset, planned_steps, record_keys, identity=None):
+        used.append((identity[1:], store.weights_identity(model)))
+        return original_begin(self, model, dataset, planned_steps, record_keys, identity)
+
+    monkeypatch.setattr(run_record.RunRecord, "_begin", begin)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # the last epoch end's weights
+    model.set_weights(kept[0])  # an earlier epoch end's: post-processing
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert compared == []
+    assert len(used) == 2 and all(given == fresh for given, fresh in used)
+    assert used[1][1][0] != used[0][1][0]  # set back: other weights
+    model.weights[0].assign(model.weights[0] * 1.5)
+    with pytest.raises(ValueError, match="changed after the last DP write"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert compared == [1]

@@ -763,10 +763,14 @@ class DPOptimizerMixin:
                              f"{assert_per_example_loss!r}")
         if _fit and assert_per_example_loss is not None:
             raise ValueError("assert_per_example_loss: only for a custom loop (model.fit checks its loss)")
-        # Trainable weights written since this optimizer's last DP write (a fit, then a write, then this
-        # run): refused as between two train_on_batch calls (ValueError naming them; see WriteWatch).
-        self._dp_write_watch.refuse_written_between_runs(self._dp_write_count,
-                                                         attributes.run_record(self).recognises_weights)
+        self._begin_training(model, x, y, batch_size, validation_split, shuffle, assert_per_example_loss, _fit)
+
+    def _begin_training(self, model, x, y, batch_size, validation_split, shuffle, assert_per_example_loss,
+                        _fit) -> tuple | None:
+        """``begin_training``; returns, for a ``fit`` with the record on, the weights' identity and keys
+        (``weights_identity``) as computed after the checks, for the record's run start (``RunRecord.begin``:
+        nothing between them writes the model's variables), else None.
+        """
         # One walk over the model's modules for the dtype and preprocessing checks: nothing between them
         # builds the model or changes its layers.
         submodules = _private_api.submodules(model)
@@ -785,6 +789,7 @@ class DPOptimizerMixin:
                                              validation_split=validation_split)
         self._check_model(model, x, y, submodules)
         self._import_shared_training(model)  # built by the checks
+        identity = self._refuse_written_between_runs(model, with_identity=_fit)
         # After the checks have built the model. A custom loop's steps also compare the state no DP step may
         # change (model.fit's StateWatch does it at every epoch end, and sets it back).
         self._dp_write_watch.new_run(model.trainable_variables,
@@ -797,6 +802,27 @@ class DPOptimizerMixin:
             source=source, batch_size=self.batch_size)
         # A call draws its own passes: a pass an earlier call left partial is never completed by this one.
         attributes.ledger_state(self).finish_partial_pass()
+        return identity
+
+    def _refuse_written_between_runs(self, model, with_identity: bool) -> tuple | None:
+        """Refuse trainable weights written since this optimizer's last DP write (``WriteWatch``).
+
+        A fit, then a write, then this run: refused as between two ``train_on_batch`` calls (``ValueError``
+        naming them). Before the write watch's new run (which disarms it), after the checks (which may build
+        the model). ``with_identity`` (and the record on): the weights' identity and keys
+        (``weights_identity``) are computed first and returned; weights that are an epoch end's are then
+        accepted by their identity, without comparing them with the last write's copies as well.
+        """
+        from tfdpbnn.record import store as record_store
+
+        identity = None
+        now = None
+        if with_identity and record_store.default_path() is not None:
+            identity = (list(model.weights), *record_store.weights_identity(model))
+            now = (identity[0], identity[1][len("weights:"):])
+        self._dp_write_watch.refuse_written_between_runs(self._dp_write_count,
+                                                         attributes.run_record(self).recognises_weights, now)
+        return identity
 
     def begin_batch_call(self, model, x, y=None, record_ids=None):
         """Check ``model`` and open the ledger phase for one ``model.train_on_batch(x, y)`` call.

@@ -174,15 +174,19 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
     ``record_ids``: the ids of the training records (``fit(..., record_ids=...)``) for the per-record ledger.
     """
     x = arguments.get("x")
-    optimizer.begin_training(model, x, arguments.get("y"), batch_size=arguments.get("batch_size"),
-                             validation_split=arguments.get("validation_split") or 0.0,
-                             shuffle=arguments.get("shuffle", True), _fit=True)
+    identity = optimizer._begin_training(model, x, arguments.get("y"), arguments.get("batch_size"),
+                                         arguments.get("validation_split") or 0.0,
+                                         arguments.get("shuffle", True), None, True)
     with attributes.ledger_state(optimizer).reading_once():  # no step, no restore until fit starts
-        return _prepared_fit_arguments(model, optimizer, arguments, record_ids)
+        return _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity)
 
 
-def _prepared_fit_arguments(model, optimizer, arguments, record_ids):
-    """``_dp_fit_arguments`` after ``begin_training``: the plan, the record's start, the callbacks."""
+def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=None):
+    """``_dp_fit_arguments`` after ``begin_training``: the plan, the record's start, the callbacks.
+
+    ``identity``: the weights' identity ``begin_training`` computed after its checks (nothing here writes
+    the model's variables), for the record's run start.
+    """
     from tfdpbnn.callbacks import DPTrainingMonitor, PrivacyCallback
 
     x = arguments.get("x")
@@ -195,7 +199,7 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids):
     keys = input_keys(x, arguments.get("y"), record_ids, fingerprint)
     if arguments.get("validation_data") is not None:
         _refuse_validation_on_training_records(arguments["validation_data"], keys)
-    attributes.run_record(optimizer).begin(model, fingerprint, planned, record_keys=keys)
+    attributes.run_record(optimizer).begin(model, fingerprint, planned, record_keys=keys, identity=identity)
     optimizer.note_released_training_metrics()
     if arguments.get("validation_split"):
         optimizer.note_uncovered_release("validation_split")

@@ -454,14 +454,19 @@ class WriteWatch:
         """The reasons of the assertions that accepted a write (for the statement's ``asserted_by_user``)."""
         return list(self._asserted_used)
 
-    def written_after_run(self, iterations, recognised) -> tuple[list, str | None]:
+    def written_after_run(self, iterations, recognised, now=None) -> tuple[list, str | None]:
         """Eager: trainable variables written since the last DP write of a run that has ended, and how known.
 
         Returns ``(names, None)`` when the watched weights are neither the last DP write's (at the same step
         counter: a restore that set it back is the record's business), an epoch end's, nor weights that
         ``recognised()`` (the record) knows; ``(names, reason)`` when the user asserted these weights
-        (``assert_post_processing``); ``([], None)`` otherwise.
+        (``assert_post_processing``); ``([], None)`` otherwise. ``now``: ``(variables, key)``, the key
+        (``state``) of ``variables``' values as the caller has just computed it; when ``variables`` are the
+        watched ones and the key is an epoch end's, the answer is ``([], None)`` without comparing the
+        variables with the last write's copies (unchanged or not, they are an epoch end's).
         """
+        if now is not None and _same(list(now[0]), self._variables) and now[1] in self._released:
+            return [], None
         changed = self.changed_since_write(iterations)
         if not changed:
             return [], None
@@ -473,16 +478,16 @@ class WriteWatch:
             self._asserted_used.append(reason)
         return changed, reason
 
-    def refuse_written_between_runs(self, iterations, recognised) -> None:
+    def refuse_written_between_runs(self, iterations, recognised, now=None) -> None:
         """Before a ``train_on_batch`` call: refuse trainable weights written since the last DP write.
 
         Consecutive DP calls are one run fed batch by batch: the last call's DP write must reach this call's
         step untouched, unless the weights are an epoch end's, ones the record knows (``load_weights`` of a
         recorded checkpoint), the optimizer's step counter was set back (a restore), or the user asserted
         them (``assert_post_processing``). Otherwise ``ValueError`` naming the variables, and the statement
-        gives no guarantee.
+        gives no guarantee. ``now``: as in ``written_after_run``.
         """
-        changed, asserted = self.written_after_run(iterations, recognised)
+        changed, asserted = self.written_after_run(iterations, recognised, now)
         if changed and asserted is None:
             self.taint(changed)
             raise ValueError(

@@ -137,16 +137,19 @@ class RunRecord:
         """This optimizer's ledger by phase id (what ``account_rewind`` compares after a restore)."""
         return {p.phase_id: p for p in self._optimizer.ledger.phases}
 
-    def begin(self, model, dataset: str | None, planned_steps: int | None, record_keys=None) -> None:
+    def begin(self, model, dataset: str | None, planned_steps: int | None, record_keys=None,
+              identity=None) -> None:
         """Inherit the weights' record, check the budgets, reserve in the ledger, write the run (module).
 
         ``record_keys``: the keys of the run's records (``tfdpbnn.record.records.input_keys``), or None when
-        they are unknown (a pipeline without keys).
+        they are unknown (a pipeline without keys). ``identity``: ``(variables, weights' identity, keys)``
+        as ``record_store.weights_identity`` gave them for the model's variables as they are now (the
+        run's start computed them after its checks); used when ``variables`` are still ``model.weights``.
         """
         with attributes.ledger_state(self._optimizer).reading_once():  # no step, no restore in between
-            self._begin(model, dataset, planned_steps, record_keys)
+            self._begin(model, dataset, planned_steps, record_keys, identity)
 
-    def _begin(self, model, dataset, planned_steps, record_keys) -> None:
+    def _begin(self, model, dataset, planned_steps, record_keys, identity=None) -> None:
         self._model = weakref.ref(model)
         self.store = record_store.default_store()
         self.run_id = None
@@ -160,7 +163,11 @@ class RunRecord:
         self.dataset = dataset or "data:unidentified"
         # Outside the write transaction: the weights' identity and the keys of the model's variables (one
         # layer copied by value), in one call; inherit changes the ledger, not the weights.
-        weights, variables = record_store.weights_identity(model)
+        if identity is not None and len(identity[0]) == len(model.weights) and all(
+                a is b for a, b in zip(identity[0], model.weights, strict=True)):
+            weights, variables = identity[1], identity[2]
+        else:
+            weights, variables = record_store.weights_identity(model)
         self._begin_variables = set(variables)
         # One write transaction (one commit) for the weights' record, the releases linked to it, the data
         # set's budget check, the ledger's reservation and the run's row: two runs started together on the
