@@ -87,7 +87,7 @@ def _run_over(records: int) -> tuple[list[str], list[float], list[float]]:
 
 #: The record's work around the steps of a DP ``fit``, timed per phase: (owner, method, label).
 _PHASES = (
-    ("tfdpbnn.optimizers.base:DPOptimizerMixin", "begin_training",
+    ("tfdpbnn.optimizers.base:DPOptimizerMixin", "_begin_training",
      "input and model checks, noise key, phase"),
     ("tfdpbnn.record.store:", "input_fingerprint",
      "data fingerprint (SHA-256, or compared with the bytes hashed last)"),
