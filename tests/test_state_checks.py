@@ -264,3 +264,23 @@ def test_variable_updated_after_the_dp_call_is_refused_after_the_first_step():
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert opt.steps == 1                                                   # refused after one step
     assert float(model.tally.count.numpy()) == pytest.approx(0.0, abs=1e-6)  # and set back
+
+
+def test_a_variable_snapshot_sees_every_bit_and_restores_it():
+    """A snapshot's comparison is exact: a sign of zero, one ulp, a NaN's payload; unchanged ones stay."""
+    from tfdpbnn.optimizers.state_checks import VariableSnapshot
+
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(3),
+                                 tf.keras.layers.BatchNormalization()])
+    bias = model.layers[0].bias
+    start = [v.numpy().copy() for v in model.weights]
+    nan = np.frombuffer(np.uint32(0x7FC00001).tobytes(), np.float32)[0]  # a NaN with a payload
+    for value in (np.float32(-0.0), np.nextafter(np.float32(0), np.float32(1)), nan):
+        snapshot = VariableSnapshot(model)
+        assert snapshot.changed() == []
+        bias.assign(np.where(np.arange(3) == 1, value, bias.numpy()).astype(np.float32))
+        assert snapshot.changed() == [bias]
+        snapshot.restore()
+        assert snapshot.changed() == []
+        assert all(np.array_equal(v.numpy().view(np.uint32), s.view(np.uint32))
+                   for v, s in zip(model.weights, start, strict=True))

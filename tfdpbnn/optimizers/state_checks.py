@@ -51,7 +51,15 @@ def _library_layer(layer) -> bool:
 
 
 def _values(variables) -> list:
-    return [np.array(v.numpy(), copy=True) for v in variables]
+    """A copy of each variable's value (one read, one copy: ``_private_api.read_view``)."""
+    return [np.array(_private_api.read_view(v), copy=True) for v in variables]
+
+
+def _same_value(a, b) -> bool:
+    """Numbers: every bit the same (``same_bytes``, -0.0 is not 0.0); anything else: ``_equal``."""
+    if a.dtype.kind in "biufc" and b.dtype.kind in "biufc" and a.flags.c_contiguous and b.flags.c_contiguous:
+        return same_bytes(a, b)
+    return _equal(a, b)
 
 
 def _equal(a, b) -> bool:
@@ -166,9 +174,9 @@ class VariableSnapshot:
         self._values = _values(self._variables)
 
     def changed(self) -> list:
-        """The variables whose value differs from the snapshot."""
+        """The variables whose value differs from the snapshot: any bit of a number (``same_bytes``)."""
         return [v for v, old in zip(self._variables, self._values, strict=True)
-                if not _equal(np.asarray(v.numpy()), old)]
+                if not _same_value(np.asarray(_private_api.read_view(v)), old)]
 
     def restore(self, changed=None) -> None:
         """Set the changed variables (``changed``, default all that changed) back to their snapshot values."""
