@@ -763,13 +763,15 @@ class DPOptimizerMixin:
                              f"{assert_per_example_loss!r}")
         if _fit and assert_per_example_loss is not None:
             raise ValueError("assert_per_example_loss: only for a custom loop (model.fit checks its loss)")
-        self._begin_training(model, x, y, batch_size, validation_split, shuffle, assert_per_example_loss, _fit)
+        self._begin_training(model, x, y, batch_size, validation_split, shuffle, assert_per_example_loss,
+                             _fit)
 
     def _begin_training(self, model, x, y, batch_size, validation_split, shuffle, assert_per_example_loss,
                         _fit) -> tuple | None:
-        """``begin_training``; returns, for a ``fit`` with the record on, the weights' identity and keys
-        (``weights_identity``) as computed after the checks, for the record's run start (``RunRecord.begin``:
-        nothing between them writes the model's variables), else None.
+        """``begin_training``; returns the weights' identity for the record's run start, or None.
+
+        For a ``fit`` with the record on: ``(model.weights, identity, keys)`` as ``weights_identity`` gave them
+        after the checks (``RunRecord.begin``: nothing between them writes the model's variables).
         """
         # One walk over the model's modules for the dtype and preprocessing checks: nothing between them
         # builds the model or changes its layers.
