@@ -770,8 +770,8 @@ class DPOptimizerMixin:
                         _fit) -> tuple | None:
         """``begin_training``; returns the weights' identity for the record's run start, or None.
 
-        For a ``fit`` with the record on: ``(model.weights, identity, keys)`` as ``weights_identity`` gave them
-        after the checks (``RunRecord.begin``: nothing between them writes the model's variables).
+        For a ``fit`` with the record on: ``(model.weights, identity, keys)`` as ``weights_identity`` gave
+        them after the checks (``RunRecord.begin``: nothing between them writes the model's variables).
         """
         # One walk over the model's modules for the dtype and preprocessing checks: nothing between them
         # builds the model or changes its layers.
