@@ -791,12 +791,17 @@ class DPOptimizerMixin:
                                      state_checks.variables_outside_dp_update(model),
                                      kind="fit" if _fit else "custom_loop")
         source = sampling["source"] if _fit else "custom_loop"
-        attributes.ledger_state(self).open_phase(
-            kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
-            sample_rate=sampling["sample_rate"], num_examples=sampling["num_examples"],
-            source=source, batch_size=self.batch_size)
-        # A call draws its own passes: a pass an earlier call left partial is never completed by this one.
-        attributes.ledger_state(self).finish_partial_pass()
+        state = attributes.ledger_state(self)
+        with state.reading_once():  # opening the phase and finishing a partial pass: no step between
+            # Inside fit's block (keras_integration): what was read before the checks, which ran the
+            # model's own code (a forward pass, its train_step), is read anew.
+            state.read_anew()
+            state.open_phase(
+                kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
+                sample_rate=sampling["sample_rate"], num_examples=sampling["num_examples"],
+                source=source, batch_size=self.batch_size)
+            # A call draws its own passes: a pass an earlier call left partial is never completed by this one.
+            state.finish_partial_pass()
 
     def begin_batch_call(self, model, x, y=None, record_ids=None):
         """Check ``model`` and open the ledger phase for one ``model.train_on_batch(x, y)`` call.
