@@ -71,7 +71,7 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
                 raise ValueError(
                     f"stop_at_epsilon: the budget {self.stop_at_epsilon} is spent ({optimizer.steps} steps "
                     "taken); one more step would exceed it")
-            self.max_steps = optimizer.steps + left
+            self.max_steps = self._steps + left  # read above, in this block
 
     def on_train_batch_end(self, batch, logs=None):
         """Stop training before the step (or ``steps_per_execution`` block) that would pass the budget."""
@@ -173,7 +173,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
                     f"{left} more; training can stop only between executions, so the first one would "
                     f"exceed the budget. Compile with steps_per_execution <= {left}, or build the optimizer "
                     "with allow_exceeding_budget=True.")
-            self.max_steps = optimizer.steps + left
+            self.max_steps = self._steps + left  # read above, in this block
 
     def _foreign_check(self, when: str) -> None:
         """Refuse a change of a variable the model reads but does not own (a global one in a ``Lambda``).

@@ -862,7 +862,8 @@ class DPOptimizerMixin:
             held = attributes.loss_assertions(self)  # and the assertions its custom-loop phases rest on
             held.extend(a for a in attributes.loss_assertions(previous) if a not in held)
             self._dp_batch_call_limit = None
-        attributes.set_ledger_link(model, _LedgerLink(self))
+        if previous is not self:  # a link to this optimizer already (never changed in place) is kept
+            attributes.set_ledger_link(model, _LedgerLink(self))
 
     def _import_shared_training(self, model) -> None:
         """Import the phases of every other DP optimizer that trained one of ``model``'s trainable variables.
