@@ -794,6 +794,14 @@ def test_kept_reads_serve_only_the_next_resumed_block_and_every_write_drops_them
     step()
     with state.reading_once(resume=True):
         assert state.open_steps() == after + 2  # read anew: the nested block kept nothing
+    # The DP settings the record reads (noise multiplier, batch size): once per block, anew in the next.
+    with state.reading_once():
+        assert abs(optimizer.noise_multiplier - 1.0) < 1e-12 and optimizer.batch_size == 8
+        optimizer._dp_noise_multiplier.assign(1.5)  # not through the ledger's object: not seen in the block
+        assert abs(optimizer.noise_multiplier - 1.0) < 1e-12
+    assert abs(optimizer.noise_multiplier - 1.5) < 1e-12  # outside a block: every call reads
+    with state.reading_once():
+        assert abs(optimizer.noise_multiplier - 1.5) < 1e-12
 
 
 def test_a_fits_final_snapshot_reads_the_ledger_after_its_last_epoch():

@@ -337,10 +337,19 @@ class DPOptimizerMixin:
         return float(privacy.calibrate_noise(epsilon, delta, sample_rate, steps, accountant=accountant,
                                              neighboring=neighboring, sampling=sampling))
 
+    def _dp_setting(self, variable):
+        """A DP setting's variable, read once per ledger ``reading_once`` block (``LedgerState.read``).
+
+        A block runs no step and no restore, so nothing changes the setting within it; outside one (or
+        before the ledger exists) every call reads the variable.
+        """
+        state = attributes.ledger_state(self)
+        return _private_api.read_numpy(variable) if state is None else state.read(variable)
+
     @property
     def noise_multiplier(self) -> float:
         """sigma: the DP-SGD noise multiplier the accounting uses."""
-        return float(_private_api.read_numpy(self._dp_noise_multiplier))
+        return float(self._dp_setting(self._dp_noise_multiplier))
 
     @property
     def l2_norm_clip(self) -> float:
@@ -350,7 +359,7 @@ class DPOptimizerMixin:
     @property
     def batch_size(self) -> int:
         """B: the expected batch size."""
-        return int(round(float(_private_api.read_numpy(self._dp_batch_size))))
+        return int(round(float(self._dp_setting(self._dp_batch_size))))
 
     @property
     def sample_rate(self) -> float:

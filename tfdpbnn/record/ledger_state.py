@@ -128,7 +128,7 @@ class LedgerState:
     # ----------------------------------------------------------------------------------- python side
     @contextlib.contextmanager
     def reading_once(self, keep: bool = False, resume: bool = False):
-        """Within: each ledger variable (and the step counter) is read once; the methods' writes forget them.
+        """Within: each variable (the ledger's, the step counter, ``read``'s) is read once; writes forget it.
 
         For a block that takes no training step and restores nothing (a callback's epoch end, a run's
         start): its queries all see the variables as they were when first read, or as this object wrote them.
@@ -160,6 +160,14 @@ class LedgerState:
         For a block around code that may write them (a model's own code run by the checks).
         """
         self._forget()
+
+    def read(self, variable):
+        """``variable``'s value (numpy), read once inside a ``reading_once`` block.
+
+        Any variable of the optimizer that no step and no restore can change within a block but through this
+        object's writes: the ledger's, the step counter, the DP settings (noise multiplier, batch size).
+        """
+        return self._read(variable)
 
     def _read(self, variable):
         memo = self._memo
