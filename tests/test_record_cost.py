@@ -794,6 +794,15 @@ def test_kept_reads_serve_only_the_next_resumed_block_and_every_write_drops_them
     step()
     with state.reading_once(resume=True):
         assert state.open_steps() == after + 2  # read anew: the nested block kept nothing
+    # The closed phases, decoded once per block: each caller its own list; a write (a phase closed) is seen.
+    with state.reading_once():
+        first = state.closed_phases()
+        first.append("not a phase")
+        assert state.closed_phases() == []
+        state.close_open_phase()
+        assert len(state.closed_phases()) == 1 and state.closed_phases()[0].steps > 0
+    state.open_phase(kind="participations", noise_multiplier=1.0, neighboring="add_or_remove",
+                     sample_rate=None, num_examples=64, source="train_on_batch", batch_size=8)
     # The DP settings the record reads (noise multiplier, batch size): once per block, anew in the next.
     with state.reading_once():
         assert abs(optimizer.noise_multiplier - 1.0) < 1e-12 and optimizer.batch_size == 8

@@ -321,9 +321,15 @@ class LedgerState:
         self._forget()
 
     def closed_phases(self) -> list[Phase]:
-        """The closed phases, oldest first."""
+        """The closed phases, oldest first (decoded once per ``reading_once`` block, as its reads are)."""
+        memo = self._memo
+        if memo is not None and "closed_phases" in memo:  # from this block's reads; a write empties it
+            return list(memo["closed_phases"])
         count = int(round(float(self._read(self.count))))
-        return [_phase_from_row(row) for row in self._read(self.table)[:count].tolist()] if count else []
+        phases = [_phase_from_row(row) for row in self._read(self.table)[:count].tolist()] if count else []
+        if memo is not None:
+            memo["closed_phases"] = tuple(phases)  # Phase is frozen: the callers get their own list
+        return phases
 
     def closed_sources(self) -> list[str]:
         """The sampling source code of each closed phase."""
