@@ -71,7 +71,7 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
                 raise ValueError(
                     f"stop_at_epsilon: the budget {self.stop_at_epsilon} is spent ({optimizer.steps} steps "
                     "taken); one more step would exceed it")
-            self.max_steps = self._steps + left  # read above, in this block
+            self.max_steps = optimizer.steps + left
 
     def on_train_batch_end(self, batch, logs=None):
         """Stop training before the step (or ``steps_per_execution`` block) that would pass the budget."""
