@@ -152,11 +152,17 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
     def _train_begin(self, optimizer):
         self._foreign = [(v, np.array(_private_api.read_numpy(v), copy=True))
                          for v in getattr(optimizer, "_dp_foreign_variables", {}).get(id(self.model), [])]
-        # Steps are counted here in Python, so a batch end costs no read of a training variable.
-        self._steps = optimizer.steps
-        self._open_steps = attributes.ledger_state(optimizer).open_steps()
+        # Steps are counted here in Python, so a batch end costs no read of a training variable: the open
+        # phase's, for the Poisson test's schedule, when the phase is a Poisson one (the test tests nothing
+        # else; the phase changes only at a run's start or a restore, which runs this again), and the DP
+        # steps, for the budget stop (when there is a budget).
+        state = attributes.ledger_state(optimizer)
+        description = state.open_description()
+        poisson = description is not None and description["kind"] == "poisson"
+        self._open_steps = state.open_steps() if poisson else None
         self._per_call = _private_api.steps_per_execution(self.model)
         left = optimizer.budget_steps_left()
+        self._steps = 0 if left is None else optimizer.steps
         self.max_steps = None
         if left is not None:
             if left <= 0:
@@ -284,9 +290,10 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         """
         self._withhold_training_metrics(logs)
         self._steps += self._per_call
-        self._open_steps += self._per_call
-        if self._open_steps >= 8 and self._open_steps & (self._open_steps - 1) == 0:  # 8, 16, 32, ...
-            self._poisson_check(self.model.optimizer)
+        if self._open_steps is not None:  # a Poisson phase (_train_begin)
+            self._open_steps += self._per_call
+            if self._open_steps >= 8 and self._open_steps & (self._open_steps - 1) == 0:  # 8, 16, 32, ...
+                self._poisson_check(self.model.optimizer)
         if self.max_steps is not None and self._steps + self._per_call > self.max_steps:
             self.model.stop_training = True
             self.stopped_at_step = self._steps
