@@ -738,3 +738,135 @@ def test_a_fits_start_accepts_an_epoch_ends_weights_by_the_identity_the_record_u
     with pytest.raises(ValueError, match="changed after the last DP write"):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert compared == [1]
+
+
+def test_the_conversion_terms_are_cached_by_relation_and_delta_and_convert_as_dp_accounting():
+    """The RDP-to-epsilon conversion from cached terms is dp-accounting's ``compute_epsilon``.
+
+    The terms of the orders and delta are cached by (relation, delta): another delta is a new entry whose
+    epsilon differs, and each value equals dp-accounting's (relative 1e-12), the curves ``rdp_epsilon``
+    hands to dp-accounting included (a NaN: it raises or answers as dp-accounting does).
+    """
+    import pytest
+
+    from tfdpbnn.privacy._rdp_conversion import rdp_epsilon, rdp_epsilon_with
+    from tfdpbnn.record import ledger as ledger_module
+
+    orders = ledger_module._rdp_orders("add_or_remove")
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.04, dp_accounting.GaussianDpEvent(1.0)), 23)
+    curve = dp_accounting.rdp.RdpAccountant().compose(event).rdp
+    values = {}
+    for delta in (1e-5, 1e-9, 0.2, 1e-5):
+        terms = ledger_module._rdp_terms("add_or_remove", delta)
+        assert ledger_module._rdp_terms("add_or_remove", delta) is terms  # cached
+        values[delta] = rdp_epsilon_with(terms, orders, curve, delta)
+        expected = dp_accounting.rdp.compute_epsilon(orders, curve, delta)[0]
+        assert values[delta] == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert values[1e-9] > values[1e-5] > values[0.2] >= 0.0  # each delta its own terms
+    terms = ledger_module._rdp_terms
+    assert terms("add_or_remove", 1e-5) is not terms("replace_one", 1e-5)  # each relation its own
+    terms = ledger_module._rdp_terms("add_or_remove", 1e-5)
+    for special in (np.zeros_like(curve), np.full(curve.shape, 1e-12), np.full(curve.shape, np.inf),
+                    3.0 * curve):
+        assert rdp_epsilon_with(terms, orders, special, 1e-5) == pytest.approx(
+            dp_accounting.rdp.compute_epsilon(orders, special, 1e-5)[0], rel=1e-12, abs=1e-15)
+    bad = curve.copy()
+    bad[3] = np.nan
+    try:
+        expected = rdp_epsilon(orders, bad, 1e-5)
+    except ValueError:
+        with pytest.raises(ValueError):
+            rdp_epsilon_with(terms, orders, bad, 1e-5)
+    else:
+        assert rdp_epsilon_with(terms, orders, bad, 1e-5) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_distinct_keys_of_a_reservation_are_reused_only_for_equal_keys():
+    """``_distinct`` is ``np.unique`` of the keys, reused only when every key equals the last call's."""
+    rng = np.random.default_rng(3)
+    keys = rng.integers(-2 ** 62, 2 ** 62, 500)
+    keys[:40] = keys[40:80]  # repeated records
+    first = record_ledger._distinct(keys)
+    np.testing.assert_array_equal(first, np.unique(keys))
+    assert not first.flags.writeable
+    assert record_ledger._distinct(keys.copy()) is first  # equal keys, another array: reused
+    changed = keys.copy()
+    changed[7] += 1  # one key of the same shape changed
+    again = record_ledger._distinct(changed)
+    assert again is not first
+    np.testing.assert_array_equal(again, np.unique(changed))
+    keys[0] += 1  # the caller's array changed in place after it was made distinct
+    np.testing.assert_array_equal(record_ledger._distinct(keys), np.unique(keys))
+    shorter = record_ledger._distinct(keys[:-1])
+    np.testing.assert_array_equal(shorter, np.unique(keys[:-1]))
+
+
+def test_kept_reads_serve_only_the_next_resumed_block_and_every_write_drops_them():
+    """``reading_once(keep=True)`` leaves its reads to a ``resume=True`` block; writes, blocks drop them."""
+    from tfdpbnn.record import attributes
+
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, learning_rate=0.1, num_examples=64, batch_size=8,
+                                       delta=DELTA)
+    state = attributes.ledger_state(optimizer)
+    state.open_phase(kind="participations", noise_multiplier=1.0, neighboring="add_or_remove",
+                     sample_rate=None, num_examples=64, source="train_on_batch", batch_size=8)
+
+    def kept_then(between, resume=True):
+        with state.reading_once(keep=True):
+            before = state.open_steps()
+        between()
+        with state.reading_once(resume=resume):
+            return before, state.open_steps()
+
+    def step():
+        optimizer.iterations.assign_add(2)  # what a step does, not through the ledger's object
+
+    before, after = kept_then(step)
+    assert after == before  # resumed: the kept read (the caller vouched that nothing ran)
+
+    def another_block():
+        with state.reading_once():
+            pass
+
+    for drop in (state.drop_kept, lambda: state.extend_open_phase(1, 8.0), another_block):
+        before, after = kept_then(lambda d=drop: (step(), d()))
+        assert after > before  # dropped: read anew
+    before, after = kept_then(step, resume=False)
+    assert after == before + 2
+    with state.reading_once(), state.reading_once(keep=True):  # nested: the outer's reads, nothing kept
+        state.open_steps()
+    step()
+    with state.reading_once(resume=True):
+        assert state.open_steps() == after + 2  # read anew: the nested block kept nothing
+    # The closed phases, decoded once per block: each caller its own list; a write (a phase closed) is seen.
+    with state.reading_once():
+        first = state.closed_phases()
+        first.append("not a phase")
+        assert state.closed_phases() == []
+        state.close_open_phase()
+        assert len(state.closed_phases()) == 1 and state.closed_phases()[0].steps > 0
+    state.open_phase(kind="participations", noise_multiplier=1.0, neighboring="add_or_remove",
+                     sample_rate=None, num_examples=64, source="train_on_batch", batch_size=8)
+    # The DP settings the record reads (noise multiplier, batch size): once per block, anew in the next.
+    with state.reading_once():
+        assert abs(optimizer.noise_multiplier - 1.0) < 1e-12 and optimizer.batch_size == 8
+        optimizer._dp_noise_multiplier.assign(1.5)  # not through the ledger's object: not seen in the block
+        assert abs(optimizer.noise_multiplier - 1.0) < 1e-12
+    assert abs(optimizer.noise_multiplier - 1.5) < 1e-12  # outside a block: every call reads
+    with state.reading_once():
+        assert abs(optimizer.noise_multiplier - 1.5) < 1e-12
+
+
+def test_a_fits_final_snapshot_reads_the_ledger_after_its_last_epoch():
+    """Without callbacks of the user's, the final snapshot holds every epoch's steps (no epoch's reads)."""
+    from tfdpbnn.record import attributes
+
+    x, y, model = _compiled_small(n=16)
+    run = attributes.run_record(model.optimizer)
+    for epochs in (3, 1):
+        model.fit(x, y, batch_size=8, epochs=epochs, verbose=0)
+        assert run.recognises_weights()
+        ledger = store.default_store().weights_ledger(store.weights_fingerprint(model))
+        assert ledger is not None
+        assert sum(p.steps for p in ledger) == model.optimizer.ledger.steps == model.optimizer.steps

@@ -155,6 +155,8 @@ def steps_per_execution(model) -> int:
         value = _keras3.steps_per_execution(model)
     if value is None:
         return 1
+    if is_variable(value):  # Keras 2's variable: one fast read
+        return max(1, int(read_numpy(value)))
     try:
         return max(1, int(value.numpy()))
     except AttributeError:

@@ -145,17 +145,24 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         """Start the step counts and set the budget stop; raise if the optimizer's budget is already spent."""
         optimizer = _dp_optimizer(self.model)
+        attributes.ledger_state(optimizer).drop_kept()  # an earlier fit's epoch end: not this fit's reads
         with attributes.ledger_state(optimizer).reading_once():  # no step, no restore in this block
             self._train_begin(optimizer)
 
     def _train_begin(self, optimizer):
         self._foreign = [(v, np.array(_private_api.read_numpy(v), copy=True))
                          for v in getattr(optimizer, "_dp_foreign_variables", {}).get(id(self.model), [])]
-        # Steps are counted here in Python, so a batch end costs no read of a training variable.
-        self._steps = optimizer.steps
-        self._open_steps = attributes.ledger_state(optimizer).open_steps()
+        # Steps are counted here in Python, so a batch end costs no read of a training variable: the open
+        # phase's, for the Poisson test's schedule, when the phase is a Poisson one (the test tests nothing
+        # else; the phase changes only at a run's start or a restore, which runs this again), and the DP
+        # steps, for the budget stop (when there is a budget).
+        state = attributes.ledger_state(optimizer)
+        description = state.open_description()
+        poisson = description is not None and description["kind"] == "poisson"
+        self._open_steps = state.open_steps() if poisson else None
         self._per_call = _private_api.steps_per_execution(self.model)
         left = optimizer.budget_steps_left()
+        self._steps = 0 if left is None else optimizer.steps
         self.max_steps = None
         if left is not None:
             if left <= 0:
@@ -172,7 +179,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
                     f"{left} more; training can stop only between executions, so the first one would "
                     f"exceed the budget. Compile with steps_per_execution <= {left}, or build the optimizer "
                     "with allow_exceeding_budget=True.")
-            self.max_steps = optimizer.steps + left
+            self.max_steps = self._steps + left  # read above, in this block
 
     def _foreign_check(self, when: str) -> None:
         """Refuse a change of a variable the model reads but does not own (a global one in a ``Lambda``).
@@ -256,10 +263,13 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         ``release_training_metrics``. Epsilon, the validation metrics (``val_*``) and the optimizer's own
         logs (e.g. DPVD's ``zeta``, a function of its settings and weights) stay.
         """
+        if not logs:
+            return
+        logs.pop(NO_RELEASED_METRICS, None)
+        if not logs:  # nothing to withhold: the optimizer is not read (a batch end's usual case)
+            return
         released = self.model.optimizer.release_training_metrics
-        if logs:
-            logs.pop(NO_RELEASED_METRICS, None)
-        if not logs or released is True:
+        if released is True:
             return
         if released and not self._names_checked:
             self._names_checked = True
@@ -280,9 +290,10 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         """
         self._withhold_training_metrics(logs)
         self._steps += self._per_call
-        self._open_steps += self._per_call
-        if self._open_steps >= 8 and self._open_steps & (self._open_steps - 1) == 0:  # 8, 16, 32, ...
-            self._poisson_check(self.model.optimizer)
+        if self._open_steps is not None:  # a Poisson phase (_train_begin)
+            self._open_steps += self._per_call
+            if self._open_steps >= 8 and self._open_steps & (self._open_steps - 1) == 0:  # 8, 16, 32, ...
+                self._poisson_check(self.model.optimizer)
         if self.max_steps is not None and self._steps + self._per_call > self.max_steps:
             self.model.stop_training = True
             self.stopped_at_step = self._steps
@@ -296,13 +307,15 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         """
         optimizer = self.model.optimizer
         state = attributes.ledger_state(optimizer)
+        state.drop_kept()  # the last epoch end's reads: steps run after this epoch's start
         if self._snapshot_due:  # the epoch before was taken for the last (see _epoch_end): its snapshot now
             self._snapshot_due = False
             attributes.run_record(optimizer).snapshot(self.model)
         with state.reading_once():  # a restore ran before (on_train_begin); nothing here takes a step
             if attributes.run_record(optimizer).check_rewind(restore_possible=self.others_may_restore):
                 self.on_train_begin()
-        self._epoch_start_examples = float(_private_api.read_numpy(state.open_examples))
+        if self.check_passes:  # only the pass check reads it
+            self._epoch_start_examples = float(_private_api.read_numpy(state.open_examples))
 
     def _pass_check(self, optimizer):
         if not self.check_passes or self._epoch_start_examples is None:
@@ -330,7 +343,10 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         """
         self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
-        with attributes.ledger_state(optimizer).reading_once():  # the checks, snapshot and epsilon: no step
+        # The checks, snapshot and epsilon: no step. With no callback but tfdpbnn's (which take no step and
+        # restore nothing), nothing writes the ledger between here and on_train_end, or the next epoch's
+        # start (which drops them): the reads are kept for on_train_end's snapshot.
+        with attributes.ledger_state(optimizer).reading_once(keep=not self.others_may_restore):
             self._epoch_end(optimizer, epoch, logs)
 
     def _epoch_end(self, optimizer, epoch, logs):
@@ -368,7 +384,9 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
         self._snapshot_due = False  # the last epoch's end: the same weights and ledger as this final snapshot
-        with attributes.ledger_state(optimizer).reading_once():  # the snapshot and the checks: no step
+        # The snapshot and the checks: no step. It resumes from the last epoch end's reads when that block
+        # kept them (no callback but tfdpbnn's, no epoch since; on_epoch_end).
+        with attributes.ledger_state(optimizer).reading_once(resume=not self.others_may_restore):
             attributes.run_record(optimizer).snapshot(self.model, final=True)
             self._noise_check(optimizer)
         self._foreign_check("found at the end of fit")

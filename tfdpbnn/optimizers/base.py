@@ -337,10 +337,19 @@ class DPOptimizerMixin:
         return float(privacy.calibrate_noise(epsilon, delta, sample_rate, steps, accountant=accountant,
                                              neighboring=neighboring, sampling=sampling))
 
+    def _dp_setting(self, variable):
+        """A DP setting's variable, read once per ledger ``reading_once`` block (``LedgerState.read``).
+
+        A block runs no step and no restore, so nothing changes the setting within it; outside one (or
+        before the ledger exists) every call reads the variable.
+        """
+        state = attributes.ledger_state(self)
+        return _private_api.read_numpy(variable) if state is None else state.read(variable)
+
     @property
     def noise_multiplier(self) -> float:
         """sigma: the DP-SGD noise multiplier the accounting uses."""
-        return float(_private_api.read_numpy(self._dp_noise_multiplier))
+        return float(self._dp_setting(self._dp_noise_multiplier))
 
     @property
     def l2_norm_clip(self) -> float:
@@ -350,7 +359,7 @@ class DPOptimizerMixin:
     @property
     def batch_size(self) -> int:
         """B: the expected batch size."""
-        return int(round(float(_private_api.read_numpy(self._dp_batch_size))))
+        return int(round(float(self._dp_setting(self._dp_batch_size))))
 
     @property
     def sample_rate(self) -> float:
@@ -798,12 +807,17 @@ class DPOptimizerMixin:
                                      state_checks.variables_outside_dp_update(model),
                                      kind="fit" if _fit else "custom_loop")
         source = sampling["source"] if _fit else "custom_loop"
-        attributes.ledger_state(self).open_phase(
-            kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
-            sample_rate=sampling["sample_rate"], num_examples=sampling["num_examples"],
-            source=source, batch_size=self.batch_size)
-        # A call draws its own passes: a pass an earlier call left partial is never completed by this one.
-        attributes.ledger_state(self).finish_partial_pass()
+        state = attributes.ledger_state(self)
+        with state.reading_once():  # opening the phase and finishing a partial pass: no step between
+            # Inside fit's block (keras_integration): what was read before the checks, which ran the
+            # model's own code (a forward pass, its train_step), is read anew.
+            state.read_anew()
+            state.open_phase(
+                kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
+                sample_rate=sampling["sample_rate"], num_examples=sampling["num_examples"],
+                source=source, batch_size=self.batch_size)
+            # A call draws its own passes: a pass an earlier call left partial is never completed by this one.
+            state.finish_partial_pass()
         return identity
 
     def _refuse_written_between_runs(self, model, with_identity: bool) -> tuple | None:
@@ -885,7 +899,8 @@ class DPOptimizerMixin:
             held = attributes.loss_assertions(self)  # and the assertions its custom-loop phases rest on
             held.extend(a for a in attributes.loss_assertions(previous) if a not in held)
             self._dp_batch_call_limit = None
-        attributes.set_ledger_link(model, _LedgerLink(self))
+        if previous is not self:  # a link to this optimizer already (never changed in place) is kept
+            attributes.set_ledger_link(model, _LedgerLink(self))
 
     def _import_shared_training(self, model) -> None:
         """Import the phases of every other DP optimizer that trained one of ``model``'s trainable variables.

@@ -174,10 +174,13 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
     ``record_ids``: the ids of the training records (``fit(..., record_ids=...)``) for the per-record ledger.
     """
     x = arguments.get("x")
-    identity = optimizer._begin_training(model, x, arguments.get("y"), arguments.get("batch_size"),
-                                         arguments.get("validation_split") or 0.0,
-                                         arguments.get("shuffle", True), None, True)
-    with attributes.ledger_state(optimizer).reading_once():  # no step, no restore until fit starts
+    # One block of reads from begin_training's phase to fit's start: no step and no restore run in it, and
+    # begin_training reads the ledger anew after its checks (which run the model's own code), so its phase
+    # and partial-pass reads serve the run record's start too.
+    with attributes.ledger_state(optimizer).reading_once():
+        identity = optimizer._begin_training(model, x, arguments.get("y"), arguments.get("batch_size"),
+                                             arguments.get("validation_split") or 0.0,
+                                             arguments.get("shuffle", True), None, True)
         return _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity)
 
 

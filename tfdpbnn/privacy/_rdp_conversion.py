@@ -60,6 +60,46 @@ def rdp_epsilon(orders, rdp, delta: float) -> float:
     return float(max(0.0, eps[int(np.argmin(eps))]))
 
 
+def conversion_terms(orders, delta: float) -> tuple | None:
+    """What ``rdp_epsilon`` computes from the orders and ``delta`` alone, for ``rdp_epsilon_with``.
+
+    ``(offset, shift, delta ** 2)``: per order alpha, ``log1p(-1 / alpha)`` and ``log(delta alpha) / (alpha -
+    1)`` where alpha > 1.01, and 0 and -inf elsewhere, so that ``rdp + offset - shift`` is Prop. 12's bound
+    above 1.01 (the same floats, summed in the same order as ``rdp_epsilon``) and infinite at and below it
+    (``rdp_epsilon``'s other case). Read-only arrays. None for the inputs ``rdp_epsilon`` hands to
+    dp-accounting (delta <= 0, an order below 1, no orders).
+    """
+    orders = np.asarray(orders, dtype=np.float64)
+    if not delta > 0 or orders.ndim != 1 or orders.size == 0 or np.any(orders < 1):
+        return None
+    above = orders > 1.01
+    with np.errstate(divide="ignore", invalid="ignore"):
+        offset = np.where(above, np.log1p(-1.0 / orders), 0.0)
+        shift = np.where(above, np.log(delta * orders) / (orders - 1.0), -np.inf)
+    offset.setflags(write=False)
+    shift.setflags(write=False)
+    return offset, shift, float(delta) ** 2
+
+
+def rdp_epsilon_with(terms, orders, rdp, delta: float) -> float:
+    """``rdp_epsilon(orders, rdp, delta)`` from ``terms = conversion_terms(orders, delta)``: the same value.
+
+    Half the array operations (the terms of the orders and ``delta`` are computed once, and the orders'
+    checks with them): the ledger converts an RDP curve at every epoch end. ``delta**2 + expm1(-rdp) > 0``
+    is tested as ``expm1(-rdp) > -delta**2`` (the same comparison: a rounded sum has the sign of the exact
+    one). A curve ``rdp_epsilon`` would hand to dp-accounting (a negative or NaN value, another length) and
+    ``terms`` None go to ``rdp_epsilon``.
+    """
+    rdp = np.asarray(rdp, dtype=np.float64)
+    if terms is None or rdp.shape != terms[0].shape or not (rdp >= 0).all():
+        return rdp_epsilon(orders, rdp, delta)
+    offset, shift, delta_squared = terms
+    with np.errstate(over="ignore", invalid="ignore"):
+        eps = rdp + offset - shift
+        eps[np.expm1(-rdp) > -delta_squared] = 0.0
+    return float(max(0.0, eps.min()))
+
+
 def epsilon_from_rdp(orders: np.ndarray, rdp: np.ndarray, delta: float) -> np.ndarray:
     """Epsilon at ``delta`` for each (order, rdp) pair, elementwise; orders must be > 1."""
     orders = np.asarray(orders, dtype=np.float64)

@@ -206,12 +206,16 @@ class NoiseKey:
         return self.debug_seed is not None
 
     def new_run(self) -> None:
-        """Start a run: a fresh key from ``os.urandom`` and the counter at 0 (nothing with ``debug_seed``)."""
+        """Start a run: a fresh key from ``os.urandom`` (nothing with ``debug_seed``).
+
+        The counter goes on from where it is: each step's seed is Philox of (key, counter), so a fresh
+        uniformly random 128-bit key alone makes the run's seeds independent of every earlier run's, whatever
+        the counter holds (one write per run start, not two).
+        """
         if self.debug_seed is not None:
             return
         with tf.init_scope():
             _private_api.assign_now(self._key, _fresh_key())
-            _private_api.assign_now(self._counter, np.int64(0))
 
     def next_seed(self) -> tf.Tensor:
         """The [2] int64 seed of the next draw: Philox of (key, counter + 1); increments the counter.

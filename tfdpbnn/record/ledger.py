@@ -29,7 +29,7 @@ import dp_accounting
 import numpy as np
 
 from tfdpbnn._validation import check_choice, check_open_unit
-from tfdpbnn.privacy._rdp_conversion import rdp_epsilon
+from tfdpbnn.privacy._rdp_conversion import conversion_terms, rdp_epsilon_with
 from tfdpbnn.privacy.budget import NEIGHBORING, SENSITIVITY
 from tfdpbnn.privacy.registry import get_accountant, sound_accountants
 
@@ -274,13 +274,23 @@ def _rdp_epsilon_of_leaves(leaves: tuple, delta: float, neighboring: str) -> flo
     """RDP epsilon of the composition of ``leaves`` (sorted (leaf event, count) pairs) at ``delta`` (cached).
 
     The curve is the sum of count times each leaf's curve (``_rdp_of_one``), converted by dp-accounting's
-    RDP-to-epsilon conversion (``rdp_epsilon``). A ledger's epsilon at each epoch end is one lookup when
-    its phases have not changed since the last one.
+    RDP-to-epsilon conversion (``rdp_epsilon_with``, whose terms of the orders and delta are cached by
+    ``_rdp_terms``). A ledger's epsilon at each epoch end is one lookup when its phases have not changed
+    since the last one.
     """
-    total = np.zeros_like(_rdp_of_one(dp_accounting.NoOpDpEvent(), neighboring))
+    total = None
     for item, count in leaves:  # sorted: a fixed order of the sum
-        total = total + count * _rdp_of_one(item, neighboring)
-    return rdp_epsilon(_rdp_orders(neighboring), total, delta)
+        part = count * _rdp_of_one(item, neighboring)
+        total = part if total is None else total + part
+    if total is None:
+        total = np.zeros_like(_rdp_of_one(dp_accounting.NoOpDpEvent(), neighboring))
+    return rdp_epsilon_with(_rdp_terms(neighboring, delta), _rdp_orders(neighboring), total, delta)
+
+
+@functools.lru_cache(maxsize=64)
+def _rdp_terms(neighboring: str, delta: float):
+    """``conversion_terms`` of ``neighboring``'s orders (``_rdp_orders``) at ``delta``, cached."""
+    return conversion_terms(_rdp_orders(neighboring), delta)
 
 
 @functools.lru_cache(maxsize=4)

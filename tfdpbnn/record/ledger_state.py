@@ -85,6 +85,7 @@ class LedgerState:
     def __init__(self, optimizer, config=None):
         self._optimizer = optimizer
         self._memo = None  # variable id -> value read, inside ``reading_once`` (None outside)
+        self._kept = None  # the reads a ``reading_once(keep=True)`` block left for a ``resume=True`` one
         config = config or {}
         table = np.zeros([MAX_PHASES, len(_COLUMNS)])
         phases = [Phase(**p) for p in config.get("phases", [])]
@@ -126,20 +127,47 @@ class LedgerState:
 
     # ----------------------------------------------------------------------------------- python side
     @contextlib.contextmanager
-    def reading_once(self):
-        """Within: each ledger variable (and the step counter) is read once; the methods' writes forget them.
+    def reading_once(self, keep: bool = False, resume: bool = False):
+        """Within: each variable (the ledger's, the step counter, ``read``'s) is read once; writes forget it.
 
         For a block that takes no training step and restores nothing (a callback's epoch end, a run's
         start): its queries all see the variables as they were when first read, or as this object wrote them.
+
+        ``keep=True``: the block's reads are kept after it, for a later block with ``resume=True``, which
+        starts from them. Only for a caller that knows that nothing but this object can write the variables
+        in between (no step, no restore, no code but the record's): any write by this object, and any other
+        block (``reading_once()`` without ``resume``), drops them; so does ``drop_kept``. Nested in another
+        block, ``keep`` and ``resume`` change nothing (the outer block's reads serve).
         """
         outer = self._memo is not None
         if not outer:
-            self._memo = {}
+            kept, self._kept = self._kept, None
+            self._memo = kept if resume and kept is not None else {}
         try:
             yield self
         finally:
             if not outer:
+                self._kept = self._memo if keep else None
                 self._memo = None
+
+    def drop_kept(self) -> None:
+        """Drop the reads a ``reading_once(keep=True)`` block kept (steps may run before the next block)."""
+        self._kept = None
+
+    def read_anew(self) -> None:
+        """Inside a ``reading_once`` block: the next reads see the variables anew.
+
+        For a block around code that may write them (a model's own code run by the checks).
+        """
+        self._forget()
+
+    def read(self, variable):
+        """``variable``'s value (numpy), read once inside a ``reading_once`` block.
+
+        Any variable of the optimizer that no step and no restore can change within a block but through this
+        object's writes: the ledger's, the step counter, the DP settings (noise multiplier, batch size).
+        """
+        return self._read(variable)
 
     def _read(self, variable):
         memo = self._memo
@@ -154,6 +182,7 @@ class LedgerState:
         """Called before and after every write: the next reads see the variables anew."""
         if self._memo:
             self._memo.clear()
+        self._kept = None
 
     def _desc(self) -> dict:
         values = self._read(self.open_desc).tolist()  # one read of the variable
@@ -292,9 +321,15 @@ class LedgerState:
         self._forget()
 
     def closed_phases(self) -> list[Phase]:
-        """The closed phases, oldest first."""
+        """The closed phases, oldest first (decoded once per ``reading_once`` block, as its reads are)."""
+        memo = self._memo
+        if memo is not None and "closed_phases" in memo:  # from this block's reads; a write empties it
+            return list(memo["closed_phases"])
         count = int(round(float(self._read(self.count))))
-        return [_phase_from_row(row) for row in self._read(self.table)[:count].tolist()] if count else []
+        phases = [_phase_from_row(row) for row in self._read(self.table)[:count].tolist()] if count else []
+        if memo is not None:
+            memo["closed_phases"] = tuple(phases)  # Phase is frozen: the callers get their own list
+        return phases
 
     def closed_sources(self) -> list[str]:
         """The sampling source code of each closed phase."""
