@@ -80,7 +80,7 @@ def test_the_identity_is_every_bit_of_every_variable():
     assert identity == first and keys == store.variable_fingerprints(model) and len(keys) == 4
     rounded = tf.bitcast(tf.cast(kernel, tf.float16), tf.uint8)
     expected = bytes(tf.fingerprint(tf.reshape(rounded, [1, -1])).numpy()[0]).hex()
-    assert keys[0] == "variable:f16:4x3:" + expected
+    assert keys[0] == "variable:f16s:4x3:" + expected  # 12 values: every one
 
 
 def test_farmhash64_is_the_value_it_was():
@@ -197,3 +197,35 @@ def test_identities_held_for_a_few_models_are_reused_and_bounded(monkeypatch):
     assert store.weights_fingerprint(models[2]) == identities[2] and len(hashed) == len(models)
     assert store.weights_fingerprint(models[0]) == identities[0]  # the least recently used: dropped
     assert len(hashed) == len(models) + 1
+
+
+def test_keys_of_a_large_variable_round_its_values_at_fixed_positions_and_find_its_rounded_copies():
+    """Over ``KEY_VALUES`` values, the keys round the values at flat positions floor(i n / k).
+
+    Equal to a reference that picks those positions in numpy; a float16 and a bfloat16 copy of the variable
+    have its keys (a rounded copy rounds alike); a value changed at a position the keys do not read changes
+    the identity and not the keys (two such variables would share keys: an over-count, never a missed copy).
+    """
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(50)])
+    kernel = model.weights[0].numpy()
+    n, k = kernel.size, store.KEY_VALUES
+    assert n > k
+    picked = tf.constant(kernel.reshape(-1)[np.arange(k) * n // k])
+
+    def reference(dtype):
+        rounded = tf.reshape(tf.bitcast(tf.cast(picked, dtype), tf.uint8), [1, -1])
+        return bytes(tf.fingerprint(rounded).numpy()[0]).hex()
+
+    identity, keys = store.weights_identity(model)
+    assert keys[:2] == [f"variable:f16s:64x50:{reference(tf.float16)}",
+                        f"variable:bf16s:64x50:{reference(tf.bfloat16)}"]
+    copy = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(50)])
+    for dtype, index in ((tf.float16, 0), (tf.bfloat16, 1)):
+        copy.set_weights([tf.cast(tf.cast(w, dtype), tf.float32).numpy() for w in model.get_weights()])
+        assert store.weights_identity(copy)[1][index] == keys[index]
+    unread = int(np.setdiff1d(np.arange(n), np.arange(k) * n // k)[0])
+    changed = kernel.copy().reshape(-1)
+    changed[unread] += 1.0
+    copy.set_weights([changed.reshape(kernel.shape), model.weights[1].numpy()])
+    assert store.weights_identity(copy)[0] != identity and store.weights_identity(copy)[1][:2] == keys[:2]

@@ -237,13 +237,19 @@ _CONCRETE: dict[tuple, object] = {}
 _CONCRETE_MAX = 16
 
 
+#: The float variables' keys (``variable_fingerprints``) round this many of their values (every value of a
+#: smaller variable), at evenly spaced positions.
+KEY_VALUES = 2048
+
+
 def _fingerprint_function():
     """A traced function: one ``uint8`` tensor ``[rows, 8]`` of FarmHash64s (``tf.fingerprint``) of values.
 
     Rows: for each value, the fingerprint of its exact bytes (``tf.bitcast`` to bytes, C order; a bool as
-    one byte per value; strings by each element's fingerprint); then, for each floating value, those of its
-    float16 and of its bfloat16 rounding (from float32, round to nearest even). One call, one transfer to
-    the host.
+    one byte per value; strings by each element's fingerprint); then, for each floating value, those of the
+    float16 and of the bfloat16 rounding (from float32, round to nearest even) of its ``KEY_VALUES`` values
+    at the flat positions ``floor(i n / k)``, i < k = min(n, ``KEY_VALUES``), of its n values in C order
+    (all of them when n <= ``KEY_VALUES``). One call, one transfer to the host.
     """
     if not _FINGERPRINTS:
         import tensorflow as tf
@@ -261,12 +267,18 @@ def _fingerprint_function():
         def rounded(value, dtype):  # round to nearest even, then the bytes hashed in one row
             return row(tf.bitcast(tf.cast(value, dtype), tf.uint8))
 
+        def sample(value):  # KEY_VALUES values at evenly spaced flat positions (all of a smaller value)
+            flat = tf.reshape(value, [-1])
+            n = tf.size(flat, out_type=tf.int64)
+            k = tf.minimum(n, KEY_VALUES)
+            return tf.gather(flat, tf.range(k) * n // tf.maximum(k, 1))
+
         @tf.function(autograph=False, reduce_retracing=True)
         def fingerprints(values):
             rows = [exact(v) for v in values]
             for value in values:
                 if value.dtype.is_floating:
-                    wide = tf.cast(value, tf.float32)
+                    wide = tf.cast(sample(value), tf.float32)
                     rows += [rounded(wide, tf.float16), rounded(wide, tf.bfloat16)]
             return tf.stack(rows)
 
@@ -304,8 +316,8 @@ def _identity_and_keys(values) -> tuple[str, list[str]]:
     for value in values:
         if tf.as_dtype(value.dtype).is_floating:
             shape = "x".join(str(d) for d in value.shape)
-            found += [f"variable:f16:{shape}:{bytes(next(pairs)).hex()}",
-                      f"variable:bf16:{shape}:{bytes(next(pairs)).hex()}"]
+            found += [f"variable:f16s:{shape}:{bytes(next(pairs)).hex()}",
+                      f"variable:bf16s:{shape}:{bytes(next(pairs)).hex()}"]
     return identity, found
 
 
@@ -436,10 +448,14 @@ def variable_fingerprints(model) -> list[str]:
     A snapshot writes the keys of the variables its run changed (``RunStore.snapshot``'s ``variables``), so
     one layer's weights copied into another model (``set_weights(layer.get_weights())``) are found
     (``RunStore.weights_record``): exact copies, float64 casts and copies rounded to float16 or bfloat16
-    (rounding is idempotent: a rounded copy rounds to the same values). Each key names the variable's shape
-    too. Keys are 64 bits: two different variables of one shape share a key with chance about 2^-64 (an
-    over-count: the other run's phases are added). Computed with the weights' identity in one traced call
-    (``weights_identity``).
+    (rounding is idempotent: a rounded copy rounds to the same values). A key rounds ``KEY_VALUES`` of the
+    variable's values, at fixed evenly spaced positions (all of them in a smaller variable): a copy is
+    found whatever its size (its values at those positions round alike), and hashing the roundings of a
+    large variable costs next to nothing. Two different variables of one shape share a key when their
+    roundings agree at those positions (a DP-trained variable has fresh noise in every value, so only by a
+    key collision, chance about 2^-64) or their keys collide: an over-count (the other run's phases are
+    added), never a missed copy. Each key names the variable's shape too. Computed with the weights'
+    identity in one traced call (``weights_identity``).
     """
     return weights_identity(model)[1]
 
