@@ -269,6 +269,8 @@ def _fingerprint_function():
 
         def sample(value):  # KEY_VALUES values at evenly spaced flat positions (all of a smaller value)
             flat = tf.reshape(value, [-1])
+            if value.shape.is_fully_defined() and value.shape.num_elements() <= KEY_VALUES:
+                return flat
             n = tf.size(flat, out_type=tf.int64)
             k = tf.minimum(n, KEY_VALUES)
             return tf.gather(flat, tf.range(k) * n // tf.maximum(k, 1))
