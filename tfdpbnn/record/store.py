@@ -37,6 +37,7 @@ import secrets
 import socket
 import sqlite3
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -232,7 +233,7 @@ _HELD_WEIGHTS_MAX = 4
 #: The traced function computing the weights' FarmHash64s (``_fingerprint_function``), made on first use.
 _FINGERPRINTS: list = []
 #: Its concrete functions by signature (``_fingerprints``), the most recently used last.
-_CONCRETE: dict[tuple, object] = {}
+_CONCRETE: dict[tuple, Callable] = {}
 #: At most this many concrete functions kept.
 _CONCRETE_MAX = 16
 
@@ -536,6 +537,10 @@ def kept_connection(path: str, timeout: float) -> sqlite3.Connection:
     return conn
 
 
+#: The open transaction of each (path as given, process, thread): a nested ``transaction`` joins it at once.
+_IN_TRANSACTION: dict[tuple, sqlite3.Connection] = {}
+
+
 @contextlib.contextmanager
 def transaction(path: str, timeout: float = 60.0, mode: str = "IMMEDIATE", durable: bool = True):
     """The kept connection to ``path`` inside one transaction (committed at the end, rolled back on an error).
@@ -545,12 +550,20 @@ def transaction(path: str, timeout: float = 60.0, mode: str = "IMMEDIATE", durab
     ``mode``: "IMMEDIATE" (the write lock at once: serialized with every other process) or "DEFERRED"
     (reads). ``durable=False``: the commit does not wait for the disk (``synchronous=NORMAL``).
     """
+    import threading
+
+    key = (os.fspath(path), os.getpid(), threading.get_ident())
+    conn = _IN_TRANSACTION.get(key)  # a transaction this thread holds open on the path as given
+    if conn is not None and conn.in_transaction:
+        yield conn
+        return
     conn = kept_connection(path, timeout)
     if conn.in_transaction:
         yield conn
         return
     if not durable:
         conn.execute("PRAGMA synchronous=NORMAL")
+    _IN_TRANSACTION[key] = conn
     try:
         conn.execute(f"BEGIN {mode}")
         try:
@@ -560,6 +573,7 @@ def transaction(path: str, timeout: float = 60.0, mode: str = "IMMEDIATE", durab
             raise
         conn.execute("COMMIT")
     finally:
+        _IN_TRANSACTION.pop(key, None)
         if not durable:
             conn.execute("PRAGMA synchronous=FULL")  # the kept connection's setting for everyone else
 
