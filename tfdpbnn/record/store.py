@@ -141,15 +141,14 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     return True
 
 
-def _held_digest(kind: str, arrays, owned: bool) -> str:
+def _held_digest(kind: str, arrays) -> str:
     """``_hash_arrays(arrays)``, without hashing again bytes equal to the arrays hashed last for ``kind``.
 
     The digest of the last arrays hashed is reused only when every array has the dtype, shape and bytes of
     a copy held since (compared byte for byte: memory reads, about a sixth of SHA-256's time, and nothing a
-    changed array can pass). ``owned``: the caller's arrays are fresh copies and are held as they are;
-    otherwise a copy is taken the second time the same array objects are hashed (an array hashed once, e.g.
-    made for one call, is never copied) and dropped when the caller's arrays are garbage collected. Plain
-    numeric arrays in C order only (no subclass), up to ``_HELD_MAX_BYTES`` in all.
+    changed array can pass). A copy is taken the second time the same array objects are hashed (an array
+    hashed once, e.g. made for one call, is never copied) and dropped when the caller's arrays are garbage
+    collected. Plain numeric arrays in C order only (no subclass), up to ``_HELD_MAX_BYTES`` in all.
     """
     import weakref
 
@@ -163,9 +162,6 @@ def _held_digest(kind: str, arrays, owned: bool) -> str:
             same_bytes(a, b) for a, b in zip(arrays, held[0], strict=True)):
         return held[1]
     digest = _hash_arrays(arrays)
-    if owned:
-        _HELD[kind] = (arrays, digest, (), None)
-        return digest
     seen = held is not None and len(held[2]) == len(arrays) and all(
         ref() is a for ref, a in zip(held[2], arrays, strict=True))
     token = object()  # names this entry; the callback holds it, not the entry (no cycle keeps the copy)
@@ -189,8 +185,7 @@ def data_fingerprint(x, y=None) -> str:
     """
     import tensorflow as tf
 
-    return "data:" + _held_digest("data", tf.nest.flatten(x) + ([] if y is None else tf.nest.flatten(y)),
-                                  owned=False)
+    return "data:" + _held_digest("data", tf.nest.flatten(x) + ([] if y is None else tf.nest.flatten(y)))
 
 
 def tag_data_fingerprint(dataset, fingerprint: str):
