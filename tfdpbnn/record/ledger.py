@@ -278,12 +278,9 @@ def _rdp_epsilon_of_leaves(leaves: tuple, delta: float, neighboring: str) -> flo
     ``_rdp_terms``). A ledger's epsilon at each epoch end is one lookup when its phases have not changed
     since the last one.
     """
-    total = None
+    total = np.zeros_like(_rdp_of_one(dp_accounting.NoOpDpEvent(), neighboring))
     for item, count in leaves:  # sorted: a fixed order of the sum
-        part = count * _rdp_of_one(item, neighboring)
-        total = part if total is None else total + part
-    if total is None:
-        total = np.zeros_like(_rdp_of_one(dp_accounting.NoOpDpEvent(), neighboring))
+        total = total + count * _rdp_of_one(item, neighboring)
     return rdp_epsilon_with(_rdp_terms(neighboring, delta), _rdp_orders(neighboring), total, delta)
 
 
