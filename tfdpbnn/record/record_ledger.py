@@ -200,11 +200,14 @@ class LedgerBackend(abc.ABC):
 
     @abc.abstractmethod
     def reserve(self, keys: np.ndarray, release: Release,
-                check: Callable[[list[History], dict | None], None]) -> int:
+                check: Callable[[Callable[[], list[History]], dict | None, Callable[[], set]], None]) -> int:
         """Check the histories of ``keys`` and write ``release`` against them, in one transaction.
 
-        ``check(histories, budget)`` (the budget as ``budget()`` reads it, in the same transaction) raises
-        to refuse (nothing written); ``keys`` are distinct int64. Returns the release's id.
+        ``check(histories, budget, neighborings)`` raises to refuse (nothing written): ``budget`` as
+        ``budget()`` reads it, ``histories()`` the records' histories and ``neighborings()`` the set of the
+        neighboring relations of every release on the records, each read in the same transaction when
+        called (a check without a budget needs only the relations, which do not grow with the histories'
+        length). ``keys`` are distinct int64. Returns the release's id.
         """
 
     @abc.abstractmethod
@@ -256,6 +259,11 @@ _CHECKED: set[tuple] = set()
 _DECODED: dict[tuple, dict] = {}
 #: The most releases kept decoded per file (then the file's are dropped and decoded again as needed).
 _DECODED_MAX = 100_000
+#: The neighboring relations of the releases of each history chain read: file identity -> {(the chain's
+#: last history row's parent, release, the release's ``created`` time): frozenset of relations}.
+_RELATIONS: dict[tuple, dict] = {}
+#: The most chains kept per file (then the file's are dropped and read again as needed).
+_RELATIONS_MAX = 100_000
 #: Where this process's last reservation on each ledger file left its records: file identity ->
 #: (the keys, distinct int64 (a copy); the release's id; its ``created`` time; {history: records}).
 _PLACED: dict[tuple, tuple] = {}
@@ -397,6 +405,61 @@ class SQLiteLedger(LedgerBackend):
                         releases=tuple(releases[r] for r in chains.get(h, [])))
                 for h, count in counts.items()]
 
+    def _neighborings(self, conn, counts: dict) -> set[str]:
+        """The neighboring relations of every release on the histories ``counts`` names (their chains).
+
+        A history's chain is its parent's chain and its own release. A history row changes only when the
+        history takes a new release (its former parent and release move to a new row, to which its children
+        are pointed) or when its parent's row moves: a (parent, release) pair names one chain for good, as
+        long as the release is the same (its ``created`` time, against a rolled-back release's id taken
+        again). So the relations of each chain read are kept by that triple (``_RELATIONS``, only from a
+        transaction that has written nothing: committed rows), and a history that took one release since
+        is found from its parent's row: two rows read per history, not its whole chain (which grows by one
+        release per fit on its records). Chains not kept are walked in one statement.
+        """
+        ids = [h for h in counts if h is not None]
+        if not ids:
+            return set()
+        kept = _RELATIONS.setdefault(record_store.file_identity(self.path), {})
+        keep = record_store.unwritten(conn)
+        found: set[str] = set()
+        unknown: dict[int, tuple] = {}
+        for history, parent, release, created, relation, grand, above, above_created in conn.execute(
+                "SELECT h.history, h.parent, h.release, r.created, r.neighboring, p.parent, p.release, "
+                "pr.created FROM ledger_histories h JOIN ledger_releases r ON r.release = h.release "
+                "LEFT JOIN ledger_histories p ON p.history = h.parent "
+                "LEFT JOIN ledger_releases pr ON pr.release = p.release "
+                "WHERE h.history IN (SELECT value FROM json_each(?))", (json.dumps(ids),)):
+            key = (parent, release, created)
+            relations = kept.get(key)
+            if relations is None and parent is None:
+                relations = frozenset({relation})
+            if relations is None and (grand, above, above_created) in kept:
+                relations = kept[(grand, above, above_created)] | {relation}
+            if relations is None:
+                unknown[history] = key
+                continue
+            if keep:
+                kept[key] = relations
+            found |= relations
+        if unknown:  # each unknown history's whole chain, walked in one statement
+            walked: dict[int, set] = {h: set() for h in unknown}
+            for origin, relation in conn.execute(
+                    "WITH RECURSIVE up(origin, h) AS (SELECT value, value FROM json_each(?) UNION "
+                    "SELECT up.origin, p.parent FROM ledger_histories p JOIN up ON p.history = up.h "
+                    "WHERE p.parent IS NOT NULL) "
+                    "SELECT DISTINCT up.origin, r.neighboring FROM up "
+                    "JOIN ledger_histories l ON l.history = up.h "
+                    "JOIN ledger_releases r ON r.release = l.release", (json.dumps(list(unknown)),)):
+                walked[origin].add(relation)
+            for history, relations in walked.items():
+                if keep:
+                    kept[unknown[history]] = frozenset(relations)
+                found |= relations
+        if len(kept) > _RELATIONS_MAX:
+            kept.clear()
+        return found
+
     @staticmethod
     def _placed_counts(conn, identity: tuple, keys: np.ndarray) -> dict | None:
         """{history: record count} of ``keys`` without reading their rows, or None (then read them).
@@ -494,7 +557,8 @@ class SQLiteLedger(LedgerBackend):
             sizes = None if counts is None else dict(counts)
             if counts is None:
                 counts, text = self._key_counts(conn, keys)
-            check(self._histories(conn, counts), self._budget(conn))
+            check(lambda: self._histories(conn, counts), self._budget(conn),
+                  lambda: self._neighborings(conn, counts))
             created = time.time()
             release_id = conn.execute(
                 "INSERT INTO ledger_releases (kind, neighboring, phase_id, phase_ids, planned, spent, "
@@ -622,7 +686,10 @@ class RecordLedger:
         release = Release(0, kind, neighboring, event_to_config(planned), None, phase_id, description,
                           () if phase_id is None else (phase_id,))
 
-        def check(histories: list[History], budget: dict | None) -> None:
+        def check(read_histories, budget: dict | None, neighborings) -> None:
+            if budget is None and neighborings() <= {neighboring}:
+                return  # no budget to compose against, and every release on the records is of this relation
+            histories = read_histories()
             for history in histories:
                 other = {r.neighboring for r in history.releases} - {neighboring}
                 if other:

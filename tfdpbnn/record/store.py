@@ -42,6 +42,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tfdpbnn._validation import check_open_unit, check_positive
+from tfdpbnn.record import phase_versions
 from tfdpbnn.record.ledger import Phase, PrivacyLedger
 
 #: Environment variable naming the store file ("off": keep no record).
@@ -534,6 +535,18 @@ def kept_connection(path: str, timeout: float) -> sqlite3.Connection:
 
 #: The open transaction of each (path as given, process, thread): a nested ``transaction`` joins it at once.
 _IN_TRANSACTION: dict[tuple, sqlite3.Connection] = {}
+#: ``total_changes`` of each connection (by id) when its open ``transaction`` began (``unwritten``).
+_CHANGES_AT_BEGIN: dict[int, int] = {}
+
+
+def unwritten(conn: sqlite3.Connection) -> bool:
+    """Whether ``conn``'s open ``transaction`` has written no row yet: all it reads is committed.
+
+    Outside a transaction every read is committed too.
+    """
+    if not conn.in_transaction:
+        return True
+    return _CHANGES_AT_BEGIN.get(id(conn)) == conn.total_changes
 
 
 @contextlib.contextmanager
@@ -561,6 +574,7 @@ def transaction(path: str, timeout: float = 60.0, mode: str = "IMMEDIATE", durab
     _IN_TRANSACTION[key] = conn
     try:
         conn.execute(f"BEGIN {mode}")
+        _CHANGES_AT_BEGIN[id(conn)] = conn.total_changes
         try:
             yield conn
         except BaseException:
@@ -569,6 +583,7 @@ def transaction(path: str, timeout: float = 60.0, mode: str = "IMMEDIATE", durab
         conn.execute("COMMIT")
     finally:
         _IN_TRANSACTION.pop(key, None)
+        _CHANGES_AT_BEGIN.pop(id(conn), None)
         if not durable:
             conn.execute("PRAGMA synchronous=FULL")  # the kept connection's setting for everyone else
 
@@ -782,25 +797,11 @@ class RunStore:
                 phases.extend(Phase(**p) for p in json.loads(ledger))
                 phases.append(Phase(**json.loads(own)))
         # A phase that later runs extended (the same optimizer went on after these weights) counts in
-        # full: loading older weights does not erase what was spent after them. Each run's own phase
-        # (``_run_phase``: its last final snapshot's, else its planned one) in one statement; only the
-        # largest version of each phase (``_size``, by the phase's own id) is decoded.
-        largest: dict[int, tuple] = {}
-        ids = json.dumps(sorted({int(p.phase_id) for p in phases}))
-        for phase_id, run_id, steps, participations, examples, text in conn.execute(
-                "SELECT json_extract(own, '$.phase_id'), run_id, json_extract(own, '$.steps'), "
-                "COALESCE(json_extract(own, '$.participations'), 0), json_extract(own, '$.examples'), "
-                "own FROM (SELECT r.run_id, COALESCE(NULLIF((SELECT s.phase FROM snapshots s "
-                "WHERE s.run_id = r.run_id AND s.final = 1 ORDER BY s.snapshot DESC LIMIT 1), 'null'), "
-                "r.planned_phase) AS own FROM runs r "
-                "WHERE r.phase_id IN (SELECT value FROM json_each(?)))",
-                (ids,)):
-            if run_id == exclude_run:
-                continue
-            size = (steps, participations, examples)
-            if phase_id not in largest or size > largest[phase_id][0]:
-                largest[phase_id] = (size, text)
-        phases.extend(Phase(**json.loads(text)) for _, text in largest.values())
+        # full: loading older weights does not erase what was spent after them. The largest version of
+        # each phase over every run's own (``_run_phase``), read incrementally (``phase_versions``).
+        phases.extend(phase_versions.largest_versions(conn, file_identity(self.path),
+                                                      [p.phase_id for p in phases], exclude_run,
+                                                      incremental=unwritten(conn)))
         return _max_steps(phases)
 
     def weights_ledger(self, weights: str, legacy=None) -> list[Phase] | None:
