@@ -1,7 +1,7 @@
 """What the per-record privacy ledger and the privacy record cost: a run over a million records, each ``fit``.
 
-Run: ``python benchmarks/ledger_cost.py [--records 1000000] [--fits 15] [--models small,mlp]`` (a few
-minutes on 2 cores). Prints the command, the machine and its load average, markdown tables for
+Run: ``python benchmarks/ledger_cost.py [--records 1000000] [--fits 15] [--models small,mlp] [--loop 500]``
+(a few minutes on 2 cores). Prints the command, the machine and its load average, markdown tables for
 docs/benchmarks.md (every time as wall time and as this process's CPU time: other load on a shared machine
 inflates the first), and each target with its verdict:
 
@@ -22,7 +22,10 @@ inflates the first), and each target with its verdict:
    record has not seen, a new optimizer). The same arrays are fed to every ``fit``, so after the first two
    the data fingerprint is a byte comparison with the copy hashed last (``tfdpbnn.record.store``), and the
    reservation finds the records where this process placed them. Also the SQL statements (and commits) one
-   DP ``fit`` runs on the record's file.
+   DP ``fit`` runs on the record's file;
+5. ``--loop`` one-step fits of the small model in a loop, each a run of the same phase over the same
+   records: the record's whole work per fit at the loop's start and at its end (target: under 10 ms at the
+   end: a run's start must not read more with every earlier run).
 """
 
 from __future__ import annotations
@@ -270,6 +273,47 @@ def _fit_costs(fits: int, which: str) -> tuple[list[str], list[str], dict]:
     return rows, phases, summary
 
 
+def _loop_costs(loop: int) -> tuple[list[str], dict]:
+    """The record's whole work per fit at the start and the end of ``loop`` one-step fits of one model.
+
+    ``steps_per_epoch=1`` fits in a loop, in a store of its own; medians of 20 fits at each end.
+
+    Each fit is a run of the same phase, with one training release on the same records: what a run's start
+    reads of the phase's earlier runs and of the records' histories must not grow with them.
+    """
+    import tensorflow as tf
+
+    import tfdpbnn
+
+    n, features, hidden, batch = _MODELS["small"]
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=(n, features)).astype(np.float32)
+    y = rng.integers(0, 10, n).astype(np.int32)
+    os.environ["TFDPBNN_PRIVACY_STORE"] = os.path.join(tempfile.mkdtemp(), "record.sqlite")
+    tf.keras.utils.set_random_seed(1)
+    model = tf.keras.Sequential([tf.keras.Input((features,)),
+                                 tf.keras.layers.Dense(hidden, activation="relu"), tf.keras.layers.Dense(10)])
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, learning_rate=0.1, num_examples=n,
+                                                   batch_size=batch, delta=1e-5, allow_exceeding_budget=True),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    labels = [text for _, method, text in _PHASES if method in _TOTAL]
+    work = []
+    for _ in range(loop + 3):  # 3 to warm up
+        _SPENT.clear()
+        model.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=1, verbose=0)
+        work.append((sum(_SPENT.get(k, (0.0, 0.0))[0] for k in labels),
+                     sum(_SPENT.get(k, (0.0, 0.0))[1] for k in labels)))
+    work = work[3:]
+    window = min(20, loop)
+    start = [statistics.median(t[i] for t in work[:window]) * 1e3 for i in (0, 1)]
+    end = [statistics.median(t[i] for t in work[-window:]) * 1e3 for i in (0, 1)]
+    label = f"{n:,} records, 64-32-10, one-step fits in a loop"
+    rows = [f"| {label} | the record's whole work per fit, fits 1-{window} | {start[0]:.2f} ms | "
+            f"{start[1]:.2f} ms |",
+            f"| {label} | the same, fits {loop - window + 1}-{loop} | {end[0]:.2f} ms | {end[1]:.2f} ms |"]
+    return rows, {"label": label, "start": start, "end": end, "loop": loop}
+
+
 def main(argv=None) -> None:
     """Print the measured rows (see the module)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -277,15 +321,19 @@ def main(argv=None) -> None:
     parser.add_argument("--fits", type=int, default=15)
     parser.add_argument("--models", default="small,mlp",
                         help=f"comma-separated, of {sorted(_MODELS)} (empty: no fits)")
+    parser.add_argument("--loop", type=int, default=500,
+                        help="one-step fits of the small model in a loop (0: none)")
     args = parser.parse_args(argv)
     if args.records < 1 or args.fits < 1:
         parser.error("--records and --fits must be >= 1")
+    if args.loop < 0:
+        parser.error(f"--loop must be >= 0, got {args.loop}")
     models = [m for m in args.models.split(",") if m]
     if any(m not in _MODELS for m in models):
         parser.error(f"--models: each of {sorted(_MODELS)}, got {args.models!r}")
     load = os.getloadavg()
     start = time.perf_counter()
-    if models:
+    if models or args.loop:
         _install_phase_timers()
     rows, walls, cpus = _run_over(args.records)
     phases: list[str] = []
@@ -295,10 +343,14 @@ def main(argv=None) -> None:
         rows += more
         phases += parts
         summaries.append(summary)
+    loop = None
+    if args.loop:
+        parts, loop = _loop_costs(args.loop)
+        phases += parts
     end_load = os.getloadavg()[0]
     models_arg = ",".join(models) or "''"
     print(f"Command: python benchmarks/ledger_cost.py --records {args.records} --fits {args.fits} --models "
-          f"{models_arg}")
+          f"{models_arg} --loop {args.loop}")
     print(f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"TensorFlow {_tf_version()}; load average (1, 5, 15 minutes) {load[0]:.2f}, {load[1]:.2f}, "
           f"{load[2]:.2f} at the start, {end_load:.2f} at the end; wall time "
@@ -330,6 +382,13 @@ def main(argv=None) -> None:
         on, off = summary["DP, record on"], summary["DP, record off"]
         print(f"- one-epoch DP fit / non-private fit ({summary['label']}): {on[0]:.2f}x wall, "
               f"{on[1]:.2f}x CPU with the record; {off[0]:.2f}x wall, {off[1]:.2f}x CPU with it off")
+
+
+    if loop is not None:
+        wall, cpu = loop["end"]
+        print(f"- the record's work per fit after {loop['loop']} earlier fits ({loop['label']}) under 10 ms: "
+              f"{_verdict(wall, cpu, 10.0)} ({wall:.2f} ms wall, {cpu:.2f} ms CPU; {loop['start'][0]:.2f} ms "
+              "wall at the loop's start)")
 
 
 def _verdict(wall: float, cpu: float, limit: float) -> str:
