@@ -22,15 +22,26 @@ def _phase(phase_id: int, steps: int) -> Phase:
                  examples=8 * steps, num_examples=64, phase_id=phase_id)
 
 
-def _fresh(run_store, weights, exclude_run=None):
-    """The weights' record as a process that has read nothing of the file computes it."""
-    held = dict(phase_versions._READ)
-    phase_versions._READ.clear()
+def _read_in_full(work):
+    """``work()`` with every run of the phases or data set read (nothing kept, nothing used)."""
+    held, original = dict(phase_versions._READ), phase_versions._read_now
+    phase_versions._read_now = lambda *args: None  # the whole read, as outside a clean transaction
     try:
-        return run_store.weights_record(weights, exclude_run=exclude_run)
+        return work()
     finally:
+        phase_versions._read_now = original
         phase_versions._READ.clear()
         phase_versions._READ.update(held)
+
+
+def _fresh(run_store, weights, exclude_run=None):
+    """The weights' record from a read of every run of its phases."""
+    return _read_in_full(lambda: run_store.weights_record(weights, exclude_run=exclude_run))
+
+
+def _fresh_dataset(run_store, dataset):
+    """What a data set has spent, from a read of every run on it."""
+    return _read_in_full(lambda: run_store.dataset_phases(dataset))
 
 
 def _key(phases):
@@ -38,7 +49,8 @@ def _key(phases):
 
 
 def test_incremental_reads_equal_full_reads_after_every_kind_of_write(tmp_path):
-    """Random runs over three phases: after each write the incremental record equals a full read's."""
+    """Random runs over three phases and two data sets: after each write, the weights' record and each
+    data set's spending read incrementally equal a full read's."""
     rng = np.random.default_rng(0)
     run_store = store.RunStore(str(tmp_path / "record.sqlite"))
     phases = [101, 202, 303]
@@ -53,7 +65,8 @@ def test_incremental_reads_equal_full_reads_after_every_kind_of_write(tmp_path):
         if action == 0 or not open_runs:  # a run begins (planned: more steps than it may take)
             p = int(rng.choice(phases))
             planned = steps[p] + int(rng.integers(1, 5))
-            open_runs.append((run_store.begin_run("data:d", weights, _phase(p, planned)), p))
+            dataset = ("data:a", "data:b")[int(rng.integers(2))]
+            open_runs.append((run_store.begin_run(dataset, weights, _phase(p, planned)), p))
         elif action == 1:  # an epoch's snapshot of an open run
             run_id, p = open_runs[int(rng.integers(len(open_runs)))]
             steps[p] += 1
@@ -69,8 +82,10 @@ def test_incremental_reads_equal_full_reads_after_every_kind_of_write(tmp_path):
         else:  # a run begins and ends at once (a one-step fit)
             p = int(rng.choice(phases))
             steps[p] += 1
-            run_id = run_store.begin_run("data:d", weights, _phase(p, steps[p]))
+            run_id = run_store.begin_run("data:a", weights, _phase(p, steps[p]))
             run_store.snapshot(run_id, weights, _phase(p, steps[p]), PrivacyLedger([]), final=True)
+        for dataset in ("data:a", "data:b"):  # what each data set has spent (its budget's check)
+            assert _key(run_store.dataset_phases(dataset)) == _key(_fresh_dataset(run_store, dataset)), step
         # The weights' record, as a run start reads it (one open run excluded, sometimes)
         runs = [r["run_id"] for r in run_store.runs()]
         exclude = runs[int(rng.integers(len(runs)))] if rng.random() < 0.5 else None

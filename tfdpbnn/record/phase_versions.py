@@ -4,16 +4,18 @@ A phase is extended by every run that continues it (one ``fit`` after another wi
 a saved optimizer loaded elsewhere). Each run's own version of its phase is its last final snapshot's phase,
 else its planned one (an upper bound while it runs, or for a run that was killed); the weights' record
 counts each phase at the largest version any run reached (``RunStore.weights_record``: loading older
-weights does not erase what was spent after them). Reading every run of a phase at each run's start costs
-time linear in the runs: thousands of one-step fits in a loop would pay for all earlier ones at every fit.
+weights does not erase what was spent after them), and a data set's spending is the largest version of
+each phase over the runs on it (``RunStore.dataset_phases``, checked against its budget at every run's
+start). Reading every run of a phase or data set at each run's start costs time linear in the runs:
+thousands of one-step fits in a loop would pay for all earlier ones at every fit.
 
-The store's rows are only ever inserted, so this module keeps, per store file, the versions of each phase
-read so far (``(own phase id, size)`` per run) and reads only what was added since: runs after the last
-``runs`` rowid read, and runs with a final snapshot after the last ``snapshots`` id read. It does so only
-in a transaction that has written nothing yet, where every row it sees is committed (a rolled-back insert
-may leave its rowid to another row: one seen only inside its own transaction is never taken as read);
-elsewhere, and when the file is not the one read before (the run at the last rowid read is another, or
-gone), every run of the phases is read again.
+The store's rows are only ever inserted, so this module keeps, per store file, the versions read so far
+(``(rowid, own phase id, size)`` per run, by phase and by data set) and reads only what was added since:
+runs after the last ``runs`` rowid read, and runs with a final snapshot after the last ``snapshots`` id
+read. It does so only in a transaction that has written nothing yet, where every row it sees is committed
+(a rolled-back insert may leave its rowid to another row: one seen only inside its own transaction is never
+taken as read); elsewhere, and when the file is not the one read before (the run at the last rowid read is
+another, or gone), every run of the phases or the data set is read again.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ _MAX_RUNS = 200_000
 
 
 class _Phase:
-    """The runs of one phase (``runs.phase_id``) read so far, and the largest version of each own phase id.
+    """The runs of one group (a phase, or a data set) read so far, and the largest version of each phase.
 
     ``runs``: run -> (rowid, own phase id, size). ``best``: own phase id -> the run holding its largest
     version (the earliest such run on equal sizes), or None when a run's version shrank or moved (a final
@@ -75,13 +77,13 @@ def _better(a: tuple, b: tuple) -> bool:
 
 
 class _Read:
-    """What was read of one store file: the last rowid and snapshot id, the run there, each phase's runs."""
+    """What was read of one store file: the last rowid and snapshot id, the run there, each group's runs."""
 
     def __init__(self):
         self.runs = 0
         self.snapshots = 0
         self.last_run = None
-        self.phases: dict[int, _Phase] = {}  # by runs.phase_id
+        self.groups: dict[tuple, _Phase] = {}  # ("phase_id", runs.phase_id) or ("dataset", runs.dataset)
 
 
 #: Store file identity (``tfdpbnn.record.store.file_identity``) -> ``_Read``.
@@ -89,27 +91,33 @@ _READ: dict[tuple, _Read] = {}
 
 
 def _versions(conn, where: str, args) -> list:
-    """Each run ``where`` picks: ``runs.phase_id``, run id, (rowid, own phase's id, size), own phase's JSON.
+    """Each run ``where`` picks: its groups, run id, (rowid, own phase's id, size), own phase's JSON.
 
-    The size is (steps, participations, examples). In rowid order.
+    Its groups: ``(("phase_id", runs.phase_id), ("dataset", runs.dataset))``. The size is (steps,
+    participations, examples). In rowid order.
     """
-    return [(phase_id, run_id, (rowid, own_id, (steps, participations, examples)), text)
-            for rowid, phase_id, run_id, own_id, steps, participations, examples, text in conn.execute(
-                "SELECT id, phase_id, run_id, json_extract(own, '$.phase_id'), "
+    return [((("phase_id", phase_id), ("dataset", dataset)), run_id,
+             (rowid, own_id, (steps, participations, examples)), text)
+            for rowid, phase_id, dataset, run_id, own_id, steps, participations, examples, text
+            in conn.execute(
+                "SELECT id, phase_id, dataset, run_id, json_extract(own, '$.phase_id'), "
                 "json_extract(own, '$.steps'), COALESCE(json_extract(own, '$.participations'), 0), "
-                "json_extract(own, '$.examples'), own "
-                f"FROM (SELECT r.rowid AS id, r.phase_id AS phase_id, r.run_id AS run_id, {_OWN} AS own "
-                f"FROM runs r WHERE {where}) ORDER BY id", args)]
+                "json_extract(own, '$.examples'), own FROM (SELECT r.rowid AS id, r.phase_id AS phase_id, "
+                f"r.dataset AS dataset, r.run_id AS run_id, {_OWN} AS own FROM runs r WHERE {where}) "
+                "ORDER BY id", args)]
 
 
-#: The runs of the phases not read yet.
-_MISSING = "r.phase_id IN (SELECT value FROM json_each(?))"
+def _members(column: str) -> str:
+    """The runs whose ``column`` ("phase_id" or "dataset") is one of a JSON array's values."""
+    return f"r.{column} IN (SELECT value FROM json_each(?))"
+
+
 #: The runs added after a rowid, and those with a final snapshot added after a snapshot id.
 _ADDED = "r.rowid > ? OR r.run_id IN (SELECT run_id FROM snapshots WHERE snapshot > ? AND final = 1)"
 
 
-def _read_now(conn, identity: tuple, phase_ids: list[int], texts: dict) -> list[_Phase] | None:
-    """The ``_Phase`` of each of ``phase_ids``, from what was read and the rows added since.
+def _read_now(conn, identity: tuple, column: str, values: list, texts: dict) -> list[_Phase] | None:
+    """The ``_Phase`` of the runs of each of ``values`` of ``column``, from what was read and what is new.
 
     ``texts`` receives the own phase's JSON of each run read in this call. None when the file's entry
     cannot serve (too many runs): the caller reads in full.
@@ -123,28 +131,54 @@ def _read_now(conn, identity: tuple, phase_ids: list[int], texts: dict) -> list[
     if read is None or (read.last_run is not None and at_last != read.last_run):
         read = _READ[identity] = _Read()  # new, or not the file read before (replaced, or an old copy)
     runs, snapshots = runs or 0, snapshots or 0
-    missing = [p for p in phase_ids if p not in read.phases]
+    missing = [v for v in values if (column, v) not in read.groups]
     clauses, args = [], []
-    if read.phases and (runs > read.runs or snapshots > read.snapshots):
+    if read.groups and (runs > read.runs or snapshots > read.snapshots):
         clauses.append(_ADDED)
         args += [read.runs, read.snapshots]
     if missing:
-        clauses.append(_MISSING)
+        clauses.append(_members(column))
         args.append(json.dumps(missing))
-        for p in missing:
-            read.phases[p] = _Phase()
+        for v in missing:
+            read.groups[(column, v)] = _Phase()
     if clauses:
-        for phase_id, run_id, version, text in _versions(conn, " OR ".join(f"({c})" for c in clauses),
-                                                         tuple(args)):
-            held = read.phases.get(phase_id)
-            if held is not None:
-                held.put(run_id, version)
-                texts[run_id] = text
+        for groups, run_id, version, text in _versions(conn, " OR ".join(f"({c})" for c in clauses),
+                                                       tuple(args)):
+            for group in groups:
+                held = read.groups.get(group)
+                if held is not None:
+                    held.put(run_id, version)
+                    texts[run_id] = text
     read.runs, read.snapshots, read.last_run = runs, snapshots, last
-    if sum(len(held.runs) for held in read.phases.values()) > _MAX_RUNS:
+    if sum(len(held.runs) for held in read.groups.values()) > _MAX_RUNS:
         del _READ[identity]
         return None
-    return [read.phases[p] for p in phase_ids]
+    return [read.groups[(column, v)] for v in values]
+
+
+def _largest(conn, identity: tuple, column: str, values: list, exclude_run: str | None,
+             incremental: bool) -> list:
+    """The largest version of each own phase over the runs of ``values`` of ``column``, as ``Phase``s."""
+    texts: dict[str, str] = {}
+    held = _read_now(conn, identity, column, values, texts) if incremental else None
+    if held is None:
+        whole = _Phase()
+        for _, run_id, version, text in _versions(conn, _members(column), (json.dumps(values),)):
+            whole.put(run_id, version)
+            texts[run_id] = text
+        held = [whole]
+    largest: dict[int, tuple] = {}  # own phase id -> (version, run)
+    for group in held:
+        for own_id, run_id in group.largest(exclude_run).items():
+            version = group.runs[run_id]
+            if own_id not in largest or _better(version, largest[own_id][0]):
+                largest[own_id] = (version, run_id)
+    winners = [run_id for _, run_id in largest.values()]
+    unread = [run_id for run_id in winners if run_id not in texts]
+    if unread:  # runs read in an earlier call: their own phase's JSON, in one statement
+        texts.update(conn.execute(f"SELECT r.run_id, {_OWN} FROM runs r WHERE r.run_id IN "
+                                  "(SELECT value FROM json_each(?))", (json.dumps(unread),)))
+    return [Phase(**json.loads(texts[run_id])) for run_id in winners]
 
 
 def largest_versions(conn, identity: tuple, phase_ids, exclude_run: str | None, incremental: bool) -> list:
@@ -158,26 +192,16 @@ def largest_versions(conn, identity: tuple, phase_ids, exclude_run: str | None, 
     phase_ids = sorted({int(p) for p in phase_ids})
     if not phase_ids:
         return []
-    texts: dict[str, str] = {}
-    held = _read_now(conn, identity, phase_ids, texts) if incremental else None
-    if held is None:
-        whole = _Phase()
-        for _, run_id, version, text in _versions(conn, _MISSING, (json.dumps(phase_ids),)):
-            whole.put(run_id, version)
-            texts[run_id] = text
-        held = [whole]
-    largest: dict[int, tuple] = {}  # own phase id -> (version, run)
-    for phase in held:
-        for own_id, run_id in phase.largest(exclude_run).items():
-            version = phase.runs[run_id]
-            if own_id not in largest or _better(version, largest[own_id][0]):
-                largest[own_id] = (version, run_id)
-    winners = [run_id for _, run_id in largest.values()]
-    unread = [run_id for run_id in winners if run_id not in texts]
-    if unread:  # runs read in an earlier call: their own phase's JSON, in one statement
-        texts.update(conn.execute(f"SELECT r.run_id, {_OWN} FROM runs r WHERE r.run_id IN "
-                                  "(SELECT value FROM json_each(?))", (json.dumps(unread),)))
-    return [Phase(**json.loads(texts[run_id])) for run_id in winners]
+    return _largest(conn, identity, "phase_id", phase_ids, exclude_run, incremental)
 
 
-__all__ = ["largest_versions"]
+def dataset_versions(conn, identity: tuple, dataset: str, incremental: bool) -> list:
+    """The largest version of each phase over the runs on ``dataset`` (what the data set has spent).
+
+    As ``largest_versions``, for the runs whose data set is ``dataset`` (a data set's budget is checked
+    at every run's start: ``RunStore.dataset_phases``).
+    """
+    return _largest(conn, identity, "dataset", [dataset], None, incremental)
+
+
+__all__ = ["dataset_versions", "largest_versions"]

@@ -722,21 +722,11 @@ class RunStore:
         return [{"run_id": r[0], "dataset": r[1], "started": r[2], "host": r[3], "pid": r[4],
                  "ended": bool(r[5])} for r in rows]
 
-    def _run_phase(self, conn, run_id: str) -> Phase:
-        """The run's own phase: as counted at its final snapshot, else its planned phase (upper bound)."""
-        row = conn.execute("SELECT phase FROM snapshots WHERE run_id = ? AND final = 1 "
-                           "ORDER BY snapshot DESC LIMIT 1", (run_id,)).fetchone()
-        if row is not None and row[0] != "null":
-            return Phase(**json.loads(row[0]))
-        planned = conn.execute("SELECT planned_phase FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0]
-        return Phase(**json.loads(planned))
-
     def dataset_phases(self, dataset: str) -> list[Phase]:
         """The phases every run on ``dataset`` spent (one per phase id, the largest version)."""
-        with self._connect() as conn:
-            ids = [r[0] for r in conn.execute("SELECT run_id FROM runs WHERE dataset = ? ORDER BY rowid",
-                                              (dataset,))]
-            return _max_steps(self._run_phase(conn, run_id) for run_id in ids)
+        with self._connect() as conn:  # read incrementally (``phase_versions``)
+            return phase_versions.dataset_versions(conn, file_identity(self.path), dataset,
+                                                   incremental=unwritten(conn))
 
     def dataset_epsilon(self, dataset: str, delta: float, accountant: str = "rdp",
                         extra: Phase | None = None) -> float:
@@ -785,7 +775,7 @@ class RunStore:
         """Every phase of the runs ``run_ids`` (their last snapshot's ledger and their own phase)."""
         phases: list[Phase] = []
         if run_ids:
-            # Each run's last snapshot's ledger and its own phase (``_run_phase``), in one statement.
+            # Each run's last snapshot's ledger and its own phase (``phase_versions``), in one statement.
             rows = {run_id: (ledger, own) for run_id, ledger, own in conn.execute(
                 "SELECT j.value, (SELECT s.ledger FROM snapshots s WHERE s.run_id = j.value "
                 "ORDER BY s.snapshot DESC LIMIT 1), COALESCE(NULLIF((SELECT s.phase FROM snapshots s "
@@ -798,7 +788,7 @@ class RunStore:
                 phases.append(Phase(**json.loads(own)))
         # A phase that later runs extended (the same optimizer went on after these weights) counts in
         # full: loading older weights does not erase what was spent after them. The largest version of
-        # each phase over every run's own (``_run_phase``), read incrementally (``phase_versions``).
+        # each phase over every run's own, read incrementally (``phase_versions``).
         phases.extend(phase_versions.largest_versions(conn, file_identity(self.path),
                                                       [p.phase_id for p in phases], exclude_run,
                                                       incremental=unwritten(conn)))
