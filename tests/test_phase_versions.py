@@ -44,6 +44,13 @@ def _fresh_dataset(run_store, dataset):
     return _read_in_full(lambda: run_store.dataset_phases(dataset))
 
 
+def _close_connections():
+    """Close this process's kept connections: each file's write-ahead log goes into it (as at exit)."""
+    for connection, _ in store._KEPT.values():
+        connection.close()
+    store._KEPT.clear()
+
+
 def _key(phases):
     return sorted((p.phase_id, p.steps, p.participations, p.examples) for p in phases)
 
@@ -129,6 +136,7 @@ def test_a_transaction_that_wrote_reads_in_full_and_a_replaced_file_is_read_agai
     weights = "weights:v2:w"
     first = run_store.begin_run("data:d", weights, _phase(9, 3))
     run_store.snapshot(first, weights, _phase(9, 3), PrivacyLedger([_phase(9, 3)]), final=True)
+    _close_connections()
     shutil.copy(path, str(tmp_path / "copy.sqlite"))  # the file with one run
     assert _key(run_store.weights_record(weights)) == [(9, 3, 3, 24)]
     try:
@@ -143,10 +151,10 @@ def test_a_transaction_that_wrote_reads_in_full_and_a_replaced_file_is_read_agai
     run_store.snapshot(second, weights, _phase(9, 5), PrivacyLedger([]), final=True)
     assert _key(run_store.weights_record(weights)) == [(9, 5, 5, 40)]
     # The one-run copy put back at the path (the same file system entry, other contents): read anew.
+    _close_connections()
     with open(str(tmp_path / "copy.sqlite"), "rb") as source, open(path, "r+b") as target:
         target.write(source.read())
         target.truncate()
-    store._KEPT.clear()  # a new process's connection to the file
     assert _key(run_store.weights_record(weights)) == _key(_fresh(run_store, weights))
 
 

@@ -918,21 +918,21 @@ def test_a_reservation_without_a_budget_reads_the_relations_not_the_histories(tm
 
 def _relations_walked(ledger, keys) -> set:
     """The relations on the releases of ``keys`` as a process that kept no chain finds them (all walked)."""
-    held = dict(record_ledger._RELATIONS)
-    record_ledger._RELATIONS.clear()
+    held = dict(record_ledger._CHAINS)
+    record_ledger._CHAINS.clear()
     try:
         with store.transaction(ledger.backend.path, mode="DEFERRED") as conn:
             counts, _ = ledger.backend._key_counts(conn, np.unique(np.asarray(keys, np.int64)))
             return ledger.backend._neighborings(conn, counts)
     finally:
-        record_ledger._RELATIONS.clear()
-        record_ledger._RELATIONS.update(held)
+        record_ledger._CHAINS.clear()
+        record_ledger._CHAINS.update(held)
 
 
-def test_the_relations_kept_per_chain_equal_a_walk_of_every_chain(tmp_path):
-    """Random reservations (whole and partial moves), two relations on separate records: the relations a
-    reservation finds from the chains it kept equal those of a walk of every chain, and a reservation under
-    one relation over records that carry the other is refused, however the chains were kept."""
+def test_the_chains_kept_equal_a_walk_of_every_chain(tmp_path):
+    """Random reservations (whole and partial moves), two relations on separate records: the relations and
+    histories a reservation finds from the chains it kept equal those of a walk of every chain, and a
+    reservation under one relation over records that carry the other is refused, however they were kept."""
     rng = np.random.default_rng(1)
     path = str(tmp_path / "ledger.sqlite")
     ledger = record_ledger.RecordLedger(path)
@@ -951,9 +951,36 @@ def test_the_relations_kept_per_chain_equal_a_walk_of_every_chain(tmp_path):
         with store.transaction(path, mode="DEFERRED") as conn:
             counts, _ = ledger.backend._key_counts(conn, np.unique(probe))
             assert ledger.backend._neighborings(conn, counts) == _relations_walked(ledger, probe)
+            # The histories from the chains kept equal those read in full (release by release).
+            kept = ledger.backend._histories(conn, counts)
+            assert [(h.history_id, h.records, h.releases) for h in kept] == [
+                (h.history_id, h.records, h.releases) for h in ledger.backend._histories_read(conn, counts)]
     assert walks <= 10  # the chains kept served most reservations (4 walked with this seed)
     for _ in range(10):  # records of both relations: refused under either, whatever the chains kept say
         keys = np.arange(int(rng.integers(0, 55)), int(rng.integers(62, 100)))
         for neighboring in groups:
             with np.testing.assert_raises_regex(ValueError, "cannot be composed with them"):
                 ledger.record(keys, event, kind="other", neighboring=neighboring)
+
+
+def test_a_ledger_file_replaced_at_its_path_is_read_anew(tmp_path):
+    """Another ledger's bytes written over the file (same path and inode): its own releases and chains.
+
+    The chains and releases kept for the file name each release with its ``created`` time, which the other
+    file's releases of the same ids do not share.
+    """
+    keys = np.arange(12, dtype=np.int64)
+    paths = [str(tmp_path / "ledger.sqlite"), str(tmp_path / "other.sqlite")]
+    for path, sigma in zip(paths, (1.0, 5.0), strict=True):
+        ledger = record_ledger.RecordLedger(path)
+        for _ in range(3):
+            ledger.record(keys, dp_accounting.GaussianDpEvent(sigma), kind="other")
+    ledger = record_ledger.RecordLedger(paths[0])
+    assert [r.event() for r in ledger.histories(keys)[0].releases] == [dp_accounting.GaussianDpEvent(1.0)] * 3
+    for connection, _ in store._KEPT.values():  # closed: each file's log written into it (as at exit)
+        connection.close()
+    store._KEPT.clear()
+    with open(paths[1], "rb") as source, open(paths[0], "r+b") as target:
+        target.write(source.read())
+        target.truncate()
+    assert [r.event() for r in ledger.histories(keys)[0].releases] == [dp_accounting.GaussianDpEvent(5.0)] * 3

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -128,7 +129,17 @@ class Release:
 
     def event(self) -> dp_accounting.DpEvent:
         """What counts: the spent event, or the planned one while reserved."""
-        return event_from_config(self.spent if self.spent is not None else self.planned)
+        return self.counted[0]
+
+    @functools.cached_property
+    def counted(self) -> tuple[dp_accounting.DpEvent, float]:
+        """``(event(), its size)`` (``_event_size``), decoded once.
+
+        A release object never changes (a commit is read back as a new object), and a history composes
+        each of its releases at every reservation under a budget.
+        """
+        event = event_from_config(self.spent if self.spent is not None else self.planned)
+        return event, _event_size(event)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,17 +171,17 @@ def _event_size(event) -> float:
 
 
 def _composable(releases: Sequence[Release]) -> list[dp_accounting.DpEvent]:
-    by_phase: dict[int, dp_accounting.DpEvent] = {}
+    by_phase: dict[int, tuple] = {}
     events = []
     for release in releases:
-        event = release.event()
+        event, size = release.counted
         if release.phase_id is None:
             events.append(event)
             continue
         held = by_phase.get(release.phase_id)
-        if held is None or _event_size(event) > _event_size(held):
-            by_phase[release.phase_id] = event
-    return events + list(by_phase.values())
+        if held is None or size > held[1]:
+            by_phase[release.phase_id] = (event, size)
+    return events + [event for event, _ in by_phase.values()]
 
 
 def _check_accountant(accountant: str) -> None:
@@ -259,11 +270,12 @@ _CHECKED: set[tuple] = set()
 _DECODED: dict[tuple, dict] = {}
 #: The most releases kept decoded per file (then the file's are dropped and decoded again as needed).
 _DECODED_MAX = 100_000
-#: The neighboring relations of the releases of each history chain read: file identity -> {(the chain's
-#: last history row's parent, release, the release's ``created`` time): frozenset of relations}.
-_RELATIONS: dict[tuple, dict] = {}
+#: The history chains read from each ledger file: file identity -> {(the chain's last history row's parent,
+#: release, the release's ``created`` time): (the parent chain's key or None, frozenset of the chain's
+#: releases' neighboring relations)} (``SQLiteLedger._chains``).
+_CHAINS: dict[tuple, dict] = {}
 #: The most chains kept per file (then the file's are dropped and read again as needed).
-_RELATIONS_MAX = 100_000
+_CHAINS_MAX = 200_000
 #: Where this process's last reservation on each ledger file left its records: file identity ->
 #: (the keys, distinct int64 (a copy); the release's id; its ``created`` time; {history: records}).
 _PLACED: dict[tuple, tuple] = {}
@@ -375,8 +387,116 @@ class SQLiteLedger(LedgerBackend):
             out.append(release)
         return out
 
+    def _chains(self, conn, ids: list[int]) -> tuple[dict[int, tuple], dict] | None:
+        """``({history: the key of its chain}, the chains kept)`` for the histories ``ids``, read and kept.
+
+        A history's chain is its parent's chain and its own release. A history row changes only when the
+        history takes a new release (its former parent and release move to a new row, to which its children
+        are pointed) or when its parent's row moves: a (parent, release) pair names one chain for good, as
+        long as the release is the same (its ``created`` time, against a rolled-back release's id taken
+        again). So each chain read is kept by that triple, with its parent chain's triple and the relations
+        of its releases (``_CHAINS``, only from a transaction that has written nothing: committed rows), and
+        a history that took one release since is found from its parent's row: two rows read per history,
+        not its whole chain (which grows by one release per fit on its records). Chains not kept are walked
+        in one statement. None when nothing can be kept here (a transaction that has written).
+        """
+        if not record_store.unwritten(conn):
+            return None
+        identity = record_store.file_identity(self.path)
+        nodes = _CHAINS.setdefault(identity, {})
+        found: dict[int, tuple] = {}
+        unknown: list[int] = []
+        for history, parent, release, created, relation, grand, above, above_created in conn.execute(
+                "SELECT h.history, h.parent, h.release, r.created, r.neighboring, p.parent, p.release, "
+                "pr.created FROM ledger_histories h JOIN ledger_releases r ON r.release = h.release "
+                "LEFT JOIN ledger_histories p ON p.history = h.parent "
+                "LEFT JOIN ledger_releases pr ON pr.release = p.release "
+                "WHERE h.history IN (SELECT value FROM json_each(?))", (json.dumps(ids),)):
+            key = (parent, release, created)
+            if key not in nodes:
+                above_key = (grand, above, above_created)
+                if parent is None:
+                    nodes[key] = (None, frozenset({relation}))
+                elif above_key in nodes:
+                    nodes[key] = (above_key, nodes[above_key][1] | {relation})
+                else:
+                    unknown.append(history)
+                    continue
+            found[history] = key
+        if unknown:  # every ancestor of these histories, with its parent and its release (one statement)
+            rows = {history: (parent, release, created, relation)
+                    for history, parent, release, created, relation in conn.execute(
+                        "WITH RECURSIVE up(h) AS (SELECT value FROM json_each(?) UNION "
+                        "SELECT p.parent FROM ledger_histories p JOIN up ON p.history = up.h "
+                        "WHERE p.parent IS NOT NULL) "
+                        "SELECT l.history, l.parent, l.release, r.created, r.neighboring "
+                        "FROM ledger_histories l JOIN ledger_releases r ON r.release = l.release "
+                        "WHERE l.history IN (SELECT h FROM up)", (json.dumps(unknown),))}
+
+            def kept(history):  # the key of ``history``'s chain, kept with its ancestors' (no recursion)
+                path, cursor = [], history
+                while cursor is not None:
+                    parent, release, created, relation = rows[cursor]
+                    key = (parent, release, created)
+                    if key in nodes:
+                        break
+                    path.append((key, relation, parent))
+                    cursor = parent
+                for key, relation, parent in reversed(path):
+                    above_key = None if parent is None else rows[parent][:3]
+                    below = frozenset() if above_key is None else nodes[above_key][1]
+                    nodes[key] = (above_key, below | {relation})
+                return rows[history][:3]
+
+            for history in unknown:
+                found[history] = kept(history)
+        if len(nodes) > _CHAINS_MAX:
+            _CHAINS.pop(identity, None)
+        return found, nodes
+
+    @staticmethod
+    def _releases_of(key, nodes) -> list[tuple]:
+        """The (release, created) of the chain ``key`` names in ``nodes``, oldest first."""
+        chain = []
+        while key is not None:
+            chain.append(key[1:])
+            key = nodes[key][0]
+        return chain[::-1]
+
     def _histories(self, conn, counts: dict) -> list[History]:
-        """``History`` objects for ``{history id (or None: no history yet): record count}``."""
+        """``History`` objects for ``{history id (or None: no history yet): record count}``.
+
+        The chains from ``_chains`` (kept); each release from the releases decoded already
+        (``_decode``'s, committed, with the same ``created`` time) or read in one statement.
+        """
+        ids = [h for h in counts if h is not None]
+        chains: dict[int, list] = {}
+        releases: dict[int, Release] = {}
+        kept = self._chains(conn, ids) if ids else ({}, {})
+        if kept is None:  # nothing kept: the whole chains, read as they are
+            return self._histories_read(conn, counts)
+        found, nodes = kept
+        decoded = _DECODED.get(record_store.file_identity(self.path), {})
+        missing = set()
+        for history, key in found.items():
+            chain = self._releases_of(key, nodes)
+            chains[history] = [release for release, _ in chain]
+            for release, created in chain:
+                held = decoded.get(release)
+                if held is not None and held[0] == created:
+                    releases[release] = held[1]
+                else:
+                    missing.add(release)
+        if missing:
+            releases.update((r.release_id, r) for r in self._decode(conn.execute(
+                f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases WHERE release IN "
+                "(SELECT value FROM json_each(?))", (json.dumps(sorted(missing)),)).fetchall()))
+        return [History(history_id=0 if h is None else h, records=int(count),
+                        releases=tuple(releases[r] for r in chains.get(h, [])))
+                for h, count in counts.items()]
+
+    def _histories_read(self, conn, counts: dict) -> list[History]:
+        """``_histories`` from a read of every chain (in a transaction that has written: nothing kept)."""
         chains: dict[int, list[int]] = {}
         ids = [h for h in counts if h is not None]
         releases = {}
@@ -408,57 +528,17 @@ class SQLiteLedger(LedgerBackend):
     def _neighborings(self, conn, counts: dict) -> set[str]:
         """The neighboring relations of every release on the histories ``counts`` names (their chains).
 
-        A history's chain is its parent's chain and its own release. A history row changes only when the
-        history takes a new release (its former parent and release move to a new row, to which its children
-        are pointed) or when its parent's row moves: a (parent, release) pair names one chain for good, as
-        long as the release is the same (its ``created`` time, against a rolled-back release's id taken
-        again). So the relations of each chain read are kept by that triple (``_RELATIONS``, only from a
-        transaction that has written nothing: committed rows), and a history that took one release since
-        is found from its parent's row: two rows read per history, not its whole chain (which grows by one
-        release per fit on its records). Chains not kept are walked in one statement.
+        From the chains ``_chains`` keeps (each with its releases' relations): two rows read per history,
+        not its whole chain; in a transaction that has written, from the histories read in full.
         """
         ids = [h for h in counts if h is not None]
         if not ids:
             return set()
-        kept = _RELATIONS.setdefault(record_store.file_identity(self.path), {})
-        keep = record_store.unwritten(conn)
-        found: set[str] = set()
-        unknown: dict[int, tuple] = {}
-        for history, parent, release, created, relation, grand, above, above_created in conn.execute(
-                "SELECT h.history, h.parent, h.release, r.created, r.neighboring, p.parent, p.release, "
-                "pr.created FROM ledger_histories h JOIN ledger_releases r ON r.release = h.release "
-                "LEFT JOIN ledger_histories p ON p.history = h.parent "
-                "LEFT JOIN ledger_releases pr ON pr.release = p.release "
-                "WHERE h.history IN (SELECT value FROM json_each(?))", (json.dumps(ids),)):
-            key = (parent, release, created)
-            relations = kept.get(key)
-            if relations is None and parent is None:
-                relations = frozenset({relation})
-            if relations is None and (grand, above, above_created) in kept:
-                relations = kept[(grand, above, above_created)] | {relation}
-            if relations is None:
-                unknown[history] = key
-                continue
-            if keep:
-                kept[key] = relations
-            found |= relations
-        if unknown:  # each unknown history's whole chain, walked in one statement
-            walked: dict[int, set] = {h: set() for h in unknown}
-            for origin, relation in conn.execute(
-                    "WITH RECURSIVE up(origin, h) AS (SELECT value, value FROM json_each(?) UNION "
-                    "SELECT up.origin, p.parent FROM ledger_histories p JOIN up ON p.history = up.h "
-                    "WHERE p.parent IS NOT NULL) "
-                    "SELECT DISTINCT up.origin, r.neighboring FROM up "
-                    "JOIN ledger_histories l ON l.history = up.h "
-                    "JOIN ledger_releases r ON r.release = l.release", (json.dumps(list(unknown)),)):
-                walked[origin].add(relation)
-            for history, relations in walked.items():
-                if keep:
-                    kept[unknown[history]] = frozenset(relations)
-                found |= relations
-        if len(kept) > _RELATIONS_MAX:
-            kept.clear()
-        return found
+        kept = self._chains(conn, ids)
+        if kept is None:
+            return {r.neighboring for h in self._histories_read(conn, counts) for r in h.releases}
+        found, nodes = kept
+        return set().union(*(nodes[key][1] for key in found.values()))
 
     @staticmethod
     def _placed_counts(conn, identity: tuple, keys: np.ndarray) -> dict | None:
