@@ -25,7 +25,8 @@ inflates the first), and each target with its verdict:
    DP ``fit`` runs on the record's file;
 5. ``--loop`` one-step fits of the small model in a loop, each a run of the same phase over the same
    records: the record's whole work per fit at the loop's start and at its end (target: under 10 ms at the
-   end: a run's start must not read more with every earlier run).
+   end: a run's start must not read more with every earlier run), with no budget, with a per-record budget
+   and with a data-set budget (whose checks compose every earlier release or run).
 """
 
 from __future__ import annotations
@@ -273,45 +274,58 @@ def _fit_costs(fits: int, which: str) -> tuple[list[str], list[str], dict]:
     return rows, phases, summary
 
 
-def _loop_costs(loop: int) -> tuple[list[str], dict]:
+def _loop_costs(loop: int) -> tuple[list[str], list[dict]]:
     """The record's whole work per fit at the start and the end of ``loop`` one-step fits of one model.
 
-    ``steps_per_epoch=1`` fits in a loop, in a store of its own; medians of 20 fits at each end.
-
-    Each fit is a run of the same phase, with one training release on the same records: what a run's start
-    reads of the phase's earlier runs and of the records' histories must not grow with them.
+    ``steps_per_epoch=1`` fits in a loop, in a store of its own; medians of 20 fits at each end. Three
+    loops: no budget; a per-record budget (``RecordLedger.set_budget``: each run start composes every
+    release on its records); a data-set budget (``RunStore.set_budget``: each run start composes every run
+    on the data set).
     """
     import tensorflow as tf
 
     import tfdpbnn
+    from tfdpbnn.record import record_ledger
+    from tfdpbnn.record import store as record_store
 
     n, features, hidden, batch = _MODELS["small"]
     rng = np.random.default_rng(0)
     x = rng.uniform(size=(n, features)).astype(np.float32)
     y = rng.integers(0, 10, n).astype(np.int32)
-    os.environ["TFDPBNN_PRIVACY_STORE"] = os.path.join(tempfile.mkdtemp(), "record.sqlite")
-    tf.keras.utils.set_random_seed(1)
-    model = tf.keras.Sequential([tf.keras.Input((features,)),
-                                 tf.keras.layers.Dense(hidden, activation="relu"), tf.keras.layers.Dense(10)])
-    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, learning_rate=0.1, num_examples=n,
-                                                   batch_size=batch, delta=1e-5, allow_exceeding_budget=True),
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     labels = [text for _, method, text in _PHASES if method in _TOTAL]
-    work = []
-    for _ in range(loop + 3):  # 3 to warm up
-        _SPENT.clear()
-        model.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=1, verbose=0)
-        work.append((sum(_SPENT.get(k, (0.0, 0.0))[0] for k in labels),
-                     sum(_SPENT.get(k, (0.0, 0.0))[1] for k in labels)))
-    work = work[3:]
-    window = min(20, loop)
-    start = [statistics.median(t[i] for t in work[:window]) * 1e3 for i in (0, 1)]
-    end = [statistics.median(t[i] for t in work[-window:]) * 1e3 for i in (0, 1)]
-    label = f"{n:,} records, 64-32-10, one-step fits in a loop"
-    rows = [f"| {label} | the record's whole work per fit, fits 1-{window} | {start[0]:.2f} ms | "
-            f"{start[1]:.2f} ms |",
-            f"| {label} | the same, fits {loop - window + 1}-{loop} | {end[0]:.2f} ms | {end[1]:.2f} ms |"]
-    return rows, {"label": label, "start": start, "end": end, "loop": loop}
+    rows, summaries = [], []
+    for budget in ("no budget", "a per-record budget", "a data-set budget"):
+        path = os.path.join(tempfile.mkdtemp(), "record.sqlite")
+        os.environ["TFDPBNN_PRIVACY_STORE"] = path
+        if budget == "a per-record budget":
+            record_ledger.RecordLedger(path).set_budget(1e9, 1e-5)  # never reached; checked at every fit
+        elif budget == "a data-set budget":
+            record_store.RunStore(path).set_budget(record_store.data_fingerprint(x, y), 1e9, 1e-5)
+        tf.keras.utils.set_random_seed(1)
+        model = tf.keras.Sequential([tf.keras.Input((features,)),
+                                     tf.keras.layers.Dense(hidden, activation="relu"),
+                                     tf.keras.layers.Dense(10)])
+        model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, learning_rate=0.1, num_examples=n,
+                                                       batch_size=batch, delta=1e-5,
+                                                       allow_exceeding_budget=True),
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        work = []
+        for _ in range(loop + 3):  # 3 to warm up
+            _SPENT.clear()
+            model.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=1, verbose=0)
+            work.append((sum(_SPENT.get(k, (0.0, 0.0))[0] for k in labels),
+                         sum(_SPENT.get(k, (0.0, 0.0))[1] for k in labels)))
+        work = work[3:]
+        window = min(20, loop)
+        start = [statistics.median(t[i] for t in work[:window]) * 1e3 for i in (0, 1)]
+        end = [statistics.median(t[i] for t in work[-window:]) * 1e3 for i in (0, 1)]
+        label = f"{n:,} records, 64-32-10, one-step fits in a loop, {budget}"
+        rows += [f"| {label} | the record's whole work per fit, fits 1-{window} | {start[0]:.2f} ms | "
+                 f"{start[1]:.2f} ms |",
+                 f"| {label} | the same, fits {loop - window + 1}-{loop} | {end[0]:.2f} ms | "
+                 f"{end[1]:.2f} ms |"]
+        summaries.append({"label": label, "start": start, "end": end, "loop": loop})
+    return rows, summaries
 
 
 def main(argv=None) -> None:
@@ -343,9 +357,9 @@ def main(argv=None) -> None:
         rows += more
         phases += parts
         summaries.append(summary)
-    loop = None
+    loops: list[dict] = []
     if args.loop:
-        parts, loop = _loop_costs(args.loop)
+        parts, loops = _loop_costs(args.loop)
         phases += parts
     end_load = os.getloadavg()[0]
     models_arg = ",".join(models) or "''"
@@ -384,7 +398,7 @@ def main(argv=None) -> None:
               f"{on[1]:.2f}x CPU with the record; {off[0]:.2f}x wall, {off[1]:.2f}x CPU with it off")
 
 
-    if loop is not None:
+    for loop in loops:
         wall, cpu = loop["end"]
         print(f"- the record's work per fit after {loop['loop']} earlier fits ({loop['label']}) under 10 ms: "
               f"{_verdict(wall, cpu, 10.0)} ({wall:.2f} ms wall, {cpu:.2f} ms CPU; {loop['start'][0]:.2f} ms "
