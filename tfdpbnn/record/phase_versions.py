@@ -31,7 +31,7 @@ _OWN = ("COALESCE(NULLIF((SELECT s.phase FROM snapshots s WHERE s.run_id = r.run
 _MAX_RUNS = 200_000
 
 
-class _Phase:
+class _Group:
     """The runs of one group (a phase, or a data set) read so far, and the largest version of each phase.
 
     ``runs``: run -> (rowid, own phase id, size). ``best``: own phase id -> the run holding its largest
@@ -83,7 +83,7 @@ class _Read:
         self.runs = 0
         self.snapshots = 0
         self.last_run = None
-        self.groups: dict[tuple, _Phase] = {}  # ("phase_id", runs.phase_id) or ("dataset", runs.dataset)
+        self.groups: dict[tuple, _Group] = {}  # ("phase_id", runs.phase_id) or ("dataset", runs.dataset)
 
 
 #: Store file identity (``tfdpbnn.record.store.file_identity``) -> ``_Read``.
@@ -116,8 +116,8 @@ def _members(column: str) -> str:
 _ADDED = "r.rowid > ? OR r.run_id IN (SELECT run_id FROM snapshots WHERE snapshot > ? AND final = 1)"
 
 
-def _read_now(conn, identity: tuple, column: str, values: list, texts: dict) -> list[_Phase] | None:
-    """The ``_Phase`` of the runs of each of ``values`` of ``column``, from what was read and what is new.
+def _read_now(conn, identity: tuple, column: str, values: list, texts: dict) -> list[_Group] | None:
+    """The ``_Group`` of the runs of each of ``values`` of ``column``, from what was read and what is new.
 
     ``texts`` receives the own phase's JSON of each run read in this call. None when the file's entry
     cannot serve (too many runs): the caller reads in full.
@@ -140,7 +140,7 @@ def _read_now(conn, identity: tuple, column: str, values: list, texts: dict) -> 
         clauses.append(_members(column))
         args.append(json.dumps(missing))
         for v in missing:
-            read.groups[(column, v)] = _Phase()
+            read.groups[(column, v)] = _Group()
     if clauses:
         for groups, run_id, version, text in _versions(conn, " OR ".join(f"({c})" for c in clauses),
                                                        tuple(args)):
@@ -162,7 +162,7 @@ def _largest(conn, identity: tuple, column: str, values: list, exclude_run: str 
     texts: dict[str, str] = {}
     held = _read_now(conn, identity, column, values, texts) if incremental else None
     if held is None:
-        whole = _Phase()
+        whole = _Group()
         for _, run_id, version, text in _versions(conn, _members(column), (json.dumps(values),)):
             whole.put(run_id, version)
             texts[run_id] = text
