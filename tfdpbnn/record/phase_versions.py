@@ -132,7 +132,8 @@ def _read_now(conn, identity: tuple, column: str, values: list, texts: dict) -> 
         read = _READ[identity] = _Read()  # new, or not the file read before (replaced, or an old copy)
     runs, snapshots = runs or 0, snapshots or 0
     missing = [v for v in values if (column, v) not in read.groups]
-    clauses, args = [], []
+    clauses: list[str] = []
+    args: list[int | str] = []
     if read.groups and (runs > read.runs or snapshots > read.snapshots):
         clauses.append(_ADDED)
         args += [read.runs, read.snapshots]
