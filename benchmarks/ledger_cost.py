@@ -151,6 +151,55 @@ _MODELS = {  # name: (records, features, hidden units, batch size)
 }
 
 
+#: The phase labels whose sum is the record's whole work per fit.
+_TOTAL_LABELS = [text for _, method, text in _PHASES if method in _TOTAL]
+
+
+def _whole_work(spent: dict) -> tuple[float, float]:
+    """(wall, CPU) seconds of the record's whole work in one fit, from its ``_SPENT`` entries."""
+    return (sum(spent.get(k, (0.0, 0.0))[0] for k in _TOTAL_LABELS),
+            sum(spent.get(k, (0.0, 0.0))[1] for k in _TOTAL_LABELS))
+
+
+def _median_ms(pairs) -> list[float]:
+    """[wall, CPU] medians in ms of (wall, CPU) second pairs."""
+    pairs = list(pairs)
+    return [statistics.median(t[i] for t in pairs) * 1e3 for i in (0, 1)]
+
+
+def _data(which: str) -> tuple[np.ndarray, np.ndarray]:
+    """The training arrays of model ``which``: uniform float32 features, integer labels of 10 classes."""
+    n, features, _, _ = _MODELS[which]
+    rng = np.random.default_rng(0)
+    return rng.uniform(size=(n, features)).astype(np.float32), rng.integers(0, 10, n).astype(np.int32)
+
+
+def _compiled(which: str, optimizer, seed: bool = True):
+    """Model ``which`` (features-hidden-10), compiled with ``optimizer`` and a per-example loss.
+
+    ``seed``: after a new global seed, as a script that seeds before each model (TensorFlow then
+    instantiates traced functions again).
+    """
+    import tensorflow as tf
+
+    _, features, hidden, _ = _MODELS[which]
+    if seed:
+        tf.keras.utils.set_random_seed(1)
+    model = tf.keras.Sequential([tf.keras.Input((features,)),
+                                 tf.keras.layers.Dense(hidden, activation="relu"), tf.keras.layers.Dense(10)])
+    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _dp_optimizer(which: str):
+    """DP-SGD for model ``which`` (sigma 1, clip 1, its batch size; the budget may be exceeded)."""
+    import tfdpbnn
+
+    n, _, _, batch = _MODELS[which]
+    return tfdpbnn.DPSGDOptimizer(1.0, 1.0, learning_rate=0.1, num_examples=n, batch_size=batch, delta=1e-5,
+                                  allow_exceeding_budget=True)
+
+
 def _fit_costs(fits: int, which: str) -> tuple[list[str], list[str], dict]:
     """One-epoch fits: DP with the record, DP with the record off, non-private; and the record's phases.
 
@@ -159,26 +208,14 @@ def _fit_costs(fits: int, which: str) -> tuple[list[str], list[str], dict]:
     """
     import tensorflow as tf
 
-    import tfdpbnn
-
-    n, features, hidden, batch = _MODELS[which]
-    rng = np.random.default_rng(0)
-    x = rng.uniform(size=(n, features)).astype(np.float32)
-    y = rng.integers(0, 10, n).astype(np.int32)
+    n, _, _, batch = _MODELS[which]
+    x, y = _data(which)
 
     def compiled(optimizer, seed=True):
-        if seed:  # as a script that seeds before each model (TensorFlow re-instantiates traced functions)
-            tf.keras.utils.set_random_seed(1)
-        model = tf.keras.Sequential([tf.keras.Input((features,)),
-                                     tf.keras.layers.Dense(hidden, activation="relu"),
-                                     tf.keras.layers.Dense(10)])
-        model.compile(optimizer=optimizer,
-                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return model
+        return _compiled(which, optimizer, seed)
 
     def dp_optimizer():
-        return tfdpbnn.DPSGDOptimizer(1.0, 1.0, learning_rate=0.1, num_examples=n, batch_size=batch,
-                                      delta=1e-5, allow_exceeding_budget=True)
+        return _dp_optimizer(which)
 
     # The record-off fits train a model of their own: weights changed with the record off are weights the
     # record has not seen, and the next recorded fit of them would pay a first fit's keys.
@@ -243,15 +280,10 @@ def _fit_costs(fits: int, which: str) -> tuple[list[str], list[str], dict]:
         wall = statistics.median(p.get(text, (0.0, 0.0))[0] for p in with_record) * 1e3
         cpu = statistics.median(p.get(text, (0.0, 0.0))[1] for p in with_record) * 1e3
         phases.append(f"| {label} | {text} | {wall:.2f} ms | {cpu:.2f} ms |")
-    labels = [text for _, method, text in _PHASES if method in _TOTAL]
-    totals = [(sum(p.get(k, (0.0, 0.0))[0] for k in labels), sum(p.get(k, (0.0, 0.0))[1] for k in labels))
-              for p in with_record]
-    summary["work"] = [statistics.median(t[i] for t in totals) * 1e3 for i in (0, 1)]
+    summary["work"] = _median_ms(_whole_work(p) for p in with_record)
     phases.append(f"| {label} | **the record's whole work per fit** (preparation + every tfdpbnn callback), "
                   f"median of {fits} | **{summary['work'][0]:.2f} ms** | **{summary['work'][1]:.2f} ms** |")
-    totals = [(sum(p.get(k, (0.0, 0.0))[0] for k in labels), sum(p.get(k, (0.0, 0.0))[1] for k in labels))
-              for p in first]
-    summary["first"] = [statistics.median(t[i] for t in totals) * 1e3 for i in (0, 1)]
+    summary["first"] = _median_ms(_whole_work(p) for p in first)
     for _, _method, text in _PHASES:  # where a first fit's work goes (phases over 1 ms)
         wall = statistics.median(p.get(text, (0.0, 0.0))[0] for p in first) * 1e3
         cpu = statistics.median(p.get(text, (0.0, 0.0))[1] for p in first) * 1e3
@@ -260,9 +292,7 @@ def _fit_costs(fits: int, which: str) -> tuple[list[str], list[str], dict]:
     phases.append(f"| {label} | the record's whole work in the first fit of a new model (new weights and "
                   f"optimizer), median of {len(first)} | {summary['first'][0]:.2f} ms | "
                   f"{summary['first'][1]:.2f} ms |")
-    totals = [(sum(p.get(k, (0.0, 0.0))[0] for k in labels), sum(p.get(k, (0.0, 0.0))[1] for k in labels))
-              for p in first_unseeded]
-    summary["first_unseeded"] = [statistics.median(t[i] for t in totals) * 1e3 for i in (0, 1)]
+    summary["first_unseeded"] = _median_ms(_whole_work(p) for p in first_unseeded)
     phases.append(f"| {label} | the same, the model built without a new global seed, median of "
                   f"{len(first_unseeded)} | {summary['first_unseeded'][0]:.2f} ms | "
                   f"{summary['first_unseeded'][1]:.2f} ms |")
@@ -282,17 +312,11 @@ def _loop_costs(loop: int) -> tuple[list[str], list[dict]]:
     release on its records); a data-set budget (``RunStore.set_budget``: each run start composes every run
     on the data set).
     """
-    import tensorflow as tf
-
-    import tfdpbnn
     from tfdpbnn.record import record_ledger
     from tfdpbnn.record import store as record_store
 
-    n, features, hidden, batch = _MODELS["small"]
-    rng = np.random.default_rng(0)
-    x = rng.uniform(size=(n, features)).astype(np.float32)
-    y = rng.integers(0, 10, n).astype(np.int32)
-    labels = [text for _, method, text in _PHASES if method in _TOTAL]
+    n, _, _, batch = _MODELS["small"]
+    x, y = _data("small")
     rows, summaries = [], []
     for budget in ("no budget", "a per-record budget", "a data-set budget"):
         path = os.path.join(tempfile.mkdtemp(), "record.sqlite")
@@ -301,24 +325,15 @@ def _loop_costs(loop: int) -> tuple[list[str], list[dict]]:
             record_ledger.RecordLedger(path).set_budget(1e9, 1e-5)  # never reached; checked at every fit
         elif budget == "a data-set budget":
             record_store.RunStore(path).set_budget(record_store.data_fingerprint(x, y), 1e9, 1e-5)
-        tf.keras.utils.set_random_seed(1)
-        model = tf.keras.Sequential([tf.keras.Input((features,)),
-                                     tf.keras.layers.Dense(hidden, activation="relu"),
-                                     tf.keras.layers.Dense(10)])
-        model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, learning_rate=0.1, num_examples=n,
-                                                       batch_size=batch, delta=1e-5,
-                                                       allow_exceeding_budget=True),
-                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model = _compiled("small", _dp_optimizer("small"))
         work = []
         for _ in range(loop + 3):  # 3 to warm up
             _SPENT.clear()
             model.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=1, verbose=0)
-            work.append((sum(_SPENT.get(k, (0.0, 0.0))[0] for k in labels),
-                         sum(_SPENT.get(k, (0.0, 0.0))[1] for k in labels)))
+            work.append(_whole_work(_SPENT))
         work = work[3:]
         window = min(20, loop)
-        start = [statistics.median(t[i] for t in work[:window]) * 1e3 for i in (0, 1)]
-        end = [statistics.median(t[i] for t in work[-window:]) * 1e3 for i in (0, 1)]
+        start, end = _median_ms(work[:window]), _median_ms(work[-window:])
         label = f"{n:,} records, 64-32-10, one-step fits in a loop, {budget}"
         rows += [f"| {label} | the record's whole work per fit, fits 1-{window} | {start[0]:.2f} ms | "
                  f"{start[1]:.2f} ms |",
