@@ -387,7 +387,7 @@ class SQLiteLedger(LedgerBackend):
             out.append(release)
         return out
 
-    def _chains(self, conn, ids: list[int]) -> tuple[dict[int, tuple], dict] | None:
+    def _chains(self, conn, ids: list[int], identity: tuple) -> tuple[dict[int, tuple], dict] | None:
         """``({history: the key of its chain}, the chains kept)`` for the histories ``ids``, read and kept.
 
         A history's chain is its parent's chain and its own release. A history row changes only when the
@@ -398,11 +398,11 @@ class SQLiteLedger(LedgerBackend):
         of its releases (``_CHAINS``, only from a transaction that has written nothing: committed rows), and
         a history that took one release since is found from its parent's row: two rows read per history,
         not its whole chain (which grows by one release per fit on its records). Chains not kept are walked
-        in one statement. None when nothing can be kept here (a transaction that has written).
+        in one statement. ``identity``: the file's (``file_identity``). None when nothing can be kept here
+        (a transaction that has written).
         """
         if not record_store.unwritten(conn):
             return None
-        identity = record_store.file_identity(self.path)
         nodes = _CHAINS.setdefault(identity, {})
         found: dict[int, tuple] = {}
         unknown: list[int] = []
@@ -472,11 +472,12 @@ class SQLiteLedger(LedgerBackend):
         ids = [h for h in counts if h is not None]
         chains: dict[int, list] = {}
         releases: dict[int, Release] = {}
-        kept = self._chains(conn, ids) if ids else ({}, {})
+        identity = record_store.file_identity(self.path)
+        kept = self._chains(conn, ids, identity) if ids else ({}, {})
         if kept is None:  # nothing kept: the whole chains, read as they are
             return self._histories_read(conn, counts)
         found, nodes = kept
-        decoded = _DECODED.get(record_store.file_identity(self.path), {})
+        decoded = _DECODED.get(identity, {})
         missing = set()
         for history, key in found.items():
             chain = self._releases_of(key, nodes)
@@ -534,7 +535,7 @@ class SQLiteLedger(LedgerBackend):
         ids = [h for h in counts if h is not None]
         if not ids:
             return set()
-        kept = self._chains(conn, ids)
+        kept = self._chains(conn, ids, record_store.file_identity(self.path))
         if kept is None:
             return {r.neighboring for h in self._histories_read(conn, counts) for r in h.releases}
         found, nodes = kept
