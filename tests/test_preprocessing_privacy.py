@@ -152,7 +152,9 @@ def test_dp_adapt_is_close_to_the_truth_at_large_n():
 def test_dp_adapt_is_composed_with_training_and_exported(tmp_path):
     x, y = small_data()
     norm = tf.keras.layers.Normalization()
-    record = private_adapt_normalization(norm, x, epsilon=0.5, delta=DELTA, bounds=(-3.0, 3.0))
+    # Epsilon 2: the noisy count of 64 records (std 6.5) stays positive but for a chance of about 1e-22 (at
+    # 0.5, std 23, one unseeded run in 300 was refused; a seed would make the release replayable: no bound).
+    record = private_adapt_normalization(norm, x, epsilon=2.0, delta=DELTA, bounds=(-3.0, 3.0))
     model, opt = _model(norm, sigma=1.0)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
     statement = opt.privacy_statement()
