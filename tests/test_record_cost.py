@@ -340,6 +340,35 @@ def test_fingerprints_skip_hashing_only_bytes_equal_to_those_hashed_last(monkeyp
     assert "data" not in store._HELD
 
 
+def test_large_arrays_are_compared_in_two_halves_and_every_byte_counts():
+    import multiprocessing
+
+    size = store._SPLIT_BYTES // 4 + 3  # float32 values: past the split size, an odd number of values
+    a = np.random.default_rng(4).normal(size=size).astype(np.float32)
+    assert a.nbytes >= store._SPLIT_BYTES
+    assert store.same_bytes(a, a.copy())
+    half = a.nbytes // 2
+    for byte in (0, half - 1, half, half + 1, a.nbytes - 1):  # each half's ends, both halves' first byte
+        b = a.copy()
+        b.view(np.uint8)[byte] ^= 1
+        assert not store.same_bytes(a, b) and not store.same_bytes(b, a), byte
+    negative, zero = a.copy(), a.copy()
+    negative[-1], zero[-1] = np.float32(-0.0), np.float32(0.0)
+    assert not store.same_bytes(negative, zero)  # -0.0 is not 0.0 (in the second half)
+    assert not store.same_bytes(a, a.reshape(-1, 1)) and not store.same_bytes(a, a.view(np.int32))
+    # A forked child compares with a worker of its own (the parent's thread does not cross the fork).
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        assert pool.apply(_compare_in_child, (a,)) == (True, False)
+
+
+def _compare_in_child(a):
+    b = a.copy()
+    equal = store.same_bytes(a, b)
+    b[-1] += 1.0
+    return equal, store.same_bytes(a, b)
+
+
 def test_the_model_walk_finds_every_module_tf_module_finds_in_its_order():
     import tensorflow as tf
 
