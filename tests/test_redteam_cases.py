@@ -25,6 +25,7 @@ import tensorflow as tf
 from _small_runs import DELTA, LOSS, D, N, gaussians_epsilon, rdp_epsilon, small_data, small_model
 
 import tfdpbnn
+from tfdpbnn.record import attributes
 
 
 def _compiled(sigma=1.0, **kwargs):
@@ -80,6 +81,44 @@ def test_non_private_training_of_loaded_dp_weights_is_refused(tmp_path):
     loaded.compile(optimizer="sgd", loss=LOSS)
     with pytest.raises(ValueError, match="optimizer: SGD is not a tfdpbnn DP optimizer"):
         loaded.fit(x[10:], y[10:], batch_size=8, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("wrapping", ["head", "body"])
+def test_non_private_training_of_dp_trained_layers_in_a_new_model_is_refused(wrapping, tmp_path):
+    # A DP-trained model wrapped with a new head, or its body under a new head, fit by Adam on its records:
+    # their gradients enter the trained layers without clipping or noise (no epsilon holds; 9.01 was
+    # printed with a guarantee by the DP optimizer compiled next).
+    x, y = small_data()
+    model, _ = _compiled()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    if wrapping == "head":
+        outer = tf.keras.Sequential([tf.keras.Input((D,)), model, tf.keras.layers.Dense(3)])
+    else:
+        body = tf.keras.Model(model.inputs, model.layers[0].output)
+        outer = tf.keras.Sequential([tf.keras.Input((D,)), body, tf.keras.layers.Dense(3)])
+    outer.compile(optimizer="adam", loss=LOSS)
+    with pytest.raises(ValueError, match="optimizer: Adam is not a tfdpbnn DP optimizer.*64 of the records"):
+        outer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    # In another process (no trainer noted on the variables): the record store knows the trained layers
+    # by their variables' keys.
+    path = os.path.join(tmp_path, "outer.weights.h5")
+    outer.save_weights(path)
+    if wrapping == "head":
+        inner = small_model(seed=1)
+        loaded = tf.keras.Sequential([tf.keras.Input((D,)), inner, tf.keras.layers.Dense(3)])
+    else:
+        inner = small_model(seed=1)
+        loaded = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.Model(inner.inputs, inner.layers[0].output),
+                                      tf.keras.layers.Dense(3)])
+    loaded.load_weights(path)
+    assert not attributes.variable_trainers(loaded.trainable_variables)
+    loaded.compile(optimizer="sgd", loss=LOSS)
+    with pytest.raises(ValueError, match="optimizer: SGD is not a tfdpbnn DP optimizer"):
+        loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    # A fresh model of the same shape is a non-private baseline: trained as before.
+    fresh = tf.keras.Sequential([tf.keras.Input((D,)), small_model(seed=2), tf.keras.layers.Dense(3)])
+    fresh.compile(optimizer="adam", loss=LOSS)
+    fresh.fit(x, y, batch_size=8, epochs=1, verbose=0)
 
 
 class _LowerNoise(tf.keras.callbacks.Callback):

@@ -137,18 +137,22 @@ def refuse_non_private_training(model, x, y=None, record_ids=None, call="fit") -
     A model a tfdpbnn DP optimizer trained (in this process, or whose weights the privacy record store
     holds) compiled with a plain optimizer (``"adam"``) and fit on the private records takes their
     gradients without clipping or noise into the weights; a later DP optimizer, or the earlier one compiled
-    again, would then print an epsilon for weights that no epsilon covers. The records are compared by
-    their ledger keys (content, ``record_ids``, or a tagged pipeline's keys); data with unknown records (an
-    untagged pipeline, a generator) and models never DP-trained are not checked.
+    again, would then print an epsilon for weights that no epsilon covers. A model counts as DP-trained
+    when a DP optimizer trained it or any of its trainable variables in this process (a trained model
+    wrapped in a new one, its layers under a new head), or when the record store holds its weights or any of
+    its variables (``weights_record`` with the variables' keys: such layers loaded or copied elsewhere). The
+    records are compared by their ledger keys (content, ``record_ids``, or a tagged pipeline's keys); data
+    with unknown records (an untagged pipeline, a generator) and models never DP-trained are not checked.
     """
     from tfdpbnn.record import store as record_store
     from tfdpbnn.record.records import input_keys
 
     if record_store.default_path() is None:
         return
-    if attributes.ledger_link(model) is None:
+    if attributes.ledger_link(model) is None and not attributes.variable_trainers(model.trainable_variables):
         store = record_store.default_store()
-        if not store.weights_record(record_store.weights_fingerprint(model),
+        weights, variables = record_store.weights_identity(model)
+        if not store.weights_record(weights, variables=variables,
                                     legacy=lambda: record_store.legacy_weights_fingerprint(model)):
             return
     try:
