@@ -409,3 +409,37 @@ def test_the_step_counter_set_back_between_train_on_batch_calls_cannot_pass_the_
     with pytest.raises(ValueError, match="epsilon: the budget target_epsilon=5 .* is spent"):
         model.train_on_batch(x[:8], y[:8])
     assert optimizer.steps == 1 and optimizer.epsilon() == pytest.approx(gaussians_epsilon(1.0, 1), rel=1e-6)
+
+
+class _FitInside(tf.keras.callbacks.Callback):
+    """A user's callback that starts another fit at the fourth batch of the running one."""
+
+    def __init__(self, model, x, y):
+        super().__init__()
+        self.inner, self.x, self.y = model, x, y
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 3:
+            self.inner.fit(self.x, self.y, batch_size=8, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("inner", ["same model", "another model"])
+def test_a_fit_started_inside_a_running_fit_of_its_optimizer_is_refused(inner):
+    # One optimizer shared by two models, the second's fit run from a callback of the first: the two fits
+    # shared one open phase, and the per-record ledger counted A's last steps against B's records (A's
+    # records held 4.73 where 7.08 holds). The same model's nested fit over-counted.
+    x, y = small_data()
+    other_x = np.random.default_rng(11).normal(size=x.shape).astype("float32")
+    model, optimizer = _compiled()
+    second = model
+    if inner == "another model":
+        second = small_model(seed=3)
+        second.compile(optimizer=optimizer, loss=LOSS)
+    with pytest.raises(ValueError, match="optimizer: DPSGDOptimizer is running another fit"):
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[_FitInside(second, other_x, y)])
+    assert optimizer.steps == 4  # the outer fit's steps up to the refusal, recorded
+    assert optimizer._dp_in_fit == 0
+    truth = gaussians_epsilon(1.0, 1)  # each of A's records in at most one of the 4 batches
+    assert optimizer.privacy_statement()["quote"]["epsilon"] >= truth * (1 - 1e-6)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # after the refusal, a fit runs as before
+    assert optimizer.steps == 12

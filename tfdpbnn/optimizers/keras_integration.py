@@ -279,6 +279,12 @@ def install() -> None:
             bound = signature.bind(self, *args, **kwargs)
             refuse_non_private_training(self, bound.arguments.get("x"), bound.arguments.get("y"))
             return _original_fit(self, *args, **kwargs)
+        if optimizer._dp_in_fit:
+            raise ValueError(
+                f"optimizer: {type(optimizer).__name__} is running another fit (this fit was started while "
+                "it ran, e.g. from a callback): the two fits' steps would mix in one ledger phase, counted "
+                "against the records of either fit. Start the second fit after the first returns, or give "
+                "it its own DP optimizer.")
         record_ids = kwargs.pop("record_ids", None)
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
