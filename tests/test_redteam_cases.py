@@ -443,3 +443,23 @@ def test_a_fit_started_inside_a_running_fit_of_its_optimizer_is_refused(inner):
     assert optimizer.privacy_statement()["quote"]["epsilon"] >= truth * (1 - 1e-6)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # after the refusal, a fit runs as before
     assert optimizer.steps == 12
+
+
+def test_record_ids_for_a_pipeline_must_name_every_record_it_draws_from():
+    # The ids replace the pipeline's record keys in the ledger: 10 ids for a Poisson pipeline over 64
+    # records wrote 10 records, and the 64 records' second fit passed their one-fit budget (4.70 > 3.83).
+    x, y = small_data()
+    q = 8 / N
+    model, optimizer = _compiled(sampling="poisson")
+    tagged = tfdpbnn.data.poisson_batches(x, y, sample_rate=q)
+    with pytest.raises(ValueError, match=r"record_ids: 10 ids for a pipeline that draws from 64 records"):
+        model.fit(tagged, epochs=1, verbose=0, record_ids=np.arange(10) + 1000)
+    asserted = tfdpbnn.data.assert_sampling(
+        tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N).batch(8), "shuffle", num_examples=N)
+    shuffled, _ = _compiled()
+    with pytest.raises(ValueError, match=r"record_ids: 63 ids for a pipeline that draws from 64 records "
+                                         r"\(num_examples"):
+        shuffled.fit(asserted, epochs=1, verbose=0, record_ids=np.arange(N - 1))
+    assert optimizer.steps == 0 and shuffled.optimizer.steps == 0
+    model.fit(tagged, epochs=1, verbose=0, record_ids=np.arange(N))  # one id per record: trained
+    assert optimizer.steps > 0

@@ -131,6 +131,25 @@ def _refuse_validation_on_training_records(validation, train_keys) -> None:
             "(tfdpbnn.uncertainty.split_by_record), or evaluate on training records with a DP mechanism.")
 
 
+def _refuse_ids_not_naming_every_record(dataset, keys, description) -> None:
+    """Refuse ``record_ids`` for a pipeline that do not name as many records as it draws from.
+
+    The ids replace the pipeline's own record keys in the per-record ledger (``tag_record_keys``, which
+    ``tfdpbnn.data.poisson_batches`` sets): a record left without an id would get no release in the ledger,
+    and its budget would not see this run. Compared with the tagged keys' count, else with the number of
+    examples the run's sampling is accounted over (``num_examples``).
+    """
+    tagged = attributes.dataset_record_keys(dataset)  # one key per row
+    expected = len(tagged) if tagged is not None else (
+        None if description is None else description["num_examples"])
+    if expected is not None and len(keys) != expected:
+        source = "its tagged records" if tagged is not None else "num_examples, the examples it is accounted over"
+        raise ValueError(
+            f"record_ids: {len(keys)} ids for a pipeline that draws from {expected} records ({source}); "
+            "give one id per record the pipeline can draw, or leave record_ids out to use the records it "
+            "was tagged with.")
+
+
 def refuse_non_private_training(model, x, y=None, record_ids=None, call="fit") -> None:
     """Refuse training a DP-trained ``model`` without DP on records that DP training used.
 
@@ -204,6 +223,8 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=No
 
     fingerprint = input_fingerprint(x, arguments.get("y"))
     keys = input_keys(x, arguments.get("y"), record_ids, fingerprint)
+    if record_ids is not None and isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
+        _refuse_ids_not_naming_every_record(x, keys, attributes.ledger_state(optimizer).open_description())
     if arguments.get("validation_data") is not None:
         _refuse_validation_on_training_records(arguments["validation_data"], keys)
     attributes.run_record(optimizer).begin(model, fingerprint, planned, record_keys=keys, identity=identity)
