@@ -260,6 +260,27 @@ def test_per_record_budget_refuses_a_fit_on_shuffled_copies_before_its_first_ste
         np.testing.assert_array_equal(w, b)
 
 
+def test_per_record_budget_refuses_a_fit_whose_records_are_unknown():
+    # An asserted pipeline without record keys under a one-pass budget: accepted before, and the records'
+    # second pass (7.08 against the budget 4.78) never reached the ledger.
+    x, y = small_data()
+    _ledger().set_budget(gaussians_epsilon(1.0, 1) * 1.01, DELTA)
+    _fit(x, y, epochs=1)
+    untagged = tfdpbnn.data.assert_sampling(
+        tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N).batch(8), "shuffle", num_examples=N)
+    model = small_model(seed=2)
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    with pytest.raises(ValueError, match="record_ids: the record ledger has a per-record privacy budget, "
+                                         "and the records of this input are unknown"):
+        model.fit(untagged, epochs=1, verbose=0)
+    assert opt.steps == 0
+    tagged = records.tag_record_keys(untagged, records.content_keys(x, y))
+    with pytest.raises(record_ledger.BudgetExceededError, match="64 of these 64 records"):
+        model.fit(tagged, epochs=1, verbose=0)  # its records known: the budget refuses the second pass
+    assert opt.steps == 0
+
+
 def test_calibration_release_counts_only_for_its_split():
     x, y = small_data()
     x_cal, y_cal = small_data(n=16, seed=7)
