@@ -274,6 +274,7 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
                 "loss: one example's compiled loss depends on other examples' predictions (e.g. a batch "
                 "mean inside the loss), so per-example clipping does not bound the sensitivity. Use a loss "
                 "computed per example.")
+        _check_loss_values(per_example_loss_fn, ys, y_pred, per_example, rows, half)
     distributed = tf.distribute.has_strategy() or getattr(model, "distribute_strategy",
                                                           None) not in (None, tf.distribute.get_strategy())
     foreign = [] if distributed else _foreign_variables(model, tape.watched_variables())
@@ -284,8 +285,58 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
     return foreign
 
 
-def _changed_second_half(xs, half: int):
-    """``xs`` with the rows from ``half`` on of every integer, boolean and string input changed."""
+def _check_loss_values(loss_fn, ys, y_pred, per_example, rows: int, half: int) -> None:
+    """Refuse a compiled loss whose first-half values move when only the second half's inputs do.
+
+    The derivative check sees neither labels (integers have no derivative) nor a dependence that has none
+    (``tf.stop_gradient`` of a batch statistic): a masked-token loss divided by the batch's count of real
+    tokens, or in-batch class weights, passed it. Here the loss is evaluated again with the second half's
+    labels changed (integers to 1 and to -1, floats shifted by 1, booleans negated, strings changed) and
+    with its predictions shifted by 1; the first half's values must stay (within ``COUPLING_TOLERANCE``).
+    A loss that gives other values for the same inputs (random), or that fails or gives non-finite
+    values on a changed batch, is left to the derivative check for that change.
+    """
+    first = per_example[:half]
+    if not _close(first, _loss_values(loss_fn, ys, y_pred, rows)[:half]):
+        return  # not a function of its inputs alone: values not comparable
+
+    def shifted(t):
+        if not t.dtype.is_floating:
+            return t
+        return tf.concat([t[:half], t[half:] + tf.ones_like(t[half:])], axis=0)
+
+    changes = [("predictions", ys, tf.nest.map_structure(shifted, y_pred))]
+    changes += [("labels", labels, y_pred) for labels in (_changed_second_half(ys, half, sign=1),
+                                                          _changed_second_half(ys, half, sign=-1),
+                                                          tf.nest.map_structure(shifted, ys))]
+    for what, labels, preds in changes:
+        moved = _loss_values(loss_fn, labels, preds, rows)
+        if moved is None or not bool(tf.reduce_all(tf.math.is_finite(moved[:half]))):
+            continue
+        if not _close(first, moved[:half]):
+            raise ValueError(
+                f"loss: one example's compiled loss changes with other examples' {what} (e.g. a loss "
+                "normalized by a count or statistic of the batch, such as a masked mean over the batch's "
+                "real tokens or in-batch class weights), so per-example clipping does not bound the "
+                "sensitivity. Use a loss computed from each example's own label and prediction.")
+
+
+def _loss_values(loss_fn, ys, y_pred, rows: int):
+    """``loss_fn(ys, y_pred, None)`` as float32 per example, or None where it fails or has another shape."""
+    try:
+        values = tf.convert_to_tensor(loss_fn(ys, y_pred, None))
+    except (tf.errors.InvalidArgumentError, ValueError, TypeError):
+        return None
+    if values.shape.rank != 1 or values.shape[0] != rows:
+        return None
+    return tf.cast(values, tf.float32)
+
+
+def _changed_second_half(xs, half: int, sign: int = 1):
+    """``xs`` with the rows from ``half`` on of every integer, boolean and string input changed.
+
+    ``sign``: integers become 1 (``sign=1``), or -1 (``sign=-1``; unsigned ones 1).
+    """
 
     def change(t):
         if t.dtype.is_floating:
@@ -296,20 +347,25 @@ def _changed_second_half(xs, half: int):
             return t.with_flat_values(tf.where(
                 tf.reshape(tf.range(tf.shape(flat)[0]) >= tf.cast(start, tf.int32),
                            [-1] + [1] * (flat.shape.rank - 1)) & tf.ones_like(flat, tf.bool),
-                _other(flat), flat))
+                _other(flat, sign), flat))
         rows = tf.range(tf.shape(t)[0])
         mask = tf.reshape(rows >= half, [-1] + [1] * (t.shape.rank - 1))
-        return tf.where(tf.broadcast_to(mask, tf.shape(t)), _other(t), t)
+        return tf.where(tf.broadcast_to(mask, tf.shape(t)), _other(t, sign), t)
 
     return tf.nest.map_structure(change, xs)
 
 
-def _other(t):
-    """Other values of an integer, boolean or string tensor: ones for zeros, "b" for "a", True for False."""
+def _other(t, sign: int = 1):
+    """Other values of an integer, boolean or string tensor.
+
+    ``sign`` (1 or -1) for integers (an unsigned integer gets 1), "b" for strings, True for False.
+    """
     if t.dtype == tf.string:
         return tf.fill(tf.shape(t), "b")
     if t.dtype.is_bool:
         return tf.logical_not(t)
+    if sign < 0 and not t.dtype.is_unsigned:
+        return -tf.ones_like(t)
     return tf.ones_like(t)
 
 
