@@ -61,6 +61,27 @@ def test_asserted_pass_of_another_size_is_caught():
     assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 4), rel=0.01)
 
 
+def test_asserted_pass_is_checked_with_steps_per_epoch_equal_to_its_cardinality():
+    # steps_per_epoch equal to the pipeline's own cardinality (Keras starts a new iteration each epoch)
+    # turned the pass check off: 4 iterations of 32 of the 64 examples were counted as 2 participations
+    # (7.08 printed where 10.73 holds).
+    x, y = small_data()
+    model, opt = _compiled(batch_size=8)
+    half = tfdpbnn.data.assert_sampling(
+        tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N).take(32).batch(8), "shuffle", num_examples=N)
+    assert int(half.cardinality()) == 4
+    with pytest.raises(ValueError, match="held 32 examples"):
+        model.fit(half, epochs=4, steps_per_epoch=4, verbose=0)
+    assert opt.steps == 4
+    assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 4), rel=0.01)  # each step one participation
+    whole, whole_opt = _compiled(batch_size=8)
+    passes = tfdpbnn.data.assert_sampling(
+        tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N).batch(8), "shuffle", num_examples=N)
+    whole.fit(passes, epochs=3, steps_per_epoch=8, verbose=0)  # three whole passes: checked, and counted so
+    assert whole_opt.steps == 24
+    assert whole_opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)
+
+
 def test_full_batch_pipeline_counts_every_step_as_a_participation():
     x, y = small_data()
     model, opt = _compiled(batch_size=8)

@@ -131,6 +131,12 @@ def _refuse_validation_on_training_records(validation, train_keys) -> None:
             "(tfdpbnn.uncertainty.split_by_record), or evaluate on training records with a DP mechanism.")
 
 
+def _finite_cardinality(dataset) -> int | None:
+    """The number of batches one iteration of ``dataset`` yields, when TensorFlow knows it (else None)."""
+    cardinality = int(dataset.cardinality())
+    return cardinality if cardinality >= 0 else None
+
+
 def _refuse_ids_not_naming_every_record(dataset, keys, description) -> None:
     """Refuse ``record_ids`` for a pipeline that do not name as many records as it draws from.
 
@@ -143,7 +149,8 @@ def _refuse_ids_not_naming_every_record(dataset, keys, description) -> None:
     expected = len(tagged) if tagged is not None else (
         None if description is None else description["num_examples"])
     if expected is not None and len(keys) != expected:
-        source = "its tagged records" if tagged is not None else "num_examples, the examples it is accounted over"
+        source = ("its tagged records" if tagged is not None
+                  else "num_examples, the examples it is accounted over")
         raise ValueError(
             f"record_ids: {len(keys)} ids for a pipeline that draws from {expected} records ({source}); "
             "give one id per record the pipeline can draw, or leave record_ids out to use the records it "
@@ -240,8 +247,11 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=No
     privacy = [c for c in callbacks if isinstance(c, PrivacyCallback)]
     others = [c for c in callbacks if not isinstance(c, PrivacyCallback | DPTrainingMonitor)]
     description = attributes.ledger_state(optimizer).open_description()
-    whole_passes = (isinstance(x, tf.data.Dataset) and arguments.get("steps_per_epoch") is None
-                    and description["kind"] == "shuffle")
+    # Each epoch iterates the dataset whole: without steps_per_epoch, or with its own (finite) cardinality,
+    # where Keras starts a new iteration at every epoch.
+    steps_per_epoch = arguments.get("steps_per_epoch")
+    whole_passes = (isinstance(x, tf.data.Dataset) and description["kind"] == "shuffle"
+                    and (steps_per_epoch is None or steps_per_epoch == _finite_cardinality(x)))
     from tfdpbnn.optimizers.state_checks import StateWatch
 
     # Callbacks other than tfdpbnn's may restore weights or the optimizer in on_train_begin

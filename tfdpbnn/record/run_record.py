@@ -224,11 +224,11 @@ class RunRecord:
         elif ledger().budget() is not None:
             self.store = None
             raise ValueError(
-                "record_ids: the record ledger has a per-record privacy budget, and the records of this input "
-                "are unknown (a tf.data pipeline neither made by tfdpbnn.data.poisson_batches nor tagged with "
-                "tfdpbnn.record.records.tag_record_keys, a generator, or ragged or sparse rows), so the budget "
-                "cannot be checked for them. Nothing was run. Tag the pipeline with its records' keys, or pass "
-                "record_ids.")
+                "record_ids: the record ledger has a per-record privacy budget, and the records of this "
+                "input are unknown (a tf.data pipeline neither made by tfdpbnn.data.poisson_batches nor "
+                "tagged with tfdpbnn.record.records.tag_record_keys, a generator, or ragged or sparse rows), "
+                "so the budget cannot be checked for them. Nothing was run. Tag the pipeline with its "
+                "records' keys, or pass record_ids.")
         self.run_id = self.store.begin_run(self.dataset, self._begin_weights, planned)
         self.before_restore = now
 
