@@ -285,3 +285,105 @@ def test_adapted_vocabularies_are_refused_and_given_ones_accepted(kind):
     assert tfdpbnn.preprocessing.check_preprocessing(model_of(adapted))["asserted_public"][0]["layer"] == \
         adapted.name
     assert tfdpbnn.preprocessing.check_preprocessing(model_of(given())) == {"dp": [], "asserted_public": []}
+
+
+def _adapted_and_trained(labels=None):
+    """A Normalization adapted privately (epsilon 2, secret noise), then 1 DP pass at sigma 1; the truth."""
+    x, y = small_data()
+    norm = tf.keras.layers.Normalization()
+    record = private_adapt_normalization(norm, x, epsilon=2.0, delta=DELTA, bounds=(-3.0, 3.0),
+                                         labels=None if labels is None else y)
+    model, _ = _model(norm)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    truth = rdp_epsilon(dp_accounting.ComposedDpEvent([
+        dp_accounting.GaussianDpEvent(record.noise_multiplier), dp_accounting.GaussianDpEvent(1.0)]))
+    return model, record, truth
+
+
+def _assert_covers(model, truth, exact_quote=True):
+    statement = model.optimizer.privacy_statement(model=model)
+    assert statement["guarantee"]
+    assert statement["epsilon"] == pytest.approx(truth, rel=1e-6)
+    assert statement["run_epsilon"] == pytest.approx(truth, rel=1e-6)
+    assert model.optimizer.epsilon() == pytest.approx(truth, rel=1e-6)
+    if exact_quote:
+        assert statement["quote"]["epsilon"] == pytest.approx(truth, rel=1e-6)
+    else:  # the release is also in the records' ledger histories: counted twice there, an upper bound
+        assert statement["quote"]["epsilon"] >= truth * (1 - 1e-9)
+    return statement
+
+
+@pytest.mark.parametrize("labels", [None, "y"])
+def test_dp_adapt_travels_with_the_saved_and_the_cloned_model(tmp_path, labels):
+    """The adapted state is in the weights: after load_model (.keras, .h5) or clone_model + set_weights
+    with a new DP optimizer, the statement, privacy.json and the quote still compose the adapt (they
+    printed 4.73, training alone, against 5.29); a loaded model trains on, the adapt composed once."""
+    model, record, truth = _adapted_and_trained(labels)
+    _assert_covers(model, truth, exact_quote=labels is None)
+    x, y = small_data()
+    for suffix in (".keras", ".h5"):
+        model.save(str(tmp_path / f"m{suffix}"))
+        loaded = tf.keras.models.load_model(str(tmp_path / f"m{suffix}"))
+        statement = _assert_covers(loaded, truth, exact_quote=labels is None)
+        assert [r["noise_multiplier"] for r in statement["preprocessing"]["dp"]] == pytest.approx(
+            [record.noise_multiplier])
+    path = tfdpbnn.export_saved_model(loaded, str(tmp_path / "export"))
+    with open(os.path.join(path, "assets", "privacy.json")) as fh:
+        saved = json.load(fh)
+    assert saved["epsilon"] == pytest.approx(truth, rel=1e-6)
+    clone = tf.keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())
+    clone.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
+                  loss=LOSS)
+    _assert_covers(clone, truth, exact_quote=labels is None)
+    if labels is None:  # the loaded model trains on: the adapt once, two passes
+        loaded = tf.keras.models.load_model(str(tmp_path / "m.keras"))
+        loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        _assert_covers(loaded, rdp_epsilon(dp_accounting.ComposedDpEvent([
+            dp_accounting.GaussianDpEvent(record.noise_multiplier),
+            dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.0), 2)])))
+
+
+def test_a_layer_adapted_again_between_fits_keeps_both_releases_composed(tmp_path, monkeypatch):
+    """Adapt (epsilon 2), 1 pass, adapt again (epsilon 2), 1 pass: the first pass's weights depend on the
+    first adapt, which dropped out (7.52 printed, truth 7.95). A public re-adapt keeps the first DP adapt
+    and lists the assertion; a new DP optimizer compiled in between keeps it too."""
+    x, y = small_data()
+
+    def passes(*events):
+        return rdp_epsilon(dp_accounting.ComposedDpEvent(list(events)))
+
+    gauss = dp_accounting.GaussianDpEvent(1.0)
+    for second in ("private", "public", "recompiled"):
+        # A record store per case: the cases train on the same records (the ledger bound would add them).
+        monkeypatch.setenv("TFDPBNN_PRIVACY_STORE", str(tmp_path / f"{second}.sqlite"))
+        norm = tf.keras.layers.Normalization()
+        first = private_adapt_normalization(norm, x, epsilon=2.0, delta=DELTA, bounds=(-3.0, 3.0))
+        model, _ = _model(norm)
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        if second == "public":
+            norm.adapt(small_data(seed=1)[0])
+            tfdpbnn.preprocessing.assert_public_preprocessing(norm, reason="public sample")
+            events = [first.event(), gauss, gauss]
+        else:
+            again = private_adapt_normalization(norm, x, epsilon=2.0, delta=DELTA, bounds=(-3.0, 3.0))
+            events = [first.event(), gauss, again.event(), gauss]
+        if second == "recompiled":
+            model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8,
+                                                           delta=DELTA), loss=LOSS)
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        statement = _assert_covers(model, passes(*events))
+        assert len(statement["preprocessing"]["dp"]) == (1 if second == "public" else 2)
+        assert [a["reason"] for a in statement["preprocessing"]["asserted_public"]] == (
+            ["public sample"] if second == "public" else [])
+
+
+def test_a_saved_optimizers_preprocessing_config_is_checked():
+    """A malformed privacy_ledger['preprocessing'] in a saved optimizer's config is refused by name."""
+    model, record, _ = _adapted_and_trained()
+    config = model.optimizer.get_config()
+    assert config["privacy_ledger"]["preprocessing"]["dp"] == [record.to_config()]
+    for bad in ({"dp": [{"layer": "x"}]}, {"dp": "no"}):
+        config["privacy_ledger"]["preprocessing"] = bad
+        with pytest.raises(ValueError, match=r"privacy_ledger\['preprocessing'\]"):
+            tfdpbnn.DPSGDOptimizer.from_config(config)

@@ -423,7 +423,7 @@ class DPOptimizerMixin:
         return config
 
     def _releases_config(self) -> dict:
-        """The recorded releases and the search record, as ``get_config`` carries them (JSON-safe)."""
+        """The recorded releases, search record and DP preprocessing, as ``get_config`` carries them."""
         from tfdpbnn.record.other_releases import release_config, search_config
 
         config = {}
@@ -435,10 +435,14 @@ class DPOptimizerMixin:
         search = search_config(attributes.search_record(self))
         if search is not None:
             config["search"] = search
+        found = attributes.preprocessing_found(self)
+        if found and (found["dp"] or found["asserted_public"]):  # every DP preprocessing release composed
+            config["preprocessing"] = {"dp": [r.to_config() for r in found["dp"]],
+                                       "asserted_public": [dict(a) for a in found["asserted_public"]]}
         return config
 
     def _restore_releases(self, config: dict) -> None:
-        """Take back the releases and search record of a saved optimizer's ``privacy_ledger`` config."""
+        """Take back the releases, search record and DP preprocessing of a saved ``privacy_ledger`` config."""
         from tfdpbnn.record.other_releases import release_from_config, search_from_config
 
         for item in config.get("releases", []):
@@ -452,6 +456,20 @@ class DPOptimizerMixin:
         search = search_from_config(config.get("search"))
         if search is not None:
             attributes.set_search_record(self, search)
+        preprocessing = config.get("preprocessing")
+        if preprocessing is not None:
+            from tfdpbnn.record.preprocessing import PreprocessingRecord
+
+            if not isinstance(preprocessing, dict) or not isinstance(preprocessing.get("dp", []), list) or \
+                    not isinstance(preprocessing.get("asserted_public", []), list):
+                raise ValueError("privacy_ledger['preprocessing'] must be a dict with the lists 'dp' and "
+                                 f"'asserted_public' (as get_config writes it), got {preprocessing!r:.200}")
+            try:
+                records = [PreprocessingRecord.from_config(c) for c in preprocessing.get("dp", [])]
+            except ValueError as err:
+                raise ValueError(f"privacy_ledger['preprocessing']: {err}") from err
+            attributes.add_preprocessing_found(
+                self, {"dp": records, "asserted_public": list(preprocessing.get("asserted_public", []))})
 
     def _import_linked_releases(self, ledger_of=None) -> int:
         """Add the per-record ledger's releases that name this model's training phases and are missing here.
@@ -560,6 +578,7 @@ class DPOptimizerMixin:
         target = model if model is not None else attributes.run_record(self).model()
         if target is not None:
             self._import_shared_training(target)
+            self._note_model_preprocessing(target)
         return build_statement(self, self._resolve_delta(delta), model=model)
 
     #: What a run can release beside the DP gradients, which no epsilon covers (``note_uncovered_release``).
@@ -922,6 +941,19 @@ class DPOptimizerMixin:
             attributes.inherit_releases(self, other)
         attributes.add_variable_trainer(variables, self)
 
+    def _note_model_preprocessing(self, model) -> None:
+        """Add the DP preprocessing releases ``model``'s layers hold (or the record store knows by value).
+
+        A new optimizer of a loaded or cloned model composes them before its first step; nothing is refused
+        here (the next DP step's checks do that).
+        """
+        from tfdpbnn.preprocessing.checks import preprocessing_releases
+
+        held = (attributes.preprocessing_found(self) or {"dp": []})["dp"]
+        found = preprocessing_releases(model, held)
+        if found["dp"] or found["asserted_public"]:
+            attributes.add_preprocessing_found(self, found)
+
     def _check_model(self, model, x, y, submodules=None):
         """The per-example checks of ``model`` on a synthetic batch shaped like ``x`` (once per model).
 
@@ -930,9 +962,11 @@ class DPOptimizerMixin:
         from tfdpbnn.preprocessing import check_preprocessing
         from tfdpbnn.record.other_releases import adopt_search_record
 
-        found = check_preprocessing(model, self.neighboring, submodules=submodules)  # every call
+        held = (attributes.preprocessing_found(self) or {"dp": []})["dp"]  # e.g. from a saved config
+        found = check_preprocessing(model, self.neighboring, submodules=submodules, held=held)  # every call
         asserted_state = state_checks.check_declared_state(model)  # layers with own state only
-        attributes.set_preprocessing_found(
+        # Added to the releases found before (a layer adapted again: the earlier weights depend on both).
+        attributes.add_preprocessing_found(
             self, {**found, "asserted_public": found["asserted_public"] + asserted_state})
         adopt_search_record(self, model)
         # Checked once per model and compiled loss: a model compiled again with another loss is checked again.

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tfdpbnn import _private_api
 from tfdpbnn.record import attributes
-from tfdpbnn.record.preprocessing import state_digest
+from tfdpbnn.record.preprocessing import recognised, state_digest
 
 
 def _layers(model, submodules=None):
@@ -132,53 +132,90 @@ def data_derived_layers(model) -> list:
     return out
 
 
-def _vouched(layer) -> bool:
-    """Whether ``layer`` holds a DP record or a public assertion made on its current state."""
-    held = (attributes.preprocessing_record(layer) is not None or attributes.public_preprocessing(layer)
-            is not None)
-    return held and attributes.preprocessing_digest(layer) == state_digest(layer)
+def _vouching(layer, digest: str, held=()):
+    """What vouches for ``layer``'s state ``digest``: a ``PreprocessingRecord``, a public reason, or None.
 
-
-def check_preprocessing(model, neighboring: str | None = None, submodules=None) -> dict:
-    """Refuse data-derived preprocessing that is neither DP nor asserted public; return what was found.
-
-    Returns ``{"dp": [PreprocessingRecord, ...], "asserted_public": [{"layer", "type", "reason"}, ...]}``.
-    A record or an assertion holds only for the state it was made on (``state_digest``). Raises
-    ``ValueError`` naming the first layer adapted without either (or changed since), and for a DP record
-    under another ``neighboring`` relation than the training's (the two could not be composed).
-    ``submodules``: ``model``'s modules (``tfdpbnn._private_api.submodules``) when the caller has them.
+    The layer's own DP record or public assertion made on this state, else a record of ``held`` (an
+    optimizer's) made on it, which is then attached to the layer.
     """
-    found = {"dp": [], "asserted_public": []}
+    record = attributes.preprocessing_record(layer)
+    if record is not None and record.state_digest == digest:
+        return record
+    reason = attributes.public_preprocessing(layer)
+    if reason is not None and attributes.preprocessing_digest(layer) == digest:
+        return reason
+    record = recognised(digest, held, look_in_store=False)
+    if record is not None:
+        attributes.set_preprocessing_record(layer, record)
+    return record
+
+
+def _scan(model, neighboring, submodules, held, refuse: bool) -> dict:
+    found: dict = {"dp": [], "asserted_public": []}
     for layer in _layers(model, submodules):
         if not callable(getattr(layer, "adapt", None)):
             continue
-        if _vouched(layer):
-            record = attributes.preprocessing_record(layer)
-            if record is None:
-                found["asserted_public"].append({"layer": layer.name, "type": type(layer).__name__,
-                                                 "reason": attributes.public_preprocessing(layer)})
+        digest = state_digest(layer)
+        vouch = _vouching(layer, digest, held)
+        if vouch is None:
+            if not (_adapted(layer) or _differs_from_fresh(layer)):
                 continue
-            if neighboring is not None and record.neighboring != neighboring:
-                raise ValueError(
-                    f"neighboring: the preprocessing layer {layer.name!r} was adapted privately under "
-                    f"{record.neighboring!r} but the optimizer trains under {neighboring!r}; adapt it again "
-                    f"with neighboring={neighboring!r} so that the two can be composed")
-            found["dp"].append(record)
+            # The state by value: a DP release the privacy record store kept under its digest (the layer
+            # of a loaded model, or of a clone given the weights).
+            vouch = recognised(digest)
+            if vouch is not None:
+                attributes.set_preprocessing_record(layer, vouch)
+            elif refuse:
+                _refuse(layer)
+            else:
+                continue
+        if isinstance(vouch, str):
+            found["asserted_public"].append({"layer": layer.name, "type": type(layer).__name__,
+                                             "reason": vouch})
             continue
-        if not (_adapted(layer) or _differs_from_fresh(layer)):
-            continue
-        changed = (" (it changed after its DP adapt or public assertion, e.g. adapt was called again)"
-                   if attributes.preprocessing_digest(layer) is not None else "")
-        raise ValueError(
-            f"model: the preprocessing layer {layer.name!r} ({type(layer).__name__}) holds state "
-            f"computed from data{changed}, which the model would carry and release with its weights, and no "
-            "epsilon covers it. If it was adapted on public data, say so with "
-            "tfdpbnn.preprocessing.assert_public_preprocessing(layer, reason=...) after adapting it (the "
-            "privacy statement lists it as asserted by the user); if it was adapted on the private data, "
-            "adapt it with a DP mechanism instead (tfdpbnn.preprocessing.private_adapt_normalization(layer, "
-            "data, epsilon=..., delta=..., bounds=(lo, hi)) for Normalization, private_discretization for "
-            "Discretization), whose epsilon the statement composes with training.")
+        if refuse and neighboring is not None and vouch.neighboring != neighboring:
+            raise ValueError(
+                f"neighboring: the preprocessing layer {layer.name!r} was adapted privately under "
+                f"{vouch.neighboring!r} but the optimizer trains under {neighboring!r}; adapt it again "
+                f"with neighboring={neighboring!r} so that the two can be composed")
+        found["dp"].append(vouch)
     return found
+
+
+def _refuse(layer):
+    vouched_before = (attributes.preprocessing_record(layer) is not None
+                      or attributes.public_preprocessing(layer) is not None)
+    changed = (" (it changed after its DP adapt or public assertion, e.g. adapt was called again)"
+               if vouched_before else "")
+    raise ValueError(
+        f"model: the preprocessing layer {layer.name!r} ({type(layer).__name__}) holds state "
+        f"computed from data{changed}, which the model would carry and release with its weights, and no "
+        "epsilon covers it. If it was adapted on public data, say so with "
+        "tfdpbnn.preprocessing.assert_public_preprocessing(layer, reason=...) after adapting it (the "
+        "privacy statement lists it as asserted by the user); if it was adapted on the private data, "
+        "adapt it with a DP mechanism instead (tfdpbnn.preprocessing.private_adapt_normalization(layer, "
+        "data, epsilon=..., delta=..., bounds=(lo, hi)) for Normalization, private_discretization for "
+        "Discretization), whose epsilon the statement composes with training.")
+
+
+def check_preprocessing(model, neighboring: str | None = None, submodules=None, held=()) -> dict:
+    """Refuse data-derived preprocessing that is neither DP nor asserted public; return what was found.
+
+    Returns ``{"dp": [PreprocessingRecord, ...], "asserted_public": [{"layer", "type", "reason"}, ...]}``.
+    A record or an assertion holds only for the state it was made on (``state_digest``). A DP record is
+    found on the layer, among ``held`` (the records an optimizer carries, e.g. restored from its saved
+    config), or in the privacy record store by the state's digest (a loaded or cloned layer holding a DP
+    adapt's state); it is then attached to the layer. Raises ``ValueError`` naming the first layer adapted
+    without either (or changed since), and for a DP record under another ``neighboring`` relation than the
+    training's (the two could not be composed). ``submodules``: ``model``'s modules
+    (``tfdpbnn._private_api.submodules``) when the caller has them.
+    """
+    return _scan(model, neighboring, submodules, held, refuse=True)
+
+
+def preprocessing_releases(model, held=()) -> dict:
+    """What ``check_preprocessing`` would find on ``model``, without refusing anything (for a statement)."""
+    return _scan(model, None, None, held, refuse=False)
 
 
 def assert_public_preprocessing(layer_or_model, reason: str):
@@ -213,4 +250,4 @@ def assert_public_preprocessing(layer_or_model, reason: str):
 
 
 __all__ = ["assert_public_preprocessing", "check_preprocessing", "data_derived_layers", "declared_state",
-           "own_weights"]
+           "own_weights", "preprocessing_releases"]

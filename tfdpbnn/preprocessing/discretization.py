@@ -18,8 +18,7 @@ import tensorflow as tf
 from tfdpbnn._validation import check_choice, check_positive_int
 from tfdpbnn.preprocessing.normalization import calibrate_gaussian
 from tfdpbnn.privacy.budget import NEIGHBORING
-from tfdpbnn.record import attributes
-from tfdpbnn.record.preprocessing import PreprocessingRecord, state_digest
+from tfdpbnn.record.preprocessing import PreprocessingRecord, keep, state_digest
 
 
 def private_discretization(data, *, num_bins: int, epsilon: float, delta: float, bounds,
@@ -90,8 +89,9 @@ def private_discretization(data, *, num_bins: int, epsilon: float, delta: float,
         epsilon=float(epsilon), delta=float(delta), accountant=accountant, neighboring=neighboring,
         details={"num_bins": num_bins, "resolution": resolution, "bounds": [lo, hi],
                  "cells_set_to_zero": negative,
-                 "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)"})
-    attributes.set_preprocessing_record(layer, record, state_digest(layer))
+                 "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)"},
+        state_digest=state_digest(layer))
+    keep(layer, record)
     if keys is not None:
         record.write_to_ledger(keys)
     return layer, record

@@ -27,8 +27,7 @@ import tensorflow as tf
 from tfdpbnn._validation import check_choice, check_open_unit, check_positive
 from tfdpbnn.privacy.budget import NEIGHBORING
 from tfdpbnn.privacy.registry import get_accountant, sound_accountants
-from tfdpbnn.record import attributes
-from tfdpbnn.record.preprocessing import PreprocessingRecord, state_digest
+from tfdpbnn.record.preprocessing import PreprocessingRecord, keep, state_digest
 
 
 def calibrate_gaussian(epsilon: float, delta: float, accountant: str = "rdp",
@@ -148,8 +147,9 @@ def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bo
         neighboring=neighboring,
         details={"num_features": d, "bounds": [lo.tolist(), hi.tolist()],
                  "features_mean_clamped": clamped_mean, "features_variance_clamped": clamped_var,
-                 "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)"})
-    attributes.set_preprocessing_record(layer, record, state_digest(layer))
+                 "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)"},
+        state_digest=state_digest(layer))
+    keep(layer, record)
     if keys is not None:
         record.write_to_ledger(keys)
     return record

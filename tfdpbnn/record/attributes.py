@@ -4,13 +4,14 @@ The privacy record travels with the objects a user holds, as private attributes:
 
 - a DP optimizer: its run record (``RunRecord``), its phase ledger as variables (``LedgerState``), the
   other releases it composes (private calibrations and the like: ``releases``, with ``parallel_basis`` and
-  ``release_ledger``), the DP preprocessing found on its model (``preprocessing_found``), the releases no
-  epsilon covers (``uncovered``), a private search's record (``search_record``) and the user's assertions
-  that a custom loop's loss keeps examples separate (``loss_assertions``);
+  ``release_ledger``), every DP preprocessing release found on its model (``preprocessing_found``), the
+  releases no epsilon covers (``uncovered``), a private search's record (``search_record``) and the user's
+  assertions that a custom loop's loss keeps examples separate (``loss_assertions``);
 - a model: the link to the optimizer that last trained it (``ledger_link``), the optimizer its traced train
   step calls (``step_optimizer``) and a search's record;
-- a preprocessing layer: its DP adapt's record, the user's public-data assertion, and the digest of its
-  state when either was made (``preprocessing_record``, ``public_preprocessing``, ``preprocessing_digest``);
+- a preprocessing layer: its DP adapt's record (which names the state it produced), the user's public-data
+  assertion and the digest of the state it was made on (``preprocessing_record``, ``public_preprocessing``,
+  ``preprocessing_digest``);
 - a trainable variable: the DP optimizers that trained it (``variable_trainers``), so that a model sharing
   a layer with another model, or built on another model's layers, composes their training;
 - a tf.data pipeline: the keys of the records it draws from (``dataset_record_keys``) and its data
@@ -89,7 +90,7 @@ def release_ledger(optimizer) -> dict:
 
 
 def inherit_releases(optimizer, previous) -> None:
-    """Give ``optimizer`` the other releases of ``previous`` (the optimizer that trained its model before)."""
+    """Give ``optimizer`` the other releases and DP preprocessing of ``previous`` (its model's last one)."""
     held, basis, ledger = releases(optimizer), parallel_basis(optimizer), release_ledger(optimizer)
     for release, how in releases(previous):
         if all(r is not release for r, _ in held):
@@ -98,6 +99,7 @@ def inherit_releases(optimizer, previous) -> None:
                 basis[id(release)] = parallel_basis(previous)[id(release)]
             if id(release) in release_ledger(previous):
                 ledger[id(release)] = release_ledger(previous)[id(release)]
+    add_preprocessing_found(optimizer, preprocessing_found(previous) or {})
 
 
 def uncovered(optimizer) -> dict:
@@ -105,13 +107,28 @@ def uncovered(optimizer) -> dict:
     return getattr(optimizer, _UNCOVERED, {})
 
 
-def set_preprocessing_found(optimizer, found: dict) -> None:
-    """Keep what ``check_preprocessing`` found on the optimizer's model (DP releases, public assertions)."""
-    setattr(optimizer, _PREPROCESSING_FOUND, found)
+def add_preprocessing_found(optimizer, found: dict) -> None:
+    """Add what ``check_preprocessing`` found on the optimizer's model (DP releases, public assertions).
+
+    Nothing found before is dropped: weights trained on a layer's state depend on its release even after
+    the layer is adapted again, so every DP release the optimizer has composed stays composed (a release
+    counts once however often it is found: ``PreprocessingRecord.key``).
+    """
+    held = getattr(optimizer, _PREPROCESSING_FOUND, None)
+    if held is None:
+        held = {"dp": [], "asserted_public": []}
+        setattr(optimizer, _PREPROCESSING_FOUND, held)
+    keys = {record.key() for record in held["dp"]}
+    for record in found.get("dp", ()):
+        if record.key() not in keys:
+            keys.add(record.key())
+            held["dp"].append(record)
+    public = held["asserted_public"]
+    public.extend(a for a in found.get("asserted_public", ()) if a not in public)
 
 
 def preprocessing_found(optimizer) -> dict | None:
-    """What ``check_preprocessing`` found on the optimizer's model, or None before it ran."""
+    """Every DP preprocessing release and public assertion the optimizer found (or None before any check)."""
     return getattr(optimizer, _PREPROCESSING_FOUND, None)
 
 
@@ -160,10 +177,9 @@ def step_optimizer(model):
     return True, None if ref is None else ref()
 
 
-def set_preprocessing_record(layer, record, digest: str) -> None:
-    """Keep a DP adapt's ``PreprocessingRecord`` on ``layer``, with ``state_digest`` of its adapted state."""
+def set_preprocessing_record(layer, record) -> None:
+    """Keep a DP adapt's ``PreprocessingRecord`` on ``layer`` (it names the state it vouches for)."""
     setattr(layer, _PREPROCESSING_RECORD, record)
-    setattr(layer, _PREPROCESSING_DIGEST, digest)
 
 
 def set_public_preprocessing(layer, reason: str, digest: str) -> None:
@@ -173,7 +189,7 @@ def set_public_preprocessing(layer, reason: str, digest: str) -> None:
 
 
 def preprocessing_record(layer):
-    """The ``PreprocessingRecord`` of ``layer``'s DP adapt, or None."""
+    """The ``PreprocessingRecord`` of ``layer``'s last DP adapt, or None."""
     return getattr(layer, _PREPROCESSING_RECORD, None)
 
 
@@ -183,7 +199,7 @@ def public_preprocessing(layer) -> str | None:
 
 
 def preprocessing_digest(layer) -> str | None:
-    """``state_digest`` of ``layer`` when its record or assertion was made, or None."""
+    """``state_digest`` of ``layer`` when the user's public assertion was made, or None."""
     return getattr(layer, _PREPROCESSING_DIGEST, None)
 
 
@@ -232,11 +248,11 @@ def dataset_fingerprint(dataset) -> str | None:
 
 
 __all__ = [
-    "add_variable_trainer", "attach_run_record", "dataset_fingerprint", "dataset_record_keys",
-    "inherit_releases", "ledger_link", "ledger_state",
+    "add_preprocessing_found", "add_variable_trainer", "attach_run_record", "dataset_fingerprint",
+    "dataset_record_keys", "inherit_releases", "ledger_link", "ledger_state",
     "parallel_basis", "preprocessing_digest", "preprocessing_found", "preprocessing_record",
     "public_preprocessing", "release_ledger", "releases", "run_record", "search_record",
     "set_dataset_fingerprint", "set_dataset_record_keys", "set_ledger_link", "set_ledger_state",
-    "set_preprocessing_found", "set_preprocessing_record", "set_public_preprocessing", "set_search_record",
+    "set_preprocessing_record", "set_public_preprocessing", "set_search_record",
     "uncovered", "variable_trainers",
 ]

@@ -6,6 +6,10 @@ trusts such a layer only when its state came from a DP mechanism (``private_adap
 ``PreprocessingRecord`` is attached to the layer and composed into the privacy statement) or the user
 asserted by name that it was adapted on public data (``assert_public_preprocessing``: the statement lists
 the assertion under ``asserted_by_user``).
+
+A record names the digest of the state it produced (``state_digest``) and is kept in the privacy record
+store under it (``keep``): a layer holding that state by value (a loaded model, a clone given the weights)
+is recognised as carrying the release (``recognised``), and composes it wherever it goes.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ class PreprocessingRecord:
       accountant: the accountant used for the calibration.
       neighboring: "add_or_remove" or "replace_one".
       details: JSON-safe facts about the release (bounds, number of features, post-processing applied).
+      state_digest: ``state_digest`` of the layer's state the release produced: the record vouches for that
+        state wherever it goes (a saved and loaded model, a clone given its weights), and only for it.
     """
 
     layer: str
@@ -67,6 +73,7 @@ class PreprocessingRecord:
     accountant: str
     neighboring: str
     details: dict = dataclasses.field(default_factory=dict)
+    state_digest: str = ""
 
     def event(self) -> dp_accounting.DpEvent:
         """The release's ``DpEvent``: one Gaussian mechanism in units of its sensitivity."""
@@ -87,8 +94,55 @@ class PreprocessingRecord:
                              description=f"{self.layer}: {self.mechanism.split(':')[0]}")
 
     def to_config(self) -> dict:
-        """A JSON-safe dict for the privacy statement."""
+        """A JSON-safe dict for the privacy statement (``from_config`` reads it back)."""
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_config(cls, config) -> PreprocessingRecord:
+        """The record ``to_config`` wrote (ValueError naming ``config`` when it is not one)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(config, dict) or not set(config) <= names or not {
+                "layer", "mechanism", "noise_multiplier", "neighboring"} <= set(config):
+            raise ValueError(f"config: not a PreprocessingRecord's to_config() dict, got {config!r:.200}")
+        return cls(**{**config, "details": dict(config.get("details") or {})})
 
-__all__ = ["PreprocessingRecord", "state_digest"]
+    def key(self) -> str:
+        """The release's identity: its config as canonical JSON (equal for a record and its copies)."""
+        import json
+
+        return json.dumps(self.to_config(), sort_keys=True, default=str)
+
+
+def keep(layer, record: PreprocessingRecord) -> None:
+    """Attach ``record`` to ``layer`` and write it to the privacy record store under its state's digest.
+
+    The store lets the release be found by the state's value (``recognised``) wherever the state goes
+    without the layer object: a model saved and loaded, a clone given the weights, another process.
+    """
+    from tfdpbnn.record import attributes, store
+
+    attributes.set_preprocessing_record(layer, record)
+    held = store.default_store()
+    if held is not None:
+        held.record_preprocessing(record.state_digest, record.to_config())
+
+
+def recognised(digest: str, held=(), look_in_store: bool = True) -> PreprocessingRecord | None:
+    """The DP release that produced a preprocessing state of ``state_digest`` ``digest``, or None.
+
+    Looked up among ``held`` (records an optimizer carries: a saved optimizer's config), then, with
+    ``look_in_store``, in the privacy record store (``keep``).
+    """
+    for record in held:
+        if record.state_digest == digest:
+            return record
+    if not look_in_store:
+        return None
+    from tfdpbnn.record import store
+
+    kept = store.default_store()
+    found = None if kept is None else kept.preprocessing_records(digest)
+    return PreprocessingRecord.from_config(found[0]) if found else None
+
+
+__all__ = ["PreprocessingRecord", "keep", "recognised", "state_digest"]

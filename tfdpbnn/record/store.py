@@ -11,7 +11,10 @@ data, Luo et al. 2021):
   take), written before its first step;
 - ``snapshots`` rows (at every epoch end and at the end of the run) hold the run's own phase as counted,
   the model's whole ledger (every phase that produced the weights) and the weights' identity
-  (``weights_fingerprint``: every bit of every variable).
+  (``weights_fingerprint``: every bit of every variable);
+- ``preprocessing_states`` rows hold each DP preprocessing release (``private_adapt_normalization``,
+  ``private_discretization``) under the digest of the layer state it produced, so a layer holding that
+  state by value (a model saved and loaded, a clone given the weights) is known to carry that release.
 
 A run starting from weights that an earlier run's snapshot holds inherits that run's whole ledger, up to
 its LAST snapshot (loading older weights does not erase what was spent after them). A data set's spending
@@ -67,6 +70,8 @@ CREATE TABLE IF NOT EXISTS variable_snapshots (
 CREATE TABLE IF NOT EXISTS budgets (
     dataset TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, accountant TEXT NOT NULL,
     set_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS preprocessing_states (
+    digest TEXT NOT NULL, record TEXT NOT NULL, recorded REAL NOT NULL, UNIQUE (digest, record));
 """
 
 
@@ -813,6 +818,19 @@ class RunStore:
                                                       [p.phase_id for p in phases], exclude_run,
                                                       incremental=unwritten(conn)))
         return _max_steps(phases)
+
+    def record_preprocessing(self, digest: str, record: dict) -> None:
+        """Keep a DP preprocessing release (``PreprocessingRecord.to_config``) under its state's digest."""
+        with self._connect() as conn:
+            conn.execute("INSERT OR IGNORE INTO preprocessing_states VALUES (?, ?, ?)",
+                         (digest, json.dumps(record, sort_keys=True), time.time()))
+
+    def preprocessing_records(self, digest: str) -> list[dict]:
+        """The DP preprocessing releases kept under ``digest`` (``record_preprocessing``), oldest first."""
+        with self._connect() as conn:
+            rows = conn.execute("SELECT record FROM preprocessing_states WHERE digest = ? ORDER BY rowid",
+                                (digest,)).fetchall()
+        return [json.loads(row[0]) for row in rows]
 
     def weights_ledger(self, weights: str, legacy=None) -> list[Phase] | None:
         """The ledger that produced these exact weights: the phases of the snapshots holding them (or None).
