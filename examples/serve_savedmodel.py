@@ -47,6 +47,23 @@ def read_privacy(export_dir):
     return privacy
 
 
+def describe_privacy(privacy):
+    """The privacy record in a few lines: epsilon, delta, training and assertions, or why there is none."""
+    if "no_record" in privacy:   # weights of which nothing is known: no epsilon is claimed
+        return f"no privacy guarantee: {privacy['no_record']}"
+    epsilon = "infinite (no privacy)" if privacy.get("epsilon_is_infinite") else f"{privacy['epsilon']:.4f}"
+    # A model exported without a DP optimizer: its statement is the record's, with no optimizer named.
+    trainer = (f"{privacy['optimizer']} ({privacy['method']})" if privacy.get("optimizer")
+               else "the DP training its privacy record holds")
+    examples = f" on {privacy['num_examples']} examples" if privacy.get("num_examples") else ""
+    text = (f"model trained with {trainer}: epsilon {epsilon} at delta {privacy['delta']:g} by the "
+            f"{privacy['accountant']} accountant, {privacy['steps']} steps{examples}; asserted by the user: "
+            f"{privacy['asserted_by_user'] or 'nothing'}")
+    if privacy.get("guarantee") is False:   # e.g. noise replayable from a debug seed
+        text += "\n" + privacy["guarantee_reason"]
+    return text
+
+
 def main():
     """Load the SavedModel, print its privacy record and serve the requests through both signatures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -60,13 +77,7 @@ def main():
     privacy = read_privacy(args.export_dir)
     with open(os.path.join(args.export_dir, "assets", "mc_predict.json"), encoding="utf-8") as fh:
         mc_config = json.load(fh)
-    epsilon = "infinite (no privacy)" if privacy.get("epsilon_is_infinite") else f"{privacy['epsilon']:.4f}"
-    print(f"model trained with {privacy['optimizer']} ({privacy['method']}): epsilon {epsilon} at delta "
-          f"{privacy['delta']:g} by the {privacy['accountant']} accountant, {privacy['steps']} steps on "
-          f"{privacy['num_examples']} examples; asserted by the user: "
-          f"{privacy['asserted_by_user'] or 'nothing'}")
-    if privacy.get("guarantee") is False:   # e.g. noise replayable from a debug seed
-        print(privacy["guarantee_reason"])
+    print(describe_privacy(privacy))
 
     num_samples = args.num_samples or (20 if fast else mc_config["default_num_samples"])
     requests = dict(np.load(args.inputs)) if args.inputs.endswith(".npz") else {"x": np.load(args.inputs)}
@@ -82,8 +93,8 @@ def main():
           f"{out['expected_entropy'].mean():.3f} + mutual information (epistemic) "
           f"{out['mutual_information'].mean():.4f}")
 
-    summary = {"num_requests": len(mean), "num_samples": num_samples, "epsilon": privacy["epsilon"],
-               "delta": privacy["delta"], "tfdpbnn_imported": "tfdpbnn" in sys.modules,
+    summary = {"num_requests": len(mean), "num_samples": num_samples, "epsilon": privacy.get("epsilon"),
+               "delta": privacy.get("delta"), "tfdpbnn_imported": "tfdpbnn" in sys.modules,
                "prob_min": float(mean.min()), "prob_max": float(mean.max()),
                "max_row_sum_error": float(np.abs(mean.sum(axis=1) - 1).max()),
                "max_entropy_split_error": float(np.abs(out["predictive_entropy"] - out["expected_entropy"]

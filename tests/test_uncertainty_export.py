@@ -40,10 +40,14 @@ def test_calibration_is_served_and_its_cost_recorded(tmp_path):
     assert privacy["calibration"][1]["privacy"]["epsilon"] == 0.0  # public threshold: no cost
     with open(os.path.join(path, "assets", "mc_predict.json")) as fh:
         assert json.load(fh)["temperature"] == pytest.approx(temperature.temperature)
-    # without a training statement, privacy.json still lists what calibration spent
+    # a model nothing is known of: privacy.json lists what calibration spent and claims no epsilon for the
+    # weights (the calibration's is not theirs)
     bare = export_saved_model(model, str(tmp_path / "bare"), calibration=temperature)
     with open(os.path.join(bare, "assets", "privacy.json")) as fh:
-        assert list(json.load(fh)) == ["calibration", "format_version"]
+        bare_privacy = json.load(fh)
+    assert bare_privacy["guarantee"] is False and bare_privacy["epsilon_is_infinite"] is True
+    assert "no privacy record was found" in bare_privacy["no_record"]
+    assert bare_privacy["calibration"][0]["privacy"]["epsilon"] == pytest.approx(temperature.privacy.epsilon)
     with pytest.raises(ValueError, match="calibration must be None or a TemperatureScaling"):
         export_saved_model(model, str(tmp_path / "bad"), calibration=1.5)
 

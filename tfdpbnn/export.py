@@ -14,7 +14,7 @@ import os
 import tensorflow as tf
 
 from tfdpbnn import _adapters
-from tfdpbnn._validation import check_positive_int
+from tfdpbnn._validation import check_open_unit, check_positive_int
 from tfdpbnn.layers.noisy import without_dp_noise_keys
 from tfdpbnn.layers.sampling import mc_sampling_active, sample_in_trace
 from tfdpbnn.uncertainty.conformal import ConformalThreshold
@@ -40,8 +40,9 @@ def read_privacy(path) -> dict:
     path = os.fspath(path)
     file = path if os.path.isfile(path) else os.path.join(path, "assets", "privacy.json")
     if not os.path.isfile(file):
-        raise FileNotFoundError(f"path: no privacy record at {file} (export_saved_model writes it when the "
-                                "model's optimizer has a privacy statement or privacy= is given)")
+        raise FileNotFoundError(f"path: no privacy record at {file} (export_saved_model writes one with "
+                                "every export; an earlier tfdpbnn wrote none for a model without a DP "
+                                "optimizer: export it again)")
     with open(file, encoding="utf-8") as fh:
         record = json.load(fh)
     if not isinstance(record, dict):
@@ -92,16 +93,48 @@ def strict_json_value(value, name="privacy"):
     return value
 
 
-def _privacy_dict(model, privacy):
-    if privacy is None:
-        statement = getattr(getattr(model, "optimizer", None), "privacy_statement", None)
-        if callable(statement):
-            from tfdpbnn.optimizers.base import DPOptimizerMixin
+def _statement(model, privacy, delta, releases):
+    """The statement to write: ``privacy``, else the optimizer's, else that of the weights' record.
 
-            # A tfdpbnn optimizer states the record of this model's weights (see privacy_statement).
-            privacy = statement(model=model) if isinstance(model.optimizer, DPOptimizerMixin) else statement()
-    if privacy is None:
-        return None
+    ``releases`` (calibration, prediction sets) are recorded on the DP optimizer that states the training
+    (``record_release``), so its ``epsilon`` composes them.
+    """
+    from tfdpbnn.optimizers.base import DPOptimizerMixin
+    from tfdpbnn.record.statement import no_record_statement, weights_statement
+
+    if delta is not None:
+        if privacy is not None:
+            raise ValueError("delta: the statement is privacy= as given; delta applies only to the statement "
+                             "export_saved_model builds (privacy=None)")
+        delta = check_open_unit("delta", delta)
+    if privacy is not None:
+        return privacy
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(optimizer, DPOptimizerMixin):
+        for release in releases:
+            optimizer.record_release(release)
+        # A tfdpbnn optimizer states the record of this model's weights (see privacy_statement).
+        return optimizer.privacy_statement(delta=delta, model=model)
+    statement = getattr(optimizer, "privacy_statement", None)
+    if callable(statement):  # another optimizer that states its own privacy
+        if delta is not None:
+            raise ValueError(f"delta: the model's optimizer ({type(optimizer).__name__}) states its own "
+                             "privacy (privacy_statement()); delta applies to a tfdpbnn statement only")
+        record_release = getattr(optimizer, "record_release", None)
+        if callable(record_release):
+            for release in releases:
+                record_release(release)
+        stated = statement()
+        if stated is not None:
+            return stated
+    # No DP optimizer: what the record store (or a DP optimizer of this process) knows of these weights.
+    found = weights_statement(model, delta, releases)
+    return no_record_statement(model, delta) if found is None else found
+
+
+def _privacy_dict(model, privacy, delta=None, releases=()):
+    """The statement to write (``_statement``) as strict JSON text."""
+    privacy = _statement(model, privacy, delta, releases)
     if not isinstance(privacy, dict):
         raise ValueError(f"privacy must be a dict (JSON-serializable) or None, got {type(privacy).__name__}")
     if PRIVACY_FORMAT_KEY in privacy:
@@ -127,10 +160,10 @@ def _check_calibration(calibration, prediction_sets, task):
 
 
 def _with_calibration(privacy_json, records):
-    """``privacy_json`` (or an empty statement) with the calibration records listed under "calibration"."""
+    """``privacy_json`` with the calibration records listed under "calibration"."""
     if not records:
         return privacy_json
-    privacy = json.loads(privacy_json) if privacy_json is not None else {}
+    privacy = json.loads(privacy_json)
     privacy["calibration"] = strict_json_value(records, "calibration")
     return json.dumps(privacy, indent=2, sort_keys=True, allow_nan=False)
 
@@ -172,7 +205,7 @@ def _input_transform(spec, input_scale, input_offset):
 
 def export_saved_model(model, path, num_samples=30, privacy=None, task="classification", from_logits=None,
                        input_signature=None, calibration=None, prediction_sets=None, input_scale=None,
-                       input_offset=None):
+                       input_offset=None, delta=None):
     """Write ``model`` as a SavedModel at ``path`` with two signatures, reloadable by Keras and TF Serving.
 
     * ``serving_default(x) -> {"output"}``: deterministic prediction (``training=False``, no sampling).
@@ -205,10 +238,16 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
 
     ``num_samples`` (integer >= 1) is the recommended default, written with the task to
     ``<path>/assets/mc_predict.json``. The optimizer is not saved (``include_optimizer=False``).
-    If ``privacy`` (a dict) is given, or else ``model.optimizer.privacy_statement()`` exists, that dict is
-    written as strict JSON to ``<path>/assets/privacy.json`` (an infinite epsilon, e.g. at noise 0, is
-    written as ``"epsilon": null, "epsilon_is_infinite": true``; see ``strict_json_value``), with
-    ``"format_version": PRIVACY_FORMAT_VERSION`` (``read_privacy`` reads it back). Returns ``path``.
+    ``<path>/assets/privacy.json`` is always written, as strict JSON (an infinite epsilon, e.g. at noise 0,
+    is written as ``"epsilon": null, "epsilon_is_infinite": true``; see ``strict_json_value``) with
+    ``"format_version": PRIVACY_FORMAT_VERSION`` (``read_privacy`` reads it back). It holds ``privacy`` (a
+    dict) if given; else ``model.optimizer.privacy_statement()`` (a tfdpbnn DP optimizer's at ``delta``,
+    default its own); else, for a model without a DP optimizer (``load_model(compile=False)``, compiled with
+    ``"adam"``), the statement a DP optimizer gives for its weights (``tfdpbnn.record.statement.
+    weights_statement``: the record the privacy record store holds for them, composed with the calibration;
+    ``delta`` is then required unless a DP optimizer of this process trained them), or, when nothing is
+    known of the weights, a statement that no privacy record was found (``"no_record"``, ``"guarantee":
+    false``, epsilon infinite: no epsilon is claimed). Returns ``path``.
     """
     num_samples = check_positive_int("num_samples", num_samples)
     if mc_sampling_active():
@@ -230,12 +269,8 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
         if offset is not None:
             x = x + tf.constant(offset, x.dtype)
         return x
-    record_release = getattr(getattr(model, "optimizer", None), "record_release", None)
-    if privacy is None and callable(record_release):  # compose them into the statement's epsilon
-        for release in (calibration, prediction_sets):
-            if release is not None:
-                record_release(release)
-    privacy_json = _with_calibration(_privacy_dict(model, privacy), records)
+    releases = [release for release in (calibration, prediction_sets) if release is not None]
+    privacy_json = _with_calibration(_privacy_dict(model, privacy, delta, releases), records)
 
     @tf.function(input_signature=[spec])
     def serving_default(x):
@@ -264,8 +299,7 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
                    "temperature": None if calibration is None else calibration.temperature,
                    "prediction_set_threshold": None if prediction_sets is None
                    else prediction_sets.threshold, "input_transform": transform_record}, fh)
-    if privacy_json is not None:
-        record = dict(json.loads(privacy_json), **{PRIVACY_FORMAT_KEY: PRIVACY_FORMAT_VERSION})
-        with open(os.path.join(assets, "privacy.json"), "w") as fh:
-            fh.write(json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    record = dict(json.loads(privacy_json), **{PRIVACY_FORMAT_KEY: PRIVACY_FORMAT_VERSION})
+    with open(os.path.join(assets, "privacy.json"), "w") as fh:
+        fh.write(json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n")
     return path

@@ -6,7 +6,8 @@ paper's procedures.
 
 ``--statement PATH`` reads a saved privacy statement instead (``privacy.json``, or a SavedModel directory
 holding ``assets/privacy.json``) and prints its two numbers: the run's own epsilon and the per-record
-ledger bound, and which one to quote. ``--ledger PATH`` prints the per-record ledger of a privacy record
+ledger bound, and which one to quote; for an export of weights with no privacy record, why, and that no
+epsilon is claimed. ``--ledger PATH`` prints the per-record ledger of a privacy record
 store file: its distinct record histories, each with its record count and composed epsilon.
 """
 
@@ -68,9 +69,21 @@ def _statement(path: str) -> int:
         statement = read_privacy(file)
     except ValueError as err:
         raise ValueError(f"--statement: {err}") from err
+    if "no_record" in statement:   # an export of weights of which nothing was known
+        print(statement["no_record"])
+        print("no epsilon is claimed for these weights (guarantee: false)")
+        _calibration_lines(statement, "covers the calibration alone, not the weights")
+        return 0
+    if "epsilon" not in statement and "run_epsilon" not in statement:
+        held = ", ".join(k for k in statement if k != "format_version") or "nothing"
+        raise ValueError(f"--statement: {file} states no epsilon of the weights (it holds only {held}): "
+                         "an earlier tfdpbnn wrote this for a model without a DP optimizer, so the "
+                         "calibration's epsilon in it bounds nothing about the training; export the model "
+                         "again with this tfdpbnn")
     if "ledger_bound" not in statement:
-        raise ValueError(f"--statement: {file} has no ledger_bound (written by an earlier tfdpbnn); its "
-                         f"epsilon {statement.get('epsilon')} holds only for the weights its run produced")
+        raise ValueError(f"--statement: {file} has no ledger_bound (a statement given as privacy=, or "
+                         f"written by an earlier tfdpbnn); its epsilon {statement.get('epsilon')} holds only "
+                         "for the weights its run produced")
     def number(entry, key):  # privacy.json writes an infinite epsilon as null plus "<key>_is_infinite"
         value = entry[key]
         return "infinite" if value in ("inf", math.inf) or entry.get(f"{key}_is_infinite") \
@@ -91,7 +104,20 @@ def _statement(path: str) -> int:
           "recorded run on them")
     quote = statement["quote"]
     print(f"quote: {quote['which']} = {number(quote, 'epsilon')} ({quote['note']})")
+    if statement.get("statement_source"):   # exported without a DP optimizer
+        print(f"source: {statement['statement_source']}")
+    _calibration_lines(statement, "composed into the numbers above" if statement.get("releases") else
+                       "listed beside the statement")
     return 0
+
+
+def _calibration_lines(statement: dict, how: str) -> None:
+    """Print each calibration release a statement lists (method, epsilon, delta) and ``how`` it counts."""
+    for item in statement.get("calibration") or []:
+        cost = item.get("privacy") or {}
+        epsilon = "infinite" if cost.get("epsilon_is_infinite") else cost.get("epsilon")
+        shown = epsilon if isinstance(epsilon, str) or epsilon is None else f"{epsilon:.4g}"
+        print(f"calibration: {item.get('method')} epsilon {shown} (delta {cost.get('delta')}): {how}")
 
 
 def _ledger(path: str, delta) -> int:
