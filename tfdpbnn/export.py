@@ -100,7 +100,8 @@ def _statement(model, privacy, delta, releases):
     (``record_release``), so its ``epsilon`` composes them.
     """
     from tfdpbnn.optimizers.base import DPOptimizerMixin
-    from tfdpbnn.record.statement import no_record_statement, weights_statement
+    from tfdpbnn.optimizers.weights_statement import weights_statement
+    from tfdpbnn.record.statement import no_record_statement
 
     if delta is not None:
         if privacy is not None:
@@ -243,7 +244,7 @@ def export_saved_model(model, path, num_samples=30, privacy=None, task="classifi
     ``"format_version": PRIVACY_FORMAT_VERSION`` (``read_privacy`` reads it back). It holds ``privacy`` (a
     dict) if given; else ``model.optimizer.privacy_statement()`` (a tfdpbnn DP optimizer's at ``delta``,
     default its own); else, for a model without a DP optimizer (``load_model(compile=False)``, compiled with
-    ``"adam"``), the statement a DP optimizer gives for its weights (``tfdpbnn.record.statement.
+    ``"adam"``), the statement a DP optimizer gives for its weights (``tfdpbnn.optimizers.
     weights_statement``: the record the privacy record store holds for them, composed with the calibration;
     ``delta`` is then required unless a DP optimizer of this process trained them), or, when nothing is
     known of the weights, a statement that no privacy record was found (``"no_record"``, ``"guarantee":

@@ -16,9 +16,9 @@ composed epsilon over the model's records, valid for any weights derived from an
 says which one to publish.
 
 A model whose optimizer is not a tfdpbnn DP optimizer (``load_model(compile=False)``, compiled again with
-``"adam"``) gets the statement a DP optimizer gives for its weights (``weights_statement``), or, when
-nothing is known of them, a statement that no record was found and no epsilon is claimed
-(``no_record_statement``).
+``"adam"``) gets the statement a DP optimizer gives for its weights
+(``tfdpbnn.optimizers.weights_statement``), or, when nothing is known of them, a statement that no record
+was found and no epsilon is claimed (``no_record_statement``).
 """
 
 from __future__ import annotations
@@ -218,82 +218,11 @@ def add_ledger_bound(statement: dict, optimizer, delta: float) -> dict:
     return statement
 
 
-#: The statement's entries that describe the optimizer itself, which a model without a DP optimizer lacks.
-_OPTIMIZER_ENTRIES = ("method", "optimizer", "noise_multiplier", "l2_norm_clip", "sample_rate", "batch_size",
-                      "num_examples", "sampling", "target_epsilon")
-
-
 def _no_dp_optimizer(model) -> str:
     """``model`` has no tfdpbnn DP optimizer, in words naming the one it has."""
     optimizer = getattr(model, "optimizer", None)
     return ("the model has no optimizer" if optimizer is None else
             f"the model's optimizer ({type(optimizer).__name__}) is not a tfdpbnn DP optimizer")
-
-
-def weights_statement(model, delta: float | None, releases=()) -> dict | None:
-    """The privacy statement of ``model``'s weights when its optimizer is not a tfdpbnn DP optimizer.
-
-    The statement of the DP optimizer that last trained ``model`` in this process, if any; else the one a
-    new DP optimizer compiled on these weights gives before its first step (``privacy_statement(model=)``:
-    the record the privacy record store holds for the weights or any of their variables, and the training of
-    every DP optimizer in this process that updated them), with the entries that describe an optimizer set
-    to None. ``releases`` (private calibrations) are recorded on it first (``record_release``), so its
-    ``epsilon`` composes them. ``delta``: the statement's delta (None: the training optimizer's; required
-    when there is none). Returns None when nothing is known of these weights (``no_record_statement``).
-    """
-    from tfdpbnn.record import store as record_store
-
-    link = attributes.ledger_link(model)
-    if link is not None and attributes.run_record(getattr(link, "optimizer", None)) is not None:
-        trainer = link.optimizer
-        for release in releases:
-            trainer.record_release(release)
-        statement = trainer.privacy_statement(delta=delta, model=model)
-        statement["statement_source"] = (
-            f"{_no_dp_optimizer(model)}: this is the statement of the DP optimizer that last trained the "
-            f"model in this process ({type(trainer).__name__})")
-        return statement
-    from tfdpbnn.optimizers.dpsgd import DPSGDOptimizer
-
-    # Its own settings describe nothing that ran (set to None below); what it states is what it inherits.
-    reader = DPSGDOptimizer(1.0, 0.0, num_examples=1, batch_size=1, delta=delta, name="record_reader")
-    trainers = attributes.variable_trainers(model.trainable_variables)
-    if trainers:
-        reader._import_shared_training(model)
-    else:  # the store's record alone (a reader that adopts nothing is not noted as a trainer)
-        attributes.run_record(reader).adopt(model)
-        if not any(p.released for p in reader.ledger.phases):
-            return None
-    if delta is None:
-        deltas = {t.delta for t in trainers} - {None}
-        if len(deltas) != 1:
-            phases = reader.ledger.phases
-            raise ValueError(
-                f"delta: {_no_dp_optimizer(model)}, and the training of these "
-                f"weights is known ({len(phases)} phase(s), {sum(p.steps for p in phases)} DP steps, in the "
-                f"privacy record store {record_store.default_path()} or from this process's DP optimizers); "
-                "pass delta= (the delta of their privacy statement) to state their epsilon")
-        delta = deltas.pop()
-    for release in releases:
-        reader.record_release(release)
-    statement = reader.privacy_statement(delta=delta, model=model)
-    statement.update({key: None for key in _OPTIMIZER_ENTRIES})
-    statement["noise"] = {
-        "note": "as each recorded run's optimizer drew it (phases list the noise multipliers); a run whose "
-                "noise was replayable (debug_noise_seed) is a non-private release in the per-record ledger, "
-                "so the ledger bound and the quote are infinite then"}
-    statement["not_covered"]["note"] = (
-        "released by these runs but covered by no epsilon above; those that the training's optimizer noted "
-        "(training metrics, validation) travel with that optimizer (model.save with it, load_model with "
-        "compile) and are unknown here unless it trained these weights in this process")
-    if statement["record"].get("store") is not None:
-        statement["record"]["note"] = "no DP fit by this model's optimizer: the store's runs hold the rest"
-    statement["statement_source"] = (
-        f"{_no_dp_optimizer(model)}: this is the statement a tfdpbnn DP optimizer compiled on these weights "
-        "gives (the record "
-        "the privacy record store holds for them, and DP optimizers of this process that trained their "
-        "variables)")
-    return statement
 
 
 def no_record_statement(model, delta: float | None) -> dict:
@@ -316,4 +245,4 @@ def no_record_statement(model, delta: float | None) -> dict:
             "quote": {"epsilon": math.inf, "which": "no_record", "note": note}}
 
 
-__all__ = ["add_ledger_bound", "build_statement", "no_record_statement", "weights_statement"]
+__all__ = ["add_ledger_bound", "build_statement", "no_record_statement"]
