@@ -534,3 +534,30 @@ def test_a_loss_coupled_through_other_examples_labels_or_constant_predictions_is
                                          f"{refused}"):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert optimizer.steps == 0
+
+
+@pytest.mark.parametrize("suffix", [".keras", ".h5"])
+def test_a_new_dp_optimizer_compiled_on_a_loaded_model_keeps_the_saved_optimizers_training(
+        suffix, tmp_path, monkeypatch):
+    # Store off: the saved DP optimizer's ledger is the only record of the first pass. load_model restored
+    # it, and compiling a new DP optimizer dropped it: 4.73 printed after one more pass, where 7.08 holds.
+    monkeypatch.setenv("TFDPBNN_PRIVACY_STORE", "off")
+    x, y = small_data()
+    model, _ = _compiled()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    path = str(tmp_path / f"dp{suffix}")
+    model.save(path)
+    loaded = tf.keras.models.load_model(path)
+    assert loaded.optimizer.epsilon() == pytest.approx(gaussians_epsilon(1.0, 1), rel=1e-6)
+    fresh = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    loaded.compile(optimizer=fresh, loss=LOSS)
+    loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    truth = gaussians_epsilon(1.0, 2)
+    assert fresh.epsilon() == pytest.approx(truth, rel=1e-6)
+    assert fresh.privacy_statement()["quote"]["epsilon"] >= truth * (1 - 1e-6)
+    # A model compiled with a DP optimizer that never took a step, then with another: nothing to keep.
+    unused = small_model(seed=4)
+    unused.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
+                   loss=LOSS)
+    unused.compile(optimizer="adam", loss=LOSS)
+    assert attributes.ledger_link(unused) is None
