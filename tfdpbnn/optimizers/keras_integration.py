@@ -399,7 +399,10 @@ def install() -> None:
     tf.keras.Model.train_on_batch = train_on_batch
 
     global _original_compile
-    _original_compile = tf.keras.Model.compile
+    # On the class that defines it (Keras 3's loading compiles a model only when its class's compile is
+    # that class's: one set on tf.keras.Model would read as a user's override, and loading would skip it).
+    owner = next(c for c in type.mro(tf.keras.Model) if "compile" in vars(c))
+    _original_compile = vars(owner)["compile"]
 
     @functools.wraps(_original_compile)
     def compile(self, *args, **kwargs):
@@ -408,4 +411,4 @@ def install() -> None:
         _link_replaced_optimizer(self, previous)
         return result
 
-    tf.keras.Model.compile = compile
+    owner.compile = compile
