@@ -116,8 +116,8 @@ def add_preprocessing_found(optimizer, found: dict) -> None:
     """
     held = getattr(optimizer, _PREPROCESSING_FOUND, None)
     if held is None:
-        held = {"dp": [], "asserted_public": []}
-        setattr(optimizer, _PREPROCESSING_FOUND, held)
+        setattr(optimizer, _PREPROCESSING_FOUND, {"dp": [], "asserted_public": []})
+        held = getattr(optimizer, _PREPROCESSING_FOUND)  # as kept (Keras 3 keeps a tracked copy)
     keys = {record.key() for record in held["dp"]}
     for record in found.get("dp", ()):
         if record.key() not in keys:
