@@ -561,3 +561,66 @@ def test_a_new_dp_optimizer_compiled_on_a_loaded_model_keeps_the_saved_optimizer
                    loss=LOSS)
     unused.compile(optimizer="adam", loss=LOSS)
     assert attributes.ledger_link(unused) is None
+
+
+class _DecayScaledByTheBatch(tf.keras.layers.Layer):
+    """Weight decay scaled by a statistic of the batch's activations, with no derivative through it."""
+
+    def __init__(self, units, by="stop_gradient", **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.by = units, by
+
+    def build(self, shape):
+        self.kernel = self.add_weight(name="kernel", shape=(shape[-1], self.units),
+                                      initializer="glorot_uniform")
+
+    def call(self, h):
+        out = tf.matmul(h, self.kernel)
+        if self.by == "stop_gradient":
+            scale = tf.stop_gradient(tf.reduce_mean(tf.square(h)))
+        else:  # the classes the batch predicts most (argmax: no derivative)
+            counts = tf.reduce_mean(tf.one_hot(tf.argmax(out, axis=-1), self.units), axis=0)
+            scale = tf.reduce_sum(counts * tf.range(self.units, dtype=tf.float32))
+        self.add_loss(0.1 * scale * tf.reduce_sum(tf.square(self.kernel)))
+        return out
+
+
+@pytest.mark.parametrize("model_kind, refused", [
+    ("centered by a stop_gradient batch mean", "a layer mixes examples"),
+    ("decay scaled by stop_gradient", "model.losses depends on the input data"),
+    ("decay scaled by argmax", "model.losses depends on the input data"),
+    ("dropout", None),
+])
+def test_a_dependence_across_examples_without_a_derivative_is_refused(model_kind, refused):
+    # Zero derivative, so the derivative check passed them: one example then moved every other example's
+    # clipped gradient (4.1 C measured for the centering), or the unclipped model.losses (its gradient norm
+    # went from 0.46 to 68,402 with one outlier row): 7.08 and 4.73 printed where none holds.
+    x, y = small_data()
+    tf.keras.utils.set_random_seed(0)
+    if model_kind.startswith("centered"):
+        middle = tf.keras.layers.Lambda(lambda h: h - tf.stop_gradient(tf.reduce_mean(h, axis=0)))
+        model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(8), middle,
+                                     tf.keras.layers.Dense(3)])
+    elif model_kind.startswith("decay"):
+        by = model_kind.split()[-1]
+        layers = [_DecayScaledByTheBatch(8, by=by), tf.keras.layers.Dense(3)] if by == "stop_gradient" else \
+            [tf.keras.layers.Dense(8, activation="tanh"), _DecayScaledByTheBatch(3, by=by)]
+        model = tf.keras.Sequential([tf.keras.Input((D,)), *layers])
+    else:  # random draws per example: the first half's outputs move between passes, and nothing is refused
+        model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(8),
+                                     tf.keras.layers.Dropout(0.5), tf.keras.layers.Dense(3)])
+    if refused is not None:  # the dependence itself, on real rows: the first row's output or the penalty
+        first = model(x[:8], training=True)
+        penalty = sum(float(v) for v in model.losses)
+        other = model(np.concatenate([x[:1], -3.0 * x[1:8] + 1.0]), training=True)
+        moved_penalty = sum(float(v) for v in model.losses)
+        assert (not np.allclose(first[0], other[0])) or abs(moved_penalty - penalty) > 1e-4
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    if refused is None:
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        assert optimizer.steps == 8
+        return
+    with pytest.raises(ValueError, match=f"model: {refused}"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert optimizer.steps == 0

@@ -919,7 +919,11 @@ class DPOptimizerMixin:
             held.extend(a for a in attributes.loss_assertions(previous) if a not in held)
             self._dp_batch_call_limit = None
         if previous is not self:  # a link to this optimizer already (never changed in place) is kept
-            attributes.set_ledger_link(model, _LedgerLink(self))
+            self._hold_ledger_of(model)
+
+    def _hold_ledger_of(self, model) -> None:
+        """Link ``model`` to this optimizer as the holder of its ledger (its next DP run imports from it)."""
+        attributes.set_ledger_link(model, _LedgerLink(self))
 
     def _import_shared_training(self, model) -> None:
         """Import the phases of every other DP optimizer that trained one of ``model``'s trainable variables.

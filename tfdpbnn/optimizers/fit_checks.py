@@ -279,6 +279,8 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
                                                           None) not in (None, tf.distribute.get_strategy())
     foreign = [] if distributed else _foreign_variables(model, tape.watched_variables())
     del tape
+    if float_inputs:
+        _check_float_inputs_by_value(model, xs, rows, half, outputs, reg)
     discrete = [t for t, _ in _leaves(xs, half) if not t.dtype.is_floating]
     if discrete:
         _check_discrete_inputs(model, xs, rows, half)
@@ -332,14 +334,15 @@ def _loss_values(loss_fn, ys, y_pred, rows: int):
     return tf.cast(values, tf.float32)
 
 
-def _changed_second_half(xs, half: int, sign: int = 1):
+def _changed_second_half(xs, half: int, sign: int = 1, floats: bool = False):
     """``xs`` with the rows from ``half`` on of every integer, boolean and string input changed.
 
-    ``sign``: integers become 1 (``sign=1``), or -1 (``sign=-1``; unsigned ones 1).
+    ``sign``: integers become 1 (``sign=1``), or -1 (``sign=-1``; unsigned ones 1). ``floats``: float
+    inputs are changed too (shifted by 1), else kept.
     """
 
     def change(t):
-        if t.dtype.is_floating:
+        if t.dtype.is_floating and not floats:
             return t
         if isinstance(t, tf.RaggedTensor):
             flat = t.flat_values
@@ -356,12 +359,15 @@ def _changed_second_half(xs, half: int, sign: int = 1):
 
 
 def _other(t, sign: int = 1):
-    """Other values of an integer, boolean or string tensor.
+    """Other values of a tensor.
 
-    ``sign`` (1 or -1) for integers (an unsigned integer gets 1), "b" for strings, True for False.
+    ``sign`` (1 or -1) for integers (an unsigned integer gets 1), "b" for strings, True for False, the value
+    plus 1 for floats.
     """
     if t.dtype == tf.string:
         return tf.fill(tf.shape(t), "b")
+    if t.dtype.is_floating:
+        return t + tf.ones_like(t)
     if t.dtype.is_bool:
         return tf.logical_not(t)
     if sign < 0 and not t.dtype.is_unsigned:
@@ -381,6 +387,39 @@ def _close(a, b) -> bool:
         return a is None and b is None
     scale = max(1.0, _max_abs(a))
     return _max_abs(tf.nest.map_structure(lambda u, v: u - v, a, b)) <= COUPLING_TOLERANCE * scale
+
+
+def _check_float_inputs_by_value(model, xs, rows: int, half: int, outputs, reg) -> None:
+    """The derivative check's blind spot: a dependence across examples that has no derivative.
+
+    A ``tf.stop_gradient`` of a batch statistic inside the model (``h - stop_gradient(mean(h, 0))``), an
+    ``add_loss`` scaled by one, an ``argmax`` or a cast have zero derivative and passed. The second half's
+    float inputs are shifted by 1: the first half's outputs (``outputs``, of the pass on ``xs``) and
+    ``model.losses`` (``reg``) must not move. Where they move, a second pass on ``xs`` tells a dependence
+    from the model's own random draws: what is equal on both passes and moved with the inputs is refused
+    (a stochastic output or regularizer is left to the derivative check).
+    """
+    changed_outputs, changed_reg = _forward(model, _changed_second_half(xs, half, floats=True), rows)
+    moved = [not _close(out[:half], changed[:half]) for out, changed in zip(outputs, changed_outputs,
+                                                                            strict=True)]
+    reg_moved = reg is not None and not _close(reg, changed_reg)
+    if not any(moved) and not reg_moved:
+        return
+    outputs_again, reg_again = _forward(model, xs, rows)
+    if reg_moved and _close(reg, reg_again):
+        raise ValueError(
+            "model: model.losses depends on the input data (an add_loss or activity regularizer whose "
+            "dependence on the inputs has no derivative, e.g. through tf.stop_gradient, seen by changing "
+            "the inputs). DP optimizers add model.losses unclipped, so it must be data-independent (weights "
+            "only: KL terms, priors, weight decay); put a data-dependent term into the compiled per-example "
+            "loss instead.")
+    for out, again, was_moved in zip(outputs, outputs_again, moved, strict=True):
+        if was_moved and _close(out, again):
+            raise ValueError(
+                "model: a layer mixes examples of the batch in training (one example's output changes "
+                "with another example's input through a path without a derivative, e.g. tf.stop_gradient "
+                "of a batch statistic), so per-example clipping does not bound the sensitivity and DP "
+                "training would not be private. Use per-example layers.")
 
 
 def _check_discrete_inputs(model, xs, rows: int, half: int) -> None:

@@ -295,9 +295,7 @@ def _link_replaced_optimizer(model, previous) -> None:
         return
     if not any(phase.released for phase in previous.ledger.phases):
         return
-    from tfdpbnn.optimizers.base import _LedgerLink
-
-    attributes.set_ledger_link(model, _LedgerLink(previous))
+    previous._hold_ledger_of(model)
 
 
 def installed() -> bool:
