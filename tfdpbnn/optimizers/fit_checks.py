@@ -299,8 +299,7 @@ def _check_loss_values(loss_fn, ys, y_pred, per_example, rows: int, half: int) -
     values on a changed batch, is left to the derivative check for that change.
     """
     first = per_example[:half]
-    if not _close(first, _loss_values(loss_fn, ys, y_pred, rows)[:half]):
-        return  # not a function of its inputs alone: values not comparable
+    labels = tf.nest.flatten(ys)
 
     def shifted(t):
         if not t.dtype.is_floating:
@@ -308,19 +307,25 @@ def _check_loss_values(loss_fn, ys, y_pred, per_example, rows: int, half: int) -
         return tf.concat([t[:half], t[half:] + tf.ones_like(t[half:])], axis=0)
 
     changes = [("predictions", ys, tf.nest.map_structure(shifted, y_pred))]
-    changes += [("labels", labels, y_pred) for labels in (_changed_second_half(ys, half, sign=1),
-                                                          _changed_second_half(ys, half, sign=-1),
-                                                          tf.nest.map_structure(shifted, ys))]
-    for what, labels, preds in changes:
-        moved = _loss_values(loss_fn, labels, preds, rows)
-        if moved is None or not bool(tf.reduce_all(tf.math.is_finite(moved[:half]))):
+    if any(not t.dtype.is_floating for t in labels):
+        changes.append(("labels", _changed_second_half(ys, half, sign=1), y_pred))
+    if any(t.dtype.is_integer and not t.dtype.is_unsigned for t in labels):
+        changes.append(("labels", _changed_second_half(ys, half, sign=-1), y_pred))
+    if any(t.dtype.is_floating for t in labels):
+        changes.append(("labels", tf.nest.map_structure(shifted, ys), y_pred))
+    for what, changed_labels, preds in changes:
+        moved = _loss_values(loss_fn, changed_labels, preds, rows)
+        if moved is None or not bool(tf.reduce_all(tf.math.is_finite(moved[:half]))) or _close(
+                first, moved[:half]):
             continue
-        if not _close(first, moved[:half]):
-            raise ValueError(
-                f"loss: one example's compiled loss changes with other examples' {what} (e.g. a loss "
-                "normalized by a count or statistic of the batch, such as a masked mean over the batch's "
-                "real tokens or in-batch class weights), so per-example clipping does not bound the "
-                "sensitivity. Use a loss computed from each example's own label and prediction.")
+        again = _loss_values(loss_fn, ys, y_pred, rows)  # the same inputs: is the loss a function of them?
+        if again is None or not _close(first, again[:half]):
+            return  # random: its values are not comparable (left to the derivative check)
+        raise ValueError(
+            f"loss: one example's compiled loss changes with other examples' {what} (e.g. a loss "
+            "normalized by a count or statistic of the batch, such as a masked mean over the batch's "
+            "real tokens or in-batch class weights), so per-example clipping does not bound the "
+            "sensitivity. Use a loss computed from each example's own label and prediction.")
 
 
 def _loss_values(loss_fn, ys, y_pred, rows: int):
