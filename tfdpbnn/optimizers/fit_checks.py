@@ -164,8 +164,23 @@ def _element_parts(x, y):
     return x, y
 
 
+def _host_values(t) -> np.ndarray:
+    """The values of a tensor on the host (a ragged tensor's flat values, an ``IndexedSlices``' values)."""
+    if isinstance(t, tf.RaggedTensor):
+        t = t.flat_values
+    if isinstance(t, tf.IndexedSlices):
+        t = t.values
+    return np.asarray(t)
+
+
 def _max_abs(tensors) -> float:
-    values = [float(tf.reduce_max(tf.abs(t))) for t in tf.nest.flatten(tensors) if t is not None]
+    """The largest absolute value over ``tensors`` (numpy on the host: the checks' values are small)."""
+    values = []
+    for t in tf.nest.flatten(tensors):
+        if t is None:
+            continue
+        a = _host_values(t)
+        values.append(float(np.max(np.abs(a))) if a.size else -math.inf)
     return max(values) if values else 0.0
 
 
@@ -301,10 +316,8 @@ def _check_loss_values(loss_fn, ys, y_pred, per_example, rows: int, half: int) -
     first = per_example[:half]
     labels = tf.nest.flatten(ys)
 
-    def shifted(t):
-        if not t.dtype.is_floating:
-            return t
-        return tf.concat([t[:half], t[half:] + tf.ones_like(t[half:])], axis=0)
+    def shifted(t):  # a float value plus 1 from the second half on; anything else kept
+        return _changed_second_half(t, half, floats=True) if t.dtype.is_floating else t
 
     changes = [("predictions", ys, tf.nest.map_structure(shifted, y_pred))]
     if any(not t.dtype.is_floating for t in labels):
@@ -315,7 +328,7 @@ def _check_loss_values(loss_fn, ys, y_pred, per_example, rows: int, half: int) -
         changes.append(("labels", tf.nest.map_structure(shifted, ys), y_pred))
     for what, changed_labels, preds in changes:
         moved = _loss_values(loss_fn, changed_labels, preds, rows)
-        if moved is None or not bool(tf.reduce_all(tf.math.is_finite(moved[:half]))) or _close(
+        if moved is None or not np.all(np.isfinite(_host_values(moved)[:half])) or _close(
                 first, moved[:half]):
             continue
         again = _loss_values(loss_fn, ys, y_pred, rows)  # the same inputs: is the loss a function of them?
@@ -349,6 +362,10 @@ def _changed_second_half(xs, half: int, sign: int = 1, floats: bool = False):
     def change(t):
         if t.dtype.is_floating and not floats:
             return t
+        if not isinstance(t, tf.RaggedTensor) and hasattr(t, "numpy"):  # eager: on the host
+            values = t.numpy().copy()
+            values[half:] = _other_values(values[half:], sign)
+            return tf.constant(values, dtype=t.dtype)
         if isinstance(t, tf.RaggedTensor):
             flat = t.flat_values
             start = t.row_splits[half]
@@ -361,6 +378,19 @@ def _changed_second_half(xs, half: int, sign: int = 1, floats: bool = False):
         return tf.where(tf.broadcast_to(mask, tf.shape(t)), _other(t, sign), t)
 
     return tf.nest.map_structure(change, xs)
+
+
+def _other_values(values: np.ndarray, sign: int) -> np.ndarray:
+    """``_other`` on the host: the same values for a numpy array."""
+    if values.dtype.kind in "SUO":
+        return np.full(values.shape, b"b", dtype=object)
+    if values.dtype.kind == "f":
+        return values + 1
+    if values.dtype.kind == "b":
+        return ~values
+    if sign < 0 and values.dtype.kind == "i":
+        return np.full_like(values, -1)
+    return np.ones_like(values)
 
 
 def _other(t, sign: int = 1):
@@ -391,7 +421,9 @@ def _close(a, b) -> bool:
     if a is None or b is None:
         return a is None and b is None
     scale = max(1.0, _max_abs(a))
-    return _max_abs(tf.nest.map_structure(lambda u, v: u - v, a, b)) <= COUPLING_TOLERANCE * scale
+    differences = tf.nest.map_structure(
+        lambda u, v: _host_values(u).astype(np.float64) - _host_values(v).astype(np.float64), a, b)
+    return _max_abs(differences) <= COUPLING_TOLERANCE * scale
 
 
 def _check_float_inputs_by_value(model, xs, rows: int, half: int, outputs, reg) -> None:
