@@ -621,3 +621,57 @@ def test_a_dependence_across_examples_without_a_derivative_is_refused(model_kind
         moved_penalty = sum(float(v) for v in model.losses)
         assert (not np.allclose(first[0], other[0])) or abs(moved_penalty - penalty) > 1e-4
     _trains_or_is_refused(model, LOSS, x, y, refused and f"model: {refused}")
+
+
+class _WeightedMeanStep(tf.keras.Model):
+    """A ``train_step`` override handing ``minimize`` the weighted loss over the batch's sum of weights."""
+
+    def __init__(self, normalized):
+        super().__init__(name="weighted_mean_step")  # Keras 3 refuses the scope name of a leading "_"
+        self.normalized = normalized
+        self.hidden, self.out = tf.keras.layers.Dense(8, activation="tanh"), tf.keras.layers.Dense(3)
+
+    def call(self, x, training=None):
+        return self.out(self.hidden(x))
+
+    def train_step(self, data):
+        x, y, weights = tf.keras.utils.unpack_x_y_sample_weight(data)
+        weights = tf.ones_like(tf.cast(y, tf.float32)) if weights is None else tf.reshape(
+            tf.cast(weights, tf.float32), [-1])
+        with tf.GradientTape() as tape:
+            predictions = self(x, training=True)
+            loss = tf.keras.losses.sparse_categorical_crossentropy(y, predictions, from_logits=True)
+            loss = loss * weights / tf.reduce_sum(weights) if self.normalized else loss * weights
+        self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+        return {"steps": tf.constant(1)}  # Keras 3's train function needs one output
+
+
+@pytest.mark.parametrize("normalized", [True, False])
+def test_a_train_step_coupling_examples_through_their_sample_weights_is_refused(normalized):
+    # The probe ran the override without sample weights: a loss divided by the batch's sum of weights
+    # (class_weight from fit) passed, and one example's weight rescaled every other's (6.59 C measured:
+    # 7.08 printed where at least 86 holds). Each example's loss times its own weight trains.
+    x, y = small_data()
+    tf.keras.utils.set_random_seed(0)
+    model = _WeightedMeanStep(normalized)
+    model(x[:1])
+    weights = {0: 1.0, 1: 1.0, 2: 100.0}
+    if normalized:  # the coupling itself, on real rows: the first row's loss moves with another's weight
+        sce = tf.keras.losses.sparse_categorical_crossentropy(y[:8], model(x[:8]), from_logits=True)
+        w = np.ones(8, np.float32)
+        heavier = w.copy()
+        heavier[1] = 100.0
+        assert float(sce[0] / w.sum()) > 10 * float(sce[0] / heavier.sum())
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # without weights: the loss is one per example
+    assert optimizer.steps == 8
+    if not normalized:
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, class_weight=weights)
+        assert optimizer.steps == 16
+        return
+    with pytest.raises(ValueError, match="loss: one example's loss passed to .* depends on other examples"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, class_weight=weights)
+    with pytest.raises(ValueError, match="loss: one example's loss passed to .* depends on other examples"):
+        model.train_on_batch(x[:8], y[:8], sample_weight=np.ones(8, np.float32))
+    assert optimizer.steps == 8

@@ -795,8 +795,10 @@ class DPOptimizerMixin:
                              _fit)
 
     def _begin_training(self, model, x, y, batch_size, validation_split, shuffle, assert_per_example_loss,
-                        _fit) -> tuple | None:
+                        _fit, sample_weight=False) -> tuple | None:
         """``begin_training``; returns the weights' identity for the record's run start, or None.
+
+        ``sample_weight``: the batches carry per-example weights (``_check_model``).
 
         For a ``fit`` with the record on: ``(model.weights, identity, keys)`` as ``weights_identity`` gave
         them after the checks (``RunRecord.begin``: nothing between them writes the model's variables).
@@ -817,7 +819,7 @@ class DPOptimizerMixin:
         check_distributed_input(model.distribute_strategy, x, shuffle=shuffle)
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
-        self._check_model(model, x, y, submodules)
+        self._check_model(model, x, y, submodules, sample_weight=sample_weight)
         self._import_shared_training(model)  # built by the checks
         identity = self._refuse_written_between_runs(model, with_identity=_fit)
         # After the checks have built the model. A custom loop's steps also compare the state no DP step may
@@ -859,13 +861,15 @@ class DPOptimizerMixin:
                                                          attributes.run_record(self).recognises_weights, now)
         return identity
 
-    def begin_batch_call(self, model, x, y=None, record_ids=None):
+    def begin_batch_call(self, model, x, y=None, record_ids=None, sample_weight=False):
         """Check ``model`` and open the ledger phase for one ``model.train_on_batch(x, y)`` call.
 
         The batch is given by the caller, so nothing says that its examples differ from the last call's:
         every such step counts as one participation of every example (no amplification, no pooling of
         examples into passes across calls). ``record_ids``: the batch's record ids for the per-record ledger
-        (else its records' content hashes). Raises ``ValueError`` when the optimizer's budget leaves no step.
+        (else its records' content hashes); ``sample_weight``: the call carries per-example weights (its
+        ``sample_weight`` or ``class_weight``). Raises ``ValueError`` when the optimizer's budget leaves no
+        step.
         """
         # Trainable weights written since the last DP call's write (ValueError naming them; see WriteWatch)
         self._dp_write_watch.refuse_written_between_runs(self._dp_write_count,
@@ -876,7 +880,7 @@ class DPOptimizerMixin:
         submodules = _private_api.submodules(model)  # one walk for both checks (begin_training)
         self._adopt_model_ledger(model, submodules)
         self.mechanism.new_run()
-        self._check_model(model, x, y, submodules)
+        self._check_model(model, x, y, submodules, sample_weight=sample_weight)
         self._import_shared_training(model)  # built by the checks
         if not constants:  # after the checks have built the model
             constants = state_checks.variables_outside_dp_update(model)
@@ -958,10 +962,12 @@ class DPOptimizerMixin:
         if found["dp"] or found["asserted_public"]:
             attributes.add_preprocessing_found(self, found)
 
-    def _check_model(self, model, x, y, submodules=None):
+    def _check_model(self, model, x, y, submodules=None, sample_weight=False):
         """The per-example checks of ``model`` on a synthetic batch shaped like ``x`` (once per model).
 
         ``submodules``: ``_private_api.submodules(model)`` when the caller has just walked the model.
+        ``sample_weight``: the batches carry per-example weights: a ``train_step`` override is probed with
+        them too (once per model and loss).
         """
         from tfdpbnn.preprocessing import check_preprocessing
         from tfdpbnn.record.other_releases import adopt_search_record
@@ -991,8 +997,13 @@ class DPOptimizerMixin:
             if fit_checks.overrides_train_step(model):
                 self._probe_train_step(model, x, y)
             self._dp_checked_models.add(checked)
+        weighted = (*checked, "sample_weight")
+        if sample_weight and weighted not in self._dp_checked_models:
+            if fit_checks.overrides_train_step(model):
+                self._probe_train_step(model, x, y, sample_weight=True)
+            self._dp_checked_models.add(weighted)
 
-    def _probe_train_step(self, model, x, y):
+    def _probe_train_step(self, model, x, y, sample_weight=False):
         """Run ``model``'s own ``train_step`` once on a synthetic batch, up to the mechanism, and undo it.
 
         The per-example loss it hands to ``minimize``, ``mechanism.clip_losses`` or ``mechanism.clip_model``
@@ -1004,8 +1015,8 @@ class DPOptimizerMixin:
         """
         if tf.distribute.has_strategy() or model.distribute_strategy is not tf.distribute.get_strategy():
             return
-        probe = fit_checks.LossProbe(x, y)
-        if not probe.inputs:
+        probe = fit_checks.LossProbe(x, y, sample_weight=sample_weight)
+        if not [t for t in probe.inputs if t is not probe.sample_weight]:  # no float input to differentiate
             return
         snapshot = state_checks.VariableSnapshot(model)
         self._dp_probe = probe

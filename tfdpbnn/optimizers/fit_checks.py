@@ -154,6 +154,14 @@ def _leaves(xs, half: int):
     return out
 
 
+def carries_sample_weights(x) -> bool:
+    """Whether ``fit``'s ``x`` is a dataset whose elements carry sample weights (``(x, y, weights)``)."""
+    if not isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
+        return False
+    spec = getattr(x, "_tfdpbnn_element_spec", None) or x.element_spec
+    return isinstance(spec, tuple) and len(spec) > 2
+
+
 def _element_parts(x, y):
     if isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
         # A distributed dataset's element_spec is per replica; tfdpbnn.data.distributed's carry one replica's.
@@ -511,12 +519,16 @@ class LossProbe:
     from the batch under that tape, so the check saw it). Raises ``ValueError``, or ``ProbeReached``.
     """
 
-    def __init__(self, x, y=None, rows: int = 6, seed: int = 0):
+    def __init__(self, x, y=None, rows: int = 6, seed: int = 0, sample_weight: bool = False):
         x_like, y_like = _element_parts(x, y)
         rng = np.random.default_rng(seed)
         xs = _synthetic(x_like, rows, rng)
         self.y = None if y_like is None else _synthetic(y_like, rows, rng)
         self.rows, self.half = rows, rows // 2
+        # ``sample_weight``: the batch carries per-example weights (fit's sample_weight or class_weight), as
+        # watched variables too: a loss normalized by the batch's sum of weights couples the examples.
+        self.sample_weight = None if not sample_weight else tf.Variable(
+            rng.uniform(0.5, 2.0, rows).astype(np.float32), trainable=True, name="tfdpbnn_probe_weight")
 
         def watched(t):
             if isinstance(t, tf.Tensor) and t.dtype.is_floating:
@@ -525,6 +537,8 @@ class LossProbe:
 
         self.x = tf.nest.map_structure(watched, xs)
         self.inputs = [t for t in tf.nest.flatten(self.x) if isinstance(t, tf.Variable)]
+        if self.sample_weight is not None:
+            self.inputs.append(self.sample_weight)
         self._tape = None
 
     @contextlib.contextmanager
@@ -573,7 +587,12 @@ class LossProbe:
 
     @property
     def data(self):
-        """The synthetic batch as ``train_step`` receives it: ``(x, y)``, or ``x`` without targets."""
+        """The synthetic batch as ``train_step`` receives it: ``(x, y)``, or ``x`` without targets.
+
+        With sample weights: ``(x, y, sample_weight)``.
+        """
+        if self.sample_weight is not None:
+            return (self.x, self.y, self.sample_weight)
         return self.x if self.y is None else (self.x, self.y)
 
     def __call__(self, loss, tape, where: str):
@@ -589,6 +608,11 @@ class LossProbe:
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
         own = _max_abs([g[:self.half] for g in grads])
         cross = _max_abs([g[self.half:] for g in grads])
+        if self._tape is not None:  # the probe's own tape saw the whole step (weights prepared outside yours)
+            with self._tape.stop_recording():
+                whole = self._tape.gradient(loss, self.inputs, output_gradients=mask,
+                                            unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            cross = max(cross, _max_abs([g[self.half:] for g in whole]))
         if own == 0.0:
             raise ValueError(
                 f"loss: tfdpbnn could not check that the per-example loss passed to {where} keeps examples "

@@ -212,9 +212,14 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
     # begin_training reads the ledger anew after its checks (which run the model's own code), so its phase
     # and partial-pass reads serve the run record's start too.
     with attributes.ledger_state(optimizer).reading_once():
+        from tfdpbnn.optimizers.fit_checks import carries_sample_weights
+
+        weighted = (arguments.get("sample_weight") is not None or arguments.get("class_weight") is not None
+                    or carries_sample_weights(x))
         identity = optimizer._begin_training(model, x, arguments.get("y"), arguments.get("batch_size"),
                                              arguments.get("validation_split") or 0.0,
-                                             arguments.get("shuffle", True), None, True)
+                                             arguments.get("shuffle", True), None, True,
+                                             sample_weight=weighted)
         return _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity)
 
 
@@ -371,7 +376,9 @@ def install() -> None:
             record_ids = kwargs.pop("record_ids", None)
             bound = batch_signature.bind(self, *args, **kwargs)
             optimizer.begin_batch_call(self, bound.arguments.get("x"), bound.arguments.get("y"),
-                                       record_ids=record_ids)
+                                       record_ids=record_ids, sample_weight=any(
+                                           bound.arguments.get(k) is not None
+                                           for k in ("sample_weight", "class_weight")))
             retrace_for(self, optimizer)
             from tfdpbnn.callbacks import NO_RELEASED_METRICS
 
