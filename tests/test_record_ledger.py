@@ -54,9 +54,33 @@ def test_content_keys_ignore_order_dtype_and_signed_zero():
     zeros[1, 1] = -0.0
     k = records.content_keys(zeros)
     assert k[0] == k[1]
-    # The label is part of the record; the layout too (a (4,) row is not a (2, 2) row of the same values).
-    assert records.content_keys(x, y)[0] != records.content_keys(x, (y + 1) % 3)[0]
-    assert records.content_keys(x.reshape(N, 2, 2))[0] != records.content_keys(x)[0]
+    # Features are what name a record: an edited feature is a new one (above), an edited label is not.
+    np.testing.assert_array_equal(records.content_keys(x, (y + 1) % 3), keys)
+
+
+def test_content_keys_name_the_features_whatever_their_layout_and_labels():
+    x, y = small_data()
+    keys = records.content_keys(x, y)
+    same = {
+        "reshaped": (x.reshape(N, 2, 2), y),
+        "in a list": ([x], y[:, None]),
+        "in a dict": ({"pixels": x.astype(np.float64)}, np.eye(3)[y]),
+        "split into column blocks": ((x[:, :1], x[:, 1:]), None),
+        "blocks in a dict's key order": ({"b": x[:, 3:], "a": x[:, :3]}, np.eye(3)[y]),
+    }
+    for form, (features, labels) in same.items():
+        np.testing.assert_array_equal(records.content_keys(features, labels), keys, err_msg=form)
+    # Blocks in another order are other values in sequence: other keys (a list keeps its order).
+    assert not np.any(records.content_keys([x[:, 3:], x[:, :3]]) == keys)
+    # Version 1 (files written before version 2) hashed the label and the layout with the features.
+    v1 = records.content_keys(x, y, version=1)
+    assert not np.any(v1 == keys)
+    assert not np.any(records.content_keys(x, (y + 1) % 3, version=1) == v1)
+    assert not np.any(records.content_keys(x.reshape(N, 2, 2), y, version=1) == v1)
+    with pytest.raises(ValueError, match="x, y: every array must have the 64 records on axis 0"):
+        records.content_keys(x, y[:10])
+    with pytest.raises(ValueError, match="version must be 1 or 2"):
+        records.content_keys(x, version=3)
 
 
 def test_record_ids_are_integers_or_strings():
@@ -179,7 +203,7 @@ def test_schema_version_is_checked(tmp_path):
         assert conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()[0] == \
             str(record_ledger.SCHEMA_VERSION)
         conn.execute("UPDATE ledger_meta SET value = '99' WHERE key = 'schema_version'")
-    with pytest.raises(record_ledger.SchemaVersionError, match="schema version 99.*reads version 1"):
+    with pytest.raises(record_ledger.SchemaVersionError, match="schema version 99.*reads versions 1, 2"):
         record_ledger.SQLiteLedger(path)
     # A record store written before the ledger existed gets the ledger's tables and keeps its runs.
     old = str(tmp_path / "old_store.sqlite")
@@ -258,6 +282,66 @@ def test_per_record_budget_refuses_a_fit_on_shuffled_copies_before_its_first_ste
     assert opt.steps == 0
     for w, b in zip(model.get_weights(), before, strict=True):
         np.testing.assert_array_equal(w, b)
+
+
+def test_the_same_records_reshaped_in_a_dict_with_one_hot_labels_are_counted():
+    # Trained once as flat rows with integer labels; then as (2, 2) images in a dict with one-hot labels
+    # and another loss: before, new content keys, so the per-record budget and the bound missed the first.
+    x, y = small_data()
+    _fit(x, y, epochs=1)
+    tf.keras.utils.set_random_seed(3)
+    inputs = tf.keras.Input((2, 2), name="pixels")
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(3)(tf.keras.layers.Flatten()(inputs)))
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=tf.keras.losses.CategoricalCrossentropy(from_logits=True))
+    features, labels = {"pixels": x.reshape(N, 2, 2).astype(np.float64)}, np.eye(3, dtype=np.float32)[y]
+    model.fit(features, labels, batch_size=8, epochs=1, verbose=0)
+    bound = opt.privacy_statement()["ledger_bound"]
+    assert bound["records"] == N
+    assert bound["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 2), rel=0.01)
+    # Under a budget of two passes, a third pass in yet another form is refused before its first step.
+    _ledger().set_budget(gaussians_epsilon(1.0, 2) * 1.001, DELTA)
+    again = small_model(seed=4)
+    again.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
+                  loss=LOSS)
+    with pytest.raises(record_ledger.BudgetExceededError, match="64 of these 64 records"):
+        again.fit([x], (y + 1) % 3, batch_size=8, epochs=1, verbose=0)
+    assert again.optimizer.steps == 0
+
+
+def _copy(source, target):
+    """A consistent copy of a SQLite file in write-ahead-log mode (the log's pages included)."""
+    with sqlite3.connect(source) as src, sqlite3.connect(target) as dst:
+        src.backup(dst)
+
+
+def test_a_version_1_ledger_keeps_its_records_keys_and_an_empty_one_takes_version_2(tmp_path, monkeypatch):
+    x, y = small_data()
+    written = tmp_path / "written.sqlite"
+    ledger = record_ledger.RecordLedger(str(written))
+    assert ledger.content_key_version == 2
+    ledger.record(records.content_keys(x, y, version=1), _gaussians(1.0, 1), kind="training")
+    with sqlite3.connect(written) as conn:   # as a tfdpbnn before version 2 left it
+        conn.execute("UPDATE ledger_meta SET value = '1' WHERE key = 'schema_version'")
+    old = tmp_path / "old.sqlite"
+    _copy(written, old)   # another file: opened anew
+    monkeypatch.setenv("TFDPBNN_PRIVACY_STORE", str(old))
+    assert record_ledger.content_key_version() == 1
+    model, opt = _fit(x, y, epochs=1)   # the same records, found by their version-1 keys
+    assert opt.privacy_statement()["ledger_bound"]["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 2),
+                                                                               rel=0.01)
+    with sqlite3.connect(old) as conn:
+        assert conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()[0] == "1"
+    # A version-1 file with no release yet names no record: it takes version 2.
+    empty = tmp_path / "empty.sqlite"
+    record_ledger.SQLiteLedger(str(empty))
+    with sqlite3.connect(empty) as conn:
+        conn.execute("UPDATE ledger_meta SET value = '1' WHERE key = 'schema_version'")
+    fresh = tmp_path / "empty_copy.sqlite"
+    _copy(empty, fresh)
+    assert record_ledger.RecordLedger(str(fresh)).content_key_version == 2
+    with sqlite3.connect(fresh) as conn:
+        assert conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()[0] == "2"
 
 
 def test_per_record_budget_refuses_a_fit_whose_records_are_unknown():

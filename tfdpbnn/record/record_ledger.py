@@ -49,8 +49,15 @@ from tfdpbnn._validation import check_choice, check_open_unit, check_positive
 from tfdpbnn.privacy.budget import NEIGHBORING
 from tfdpbnn.record import store as record_store
 
-#: Version of the ledger tables' layout, kept in the file (table ``ledger_meta``, key ``schema_version``).
-SCHEMA_VERSION = 1
+#: Version of the ledger file, kept in it (table ``ledger_meta``, key ``schema_version``). Version 2 names
+#: records by the version-2 content hash (``tfdpbnn.record.records``: features only, layout-independent);
+#: version 1, by the version-1 hash (layout and label part of a record). The tables are the same.
+SCHEMA_VERSION = 2
+#: The versions this tfdpbnn reads, each with the content-hash version naming its records
+#: (``tfdpbnn.record.records.content_keys``): a version-1 file keeps its records' version-1 keys.
+READABLE_VERSIONS = {1: 1, 2: 2}
+#: The content hash naming the records of a new ledger file.
+CONTENT_KEY_VERSION = READABLE_VERSIONS[SCHEMA_VERSION]
 #: What a release can be.
 RELEASE_KINDS = ("training", "preprocessing", "calibration", "search", "other")
 
@@ -245,6 +252,15 @@ class LedgerBackend(abc.ABC):
     def keys(self, history_ids: Sequence[int]) -> np.ndarray:
         """The keys (int64) of the records whose current history is one of ``history_ids``."""
 
+    @property
+    def content_key_version(self) -> int:
+        """Which content hash names the backend's records (``tfdpbnn.record.records.content_keys``).
+
+        A backend whose records were written with the version-1 hash says 1, so that its records keep
+        their keys; a new backend uses the current one.
+        """
+        return CONTENT_KEY_VERSION
+
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -264,8 +280,8 @@ CREATE TABLE IF NOT EXISTS ledger_budget (
 """
 
 
-#: Ledger files whose tables this process has made, by (path, device, inode).
-_CHECKED: set[tuple] = set()
+#: Ledger files whose tables this process has made or checked: (path, device, inode) -> the file's version.
+_CHECKED: dict[tuple, int] = {}
 #: Committed releases decoded from each ledger file: file identity -> {release id: (created, Release)}.
 _DECODED: dict[tuple, dict] = {}
 #: The most releases kept decoded per file (then the file's are dropped and decoded again as needed).
@@ -318,17 +334,23 @@ class SQLiteLedger(LedgerBackend):
         self._timeout = float(timeout)
         # Tables made or checked by this process: only the version is read (one statement; the whole check
         # again if its table is gone).
-        checked = record_store.file_identity(self.path) in _CHECKED
+        identity = record_store.file_identity(self.path)
+        checked = identity in _CHECKED
         with self._transaction("DEFERRED" if checked else "IMMEDIATE") as conn:
             if checked:
                 try:
-                    self._check_version(conn)
+                    self.schema_version = self._check_version(conn)
                     return
                 except sqlite3.OperationalError:  # no ledger_meta table: the whole check below
                     pass
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if "ledger_meta" in tables:
-                self._check_version(conn)
+                version = self._check_version(conn)
+                if version != SCHEMA_VERSION and conn.execute(
+                        "SELECT 1 FROM ledger_releases LIMIT 1").fetchone() is None:
+                    # No record is named yet: the file takes the current version's record keys.
+                    conn.execute("UPDATE ledger_meta SET value = ? WHERE key = 'schema_version'",
+                                 (str(SCHEMA_VERSION),))
             elif tables & {"ledger_releases", "ledger_records", "ledger_histories"}:
                 raise SchemaVersionError(
                     f"{self.path}: it has record-ledger tables but no schema version; it was not written by "
@@ -339,21 +361,29 @@ class SQLiteLedger(LedgerBackend):
                         conn.execute(statement)
                 conn.execute("INSERT OR IGNORE INTO ledger_meta VALUES ('schema_version', ?)",
                              (str(SCHEMA_VERSION),))
-        _CHECKED.add(record_store.file_identity(self.path))  # a file replaced at the path is checked again
+            self.schema_version = self._check_version(conn)
+        # A file replaced at the path is checked again.
+        _CHECKED[record_store.file_identity(self.path)] = self.schema_version
 
-    def _check_version(self, conn) -> None:
-        """Raise ``SchemaVersionError`` unless the file's ledger layout version is ``SCHEMA_VERSION``.
+    @property
+    def content_key_version(self) -> int:
+        """The content hash naming this file's records: its schema version (see ``SCHEMA_VERSION``)."""
+        return READABLE_VERSIONS[self.schema_version]
+
+    def _check_version(self, conn) -> int:
+        """The file's ledger version; ``SchemaVersionError`` unless it is one of ``READABLE_VERSIONS``.
 
         ``sqlite3.OperationalError`` when the file has no ``ledger_meta`` table.
         """
         row = conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
         version = None if row is None else row[0]
-        if version != str(SCHEMA_VERSION):
+        if version not in {str(v) for v in READABLE_VERSIONS}:
             raise SchemaVersionError(
                 f"{self.path}: its record ledger has schema version {version}, this tfdpbnn reads "
-                f"version {SCHEMA_VERSION}. Open it with the tfdpbnn version that wrote it (a newer "
-                "one reads older files), or point TFDPBNN_PRIVACY_STORE at a new file; never delete "
-                "the file: the privacy it records was spent.")
+                f"versions {', '.join(map(str, READABLE_VERSIONS))}. Open it with the tfdpbnn version that "
+                "wrote it (a newer one reads older files), or point TFDPBNN_PRIVACY_STORE at a new file; "
+                "never delete the file: the privacy it records was spent.")
+        return int(version)
 
     def _transaction(self, mode: str = "IMMEDIATE", durable: bool = True):
         """``tfdpbnn.record.store.transaction`` on this file (joins one already open in this thread)."""
@@ -736,6 +766,11 @@ class RecordLedger:
     def __init__(self, backend):
         self.backend = backend if isinstance(backend, LedgerBackend) else SQLiteLedger(backend)
 
+    @property
+    def content_key_version(self) -> int:
+        """Which content hash names this ledger's records (``tfdpbnn.record.records.content_keys``)."""
+        return self.backend.content_key_version
+
     def set_budget(self, epsilon: float, delta: float, accountant: str = "rdp") -> None:
         """Set the per-record budget: no reservation may take any record's composed epsilon above it."""
         from tfdpbnn.privacy.registry import sound_accountants
@@ -891,12 +926,26 @@ def _neighboring(history: History) -> str:
     return history.releases[0].neighboring if history.releases else "add_or_remove"
 
 
+def content_key_version() -> int:
+    """The content-hash version naming the records of the default ledger (``default_ledger``).
+
+    The current version when the record is off or the file does not exist yet (it will be made at the
+    current version); read from the file (once per process and file) otherwise.
+    """
+    path = record_store.default_path()
+    if path is None or not os.path.exists(path):
+        return CONTENT_KEY_VERSION
+    version = _CHECKED.get(record_store.file_identity(path))
+    return READABLE_VERSIONS[version] if version is not None else SQLiteLedger(path).content_key_version
+
+
 def default_ledger() -> RecordLedger | None:
     """The ledger in the privacy record store's file (``tfdpbnn.record.store.default_path``); None if off."""
     path = record_store.default_path()
     return None if path is None else RecordLedger(path)
 
 
-__all__ = ["RELEASE_KINDS", "SCHEMA_VERSION", "BudgetExceededError", "History", "LedgerBackend",
-           "RecordLedger", "Release", "Reservation", "SQLiteLedger", "SchemaVersionError", "composed_epsilon",
-           "default_ledger", "event_from_config", "event_to_config"]
+__all__ = ["CONTENT_KEY_VERSION", "READABLE_VERSIONS", "RELEASE_KINDS", "SCHEMA_VERSION",
+           "BudgetExceededError", "History", "LedgerBackend", "RecordLedger", "Release", "Reservation",
+           "SQLiteLedger", "SchemaVersionError", "composed_epsilon", "content_key_version", "default_ledger",
+           "event_from_config", "event_to_config"]

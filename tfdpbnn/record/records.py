@@ -4,21 +4,30 @@ A record is one example (one row on axis 0 of the training arrays). Its key is
 
 - with ``record_ids`` (one id per row, given by the user where the training data is declared): the id. An
   id is an integer or a string; a string that ``int()`` reads as an integer is that integer ("7" and 7 are
-  the same record); floats are refused. Use ids when a record's content can change (an edited row stays the
-  same record) or when different records can have equal content.
-- by default, a canonical content hash of the row: every feature array and the label, each value rounded to
-  float32 (so float64 and float32 copies, and int and float labels, of the same values are the same record),
-  ``-0.0`` read as ``0.0`` and every NaN as one NaN (a string value: its UTF-8 text), flattened row-major
-  per array, arrays in order (a dict's in sorted key order, the key names hashed too), and the row's shape
-  hashed with it. The row's position in the data set is not part of it, so shuffled rows, subsets,
-  supersets and concatenations of the same rows map to the same keys. Two rows with equal content are ONE
+  the same record); floats are refused. Use ids when a record's features can change (an edited row stays
+  the same record) or when different records can have equal features.
+- by default, a canonical content hash of the row's features (version 2, the one a new ledger file uses:
+  ``tfdpbnn.record.record_ledger.CONTENT_KEY_VERSION``): every feature value of the row, rounded to
+  float32 (so float64 and float32, int and float copies of the same values are the same record), ``-0.0``
+  read as ``0.0`` and every NaN as one NaN (a string value: its UTF-8 text), in one sequence: each feature
+  array flattened row-major, the arrays in order (a list's or tuple's order, a dict's sorted key order).
+  Neither the arrays' shapes nor their names nor the container are part of it, and neither is the label: a
+  row reshaped ((n, 64) or (n, 8, 8)), wrapped (``x``, ``[x]``, ``{"pixels": x}``), split into column
+  blocks in order (``[x[:, :10], x[:, 10:]]``), or given with one-hot, integer or edited labels is the same
+  record. The row's position in the data set is not part of it either, so shuffled rows, subsets,
+  supersets and concatenations of the same rows map to the same keys. Two rows with equal features are ONE
   record (each release counts once for it; whoever owns either row has at most that record's history); a
-  row whose content was edited is a new record. Per-example sample weights are not part of a record.
+  row whose features were edited, rescaled or re-encoded is a new record. Per-example sample weights are
+  not part of a record.
 
-The hash is vectorized with numpy (murmur3's 64-bit finalizer on each word, a weighted sum, the finalizer
-again). It is not cryptographic, and need not be for soundness: two different records that get one key
-(chance about ``n^2 / 2^65``, 3e-8 for a million records) share one ledger history, which counts the
-releases of both for each: an over-count, never an under-count.
+Version 1 (the ledger files written before version 2, which keep their records' keys) also hashed the
+label, each array's shape and name: a reshaped, wrapped or relabelled copy was a new record there.
+
+Leaving information out of a key can only merge records: two records that share a key share one ledger
+history, which counts the releases of both for each (an over-count, never an under-count). The hash is
+vectorized with numpy (murmur3's 64-bit finalizer on each word, a weighted sum, the finalizer again). It is
+not cryptographic, and need not be for soundness: two different records that get one key by chance (about
+``n^2 / 2^65``, 3e-8 for a million records) are such a merge.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ _M1 = np.uint64(0xFF51AFD7ED558CCD)
 _M2 = np.uint64(0xC4CEB9FE1A85EC53)
 _CONTENT_SEED = 0x7466647062_6E6E31   # domain of content hashes
 _ID_SEED = 0x7265636F72_646964     # domain of user-given ids
+_FEATURES_SEED = 0x6665617475_726573  # domain of version-2 content hashes
 
 
 def _fmix(h: np.ndarray) -> np.ndarray:
@@ -98,8 +108,8 @@ def _canonical_words(name: str, array: np.ndarray, n: int) -> np.ndarray:
     return np.ascontiguousarray(bits).view(np.uint64)
 
 
-def content_keys(x, y=None) -> np.ndarray:
-    """The canonical content hash (int64) of each record of ``x`` (and ``y``): see the module.
+def _content_keys_v1(x, y=None) -> np.ndarray:
+    """The version-1 content hash (int64) of each record of ``x`` and ``y`` (features, label and layout).
 
     Args:
       x: an array, or a list/tuple/dict of arrays, with the records on axis 0.
@@ -122,6 +132,60 @@ def content_keys(x, y=None) -> np.ndarray:
             h ^= mixed @ weights   # integer matmul: wraps modulo 2^64
             h = _fmix(h)
     return h.view(np.int64)
+
+
+def _rows_of(name: str, array: np.ndarray, n: int) -> np.ndarray:
+    """The array's rows as canonical 32-bit units: float32 bits, or a string's two halves: (n, units)."""
+    words = _canonical_words(name, array, n).view(np.uint32)
+    if array.dtype == object or array.dtype.kind in "USV":
+        return words
+    values = array.reshape(n, -1).shape[1] * (2 if array.dtype.kind == "c" else 1)
+    return words[:, :values]   # without the padding unit of an odd count
+
+
+def _content_keys_v2(x, y=None) -> np.ndarray:
+    """The version-2 content hash (int64) of each record: its features' values only (see the module)."""
+    parts = list(_arrays(x, "x"))
+    if not parts:
+        raise ValueError("x: no arrays to identify records by")
+    n = parts[0][1].shape[0] if parts[0][1].ndim else -1
+    if y is not None:
+        for name, array in _arrays(y, "y"):
+            if array.ndim == 0 or array.shape[0] != n:
+                raise ValueError(f"x, y: every array must have the {n} records on axis 0, got shape "
+                                 f"{array.shape} for {name}")
+    blocks = [_rows_of(name, array, n) for name, array in parts]
+    units = blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis=1)
+    if units.shape[1] % 2:
+        units = np.concatenate([units, np.zeros((n, 1), np.uint32)], axis=1)
+    h = np.full(n, np.uint64(_CONTENT_SEED ^ _FEATURES_SEED), dtype=np.uint64)
+    if units.shape[1]:
+        mixed = _fmix(np.ascontiguousarray(units).view(np.uint64).copy())
+        with np.errstate(over="ignore"):
+            h ^= mixed @ _multipliers(mixed.shape[1], _FEATURES_SEED)  # integer matmul: wraps modulo 2^64
+        h = _fmix(h)
+    return h.view(np.int64)
+
+
+def content_keys(x, y=None, version: int | None = None) -> np.ndarray:
+    """The canonical content hash (int64) of each record of ``x`` (and ``y``): see the module.
+
+    Args:
+      x: an array, or a list/tuple/dict of arrays, with the records on axis 0.
+      y: optional labels, the same (checked for their number of rows; part of a version-1 key only).
+      version: the content hash's version (1 or 2); None: the one naming the records of the default ledger
+        (``tfdpbnn.record.record_ledger.content_key_version``: 2 unless the file was written with 1).
+    Returns an int64 array with one key per record, in the data's order.
+    """
+    if version is None:
+        from tfdpbnn.record.record_ledger import content_key_version
+
+        version = content_key_version()
+    if version == 1:
+        return _content_keys_v1(x, y)
+    if version != 2:
+        raise ValueError(f"version must be 1 or 2 (a content hash's version), got {version!r}")
+    return _content_keys_v2(x, y)
 
 
 def id_keys(record_ids) -> np.ndarray:
@@ -208,7 +272,8 @@ def tag_record_keys(dataset, keys):
     return dataset
 
 
-#: Content keys of recent inputs: (SHA-256 data fingerprint, array names) -> keys (read-only), newest last.
+#: Content keys of recent inputs: (SHA-256 data fingerprint, array names, version) -> keys (read-only),
+#: newest last.
 _KEYS_CACHE: dict[tuple, np.ndarray] = {}
 _KEYS_CACHE_MAX = 4
 
@@ -226,10 +291,13 @@ def _cached_content_keys(x, y, fingerprint: str | None) -> np.ndarray:
     parts = list(_arrays(x, "x")) + ([] if y is None else list(_arrays(y, "y")))
     if fingerprint is None or not parts or any(a.dtype.kind not in "biufc" for _, a in parts):
         return content_keys(x, y)
-    key = (fingerprint, tuple(name for name, _ in parts))
+    from tfdpbnn.record.record_ledger import content_key_version
+
+    version = content_key_version()
+    key = (fingerprint, tuple(name for name, _ in parts), version)
     keys = _KEYS_CACHE.pop(key, None)
     if keys is None:
-        keys = content_keys(x, y)
+        keys = content_keys(x, y, version)
         keys.setflags(write=False)
     _KEYS_CACHE[key] = keys  # most recent last
     while len(_KEYS_CACHE) > _KEYS_CACHE_MAX:
@@ -261,4 +329,5 @@ def input_keys(x, y=None, record_ids=None, fingerprint: str | None = None) -> np
     return record_keys(x, y, record_ids)
 
 
-__all__ = ["content_keys", "distinct_id_keys", "id_keys", "input_keys", "record_keys", "tag_record_keys"]
+__all__ = ["content_keys", "distinct_id_keys", "id_keys", "input_keys", "record_keys",
+           "tag_record_keys"]
