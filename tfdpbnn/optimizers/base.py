@@ -557,10 +557,16 @@ class DPOptimizerMixin:
                                 self._resolve_accountant(accountant))
 
     def _epsilon_if(self, extra_steps, delta, accountant=None) -> float:
-        """Epsilon if the open phase ran ``extra_steps`` more steps of expected batch size B."""
+        """Epsilon if the open phase ran ``extra_steps`` more steps of expected batch size B.
+
+        A plan, for the budget's stopping point: replayable noise (``debug_noise_seed``) is planned as if
+        secret, so a debugging run stops where the same run with secret noise would (every epsilon it
+        reports is infinite).
+        """
         state = attributes.ledger_state(self)
         steps, examples, _ = state.open_counters()
-        ledger = state.ledger(steps=steps + extra_steps, examples=examples + extra_steps * self.batch_size)
+        ledger = state.ledger(steps=steps + extra_steps,
+                              examples=examples + extra_steps * self.batch_size).with_secret_noise()
         from tfdpbnn.record.other_releases import composed_epsilon
 
         return composed_epsilon(self, ledger, delta, self._resolve_accountant(accountant))

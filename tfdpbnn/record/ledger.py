@@ -73,6 +73,10 @@ class Phase:
       num_examples: n of the data the batches were drawn from.
       sampling: one line on how the batches were drawn (and whether that was checked or asserted).
       phase_id: unique identifier.
+      noise_replayable: the phase's noise was replayable from a seed (an optimizer built with
+        ``debug_noise_seed``): whoever knows the seed subtracts it, so the phase is a non-private release
+        (``event``) wherever it goes: another optimizer that imports it, the privacy record store, a saved
+        config. ``with_secret_noise`` gives the accountant's event for the same steps with secret noise.
     """
 
     kind: str
@@ -85,6 +89,7 @@ class Phase:
     num_examples: int | None = None
     sampling: str = ""
     phase_id: int = dataclasses.field(default_factory=new_phase_id)
+    noise_replayable: bool = False
 
     def __post_init__(self):
         check_choice("kind", self.kind, PHASE_KINDS)
@@ -107,7 +112,7 @@ class Phase:
         """The phase's ``DpEvent`` in units of the sensitivity (C, or 2C under replace-one)."""
         if not self.released:
             return dp_accounting.NoOpDpEvent()
-        if self.noise_multiplier == 0:
+        if self.noise_multiplier == 0 or self.noise_replayable:
             return dp_accounting.NonPrivateDpEvent()
         if self.kind == "poisson":
             return dp_accounting.SelfComposedDpEvent(
@@ -121,6 +126,10 @@ class Phase:
     def to_config(self) -> dict:
         """A JSON-safe dict (``Phase(**config)`` rebuilds it)."""
         return dataclasses.asdict(self)
+
+    def with_secret_noise(self) -> Phase:
+        """This phase as if its noise had been secret: the accountant's value, no guarantee if replayable."""
+        return dataclasses.replace(self, noise_replayable=False) if self.noise_replayable else self
 
 
 class PrivacyLedger:
@@ -139,6 +148,15 @@ class PrivacyLedger:
     def phases(self) -> tuple[Phase, ...]:
         """The recorded phases, oldest first."""
         return tuple(self._phases)
+
+    @property
+    def noise_replayable(self) -> bool:
+        """Whether any released phase's noise was replayable from a seed (then no epsilon holds)."""
+        return any(p.noise_replayable and p.released for p in self._phases)
+
+    def with_secret_noise(self) -> PrivacyLedger:
+        """The same phases as if every noise had been secret (``Phase.with_secret_noise``)."""
+        return PrivacyLedger([p.with_secret_noise() for p in self._phases])
 
     def add(self, phase: Phase) -> None:
         """Append ``phase`` (a phase already present, by id, is not added twice)."""

@@ -23,6 +23,7 @@ other settings), the open phase is closed first. Steps already taken are never r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 
 import numpy as np
@@ -290,8 +291,12 @@ class LedgerState:
             steps = self.open_steps(raw)
         examples = float(self._read(self.open_examples)) if examples is None else float(examples)
         source = override_source or d["source"]
-        return _phase_from(d, int(steps), examples, source, int(raw["phase_id"]),
-                           getattr(self._optimizer, "_dp_phase_override", lambda _d, _s: None))
+        phase = _phase_from(d, int(steps), examples, source, int(raw["phase_id"]),
+                            getattr(self._optimizer, "_dp_phase_override", lambda _d, _s: None))
+        # The open phase is this optimizer's: its noise is replayable when its mechanism's is.
+        if getattr(getattr(self._optimizer, "mechanism", None), "noise_replayable", False):
+            phase = dataclasses.replace(phase, noise_replayable=True)
+        return phase
 
     def close_open_phase(self, source=None) -> None:
         """Move the open phase (if it took a step) into the table; no phase is open afterwards."""
@@ -395,7 +400,9 @@ def _row(phase: Phase, source: str) -> np.ndarray:
     row = np.zeros(len(_COLUMNS))
     row[_COL["phase_id"]] = float(phase.phase_id)
     row[_COL["kind"]] = _KINDS.index(phase.kind)
-    row[_COL["noise_multiplier"]] = phase.noise_multiplier
+    # A phase of replayable noise keeps its sigma with a minus sign (no layout change: a sigma is >= 0).
+    sigma = phase.noise_multiplier
+    row[_COL["noise_multiplier"]] = -sigma if phase.noise_replayable else sigma
     row[_COL["neighboring"]] = _NEIGHBORING.index(phase.neighboring)
     row[_COL["steps"]] = phase.steps
     row[_COL["sample_rate"]] = phase.sample_rate or 0.0
@@ -410,7 +417,8 @@ def _phase_from_row(row) -> Phase:
     kind = _KINDS[int(row[_COL["kind"]])]
     participations = int(row[_COL["participations"]])
     source = _SOURCES[int(row[_COL["source"]])]
-    return Phase(kind=kind, noise_multiplier=float(row[_COL["noise_multiplier"]]),
+    sigma = float(row[_COL["noise_multiplier"]])
+    return Phase(kind=kind, noise_multiplier=abs(sigma), noise_replayable=sigma < 0,
                  neighboring=_NEIGHBORING[int(row[_COL["neighboring"]])], steps=int(row[_COL["steps"]]),
                  sample_rate=float(row[_COL["sample_rate"]]) if kind == "poisson" else None,
                  participations=participations if participations >= 0 else None,

@@ -42,7 +42,10 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
 
     if model is not None:
         attributes.run_record(optimizer).adopt(model)
-    ledger = optimizer.ledger
+    # The accountant's values for the steps as run, replayable noise counted as if secret: a statement of
+    # replayable noise says no epsilon holds (``_mark_guarantee``) and keeps these values beside it.
+    replayed = optimizer.ledger
+    ledger = replayed.with_secret_noise()
     by_accountant = {}
     for name in privacy.sound_accountants():
         try:
@@ -83,7 +86,7 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
         "epsilon_by_accountant": by_accountant,
         "approximate_epsilon": {"values": approximate,
                                 "note": "approximations (e.g. GDP's central-limit step), not guarantees"},
-        "phases": [p.to_config() for p in ledger.phases],
+        "phases": [p.to_config() for p in replayed.phases],
         "asserted_by_user": asserted,
         "target_epsilon": optimizer.target_epsilon,
         "noise": {"secure_mode": optimizer._dp_static["secure_mode"],
@@ -100,7 +103,7 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
         **optimizer._dp_statement_extras(),
     }
     statement = add_ledger_bound(add_other_releases(statement, optimizer, delta), optimizer, delta)
-    return _mark_guarantee(statement, optimizer)
+    return _mark_guarantee(statement, optimizer, replayed)
 
 
 def _noise_source(optimizer) -> str:
@@ -112,12 +115,15 @@ def _noise_source(optimizer) -> str:
     return "Philox keyed by 128 bits of os.urandom drawn per run, and a step counter; no user-settable seed"
 
 
-def _mark_guarantee(statement: dict, optimizer) -> dict:
+def _mark_guarantee(statement: dict, optimizer, ledger) -> dict:
     """``guarantee``: False for replayable noise or state written outside the DP step; epsilon infinite.
 
-    Replayable: ``debug_noise_seed``, or a release composed into the statement fit with ``seed=``.
+    Replayable: ``debug_noise_seed`` (this optimizer's, or a phase of ``ledger``, the optimizer's, that
+    another optimizer ran so), or a release composed into the statement fit with ``seed=``.
     """
-    replayable = optimizer.mechanism.noise_replayable
+    own = optimizer.mechanism.noise_replayable
+    imported = [p for p in ledger.phases if p.noise_replayable and p.released] if not own else []
+    replayable = own or bool(imported)
     watch = optimizer._dp_write_watch
     written = watch.written()
     # Trainable weights written after the last DP run ended (after fit or train_on_batch returned): neither
@@ -156,7 +162,17 @@ def _mark_guarantee(statement: dict, optimizer) -> dict:
             "that noise. epsilon is infinite; epsilon_if_noise_were_secret is the accountant's value for "
             "secret noise. Fit the release again without seed= (secret noise from the operating system).",
             "no epsilon holds: a release's noise is replayable from a seed")
-    if replayable:
+    if imported:
+        _no_guarantee(
+            statement, "epsilon_if_noise_were_secret",
+            f"noise replayable: no guarantee. {len(imported)} phase(s) of this model's training (ids "
+            f"{[p.phase_id for p in imported[:3]]}, {sum(p.steps for p in imported)} steps) were run by an "
+            "optimizer built with debug_noise_seed, so whoever knows the seed can subtract their noise from "
+            "the weights that carry them. epsilon is infinite; epsilon_if_noise_were_secret and the "
+            "per-accountant values are what the accountant gives for secret noise, not guarantees. Train "
+            "from weights that never saw a replayable run.",
+            "no epsilon holds: earlier training's noise is replayable from debug_noise_seed")
+    if own:
         _no_guarantee(
             statement, "epsilon_if_noise_were_secret",
             "noise replayable: no guarantee. The optimizer was built with debug_noise_seed="
