@@ -309,6 +309,53 @@ def test_the_same_records_reshaped_in_a_dict_with_one_hot_labels_are_counted():
     assert again.optimizer.steps == 0
 
 
+def test_records_named_by_content_then_by_ids_or_the_reverse_are_refused(tmp_path, monkeypatch):
+    # One record under two keys has two histories: before, a second run naming the records the other way
+    # printed a ledger bound of one pass (4.73) where two passes (7.08) hold.
+    x, y = small_data()
+    ids = [f"patient-{i}" for i in range(N)]
+    order = np.random.default_rng(5).permutation(N)
+    _fit(x, y, epochs=1)   # named by content
+    model = small_model(seed=3)
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(record_ledger.RecordNamingError,
+                       match="record_ids: 64 of these 64 records were named by their content"):
+        model.fit(x[order], y[order], batch_size=8, epochs=1, verbose=0,
+                  record_ids=[ids[i] for i in order])
+    assert opt.steps == 0
+    for w, b in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(w, b)
+    # The reverse, in another store: ids first (with the rows, so their content is kept with the ids).
+    monkeypatch.setenv("TFDPBNN_PRIVACY_STORE", str(tmp_path / "by_ids.sqlite"))
+    _, first = _fit(x, y, epochs=1, record_ids=ids)
+    _, again = _fit(x[order], y[order], epochs=1, seed=1, record_ids=[ids[i] for i in order])  # same ids
+    assert again.privacy_statement()["ledger_bound"]["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 2),
+                                                                                 rel=0.01)
+    for how, data in (("arrays", (x[:40].astype(np.float64), y[:40])),
+                      ("poisson_batches", (tfdpbnn.data.poisson_batches(x, y, sample_rate=0.125, seed=None),
+                                           None))):
+        model = small_model(seed=4)
+        opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N if how != "arrays" else 40, batch_size=8,
+                                     delta=DELTA, **({"sampling": "poisson"} if how != "arrays" else {}))
+        model.compile(optimizer=opt, loss=LOSS)
+        with pytest.raises(record_ledger.RecordNamingError, match="were named by record_ids"):
+            if how == "arrays":
+                model.fit(*data, batch_size=8, epochs=1, verbose=0)
+            else:
+                model.fit(data[0], epochs=1, verbose=0)
+        assert opt.steps == 0, how
+    # A "parallel" calibration named by content, on records trained under ids: refused, nothing recorded.
+    cost = PrivacyCost(mechanism="temperature", dp_event=_gaussians(2.0, 5), epsilon=0.0, delta=DELTA)
+    release = type("Release", (), {"privacy": cost})()
+    with pytest.raises(record_ledger.RecordNamingError, match="Pass the same record_ids"):
+        first.record_release(release, "parallel", x=x[:16], y=y[:16])
+    assert first.privacy_statement()["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 1), rel=0.01)
+    first.record_release(release, "sequential", record_ids=ids[:16])   # named as in training: accepted
+    assert len(_ledger().backend.releases()) == 3
+
+
 def _copy(source, target):
     """A consistent copy of a SQLite file in write-ahead-log mode (the log's pages included)."""
     with sqlite3.connect(source) as src, sqlite3.connect(target) as dst:

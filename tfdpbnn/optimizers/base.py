@@ -659,14 +659,16 @@ class DPOptimizerMixin:
                 from tfdpbnn.record.records import record_keys
 
                 keys = record_keys(x, y, record_ids)
+            basis = None
             if composition == "parallel":
                 basis = self._parallel_basis(keys, asserted_disjoint, x)
-                attributes.parallel_basis(self)[id(release)] = basis
             elif asserted_disjoint is not None:
                 raise ValueError("asserted_disjoint: only for composition='parallel', got it with "
                                  f"composition={composition!r}")
+            self._write_release(release, composition, keys)   # a refusal there records nothing
+            if basis is not None:
+                attributes.parallel_basis(self)[id(release)] = basis
             attributes.releases(self).append((release, composition))
-            self._write_release(release, composition, keys)
 
     def _write_release(self, release, composition, keys) -> None:
         """Write ``release`` to the per-record ledger, linked to this model's training phases.

@@ -66,6 +66,14 @@ class BudgetExceededError(ValueError):
     """A reservation that would take some record over the ledger's budget (nothing was written)."""
 
 
+class RecordNamingError(ValueError):
+    """A release naming records one way (``record_ids`` or content) that earlier releases named the other way.
+
+    One record under two keys would have two histories, neither holding the other's spending (nothing was
+    written).
+    """
+
+
 class SchemaVersionError(RuntimeError):
     """The ledger file was written by a version of tfdpbnn whose ledger layout this one cannot read."""
 
@@ -218,14 +226,15 @@ class LedgerBackend(abc.ABC):
 
     @abc.abstractmethod
     def reserve(self, keys: np.ndarray, release: Release,
-                check: Callable[[Callable[[], list[History]], dict | None, Callable[[], set]], None]) -> int:
+                check: Callable[[Callable[[], list[History]], dict | None, Callable[[], set]], None],
+                named: np.ndarray | None = None) -> int:
         """Check the histories of ``keys`` and write ``release`` against them, in one transaction.
 
-        ``check(histories, budget, neighborings)`` raises to refuse (nothing written): ``budget`` as
-        ``budget()`` reads it, ``histories()`` the records' histories and ``neighborings()`` the set of the
-        neighboring relations of every release on the records, each read in the same transaction when
-        called (a check without a budget needs only the relations, which do not grow with the histories'
-        length). ``keys`` are distinct int64. Returns the release's id.
+        ``named``: when ``keys`` are keys of user-given ids whose rows' content is known, the content keys
+        of those rows (distinct int64). The same transaction refuses (``RecordNamingError``, nothing
+        written) a release with ``named`` any of whose content keys has a history (records named by content
+        before), and a release without it any of whose keys is among the ``named`` kept from earlier
+        releases (records named by ids before); it keeps ``named``.
         """
 
     @abc.abstractmethod
@@ -275,6 +284,7 @@ CREATE TABLE IF NOT EXISTS ledger_histories (
 CREATE INDEX IF NOT EXISTS ledger_histories_parent ON ledger_histories(parent);
 CREATE INDEX IF NOT EXISTS ledger_releases_kind ON ledger_releases(kind, release);
 CREATE TABLE IF NOT EXISTS ledger_records (record INTEGER PRIMARY KEY, history INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger_named (content INTEGER NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS ledger_budget (
     set_at REAL NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, accountant TEXT NOT NULL);
 """
@@ -295,6 +305,12 @@ _CHAINS_MAX = 200_000
 #: Where this process's last reservation on each ledger file left its records: file identity ->
 #: (the keys, distinct int64 (a copy); the release's id; its ``created`` time; {history: records}).
 _PLACED: dict[tuple, tuple] = {}
+#: The content keys of records named by ids that this process last wrote (or found) in each ledger file:
+#: file identity -> distinct int64 (``SQLiteLedger._check_naming``).
+_NAMED: dict[tuple, np.ndarray] = {}
+#: Keys (records named by content) this process last found clear of ``ledger_named`` in each ledger file:
+#: file identity -> (``ledger_named``'s largest rowid when they were found so, the distinct keys).
+_CLEAR_OF_NAMED: dict[tuple, tuple] = {}
 #: The last keys made distinct (``_distinct``): [(the keys as given, int64, a copy; their distinct keys)].
 _DISTINCT: list[tuple] = []
 
@@ -314,6 +330,18 @@ def _distinct(keys) -> np.ndarray:
     distinct.setflags(write=False)
     _DISTINCT[:] = [(np.array(keys, copy=True), distinct)]
     return distinct
+
+
+def _named_content(keys) -> np.ndarray | None:
+    """The distinct content keys (read-only) of ``IdKeys`` rows; empty without content; None if not ids.
+
+    ``IdKeys`` name records by ids (their rows' content is known or not); other keys name them by content.
+    """
+    if not hasattr(keys, "content"):   # ``IdKeys`` always have it (None without content); arrays do not
+        return None
+    named = np.unique(np.asarray(keys.content if keys.content is not None else (), np.int64))
+    named.setflags(write=False)
+    return named
 
 
 class SQLiteLedger(LedgerBackend):
@@ -598,13 +626,13 @@ class SQLiteLedger(LedgerBackend):
         return dict(where) if now == where else None
 
     @staticmethod
-    def _key_counts(conn, keys: np.ndarray) -> tuple[dict, str]:
+    def _key_counts(conn, keys: np.ndarray, text: str | None = None) -> tuple[dict, str]:
         """{history (None: records new to the ledger): record count} of ``keys`` (distinct), in one statement.
 
         Also returns the keys as the JSON array the statement read (str of a list of ints is one, parsed by
         SQLite's ``json_each`` in C), for a statement that writes their rows.
         """
-        text = str(np.asarray(keys, dtype=np.int64).tolist())
+        text = str(np.asarray(keys, dtype=np.int64).tolist()) if text is None else text
         return dict(conn.execute("SELECT r.history, COUNT(*) FROM json_each(?) j "
                                  "LEFT JOIN ledger_records r ON r.record = j.value GROUP BY r.history",
                                  (text,))), text
@@ -657,17 +685,17 @@ class SQLiteLedger(LedgerBackend):
             conn.execute("INSERT INTO ledger_budget VALUES (?, ?, ?, ?)",
                          (time.time(), float(epsilon), float(delta), accountant))
 
-    def reserve(self, keys, release: Release, check) -> int:
+    def reserve(self, keys, release: Release, check, named=None) -> int:
         """One ``BEGIN IMMEDIATE`` transaction: check the records' histories, then write the release."""
         identity = record_store.file_identity(self.path)
         with self._transaction() as conn:
+            text = self._check_naming(conn, identity, keys, named)
             counts = self._placed_counts(conn, identity, keys)
-            text = None
             # Placed by this process's last reservation: each history holds just these records (its size is
             # their count, as ``_placed_counts`` read it).
             sizes = None if counts is None else dict(counts)
             if counts is None:
-                counts, text = self._key_counts(conn, keys)
+                counts, text = self._key_counts(conn, keys, text)
             check(lambda: self._histories(conn, counts), self._budget(conn),
                   lambda: self._neighborings(conn, counts))
             created = time.time()
@@ -715,6 +743,59 @@ class SQLiteLedger(LedgerBackend):
                     (text, json.dumps(moves)))
             _PLACED[identity] = (np.array(keys, dtype=np.int64), int(release_id), created, placed)
         return int(release_id)
+
+    def _check_naming(self, conn, identity: tuple, keys: np.ndarray, named: np.ndarray | None) -> str | None:
+        """Refuse (``RecordNamingError``) records named by ids now and by content before, or the reverse.
+
+        Returns ``keys`` as the JSON array a statement read (for the next one), or None if none did.
+
+        Keeps ``named`` (the content of records named by ids) in ``ledger_named``. Content there never gets
+        a history (a release naming it by content is refused), and it had none when written, so the content
+        this process wrote or found in this file needs no check again (``_NAMED``).
+        """
+        if named is not None:   # named by ids
+            if not len(named):
+                return None   # their content is unknown here: nothing to check or keep
+            held = _NAMED.get(identity)
+            if held is not None and held.shape == named.shape and np.array_equal(held, named):
+                return None
+            # Kept first, then the rows new to the table checked (a refusal rolls the whole transaction back).
+            (before,) = conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM ledger_named").fetchone()
+            conn.execute("INSERT OR IGNORE INTO ledger_named (content) SELECT value FROM json_each(?)",
+                         (str(named.tolist()),))
+            (count,) = conn.execute("SELECT COUNT(*) FROM ledger_named n JOIN ledger_records r "
+                                    "ON r.record = n.content WHERE n.rowid > ?", (before,)).fetchone()
+            if count:
+                raise RecordNamingError(
+                    f"record_ids: {count} of these {len(keys)} records were named by their content (without "
+                    f"record_ids) in earlier releases in {self.path}; named by ids now, each would get a "
+                    "second history without the first one's spending. Name them as before (no "
+                    "record_ids), or give every release on them the same record_ids from a new store file. "
+                    "Nothing was run or written.")
+            _NAMED[identity] = named
+            return None
+        # Rows are only added (each at the end), so the largest rowid tells whether the table grew.
+        (version,) = conn.execute("SELECT MAX(rowid) FROM ledger_named").fetchone()
+        if version is None:
+            return None   # no records were ever named by ids with their content
+        # Keys this process found clear of ``ledger_named`` at this size of it are clear still.
+        clear = _CLEAR_OF_NAMED.get(identity)
+        keys = np.asarray(keys, np.int64)
+        if clear is not None and clear[0] == version and clear[1].shape == keys.shape and \
+                np.array_equal(clear[1], keys):
+            return None
+        text = str(keys.tolist())
+        (count,) = conn.execute("SELECT COUNT(*) FROM json_each(?) j JOIN ledger_named n "
+                                "ON n.content = j.value", (text,)).fetchone()
+        if not count:
+            _CLEAR_OF_NAMED[identity] = (version, keys)
+            return text
+        else:
+            raise RecordNamingError(
+                f"record_ids: {count} of these {len(keys)} records were named by record_ids in earlier "
+                f"releases in {self.path}; named by their content now, each would get a second history "
+                "without the first one's spending. Pass the same record_ids as before. Nothing was run or "
+                "written.")
 
     def commit(self, release_id: int, spent: dict, phase_id: int | None, phase_ids: Sequence[int]) -> None:
         """Write what the release spent (once; a second commit of the same release is refused).
@@ -797,6 +878,7 @@ class RecordLedger:
         """
         check_choice("kind", kind, RELEASE_KINDS)
         check_choice("neighboring", neighboring, tuple(NEIGHBORING))
+        named = _named_content(keys)
         keys = _distinct(keys)
         phase_id = None if phase_id is None else int(phase_id)
         release = Release(0, kind, neighboring, event_to_config(planned), None, phase_id, description,
@@ -831,7 +913,7 @@ class RecordLedger:
                     "less (fewer steps, more noise), leave those records out, or raise the budget with "
                     "RecordLedger.set_budget.")
 
-        release_id = self.backend.reserve(keys, release, check)
+        release_id = self.backend.reserve(keys, release, check, named=named)
         return Reservation(self, release_id, len(keys), phase_id)
 
     def record(self, keys, spent: dp_accounting.DpEvent, kind: str, neighboring: str = "add_or_remove",
@@ -946,6 +1028,6 @@ def default_ledger() -> RecordLedger | None:
 
 
 __all__ = ["CONTENT_KEY_VERSION", "READABLE_VERSIONS", "RELEASE_KINDS", "SCHEMA_VERSION",
-           "BudgetExceededError", "History", "LedgerBackend", "RecordLedger", "Release", "Reservation",
-           "SQLiteLedger", "SchemaVersionError", "composed_epsilon", "content_key_version", "default_ledger",
-           "event_from_config", "event_to_config"]
+           "BudgetExceededError", "History", "LedgerBackend", "RecordLedger", "RecordNamingError", "Release",
+           "Reservation", "SQLiteLedger", "SchemaVersionError", "composed_epsilon", "content_key_version",
+           "default_ledger", "event_from_config", "event_to_config"]

@@ -217,6 +217,46 @@ def id_keys(record_ids) -> np.ndarray:
     return _fmix(h).view(np.int64)
 
 
+class IdKeys(np.ndarray):
+    """Keys (int64) of user-given record ids (``distinct_id_keys``), with their rows' content keys.
+
+    ``content``: the content keys of the same rows, in order, where the rows are known (``record_keys(x, y,
+    record_ids)``, ``input_keys``); else None.
+
+    The ledger refuses a record named by its id in one release and by its content in another (two
+    histories for one record, neither holding the other's spending: ``tfdpbnn.record.record_ledger``). An
+    array derived from it (a slice, ``np.unique``) has no ``content``: its rows no longer line up.
+    """
+
+    content: np.ndarray | None
+
+    def __array_finalize__(self, obj) -> None:
+        self.content = None
+
+
+def _with_content(keys: np.ndarray, content: np.ndarray | None) -> np.ndarray:
+    """``keys`` (ids' keys) as ``IdKeys`` carrying ``content`` (None: no content known)."""
+    named = keys.view(IdKeys)
+    named.content = None if content is None else np.asarray(content, dtype=np.int64)
+    return named
+
+
+def _content_or_none(x, y, fingerprint: str | None = None) -> np.ndarray | None:
+    """The content keys of rows that have ids too, or None where they have no canonical content.
+
+    Ragged, sparse and object features have none (which is why their records need ids): then there is no
+    content naming to tell apart from the ids, and nothing to check.
+    """
+    import tensorflow as tf
+
+    if any(isinstance(t, tf.RaggedTensor | tf.SparseTensor) for t in tf.nest.flatten([x, y])):
+        return None
+    try:
+        return _cached_content_keys(x, y, fingerprint)
+    except ValueError:
+        return None
+
+
 def distinct_id_keys(record_ids) -> np.ndarray:
     """``id_keys(record_ids)`` for the rows of one release, refusing an id given to more than one row.
 
@@ -235,22 +275,29 @@ def distinct_id_keys(record_ids) -> np.ndarray:
             f"{first!r} names {int(counts.max())} rows). A record must be one row: two rows of one "
             "record enter every pass twice, and their epsilon (a group of two) is larger than the one "
             "printed for rows. Give each row its own id, or merge the rows of a record into one row")
+    return keys.view(IdKeys)   # named by ids (their rows' content unknown here)
+
+
+def _ids_for_rows(x, record_ids) -> np.ndarray:
+    """``distinct_id_keys(record_ids)``, refusing a number of ids other than the number of rows of ``x``."""
+    keys = distinct_id_keys(record_ids)
+    rows = {a.shape[0] for _, a in _arrays(x) if a.ndim}
+    if rows and rows != {len(keys)}:
+        raise ValueError(f"record_ids: {len(keys)} ids for {sorted(rows)} records of x; give one id per "
+                         "record")
     return keys
 
 
 def record_keys(x=None, y=None, record_ids=None) -> np.ndarray:
     """One int64 key per record: ``distinct_id_keys(record_ids)`` when given, else ``content_keys(x, y)``.
 
-    With both, the number of ids must equal the number of records of ``x``.
+    With both, the number of ids must equal the number of records of ``x``, and the keys are ``IdKeys``
+    carrying the rows' content keys.
     """
     if record_ids is not None:
-        keys = distinct_id_keys(record_ids)
-        if x is not None:
-            rows = {a.shape[0] for _, a in _arrays(x) if a.ndim}
-            if rows and rows != {len(keys)}:
-                raise ValueError(f"record_ids: {len(keys)} ids for {sorted(rows)} records of x; give one id "
-                                 "per record")
-        return keys
+        if x is None:
+            return distinct_id_keys(record_ids)
+        return _with_content(_ids_for_rows(x, record_ids), _content_or_none(x, y))
     if x is None:
         raise ValueError("x or record_ids: give the data or the records' ids")
     return content_keys(x, y)
@@ -262,7 +309,7 @@ def tag_record_keys(dataset, keys):
     ``tfdpbnn.data.poisson_batches`` tags its output; tag a pipeline of your own before ``fit`` so that its
     runs are written to the per-record ledger against its records.
     """
-    keys = np.asarray(keys)
+    keys = np.asanyarray(keys)   # ``IdKeys`` keep the content of their rows
     if keys.ndim != 1 or keys.dtype != np.int64:
         raise ValueError(f"keys must come from tfdpbnn.record.records.record_keys (1-D int64), got "
                          f"{keys.dtype} of shape {keys.shape}")
@@ -324,10 +371,10 @@ def input_keys(x, y=None, record_ids=None, fingerprint: str | None = None) -> np
     if record_ids is None and any(isinstance(t, tf.RaggedTensor | tf.SparseTensor)
                                   for t in tf.nest.flatten([x, y])):
         return None  # no canonical content for ragged or sparse rows: the statement says records are unknown
-    if record_ids is None and x is not None:
+    if record_ids is None:
         return _cached_content_keys(x, y, fingerprint)
-    return record_keys(x, y, record_ids)
+    return _with_content(_ids_for_rows(x, record_ids), _content_or_none(x, y, fingerprint))
 
 
-__all__ = ["content_keys", "distinct_id_keys", "id_keys", "input_keys", "record_keys",
+__all__ = ["IdKeys", "content_keys", "distinct_id_keys", "id_keys", "input_keys", "record_keys",
            "tag_record_keys"]
