@@ -75,11 +75,8 @@ def _run_over(records: int) -> tuple[list[str], list[float], list[float]]:
     rows = [f"| hash {records:,} records (10 float32 features; the label is not part of a key) | "
             f"{hashing.wall:.3f} s | {hashing.cpu:.3f} s |"]
     walls, cpus = [], []
-    cases = ("new records", "the same records again, as another process sees them (their rows read)",
-             "the same records again, placed last by this process (their rows not read)")
-    for phase_id, label in enumerate(cases, start=1):
-        if phase_id == 2:
-            record_ledger._PLACED.clear()  # what a process that did not place these records knows
+
+    def timed(ledger, keys, phase_id, label):
         with _Clock() as reserved:
             reservation = ledger.reserve(keys, event, phase_id=phase_id)
         with _Clock() as committed:
@@ -88,28 +85,22 @@ def _run_over(records: int) -> tuple[list[str], list[float], list[float]]:
         cpus.append(reserved.cpu + committed.cpu)
         rows.append(f"| reserve + commit, {records:,} records, {label} | {reserved.wall:.3f} s + "
                     f"{committed.wall:.4f} s = {walls[-1]:.3f} s | {cpus[-1]:.3f} s |")
+
+    cases = ("new records", "the same records again, as another process sees them (their rows read)",
+             "the same records again, placed last by this process (their rows not read)")
+    for phase_id, label in enumerate(cases, start=1):
+        if phase_id == 2:
+            record_ledger._PLACED.clear()  # what a process that did not place these records knows
+        timed(ledger, keys, phase_id, label)
     # Records named by ids with their rows keep their content keys, checked against the records named by
-    # content (in a ledger of their own); then new records by content are checked against those.
+    # content (in a ledger of their own); then as many new records by content are checked against those.
     named = record_ids.record_keys(x, y, record_ids=np.arange(records))
     ledger = record_ledger.RecordLedger(os.path.join(tempfile.mkdtemp(), "ledger.sqlite"))
-    others = record_ids.content_keys(x + np.float32(1.0), y)
-    for phase_id, (label, keys_of) in enumerate(NAMING_CASES, start=len(cases) + 1):
-        with _Clock() as reserved:
-            reservation = ledger.reserve(named if keys_of == "ids" else others, event, phase_id=phase_id)
-        with _Clock() as committed:
-            reservation.commit(event)
-        walls.append(reserved.wall + committed.wall)
-        cpus.append(reserved.cpu + committed.cpu)
-        rows.append(f"| reserve + commit, {records:,} records, {label} | {reserved.wall:.3f} s + "
-                    f"{committed.wall:.4f} s = {walls[-1]:.3f} s | {cpus[-1]:.3f} s |")
+    timed(ledger, named, len(cases) + 1,
+          "new records named by record_ids with their rows (their content keys kept and checked)")
+    timed(ledger, record_ids.content_keys(x + np.float32(1.0), y), len(cases) + 2,
+          "new records by content, in a ledger holding as many named by ids (checked against them)")
     return rows, walls, cpus
-
-
-#: The million-record cases of the naming check: (label, which keys).
-NAMING_CASES = (
-    ("new records named by record_ids with their rows (their content keys kept and checked)", "ids"),
-    ("new records by content, in a ledger holding as many named by ids (checked against them)", "content"),
-)
 
 
 #: The record's work around the steps of a DP ``fit``, timed per phase: (owner, method, label).
