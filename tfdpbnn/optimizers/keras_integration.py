@@ -239,8 +239,10 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=No
 
     fingerprint = input_fingerprint(x, arguments.get("y"))
     keys = input_keys(x, arguments.get("y"), record_ids, fingerprint)
+    # The phase ``begin_training`` opened (the record's start below may reopen it, of the same kind).
+    description = attributes.ledger_state(optimizer).open_description()
     if record_ids is not None and isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
-        _refuse_ids_not_naming_every_record(x, keys, attributes.ledger_state(optimizer).open_description())
+        _refuse_ids_not_naming_every_record(x, keys, description)
     if arguments.get("validation_data") is not None:
         _refuse_validation_on_training_records(arguments["validation_data"], keys)
     attributes.run_record(optimizer).begin(model, fingerprint, planned, record_keys=keys, identity=identity)
@@ -255,7 +257,6 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=No
     callbacks = list(callbacks or [])
     privacy = [c for c in callbacks if isinstance(c, PrivacyCallback)]
     others = [c for c in callbacks if not isinstance(c, PrivacyCallback | DPTrainingMonitor)]
-    description = attributes.ledger_state(optimizer).open_description()
     # Each epoch iterates the dataset whole: without steps_per_epoch, or with its own (finite) cardinality,
     # where Keras starts a new iteration at every epoch.
     steps_per_epoch = arguments.get("steps_per_epoch")

@@ -9,7 +9,7 @@ when nothing is known, ``tfdpbnn.record.statement.no_record_statement``. ``expor
 from __future__ import annotations
 
 from tfdpbnn.record import attributes
-from tfdpbnn.record.statement import _no_dp_optimizer
+from tfdpbnn.record.statement import no_dp_optimizer
 
 #: The statement's entries that describe the optimizer itself, which a model without a DP optimizer lacks.
 _OPTIMIZER_ENTRIES = ("method", "optimizer", "noise_multiplier", "l2_norm_clip", "sample_rate", "batch_size",
@@ -36,7 +36,7 @@ def weights_statement(model, delta: float | None, releases=()) -> dict | None:
             trainer.record_release(release)
         statement = trainer.privacy_statement(delta=delta, model=model)
         statement["statement_source"] = (
-            f"{_no_dp_optimizer(model)}: this is the statement of the DP optimizer that last trained the "
+            f"{no_dp_optimizer(model)}: this is the statement of the DP optimizer that last trained the "
             f"model in this process ({type(trainer).__name__})")
         return statement
     from tfdpbnn.optimizers.dpsgd import DPSGDOptimizer
@@ -55,7 +55,7 @@ def weights_statement(model, delta: float | None, releases=()) -> dict | None:
         if len(deltas) != 1:
             phases = reader.ledger.phases
             raise ValueError(
-                f"delta: {_no_dp_optimizer(model)}, and the training of these "
+                f"delta: {no_dp_optimizer(model)}, and the training of these "
                 f"weights is known ({len(phases)} phase(s), {sum(p.steps for p in phases)} DP steps, in the "
                 f"privacy record store {record_store.default_path()} or from this process's DP optimizers); "
                 "pass delta= (the delta of their privacy statement) to state their epsilon")
@@ -75,7 +75,7 @@ def weights_statement(model, delta: float | None, releases=()) -> dict | None:
     if statement["record"].get("store") is not None:
         statement["record"]["note"] = "no DP fit by this model's optimizer: the store's runs hold the rest"
     statement["statement_source"] = (
-        f"{_no_dp_optimizer(model)}: this is the statement a tfdpbnn DP optimizer compiled on these weights "
+        f"{no_dp_optimizer(model)}: this is the statement a tfdpbnn DP optimizer compiled on these weights "
         "gives (the record "
         "the privacy record store holds for them, and DP optimizers of this process that trained their "
         "variables)")

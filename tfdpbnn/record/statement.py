@@ -234,7 +234,7 @@ def add_ledger_bound(statement: dict, optimizer, delta: float) -> dict:
     return statement
 
 
-def _no_dp_optimizer(model) -> str:
+def no_dp_optimizer(model) -> str:
     """``model`` has no tfdpbnn DP optimizer, in words naming the one it has."""
     optimizer = getattr(model, "optimizer", None)
     return ("the model has no optimizer" if optimizer is None else
@@ -254,11 +254,11 @@ def no_record_statement(model, delta: float | None) -> dict:
               "quantized or pruned, or trained where this store did not record it)")
     note = "no epsilon is claimed: no privacy record was found for these weights"
     return {"no_record": reason, "guarantee": False, "guarantee_reason": reason,
-            "optimizer": None, "statement_source": _no_dp_optimizer(model),
+            "optimizer": None, "statement_source": no_dp_optimizer(model),
             "epsilon": math.inf, "run_epsilon": math.inf, "delta": delta, "accountant": None,
             "ledger_bound": {"epsilon": None, "epsilon_is_infinite": True, "records": 0, "store": path,
                              "no_guarantee": note},
             "quote": {"epsilon": math.inf, "which": "no_record", "note": note}}
 
 
-__all__ = ["add_ledger_bound", "build_statement", "no_record_statement"]
+__all__ = ["add_ledger_bound", "build_statement", "no_dp_optimizer", "no_record_statement"]
