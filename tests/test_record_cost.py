@@ -149,6 +149,43 @@ def test_histories_stay_right_when_whole_histories_move_in_place(tmp_path):
     assert [r.release_id for r in history_a.releases] == [ids[0], ids[1], ids[4]]
 
 
+def test_a_reservations_check_composes_the_same_as_every_release_of_the_history(tmp_path):
+    """The check reads each history's composable releases folded along its chain (kept per committed chain):
+    the same composition and relations as its full list of releases, after every reservation, with phase
+    versions growing and shrinking, releases without a phase, a planned release not committed yet and
+    partial moves of records between histories."""
+    ledger = record_ledger.RecordLedger(str(tmp_path / "ledger.sqlite"))
+    backend = ledger.backend
+    rng = np.random.default_rng(11)
+    groups = [np.arange(0, 30), np.arange(30, 50), np.arange(50, 80)]
+    pending, spent = None, None
+    for step in range(40):
+        keys = np.concatenate([groups[i] for i in sorted(rng.choice(3, size=rng.integers(1, 4),
+                                                                    replace=False))])
+        phase = int(rng.integers(1, 4)) if rng.random() < 0.8 else None
+        sigma, count = float(rng.uniform(0.8, 3.0)), int(rng.integers(3, 8))
+        event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma), count)
+        reservation = ledger.reserve(keys, event, kind="training", phase_id=phase)
+        if pending is not None:
+            pending.commit(spent)
+        # The newest stays planned until the next one, then commits less than it planned (an early stop).
+        pending = reservation
+        spent = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma), count - 2)
+        with backend._transaction("DEFERRED") as conn:
+            counts, _ = backend._key_counts(conn, np.unique(np.concatenate(groups)))
+            full = {h.history_id: h for h in backend._histories(conn, counts)}
+            folded = backend._histories(conn, counts, composable_only=True)
+        for history in folded:
+            whole = full[history.history_id]
+            assert history.records == whole.records
+            assert history.relations == {r.neighboring for r in whole.releases}
+            truth = record_ledger.composed_epsilon(whole.composed(), DELTA, "rdp", "add_or_remove")
+            got = record_ledger.composed_epsilon(history.composed(), DELTA, "rdp", "add_or_remove")
+            assert abs(got - truth) <= 1e-9 * max(truth, 1.0), (step, history.history_id)
+            assert len(history.releases) <= len(whole.releases)
+    assert record_ledger._COMPOSABLE   # committed chains were kept
+
+
 def test_content_keys_are_reused_for_the_same_bytes_only():
     x, y = small_data(32)
     fingerprint = store.data_fingerprint(x, y)
@@ -923,9 +960,9 @@ def test_a_reservation_without_a_budget_reads_the_relations_not_the_histories(tm
     original = record_ledger.SQLiteLedger._histories
     reads = []
 
-    def counted(self, conn, counts):
+    def counted(self, conn, counts, composable_only=False):
         reads.append(dict(counts))
-        return original(self, conn, counts)
+        return original(self, conn, counts, composable_only)
 
     monkeypatch.setattr(record_ledger.SQLiteLedger, "_histories", counted)
     ledger.record(keys, event, kind="other")

@@ -164,6 +164,9 @@ class History:
     history_id: int
     records: int
     releases: tuple[Release, ...]
+    #: When ``releases`` holds only the releases that compose (read for a reservation's check: one per
+    #: phase id, the largest, and every release without one): the neighboring relations of all of them.
+    relations: frozenset | None = None
 
     def composed(self, extra: Sequence[Release] = ()) -> list[dp_accounting.DpEvent]:
         """The events that compose for a record of this history (plus ``extra``), one per phase id."""
@@ -229,6 +232,13 @@ class LedgerBackend(abc.ABC):
                 check: Callable[[Callable[[], list[History]], dict | None, Callable[[], set]], None],
                 named: np.ndarray | None = None) -> int:
         """Check the histories of ``keys`` and write ``release`` against them, in one transaction.
+
+        ``check(histories, budget, neighborings)`` raises to refuse (nothing written): ``budget`` as
+        ``budget()`` reads it, ``histories()`` the records' histories (at least the releases of each that
+        compose, with ``History.relations`` set when only those) and ``neighborings()`` the set of the
+        neighboring relations of every release on the records, each read in the same transaction when
+        called (a check without a budget needs only the relations, which do not grow with the histories'
+        length). ``keys`` are distinct int64. Returns the release's id.
 
         ``named``: when ``keys`` are keys of user-given ids whose rows' content is known, the content keys
         of those rows (distinct int64). The same transaction refuses (``RecordNamingError``, nothing
@@ -302,6 +312,10 @@ _DECODED_MAX = 100_000
 _CHAINS: dict[tuple, dict] = {}
 #: The most chains kept per file (then the file's are dropped and read again as needed).
 _CHAINS_MAX = 200_000
+#: The composable releases of each committed chain: file identity -> {chain key (``_CHAINS``'s): (the
+#: releases without a phase id, {phase id: (its largest release, that release's size)})}
+#: (``SQLiteLedger._composable_histories``).
+_COMPOSABLE: dict[tuple, dict] = {}
 #: Where this process's last reservation on each ledger file left its records: file identity ->
 #: (the keys, distinct int64 (a copy); the release's id; its ``created`` time; {history: records}).
 _PLACED: dict[tuple, tuple] = {}
@@ -521,11 +535,13 @@ class SQLiteLedger(LedgerBackend):
             key = nodes[key][0]
         return chain[::-1]
 
-    def _histories(self, conn, counts: dict) -> list[History]:
+    def _histories(self, conn, counts: dict, composable_only: bool = False) -> list[History]:
         """``History`` objects for ``{history id (or None: no history yet): record count}``.
 
         The chains from ``_chains`` (kept); each release from the releases decoded already
         (``_decode``'s, committed, with the same ``created`` time) or read in one statement.
+        ``composable_only``: each history with only the releases that compose, and the relations of all
+        (``History.relations``; ``_composable_histories``): what a reservation's check reads.
         """
         ids = [h for h in counts if h is not None]
         chains: dict[int, list] = {}
@@ -536,6 +552,8 @@ class SQLiteLedger(LedgerBackend):
             return self._histories_read(conn, counts)
         found, nodes = kept
         decoded = _DECODED.get(identity, {})
+        if composable_only:
+            return self._composable_histories(conn, counts, found, nodes, identity, decoded)
         missing = set()
         for history, key in found.items():
             chain = self._releases_of(key, nodes)
@@ -553,6 +571,63 @@ class SQLiteLedger(LedgerBackend):
         return [History(history_id=0 if h is None else h, records=int(count),
                         releases=tuple(releases[r] for r in chains.get(h, [])))
                 for h, count in counts.items()]
+
+    def _composable_histories(self, conn, counts: dict, found: dict, nodes: dict, identity: tuple,
+                              decoded: dict) -> list[History]:
+        """``_histories`` with only the releases that compose (``_composable``'s), folded along each chain.
+
+        A chain's composable releases are its parent chain's with its own release folded in (the largest
+        version per phase id, oldest first on ties; a release without a phase id always), so they are kept
+        per chain key (``_COMPOSABLE``) where every release of the chain is committed (a planned event
+        changes when committed): a history that took one release since folds one release, not its chain
+        (which grows by one release per fit on its records).
+        """
+        memo = _COMPOSABLE.setdefault(identity, {})
+        walks: dict[int, tuple[list, tuple | None]] = {}
+        missing = set()
+        for history, key in found.items():
+            path, cursor = [], key
+            while cursor is not None and cursor not in memo:
+                path.append(cursor)
+                cursor = nodes[cursor][0]
+            walks[history] = (path, cursor)
+            for _, release, created in path:
+                held = decoded.get(release)
+                if held is None or held[0] != created:
+                    missing.add(release)
+        read = {}
+        if missing:
+            read = {r.release_id: r for r in self._decode(conn.execute(
+                f"SELECT {self._RELEASE_COLUMNS} FROM ledger_releases WHERE release IN "
+                "(SELECT value FROM json_each(?))", (json.dumps(sorted(missing)),)).fetchall())}
+        out = []
+        for history, count in counts.items():
+            if history is None:
+                out.append(History(history_id=0, records=int(count), releases=(), relations=frozenset()))
+                continue
+            path, base = walks[history]
+            plain, by_phase = memo[base] if base is not None else ((), {})
+            clean = True   # every release folded so far is committed (a memoized base is)
+            for key in reversed(path):
+                _, release_id, created = key
+                held = decoded.get(release_id)
+                release = held[1] if held is not None and held[0] == created else read[release_id]
+                _, size = release.counted
+                if release.phase_id is None:
+                    plain = plain + (release,)
+                else:
+                    kept_version = by_phase.get(release.phase_id)
+                    if kept_version is None or size > kept_version[1]:
+                        by_phase = {**by_phase, release.phase_id: (release, size)}
+                clean = clean and release.committed
+                if clean:
+                    memo[key] = (plain, by_phase)
+            out.append(History(history_id=history, records=int(count),
+                               releases=plain + tuple(r for r, _ in by_phase.values()),
+                               relations=nodes[found[history]][1]))
+        if len(memo) > _CHAINS_MAX:
+            _COMPOSABLE.pop(identity, None)
+        return out
 
     def _histories_read(self, conn, counts: dict) -> list[History]:
         """``_histories`` from a read of every chain (in a transaction that has written: nothing kept)."""
@@ -696,7 +771,7 @@ class SQLiteLedger(LedgerBackend):
             sizes = None if counts is None else dict(counts)
             if counts is None:
                 counts, text = self._key_counts(conn, keys, text)
-            check(lambda: self._histories(conn, counts), self._budget(conn),
+            check(lambda: self._histories(conn, counts, composable_only=True), self._budget(conn),
                   lambda: self._neighborings(conn, counts))
             created = time.time()
             release_id = conn.execute(
@@ -889,7 +964,9 @@ class RecordLedger:
                 return  # no budget to compose against, and every release on the records is of this relation
             histories = read_histories()
             for history in histories:
-                other = {r.neighboring for r in history.releases} - {neighboring}
+                relations = history.relations if history.relations is not None else {
+                    r.neighboring for r in history.releases}
+                other = set(relations) - {neighboring}
                 if other:
                     raise ValueError(
                         f"neighboring: {history.records} of these records have releases accounted under "
