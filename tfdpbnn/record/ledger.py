@@ -149,11 +149,6 @@ class PrivacyLedger:
         """The recorded phases, oldest first."""
         return tuple(self._phases)
 
-    @property
-    def noise_replayable(self) -> bool:
-        """Whether any released phase's noise was replayable from a seed (then no epsilon holds)."""
-        return any(p.noise_replayable and p.released for p in self._phases)
-
     def with_secret_noise(self) -> PrivacyLedger:
         """The same phases as if every noise had been secret (``Phase.with_secret_noise``)."""
         return PrivacyLedger([p.with_secret_noise() for p in self._phases])

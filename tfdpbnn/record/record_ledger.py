@@ -188,18 +188,34 @@ def _event_size(event) -> float:
     return math.inf
 
 
+def _fold_composable(plain: tuple, by_phase: dict, release: Release) -> tuple[tuple, dict]:
+    """``(plain, by_phase)`` with ``release`` folded in (new objects; the given ones are not changed).
+
+    ``plain``: the releases without a phase id (each composes); ``by_phase``: {phase id: (its largest
+    release, that release's size)}, the first of equal sizes kept (a phase's count is cumulative over the
+    fits that extend it, so only its largest version composes).
+    """
+    if release.phase_id is None:
+        return plain + (release,), by_phase
+    held = by_phase.get(release.phase_id)
+    size = release.counted[1]
+    if held is None or size > held[1]:
+        return plain, {**by_phase, release.phase_id: (release, size)}
+    return plain, by_phase
+
+
+def _composable_releases(plain: tuple, by_phase: dict) -> tuple[Release, ...]:
+    """The releases that compose, of a ``_fold_composable`` state."""
+    return plain + tuple(release for release, _ in by_phase.values())
+
+
 def _composable(releases: Sequence[Release]) -> list[dp_accounting.DpEvent]:
-    by_phase: dict[int, tuple] = {}
-    events = []
+    """The events that compose for a record with ``releases`` (``_fold_composable``), oldest first."""
+    plain: tuple = ()
+    by_phase: dict = {}
     for release in releases:
-        event, size = release.counted
-        if release.phase_id is None:
-            events.append(event)
-            continue
-        held = by_phase.get(release.phase_id)
-        if held is None or size > held[1]:
-            by_phase[release.phase_id] = (event, size)
-    return events + [event for event, _ in by_phase.values()]
+        plain, by_phase = _fold_composable(plain, by_phase, release)
+    return [release.counted[0] for release in _composable_releases(plain, by_phase)]
 
 
 def _check_accountant(accountant: str) -> None:
@@ -312,9 +328,8 @@ _DECODED_MAX = 100_000
 _CHAINS: dict[tuple, dict] = {}
 #: The most chains kept per file (then the file's are dropped and read again as needed).
 _CHAINS_MAX = 200_000
-#: The composable releases of each committed chain: file identity -> {chain key (``_CHAINS``'s): (the
-#: releases without a phase id, {phase id: (its largest release, that release's size)})}
-#: (``SQLiteLedger._composable_histories``).
+#: The composable releases of each committed chain: file identity -> {chain key (``_CHAINS``'s): its
+#: ``_fold_composable`` state} (``SQLiteLedger._composable_histories``).
 _COMPOSABLE: dict[tuple, dict] = {}
 #: Where this process's last reservation on each ledger file left its records: file identity ->
 #: (the keys, distinct int64 (a copy); the release's id; its ``created`` time; {history: records}).
@@ -576,8 +591,8 @@ class SQLiteLedger(LedgerBackend):
                               decoded: dict) -> list[History]:
         """``_histories`` with only the releases that compose (``_composable``'s), folded along each chain.
 
-        A chain's composable releases are its parent chain's with its own release folded in (the largest
-        version per phase id, oldest first on ties; a release without a phase id always), so they are kept
+        A chain's composable releases are its parent chain's with its own release folded in
+        (``_fold_composable``), so they are kept
         per chain key (``_COMPOSABLE``) where every release of the chain is committed (a planned event
         changes when committed): a history that took one release since folds one release, not its chain
         (which grows by one release per fit on its records).
@@ -612,18 +627,12 @@ class SQLiteLedger(LedgerBackend):
                 _, release_id, created = key
                 held = decoded.get(release_id)
                 release = held[1] if held is not None and held[0] == created else read[release_id]
-                _, size = release.counted
-                if release.phase_id is None:
-                    plain = plain + (release,)
-                else:
-                    kept_version = by_phase.get(release.phase_id)
-                    if kept_version is None or size > kept_version[1]:
-                        by_phase = {**by_phase, release.phase_id: (release, size)}
+                plain, by_phase = _fold_composable(plain, by_phase, release)
                 clean = clean and release.committed
                 if clean:
                     memo[key] = (plain, by_phase)
             out.append(History(history_id=history, records=int(count),
-                               releases=plain + tuple(r for r, _ in by_phase.values()),
+                               releases=_composable_releases(plain, by_phase),
                                relations=nodes[found[history]][1]))
         if len(memo) > _CHAINS_MAX:
             _COMPOSABLE.pop(identity, None)
@@ -862,15 +871,14 @@ class SQLiteLedger(LedgerBackend):
         text = str(keys.tolist())
         (count,) = conn.execute("SELECT COUNT(*) FROM json_each(?) j JOIN ledger_named n "
                                 "ON n.content = j.value", (text,)).fetchone()
-        if not count:
-            _CLEAR_OF_NAMED[identity] = (version, keys)
-            return text
-        else:
+        if count:
             raise RecordNamingError(
                 f"record_ids: {count} of these {len(keys)} records were named by record_ids in earlier "
                 f"releases in {self.path}; named by their content now, each would get a second history "
                 "without the first one's spending. Pass the same record_ids as before. Nothing was run or "
                 "written.")
+        _CLEAR_OF_NAMED[identity] = (version, keys)
+        return text
 
     def commit(self, release_id: int, spent: dict, phase_id: int | None, phase_ids: Sequence[int]) -> None:
         """Write what the release spent (once; a second commit of the same release is refused).

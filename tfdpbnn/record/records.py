@@ -90,11 +90,16 @@ def _text_words(name: str, rows: np.ndarray) -> np.ndarray:
     return np.array(words, dtype=np.uint64).reshape(rows.shape)
 
 
-def _canonical_words(name: str, array: np.ndarray, n: int) -> np.ndarray:
-    """The array's rows as canonical words: float32 bits two per uint64, or one per string: (n, words)."""
+def _check_rows(name: str, array: np.ndarray, n: int) -> None:
+    """Refuse an array without the ``n`` records on axis 0."""
     if array.ndim == 0 or array.shape[0] != n:
         raise ValueError(f"x, y: every array must have the {n} records on axis 0, got shape {array.shape} "
                          f"for {name or 'x'}")
+
+
+def _canonical_words(name: str, array: np.ndarray, n: int) -> np.ndarray:
+    """The array's rows as canonical words: float32 bits two per uint64, or one per string: (n, words)."""
+    _check_rows(name, array, n)
     if array.dtype == object or array.dtype.kind in "USV":
         return _text_words(name, array.reshape(n, -1))
     if array.dtype.kind == "c":
@@ -149,11 +154,8 @@ def _content_keys_v2(x, y=None) -> np.ndarray:
     if not parts:
         raise ValueError("x: no arrays to identify records by")
     n = parts[0][1].shape[0] if parts[0][1].ndim else -1
-    if y is not None:
-        for name, array in _arrays(y, "y"):
-            if array.ndim == 0 or array.shape[0] != n:
-                raise ValueError(f"x, y: every array must have the {n} records on axis 0, got shape "
-                                 f"{array.shape} for {name}")
+    for name, array in [] if y is None else _arrays(y, "y"):
+        _check_rows(name, array, n)
     blocks = [_rows_of(name, array, n) for name, array in parts]
     units = blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis=1)
     if units.shape[1] % 2:
