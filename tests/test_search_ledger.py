@@ -78,3 +78,47 @@ def test_search_over_a_validation_records_budget_is_refused_before_any_trial():
         tfdpbnn.tuning.private_search(build, CANDIDATES, x, y, xv, yv, delta=1e-5, distribution=None,
                                       score_noise_multiplier=SCORE_NOISE)
     assert built == []
+
+
+def test_a_search_names_records_earlier_named_by_ids_by_the_same_ids():
+    # Training and validation records first released under ids (a fit; a calibration-like release on the
+    # validation rows): a search naming them by content would give each a second history, and is refused
+    # before its first trial; with the same ids it runs, and each record's epsilon composes both.
+    from tfdpbnn.record.record_ledger import RecordNamingError
+
+    x, y, xv, yv = _data()
+    ids, val_ids = np.arange(1000, 1064), np.arange(2000, 2032)
+    first = _model(CANDIDATES[0])
+    first.fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=0.5, record_ids=ids), epochs=1, verbose=0)
+    ledger = default_ledger()
+    ledger.reserve(record_keys(xv, yv, val_ids), dp_accounting.GaussianDpEvent(SCORE_NOISE),
+                   kind="calibration", description="a noisy count on the validation records").commit(
+        dp_accounting.GaussianDpEvent(SCORE_NOISE))
+    built = []
+
+    def build(hp):
+        built.append(hp)
+        return _model(hp)
+
+    # Validation records by content: refused at the scores' reservation, before any trial is built; by
+    # their ids but training records by content: refused at the first trial's fit, before its first step.
+    for named, trials in (({}, 0), ({"record_ids": ids}, 0), ({"validation_record_ids": val_ids}, 1)):
+        with pytest.raises(RecordNamingError, match="record_ids"):
+            tfdpbnn.tuning.private_search(build, CANDIDATES, x, y, xv, yv, delta=1e-5, distribution=None,
+                                          score_noise_multiplier=SCORE_NOISE, **named)
+        assert len(built) == trials
+        built.clear()
+    with pytest.raises(ValueError, match="validation_record_ids: 31 ids for \\[32\\] records"):
+        tfdpbnn.tuning.private_search(build, CANDIDATES, x, y, xv, yv, delta=1e-5, distribution=None,
+                                      score_noise_multiplier=SCORE_NOISE, record_ids=ids,
+                                      validation_record_ids=val_ids[:31])
+    assert built == []
+    tfdpbnn.tuning.private_search(build, CANDIDATES, x, y, xv, yv, delta=1e-5, distribution=None,
+                                  score_noise_multiplier=SCORE_NOISE, record_ids=ids,
+                                  validation_record_ids=val_ids)
+    # Truths, independently: the first fit and both trials (Poisson) on every training record; three noisy
+    # counts on every validation record.
+    train_truth = _rdp(dp_sgd_event(1.0, 0.5, 2), dp_sgd_event(1.0, 0.5, 2), dp_sgd_event(1.5, 0.25, 4))
+    val_truth = _rdp(*[dp_accounting.GaussianDpEvent(SCORE_NOISE)] * 3)
+    assert ledger.max_epsilon(record_keys(x, y, ids), 1e-5) == pytest.approx(train_truth, rel=1e-3)
+    assert ledger.max_epsilon(record_keys(xv, yv, val_ids), 1e-5) == pytest.approx(val_truth, rel=1e-3)

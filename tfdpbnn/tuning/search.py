@@ -200,7 +200,7 @@ def calibrate_search(target_epsilon: float, delta: float, candidates, num_exampl
     return with_trial_epsilon(eps_t)
 
 
-def _fit(model, hp, x, y, callbacks, verbose):
+def _fit(model, hp, x, y, callbacks, verbose, record_ids=None):
     from tfdpbnn import data
     from tfdpbnn.optimizers.base import DPOptimizerMixin
 
@@ -218,11 +218,11 @@ def _fit(model, hp, x, y, callbacks, verbose):
                              f"accounting) says {want!r}")
     start = opt.steps
     if hp["sampling"] == "poisson":
-        batches = data.poisson_batches(x, y, sample_rate=q)
+        batches = data.poisson_batches(x, y, sample_rate=q, record_ids=record_ids)
         model.fit(batches, epochs=hp["epochs"], verbose=verbose, callbacks=callbacks)
     else:
         model.fit(x, y, batch_size=hp["batch_size"], epochs=hp["epochs"], shuffle=True, verbose=verbose,
-                  callbacks=callbacks)
+                  callbacks=callbacks, **({} if record_ids is None else {"record_ids": record_ids}))
     ran = opt.steps - start
     if ran != steps:
         raise RuntimeError(f"the trial ran {ran} steps but its accounting assumed {steps}")
@@ -237,8 +237,10 @@ def _scores_event(score_noise_multiplier: float, trials: int):
     return dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(score_noise_multiplier), trials)
 
 
-def _reserve_scores(x_val, y_val, score_noise_multiplier: float, trials: int):
+def _reserve_scores(x_val, y_val, score_noise_multiplier: float, trials: int, record_ids=None):
     """Reserve the search's scores for the validation records in the per-record ledger (None if it is off).
+
+    ``record_ids``: the validation records' ids (``record_keys``), else their content names them.
 
     Raises ``BudgetExceededError`` before any trial when a validation record would exceed the ledger's
     per-record budget.
@@ -249,9 +251,10 @@ def _reserve_scores(x_val, y_val, score_noise_multiplier: float, trials: int):
     ledger = default_ledger()
     if ledger is None:
         return None
-    return ledger.reserve(record_keys(x_val, y_val), _scores_event(score_noise_multiplier, trials),
-                          kind="search", description=f"private_search: noisy validation scores of {trials} "
-                                                     f"trials (score noise {score_noise_multiplier:.4g})")
+    keys = record_keys(x_val, y_val, record_ids)
+    return ledger.reserve(keys, _scores_event(score_noise_multiplier, trials), kind="search",
+                          description=f"private_search: noisy validation scores of {trials} trials (score "
+                                      f"noise {score_noise_multiplier:.4g})")
 
 
 def _default_predict(model, x):
@@ -260,8 +263,8 @@ def _default_predict(model, x):
 
 def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, *, delta: float,
                    distribution=None, score_noise_multiplier: float | None = None, predict: Callable = None,
-                   callbacks: Callable | None = None, seed: int | None = None, verbose: int = 0
-                   ) -> SearchResult:
+                   callbacks: Callable | None = None, seed: int | None = None, verbose: int = 0,
+                   record_ids=None, validation_record_ids=None) -> SearchResult:
     """Select hyperparameters on private data; one privacy statement covers the search (module docstring).
 
     Args:
@@ -288,6 +291,11 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
         experiments (it also sets TensorFlow's global seed before each trial; the trials' DP noise is keyed
         from ``os.urandom`` all the same, unless their optimizers are built with ``debug_noise_seed``).
       verbose: Keras ``fit`` verbosity for each trial's training (0 = silent).
+      record_ids: one id per training record (``fit(..., record_ids=)``), naming them in the per-record
+        ledger for every trial's fit; None: their content names them. Records that earlier releases named
+        by ids must be named by the same ids here (``RecordNamingError`` otherwise).
+      validation_record_ids: one id per validation record, naming them for the noisy scores' release;
+        None: their content names them.
     """
     import tensorflow as tf
 
@@ -296,6 +304,15 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
     n, n_val = len(x_train), len(x_val)
     if n_val < 1:
         raise ValueError("x_val must hold at least one example")
+    from tfdpbnn.record.records import record_keys
+
+    for name, ids, rows in (("record_ids", record_ids, x_train), ("validation_record_ids",
+                                                                  validation_record_ids, x_val)):
+        if ids is not None:  # before any trial: one distinct id per record
+            try:
+                record_keys(rows, None, ids)
+            except ValueError as error:
+                raise ValueError(f"{name}: {str(error).removeprefix('record_ids: ')}") from None
     total, trial, s, train = search_rdp(candidates, n, distribution, score_noise_multiplier,
                                         neighboring="add_or_remove")
     predict = predict or _default_predict
@@ -309,27 +326,37 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
     # The noisy scores are a release on the validation records: reserved in the per-record ledger before the
     # first trial (K is drawn above, so the plan is known), committed with the selected model's phases. The
     # trials' training is written against the training records by their own fits.
-    reservation = _reserve_scores(x_val, y_val, s, len(plan))
+    reservation = _reserve_scores(x_val, y_val, s, len(plan), validation_record_ids)
     start = time.time()
     records, best = [], None
-    for i in plan:
-        hp = candidates[i]
-        if seed is not None:
-            tf.keras.utils.set_random_seed(int(rng.integers(2**31 - 1)))
-        model = build(dict(hp))
-        _fit(model, hp, x_train, y_train, callbacks(dict(hp)) if callbacks else None, verbose)
-        correct = int(np.sum(np.argmax(np.asarray(predict(model, x_val)), axis=-1) == np.asarray(y_val)))
-        noisy = (correct + s * rng.standard_normal()) / n_val
-        records.append({"candidate": i, "noisy_score": float(noisy)})
-        if best is None or noisy > best[0]:
-            best = (noisy, model, i)
-        else:
-            del model
+
+    def commit_scores():  # the noisy scores drawn, linked to the phases of the best model so far
+        if reservation is not None:
+            phases = [] if best is None else best[1].optimizer.ledger.phases
+            phase_ids = [p.phase_id for p in phases if p.released]
+            reservation.commit(_scores_event(s, len(records)), phase_ids=phase_ids)
+
+    try:
+        for i in plan:
+            hp = candidates[i]
+            if seed is not None:
+                tf.keras.utils.set_random_seed(int(rng.integers(2**31 - 1)))
+            model = build(dict(hp))
+            _fit(model, hp, x_train, y_train, callbacks(dict(hp)) if callbacks else None, verbose, record_ids)
+            correct = int(np.sum(np.argmax(np.asarray(predict(model, x_val)), axis=-1) == np.asarray(y_val)))
+            noisy = (correct + s * rng.standard_normal()) / n_val
+            records.append({"candidate": i, "noisy_score": float(noisy)})
+            if best is None or noisy > best[0]:
+                best = (noisy, model, i)
+            else:
+                del model
+    except BaseException:
+        # A trial that failed (refused, interrupted): the scores drawn before it are what was released on
+        # the validation records, not the planned ones.
+        commit_scores()
+        raise
     wall = time.time() - start
-    if reservation is not None:
-        phases = [] if best is None else best[1].optimizer.ledger.phases
-        phase_ids = [p.phase_id for p in phases if p.released]
-        reservation.commit(_scores_event(s, len(plan)), phase_ids=phase_ids)
+    commit_scores()
 
     eps = bounds.epsilon(bounds.ORDERS, total, delta)
     per_candidate = [bounds.epsilon(bounds.ORDERS, c, delta) for c in train]
