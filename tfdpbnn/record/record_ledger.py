@@ -714,12 +714,14 @@ class SQLiteLedger(LedgerBackend):
         """{history (None: records new to the ledger): record count} of ``keys`` (distinct), in one statement.
 
         Also returns the keys as the JSON array the statement read (str of a list of ints is one, parsed by
-        SQLite's ``json_each`` in C), for a statement that writes their rows.
+        SQLite's ``json_each`` in C), for a statement that writes their rows. Only the records the ledger
+        holds are grouped (SQLite sorts the rows it groups); the new ones are the rest of ``keys``.
         """
         text = str(np.asarray(keys, dtype=np.int64).tolist()) if text is None else text
-        return dict(conn.execute("SELECT r.history, COUNT(*) FROM json_each(?) j "
-                                 "LEFT JOIN ledger_records r ON r.record = j.value GROUP BY r.history",
-                                 (text,))), text
+        held = conn.execute("SELECT r.history, COUNT(*) FROM json_each(?) j "
+                            "JOIN ledger_records r ON r.record = j.value GROUP BY r.history", (text,)).fetchall()
+        new = len(keys) - sum(count for _, count in held)
+        return ({None: new} if new else {}) | dict(held), text
 
     def histories(self, keys=None) -> list[History]:
         """The distinct histories of ``keys`` (of every record when None), with their record counts."""
