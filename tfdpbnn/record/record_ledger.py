@@ -718,8 +718,8 @@ class SQLiteLedger(LedgerBackend):
         holds are grouped (SQLite sorts the rows it groups); the new ones are the rest of ``keys``.
         """
         text = str(np.asarray(keys, dtype=np.int64).tolist()) if text is None else text
-        held = conn.execute("SELECT r.history, COUNT(*) FROM json_each(?) j "
-                            "JOIN ledger_records r ON r.record = j.value GROUP BY r.history", (text,)).fetchall()
+        held = conn.execute("SELECT r.history, COUNT(*) FROM json_each(?) j JOIN ledger_records r "
+                            "ON r.record = j.value GROUP BY r.history", (text,)).fetchall()
         new = len(keys) - sum(count for _, count in held)
         return ({None: new} if new else {}) | dict(held), text
 
