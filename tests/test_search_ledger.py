@@ -122,3 +122,32 @@ def test_a_search_names_records_earlier_named_by_ids_by_the_same_ids():
     val_truth = _rdp(*[dp_accounting.GaussianDpEvent(SCORE_NOISE)] * 3)
     assert ledger.max_epsilon(record_keys(x, y, ids), 1e-5) == pytest.approx(train_truth, rel=1e-3)
     assert ledger.max_epsilon(record_keys(xv, yv, val_ids), 1e-5) == pytest.approx(val_truth, rel=1e-3)
+
+
+def test_a_search_refuses_records_in_both_splits_before_any_trial():
+    # The search's epsilon composes a trial's training and its score in parallel (disjoint splits). A
+    # validation split holding training records (by content, or by ids) is refused before any trial; rows
+    # with equal features named apart by ids are different records and run.
+    x, y, xv, yv = _data()
+    built = []
+
+    def build(hp):
+        built.append(hp)
+        return _model(hp)
+
+    ids, val_ids = np.arange(64), np.arange(100, 132)
+    overlapping = (dict(x_val=x[:32], y_val=y[:32]),
+                   dict(x_val=x[:32], y_val=y[:32], record_ids=ids),
+                   dict(x_val=x[:32], y_val=y[:32], validation_record_ids=val_ids),
+                   dict(x_val=xv, y_val=yv, record_ids=ids, validation_record_ids=ids[:32]))
+    for case in overlapping:
+        named = {k: v for k, v in case.items() if k.endswith("record_ids")}
+        with pytest.raises(ValueError, match="x_val: 32 validation records are training records too"):
+            tfdpbnn.tuning.private_search(build, CANDIDATES, x, y, case["x_val"], case["y_val"], delta=1e-5,
+                                          distribution=None, score_noise_multiplier=SCORE_NOISE, **named)
+        assert built == []
+    assert default_ledger().histories() == []   # nothing reserved
+    result = tfdpbnn.tuning.private_search(build, CANDIDATES, x, y, x[:32], y[:32], delta=1e-5,
+                                           distribution=None, score_noise_multiplier=SCORE_NOISE,
+                                           record_ids=ids, validation_record_ids=val_ids)
+    assert len(built) == 2 and result.model is not None

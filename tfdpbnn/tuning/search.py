@@ -237,24 +237,63 @@ def _scores_event(score_noise_multiplier: float, trials: int):
     return dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(score_noise_multiplier), trials)
 
 
-def _reserve_scores(x_val, y_val, score_noise_multiplier: float, trials: int, record_ids=None):
-    """Reserve the search's scores for the validation records in the per-record ledger (None if it is off).
-
-    ``record_ids``: the validation records' ids (``record_keys``), else their content names them.
+def _reserve_scores(keys, score_noise_multiplier: float, trials: int):
+    """Reserve the search's scores for the validation records ``keys`` in the per-record ledger (None if off).
 
     Raises ``BudgetExceededError`` before any trial when a validation record would exceed the ledger's
     per-record budget.
     """
     from tfdpbnn.record.record_ledger import default_ledger
-    from tfdpbnn.record.records import record_keys
 
     ledger = default_ledger()
     if ledger is None:
         return None
-    keys = record_keys(x_val, y_val, record_ids)
     return ledger.reserve(keys, _scores_event(score_noise_multiplier, trials), kind="search",
                           description=f"private_search: noisy validation scores of {trials} trials (score "
                                       f"noise {score_noise_multiplier:.4g})")
+
+
+def _split_keys(x_train, y_train, x_val, y_val, record_ids, validation_record_ids):
+    """The validation records' keys (``record_keys``), after refusing records in both splits.
+
+    A trial's training and its noisy score compose in parallel (module docstring): that holds for disjoint
+    splits only. Records are compared as the per-record ledger names them: by their ids when both splits
+    have ids, else by content (equal feature values, ``tfdpbnn.record.records.content_keys``; ids that come
+    with their rows carry it). So equal rows in both splits are one record in both, unless ids name them
+    apart.
+    """
+    from tfdpbnn.record.records import record_keys
+
+    keys = {}
+    for name, ids, x, y in (("record_ids", record_ids, x_train, y_train),
+                            ("validation_record_ids", validation_record_ids, x_val, y_val)):
+        try:
+            keys[name] = record_keys(x, y, ids)
+        except ValueError as error:
+            if ids is None:
+                raise
+            raise ValueError(f"{name}: {str(error).removeprefix('record_ids: ')}") from None
+    train, val = keys["record_ids"], keys["validation_record_ids"]
+    by_ids = record_ids is not None and validation_record_ids is not None
+    if not by_ids:
+        train = train.content if record_ids is not None else train
+        val = val.content if validation_record_ids is not None else val
+        if train is None or val is None:
+            raise ValueError(
+                "validation_record_ids: the records of one split are named by ids without a content hash "
+                "(ragged, sparse or object rows) and the other's by content, so the two splits cannot be "
+                "checked for records in both; give record_ids and validation_record_ids")
+    both = np.intersect1d(np.asarray(train, np.int64), np.asarray(val, np.int64)).size
+    if both:
+        how = "ids" if by_ids else "content: their feature values equal those of training rows"
+        raise ValueError(
+            f"x_val: {both} validation records are training records too (by {how}). The search's "
+            "epsilon composes a trial's training and its score in parallel, which holds for disjoint "
+            "splits only. Split the records into two disjoint sets"
+            + ("." if by_ids else ", or, if rows with equal features are different records, name both "
+                                  "splits' records with record_ids and validation_record_ids.")
+            + " Nothing was run.")
+    return keys["validation_record_ids"]
 
 
 def _default_predict(model, x):
@@ -274,7 +313,8 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
       candidates: list of dicts, each with "noise_multiplier", "batch_size", "epochs" (and optionally
         "sampling", default "poisson"), plus whatever ``build`` reads. ``calibrate_search`` sets the noise
         for a total budget.
-      x_train: inputs of the private training split (disjoint from the validation split, fixed before).
+      x_train: inputs of the private training split (disjoint from the validation split, fixed before;
+        records in both, by ids or else by content, are refused before any trial).
       y_train: labels of the private training split.
       x_val: inputs of the private validation split (disjoint from the training split, fixed before).
       y_val: labels of the private validation split.
@@ -304,15 +344,8 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
     n, n_val = len(x_train), len(x_val)
     if n_val < 1:
         raise ValueError("x_val must hold at least one example")
-    from tfdpbnn.record.records import record_keys
-
-    for name, ids, rows in (("record_ids", record_ids, x_train), ("validation_record_ids",
-                                                                  validation_record_ids, x_val)):
-        if ids is not None:  # before any trial: one distinct id per record
-            try:
-                record_keys(rows, None, ids)
-            except ValueError as error:
-                raise ValueError(f"{name}: {str(error).removeprefix('record_ids: ')}") from None
+    # Before any trial: one distinct id per record, and no record in both splits.
+    validation_keys = _split_keys(x_train, y_train, x_val, y_val, record_ids, validation_record_ids)
     total, trial, s, train = search_rdp(candidates, n, distribution, score_noise_multiplier,
                                         neighboring="add_or_remove")
     predict = predict or _default_predict
@@ -326,7 +359,7 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
     # The noisy scores are a release on the validation records: reserved in the per-record ledger before the
     # first trial (K is drawn above, so the plan is known), committed with the selected model's phases. The
     # trials' training is written against the training records by their own fits.
-    reservation = _reserve_scores(x_val, y_val, s, len(plan), validation_record_ids)
+    reservation = _reserve_scores(validation_keys, s, len(plan))
     start = time.time()
     records, best = [], None
 
