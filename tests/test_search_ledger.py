@@ -125,9 +125,16 @@ def test_a_search_names_records_earlier_named_by_ids_by_the_same_ids():
 
 
 def test_a_search_refuses_records_in_both_splits_before_any_trial():
-    # The search's epsilon composes a trial's training and its score in parallel (disjoint splits). A
-    # validation split holding training records (by content, or by ids) is refused before any trial; rows
-    # with equal features named apart by ids are different records and run.
+    # The search's epsilon composes a trial's training and its score in parallel (disjoint splits): for a
+    # record in both splits it is below the truth (5.89 against 6.71 here). A validation split holding
+    # training records (by content, or by ids) is refused before any trial; rows with equal features named
+    # apart by ids are different records and run.
+    from tfdpbnn.tuning import bounds, search
+
+    total = search.search_rdp(CANDIDATES, 64, None, SCORE_NOISE)[0]
+    in_both = _rdp(dp_sgd_event(1.0, 0.5, 2), dp_sgd_event(1.5, 0.25, 4),
+                   *[dp_accounting.GaussianDpEvent(SCORE_NOISE)] * 2)
+    assert bounds.epsilon(bounds.ORDERS, total, 1e-5) < in_both
     x, y, xv, yv = _data()
     built = []
 
@@ -151,3 +158,36 @@ def test_a_search_refuses_records_in_both_splits_before_any_trial():
                                            distribution=None, score_noise_multiplier=SCORE_NOISE,
                                            record_ids=ids, validation_record_ids=val_ids)
     assert len(built) == 2 and result.model is not None
+
+
+def test_a_search_refuses_trials_that_train_a_model_trained_before():
+    # Random stopping covers trials that each train a fresh model: a build reusing one model trains it in
+    # every trial, and the search's bound is below that model's own training once five trials ran (9.90
+    # against 11.54 for PoissonTrials(10)). The second trial's model is refused before its fit; weights of a
+    # DP-trained model set into a new model (found by the record store at the fit's start) after it.
+    from tfdpbnn.tuning import bounds, search
+
+    total = search.search_rdp(CANDIDATES[:1], 64, tfdpbnn.tuning.PoissonTrials(10.0), None)[0]
+    assert bounds.epsilon(bounds.ORDERS, total, 1e-5) < _rdp(dp_sgd_event(1.0, 0.5, 2 * 5))
+    x, y, xv, yv = _data()
+    shared = []
+
+    def reuse(hp):
+        if not shared:
+            shared.append(_model(hp))
+        return shared[0]
+
+    with pytest.raises(ValueError, match="build: it returned a model that was DP-trained before the trial"):
+        tfdpbnn.tuning.private_search(reuse, CANDIDATES[:1] * 2, x, y, xv, yv, delta=1e-5, distribution=None,
+                                      score_noise_multiplier=SCORE_NOISE)
+    assert shared[0].optimizer.steps == 2   # the first trial's steps; the second trial took none
+    trained = shared[0]
+
+    def warm(hp):
+        model = _model(hp)
+        model.set_weights(trained.get_weights())
+        return model
+
+    with pytest.raises(ValueError, match="build: the trial's weights carry 2 DP steps of earlier training"):
+        tfdpbnn.tuning.private_search(warm, CANDIDATES[:1], x, y, xv, yv, delta=1e-5, distribution=None,
+                                      score_noise_multiplier=SCORE_NOISE)

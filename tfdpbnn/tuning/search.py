@@ -216,6 +216,7 @@ def _fit(model, hp, x, y, callbacks, verbose, record_ids=None):
         if (got != want) if isinstance(want, str) else not math.isclose(got, want, rel_tol=1e-6):
             raise ValueError(f"build: the optimizer's {name} is {got!r} but the candidate (and its "
                              f"accounting) says {want!r}")
+    _refuse_trained_before(model, opt)
     start = opt.steps
     if hp["sampling"] == "poisson":
         batches = data.poisson_batches(x, y, sample_rate=q, record_ids=record_ids)
@@ -226,6 +227,29 @@ def _fit(model, hp, x, y, callbacks, verbose, record_ids=None):
     ran = opt.steps - start
     if ran != steps:
         raise RuntimeError(f"the trial ran {ran} steps but its accounting assumed {steps}")
+    if opt.ledger.steps != ran:  # phases found at the fit's start: these weights' earlier training
+        raise ValueError(
+            f"build: the trial's weights carry {opt.ledger.steps - ran} DP steps of earlier training (the "
+            "privacy record store knows them, or another optimizer trained these variables); every trial "
+            "must train a fresh model from scratch, which the search's epsilon assumes. Build a new model "
+            "with new weights in build.")
+
+
+def _refuse_trained_before(model, optimizer) -> None:
+    """Refuse a trial's model or optimizer that took DP steps before the trial (``build`` reused it).
+
+    The search's bound covers trials that each train a fresh model (module docstring): a model trained on in
+    a second trial carries the training of both, which the random-stopping analysis does not cover.
+    """
+    from tfdpbnn.record import attributes
+
+    earlier = optimizer.steps or attributes.ledger_link(model) is not None or attributes.variable_trainers(
+        model.trainable_variables)
+    if earlier:
+        raise ValueError(
+            "build: it returned a model that was DP-trained before the trial (the same model or optimizer as "
+            "an earlier trial, or layers of a trained model); every trial must train a fresh model from "
+            "scratch, which the search's epsilon assumes. Build a new model with new weights in build.")
 
 
 def _scores_event(score_noise_multiplier: float, trials: int):
@@ -307,9 +331,11 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
     """Select hyperparameters on private data; one privacy statement covers the search (module docstring).
 
     Args:
-      build: ``build(hparams) -> model`` compiled with a tfdpbnn DP optimizer whose noise_multiplier,
-        batch_size, sampling match the candidate and whose num_examples is ``len(x_train)``; the search fits
-        it (Poisson batches ``tfdpbnn.data.poisson_batches`` or shuffled arrays) for ``hparams["epochs"]``.
+      build: ``build(hparams) -> model``, a new model compiled with a tfdpbnn DP optimizer whose
+        noise_multiplier, batch_size, sampling match the candidate and whose num_examples is
+        ``len(x_train)``; the search fits it (Poisson batches ``tfdpbnn.data.poisson_batches`` or shuffled
+        arrays) for ``hparams["epochs"]``. A model, optimizer or weights DP-trained before the trial (an
+        earlier trial's, found by the record store) are refused.
       candidates: list of dicts, each with "noise_multiplier", "batch_size", "epochs" (and optionally
         "sampling", default "poisson"), plus whatever ``build`` reads. ``calibrate_search`` sets the noise
         for a total budget.
