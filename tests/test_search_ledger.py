@@ -191,3 +191,26 @@ def test_a_search_refuses_trials_that_train_a_model_trained_before():
     with pytest.raises(ValueError, match="build: the trial's weights carry 2 DP steps of earlier training"):
         tfdpbnn.tuning.private_search(warm, CANDIDATES[:1], x, y, xv, yv, delta=1e-5, distribution=None,
                                       score_noise_multiplier=SCORE_NOISE)
+
+
+def test_a_search_with_its_own_predict_lists_it_as_asserted():
+    # The noisy count's sensitivity is 1 only if predict scores each row from that row alone: a predict the
+    # user passes cannot be checked (it may be random, as an MC average is), so the statement says it rests
+    # on the user's word; the default (the model's deterministic call) is not listed.
+    x, y, xv, yv = _data()
+
+    def mean_of_two(model, rows):
+        return (model(rows, training=False) + model(rows, training=False)) / 2
+
+    plain = tfdpbnn.tuning.private_search(_model, CANDIDATES[:1], x, y, xv, yv, delta=1e-5, distribution=None,
+                                          score_noise_multiplier=SCORE_NOISE)
+    assert plain.privacy["asserted_by_user"] == []
+    own = tfdpbnn.tuning.private_search(_model, CANDIDATES[:1], x, y, xv, yv, delta=1e-5, distribution=None,
+                                        score_noise_multiplier=SCORE_NOISE, predict=mean_of_two)
+    assert len(own.privacy["asserted_by_user"]) == 1
+    assert "predict (mean_of_two) scores each validation example from that example alone" in \
+        own.privacy["asserted_by_user"][0]
+    # The selected model's own statement carries it too (and export_saved_model's privacy.json).
+    model_says = own.model.optimizer.privacy_statement()["asserted_by_user"]
+    assert any("the search that selected this model: predict (mean_of_two)" in a for a in model_says)
+    assert not any("the search" in a for a in plain.model.optimizer.privacy_statement()["asserted_by_user"])

@@ -229,6 +229,8 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
     epsilon = composed_epsilon(optimizer, ledger, delta, "rdp")
     after = ledger.steps > search.steps_at_selection
     statement["search"] = dict(search.statement)
+    statement["asserted_by_user"] = list(statement["asserted_by_user"]) + [
+        f"the search that selected this model: {a}" for a in search.statement.get("asserted_by_user", ())]
     statement["training_accountant"] = statement["accountant"]
     statement["accountant"] = "rdp"
     statement["epsilon"] = epsilon

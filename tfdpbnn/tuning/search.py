@@ -350,7 +350,9 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
       score_noise_multiplier: std s of the noise on the count of correct validation predictions; None: the
         smallest s that leaves the trial's RDP unchanged (``auto_score_noise``).
       predict: ``predict(model, x) -> scores [n, classes]`` whose argmax is the prediction (default: the
-        model's deterministic call); e.g. an MC average for Bayesian layers.
+        model's deterministic call); e.g. an MC average for Bayesian layers. Each row's scores must come
+        from that row alone (the noisy count's sensitivity is 1): a ``predict`` given here is listed under
+        the statement's ``asserted_by_user``.
       callbacks: ``callbacks(hparams) -> list`` of Keras callbacks for each fit (e.g. an EMA of the weights:
         post-processing), or None.
       seed: None (secret randomness: what a published guarantee needs) or an integer for reproducible
@@ -374,7 +376,7 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
     validation_keys = _split_keys(x_train, y_train, x_val, y_val, record_ids, validation_record_ids)
     total, trial, s, train = search_rdp(candidates, n, distribution, score_noise_multiplier,
                                         neighboring="add_or_remove")
-    predict = predict or _default_predict
+    custom_predict, predict = predict, predict or _default_predict
     rng = np.random.default_rng(seed)
     if distribution is None:
         plan = list(range(len(candidates)))
@@ -436,6 +438,10 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
                   "is the selected trial's (no retraining)",
         "randomness": ("secret" if seed is None else
                        f"fixed seed {seed} (reproducible experiment; the guarantee assumes it is secret)"),
+        "asserted_by_user": [] if custom_predict is None else [
+            f"predict ({getattr(custom_predict, '__name__', type(custom_predict).__name__)}) scores each "
+            "validation example from that example alone: the noisy count of correct predictions has "
+            "sensitivity 1"],
     }
     if best is None:
         return SearchResult(None, None, None, statement, {"trials": records, "num_trials": 0, "wall_s": wall})
