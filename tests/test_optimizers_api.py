@@ -430,3 +430,26 @@ def test_fit_refuses_sampling_the_accounting_does_not_cover():
     with pytest.raises(ValueError, match="batch_size"):  # Keras's default batch of 32 > the accounted 10
         model.fit(x, y, verbose=0)
     assert shuffle.steps == 0
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "shuffle"])
+def test_budget_steps_left_before_any_fit_plans_the_declared_mechanism(sampling):
+    # With no phase open (no fit yet), the planned steps counted nothing and the search ran to 2^30 steps.
+    # Now they are the declared mechanism's: the largest count whose epsilon (dp-accounting, independently)
+    # stays within the target.
+    import dp_accounting
+
+    import tfdpbnn
+    from tfdpbnn.privacy import dp_sgd_event
+
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=64, batch_size=8, target_epsilon=5.0, delta=1e-5,
+                                 sampling=sampling)
+
+    def truth(steps):
+        event = (dp_sgd_event(1.0, 8 / 64, steps) if sampling == "poisson" else
+                 dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.0), math.ceil(steps / 8)))
+        return dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(1e-5)
+
+    left = opt.budget_steps_left()
+    assert 0 < left < 1000   # 19 and 8 here
+    assert truth(left) <= 5.0 < truth(left + 1)

@@ -48,6 +48,7 @@ from tfdpbnn.privacy import sound_accountants
 from tfdpbnn.privacy.budget import NEIGHBORING, SAMPLINGS, steps_per_epoch
 from tfdpbnn.privacy.noise import check_debug_noise_seed
 from tfdpbnn.record import attributes
+from tfdpbnn.record.ledger import Phase
 from tfdpbnn.record.ledger_state import LedgerState, describe_source
 from tfdpbnn.record.run_record import RunRecord
 from tfdpbnn.record.statement import build_statement
@@ -564,12 +565,38 @@ class DPOptimizerMixin:
         reports is infinite).
         """
         state = attributes.ledger_state(self)
-        steps, examples, _ = state.open_counters()
-        ledger = state.ledger(steps=steps + extra_steps,
-                              examples=examples + extra_steps * self.batch_size).with_secret_noise()
+        if state.open_description() is None:  # no fit opened a phase: the declared mechanism's steps
+            ledger = state.ledger().with_secret_noise()
+            if extra_steps > 0:
+                ledger.add(self._declared_phase(int(extra_steps)))
+        else:
+            steps, examples, _ = state.open_counters()
+            ledger = state.ledger(steps=steps + extra_steps,
+                                  examples=examples + extra_steps * self.batch_size).with_secret_noise()
         from tfdpbnn.record.other_releases import composed_epsilon
 
         return composed_epsilon(self, ledger, delta, self._resolve_accountant(accountant))
+
+    def _declared_phase(self, steps: int) -> Phase:
+        """A plan: ``steps`` steps of the declared mechanism (as ``epsilon_after`` counts them), as a phase.
+
+        Poisson: subsampled Gaussians at q = B/n; shuffle: passes of B examples per step.
+        """
+        poisson = self.sampling == "poisson"
+        description = {"kind": "poisson" if poisson else "shuffle", "noise_multiplier": self.noise_multiplier,
+                       "neighboring": self.neighboring, "sample_rate": self.sample_rate if poisson else None,
+                       "num_examples": self.num_examples, "source": "poisson_batches" if poisson
+                       else "keras_arrays", "batch_size": float(self.batch_size)}
+        special = self._dp_phase_override(description, steps)  # SI-DPSGD's paper mode
+        if special is not None:
+            return special
+        common = dict(noise_multiplier=self.noise_multiplier, neighboring=self.neighboring, steps=steps,
+                      examples=steps * int(self.batch_size), num_examples=self.num_examples,
+                      sampling="planned: the optimizer's declared sampling")
+        if poisson:
+            return Phase(kind="poisson", sample_rate=self.sample_rate, **common)
+        passes = math.ceil(steps / math.ceil(self.num_examples / self.batch_size))
+        return Phase(kind="participations", participations=passes, **common)
 
     def privacy_statement(self, delta=None, model=None) -> dict:
         """What a reader needs to check the guarantee; ``tfdpbnn.export_saved_model`` saves it as JSON.
