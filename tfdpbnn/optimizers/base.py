@@ -49,7 +49,7 @@ from tfdpbnn.privacy.budget import NEIGHBORING, SAMPLINGS, steps_per_epoch
 from tfdpbnn.privacy.noise import check_debug_noise_seed
 from tfdpbnn.record import attributes
 from tfdpbnn.record.ledger import Phase
-from tfdpbnn.record.ledger_state import LedgerState, describe_source
+from tfdpbnn.record.ledger_state import LedgerState, describe_source, planned_phase
 from tfdpbnn.record.run_record import RunRecord
 from tfdpbnn.record.statement import build_statement
 
@@ -580,23 +580,16 @@ class DPOptimizerMixin:
     def _declared_phase(self, steps: int) -> Phase:
         """A plan: ``steps`` steps of the declared mechanism (as ``epsilon_after`` counts them), as a phase.
 
-        Poisson: subsampled Gaussians at q = B/n; shuffle: passes of B examples per step.
+        Poisson: subsampled Gaussians at q = B/n; shuffle: ``ceil(steps / ceil(n/B))`` whole passes.
         """
         poisson = self.sampling == "poisson"
         description = {"kind": "poisson" if poisson else "shuffle", "noise_multiplier": self.noise_multiplier,
                        "neighboring": self.neighboring, "sample_rate": self.sample_rate if poisson else None,
                        "num_examples": self.num_examples, "source": "poisson_batches" if poisson
                        else "keras_arrays", "batch_size": float(self.batch_size)}
-        special = self._dp_phase_override(description, steps)  # SI-DPSGD's paper mode
-        if special is not None:
-            return special
-        common = dict(noise_multiplier=self.noise_multiplier, neighboring=self.neighboring, steps=steps,
-                      examples=steps * int(self.batch_size), num_examples=self.num_examples,
-                      sampling="planned: the optimizer's declared sampling")
-        if poisson:
-            return Phase(kind="poisson", sample_rate=self.sample_rate, **common)
         passes = math.ceil(steps / math.ceil(self.num_examples / self.batch_size))
-        return Phase(kind="participations", participations=passes, **common)
+        examples = steps * self.batch_size if poisson else passes * self.num_examples
+        return planned_phase(description, steps, examples, self._dp_phase_override)
 
     def privacy_statement(self, delta=None, model=None) -> dict:
         """What a reader needs to check the guarantee; ``tfdpbnn.export_saved_model`` saves it as JSON.

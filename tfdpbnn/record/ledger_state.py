@@ -381,6 +381,15 @@ def _participations(examples: float, num_examples: int) -> int:
     return int(math.ceil(examples / num_examples - 1e-9)) if examples > 0 else 0
 
 
+def planned_phase(description: dict, steps: int, examples: float, override) -> Phase:
+    """The phase ``steps`` steps over ``examples`` examples of a fit described by ``description`` would be.
+
+    ``description``: as ``LedgerState.open_description`` decodes one (its ``source`` included); ``override``:
+    the optimizer's ``_dp_phase_override``. For planning (the phase gets a new id; nothing is written).
+    """
+    return _phase_from(description, steps, examples, description["source"], new_phase_id(), override)
+
+
 def _phase_from(d: dict, steps: int, examples: float, source: str, phase_id: int, override) -> Phase:
     special = override(d, steps)
     if special is not None:
@@ -426,4 +435,4 @@ def _phase_from_row(row) -> Phase:
                  sampling=describe_source(source), phase_id=int(row[_COL["phase_id"]]))
 
 
-__all__ = ["MAX_PHASES", "LedgerState", "describe_source"]
+__all__ = ["MAX_PHASES", "LedgerState", "describe_source", "planned_phase"]
