@@ -463,6 +463,17 @@ def test_record_ids_for_a_pipeline_must_name_every_record_it_draws_from():
     assert optimizer.steps == 0 and shuffled.optimizer.steps == 0
     model.fit(tagged, epochs=1, verbose=0, record_ids=np.arange(N))  # one id per record: trained
     assert optimizer.steps > 0
+    # Which records the ids name cannot be checked without their rows: the statement says the user asserts
+    # it, and so does the statement of an optimizer rebuilt from the saved config.
+    from tfdpbnn.optimizers.keras_integration import IDS_WITHOUT_ROWS
+
+    assert IDS_WITHOUT_ROWS in optimizer.privacy_statement()["asserted_by_user"]
+    restored = type(optimizer).from_config(optimizer.get_config())
+    assert IDS_WITHOUT_ROWS in restored.privacy_statement()["asserted_by_user"]
+    with_rows, rows_optimizer = _compiled()
+    with_rows.fit(x, y, batch_size=8, epochs=1, verbose=0, record_ids=np.arange(N))  # ids with their rows
+    assert rows_optimizer.steps > 0
+    assert IDS_WITHOUT_ROWS not in rows_optimizer.privacy_statement()["asserted_by_user"]
 
 
 def _masked_mean_over_the_batch(y_true, y_pred):

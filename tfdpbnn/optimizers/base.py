@@ -155,10 +155,10 @@ class _LedgerLink:
 
 
 def _loss_assertions_from(saved) -> list:
-    """The custom-loop loss assertions of a saved optimizer's ``privacy_ledger`` config (checked)."""
+    """The user's assertions of a saved optimizer's ``privacy_ledger`` config (checked; ``loss_assertions``)."""
     if not isinstance(saved, list | tuple) or not all(isinstance(a, str) and a.strip() for a in saved):
         raise ValueError("privacy_ledger['loss_assertions'] must be a list of non-empty strings (the "
-                         f"assert_per_example_loss reasons a saved optimizer carried), got {saved!r}")
+                         f"assertions a saved optimizer carried), got {saved!r}")
     return list(saved)
 
 

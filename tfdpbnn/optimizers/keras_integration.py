@@ -161,6 +161,25 @@ def _refuse_ids_not_naming_every_record(dataset, keys, description) -> None:
             "was tagged with.")
 
 
+#: The statement's ``asserted_by_user`` entry of a ``fit`` given ``record_ids`` for a pipeline.
+IDS_WITHOUT_ROWS = (
+    "record_ids given to fit for a tf.data pipeline name the records it draws from, in any order: the ids "
+    "came without their rows, so tfdpbnn checked only their number (one distinct id per record the "
+    "pipeline can draw), not which records they name")
+
+
+def _note_ids_without_rows(optimizer) -> None:
+    """List the user's claim that ``record_ids`` given for a pipeline name its records (``asserted_by_user``).
+
+    Ids given with their rows keep the rows' content keys and are checked against other namings
+    (``RecordNamingError``); ids given for a pipeline replace its records' keys unchecked, so the per-record
+    ledger, and the ledger bound, hold for the records the ids name only if they are the pipeline's.
+    """
+    held = attributes.loss_assertions(optimizer)
+    if IDS_WITHOUT_ROWS not in held:
+        held.append(IDS_WITHOUT_ROWS)
+
+
 def refuse_non_private_training(model, x, y=None, record_ids=None, call="fit") -> None:
     """Refuse training a DP-trained ``model`` without DP on records that DP training used.
 
@@ -243,6 +262,7 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=No
     description = attributes.ledger_state(optimizer).open_description()
     if record_ids is not None and isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
         _refuse_ids_not_naming_every_record(x, keys, description)
+        _note_ids_without_rows(optimizer)
     if arguments.get("validation_data") is not None:
         _refuse_validation_on_training_records(arguments["validation_data"], keys)
     attributes.run_record(optimizer).begin(model, fingerprint, planned, record_keys=keys, identity=identity)

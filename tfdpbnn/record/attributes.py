@@ -6,7 +6,8 @@ The privacy record travels with the objects a user holds, as private attributes:
   other releases it composes (private calibrations and the like: ``releases``, with ``parallel_basis`` and
   ``release_ledger``), every DP preprocessing release found on its model (``preprocessing_found``), the
   releases no epsilon covers (``uncovered``), a private search's record (``search_record``) and the user's
-  assertions that a custom loop's loss keeps examples separate (``loss_assertions``);
+  the user's assertions tfdpbnn cannot check: a custom loop's loss keeps examples separate, ids given for a
+  pipeline name its records (``loss_assertions``);
 - a model: the link to the optimizer that last trained it (``ledger_link``), the optimizer its traced train
   step calls (``step_optimizer``) and a search's record;
 - a preprocessing layer: its DP adapt's record (which names the state it produced), the user's public-data
@@ -143,12 +144,17 @@ def search_record(holder):
 
 
 def set_loss_assertions(optimizer, assertions: list) -> None:
-    """Keep the user's assertions that a custom loop's per-example loss keeps examples separate."""
+    """Keep the user's assertions that tfdpbnn cannot check (the statement's ``asserted_by_user``).
+
+    That a custom loop's per-example loss keeps examples separate; that ``record_ids`` given for a pipeline
+    name its records. Saved with the optimizer (``get_config``'s ``privacy_ledger["loss_assertions"]``).
+    """
     setattr(optimizer, _LOSS_ASSERTIONS, assertions)
 
 
 def loss_assertions(optimizer) -> list:
-    """The per-example-loss assertions (``begin_training(assert_per_example_loss=...)``); [] if none."""
+    """The assertions ``set_loss_assertions`` keeps (``begin_training(assert_per_example_loss=...)``, ids
+    given for a pipeline); [] if none."""
     return getattr(optimizer, _LOSS_ASSERTIONS, [])
 
 
