@@ -155,7 +155,7 @@ class _LedgerLink:
 
 
 def _loss_assertions_from(saved) -> list:
-    """The user's assertions of a saved optimizer's ``privacy_ledger`` config (checked; ``loss_assertions``)."""
+    """The user's assertions in a saved optimizer's ``privacy_ledger`` config (checked)."""
     if not isinstance(saved, list | tuple) or not all(isinstance(a, str) and a.strip() for a in saved):
         raise ValueError("privacy_ledger['loss_assertions'] must be a list of non-empty strings (the "
                          f"assertions a saved optimizer carried), got {saved!r}")

@@ -153,8 +153,7 @@ def set_loss_assertions(optimizer, assertions: list) -> None:
 
 
 def loss_assertions(optimizer) -> list:
-    """The assertions ``set_loss_assertions`` keeps (``begin_training(assert_per_example_loss=...)``, ids
-    given for a pipeline); [] if none."""
+    """The assertions ``set_loss_assertions`` keeps ([] if none): loss assertions, ids for a pipeline."""
     return getattr(optimizer, _LOSS_ASSERTIONS, [])
 
 
