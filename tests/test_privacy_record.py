@@ -115,6 +115,22 @@ def test_mixed_precision_is_refused_naming_the_policy():
         tf.keras.mixed_precision.set_global_policy("float32")
 
 
+def test_a_loss_scale_optimizer_around_a_dp_optimizer_is_refused_naming_it():
+    # Under the float32 policy the error named the policy "float32" and asked for that very policy.
+    x, y = small_data()
+    model = tf.keras.Sequential([tf.keras.Input((x.shape[1],)), tf.keras.layers.Dense(2)])
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, learning_rate=0.1, num_examples=N, batch_size=8,
+                                       delta=DELTA, allow_exceeding_budget=True)
+    try:
+        model.compile(optimizer=tf.keras.mixed_precision.LossScaleOptimizer(optimizer),
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    except (TypeError, ValueError) as err:  # a Keras that refuses the wrapper itself
+        pytest.skip(f"this Keras does not wrap the DP optimizer: {err}")
+    with pytest.raises(ValueError, match=r"^optimizer: the model is compiled with a LossScaleOptimizer"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert optimizer.steps == 0
+
+
 # ------------------------------------------------------------------------- epoch-end epsilon cost
 def test_cached_rdp_epsilon_equals_dp_accounting_composition():
     from tfdpbnn.record.ledger import Phase, PrivacyLedger

@@ -645,8 +645,12 @@ def check_compute_dtype(model, submodules=None) -> None:
                                                                                           "bfloat16"):
             names.add(layer_policy.name)
     if getattr(model, "optimizer", None) is not None and isinstance(
-            model.optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
-        names.add(policy.name)
+            model.optimizer, tf.keras.mixed_precision.LossScaleOptimizer) and not names:
+        raise ValueError(
+            f"optimizer: the model is compiled with a LossScaleOptimizer ({type(model.optimizer).__name__}) "
+            "around the DP optimizer; it applies the gradients it scaled and unscaled itself, outside the DP "
+            "mechanism, and tfdpbnn DP optimizers do not support it. Compile the model with the DP "
+            "optimizer itself, under the float32 policy.")
     if names:
         raise ValueError(
             f"dtype policy: the model computes under the mixed-precision policy {sorted(names)} "
