@@ -430,6 +430,60 @@ def test_calibration_release_counts_only_for_its_split():
         [_gaussians(1.0, 1), _gaussians(2.0, 5)])), rel=0.01)
 
 
+def test_a_release_without_its_data_counts_for_records_the_model_trains_on_after_it():
+    # A release recorded without its data is written against the records the model had trained on. The
+    # ledger bound left it out of every record's composition ("in their histories already"): records the
+    # model trained on afterwards, with more history of their own, lost it (5 passes printed where 5 passes
+    # and the calibration held for them).
+    x, y = small_data()
+    a, b = slice(0, N // 2), slice(N // 2, N)
+    _fit(x[b], y[b], epochs=3, seed=1)  # another model: three passes over B
+    model, opt = _fit(x[a], y[a], epochs=1)  # this model: one pass over A
+    cost = PrivacyCost(mechanism="temperature", dp_event=_gaussians(2.0, 5), epsilon=0.0, delta=DELTA)
+    opt.record_release(type("Release", (), {"privacy": cost})(), "sequential")  # its data not named
+    model.fit(x[b], y[b], batch_size=8, epochs=1, verbose=0)  # then one pass over B
+    bound = opt.privacy_statement()["ledger_bound"]
+    assert bound["records"] == N
+    # A record of B: the other model's three passes, this model's two phases (every phase of the model
+    # composes for each of its records), and the calibration, whose records are not known to exclude it.
+    truth_b = rdp_epsilon(dp_accounting.ComposedDpEvent([_gaussians(1.0, 5), _gaussians(2.0, 5)]))
+    assert bound["epsilon"] >= truth_b * (1 - 1e-6)
+    assert bound["epsilon"] == pytest.approx(truth_b, rel=0.01)
+    # A record of A holds the calibration in its own history (one pass and it), so its composition in the
+    # bound (two passes and the calibration) is below B's: the calibration is not composed twice there.
+    assert _ledger().max_epsilon(records.content_keys(x[a], y[a]), DELTA) == pytest.approx(
+        rdp_epsilon(dp_accounting.ComposedDpEvent([_gaussians(1.0, 1), _gaussians(2.0, 5)])), rel=0.01)
+
+
+def test_a_release_in_a_records_history_counts_once_in_the_ledger_bound():
+    # DP preprocessing written with its records (labels=) was composed twice for them: from their history
+    # and again as one of the model's other releases; so was a calibration named by the training rows.
+    x, y = small_data()
+    layer = tf.keras.layers.Normalization()
+    adapt = tfdpbnn.preprocessing.private_adapt_normalization(layer, x, epsilon=1.0, delta=DELTA,
+                                                              bounds=(-3.0, 3.0), labels=y, seed=0)
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((x.shape[1],)), layer, tf.keras.layers.Dense(3)])
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    # The adapt's noise is seeded (replayable: no guarantee); the bound it would have with secret noise is
+    # what composes.
+    def bound(optimizer):
+        return optimizer.privacy_statement()["ledger_bound"]["epsilon_if_noise_were_secret"]
+
+    expected = rdp_epsilon(dp_accounting.ComposedDpEvent([adapt.event(), _gaussians(1.0, 1)]))
+    assert bound(opt) == pytest.approx(expected, rel=0.01)
+    assert opt.privacy_statement()["epsilon_if_noise_were_secret"] == pytest.approx(expected, rel=0.01)
+    cost = PrivacyCost(mechanism="temperature", dp_event=_gaussians(2.0, 5), epsilon=0.0, delta=DELTA)
+    opt.record_release(type("Release", (), {"privacy": cost})(), "sequential", x=x, y=y)
+    with_calibration = rdp_epsilon(dp_accounting.ComposedDpEvent([adapt.event(), _gaussians(1.0, 1),
+                                                                  _gaussians(2.0, 5)]))
+    assert bound(opt) == pytest.approx(with_calibration, rel=0.01)
+    # A new optimizer of the saved one keeps the releases' tokens: still once.
+    assert bound(type(opt).from_config(opt.get_config())) == pytest.approx(with_calibration, rel=0.01)
+
+
 def test_dp_preprocessing_is_written_against_its_records():
     x, y = small_data()
     layer = tf.keras.layers.Normalization()

@@ -431,7 +431,7 @@ class DPOptimizerMixin:
         if attributes.releases(self):
             config["releases"] = [
                 release_config(r, how, attributes.parallel_basis(self).get(id(r)),
-                               *attributes.release_ledger(self).get(id(r), (None, False)))
+                               *attributes.release_ledger(self).get(id(r), (None, False, None)))
                 for r, how in attributes.releases(self)]
         search = search_config(attributes.search_record(self))
         if search is not None:
@@ -453,7 +453,8 @@ class DPOptimizerMixin:
                 attributes.parallel_basis(self)[id(release)] = item["basis"]
             if item.get("ledger_release") is not None:
                 attributes.release_ledger(self)[id(release)] = (int(item["ledger_release"]),
-                                                                bool(item.get("on_training_records")))
+                                                                bool(item.get("on_training_records")),
+                                                                item.get("ledger_token") or None)
         search = search_from_config(config.get("search"))
         if search is not None:
             attributes.set_search_record(self, search)
@@ -502,7 +503,7 @@ class DPOptimizerMixin:
                         "sequentially"})
             attributes.releases(self).append((release, "sequential"))
             # in the ledger's histories
-            attributes.release_ledger(self)[id(release)] = (found.release_id, True)
+            attributes.release_ledger(self)[id(release)] = (found.release_id, True, found.token)
             added += 1
         return added
 
@@ -697,7 +698,7 @@ class DPOptimizerMixin:
         not named: those are the records whose guarantee it must count). Every later optimizer of weights
         from these phases finds it there (``_import_linked_releases``).
         """
-        from tfdpbnn.record.record_ledger import default_ledger
+        from tfdpbnn.record.record_ledger import default_ledger, new_release_token
 
         ledger = default_ledger()
         if ledger is None:
@@ -708,11 +709,12 @@ class DPOptimizerMixin:
             keys = ledger.training_keys(phase_ids) if phase_ids else None
             if keys is None or not len(keys):
                 return
+        token = new_release_token()  # names this release in the histories that hold it (the ledger bound)
         release_id = ledger.record(keys, release.privacy.dp_event, kind="calibration",
                                    neighboring=self.neighboring, phase_ids=phase_ids,
                                    description=f"{type(release).__name__} ({composition}) of "
-                                               f"{type(self).__name__}")
-        attributes.release_ledger(self)[id(release)] = (release_id, on_training)
+                                               f"{type(self).__name__}", token=token)
+        attributes.release_ledger(self)[id(release)] = (release_id, on_training, token)
 
     def _parallel_basis(self, keys, asserted_disjoint, x=None) -> str:
         """Why a "parallel" release's records are disjoint from this model's training records, or raise.

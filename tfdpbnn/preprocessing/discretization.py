@@ -19,6 +19,7 @@ from tfdpbnn._validation import check_choice, check_positive_int
 from tfdpbnn.preprocessing.normalization import calibrate_gaussian
 from tfdpbnn.privacy.budget import NEIGHBORING
 from tfdpbnn.record.preprocessing import PreprocessingRecord, keep, state_digest
+from tfdpbnn.record.record_ledger import new_release_token
 
 
 def private_discretization(data, *, num_bins: int, epsilon: float, delta: float, bounds,
@@ -89,7 +90,8 @@ def private_discretization(data, *, num_bins: int, epsilon: float, delta: float,
         epsilon=float(epsilon), delta=float(delta), accountant=accountant, neighboring=neighboring,
         details={"num_bins": num_bins, "resolution": resolution, "bounds": [lo, hi],
                  "cells_set_to_zero": negative,
-                 "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)"},
+                 "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)",
+                 **({} if keys is None else {"ledger_token": new_release_token()})},
         state_digest=state_digest(layer))
     keep(layer, record)
     if keys is not None:

@@ -28,6 +28,7 @@ from tfdpbnn._validation import check_choice, check_open_unit, check_positive
 from tfdpbnn.privacy.budget import NEIGHBORING
 from tfdpbnn.privacy.registry import get_accountant, sound_accountants
 from tfdpbnn.record.preprocessing import PreprocessingRecord, keep, state_digest
+from tfdpbnn.record.record_ledger import new_release_token
 
 
 def calibrate_gaussian(epsilon: float, delta: float, accountant: str = "rdp",
@@ -147,7 +148,8 @@ def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bo
         neighboring=neighboring,
         details={"num_features": d, "bounds": [lo.tolist(), hi.tolist()],
                  "features_mean_clamped": clamped_mean, "features_variance_clamped": clamped_var,
-                 "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)"},
+                 "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)",
+                 **({} if keys is None else {"ledger_token": new_release_token()})},
         state_digest=state_digest(layer))
     keep(layer, record)
     if keys is not None:

@@ -86,7 +86,11 @@ def parallel_basis(optimizer) -> dict:
 
 
 def release_ledger(optimizer) -> dict:
-    """``id(release) -> (per-record ledger id, written on the training records)`` (in place)."""
+    """``id(release) -> (ledger id, written on the training records, its token or None)`` (in place).
+
+    The token (``record_ledger.new_release_token``) is in the release's ledger description: the ledger
+    bound composes the release once for the histories that hold it, as an extra for every other.
+    """
     return getattr(optimizer, _RELEASE_LEDGER, {})
 
 

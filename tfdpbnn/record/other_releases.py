@@ -60,12 +60,15 @@ class RestoredRelease:
 
 
 def release_config(release, composition: str, basis: str | None, ledger_release: int | None,
-                   on_training_records: bool) -> dict:
-    """JSON-safe config of one recorded release (``get_config()["privacy_ledger"]["releases"]``)."""
+                   on_training_records: bool, ledger_token: str | None = None) -> dict:
+    """JSON-safe config of one recorded release (``get_config()["privacy_ledger"]["releases"]``).
+
+    ``ledger_token``: the token its ledger description holds (``record_ledger.new_release_token``), or None.
+    """
     record = release.as_dict() if hasattr(release, "as_dict") else {"privacy": release.privacy.as_dict()}
     return {"type": type(release).__name__, "record": record, "privacy": release.privacy.as_dict(),
             "composition": composition, "basis": basis, "ledger_release": ledger_release,
-            "on_training_records": bool(on_training_records)}
+            "on_training_records": bool(on_training_records), "ledger_token": ledger_token}
 
 
 def release_from_config(config: dict) -> RestoredRelease:

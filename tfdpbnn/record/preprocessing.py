@@ -58,7 +58,8 @@ class PreprocessingRecord:
       delta: the delta of that calibration.
       accountant: the accountant used for the calibration.
       neighboring: "add_or_remove" or "replace_one".
-      details: JSON-safe facts about the release (bounds, number of features, post-processing applied).
+      details: JSON-safe facts about the release (bounds, number of features, post-processing applied;
+        ``ledger_token``: the token it is written with to the per-record ledger, ``write_to_ledger``).
       state_digest: ``state_digest`` of the layer's state the release produced: the record vouches for that
         state wherever it goes (a saved and loaded model, a clone given its weights), and only for it.
     """
@@ -79,11 +80,18 @@ class PreprocessingRecord:
         """The release's ``DpEvent``: one Gaussian mechanism in units of its sensitivity."""
         return dp_accounting.GaussianDpEvent(self.noise_multiplier)
 
+    @property
+    def ledger_token(self) -> str | None:
+        """The token of this release in the per-record ledger (``details["ledger_token"]``), or None."""
+        return self.details.get("ledger_token") or None
+
     def write_to_ledger(self, record_keys) -> int | None:
         """Write this release to the per-record ledger against ``record_keys`` (None: the ledger is off).
 
         ``record_keys``: ``tfdpbnn.record.records.record_keys`` of the records the statistics were computed
         on, in the form training gives them (or their ids), so that every run on them counts this release.
+        It is written with ``ledger_token`` (made with the record: ``record_ledger.new_release_token``), by
+        which a model's ledger bound finds the histories holding it.
         """
         from tfdpbnn.record.record_ledger import default_ledger
 
@@ -91,7 +99,8 @@ class PreprocessingRecord:
         if ledger is None:
             return None
         return ledger.record(record_keys, self.event(), kind="preprocessing", neighboring=self.neighboring,
-                             description=f"{self.layer}: {self.mechanism.split(':')[0]}")
+                             description=f"{self.layer}: {self.mechanism.split(':')[0]}",
+                             token=self.ledger_token)
 
     def to_config(self) -> dict:
         """A JSON-safe dict for the privacy statement (``from_config`` reads it back)."""

@@ -36,6 +36,7 @@ import functools
 import json
 import math
 import os
+import re
 import socket
 import sqlite3
 import time
@@ -142,6 +143,12 @@ class Release:
         """Whether what the release spent was written (else its planned event counts)."""
         return self.spent is not None
 
+    @property
+    def token(self) -> str | None:
+        """The release's token (``new_release_token``), read from its description; None if written without."""
+        found = _TOKEN_PATTERN.search(self.description)
+        return found.group(1) if found else None
+
     def event(self) -> dp_accounting.DpEvent:
         """What counts: the spent event, or the planned one while reserved."""
         return self.counted[0]
@@ -155,6 +162,21 @@ class Release:
         """
         event = event_from_config(self.spent if self.spent is not None else self.planned)
         return event, _event_size(event)
+
+
+#: A release's token as its description holds it (``RecordLedger.record(token=...)``).
+_TOKEN_PATTERN = re.compile(r"\[release ([0-9a-f]{32})\]")
+
+
+def new_release_token() -> str:
+    """A fresh random name for one release: 128 bits from the operating system's entropy, as 32 hex digits.
+
+    Written in the release's ledger description (``RecordLedger.record(token=...)``) and kept with the
+    release on its model's optimizer, it tells which histories hold that very release (``Release.token``):
+    a ledger id names a row of one file only, and two files (another store, a fresh one for a rerun of the
+    same script) number their releases alike.
+    """
+    return os.urandom(16).hex()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1004,16 +1026,22 @@ class RecordLedger:
         return Reservation(self, release_id, len(keys), phase_id)
 
     def record(self, keys, spent: dp_accounting.DpEvent, kind: str, neighboring: str = "add_or_remove",
-               description: str = "", phase_ids: Sequence[int] = ()) -> int:
+               description: str = "", phase_ids: Sequence[int] = (), token: str | None = None) -> int:
         """Write a release that already happened (reserve and commit at once); returns its id.
 
         ``phase_ids``: for a release that is not training, the training phases of the model it belongs to
         (a private temperature of that model): every later optimizer of weights from those phases finds it
-        (``linked_releases``).
+        (``linked_releases``). ``token``: ``new_release_token()``, written in the description, by which a
+        model that carries the release finds the histories holding it (``bound_for``).
         """
         if phase_ids and kind == "training":
             raise ValueError("phase_ids: only for releases that are not training (a training release names "
                              "its phases when committed)")
+        if token is not None:
+            if not isinstance(token, str) or not re.fullmatch(r"[0-9a-f]{32}", token):
+                raise ValueError(f"token: a release token is 32 lowercase hex digits (new_release_token()), "
+                                 f"got {token!r}")
+            description = f"{description} [release {token}]"
         reservation = self.reserve(keys, spent, kind=kind, neighboring=neighboring, description=description)
         reservation.commit(spent, phase_ids=[int(p) for p in phase_ids])
         return reservation.release_id
@@ -1074,19 +1102,27 @@ class RecordLedger:
         a training release, or a private search's scores on its validation records (``kind="search"``,
         linked to the selected model's phases). Each such history is composed with every phase of the model
         (the larger of its version and the ledger's, per phase: steps the ledger did not see, e.g. on
-        unknown records, count too) and with ``extra`` (the model's releases that the ledger does not hold),
-        so the bound is never below the model's own epsilon. Returns (bound, records); (None, 0) when no
-        release covers any of the phases.
+        unknown records, count too) and with ``extra`` (the model's other releases: DP preprocessing, private
+        calibration), so the bound is never below the model's own epsilon. ``extra``: ``DpEvent`` objects,
+        or ``(event, token)`` pairs for releases the ledger may hold too (``record(token=...)``): a history
+        that holds the release with that token composes it once, from its own releases; every other history
+        composes it as an extra (the release's records are not known to be others than that history's).
+        Returns (bound, records); (None, 0) when no release covers any of the phases.
         """
         own = [Release(0, "training", p.neighboring, event_to_config(p.event()), None, int(p.phase_id), "",
                        (int(p.phase_id),)) for p in phases if p.released]
         wanted = {r.phase_id for r in own}
         held = [h for h in self.histories() if any(
             r.kind in ("training", "search") and wanted.intersection(r.phase_ids) for r in h.releases)]
+        extra = [(e, None) if isinstance(e, dp_accounting.DpEvent) else (e[0], e[1]) for e in extra]
         from tfdpbnn.record.ledger import largest_epsilon
 
+        def composed(history):
+            tokens = {r.token for r in history.releases} - {None}
+            return history.composed(own) + [e for e, token in extra if token is None or token not in tokens]
+
         _check_accountant(accountant)
-        worst = largest_epsilon([h.composed(own) + list(extra) for h in held], delta, accountant,
+        worst = largest_epsilon([composed(h) for h in held], delta, accountant,
                                 lambda i: _neighboring(held[i]))
         return worst, sum(h.records for h in held)
 
@@ -1117,4 +1153,4 @@ def default_ledger() -> RecordLedger | None:
 __all__ = ["CONTENT_KEY_VERSION", "READABLE_VERSIONS", "RELEASE_KINDS", "SCHEMA_VERSION",
            "BudgetExceededError", "History", "LedgerBackend", "RecordLedger", "RecordNamingError", "Release",
            "Reservation", "SQLiteLedger", "SchemaVersionError", "composed_epsilon", "content_key_version",
-           "default_ledger", "event_from_config", "event_to_config"]
+           "default_ledger", "event_from_config", "event_to_config", "new_release_token"]

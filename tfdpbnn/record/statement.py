@@ -200,15 +200,15 @@ def add_ledger_bound(statement: dict, optimizer, delta: float) -> dict:
     """``statement`` with ``run_epsilon``, ``ledger_bound`` and ``quote`` (see the module)."""
     # A private search that selected the model: its trials are training releases on the training records,
     # its noisy scores a "search" release on the validation records linked to the model's phases.
-    # The model's other releases compose with every history of its training records, whether or not they are
-    # in the ledger too: a release recorded with its data (record_release(x=, y=)) names its records in the
-    # form it was given, which need not be the form training gave them (an upper bound: it may count twice).
-    # A release written against the training records themselves is in their histories already.
+    # The model's other releases compose with every history of its training records: once, from its own
+    # releases, for a history that holds the release (found by the token written with it); as an extra for
+    # every other history (its records may be among the release's, whose data is not always named, or named
+    # in another form than training gave them).
     found = attributes.preprocessing_found(optimizer) or {"dp": []}
-    in_histories = attributes.release_ledger(optimizer)
-    extra = [r.event() for r in found["dp"]] + [
-        r.privacy.dp_event for r, _ in attributes.releases(optimizer)
-        if not in_histories.get(id(r), (None, False))[1]]
+    in_ledger = attributes.release_ledger(optimizer)
+    extra = [(r.event(), r.ledger_token) for r in found["dp"]] + [
+        (r.privacy.dp_event, in_ledger.get(id(r), (None, False, None))[2])
+        for r, _ in attributes.releases(optimizer)]
     unavailable = None
     accountant = statement["accountant"]
     bound = attributes.run_record(optimizer).ledger_statement(delta, accountant, extra, unavailable)
