@@ -503,6 +503,38 @@ def test_dp_preprocessing_is_written_against_its_records():
                                                      bounds=(-3.0, 3.0), record_ids=[1, 2, 3])
 
 
+def test_dp_preprocessing_over_the_budget_is_refused_before_it_releases():
+    # The release used to be written to the ledger after the layer was set: over a per-record budget the
+    # adapt raised with the noisy statistics already in the layer and nothing in the ledger.
+    from tfdpbnn.record import attributes
+
+    x, y = small_data()
+    ledger = _ledger()
+    ledger.set_budget(0.5, DELTA, "rdp")
+    layer = tf.keras.layers.Normalization()
+    with pytest.raises(record_ledger.BudgetExceededError, match="64 of these 64 records"):
+        tfdpbnn.preprocessing.private_adapt_normalization(layer, x, epsilon=1.0, delta=DELTA,
+                                                          bounds=(-3.0, 3.0), labels=y)
+    assert attributes.preprocessing_record(layer) is None
+    np.testing.assert_array_equal(np.asarray(layer.adapt_mean), np.zeros(x.shape[1]))  # the initial state
+    with pytest.raises(record_ledger.BudgetExceededError, match="64 of these 64 records"):
+        tfdpbnn.preprocessing.private_discretization(x[:, 0], num_bins=4, epsilon=1.0, delta=DELTA,
+                                                     bounds=(-3.0, 3.0), record_ids=np.arange(N))
+    assert ledger.backend.releases() == []
+    # Within the budget the release is written; one whose noise was drawn counts even when it then fails.
+    ledger.set_budget(10.0, DELTA, "rdp")
+    tfdpbnn.preprocessing.private_adapt_normalization(layer, x, epsilon=1.0, delta=DELTA, bounds=(-3.0, 3.0),
+                                                      labels=y)
+    with pytest.raises(ValueError, match="the noisy count came out"):
+        for seed in range(20):  # a seed whose noisy count of one example falls below 1
+            tfdpbnn.preprocessing.private_adapt_normalization(
+                tf.keras.layers.Normalization(), x[:1] + 1.0, epsilon=0.1, delta=DELTA, bounds=(-3.0, 3.0),
+                labels=y[:1], seed=seed)
+    failed = [r for r in ledger.backend.releases() if r.kind == "preprocessing"][-1]
+    assert failed.committed and failed.event() == dp_accounting.GaussianDpEvent(
+        tfdpbnn.preprocessing.calibrate_gaussian(0.1, DELTA, "rdp", "add_or_remove"))
+
+
 def test_store_and_ledger_refuse_an_empty_path_and_make_the_directory(tmp_path):
     from tfdpbnn.record import store
 

@@ -18,8 +18,7 @@ import tensorflow as tf
 from tfdpbnn._validation import check_choice, check_positive_int
 from tfdpbnn.preprocessing.normalization import calibrate_gaussian
 from tfdpbnn.privacy.budget import NEIGHBORING
-from tfdpbnn.record.preprocessing import PreprocessingRecord, keep, state_digest
-from tfdpbnn.record.record_ledger import new_release_token
+from tfdpbnn.record.preprocessing import PreprocessingRecord, keep, ledger_reservation, state_digest
 
 
 def private_discretization(data, *, num_bins: int, epsilon: float, delta: float, bounds,
@@ -70,32 +69,33 @@ def private_discretization(data, *, num_bins: int, epsilon: float, delta: float,
     sigma = calibrate_gaussian(epsilon, delta, accountant, neighboring)
     sensitivity = 1.0 if neighboring == "add_or_remove" else math.sqrt(2.0)
     std = sigma * sensitivity
-    counts, edges = np.histogram(np.clip(x, lo, hi), bins=resolution, range=(lo, hi))
-    rng = np.random.default_rng(seed)
-    noisy = counts + rng.normal(0.0, std, resolution)
-    negative = int(np.sum(noisy < 0))
-    noisy = np.maximum(noisy, 0.0)
-    total = noisy.sum()
-    if total <= 0:
-        raise ValueError(f"data: the noisy histogram is empty (n={x.size}, noise std {std:.3g} per cell); "
-                         "the data set is too small for this epsilon and resolution")
-    cumulative = np.concatenate([[0.0], np.cumsum(noisy)]) / total
-    boundaries = np.interp(np.arange(1, num_bins) / num_bins, cumulative, edges)
-    boundaries = np.maximum.accumulate(boundaries)
-    layer = tf.keras.layers.Discretization(bin_boundaries=boundaries.tolist(), name=name)
-    record = PreprocessingRecord(
-        layer=layer.name, mechanism="discretization: Gaussian noise on a histogram of values clipped to "
-        "bounds; boundaries are its quantiles", noise_multiplier=sigma, l2_sensitivity=sensitivity,
-        noise_std=std,
-        epsilon=float(epsilon), delta=float(delta), accountant=accountant, neighboring=neighboring,
-        details={"num_bins": num_bins, "resolution": resolution, "bounds": [lo, hi],
-                 "cells_set_to_zero": negative,
-                 "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)",
-                 **({} if keys is None else {"ledger_token": new_release_token()})},
-        state_digest=state_digest(layer))
-    keep(layer, record)
-    if keys is not None:
-        record.write_to_ledger(keys)
+    # Reserved before the data are read: the per-record budget refuses the release before it happens.
+    described = f"{name or 'discretization'}: discretization"
+    with ledger_reservation(keys, sigma, neighboring, described) as token:
+        counts, edges = np.histogram(np.clip(x, lo, hi), bins=resolution, range=(lo, hi))
+        rng = np.random.default_rng(seed)
+        noisy = counts + rng.normal(0.0, std, resolution)
+        negative = int(np.sum(noisy < 0))
+        noisy = np.maximum(noisy, 0.0)
+        total = noisy.sum()
+        if total <= 0:
+            raise ValueError(f"data: the noisy histogram is empty (n={x.size}, noise std {std:.3g} per "
+                             "cell); the data set is too small for this epsilon and resolution")
+        cumulative = np.concatenate([[0.0], np.cumsum(noisy)]) / total
+        boundaries = np.interp(np.arange(1, num_bins) / num_bins, cumulative, edges)
+        boundaries = np.maximum.accumulate(boundaries)
+        layer = tf.keras.layers.Discretization(bin_boundaries=boundaries.tolist(), name=name)
+        record = PreprocessingRecord(
+            layer=layer.name, mechanism="discretization: Gaussian noise on a histogram of values clipped to "
+            "bounds; boundaries are its quantiles", noise_multiplier=sigma, l2_sensitivity=sensitivity,
+            noise_std=std,
+            epsilon=float(epsilon), delta=float(delta), accountant=accountant, neighboring=neighboring,
+            details={"num_bins": num_bins, "resolution": resolution, "bounds": [lo, hi],
+                     "cells_set_to_zero": negative,
+                     "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)",
+                     **({} if token is None else {"ledger_token": token})},
+            state_digest=state_digest(layer))
+        keep(layer, record)
     return layer, record
 
 

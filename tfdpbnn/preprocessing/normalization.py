@@ -27,8 +27,7 @@ import tensorflow as tf
 from tfdpbnn._validation import check_choice, check_open_unit, check_positive
 from tfdpbnn.privacy.budget import NEIGHBORING
 from tfdpbnn.privacy.registry import get_accountant, sound_accountants
-from tfdpbnn.record.preprocessing import PreprocessingRecord, keep, state_digest
-from tfdpbnn.record.record_ledger import new_release_token
+from tfdpbnn.record.preprocessing import PreprocessingRecord, keep, ledger_reservation, state_digest
 
 
 def calibrate_gaussian(epsilon: float, delta: float, accountant: str = "rdp",
@@ -118,42 +117,43 @@ def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bo
     mid, half = (lo + hi) / 2.0, (hi - lo) / 2.0
     clipped = np.clip(x, lo, hi)
     z = (clipped - mid) / half
-    rng = np.random.default_rng(seed)
-    s1 = z.sum(axis=0) + rng.normal(0.0, std, d)
-    s2 = (z ** 2).sum(axis=0) + rng.normal(0.0, std, d)
-    count = n + rng.normal(0.0, std)
-    if count < 1.0:
-        raise ValueError(f"data: the noisy count came out {count:.3g} < 1 (n={n}, noise std {std:.3g}); "
-                         "the data set is too small for this epsilon")
-    mean_z = s1 / count
-    var_z = s2 / count - mean_z ** 2
-    clamped_mean = int(np.sum(np.abs(mean_z) > 1.0))
-    clamped_var = int(np.sum((var_z < 0.0) | (var_z > 1.0)))
-    mean_z = np.clip(mean_z, -1.0, 1.0)
-    var_z = np.clip(var_z, 0.0, 1.0)
     if not layer.built:
         layer.build((None, d))
     if tuple(layer.adapt_mean.shape) != (d,):
         raise ValueError(f"data: the layer normalizes {tuple(layer.adapt_mean.shape)} features, data has {d}")
-    mean_dtype = tf.as_dtype(layer.adapt_mean.dtype).as_numpy_dtype
-    variance_dtype = tf.as_dtype(layer.adapt_variance.dtype).as_numpy_dtype
-    layer.adapt_mean.assign((mid + half * mean_z).astype(mean_dtype))
-    layer.adapt_variance.assign((half ** 2 * var_z).astype(variance_dtype))
-    layer.count.assign(int(round(count)))
-    layer.finalize_state()
-    record = PreprocessingRecord(
-        layer=layer.name, mechanism="normalization: Gaussian noise on (sum z, sum z^2, count), z the value "
-        "clipped to bounds and scaled to [-1, 1]", noise_multiplier=sigma, l2_sensitivity=sensitivity,
-        noise_std=std, epsilon=float(epsilon), delta=float(delta), accountant=accountant,
-        neighboring=neighboring,
-        details={"num_features": d, "bounds": [lo.tolist(), hi.tolist()],
-                 "features_mean_clamped": clamped_mean, "features_variance_clamped": clamped_var,
-                 "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)",
-                 **({} if keys is None else {"ledger_token": new_release_token()})},
-        state_digest=state_digest(layer))
-    keep(layer, record)
-    if keys is not None:
-        record.write_to_ledger(keys)
+    # Reserved before the data are read: the per-record budget refuses the release before it happens.
+    with ledger_reservation(keys, sigma, neighboring, f"{layer.name}: normalization") as token:
+        rng = np.random.default_rng(seed)
+        s1 = z.sum(axis=0) + rng.normal(0.0, std, d)
+        s2 = (z ** 2).sum(axis=0) + rng.normal(0.0, std, d)
+        count = n + rng.normal(0.0, std)
+        if count < 1.0:
+            raise ValueError(f"data: the noisy count came out {count:.3g} < 1 (n={n}, noise std "
+                             f"{std:.3g}); the data set is too small for this epsilon")
+        mean_z = s1 / count
+        var_z = s2 / count - mean_z ** 2
+        clamped_mean = int(np.sum(np.abs(mean_z) > 1.0))
+        clamped_var = int(np.sum((var_z < 0.0) | (var_z > 1.0)))
+        mean_z = np.clip(mean_z, -1.0, 1.0)
+        var_z = np.clip(var_z, 0.0, 1.0)
+        mean_dtype = tf.as_dtype(layer.adapt_mean.dtype).as_numpy_dtype
+        variance_dtype = tf.as_dtype(layer.adapt_variance.dtype).as_numpy_dtype
+        layer.adapt_mean.assign((mid + half * mean_z).astype(mean_dtype))
+        layer.adapt_variance.assign((half ** 2 * var_z).astype(variance_dtype))
+        layer.count.assign(int(round(count)))
+        layer.finalize_state()
+        record = PreprocessingRecord(
+            layer=layer.name, mechanism="normalization: Gaussian noise on (sum z, sum z^2, count), z the "
+            "value clipped to bounds and scaled to [-1, 1]", noise_multiplier=sigma,
+            l2_sensitivity=sensitivity, noise_std=std, epsilon=float(epsilon), delta=float(delta),
+            accountant=accountant,
+            neighboring=neighboring,
+            details={"num_features": d, "bounds": [lo.tolist(), hi.tolist()],
+                     "features_mean_clamped": clamped_mean, "features_variance_clamped": clamped_var,
+                     "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)",
+                     **({} if token is None else {"ledger_token": token})},
+            state_digest=state_digest(layer))
+        keep(layer, record)
     return record
 
 

@@ -14,6 +14,7 @@ is recognised as carrying the release (``recognised``), and composes it wherever
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 
@@ -59,7 +60,7 @@ class PreprocessingRecord:
       accountant: the accountant used for the calibration.
       neighboring: "add_or_remove" or "replace_one".
       details: JSON-safe facts about the release (bounds, number of features, post-processing applied;
-        ``ledger_token``: the token it is written with to the per-record ledger, ``write_to_ledger``).
+        ``ledger_token``: the token it is written with to the per-record ledger, ``ledger_reservation``).
       state_digest: ``state_digest`` of the layer's state the release produced: the record vouches for that
         state wherever it goes (a saved and loaded model, a clone given its weights), and only for it.
     """
@@ -85,23 +86,6 @@ class PreprocessingRecord:
         """The token of this release in the per-record ledger (``details["ledger_token"]``), or None."""
         return self.details.get("ledger_token") or None
 
-    def write_to_ledger(self, record_keys) -> int | None:
-        """Write this release to the per-record ledger against ``record_keys`` (None: the ledger is off).
-
-        ``record_keys``: ``tfdpbnn.record.records.record_keys`` of the records the statistics were computed
-        on, in the form training gives them (or their ids), so that every run on them counts this release.
-        It is written with ``ledger_token`` (made with the record: ``record_ledger.new_release_token``), by
-        which a model's ledger bound finds the histories holding it.
-        """
-        from tfdpbnn.record.record_ledger import default_ledger
-
-        ledger = default_ledger()
-        if ledger is None:
-            return None
-        return ledger.record(record_keys, self.event(), kind="preprocessing", neighboring=self.neighboring,
-                             description=f"{self.layer}: {self.mechanism.split(':')[0]}",
-                             token=self.ledger_token)
-
     def to_config(self) -> dict:
         """A JSON-safe dict for the privacy statement (``from_config`` reads it back)."""
         return dataclasses.asdict(self)
@@ -120,6 +104,35 @@ class PreprocessingRecord:
         import json
 
         return json.dumps(self.to_config(), sort_keys=True, default=str)
+
+
+@contextlib.contextmanager
+def ledger_reservation(record_keys, noise_multiplier: float, neighboring: str, description: str):
+    """Reserve a DP preprocessing release for its records before its noise is drawn; commit it after.
+
+    ``record_keys``: ``tfdpbnn.record.records.record_keys`` of the records the statistics are computed on,
+    in the form training gives them (or their ids). The per-record ledger's budget
+    (``RecordLedger.set_budget``) and naming check refuse the release before the block reads the data
+    (``BudgetExceededError``, ``RecordNamingError``: nothing released or written). The release (one Gaussian
+    mechanism of ``noise_multiplier``, ``PreprocessingRecord.event``) is committed when the block ends, in
+    full whether or not the block finished: once its noise is drawn, an error that reports the noisy value
+    releases it too. Yields the token written with it (``record_ledger.new_release_token``: the record's
+    ``details["ledger_token"]``), or None when ``record_keys`` is None or the ledger is off (nothing written).
+    """
+    from tfdpbnn.record.record_ledger import default_ledger, new_release_token
+
+    ledger = None if record_keys is None else default_ledger()
+    if ledger is None:
+        yield None
+        return
+    event = dp_accounting.GaussianDpEvent(noise_multiplier)
+    token = new_release_token()
+    reservation = ledger.reserve(record_keys, event, kind="preprocessing", neighboring=neighboring,
+                                 description=description, token=token)
+    try:
+        yield token
+    finally:
+        reservation.commit(event)
 
 
 def keep(layer, record: PreprocessingRecord) -> None:
@@ -154,4 +167,4 @@ def recognised(digest: str, held=(), look_in_store: bool = True) -> Preprocessin
     return PreprocessingRecord.from_config(found[0]) if found else None
 
 
-__all__ = ["PreprocessingRecord", "keep", "recognised", "state_digest"]
+__all__ = ["PreprocessingRecord", "keep", "ledger_reservation", "recognised", "state_digest"]

@@ -976,15 +976,22 @@ class RecordLedger:
 
     def reserve(self, keys, planned: dp_accounting.DpEvent, kind: str = "training",
                 neighboring: str = "add_or_remove", phase_id: int | None = None,
-                description: str = "") -> Reservation:
+                description: str = "", token: str | None = None) -> Reservation:
         """Write a release with its ``planned`` event against the records ``keys`` (one transaction).
 
         Raises ``BudgetExceededError`` (nothing written) when a budget is set and some record's composed
         epsilon with ``planned`` would exceed it, and ``ValueError`` when a record's history was accounted
-        under the other neighboring relation.
+        under the other neighboring relation. ``token``: ``new_release_token()``, written in the
+        description, by which a model that carries the release finds the histories holding it
+        (``bound_for``).
         """
         check_choice("kind", kind, RELEASE_KINDS)
         check_choice("neighboring", neighboring, tuple(NEIGHBORING))
+        if token is not None:
+            if not isinstance(token, str) or not re.fullmatch(r"[0-9a-f]{32}", token):
+                raise ValueError(f"token: a release token is 32 lowercase hex digits (new_release_token()), "
+                                 f"got {token!r}")
+            description = f"{description} [release {token}]"
         named = _named_content(keys)
         keys = _distinct(keys)
         phase_id = None if phase_id is None else int(phase_id)
@@ -1031,18 +1038,13 @@ class RecordLedger:
 
         ``phase_ids``: for a release that is not training, the training phases of the model it belongs to
         (a private temperature of that model): every later optimizer of weights from those phases finds it
-        (``linked_releases``). ``token``: ``new_release_token()``, written in the description, by which a
-        model that carries the release finds the histories holding it (``bound_for``).
+        (``linked_releases``). ``token``: as ``reserve``'s.
         """
         if phase_ids and kind == "training":
             raise ValueError("phase_ids: only for releases that are not training (a training release names "
                              "its phases when committed)")
-        if token is not None:
-            if not isinstance(token, str) or not re.fullmatch(r"[0-9a-f]{32}", token):
-                raise ValueError(f"token: a release token is 32 lowercase hex digits (new_release_token()), "
-                                 f"got {token!r}")
-            description = f"{description} [release {token}]"
-        reservation = self.reserve(keys, spent, kind=kind, neighboring=neighboring, description=description)
+        reservation = self.reserve(keys, spent, kind=kind, neighboring=neighboring, description=description,
+                                   token=token)
         reservation.commit(spent, phase_ids=[int(p) for p in phase_ids])
         return reservation.release_id
 
