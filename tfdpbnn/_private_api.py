@@ -340,6 +340,16 @@ def read_view(variable):
     buffer on write while a read holds it), but nothing here relies on that. Anything but a plain eager
     ``tf.Variable`` (or a Keras 3 variable holding one) is read by ``read_numpy``.
     """
+    return read_tensor_and_view(variable)[1]
+
+
+def read_tensor_and_view(variable):
+    """``(tensor, view)``: one fresh read of ``variable`` as an eager tensor and ``read_view``'s array of it.
+
+    Both hold the same bytes (the view is of the tensor's buffer for a plain eager ``tf.Variable``): a
+    comparison of the view and a hash of the tensor see one read. Anything else is read by ``read_numpy``
+    and the tensor made from that array.
+    """
     inner = variable if _keras3 is None else _keras3.tf_variable(variable)
     if isinstance(inner, tf.Variable) and not isinstance(inner, tf.distribute.DistributedValues) \
             and tf.executing_eagerly():
@@ -348,8 +358,9 @@ def read_view(variable):
         if isinstance(array, np.ndarray):
             array = array.view()
             array.flags.writeable = False
-        return array
-    return read_numpy(variable)
+        return value, array
+    array = read_numpy(variable)
+    return tf.constant(array), array
 
 
 def is_variable(value) -> bool:

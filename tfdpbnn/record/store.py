@@ -348,16 +348,17 @@ def _identity_and_keys(values) -> tuple[str, list[str]]:
 def _held_identity(kind: str, variables, arrays=None) -> tuple[str, list[str]]:
     """``(identity, keys)`` of the variables' values, reusing those last computed for the same bytes.
 
-    The values are read once each (``_private_api.read_view``, a view of the read's buffer; ``arrays``:
+    The values are read once each (``_private_api.read_tensor_and_view``: a tensor, and a view of its
+    buffer; ``arrays``:
     values already read, e.g. ``get_weights()`` of distributed variables) and compared byte for byte
     (``same_bytes``: memory reads, a tenth of the hashing's time on the 3.2 MB of the 784-1000-10 MLP, and
     nothing a changed bit can pass; arrays that differ differ early, as trained weights do) with the copies
     held (``_HELD_WEIGHTS``): the identity and the keys are functions of the bytes, dtypes and shapes alone,
     so any held copy of equal arrays gives them (the write check's key of a model's trainable weights at an
     epoch's end, then the record's snapshot of the same weights, the next run's start; the entries of
-    other models trained in between stay). Otherwise the variables are read again as tensors, hashed in one
-    traced call (``_identity_and_keys``; tensors read from the variables, not made from numpy arrays, which
-    TensorFlow would copy to align them: twice the time) and their very bytes copied into the entry of
+    other models trained in between stay). Otherwise the tensors of that read are hashed in one traced call
+    (``_identity_and_keys``; tensors read from the variables, not made from numpy arrays, which TensorFlow
+    would copy to align them: twice the time) and their very bytes copied into the entry of
     ``kind`` and these variables (the least recently used entries dropped beyond ``_HELD_WEIGHTS_MAX``, or
     ``_HELD_MAX_BYTES`` in all). Plain numeric arrays in C order only are held.
     """
@@ -366,8 +367,10 @@ def _held_identity(kind: str, variables, arrays=None) -> tuple[str, list[str]]:
     from tfdpbnn import _private_api
 
     given = arrays is not None
+    reads = None
     if not given:
-        arrays = [_private_api.read_view(v) for v in variables]
+        reads = [_private_api.read_tensor_and_view(v) for v in variables]
+        arrays = [view for _, view in reads]
     arrays = [np.asarray(a) for a in arrays]
     size = sum(a.nbytes for a in arrays)
     holdable = bool(arrays) and size <= _HELD_MAX_BYTES and all(
@@ -378,7 +381,7 @@ def _held_identity(kind: str, variables, arrays=None) -> tuple[str, list[str]]:
                     same_bytes(a, b) for a, b in zip(arrays, entry[0], strict=True)):
                 _HELD_WEIGHTS[key] = _HELD_WEIGHTS.pop(key)  # most recently used
                 return entry[1], entry[2]
-    tensors = [tf.constant(a) for a in arrays] if given else [tf.convert_to_tensor(v) for v in variables]
+    tensors = [tf.constant(a) for a in arrays] if given else [tensor for tensor, _ in reads]
     if not holdable:
         return _identity_and_keys(tensors)
     arrays = [np.asarray(t) for t in tensors]  # views of the tensors hashed (CPU; a copy elsewhere)
