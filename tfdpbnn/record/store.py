@@ -367,7 +367,7 @@ def _held_identity(kind: str, variables, arrays=None) -> tuple[str, list[str]]:
     from tfdpbnn import _private_api
 
     given = arrays is not None
-    reads = None
+    reads: list = []
     if not given:
         reads = [_private_api.read_tensor_and_view(v) for v in variables]
         arrays = [view for _, view in reads]
