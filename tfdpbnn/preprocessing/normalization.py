@@ -146,8 +146,7 @@ def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bo
             layer=layer.name, mechanism="normalization: Gaussian noise on (sum z, sum z^2, count), z the "
             "value clipped to bounds and scaled to [-1, 1]", noise_multiplier=sigma,
             l2_sensitivity=sensitivity, noise_std=std, epsilon=float(epsilon), delta=float(delta),
-            accountant=accountant,
-            neighboring=neighboring,
+            accountant=accountant, neighboring=neighboring,
             details={"num_features": d, "bounds": [lo.tolist(), hi.tolist()],
                      "features_mean_clamped": clamped_mean, "features_variance_clamped": clamped_var,
                      "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)",

@@ -6,8 +6,8 @@ The privacy record travels with the objects a user holds, as private attributes:
   other releases it composes (private calibrations and the like: ``releases``, with ``parallel_basis`` and
   ``release_ledger``), every DP preprocessing release found on its model (``preprocessing_found``), the
   releases no epsilon covers (``uncovered``), a private search's record (``search_record``) and the user's
-  the user's assertions tfdpbnn cannot check: a custom loop's loss keeps examples separate, ids given for a
-  pipeline name its records (``loss_assertions``);
+  assertions tfdpbnn cannot check: a custom loop's loss keeps examples separate, ids given for a pipeline
+  name its records (``loss_assertions``);
 - a model: the link to the optimizer that last trained it (``ledger_link``), the optimizer its traced train
   step calls (``step_optimizer``) and a search's record;
 - a preprocessing layer: its DP adapt's record (which names the state it produced), the user's public-data
