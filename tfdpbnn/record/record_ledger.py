@@ -164,8 +164,10 @@ class Release:
         return event, _event_size(event)
 
 
-#: A release's token as its description holds it (``RecordLedger.record(token=...)``).
-_TOKEN_PATTERN = re.compile(r"\[release ([0-9a-f]{32})\]")
+#: A release token's digits (``new_release_token``), and the token as a release's description holds it
+#: (``RecordLedger.reserve(token=...)`` writes it so, ``Release.token`` reads it).
+_TOKEN_DIGITS = re.compile(r"[0-9a-f]{32}")
+_TOKEN_PATTERN = re.compile(r"\[release (" + _TOKEN_DIGITS.pattern + r")\]")
 
 
 def new_release_token() -> str:
@@ -988,7 +990,7 @@ class RecordLedger:
         check_choice("kind", kind, RELEASE_KINDS)
         check_choice("neighboring", neighboring, tuple(NEIGHBORING))
         if token is not None:
-            if not isinstance(token, str) or not re.fullmatch(r"[0-9a-f]{32}", token):
+            if not isinstance(token, str) or not _TOKEN_DIGITS.fullmatch(token):
                 raise ValueError(f"token: a release token is 32 lowercase hex digits (new_release_token()), "
                                  f"got {token!r}")
             description = f"{description} [release {token}]"
