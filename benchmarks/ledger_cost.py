@@ -21,12 +21,12 @@ inflates the first), and each target with its verdict:
 4. where the DP ``fit``'s time around its steps goes: every phase of the record's work timed (the input
    and model checks, fingerprints, record keys, the store's transactions, each tfdpbnn callback), and their
    sum per ``fit`` (target: under 10 ms); the same sum in the first ``fit`` of a new model (weights the
-   record has not seen, a new optimizer). The same arrays are fed to every ``fit``, so after the first two
-   the data fingerprint is a byte comparison with the copy hashed last (``tfdpbnn.record.store``), and the
-   reservation finds the records where this process placed them. Also the SQL statements (and commits) one
-   DP ``fit`` runs on the record's file, and, for what that comparison costs (its memory reads slow the work
-   after it too), the whole work of DP fits interleaved with these whose data's bytes are not compared
-   (``_data_not_compared``: a measurement, not a mode of the library);
+   record has not seen, a new optimizer). The same arrays are fed to every ``fit``, so after the first
+   the data fingerprint is a quick digest (XXH3-128) of the data checked against that of the bytes hashed
+   last (``tfdpbnn.record.store``), and the reservation finds the records where this process placed them.
+   Also the SQL statements (and commits) one DP ``fit`` runs on the record's file, and, for what that check
+   costs (its memory reads slow the work after it too), the whole work of DP fits interleaved with these
+   whose data's bytes are not read (``_data_not_compared``: a measurement, not a mode of the library);
 5. ``--loop`` one-step fits of the small model in a loop, each a run of the same phase over the same
    records: the record's whole work per fit at the loop's start and at its end (target: under 10 ms at the
    end: a run's start must not read more with every earlier run), with no budget, with a per-record budget
@@ -111,7 +111,7 @@ _PHASES = (
     ("tfdpbnn.optimizers.base:DPOptimizerMixin", "_begin_training",
      "input and model checks, noise key, phase"),
     ("tfdpbnn.record.store:", "input_fingerprint",
-     "data fingerprint (SHA-256, or compared with the bytes hashed last)"),
+     "data fingerprint (SHA-256, or its quick digest checked against the bytes hashed last)"),
     ("tfdpbnn.record.records:", "input_keys", "record keys (content hash, reused for the same bytes)"),
     ("tfdpbnn.record.run_record:RunRecord", "begin",
      "store: weights' record, budgets, reservation, run row"),
@@ -251,7 +251,7 @@ def _fit_costs(fits: int, which: str) -> tuple[list[str], list[str], dict]:
         fit(dp), fit(dp_off), fit(plain)
     names = ("DP, record on", "DP, record off", "non-private")
     times: dict[str, list] = {name: [] for name in names}
-    ablated = []  # the record's phases in a DP fit whose data's bytes are not compared (_data_not_compared)
+    ablated = []  # the record's phases in a DP fit whose data's bytes are not read (_data_not_compared)
     for _ in range(fits):
         times["DP, record on"].append(fit(dp))
         with _data_not_compared():
@@ -304,8 +304,8 @@ def _fit_costs(fits: int, which: str) -> tuple[list[str], list[str], dict]:
     phases.append(f"| {label} | **the record's whole work per fit** (preparation + every tfdpbnn callback), "
                   f"median of {fits} | **{summary['work'][0]:.2f} ms** | **{summary['work'][1]:.2f} ms** |")
     summary["ablated"] = _median_ms(_whole_work(p) for p in ablated)
-    phases.append(f"| {label} | for what the data comparison costs, not a mode of the library: the same "
-                  f"with the data's bytes not compared (the digest held taken as is), median of {fits} | "
+    phases.append(f"| {label} | for what the data check costs, not a mode of the library: the same "
+                  f"with the data's bytes not read (the digest held taken as is), median of {fits} | "
                   f"{summary['ablated'][0]:.2f} ms | {summary['ablated'][1]:.2f} ms |")
     summary["first"] = _median_ms(_whole_work(p) for p in first)
     for _, _method, text in _PHASES:  # where a first fit's work goes (phases over 1 ms)
@@ -330,26 +330,33 @@ def _fit_costs(fits: int, which: str) -> tuple[list[str], list[str], dict]:
 
 @contextlib.contextmanager
 def _data_not_compared():
-    """Within the block, the data fingerprint is the digest held for the arrays, their bytes not compared.
+    """Within the block, the data fingerprint is the digest held for the arrays, their bytes not read.
 
-    A measurement only (the library compares the data's bytes with the copy hashed last at every ``fit``):
-    the whole work per fit without it shows what the comparison costs, including what its memory reads
-    (twice the data's bytes) slow down in the work after it. Valid only because the benchmark feeds the same,
+    A measurement only (the library checks the data's quick digest against that of the bytes hashed last at
+    every ``fit``): the whole work per fit without it shows what the check costs, including what its memory
+    reads (the data's bytes) slow down in the work after it. Valid only because the benchmark feeds the same,
     unchanged arrays to every fit.
     """
     from tfdpbnn.record import store as record_store
 
-    original = record_store._held_digest
+    original, started = record_store._held_digest, record_store.DataDigests
 
-    def held(kind, arrays):
+    def held(kind, arrays, quick=None):
         entry = record_store._HELD.get(kind)
-        return entry[1] if entry is not None and entry[0] is not None else original(kind, arrays)
+        return entry[1] if entry is not None else original(kind, arrays, quick)
 
-    record_store._held_digest = held
+    class NotStarted:  # no digest computed ahead
+        def __init__(self, *args):
+            pass
+
+        def of(self, arrays):
+            return None
+
+    record_store._held_digest, record_store.DataDigests = held, NotStarted
     try:
         yield
     finally:
-        record_store._held_digest = original
+        record_store._held_digest, record_store.DataDigests = original, started
 
 
 def _loop_costs(loop: int) -> tuple[list[str], list[dict]]:

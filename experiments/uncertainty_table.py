@@ -149,10 +149,10 @@ def run_private(method, epsilon, arm, seed, composition="parallel", null_zone=No
     tf.random.set_seed(80_000 + seed)
     model.fit(batches, epochs=recipe.epochs, verbose=0)
     cal = _probs(model, x_cal, method)
+    # Both reserved, then recorded, on the held-out records ("parallel" is checked on them); the table
+    # measures the all-label sets too.
     temperature, threshold = plan.fit(cal, y_cal, epsilon, DELTA, "pld", seeds=(90_000 + seed, 91_000 + seed),
-                                      allow_uninformative=True)  # the table measures the all-label sets too
-    optimizer.record_release(temperature, composition, x=x_cal, y=y_cal)  # "parallel" is checked on them
-    optimizer.record_release(threshold, composition, x=x_cal, y=y_cal)
+                                      allow_uninformative=True, optimizer=optimizer, x=x_cal, y=y_cal)
     test = _probs(model, x_test, method)
     calibrated = temperature.apply(test)
     ood = {name: temperature.apply(_probs(model, xo, method)) for name, xo in ood_sets(x_test, seed).items()}

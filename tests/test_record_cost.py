@@ -347,9 +347,9 @@ def test_fingerprints_skip_hashing_only_bytes_equal_to_those_hashed_last(monkeyp
     original = store._hash_arrays
     monkeypatch.setattr(store, "_hash_arrays", lambda arrays: hashed.append(1) or original(arrays))
     expected = "data:" + original([x, y])
-    # Hashed the first two times (the copy is taken the second time), then compared with the copy.
+    # Hashed the first time, then checked by its quick digests.
     assert [store.data_fingerprint(x, y) for _ in range(4)] == [expected] * 4
-    assert len(hashed) == 2
+    assert len(hashed) == 1
     for edit in ((299, 4), (0, 0), (150, 2)):  # a byte changed anywhere: hashed again, a new fingerprint
         x[edit] = np.nextafter(x[edit], np.float32(np.inf))
         changed = store.data_fingerprint(x, y)
@@ -369,13 +369,13 @@ def test_fingerprints_skip_hashing_only_bytes_equal_to_those_hashed_last(monkeyp
     kernel.assign(kernel + np.float32(1e-3) * np.eye(*kernel.shape, dtype=np.float32))
     assert store.weights_fingerprint(model) == reference_identity(model.get_weights()) != first
     assert len(identified) == 2
-    # The data's copy goes with the caller's arrays.
+    # Nothing of the data is held but its digests.
     z = rng.normal(size=(50, 2)).astype(np.float32)
     for _ in range(3):
         store.data_fingerprint(z)
-    assert store._HELD["data"][0] is not None
-    del z
-    assert "data" not in store._HELD
+    quick, digest = store._HELD["data"]
+    assert digest == original([z])
+    assert all(not isinstance(part, np.ndarray) for entry in quick for part in entry)
 
 
 def test_large_arrays_are_compared_in_two_halves_and_every_byte_counts():
@@ -398,6 +398,45 @@ def test_large_arrays_are_compared_in_two_halves_and_every_byte_counts():
     context = multiprocessing.get_context("fork")
     with context.Pool(1) as pool:
         assert pool.apply(_compare_in_child, (a,)) == (True, False)
+
+
+def test_the_quick_digest_of_the_data_counts_every_bit_dtype_and_shape():
+    a = np.random.default_rng(5).normal(size=(1000, 7)).astype(np.float32)
+    first = store._quick_digests([a])
+    assert store._quick_digests([a.copy()]) == first
+    for byte in (0, 1, a.nbytes // 2, a.nbytes - 1):
+        b = a.copy()
+        b.view(np.uint8).reshape(-1)[byte] ^= 1
+        assert store._quick_digests([b]) != first, byte
+    negative, zero = a.copy(), a.copy()
+    negative[-1, -1], zero[-1, -1] = np.float32(-0.0), np.float32(0.0)
+    assert store._quick_digests([negative]) != store._quick_digests([zero])
+    assert store._quick_digests([a.reshape(-1)]) != first
+    assert store._quick_digests([a.view(np.int32)]) != first
+    # Rows swapped, or moved from one array to the next, are other bytes of each array.
+    assert store._quick_digests([a[::-1].copy()]) != first
+    assert store._quick_digests([a[:500], a[500:]]) != store._quick_digests([a[:499], a[499:]])
+
+
+def test_data_digests_started_before_the_checks_serve_only_the_arrays_they_read():
+    import tensorflow as tf
+
+    x, y = small_data(40)
+    started = store.DataDigests(x, y)
+    assert started.of([x, y]) == store._quick_digests([x, y])
+    assert started.of([x.copy(), y]) is None and started.of([x]) is None  # other arrays: digested again
+    fingerprint = store.input_fingerprint(x, y, started)
+    assert fingerprint == "data:" + store._hash_arrays([x, y]) == store.data_fingerprint(x, y)
+    # A pipeline carries its tag; arrays in a list are not held: nothing is started for them.
+    assert store.DataDigests(tf.data.Dataset.from_tensor_slices((x, y))).of([x, y]) is None
+    assert store.DataDigests(x.tolist(), y).of([x.tolist(), y]) is None
+    # Started on arrays later edited in place: the digests are of the bytes read, so the fingerprint that
+    # reuses them is the SHA-256 of those bytes, never another array's.
+    edited = store.DataDigests(x, y)
+    quick = edited.of([x, y])
+    x[0, 0] += 1.0
+    assert quick != store._quick_digests([x, y])
+    assert store.data_fingerprint(x, y) == "data:" + store._hash_arrays([x, y]) != fingerprint
 
 
 def _compare_in_child(a):

@@ -430,6 +430,64 @@ def test_calibration_release_counts_only_for_its_split():
         [_gaussians(1.0, 1), _gaussians(2.0, 5)])), rel=0.01)
 
 
+def test_a_private_calibration_over_the_budget_is_refused_before_it_queries_its_data(monkeypatch):
+    # A private temperature or threshold used to be computed before record_release could refuse it: over a
+    # per-record budget the user held the released value, and the ledger held nothing.
+    from tfdpbnn.uncertainty import conformal, temperature
+
+    x, y = small_data()
+    x_cal, y_cal = small_data(n=16, seed=7)
+    model, opt = _fit(x, y, epochs=1)
+    probs = tf.nn.softmax(model(x_cal)).numpy()
+    queried = []
+    derivatives, bisection = temperature.per_example_derivatives, conformal.noisy_bisection
+    monkeypatch.setattr(temperature, "per_example_derivatives",
+                        lambda *a: queried.append(1) or derivatives(*a))
+    monkeypatch.setattr(conformal, "noisy_bisection",
+                        lambda *a, **k: queried.append(1) or bisection(*a, **k))
+    ledger = _ledger()
+    held_out = records.content_keys(x_cal, y_cal)
+    ledger.set_budget(0.5, DELTA, "rdp")
+    record = {"optimizer": opt, "composition": "parallel", "x": x_cal, "y": y_cal}
+    with pytest.raises(record_ledger.BudgetExceededError, match="16 of these 16 records"):
+        tfdpbnn.uncertainty.fit_temperature_private(probs, y_cal, epsilon=1.0, delta=DELTA, **record)
+    with pytest.raises(record_ledger.BudgetExceededError, match="16 of these 16 records"):
+        tfdpbnn.uncertainty.private_conformal_threshold(probs, y_cal, 0.1, epsilon=1.0, delta=DELTA,
+                                                        allow_uninformative=True, **record)
+    assert queried == [] and [r for r in ledger.backend.releases() if r.kind == "calibration"] == []
+    assert opt.privacy_statement().get("releases") is None
+    # A plan whose temperature fits the budget but whose threshold does not: neither runs, and the
+    # temperature's reservation is given back (nothing spent on the held-out records).
+    plan = tfdpbnn.uncertainty.CalibrationPlan(composition="parallel")
+    eps_t, eps_c = plan.release_epsilons(2.0, DELTA)
+    ledger.set_budget(1.02 * eps_t, DELTA, "rdp")
+    with pytest.raises(record_ledger.BudgetExceededError, match="16 of these 16 records"):
+        plan.fit(probs, y_cal, 2.0, DELTA, allow_uninformative=True, optimizer=opt, x=x_cal, y=y_cal)
+    assert queried == [] and opt.privacy_statement().get("releases") is None
+    assert ledger.max_epsilon(held_out, DELTA) == pytest.approx(0.0, abs=1e-9)
+    # Within the budget: reserved, then recorded with what it spent, in the ledger and the statement.
+    ledger.set_budget(10.0, DELTA, "rdp")
+    scaling = tfdpbnn.uncertainty.fit_temperature_private(probs, y_cal, epsilon=1.0, delta=DELTA, **record)
+    assert queried
+    assert [(r["temperature"], r["composition"]) for r in opt.privacy_statement()["releases"]] == [
+        (pytest.approx(scaling.temperature), "parallel")]
+    assert ledger.max_epsilon(held_out, DELTA) == pytest.approx(rdp_epsilon(scaling.privacy.dp_event),
+                                                                rel=0.01)
+    temperature_fit, threshold = plan.fit(probs, y_cal, 2.0, DELTA, allow_uninformative=True, optimizer=opt,
+                                          x=x_cal, y=y_cal)
+    assert len(opt.privacy_statement()["releases"]) == 3
+    assert ledger.max_epsilon(held_out, DELTA) == pytest.approx(rdp_epsilon(dp_accounting.ComposedDpEvent(
+        [scaling.privacy.dp_event, temperature_fit.privacy.dp_event, threshold.privacy.dp_event])), rel=0.01)
+    # The record arguments need the optimizer; a split not shown disjoint is refused before anything runs.
+    with pytest.raises(ValueError, match="x: says how the release is recorded, so it needs optimizer="):
+        tfdpbnn.uncertainty.fit_temperature_private(probs, y_cal, epsilon=1.0, delta=DELTA, x=x_cal, y=y_cal)
+    queried.clear()
+    with pytest.raises(ValueError, match="composition: 'parallel' needs the release's records"):
+        tfdpbnn.uncertainty.fit_temperature_private(probs, y_cal, epsilon=1.0, delta=DELTA, optimizer=opt,
+                                                    composition="parallel")
+    assert queried == []
+
+
 def test_a_release_without_its_data_counts_for_records_the_model_trains_on_after_it():
     # A release recorded without its data is written against the records the model had trained on. The
     # ledger bound left it out of every record's composition ("in their histories already"): records the

@@ -182,7 +182,7 @@ def test_distributed_weights_have_the_identity_of_the_same_plain_weights():
 
 
 def test_identities_held_for_a_few_models_are_reused_and_bounded(monkeypatch):
-    """Models fingerprinted in turn are each hashed once; at most ``_HELD_WEIGHTS_MAX`` copies are held."""
+    """Models fingerprinted in turn are each hashed once; at most ``_HELD_WEIGHTS_MAX`` entries are held."""
     monkeypatch.setattr(store, "_HELD_WEIGHTS", {})
     hashed = []
     identify = store._identity_and_keys

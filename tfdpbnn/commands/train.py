@@ -280,10 +280,10 @@ def train(args) -> dict:
     if plan is not None:  # private fits on the held-out split, composed into the statement's epsilon
         # Their noise is secret (the operating system's entropy, as the optimizer's): a seed would make it
         # replayable and void the statement.
-        temperature, threshold = plan.fit(predict(x_cal), y_cal, args.epsilon, args.delta, recipe.accountant)
-        # "parallel" is checked in the per-record ledger: no held-out record may have trained.
-        optimizer.record_release(temperature, plan.composition, x=x_cal, y=y_cal)
-        optimizer.record_release(threshold, plan.composition, x=x_cal, y=y_cal)
+        # Both reserved in the per-record ledger before either fit reads the held-out split, and recorded in
+        # the optimizer's statement; "parallel" is checked there: no held-out record may have trained.
+        temperature, threshold = plan.fit(predict(x_cal), y_cal, args.epsilon, args.delta, recipe.accountant,
+                                          optimizer=optimizer, x=x_cal, y=y_cal)
         calibrated = temperature.apply(probs)
         coverage, set_size = coverage_and_size(threshold.predict_sets(calibrated), y_test)
         calibration = {"held_out_examples": len(x_cal), "temperature": temperature.temperature,

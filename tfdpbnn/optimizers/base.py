@@ -662,6 +662,11 @@ class DPOptimizerMixin:
         against exactly those records, so every later run on them counts it. This model's own
         ``ledger_bound`` composes it with the history of every record the model was trained on either way
         (an upper bound).
+
+        The release has run already, so a per-record budget can refuse recording it, not computing it: give
+        the private fit the optimizer instead (``fit_temperature_private(..., optimizer=...)``,
+        ``private_conformal_threshold``, ``CalibrationPlan.fit``), which reserves it first
+        (``reserve_release``).
         """
         import dp_accounting
 
@@ -670,51 +675,70 @@ class DPOptimizerMixin:
             raise ValueError("release must have a `privacy` attribute with a dp_accounting DpEvent (e.g. the "
                              "result of tfdpbnn.uncertainty.fit_temperature_private), got "
                              f"{type(release).__name__}")
+        if all(r is not release for r, _ in attributes.releases(self)):
+            self.reserve_release(cost, composition, x=x, y=y, record_ids=record_ids,
+                                 asserted_disjoint=asserted_disjoint).commit(release)
+
+    def reserve_release(self, cost, composition="sequential", *, x=None, y=None, record_ids=None,
+                        asserted_disjoint=None):
+        """Check and reserve a private release of ``cost`` before it runs; returns its ``ReleaseReservation``.
+
+        ``cost``: the release's ``PrivacyCost`` (its ``dp_event``), known before it reads its data; the
+        other arguments as ``record_release``'s. The composition is checked and the planned event written
+        to the per-record ledger now, so a per-record budget (``RecordLedger.set_budget``) refuses the
+        release before it reads its data (``BudgetExceededError``; nothing written). Then
+        ``reservation.commit(release)`` composes the release into this optimizer's statement. The private
+        fits take the optimizer and do both (``fit_temperature_private(..., optimizer=...)``).
+        """
+        import dp_accounting
+
+        from tfdpbnn.record.other_releases import ReleaseReservation
+
+        if not isinstance(getattr(cost, "dp_event", None), dp_accounting.DpEvent):
+            raise ValueError("cost must have a dp_accounting DpEvent as `dp_event` (a "
+                             f"tfdpbnn.uncertainty.PrivacyCost), got {type(cost).__name__}")
         check_choice("composition", composition, ("sequential", "parallel"))
         if composition == "parallel" and self.neighboring != "add_or_remove":
             raise ValueError(f"composition: parallel composition over a record-wise split needs add/remove "
                              f"adjacency, this optimizer uses {self.neighboring!r}; use 'sequential'")
-        if all(r is not release for r, _ in attributes.releases(self)):
-            keys = None
-            if x is not None or record_ids is not None:
-                from tfdpbnn.record.records import record_keys
+        keys = None
+        if x is not None or record_ids is not None:
+            from tfdpbnn.record.records import record_keys
 
-                keys = record_keys(x, y, record_ids)
-            basis = None
-            if composition == "parallel":
-                basis = self._parallel_basis(keys, asserted_disjoint, x)
-            elif asserted_disjoint is not None:
-                raise ValueError("asserted_disjoint: only for composition='parallel', got it with "
-                                 f"composition={composition!r}")
-            self._write_release(release, composition, keys)   # a refusal there records nothing
-            if basis is not None:
-                attributes.parallel_basis(self)[id(release)] = basis
-            attributes.releases(self).append((release, composition))
+            keys = record_keys(x, y, record_ids)
+        basis = None
+        if composition == "parallel":
+            basis = self._parallel_basis(keys, asserted_disjoint, x)
+        elif asserted_disjoint is not None:
+            raise ValueError("asserted_disjoint: only for composition='parallel', got it with "
+                             f"composition={composition!r}")
+        return ReleaseReservation(self, cost, composition, basis, self._reserve_in_ledger(cost, composition,
+                                                                                          keys))
 
-    def _write_release(self, release, composition, keys) -> None:
-        """Write ``release`` to the per-record ledger, linked to this model's training phases.
+    def _reserve_in_ledger(self, cost, composition, keys):
+        """Reserve a release of ``cost`` in the per-record ledger, linked to this model's training phases.
 
         Against ``keys`` when given; else against every record this model's training touched (its data is
         not named: those are the records whose guarantee it must count). Every later optimizer of weights
-        from these phases finds it there (``_import_linked_releases``).
+        from these phases finds it there (``_import_linked_releases``). Returns ``(reservation, phase ids,
+        on the training records, token)``, or None when nothing is written (no ledger, no records).
         """
         from tfdpbnn.record.record_ledger import default_ledger, new_release_token
 
         ledger = default_ledger()
         if ledger is None:
-            return
+            return None
         phase_ids = [p.phase_id for p in self.ledger.phases if p.released]
         on_training = keys is None
         if on_training:
             keys = ledger.training_keys(phase_ids) if phase_ids else None
             if keys is None or not len(keys):
-                return
+                return None
         token = new_release_token()  # names this release in the histories that hold it (the ledger bound)
-        release_id = ledger.record(keys, release.privacy.dp_event, kind="calibration",
-                                   neighboring=self.neighboring, phase_ids=phase_ids,
-                                   description=f"{type(release).__name__} ({composition}) of "
-                                               f"{type(self).__name__}", token=token)
-        attributes.release_ledger(self)[id(release)] = (release_id, on_training, token)
+        reservation = ledger.reserve(keys, cost.dp_event, kind="calibration", neighboring=self.neighboring,
+                                     description=f"{cost.mechanism} ({composition}) of {type(self).__name__}",
+                                     token=token)
+        return reservation, [int(p) for p in phase_ids], on_training, token
 
     def _parallel_basis(self, keys, asserted_disjoint, x=None) -> str:
         """Why a "parallel" release's records are disjoint from this model's training records, or raise.

@@ -226,7 +226,10 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
 
     ``record_ids``: the ids of the training records (``fit(..., record_ids=...)``) for the per-record ledger.
     """
+    from tfdpbnn.record.store import DataDigests
+
     x = arguments.get("x")
+    digests = DataDigests(x, arguments.get("y"))  # the data's one read, on another core during the checks
     # One block of reads from begin_training's phase to fit's start: no step and no restore run in it, and
     # begin_training reads the ledger anew after its checks (which run the model's own code), so its phase
     # and partial-pass reads serve the run record's start too.
@@ -239,14 +242,15 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
                                              arguments.get("validation_split") or 0.0,
                                              arguments.get("shuffle", True), None, True,
                                              sample_weight=weighted)
-        return _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity)
+        return _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity, digests)
 
 
-def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=None):
+def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=None, digests=None):
     """``_dp_fit_arguments`` after ``begin_training``: the plan, the record's start, the callbacks.
 
     ``identity``: the weights' identity ``begin_training`` computed after its checks (nothing here writes
-    the model's variables), for the record's run start.
+    the model's variables), for the record's run start; ``digests``: the data's quick digests, started
+    before the checks (``tfdpbnn.record.store.DataDigests``).
     """
     from tfdpbnn.callbacks import DPTrainingMonitor, PrivacyCallback
 
@@ -256,7 +260,7 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=No
     from tfdpbnn.record.records import input_keys
     from tfdpbnn.record.store import input_fingerprint
 
-    fingerprint = input_fingerprint(x, arguments.get("y"))
+    fingerprint = input_fingerprint(x, arguments.get("y"), digests)
     keys = input_keys(x, arguments.get("y"), record_ids, fingerprint)
     # The phase ``begin_training`` opened (the record's start below may reopen it, of the same kind).
     description = attributes.ledger_state(optimizer).open_description()

@@ -418,7 +418,7 @@ class WriteWatch:
 
         For a model whose weights are all trainable it is the weights' identity the privacy record writes
         (``weights_fingerprint`` without "weights:"), computed once for both: at an epoch's end the record's
-        snapshot that follows compares the same bytes instead of hashing them again.
+        snapshot that follows finds the same bytes by their quick digests instead of hashing them again.
         """
         if not self._copies:
             return ""

@@ -90,6 +90,45 @@ def _gaussian_queries(epsilon, delta, queries, mechanism, accountant, neighborin
                               queries=queries)
 
 
+def release_reservation(cost, optimizer=None, reservation=None, composition="sequential", x=None, y=None,
+                        record_ids=None, asserted_disjoint=None):
+    """The ``ReleaseReservation`` a private fit of ``cost`` commits its result to, or None.
+
+    ``optimizer``: the DP optimizer whose statement records the release; it is reserved now
+    (``optimizer.reserve_release``, with the record arguments ``composition``, ``x``, ``y``, ``record_ids``
+    and ``asserted_disjoint`` as ``record_release`` takes them), so a per-record budget refuses the release
+    before the fit reads its data. ``reservation``: one made before with this ``cost``
+    (``CalibrationPlan.fit`` reserves both of its releases before either runs). Neither: None (the fit
+    records nothing; ``optimizer.record_release`` can record its result later, after it ran). Record
+    arguments without ``optimizer``, or both ``optimizer`` and ``reservation``: ``ValueError`` naming them.
+    """
+    given = [name for name, value in (("composition", composition != "sequential"), ("x", x is not None),
+                                      ("y", y is not None), ("record_ids", record_ids is not None),
+                                      ("asserted_disjoint", asserted_disjoint is not None)) if value]
+    if optimizer is None:
+        if given:
+            raise ValueError(f"{given[0]}: says how the release is recorded, so it needs optimizer= (the DP "
+                             "optimizer whose privacy statement records the release)")
+        if reservation is None:
+            return None
+        from tfdpbnn.record.other_releases import ReleaseReservation
+
+        if not isinstance(reservation, ReleaseReservation) or reservation.done:
+            raise ValueError("reservation: a ReleaseReservation from optimizer.reserve_release not yet "
+                             f"committed, got {reservation!r}")
+        if event_to_config(reservation.cost.dp_event) != event_to_config(cost.dp_event):
+            raise ValueError(f"reservation: reserved for {reservation.cost.dp_event!r}, but this fit "
+                             f"releases {cost.dp_event!r}")
+        return reservation
+    if reservation is not None:
+        raise ValueError("reservation: give optimizer= (reserved now) or a reservation made before, not both")
+    if not callable(getattr(optimizer, "reserve_release", None)):
+        raise ValueError("optimizer: the tfdpbnn DP optimizer whose privacy statement records the release, "
+                         f"got {type(optimizer).__name__}")
+    return optimizer.reserve_release(cost, composition, x=x, y=y, record_ids=record_ids,
+                                     asserted_disjoint=asserted_disjoint)
+
+
 def noisy_bisection(query, lo, hi, queries, noise_std, margin=0.0, rng=None):
     """Bisection of [lo, hi] on the noisy sign of ``query(mid) + N(0, noise_std^2) - margin``.
 

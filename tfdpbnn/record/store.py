@@ -92,11 +92,12 @@ def _hash_arrays(arrays) -> str:
     return digest.hexdigest()
 
 
-#: The arrays last hashed per kind ("data"), kept to skip hashing the same bytes again:
-#: kind -> (held arrays or None, their SHA-256 hex digest, weak references to the caller's arrays, token).
+#: The data's SHA-256 last computed per kind ("data"), to skip hashing the same bytes again:
+#: kind -> (the arrays' quick digests (``_quick_digests``), their SHA-256 hex digest).
 _HELD: dict[str, tuple] = {}
-#: The largest total size (bytes) of the arrays held for one kind; larger inputs are hashed every time.
-_HELD_MAX_BYTES = 256 << 20
+#: This process's seed of ``_quick_digests`` (from ``os.urandom``; a forked child keeps its parent's, and
+#: the digests it held).
+_QUICK_SEED = int.from_bytes(os.urandom(8), "little")
 #: Bytes compared per slice in ``same_bytes`` (a multiple of 8).
 _COMPARE_BYTES = 1 << 22
 
@@ -167,51 +168,96 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     return True
 
 
-def _held_digest(kind: str, arrays) -> str:
+def _quick_digests(arrays) -> tuple:
+    """XXH3-128 (Collet 2020) of each array's bytes, with its dtype and shape; in memory only.
+
+    A check that bytes hashed before (``_held_digest``) are still the same, not an identity that is ever
+    written: one read of the bytes at memory speed (about 0.4 ms for the 18.8 MB of the 784-1000-10 MLP's
+    data, a third of comparing them with a copy, which read twice as many bytes and held a copy as large),
+    seeded per process (``_QUICK_SEED``). Every bit counts (a NaN's payload, -0.0 against 0.0), as in
+    ``_hash_arrays``. Bytes that differ get equal digests only by a collision of XXH3-128: chance about
+    2^-128 for values no one chose to collide; not a cryptographic bound, as for the weights' FarmHash64
+    (``weights_fingerprint``; ``docs/privacy.md`` says why that is accepted). Plain numeric arrays in C
+    order only (the caller checks).
+    """
+    import xxhash
+
+    return tuple((a.dtype.str, a.shape, xxhash.xxh3_128_intdigest(a.reshape(-1).view(np.uint8), _QUICK_SEED))
+                 for a in arrays)
+
+
+def _holdable(arrays) -> bool:
+    """Whether ``arrays`` are plain numeric arrays in C order (no subclass): those ``_held_digest`` holds."""
+    return bool(arrays) and all(type(a) is np.ndarray and a.dtype.kind in "biufc" and a.flags.c_contiguous
+                                for a in arrays)
+
+
+def _held_digest(kind: str, arrays, quick=None) -> str:
     """``_hash_arrays(arrays)``, without hashing again bytes equal to the arrays hashed last for ``kind``.
 
-    The digest of the last arrays hashed is reused only when every array has the dtype, shape and bytes of
-    a copy held since (compared byte for byte: memory reads, about a sixth of SHA-256's time, and nothing a
-    changed array can pass). A copy is taken the second time the same array objects are hashed (an array
-    hashed once, e.g. made for one call, is never copied) and dropped when the caller's arrays are garbage
-    collected. Plain numeric arrays in C order only (no subclass), up to ``_HELD_MAX_BYTES`` in all.
+    The SHA-256 of the last arrays hashed is reused only when every array has the dtype, shape and quick
+    digest (``_quick_digests``) of the arrays it was computed from; nothing of the arrays is held but these
+    digests. Plain numeric arrays in C order only (no subclass); others are hashed every time. ``quick``:
+    their quick digests, computed by the caller (``DataDigests``).
     """
-    import weakref
-
     arrays = list(arrays)
-    if (not arrays or any(type(a) is not np.ndarray or a.dtype.kind not in "biufc"
-                          or not a.flags.c_contiguous for a in arrays)
-            or sum(a.nbytes for a in arrays) > _HELD_MAX_BYTES):
+    if not _holdable(arrays):
         return _hash_arrays(arrays)
+    quick = _quick_digests(arrays) if quick is None else quick
     held = _HELD.get(kind)
-    if held is not None and held[0] is not None and len(held[0]) == len(arrays) and all(
-            same_bytes(a, b) for a, b in zip(arrays, held[0], strict=True)):
+    if held is not None and held[0] == quick:
         return held[1]
     digest = _hash_arrays(arrays)
-    seen = held is not None and len(held[2]) == len(arrays) and all(
-        ref() is a for ref, a in zip(held[2], arrays, strict=True))
-    token = object()  # names this entry; the callback holds it, not the entry (no cycle keeps the copy)
-
-    def drop(_ref, kind=kind, token=token):  # a caller's array was collected: let the copy go too
-        current = _HELD.get(kind)
-        if current is not None and current[3] is token:
-            del _HELD[kind]
-
-    refs = tuple(weakref.ref(a, drop) for a in arrays)
-    _HELD[kind] = (None if held is None or not seen else [a.copy() for a in arrays], digest, refs, token)
+    _HELD[kind] = (quick, digest)
     return digest
 
 
-def data_fingerprint(x, y=None) -> str:
+def _data_arrays(x, y=None) -> list:
+    import tensorflow as tf
+
+    return tf.nest.flatten(x) + ([] if y is None else tf.nest.flatten(y))
+
+
+class DataDigests:
+    """The quick digests (``_quick_digests``) of ``fit``'s input arrays, computed on a worker thread.
+
+    Started before the input and model checks, which do not read the data (they run the model on a
+    synthetic batch), and taken by ``input_fingerprint`` after them: the data's one read runs on the other
+    core meanwhile (XXH3 lets go of the interpreter lock). The arrays are the caller's: nothing of tfdpbnn
+    writes them in between, and code that would (a layer writing into the training arrays from its
+    ``call``) is the model's own, outside what the record checks.
+    """
+
+    def __init__(self, x, y=None):
+        import tensorflow as tf
+
+        self._arrays: list | None = None
+        self._pending = None
+        if isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
+            return
+        arrays = _data_arrays(x, y)
+        if _holdable(arrays):
+            self._arrays = arrays
+            self._pending = _comparer().submit(_quick_digests, arrays)
+
+    def of(self, arrays):
+        """The digests if ``arrays`` are the very arrays started on (the same objects), else None."""
+        started = self._arrays
+        if self._pending is None or started is None or len(arrays) != len(started) or any(
+                a is not b for a, b in zip(arrays, started, strict=True)):
+            return None
+        return self._pending.result()
+
+
+def data_fingerprint(x, y=None, digests: DataDigests | None = None) -> str:
     """SHA-256 of the training data's contents (every array of ``x`` and ``y``, dtype and shape included).
 
     The data never leaves the process; equal data gives equal fingerprints in any process. Arrays fed to
-    ``fit`` again are compared with a copy of the bytes hashed last instead of hashed again
-    (``_held_digest``).
+    ``fit`` again are checked against the bytes hashed last by a quick digest instead of hashed again
+    (``_held_digest``); ``digests``: those of these arrays, started earlier (``DataDigests``).
     """
-    import tensorflow as tf
-
-    return "data:" + _held_digest("data", tf.nest.flatten(x) + ([] if y is None else tf.nest.flatten(y)))
+    arrays = _data_arrays(x, y)
+    return "data:" + _held_digest("data", arrays, None if digests is None else digests.of(arrays))
 
 
 def tag_data_fingerprint(dataset, fingerprint: str):
@@ -229,15 +275,18 @@ def tag_data_fingerprint(dataset, fingerprint: str):
     return dataset
 
 
-def input_fingerprint(x, y=None) -> str | None:
-    """The data fingerprint of ``fit``'s input: arrays are hashed; a pipeline carries its tag (or None)."""
+def input_fingerprint(x, y=None, digests: DataDigests | None = None) -> str | None:
+    """The data fingerprint of ``fit``'s input: arrays are hashed; a pipeline carries its tag (or None).
+
+    ``digests``: the arrays' quick digests, started before (``DataDigests``).
+    """
     import tensorflow as tf
 
     from tfdpbnn.record import attributes
 
     if isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
         return attributes.dataset_fingerprint(x)
-    return data_fingerprint(x, y)
+    return data_fingerprint(x, y, digests)
 
 
 #: What the weights' identity is made of (``weights_identity``), hashed first: a new scheme gets a new name.
@@ -246,11 +295,12 @@ _IDENTITY_SCHEME = b"tfdpbnn weights identity: FarmHash64 of each variable's byt
 #: ``RunStore.holds_legacy_weights``).
 IDENTITY_PREFIX = "v2:"
 #: The weights' identities and keys last computed, most recent last: (kind, ids of the variables) ->
-#: (held copies of the arrays, identity, the float variables' keys). Kinds: "weights"
+#: (the arrays' quick digests, ``_quick_digests``; identity; the float variables' keys). Kinds: "weights"
 #: (``model.weights``), "written" (a write check's copies).
 _HELD_WEIGHTS: dict[tuple, tuple] = {}
-#: At most this many entries in ``_HELD_WEIGHTS`` (a model and its write check, for a few models).
-_HELD_WEIGHTS_MAX = 4
+#: At most this many entries in ``_HELD_WEIGHTS`` (a model and its write check, for a few models; an entry
+#: holds digests and keys, not the arrays).
+_HELD_WEIGHTS_MAX = 16
 #: The traced function computing the weights' FarmHash64s (``_fingerprint_function``), made on first use.
 _FINGERPRINTS: list = []
 #: Its concrete functions by signature (``_fingerprints``), the most recently used last.
@@ -349,18 +399,16 @@ def _held_identity(kind: str, variables, arrays=None) -> tuple[str, list[str]]:
     """``(identity, keys)`` of the variables' values, reusing those last computed for the same bytes.
 
     The values are read once each (``_private_api.read_tensor_and_view``: a tensor, and a view of its
-    buffer; ``arrays``:
-    values already read, e.g. ``get_weights()`` of distributed variables) and compared byte for byte
-    (``same_bytes``: memory reads, a tenth of the hashing's time on the 3.2 MB of the 784-1000-10 MLP, and
-    nothing a changed bit can pass; arrays that differ differ early, as trained weights do) with the copies
-    held (``_HELD_WEIGHTS``): the identity and the keys are functions of the bytes, dtypes and shapes alone,
-    so any held copy of equal arrays gives them (the write check's key of a model's trainable weights at an
-    epoch's end, then the record's snapshot of the same weights, the next run's start; the entries of
-    other models trained in between stay). Otherwise the tensors of that read are hashed in one traced call
-    (``_identity_and_keys``; tensors read from the variables, not made from numpy arrays, which TensorFlow
-    would copy to align them: twice the time) and their very bytes copied into the entry of
-    ``kind`` and these variables (the least recently used entries dropped beyond ``_HELD_WEIGHTS_MAX``, or
-    ``_HELD_MAX_BYTES`` in all). Plain numeric arrays in C order only are held.
+    buffer; ``arrays``: values already read, e.g. ``get_weights()`` of distributed variables) and their
+    quick digests (``_quick_digests``: one read at memory speed, a fifth of the hashing's time on the
+    3.2 MB of the 784-1000-10 MLP) looked up among those held (``_HELD_WEIGHTS``): the identity and the keys
+    are functions of the bytes, dtypes and shapes alone, so any entry of equal digests gives them (the write
+    check's key of a model's trainable weights at an epoch's end, then the record's snapshot of the same
+    weights, the next run's start; the entries of other models trained in between stay). Otherwise the
+    tensors of that read are hashed in one traced call (``_identity_and_keys``; tensors read from the
+    variables, not made from numpy arrays, which TensorFlow would copy to align them: twice the time) and
+    the entry of ``kind`` and these variables holds their digests (the least recently used entries dropped
+    beyond ``_HELD_WEIGHTS_MAX``). Plain numeric arrays in C order only are looked up and held.
     """
     import tensorflow as tf
 
@@ -372,34 +420,22 @@ def _held_identity(kind: str, variables, arrays=None) -> tuple[str, list[str]]:
         reads = [_private_api.read_tensor_and_view(v) for v in variables]
         arrays = [view for _, view in reads]
     arrays = [np.asarray(a) for a in arrays]
-    size = sum(a.nbytes for a in arrays)
-    holdable = bool(arrays) and size <= _HELD_MAX_BYTES and all(
+    holdable = bool(arrays) and all(
         type(a) is np.ndarray and a.dtype.kind in "biufc" and a.flags.c_contiguous for a in arrays)
+    quick = _quick_digests(arrays) if holdable else None
     if holdable:
         for key, entry in reversed(list(_HELD_WEIGHTS.items())):
-            if len(entry[0]) == len(arrays) and all(
-                    same_bytes(a, b) for a, b in zip(arrays, entry[0], strict=True)):
+            if entry[0] == quick:
                 _HELD_WEIGHTS[key] = _HELD_WEIGHTS.pop(key)  # most recently used
                 return entry[1], entry[2]
     tensors = [tf.constant(a) for a in arrays] if given else [tensor for tensor, _ in reads]
-    if not holdable:
-        return _identity_and_keys(tensors)
-    arrays = [np.asarray(t) for t in tensors]  # views of the tensors hashed (CPU; a copy elsewhere)
-    name = (kind, tuple(id(v) for v in variables))
-    held = _HELD_WEIGHTS.pop(name, None)  # no stale entry if hashing fails
-    kept = held[0] if held is not None and len(held[0]) == len(arrays) else None
-    if kept is not None and all(k.dtype == a.dtype and k.shape == a.shape
-                                for k, a in zip(kept, arrays, strict=True)):
-        for k, a in zip(kept, arrays, strict=True):  # into this entry's copies of the last arrays
-            np.copyto(k, a)
-        copies = kept
-    else:
-        copies = [np.array(a, copy=True) for a in arrays]
     identity, found = _identity_and_keys(tensors)
-    _HELD_WEIGHTS[name] = (copies, identity, found)
-    while len(_HELD_WEIGHTS) > _HELD_WEIGHTS_MAX or sum(
-            sum(c.nbytes for c in entry[0]) for entry in _HELD_WEIGHTS.values()) > _HELD_MAX_BYTES:
-        del _HELD_WEIGHTS[next(iter(_HELD_WEIGHTS))]  # the least recently used
+    if holdable:
+        name = (kind, tuple(id(v) for v in variables))
+        _HELD_WEIGHTS.pop(name, None)
+        _HELD_WEIGHTS[name] = (quick, identity, found)
+        while len(_HELD_WEIGHTS) > _HELD_WEIGHTS_MAX:
+            del _HELD_WEIGHTS[next(iter(_HELD_WEIGHTS))]  # the least recently used
     return identity, found
 
 
@@ -417,7 +453,7 @@ def weights_identity(model) -> tuple[str, list[str]]:
 
     Both come from one traced call over the values of ``model.weights`` (the arrays ``get_weights``
     returns, read directly unless a variable is distributed) and one transfer of its result to the host;
-    weights whose bytes equal a held copy's (an epoch's end as the write check keyed it, then the final
+    weights whose quick digests equal those held (an epoch's end as the write check keyed it, then the final
     snapshot and the next run's start) reuse its identity and keys (``_held_identity``).
     """
     identity, keys = _held_identity("weights", model.weights, arrays=_weights_arrays(model))
@@ -463,8 +499,8 @@ def variables_identity(variables) -> str:
 
     The write check's key of the trainable weights (``tfdpbnn.optimizers.state_checks.WriteWatch``): for a
     model whose weights are all trainable, the key of the weights is the weights' identity, computed once for
-    both (``_held_identity``: the same bytes are compared, not hashed again; the float variables' keys are
-    computed in the same call, for the record's snapshot that follows).
+    both (``_held_identity``: the same bytes are found by their quick digests, not hashed again; the float
+    variables' keys are computed in the same call, for the record's snapshot that follows).
     """
     return _held_identity("written", variables)[0]
 

@@ -16,6 +16,7 @@ from tfdpbnn.uncertainty.calibration import (
 from tfdpbnn.uncertainty.calibration_plan import CalibrationPlan, split_by_record
 from tfdpbnn.uncertainty.conformal import (
     ConformalThreshold,
+    conformal_privacy,
     conformal_threshold,
     conformity_scores,
     coverage_and_size,
@@ -35,14 +36,17 @@ from tfdpbnn.uncertainty.temperature import (
     fit_temperature,
     fit_temperature_private,
     scale_probabilities,
+    temperature_privacy,
 )
 
 __all__ = [
     "CalibrationPlan", "ConformalThreshold", "ExpectedCalibrationError", "HeteroscedasticGaussianNLL",
     "HeteroscedasticHead", "IterateAverage", "IterateMoments",
-    "MCPrediction", "MaximumCalibrationError", "PrivacyCost", "TemperatureScaling", "conformal_threshold",
+    "MCPrediction", "MaximumCalibrationError", "PrivacyCost", "TemperatureScaling", "conformal_privacy",
+    "conformal_threshold",
     "conformity_scores", "coverage_and_size", "expected_calibration_error", "fit_temperature",
     "fit_temperature_private", "heteroscedastic_nll", "maximum_calibration_error", "mc_predict",
     "min_calibration_size", "private_conformal_level",
     "private_conformal_threshold", "reliability_diagram", "scale_probabilities", "split_by_record",
+    "temperature_privacy",
 ]

@@ -120,16 +120,28 @@ class CalibrationPlan:
                                     self.conformal_steps, self.conformal_gamma, accountant)
 
     def fit(self, probs, labels, epsilon, delta, accountant="rdp", seeds=(None, None),
-            allow_uninformative=False):
+            allow_uninformative=False, *, optimizer=None, x=None, y=None, record_ids=None,
+            asserted_disjoint=None):
         """``(TemperatureScaling, ConformalThreshold)`` fit privately on held-out ``probs``/``labels``.
 
         The threshold is fit on the calibrated probabilities; ``seeds``: the two fits' noise seeds (None:
         secret noise; a seed, for tests and experiments, makes that release replayable: no guarantee). Fewer
         held-out examples than ``min_calibration_size`` are refused (``ValueError``) before either fit,
         unless ``allow_uninformative=True`` (``private_conformal_threshold``).
+
+        ``optimizer``: the DP optimizer whose privacy statement records both releases under the plan's
+        ``composition``; both are reserved before either fit queries the held-out data
+        (``optimizer.reserve_release``: a per-record budget refuses them first, nothing released), with the
+        held-out records as ``x``/``y`` (in the form training was given them) or ``record_ids``, or the
+        split asserted by ``asserted_disjoint`` (``optimizer.record_release``).
         """
-        from tfdpbnn.uncertainty.conformal import private_conformal_threshold
-        from tfdpbnn.uncertainty.temperature import fit_temperature_private
+        from tfdpbnn.record.private_release import release_reservation
+        from tfdpbnn.uncertainty.conformal import conformal_privacy, private_conformal_threshold
+        from tfdpbnn.uncertainty.temperature import (
+            _log_probs_and_labels,
+            fit_temperature_private,
+            temperature_privacy,
+        )
 
         eps_t, eps_c = self.release_epsilons(epsilon, delta, accountant)
         if not isinstance(allow_uninformative, bool):
@@ -142,14 +154,31 @@ class CalibrationPlan:
                 f"delta={delta:g}: they need at least {needed}; hold out more examples, raise epsilon, or "
                 "pass "
                 "allow_uninformative=True")
+        _log_probs_and_labels(probs, labels)  # bad input refused before anything is reserved
+        reserved = [None, None]
+        if optimizer is not None:  # both reserved before either fit: all or nothing
+            record = {"composition": self.composition, "x": x, "y": y, "record_ids": record_ids,
+                      "asserted_disjoint": asserted_disjoint}
+            reserved[0] = release_reservation(
+                temperature_privacy(eps_t, delta, self.temperature_steps, accountant, seed=seeds[0]),
+                optimizer, **record)
+            try:
+                reserved[1] = release_reservation(
+                    conformal_privacy(self.alpha, eps_c, delta, self.conformal_steps, self.conformal_gamma,
+                                      accountant, seed=seeds[1]), optimizer, **record)
+            except BaseException:
+                reserved[0].abandon()  # refused before either fit read the data
+                raise
+        else:  # record arguments without an optimizer: ValueError naming them
+            release_reservation(None, x=x, y=y, record_ids=record_ids, asserted_disjoint=asserted_disjoint)
         temperature = fit_temperature_private(probs, labels, eps_t, delta, steps=self.temperature_steps,
                                               accountant=accountant, seed=seeds[0],
-                                              null_zone=self.temperature_null_zone)
+                                              null_zone=self.temperature_null_zone, reservation=reserved[0])
         threshold = private_conformal_threshold(temperature.apply(probs), labels, self.alpha, eps_c, delta,
                                                 steps=self.conformal_steps, gamma=self.conformal_gamma,
                                                 accountant=accountant, seed=seeds[1],
                                                 allow_uninformative=allow_uninformative,
-                                                grid=self.conformal_grid)
+                                                grid=self.conformal_grid, reservation=reserved[1])
         return temperature, threshold
 
 

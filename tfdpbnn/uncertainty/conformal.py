@@ -47,7 +47,7 @@ import numpy as np
 from scipy import stats
 
 from tfdpbnn._validation import check_choice, check_positive_int, check_real
-from tfdpbnn.record.private_release import PrivacyCost, gaussian_queries, noisy_bisection
+from tfdpbnn.record.private_release import PrivacyCost, gaussian_queries, noisy_bisection, release_reservation
 from tfdpbnn.uncertainty.calibration import _labels, check_probabilities
 
 
@@ -156,7 +156,8 @@ def min_calibration_size(alpha, epsilon, delta, steps=6, gamma=0.1, accountant="
 
 def private_conformal_threshold(probs, labels, alpha, epsilon, delta, steps=6, gamma=0.1, accountant="rdp",
                                 neighboring="add_or_remove", seed=None, allow_uninformative=False,
-                                grid="linear"):
+                                grid="linear", *, optimizer=None, composition="sequential", x=None, y=None,
+                                record_ids=None, asserted_disjoint=None, reservation=None):
     """Split-conformal threshold from a private held-out split, (epsilon, delta)-DP (module docstring).
 
     Coverage >= 1 - ``alpha``; ``steps`` Gaussian queries over the candidate thresholds of ``grid``
@@ -171,6 +172,10 @@ def private_conformal_threshold(probs, labels, alpha, epsilon, delta, steps=6, g
 
     ``seed``: None (default: secret noise from the operating system's entropy) or a seed for tests and
     experiments, which makes the release replayable (``privacy.replayable_from``: no guarantee).
+
+    ``optimizer`` and the record arguments (``composition``, ``x``/``y``, ``record_ids``,
+    ``asserted_disjoint``), or ``reservation``: as ``fit_temperature_private``'s (the release is reserved
+    before the held-out data is queried, and recorded in the optimizer's statement with the result).
     """
     alpha = _check_alpha(alpha)
     gamma = check_real("gamma", gamma, low=0.0, high=1.0, low_open=True, high_open=True)
@@ -190,14 +195,28 @@ def private_conformal_threshold(probs, labels, alpha, epsilon, delta, steps=6, g
             f"need at least {needed} (the noise margin {margin:.1f} must stay below half of the "
             f"{(1 - c):.3g} (n + 1) scores left out); hold out more examples, raise epsilon or alpha, or "
             "pass allow_uninformative=True to accept sets that approach all labels")
+    cost = cost.with_noise_seed(seed)
+    reserved = release_reservation(cost, optimizer, reservation, composition, x, y, record_ids,
+                                   asserted_disjoint)
 
     def query(u):
         return float(np.sum(scores <= _grid_point(u, grid))) - c * (n + 1)
 
     _, hi = noisy_bisection(query, 0.0, 1.0, steps, noise_std=sigma, margin=margin, rng=seed)
-    return ConformalThreshold(threshold=_grid_point(hi, grid), alpha=alpha, num_examples=n,
-                              privacy=cost.with_noise_seed(seed),
-                              gamma=gamma, grid=grid)
+    result = ConformalThreshold(threshold=_grid_point(hi, grid), alpha=alpha, num_examples=n, privacy=cost,
+                                gamma=gamma, grid=grid)
+    if reserved is not None:
+        reserved.commit(result)
+    return result
+
+
+def conformal_privacy(alpha, epsilon, delta, steps=6, gamma=0.1, accountant="rdp",
+                      neighboring="add_or_remove", seed=None):
+    """The ``PrivacyCost`` of ``private_conformal_threshold`` with these arguments (no data read)."""
+    alpha = _check_alpha(alpha)
+    gamma = check_real("gamma", gamma, low=0.0, high=1.0, low_open=True, high_open=True)
+    steps = check_positive_int("steps", steps)
+    return _margin(alpha, epsilon, delta, steps, gamma, accountant, neighboring)[1].with_noise_seed(seed)
 
 
 def coverage_and_size(sets, labels):

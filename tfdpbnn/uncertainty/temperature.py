@@ -31,7 +31,7 @@ import tensorflow as tf
 from scipy import optimize
 
 from tfdpbnn._validation import check_positive, check_positive_int, check_real
-from tfdpbnn.record.private_release import PrivacyCost, gaussian_queries, noisy_bisection
+from tfdpbnn.record.private_release import PrivacyCost, gaussian_queries, noisy_bisection, release_reservation
 from tfdpbnn.uncertainty.calibration import _labels, check_probabilities
 
 #: log(p) is taken of max(p, this), so a probability that underflowed to 0 stays finite (float64 tiny).
@@ -124,7 +124,9 @@ def fit_temperature(probs, labels, bounds=DEFAULT_BOUNDS):
 
 
 def fit_temperature_private(probs, labels, epsilon, delta, steps=8, clip=3.0, bounds=DEFAULT_BOUNDS,
-                            accountant="rdp", neighboring="add_or_remove", seed=None, null_zone=None):
+                            accountant="rdp", neighboring="add_or_remove", seed=None, null_zone=None, *,
+                            optimizer=None, composition="sequential", x=None, y=None, record_ids=None,
+                            asserted_disjoint=None, reservation=None):
     """Temperature from a private held-out split by Gaussian noisy bisection, (epsilon, delta)-DP.
 
     Each of ``steps`` bisection steps on log T releases D(T) = sum_i clip(g_i(1/T), -clip, clip) plus
@@ -143,24 +145,50 @@ def fit_temperature_private(probs, labels, epsilon, delta, steps=8, clip=3.0, bo
     ``seed``: None (default: noise from the operating system's entropy, what a published guarantee needs)
     or a seed for tests and experiments; then the noise is replayable and the release's
     ``privacy.replayable_from`` names the seed (a statement that records it holds no guarantee).
+
+    ``optimizer``: the DP optimizer whose privacy statement records the release, reserved before the
+    held-out data is queried (``optimizer.reserve_release``: a per-record budget refuses it first, nothing
+    released) and recorded with the result; ``composition``, ``x``/``y`` (the held-out records in the form
+    training was given them), ``record_ids`` and ``asserted_disjoint`` as ``optimizer.record_release``
+    takes them. ``reservation``: a reservation made before instead (``release_reservation``).
     """
     log_p, labels = _log_probs_and_labels(probs, labels)
     low, high = _check_bounds(bounds)
     clip = check_positive("clip", clip)
     steps = check_positive_int("steps", steps)
-    sigma, cost = gaussian_queries(epsilon, delta, steps, "temperature_scaling_gaussian_bisection",
-                                   accountant, neighboring)
-    cost = cost.with_noise_seed(seed)
+    cost = temperature_privacy(epsilon, delta, steps, accountant, neighboring, seed)
+    sigma = cost.noise_multiplier
+    if null_zone is not None:
+        null_zone = check_positive("null_zone", null_zone)
+        if not low < 1.0 < high:
+            raise ValueError(f"bounds must hold the temperature 1 strictly inside when null_zone is set, got "
+                             f"{bounds!r}")
+    reserved = release_reservation(cost, optimizer, reservation, composition, x, y, record_ids,
+                                   asserted_disjoint)
+    result = _bisect_temperature(log_p, labels, low, high, clip, steps, sigma, cost, seed, null_zone)
+    if reserved is not None:
+        reserved.commit(result)
+    return result
+
+
+def temperature_privacy(epsilon, delta, steps=8, accountant="rdp", neighboring="add_or_remove", seed=None):
+    """The ``PrivacyCost`` of ``fit_temperature_private`` with these arguments (no data read).
+
+    ``steps`` Gaussian queries calibrated to (``epsilon``, ``delta``) (``gaussian_queries``), marked
+    replayable when ``seed`` is given.
+    """
+    return gaussian_queries(epsilon, delta, steps, "temperature_scaling_gaussian_bisection", accountant,
+                            neighboring)[1].with_noise_seed(seed)
+
+
+def _bisect_temperature(log_p, labels, low, high, clip, steps, sigma, cost, seed, null_zone):
+    """``fit_temperature_private``'s noisy bisection on checked arguments."""
     def query(log_t):  # nondecreasing in log T: -D(T)
         return -float(np.sum(np.clip(per_example_derivatives(log_p, labels, math.exp(-log_t)), -clip, clip)))
 
     lo, hi = math.log(low), math.log(high)
     rng = np.random.default_rng(seed)
     if null_zone is not None:
-        null_zone = check_positive("null_zone", null_zone)
-        if not low < 1.0 < high:
-            raise ValueError(f"bounds must hold the temperature 1 strictly inside when null_zone is set, got "
-                             f"{bounds!r}")
         noisy = query(0.0) + rng.normal(0.0, sigma * clip)
         if abs(noisy) < null_zone * sigma * clip:
             return TemperatureScaling(temperature=1.0, privacy=cost, num_examples=len(labels), clip=clip)
