@@ -439,6 +439,36 @@ def test_data_digests_started_before_the_checks_serve_only_the_arrays_they_read(
     assert store.data_fingerprint(x, y) == "data:" + store._hash_arrays([x, y]) != fingerprint
 
 
+def test_a_runs_reservation_is_on_the_disk_before_a_callback_can_save_what_it_trained(monkeypatch):
+    import os
+
+    import pytest
+    import tensorflow as tf
+
+    synced, seen = [], []
+    sync = store._sync_log
+    monkeypatch.setattr(store, "_sync_log", lambda path: sync(path) or synced.append(path))
+
+    class Saver(tf.keras.callbacks.Callback):  # where a ModelCheckpoint would save the weights
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append((len(store._SYNCING), list(synced)))
+
+    x, y, model = _compiled_small()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[Saver()])
+    path = os.path.abspath(store.default_path())
+    assert os.path.exists(path + "-wal")  # the write-ahead log _sync_log waits for
+    # The run's start committed its reservation and waited for the disk beside the first step: done before
+    # the first batch's end reached any other callback, and before fit returned.
+    assert [pending for pending, _ in seen] == [0, 0] and seen[0][1] == [path]
+    assert store._SYNCING == [] and synced == [path]
+    # A wait for the disk that fails fails the fit, at the first batch's end.
+    monkeypatch.setattr(store, "_sync_log", lambda path: (_ for _ in ()).throw(OSError("the disk is gone")))
+    seen.clear()
+    with pytest.raises(OSError, match="the disk is gone"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[Saver()])
+    assert seen == [] and store._SYNCING == []
+
+
 def _compare_in_child(a):
     b = a.copy()
     equal = store.same_bytes(a, b)
@@ -834,9 +864,9 @@ def test_a_fits_start_accepts_an_epoch_ends_weights_by_the_identity_the_record_u
                         lambda self, it: compared.append(1) or original_changed(self, it))
     original_begin = run_record.RunRecord._begin
 
-    def begin(self, model, dataset, planned_steps, record_keys, identity=None):
+    def begin(self, model, dataset, planned_steps, record_keys, identity=None, *rest):
         used.append((identity[1:], store.weights_identity(model)))
-        return original_begin(self, model, dataset, planned_steps, record_keys, identity)
+        return original_begin(self, model, dataset, planned_steps, record_keys, identity, *rest)
 
     monkeypatch.setattr(run_record.RunRecord, "_begin", begin)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # the last epoch end's weights

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tfdpbnn import _private_api
 from tfdpbnn.record import attributes
+from tfdpbnn.record import store as record_store
 
 #: The key of the constant a DP step returns when it releases no training metric and Keras runs several steps
 #: per train function (which needs some output); ``DPTrainingMonitor`` takes it out of the logs.
@@ -286,8 +287,11 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         """Count steps; run the Poisson test after 8, 16, 32, ... steps; stop before passing the budget.
 
-        Training-batch metrics not released (``release_training_metrics``) are taken out of the logs.
+        Training-batch metrics not released (``release_training_metrics``) are taken out of the logs. The
+        run's reservation, whose wait for the disk ran beside the first steps, is on the disk before any
+        later callback can save what they trained (``record_store.wait_durable``).
         """
+        record_store.wait_durable()
         self._withhold_training_metrics(logs)
         self._steps += self._per_call
         if self._open_steps is not None:  # a Poisson phase (_train_begin)
@@ -341,6 +345,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         steps), ``logs["epsilon_rdp"]`` (RDP's bound, also an upper bound) at every epoch end and
         ``logs["epsilon"]`` by the optimizer's accountant at the last planned epoch or when training stops.
         """
+        record_store.wait_durable()
         self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
         # The checks, snapshot and epsilon: no step. With no callback but tfdpbnn's (which take no step and
@@ -381,6 +386,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         """Write the run's final snapshot to the privacy record store."""
+        record_store.wait_durable()
         self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
         self._snapshot_due = False  # the last epoch's end: the same weights and ledger as this final snapshot

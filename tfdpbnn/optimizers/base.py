@@ -692,7 +692,7 @@ class DPOptimizerMixin:
         """
         import dp_accounting
 
-        from tfdpbnn.record.other_releases import ReleaseReservation
+        from tfdpbnn.record.private_release import ReleaseReservation
 
         if not isinstance(getattr(cost, "dp_event", None), dp_accounting.DpEvent):
             raise ValueError("cost must have a dp_accounting DpEvent as `dp_event` (a "

@@ -269,7 +269,11 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=No
         _note_ids_without_rows(optimizer)
     if arguments.get("validation_data") is not None:
         _refuse_validation_on_training_records(arguments["validation_data"], keys)
-    attributes.run_record(optimizer).begin(model, fingerprint, planned, record_keys=keys, identity=identity)
+    # The reservation's wait for the disk runs beside the first steps: the monitor (the first callback)
+    # joins it at the first batch's end, before any other callback can save what the run trained, and
+    # fit joins it before it returns or raises.
+    attributes.run_record(optimizer).begin(model, fingerprint, planned, record_keys=keys, identity=identity,
+                                           sync_on_worker=True)
     optimizer.note_released_training_metrics()
     if arguments.get("validation_split"):
         optimizer.note_uncovered_release("validation_split")
@@ -375,18 +379,23 @@ def install() -> None:
         arguments = dict(bound.arguments)
         arguments.pop("self")
         extra = arguments.pop("kwargs", {}) or {}
-        arguments = _dp_fit_arguments(self, optimizer, arguments, record_ids)
-        retrace_for(self, optimizer)
-        optimizer._dp_in_fit += 1  # steps outside a fit may not count in its phase (_require_open_phase)
+        from tfdpbnn.record.store import wait_durable
+
         try:
-            with _private_api.fit_build_context(self):
-                return _original_fit(self, **arguments, **extra)
-        except BaseException:
-            # Keras calls no on_train_end on an error: what ran up to it (a crash mid-epoch) is recorded.
-            attributes.run_record(optimizer).snapshot(self, final=True)
-            raise
+            arguments = _dp_fit_arguments(self, optimizer, arguments, record_ids)
+            retrace_for(self, optimizer)
+            optimizer._dp_in_fit += 1  # steps outside a fit may not count in its phase (_require_open_phase)
+            try:
+                with _private_api.fit_build_context(self):
+                    return _original_fit(self, **arguments, **extra)
+            except BaseException:
+                # Keras calls no on_train_end on an error: what ran up to it (a crash mid-epoch) is recorded.
+                attributes.run_record(optimizer).snapshot(self, final=True)
+                raise
+            finally:
+                optimizer._dp_in_fit -= 1
         finally:
-            optimizer._dp_in_fit -= 1
+            wait_durable()  # the run's reservation is on the disk before fit returns or raises
 
     tf.keras.Model.fit = fit
 

@@ -59,59 +59,6 @@ class RestoredRelease:
         return dict(self.record)
 
 
-class ReleaseReservation:
-    """A private release reserved for an optimizer's statement (and the per-record ledger) before it runs.
-
-    Made by ``optimizer.reserve_release``: the composition checked, the release's records named and its
-    planned ``DpEvent`` written to the per-record ledger (``RecordLedger.reserve``: a per-record budget
-    refuses it there, before the release reads its data). ``commit(release)`` puts the release into the
-    optimizer's statement with what it spent; ``abandon()`` commits nothing spent (only for a release that
-    drew no noise and read no data). Leaving neither done keeps the planned event in the ledger (an upper
-    bound), as after a crash.
-    """
-
-    def __init__(self, optimizer, cost, composition: str, basis: str | None, ledger_part):
-        self._optimizer = optimizer
-        self.cost = cost
-        self.composition = composition
-        self._basis = basis
-        self._ledger = ledger_part  # (Reservation, phase ids, on the training records, token) or None
-        self.done = False
-
-    def _finish(self) -> None:
-        if self.done:
-            raise ValueError("reservation: this release reservation was already committed or abandoned")
-        self.done = True
-
-    def commit(self, release) -> None:
-        """Write what ``release`` spent and compose it into the optimizer's statement.
-
-        ``release.privacy.dp_event`` must be the reserved event (``ValueError`` otherwise: nothing written).
-        """
-        from tfdpbnn.record.record_ledger import event_to_config
-
-        spent = getattr(getattr(release, "privacy", None), "dp_event", None)
-        if not isinstance(spent, dp_accounting.DpEvent) or event_to_config(spent) != event_to_config(
-                self.cost.dp_event):
-            raise ValueError(f"release: its privacy event ({spent!r}) is not the reserved one "
-                             f"({self.cost.dp_event!r})")
-        self._finish()
-        if self._ledger is not None:
-            reservation, phase_ids, on_training, token = self._ledger
-            reservation.commit(spent, phase_ids=phase_ids)
-            attributes.release_ledger(self._optimizer)[id(release)] = (reservation.release_id, on_training,
-                                                                       token)
-        if self._basis is not None:
-            attributes.parallel_basis(self._optimizer)[id(release)] = self._basis
-        attributes.releases(self._optimizer).append((release, self.composition))
-
-    def abandon(self) -> None:
-        """Commit nothing spent: the release drew no noise and read none of its data (refused before)."""
-        self._finish()
-        if self._ledger is not None:
-            self._ledger[0].commit(dp_accounting.NoOpDpEvent(), phase_ids=self._ledger[1])
-
-
 def release_config(release, composition: str, basis: str | None, ledger_release: int | None,
                    on_training_records: bool, ledger_token: str | None = None) -> dict:
     """JSON-safe config of one recorded release (``get_config()["privacy_ledger"]["releases"]``).
@@ -300,6 +247,6 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
     return statement
 
 
-__all__ = ["ReleaseReservation", "RestoredRelease", "SearchRecord", "add_other_releases",
-           "adopt_search_record", "composed_epsilon", "release_config", "release_from_config",
-           "replayable_releases", "search_config", "search_from_config"]
+__all__ = ["RestoredRelease", "SearchRecord", "add_other_releases", "adopt_search_record",
+           "composed_epsilon", "release_config", "release_from_config", "replayable_releases",
+           "search_config", "search_from_config"]

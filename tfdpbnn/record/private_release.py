@@ -21,6 +21,7 @@ import numpy as np
 
 from tfdpbnn._validation import check_choice, check_open_unit, check_positive, check_positive_int
 from tfdpbnn.privacy.budget import SENSITIVITY, calibrate_noise, compute_epsilon, dp_sgd_event
+from tfdpbnn.record import attributes
 from tfdpbnn.record.record_ledger import event_to_config
 
 
@@ -90,6 +91,57 @@ def _gaussian_queries(epsilon, delta, queries, mechanism, accountant, neighborin
                               queries=queries)
 
 
+class ReleaseReservation:
+    """A private release reserved for an optimizer's statement (and the per-record ledger) before it runs.
+
+    Made by ``optimizer.reserve_release``: the composition checked, the release's records named and its
+    planned ``DpEvent`` written to the per-record ledger (``RecordLedger.reserve``: a per-record budget
+    refuses it there, before the release reads its data). ``commit(release)`` puts the release into the
+    optimizer's statement with what it spent; ``abandon()`` commits nothing spent (only for a release that
+    drew no noise and read no data). Leaving neither done keeps the planned event in the ledger (an upper
+    bound), as after a crash.
+    """
+
+    def __init__(self, optimizer, cost, composition: str, basis: str | None, ledger_part):
+        self._optimizer = optimizer
+        self.cost = cost
+        self.composition = composition
+        self._basis = basis
+        self._ledger = ledger_part  # (Reservation, phase ids, on the training records, token) or None
+        self.done = False
+
+    def _finish(self) -> None:
+        if self.done:
+            raise ValueError("reservation: this release reservation was already committed or abandoned")
+        self.done = True
+
+    def commit(self, release) -> None:
+        """Write what ``release`` spent and compose it into the optimizer's statement.
+
+        ``release.privacy.dp_event`` must be the reserved event (``ValueError`` otherwise: nothing written).
+        """
+        spent = getattr(getattr(release, "privacy", None), "dp_event", None)
+        if not isinstance(spent, dp_accounting.DpEvent) or event_to_config(spent) != event_to_config(
+                self.cost.dp_event):
+            raise ValueError(f"release: its privacy event ({spent!r}) is not the reserved one "
+                             f"({self.cost.dp_event!r})")
+        self._finish()
+        if self._ledger is not None:
+            reservation, phase_ids, on_training, token = self._ledger
+            reservation.commit(spent, phase_ids=phase_ids)
+            attributes.release_ledger(self._optimizer)[id(release)] = (reservation.release_id, on_training,
+                                                                       token)
+        if self._basis is not None:
+            attributes.parallel_basis(self._optimizer)[id(release)] = self._basis
+        attributes.releases(self._optimizer).append((release, self.composition))
+
+    def abandon(self) -> None:
+        """Commit nothing spent: the release drew no noise and read none of its data (refused before)."""
+        self._finish()
+        if self._ledger is not None:
+            self._ledger[0].commit(dp_accounting.NoOpDpEvent(), phase_ids=self._ledger[1])
+
+
 def release_reservation(cost, optimizer=None, reservation=None, composition="sequential", x=None, y=None,
                         record_ids=None, asserted_disjoint=None):
     """The ``ReleaseReservation`` a private fit of ``cost`` commits its result to, or None.
@@ -111,8 +163,6 @@ def release_reservation(cost, optimizer=None, reservation=None, composition="seq
                              "optimizer whose privacy statement records the release)")
         if reservation is None:
             return None
-        from tfdpbnn.record.other_releases import ReleaseReservation
-
         if not isinstance(reservation, ReleaseReservation) or reservation.done:
             raise ValueError("reservation: a ReleaseReservation from optimizer.reserve_release not yet "
                              f"committed, got {reservation!r}")

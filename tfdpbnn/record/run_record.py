@@ -138,18 +138,21 @@ class RunRecord:
         return {p.phase_id: p for p in self._optimizer.ledger.phases}
 
     def begin(self, model, dataset: str | None, planned_steps: int | None, record_keys=None,
-              identity=None) -> None:
+              identity=None, sync_on_worker: bool = False) -> None:
         """Inherit the weights' record, check the budgets, reserve in the ledger, write the run (module).
 
         ``record_keys``: the keys of the run's records (``tfdpbnn.record.records.input_keys``), or None when
         they are unknown (a pipeline without keys). ``identity``: ``(variables, weights' identity, keys)``
         as ``record_store.weights_identity`` gave them for the model's variables as they are now (the
         run's start computed them after its checks); used when ``variables`` are still ``model.weights``.
+        ``sync_on_worker``: the transaction's wait for the disk runs on the worker thread, beside the first
+        steps (``record_store.transaction``); the caller joins it (``record_store.wait_durable``) before
+        anything trained in the run can leave the process.
         """
         with attributes.ledger_state(self._optimizer).reading_once():  # no step, no restore in between
-            self._begin(model, dataset, planned_steps, record_keys, identity)
+            self._begin(model, dataset, planned_steps, record_keys, identity, sync_on_worker)
 
-    def _begin(self, model, dataset, planned_steps, record_keys, identity=None) -> None:
+    def _begin(self, model, dataset, planned_steps, record_keys, identity=None, sync_on_worker=False) -> None:
         self._model = weakref.ref(model)
         self.store = record_store.default_store()
         self.run_id = None
@@ -172,7 +175,7 @@ class RunRecord:
         # One write transaction (one commit) for the weights' record, the releases linked to it, the data
         # set's budget check, the ledger's reservation and the run's row: two runs started together on the
         # same data or weights are serialized, and share no stale read.
-        with record_store.transaction(self.store.path):
+        with record_store.transaction(self.store.path, sync_on_worker=sync_on_worker):
             self._begin_in_transaction(weights, dataset, planned_steps, record_keys, variables,
                                        legacy=_legacy(model))
 

@@ -597,6 +597,39 @@ def kept_connection(path: str, timeout: float) -> sqlite3.Connection:
     return conn
 
 
+#: Commits whose wait for the disk runs on the worker thread (``transaction(sync_on_worker=True)``): each
+#: as (process id, future of the wait), joined by ``wait_durable``.
+_SYNCING: list[tuple] = []
+
+
+def _sync_log(path: str) -> None:
+    """Wait until what was committed to the SQLite file ``path`` is on the disk (``fsync`` of its log).
+
+    What ``PRAGMA synchronous=FULL`` does at a commit in WAL mode. A log that is gone was checkpointed into
+    the file, which SQLite syncs itself after a checkpoint (also under ``synchronous=NORMAL``).
+    """
+    try:
+        fd = os.open(path + "-wal", os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def wait_durable() -> None:
+    """Return once every commit whose wait for the disk runs on the worker thread is on the disk.
+
+    Raises the ``OSError`` of a failed wait. Waits of another process (a parent's, in a forked child) are
+    that process's.
+    """
+    while _SYNCING:
+        pid, pending = _SYNCING.pop()
+        if pid == os.getpid():
+            pending.result()
+
+
 #: The open transaction of each (path as given, process, thread): a nested ``transaction`` joins it at once.
 _IN_TRANSACTION: dict[tuple, sqlite3.Connection] = {}
 #: ``total_changes`` of each connection (by id) when its open ``transaction`` began (``unwritten``).
@@ -614,13 +647,18 @@ def unwritten(conn: sqlite3.Connection) -> bool:
 
 
 @contextlib.contextmanager
-def transaction(path: str, timeout: float = 60.0, mode: str = "IMMEDIATE", durable: bool = True):
+def transaction(path: str, timeout: float = 60.0, mode: str = "IMMEDIATE", durable: bool = True,
+                sync_on_worker: bool = False):
     """The kept connection to ``path`` inside one transaction (committed at the end, rolled back on an error).
 
     Inside another ``transaction`` on the same file (same process and thread) it joins that one, so that
     several writes (a run's row and its ledger reservation) share one commit and one wait for the disk.
     ``mode``: "IMMEDIATE" (the write lock at once: serialized with every other process) or "DEFERRED"
     (reads). ``durable=False``: the commit does not wait for the disk (``synchronous=NORMAL``).
+    ``sync_on_worker=True``: the commit is visible to every process (and survives a crash of this one) when
+    the block ends, and the wait for the disk runs on the worker thread (``_sync_log``) until
+    ``wait_durable`` joins it: for a write that must be on the disk before what follows can leave the
+    process, not before the process goes on (a run's reservation, before its weights can be saved).
     """
     import threading
 
@@ -633,7 +671,8 @@ def transaction(path: str, timeout: float = 60.0, mode: str = "IMMEDIATE", durab
     if conn.in_transaction:
         yield conn
         return
-    if not durable:
+    later = durable and sync_on_worker
+    if not durable or later:
         conn.execute("PRAGMA synchronous=NORMAL")
     _IN_TRANSACTION[key] = conn
     try:
@@ -645,10 +684,12 @@ def transaction(path: str, timeout: float = 60.0, mode: str = "IMMEDIATE", durab
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        if later:
+            _SYNCING.append((os.getpid(), _comparer().submit(_sync_log, os.path.abspath(os.fspath(path)))))
     finally:
         _IN_TRANSACTION.pop(key, None)
         _CHANGES_AT_BEGIN.pop(id(conn), None)
-        if not durable:
+        if not durable or later:
             conn.execute("PRAGMA synchronous=FULL")  # the kept connection's setting for everyone else
 
 
