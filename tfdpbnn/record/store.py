@@ -624,8 +624,11 @@ def wait_durable() -> None:
     Raises the ``OSError`` of a failed wait. Waits of another process (a parent's, in a forked child) are
     that process's.
     """
-    while _SYNCING:
-        pid, pending = _SYNCING.pop()
+    while True:
+        try:
+            pid, pending = _SYNCING.pop()  # atomic: fits in two threads each join what they find
+        except IndexError:
+            return
         if pid == os.getpid():
             pending.result()
 
