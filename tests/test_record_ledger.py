@@ -488,6 +488,41 @@ def test_a_private_calibration_over_the_budget_is_refused_before_it_queries_its_
     assert queried == []
 
 
+def test_a_release_calibrated_under_another_adjacency_is_refused_and_the_optimizers_is_used():
+    # A temperature calibrated under add/remove (sensitivity clip) was composed into a replace-one
+    # optimizer's statement and ledger as it was: under replace-one the sum's sensitivity is 2 clip, so its
+    # noise multiplier there is half, and the printed epsilon understated it.
+    x, y = small_data()
+    x_cal, y_cal = small_data(n=16, seed=7)
+    model = small_model()
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA,
+                                 neighboring="replace_one")
+    model.compile(optimizer=opt, loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    probs = tf.nn.softmax(model(x_cal)).numpy()
+    elsewhere = tfdpbnn.uncertainty.fit_temperature_private(probs, y_cal, epsilon=1.0, delta=DELTA, steps=4)
+    assert elsewhere.privacy.neighboring == "add_or_remove"
+    with pytest.raises(ValueError, match="neighboring: the release's noise was calibrated to the sensitivity "
+                                         "under 'add_or_remove'"):
+        opt.record_release(elsewhere, x=x_cal, y=y_cal)
+    with pytest.raises(ValueError, match="neighboring="):
+        tfdpbnn.uncertainty.fit_temperature_private(probs, y_cal, epsilon=1.0, delta=DELTA, steps=4,
+                                                    neighboring="add_or_remove", optimizer=opt)
+    assert opt.privacy_statement().get("releases") is None
+    # Given the optimizer, the fit takes its relation: half the noise multiplier per unit of sensitivity.
+    fit = tfdpbnn.uncertainty.fit_temperature_private(probs, y_cal, epsilon=1.0, delta=DELTA, steps=4,
+                                                      optimizer=opt, x=x_cal, y=y_cal)
+    sigma = fit.privacy.noise_multiplier
+    assert fit.privacy.neighboring == "replace_one"
+    assert fit.privacy.dp_event == _gaussians(sigma / 2.0, 4)
+    replace_one = dp_accounting.rdp.RdpAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    truth = replace_one.compose(_gaussians(sigma / 2.0, 4)).get_epsilon(DELTA)
+    assert truth == pytest.approx(1.0, rel=0.05)  # the calibration meets its epsilon under replace-one
+    got = _ledger().max_epsilon(records.content_keys(x_cal, y_cal), DELTA)
+    assert got == pytest.approx(truth, rel=0.01)
+
+
 def test_a_release_without_its_data_counts_for_records_the_model_trains_on_after_it():
     # A release recorded without its data is written against the records the model had trained on. The
     # ledger bound left it out of every record's composition ("in their histories already"): records the

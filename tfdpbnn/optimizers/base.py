@@ -701,6 +701,13 @@ class DPOptimizerMixin:
         if composition == "parallel" and self.neighboring != "add_or_remove":
             raise ValueError(f"composition: parallel composition over a record-wise split needs add/remove "
                              f"adjacency, this optimizer uses {self.neighboring!r}; use 'sequential'")
+        relation = getattr(cost, "neighboring", None)
+        if relation is not None and relation != self.neighboring:
+            raise ValueError(
+                f"neighboring: the release's noise was calibrated to the sensitivity under {relation!r} and "
+                f"this optimizer accounts under {self.neighboring!r} (replace-one doubles a sum's "
+                "sensitivity): composed here its cost would be understated. Compute the release with "
+                f"neighboring={self.neighboring!r} (the private fits given optimizer= take its relation).")
         keys = None
         if x is not None or record_ids is not None:
             from tfdpbnn.record.records import record_keys

@@ -142,6 +142,17 @@ class ReleaseReservation:
             self._ledger[0].commit(dp_accounting.NoOpDpEvent(), phase_ids=self._ledger[1])
 
 
+def release_relation(neighboring, optimizer=None) -> str:
+    """The adjacency a private fit calibrates its noise to: ``neighboring``, else ``optimizer``'s relation.
+
+    None with no optimizer: "add_or_remove". A fit recorded by an optimizer must use its relation
+    (``optimizer.reserve_release`` refuses another: replace-one doubles a sum's sensitivity).
+    """
+    if neighboring is not None:
+        return neighboring
+    return getattr(optimizer, "neighboring", None) or "add_or_remove"
+
+
 def release_reservation(cost, optimizer=None, reservation=None, composition="sequential", x=None, y=None,
                         record_ids=None, asserted_disjoint=None):
     """The ``ReleaseReservation`` a private fit of ``cost`` commits its result to, or None.

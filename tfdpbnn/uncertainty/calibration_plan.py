@@ -135,7 +135,7 @@ class CalibrationPlan:
         held-out records as ``x``/``y`` (in the form training was given them) or ``record_ids``, or the
         split asserted by ``asserted_disjoint`` (``optimizer.record_release``).
         """
-        from tfdpbnn.record.private_release import release_reservation
+        from tfdpbnn.record.private_release import release_relation, release_reservation
         from tfdpbnn.uncertainty.conformal import conformal_privacy, private_conformal_threshold
         from tfdpbnn.uncertainty.temperature import (
             _log_probs_and_labels,
@@ -155,28 +155,29 @@ class CalibrationPlan:
                 "pass "
                 "allow_uninformative=True")
         _log_probs_and_labels(probs, labels)  # bad input refused before anything is reserved
+        relation = release_relation(None, optimizer)  # the optimizer's adjacency, else add/remove
         reserved = [None, None]
         if optimizer is not None:  # both reserved before either fit: all or nothing
             record = {"composition": self.composition, "x": x, "y": y, "record_ids": record_ids,
                       "asserted_disjoint": asserted_disjoint}
             reserved[0] = release_reservation(
-                temperature_privacy(eps_t, delta, self.temperature_steps, accountant, seed=seeds[0]),
+                temperature_privacy(eps_t, delta, self.temperature_steps, accountant, relation, seeds[0]),
                 optimizer, **record)
             try:
                 reserved[1] = release_reservation(
                     conformal_privacy(self.alpha, eps_c, delta, self.conformal_steps, self.conformal_gamma,
-                                      accountant, seed=seeds[1]), optimizer, **record)
+                                      accountant, relation, seeds[1]), optimizer, **record)
             except BaseException:
                 reserved[0].abandon()  # refused before either fit read the data
                 raise
         else:  # record arguments without an optimizer: ValueError naming them
             release_reservation(None, x=x, y=y, record_ids=record_ids, asserted_disjoint=asserted_disjoint)
         temperature = fit_temperature_private(probs, labels, eps_t, delta, steps=self.temperature_steps,
-                                              accountant=accountant, seed=seeds[0],
+                                              accountant=accountant, neighboring=relation, seed=seeds[0],
                                               null_zone=self.temperature_null_zone, reservation=reserved[0])
         threshold = private_conformal_threshold(temperature.apply(probs), labels, self.alpha, eps_c, delta,
                                                 steps=self.conformal_steps, gamma=self.conformal_gamma,
-                                                accountant=accountant, seed=seeds[1],
+                                                accountant=accountant, neighboring=relation, seed=seeds[1],
                                                 allow_uninformative=allow_uninformative,
                                                 grid=self.conformal_grid, reservation=reserved[1])
         return temperature, threshold

@@ -47,7 +47,13 @@ import numpy as np
 from scipy import stats
 
 from tfdpbnn._validation import check_choice, check_positive_int, check_real
-from tfdpbnn.record.private_release import PrivacyCost, gaussian_queries, noisy_bisection, release_reservation
+from tfdpbnn.record.private_release import (
+    PrivacyCost,
+    gaussian_queries,
+    noisy_bisection,
+    release_relation,
+    release_reservation,
+)
 from tfdpbnn.uncertainty.calibration import _labels, check_probabilities
 
 
@@ -155,7 +161,7 @@ def min_calibration_size(alpha, epsilon, delta, steps=6, gamma=0.1, accountant="
 
 
 def private_conformal_threshold(probs, labels, alpha, epsilon, delta, steps=6, gamma=0.1, accountant="rdp",
-                                neighboring="add_or_remove", seed=None, allow_uninformative=False,
+                                neighboring=None, seed=None, allow_uninformative=False,
                                 grid="linear", *, optimizer=None, composition="sequential", x=None, y=None,
                                 record_ids=None, asserted_disjoint=None, reservation=None):
     """Split-conformal threshold from a private held-out split, (epsilon, delta)-DP (module docstring).
@@ -174,9 +180,11 @@ def private_conformal_threshold(probs, labels, alpha, epsilon, delta, steps=6, g
     experiments, which makes the release replayable (``privacy.replayable_from``: no guarantee).
 
     ``optimizer`` and the record arguments (``composition``, ``x``/``y``, ``record_ids``,
-    ``asserted_disjoint``), or ``reservation``: as ``fit_temperature_private``'s (the release is reserved
-    before the held-out data is queried, and recorded in the optimizer's statement with the result).
+    ``asserted_disjoint``), or ``reservation``, and ``neighboring`` (None: the optimizer's, else
+    "add_or_remove"): as ``fit_temperature_private``'s (the release is reserved before the held-out data is
+    queried, and recorded in the optimizer's statement with the result).
     """
+    neighboring = release_relation(neighboring, optimizer)
     alpha = _check_alpha(alpha)
     gamma = check_real("gamma", gamma, low=0.0, high=1.0, low_open=True, high_open=True)
     steps = check_positive_int("steps", steps)

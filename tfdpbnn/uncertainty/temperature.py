@@ -31,7 +31,13 @@ import tensorflow as tf
 from scipy import optimize
 
 from tfdpbnn._validation import check_positive, check_positive_int, check_real
-from tfdpbnn.record.private_release import PrivacyCost, gaussian_queries, noisy_bisection, release_reservation
+from tfdpbnn.record.private_release import (
+    PrivacyCost,
+    gaussian_queries,
+    noisy_bisection,
+    release_relation,
+    release_reservation,
+)
 from tfdpbnn.uncertainty.calibration import _labels, check_probabilities
 
 #: log(p) is taken of max(p, this), so a probability that underflowed to 0 stays finite (float64 tiny).
@@ -124,7 +130,7 @@ def fit_temperature(probs, labels, bounds=DEFAULT_BOUNDS):
 
 
 def fit_temperature_private(probs, labels, epsilon, delta, steps=8, clip=3.0, bounds=DEFAULT_BOUNDS,
-                            accountant="rdp", neighboring="add_or_remove", seed=None, null_zone=None, *,
+                            accountant="rdp", neighboring=None, seed=None, null_zone=None, *,
                             optimizer=None, composition="sequential", x=None, y=None, record_ids=None,
                             asserted_disjoint=None, reservation=None):
     """Temperature from a private held-out split by Gaussian noisy bisection, (epsilon, delta)-DP.
@@ -151,7 +157,9 @@ def fit_temperature_private(probs, labels, epsilon, delta, steps=8, clip=3.0, bo
     released) and recorded with the result; ``composition``, ``x``/``y`` (the held-out records in the form
     training was given them), ``record_ids`` and ``asserted_disjoint`` as ``optimizer.record_release``
     takes them. ``reservation``: a reservation made before instead (``release_reservation``).
+    ``neighboring``: the adjacency the noise is calibrated to; None: the optimizer's, else "add_or_remove".
     """
+    neighboring = release_relation(neighboring, optimizer)
     log_p, labels = _log_probs_and_labels(probs, labels)
     low, high = _check_bounds(bounds)
     clip = check_positive("clip", clip)
