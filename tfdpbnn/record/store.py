@@ -187,7 +187,7 @@ def _quick_digests(arrays) -> tuple:
 
 
 def _holdable(arrays) -> bool:
-    """Whether ``arrays`` are plain numeric arrays in C order (no subclass): those ``_held_digest`` holds."""
+    """Whether ``arrays`` are plain numeric arrays in C order (no subclass): those whose digests are held."""
     return bool(arrays) and all(type(a) is np.ndarray and a.dtype.kind in "biufc" and a.flags.c_contiguous
                                 for a in arrays)
 
@@ -420,8 +420,7 @@ def _held_identity(kind: str, variables, arrays=None) -> tuple[str, list[str]]:
         reads = [_private_api.read_tensor_and_view(v) for v in variables]
         arrays = [view for _, view in reads]
     arrays = [np.asarray(a) for a in arrays]
-    holdable = bool(arrays) and all(
-        type(a) is np.ndarray and a.dtype.kind in "biufc" and a.flags.c_contiguous for a in arrays)
+    holdable = _holdable(arrays)
     quick = _quick_digests(arrays) if holdable else None
     if holdable:
         for key, entry in reversed(list(_HELD_WEIGHTS.items())):
