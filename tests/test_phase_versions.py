@@ -63,7 +63,7 @@ def test_incremental_reads_equal_full_reads_after_every_kind_of_write(tmp_path):
     phases = [101, 202, 303]
     steps = {p: 0 for p in phases}
     open_runs: list[tuple[str, int]] = []
-    weights = "weights:v2:start"
+    weights = "weights:v3:start"
     run_store.snapshot(run_store.begin_run("data:d", weights, _phase(101, 1)), weights, _phase(101, 1),
                        PrivacyLedger([_phase(p, 1) for p in phases]), final=True)
     checked = 0
@@ -77,7 +77,7 @@ def test_incremental_reads_equal_full_reads_after_every_kind_of_write(tmp_path):
         elif action == 1:  # an epoch's snapshot of an open run
             run_id, p = open_runs[int(rng.integers(len(open_runs)))]
             steps[p] += 1
-            run_store.snapshot(run_id, f"weights:v2:{step}", _phase(p, steps[p]), PrivacyLedger([]))
+            run_store.snapshot(run_id, f"weights:v3:{step}", _phase(p, steps[p]), PrivacyLedger([]))
         elif action == 2:  # a run ends, maybe below its plan; sometimes a second final snapshot follows
             run_id, p = open_runs.pop(int(rng.integers(len(open_runs))))
             steps[p] += int(rng.integers(0, 2))
@@ -106,7 +106,7 @@ def test_incremental_reads_equal_full_reads_after_every_kind_of_write(tmp_path):
 def test_a_run_start_reads_only_the_rows_added_since(tmp_path, monkeypatch):
     """After the first read of a phase, a read finds the rows added since: one new run, not all of them."""
     run_store = store.RunStore(str(tmp_path / "record.sqlite"))
-    weights = "weights:v2:w"
+    weights = "weights:v3:w"
     for k in range(1, 41):  # 40 one-step runs of one phase, each ending with the same weights
         run_id = run_store.begin_run("data:d", weights, _phase(7, k))
         run_store.snapshot(run_id, weights, _phase(7, k), PrivacyLedger([_phase(7, k)]), final=True)
@@ -133,7 +133,7 @@ def test_a_transaction_that_wrote_reads_in_full_and_a_replaced_file_is_read_agai
     """Rows a transaction wrote are read, never remembered; a file copied over the path is read anew."""
     path = str(tmp_path / "record.sqlite")
     run_store = store.RunStore(path)
-    weights = "weights:v2:w"
+    weights = "weights:v3:w"
     first = run_store.begin_run("data:d", weights, _phase(9, 3))
     run_store.snapshot(first, weights, _phase(9, 3), PrivacyLedger([_phase(9, 3)]), final=True)
     _close_connections()
@@ -161,7 +161,7 @@ def test_a_transaction_that_wrote_reads_in_full_and_a_replaced_file_is_read_agai
 def test_equal_sizes_settle_on_the_first_run_as_a_full_read_does(tmp_path):
     """Two runs with equal sizes and different descriptions: the earlier run's version, either way."""
     run_store = store.RunStore(str(tmp_path / "record.sqlite"))
-    weights = "weights:v2:w"
+    weights = "weights:v3:w"
     for sampling in ("first", "second"):
         phase = dataclasses.replace(_phase(11, 4), sampling=sampling)
         run_id = run_store.begin_run("data:d", weights, phase)
@@ -181,7 +181,7 @@ def test_a_runs_final_version_that_ties_or_moves_is_held_as_a_full_read_holds_it
     a run whose final snapshot is in another phase (a restore) leaves its first phase's largest to others."""
     path = str(tmp_path / "record.sqlite")
     run_store = store.RunStore(path)
-    weights = "weights:v2:w"
+    weights = "weights:v3:w"
     first = run_store.begin_run("data:d", weights, dataclasses.replace(_phase(13, 2), sampling="first"))
     second = run_store.begin_run("data:d", weights, dataclasses.replace(_phase(13, 4), sampling="second"))
     assert _largest(path, [13], True) == [(13, 4, "second")]  # the phase read

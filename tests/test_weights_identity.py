@@ -1,9 +1,10 @@
 """The weights' identity (``tfdpbnn.record.store.weights_fingerprint``): every bit and variable, any process.
 
-The identity is SHA-256 over each variable's dtype, shape and FarmHash64 (``tf.fingerprint``) of its exact
-bytes, computed in one traced call with the per-variable float16/bfloat16 keys. ``reference_identity``
-recomputes it independently (eagerly, one ``tf.fingerprint`` per array of ``get_weights()``). Stores written
-before it hold SHA-256 of the bytes (``legacy_weights_fingerprint``): their weights are still found.
+The identity is SHA-256 over each variable's dtype, shape and XXH3-128 of its exact bytes; the per-variable
+float16/bfloat16 keys come from one traced call (FarmHash64 by ``tf.fingerprint``). ``reference_identity``
+recomputes the identity independently (array by array, from ``get_weights()``). Stores written before it
+hold earlier identities (``legacy_weights_fingerprints``: FarmHash64 rows, "v2"; SHA-256 of the bytes
+before that): their weights are still found.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+import xxhash
 from _small_runs import DELTA, LOSS, small_data, small_model
 
 import tfdpbnn
@@ -24,14 +26,39 @@ from tfdpbnn.record.ledger import Phase, PrivacyLedger
 
 
 def reference_identity(arrays) -> str:
-    """The identity of ``arrays`` as ``weights_fingerprint`` defines it, computed array by array, eagerly."""
-    digest = hashlib.sha256(store._IDENTITY_SCHEME)
+    """The identity of ``arrays`` as ``weights_fingerprint`` defines it, computed array by array."""
+    digest = hashlib.sha256(b"tfdpbnn weights identity v3: XXH3-128 of each variable's bytes, its dtype and "
+                            b"shape\n")
     for array in arrays:
         array = np.array(array, copy=True, order="C")  # a 0-d array stays 0-d
+        row = xxhash.xxh3_128(array.tobytes(), seed=0).digest()
+        digest.update(f"{tf.as_dtype(array.dtype).name}{array.shape}:".encode() + row)
+    return "weights:v3:" + digest.hexdigest()
+
+
+def reference_v2_keys(arrays) -> list[str]:
+    """The "v2" keys of the float arrays (all of a small array's values): FarmHash64 of their roundings."""
+    keys = []
+    for array in arrays:
+        if np.issubdtype(np.asarray(array).dtype, np.floating):
+            shape = "x".join(str(d) for d in np.shape(array))
+            wide = tf.constant(np.asarray(array, np.float32).reshape(1, -1))
+            keys += [f"variable:{name}:{shape}:" + bytes(tf.fingerprint(
+                tf.bitcast(tf.cast(wide, dtype), tf.uint8)).numpy()[0]).hex()
+                for name, dtype in (("f16s", tf.float16), ("bf16s", tf.bfloat16))]
+    return keys
+
+
+def reference_v2_identity(arrays) -> str:
+    """The "v2" identity (FarmHash64 rows, eagerly: one ``tf.fingerprint`` per array)."""
+    digest = hashlib.sha256(b"tfdpbnn weights identity: FarmHash64 of each variable's bytes, its dtype and "
+                            b"shape\n")
+    for array in arrays:
+        array = np.array(array, copy=True, order="C")
         raw = (array.astype(np.uint8) if array.dtype == bool else array).reshape(1, -1).view(np.uint8)
         row = tf.fingerprint(tf.constant(raw)).numpy()[0]
         digest.update(f"{tf.as_dtype(array.dtype).name}{array.shape}:".encode() + row.tobytes())
-    return "weights:" + store.IDENTITY_PREFIX + digest.hexdigest()
+    return "weights:v2:" + digest.hexdigest()
 
 
 class _Counter(tf.keras.layers.Layer):
@@ -78,9 +105,54 @@ def test_the_identity_is_every_bit_of_every_variable():
     # The float keys (one pair per float variable) come from the same call, for the same bytes.
     identity, keys = store.weights_identity(model)
     assert identity == first and keys == store.variable_fingerprints(model) and len(keys) == 4
-    rounded = tf.bitcast(tf.cast(kernel, tf.float16), tf.uint8)
-    expected = bytes(tf.fingerprint(tf.reshape(rounded, [1, -1])).numpy()[0]).hex()
-    assert keys[0] == "variable:f16s:4x3:" + expected  # 12 values: every one
+    assert keys[:2] == reference_keys(kernel.numpy(), "4x3")  # 12 values: every one
+
+
+def reference_keys(values, shape: str) -> list[str]:
+    """The two keys of float ``values`` (all of them read): TensorFlow's roundings, hashed by XXH3-64."""
+    wide = tf.constant(np.asarray(values, np.float32).reshape(-1))
+    return [f"variable:{name}:{shape}:" + xxhash.xxh3_64_hexdigest(
+        tf.bitcast(tf.cast(wide, dtype), tf.uint16).numpy().astype("<u2").tobytes())
+        for name, dtype in (("f16x", tf.float16), ("bf16x", tf.bfloat16))]
+
+
+def test_the_keys_round_as_tensorflow_does_and_make_nans_zeros_and_subnormals_canonical():
+    """Keys at the rounding edges equal TensorFlow's roundings; NaNs and subnormals do not split keys.
+
+    Values halfway between two float16 and two bfloat16 values (ties to even, both ways), the largest
+    finite float32 (bfloat16 overflows to infinity), infinities; then a variable holding NaNs with other
+    payloads and signs, subnormals and -0.0 has the keys of the same variable holding one NaN and +0.0
+    (keys may only over-count: a copy rounded by a kernel that flushes subnormals is found).
+    """
+    f16_tie = np.float32(1.0) + np.float32(2.0 ** -11)  # halfway between 1 and 1 + 2^-10: to 1
+    f16_tie_up = np.float32(1.0) + np.float32(3 * 2.0 ** -11)  # halfway: to 1 + 2^-9 (even)
+    bf16_tie = np.float32(1.0) + np.float32(2.0 ** -8)
+    bf16_tie_up = np.float32(1.0) + np.float32(3 * 2.0 ** -8)
+    edges = np.array([f16_tie, f16_tie_up, bf16_tie, bf16_tie_up, -bf16_tie_up, np.finfo(np.float32).max,
+                      -np.finfo(np.float32).max, np.inf, -np.inf, 65520.0, 1e-3, 0.1, 3.0, -7.25], np.float32)
+    assert store._rounding_keys(edges, (14,)) == reference_keys(edges, "14")
+    nan_bits = np.array([0x7FC00000, 0xFFC00001, 0x7F800001, 0x7FFFFFFF], np.uint32).view(np.float32)
+    odd = np.concatenate([nan_bits, np.array([1e-45, -1e-40, -0.0, 1e-39], np.float32), edges])
+    plain = np.concatenate([np.full(4, np.nan, np.float32), np.zeros(4, np.float32), edges])
+    assert store._rounding_keys(odd, (22,)) == store._rounding_keys(plain, (22,))
+    assert store._rounding_keys(plain, (22,)) == reference_keys(plain, "22")
+    # float64 and bfloat16 values are taken to float32 first: a float64 copy has the float32 keys.
+    assert store._rounding_keys(edges.astype(np.float64), (14,)) == store._rounding_keys(edges, (14,))
+
+
+def test_xxh3_128_is_the_value_it_was():
+    """XXH3-128 (seed 0) of fixed bytes is pinned: an xxhash that changed it would change every identity.
+
+    The empty input's value is the one the xxHash specification's reference implementation gives
+    (0x99aa06d3014798d86001c324468d497f); the bytes 0..15 are pinned as this library's identity reads them
+    (``_exact_digest``: the canonical big-endian bytes).
+    """
+    assert store._exact_digest(np.zeros(0, np.uint8)).hex() == "99aa06d3014798d86001c324468d497f"
+    assert store._exact_digest(np.arange(16, dtype=np.uint8)).hex() == "72950631827607e2842812cc870dcae2"
+    # Every dtype by its bytes in C order: the same bytes as a float32 array and as its transpose's copy.
+    values = np.arange(16, dtype=np.uint8).view(np.float32).reshape(2, 2)
+    assert store._exact_digest(values).hex() == "72950631827607e2842812cc870dcae2"
+    assert store._exact_digest(np.asfortranarray(values)).hex() == "72950631827607e2842812cc870dcae2"
 
 
 def test_farmhash64_is_the_value_it_was():
@@ -129,11 +201,13 @@ def test_a_write_after_the_last_epoch_end_is_still_seen():
         model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[WriteAtTrainEnd()])
 
 
-def test_weights_an_earlier_store_recorded_by_their_sha256_are_still_found(monkeypatch):
-    """A store row with the earlier identity (SHA-256 of the bytes, no variable keys) is found.
+@pytest.mark.parametrize("earlier", ["v2", "sha256", "v2 keys"])
+def test_weights_an_earlier_store_recorded_by_an_earlier_identity_are_still_found(monkeypatch, earlier):
+    """A store row with an earlier identity (FarmHash64 rows, "v2"; or SHA-256 of the bytes), or only the
+    earlier keys of the model's variables (FarmHash64 of their roundings: a layer copied by value), is found.
 
     A model loaded from those weights inherits the row's phases before its first step (its statement does
-    not start from zero); the earlier identity is computed only when the new one is not in the store and
+    not start from zero); the earlier identities are computed only when the new one is not in the store and
     the store holds earlier identities.
     """
     trained = small_model(seed=3)
@@ -141,20 +215,29 @@ def test_weights_an_earlier_store_recorded_by_their_sha256_are_still_found(monke
     phase = Phase(kind="participations", noise_multiplier=1.1, neighboring="add_or_remove", steps=40,
                   participations=5, examples=320, num_examples=64)
     run = record.begin_run("data:earlier", "weights:" + "0" * 64, phase)
-    legacy = store.legacy_weights_fingerprint(trained)
-    assert legacy == "weights:" + store._hash_arrays(trained.get_weights())
-    record.snapshot(run, legacy, phase, PrivacyLedger([phase]), final=True)  # as an earlier version wrote it
+    identities, keys = store.legacy_weights_fingerprints(trained)
+    assert identities == [reference_v2_identity(trained.get_weights()),
+                          "weights:" + store._hash_arrays(trained.get_weights())]
+    assert keys == reference_v2_keys(trained.get_weights())
+    if earlier == "v2 keys":  # another model's identity; the kernel's keys (a copied layer)
+        record.snapshot(run, "weights:v2:" + "1" * 64, phase, PrivacyLedger([phase]), final=True,
+                        variables=keys[:2])
+    else:  # as an earlier version wrote it
+        record.snapshot(run, identities[0] if earlier == "v2" else identities[1], phase,
+                        PrivacyLedger([phase]), final=True)
 
     def never():
         raise AssertionError("the earlier identity was computed although it was not needed")
 
-    # Not found by the new identity, nor by variable keys (the row has none): found by the earlier one.
-    assert record.weights_record(store.weights_fingerprint(trained)) == []
-    found = record.weights_record(store.weights_fingerprint(trained),
-                                  legacy=lambda: store.legacy_weights_fingerprint(trained))
+    # Not found by the new identity, nor by the new keys: found by the earlier identity or keys.
+    identity, new_keys = store.weights_identity(trained)
+    assert record.weights_record(identity, variables=new_keys) == []
+    found = record.weights_record(identity, variables=new_keys,
+                                  legacy=lambda: store.legacy_weights_fingerprints(trained))
     assert [p.phase_id for p in found] == [phase.phase_id]
-    assert record.weights_ledger(store.weights_fingerprint(trained),
-                                 legacy=lambda: store.legacy_weights_fingerprint(trained)) is not None
+    # The ledger of these exact weights: by an identity only (a copied layer's keys are not these weights).
+    exact = record.weights_ledger(identity, legacy=lambda: store.legacy_weights_fingerprints(trained))
+    assert (exact is None) == (earlier == "v2 keys")
     loaded = small_model(seed=4)
     loaded.set_weights(trained.get_weights())
     x, y = small_data(16)
@@ -211,15 +294,9 @@ def test_keys_of_a_large_variable_round_its_values_at_fixed_positions_and_find_i
     kernel = model.weights[0].numpy()
     n, k = kernel.size, store.KEY_VALUES
     assert n > k
-    picked = tf.constant(kernel.reshape(-1)[np.arange(k) * n // k])
-
-    def reference(dtype):
-        rounded = tf.reshape(tf.bitcast(tf.cast(picked, dtype), tf.uint8), [1, -1])
-        return bytes(tf.fingerprint(rounded).numpy()[0]).hex()
-
+    picked = kernel.reshape(-1)[np.arange(k) * n // k]
     identity, keys = store.weights_identity(model)
-    assert keys[:2] == [f"variable:f16s:64x50:{reference(tf.float16)}",
-                        f"variable:bf16s:64x50:{reference(tf.bfloat16)}"]
+    assert keys[:2] == reference_keys(picked, "64x50")
     copy = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(50)])
     for dtype, index in ((tf.float16, 0), (tf.bfloat16, 1)):
         copy.set_weights([tf.cast(tf.cast(w, dtype), tf.float32).numpy() for w in model.get_weights()])

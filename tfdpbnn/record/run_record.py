@@ -56,8 +56,8 @@ def _lost_part(ran: Phase, restored: Phase | None) -> Phase:
 
 
 def _legacy(model):
-    """The weights' identity as earlier stores hold it, computed when asked (``RunStore.weights_record``)."""
-    return lambda: record_store.legacy_weights_fingerprint(model)
+    """The weights' identities and keys as earlier stores hold them, computed when asked."""
+    return lambda: record_store.legacy_weights_fingerprints(model)
 
 
 class RunRecord:

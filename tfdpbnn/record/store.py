@@ -40,7 +40,6 @@ import secrets
 import socket
 import sqlite3
 import time
-from collections.abc import Callable
 
 import numpy as np
 
@@ -176,7 +175,7 @@ def _quick_digests(arrays) -> tuple:
     data, a third of comparing them with a copy, which read twice as many bytes and held a copy as large),
     seeded per process (``_QUICK_SEED``). Every bit counts (a NaN's payload, -0.0 against 0.0), as in
     ``_hash_arrays``. Bytes that differ get equal digests only by a collision of XXH3-128: chance about
-    2^-128 for values no one chose to collide; not a cryptographic bound, as for the weights' FarmHash64
+    2^-128 for values no one chose to collide; not a cryptographic bound, as for the weights' identity
     (``weights_fingerprint``; ``docs/privacy.md`` says why that is accepted). Plain numeric arrays in C
     order only (the caller checks).
     """
@@ -290,10 +289,11 @@ def input_fingerprint(x, y=None, digests: DataDigests | None = None) -> str | No
 
 
 #: What the weights' identity is made of (``weights_identity``), hashed first: a new scheme gets a new name.
-_IDENTITY_SCHEME = b"tfdpbnn weights identity: FarmHash64 of each variable's bytes, its dtype and shape\n"
-#: Prefix of the weights' identity after "weights:" (the hex digests before it had none; see
-#: ``RunStore.holds_legacy_weights``).
-IDENTITY_PREFIX = "v2:"
+_IDENTITY_SCHEME = b"tfdpbnn weights identity v3: XXH3-128 of each variable's bytes, its dtype and shape\n"
+#: Prefix of the weights' identity after "weights:" (earlier identities: ``legacy_weights_fingerprints``).
+IDENTITY_PREFIX = "v3:"
+#: The scheme of the "v2" identity (FarmHash64 rows, ``_legacy_identity_and_keys``), still looked up.
+_V2_SCHEME = b"tfdpbnn weights identity: FarmHash64 of each variable's bytes, its dtype and shape\n"
 #: The weights' identities and keys last computed, most recent last: (kind, ids of the variables) ->
 #: (the arrays' quick digests, ``_quick_digests``; identity; the float variables' keys). Kinds: "weights"
 #: (``model.weights``), "written" (a write check's copies).
@@ -301,12 +301,9 @@ _HELD_WEIGHTS: dict[tuple, tuple] = {}
 #: At most this many entries in ``_HELD_WEIGHTS`` (a model and its write check, for a few models; an entry
 #: holds digests and keys, not the arrays).
 _HELD_WEIGHTS_MAX = 16
-#: The traced function computing the weights' FarmHash64s (``_fingerprint_function``), made on first use.
+#: The traced function computing the earlier identity's and keys' FarmHash64s (``_fingerprint_function``),
+#: made on first use (only for a store holding rows of an earlier version).
 _FINGERPRINTS: list = []
-#: Its concrete functions by signature (``_fingerprints``), the most recently used last.
-_CONCRETE: dict[tuple, Callable] = {}
-#: At most this many concrete functions kept.
-_CONCRETE_MAX = 16
 
 
 #: The float variables' keys (``variable_fingerprints``) round this many of their values (every value of a
@@ -314,14 +311,85 @@ _CONCRETE_MAX = 16
 KEY_VALUES = 2048
 
 
+def _sampled(flat: np.ndarray) -> np.ndarray:
+    """``KEY_VALUES`` values of a flat array at the positions ``floor(i n / k)``, i < k (all when n <= k)."""
+    n = flat.size
+    if n <= KEY_VALUES:
+        return flat
+    return flat[np.arange(KEY_VALUES, dtype=np.int64) * n // KEY_VALUES]
+
+
+def _rounding_keys(array: np.ndarray, shape) -> list[str]:
+    """A float variable's two keys (``variable_fingerprints``): its float16 and bfloat16 roundings, hashed.
+
+    Of ``_sampled`` values of ``array`` (C order) taken to float32 (exact from float16 and bfloat16; float64
+    rounded to nearest even), made canonical first (every NaN one NaN; zeros and subnormals +0.0, as a
+    TensorFlow kernel that flushes subnormals would see them), then rounded to nearest even: to float16 as
+    numpy casts (IEEE 754), to bfloat16 on the bits (the upper 16 bits after adding 0x7FFF and the lowest
+    kept bit). Each key is XXH3-64 (seed 0) of the rounded values' little-endian bytes, with the variable's
+    shape: ``"variable:f16x:<shape>:<16 hex digits>"`` and ``"variable:bf16x:..."``.
+    """
+    import xxhash
+
+    wide = np.asarray(_sampled(array.reshape(-1)), dtype=np.float32)
+    bits = wide.view(np.uint32).astype(np.uint64)
+    magnitude = bits & 0x7FFFFFFF
+    bits = np.where(magnitude > 0x7F800000, 0x7FC00000, np.where(magnitude < 0x00800000, 0, bits))
+    canonical = bits.astype(np.uint32).view(np.float32)
+    with np.errstate(over="ignore"):
+        half = canonical.astype(np.float16).view(np.uint16).astype("<u2")
+    brain = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+    text = "x".join(str(d) for d in shape)
+    return [f"variable:f16x:{text}:{xxhash.xxh3_64_hexdigest(half.tobytes())}",
+            f"variable:bf16x:{text}:{xxhash.xxh3_64_hexdigest(brain.tobytes())}"]
+
+
+def _exact_digest(array: np.ndarray) -> bytes:
+    """XXH3-128 (seed 0, canonical big-endian bytes) of an array's exact bytes in C order.
+
+    Every bit counts (a NaN's payload, -0.0 against 0.0); a bool is one byte per value; strings (an array of
+    ``bytes``) are hashed element by element in C order, each as its length (8 bytes, little-endian) and its
+    bytes. The same on every platform and in every version of XXH3 (its output is specified; a test pins one
+    value).
+    """
+    import xxhash
+
+    if array.dtype == object:
+        hasher = xxhash.xxh3_128()
+        for item in array.ravel():
+            item = item if isinstance(item, bytes) else str(item).encode()
+            hasher.update(len(item).to_bytes(8, "little") + item)
+        return hasher.digest()
+    return xxhash.xxh3_128_digest(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+
+def _identity_and_keys(variables, arrays) -> tuple[str, list[str]]:
+    """The identity (``weights_identity``) of the values ``arrays`` of ``variables``, and their float keys.
+
+    ``arrays``: the variables' values as numpy arrays (views of a fresh read where they are plain), whose
+    bytes the identity hashes (``_exact_digest``) and whose float values the keys round (``_rounding_keys``);
+    ``variables`` give each one's dtype and shape. No TensorFlow operation runs.
+    """
+    import tensorflow as tf
+
+    digest = hashlib.sha256(_IDENTITY_SCHEME)
+    found: list[str] = []
+    for variable, array in zip(variables, arrays, strict=True):
+        dtype, shape = tf.as_dtype(variable.dtype), tuple(variable.shape)
+        digest.update(f"{dtype.name}{shape}:".encode() + _exact_digest(array))
+        if dtype.is_floating:
+            found += _rounding_keys(array, shape)
+    return IDENTITY_PREFIX + digest.hexdigest(), found
+
+
 def _fingerprint_function():
     """A traced function: one ``uint8`` tensor ``[rows, 8]`` of FarmHash64s (``tf.fingerprint``) of values.
 
-    Rows: for each value, the fingerprint of its exact bytes (``tf.bitcast`` to bytes, C order; a bool as
-    one byte per value; strings by each element's fingerprint); then, for each floating value, those of the
-    float16 and of the bfloat16 rounding (from float32, round to nearest even) of its ``KEY_VALUES`` values
-    at the flat positions ``floor(i n / k)``, i < k = min(n, ``KEY_VALUES``), of its n values in C order
-    (all of them when n <= ``KEY_VALUES``). One call, one transfer to the host.
+    The earlier ("v2") identity's and keys' hashes, computed only to find rows an earlier version wrote
+    (``_legacy_identity_and_keys``). Rows: for each value, the fingerprint of its exact bytes (``tf.bitcast``
+    to bytes, C order; a bool as one byte per value; strings by each element's fingerprint); then, for each
+    floating value, those of the float16 and of the bfloat16 rounding (from float32, round to nearest even)
+    of its values at the positions ``_sampled`` picks.
     """
     if not _FINGERPRINTS:
         import tensorflow as tf
@@ -360,65 +428,46 @@ def _fingerprint_function():
     return _FINGERPRINTS[0]
 
 
-def _fingerprints(values) -> np.ndarray:
-    """``_fingerprint_function()(values)`` as a numpy array, by the concrete function of their signature.
+def _legacy_identity_and_keys(values) -> tuple[str, list[str]]:
+    """The "v2" identity and keys of tensors ``values``, as stores written before v3 hold them.
 
-    Each signature (the values' dtypes and shapes, in order) is traced once (``get_concrete_function``) and
-    its concrete function kept (``_CONCRETE``, the ``_CONCRETE_MAX`` used last): calling it skips the traced
-    function's signature matching, a third of the call's time on a small model.
+    The identity: ``"v2:"`` and SHA-256 over each value's dtype, shape and FarmHash64 of its exact bytes; the
+    keys: ``"variable:f16s:<shape>:<hex>"`` and ``"variable:bf16s:..."``, FarmHash64 of the roundings
+    (``_fingerprint_function``, one traced call).
     """
-    signature = tuple((value.dtype, tuple(value.shape)) for value in values)
-    concrete = _CONCRETE.pop(signature, None)
-    if concrete is None:
-        concrete = _fingerprint_function().get_concrete_function(list(values))
-    _CONCRETE[signature] = concrete  # most recently used last
-    while len(_CONCRETE) > _CONCRETE_MAX:
-        del _CONCRETE[next(iter(_CONCRETE))]
-    return concrete(list(values)).numpy()
-
-
-def _identity_and_keys(values) -> tuple[str, list[str]]:
-    """The identity (``weights_identity``) of tensors ``values`` and their float variables' keys."""
     import tensorflow as tf
 
-    rows = _fingerprints(values) if values else np.zeros((0, 8), np.uint8)
-    digest = hashlib.sha256(_IDENTITY_SCHEME)
+    rows = _fingerprint_function()(list(values)).numpy() if values else np.zeros((0, 8), np.uint8)
+    digest = hashlib.sha256(_V2_SCHEME)
     for value, row in zip(values, rows, strict=False):
         digest.update(f"{tf.as_dtype(value.dtype).name}{tuple(value.shape)}:".encode() + row.tobytes())
-    identity = IDENTITY_PREFIX + digest.hexdigest()
     found, pairs = [], iter(rows[len(values):])
     for value in values:
         if tf.as_dtype(value.dtype).is_floating:
             shape = "x".join(str(d) for d in value.shape)
             found += [f"variable:f16s:{shape}:{bytes(next(pairs)).hex()}",
                       f"variable:bf16s:{shape}:{bytes(next(pairs)).hex()}"]
-    return identity, found
+    return "v2:" + digest.hexdigest(), found
 
 
 def _held_identity(kind: str, variables, arrays=None) -> tuple[str, list[str]]:
     """``(identity, keys)`` of the variables' values, reusing those last computed for the same bytes.
 
-    The values are read once each (``_private_api.read_tensor_and_view``: a tensor, and a view of its
-    buffer; ``arrays``: values already read, e.g. ``get_weights()`` of distributed variables) and their
-    quick digests (``_quick_digests``: one read at memory speed, a fifth of the hashing's time on the
-    3.2 MB of the 784-1000-10 MLP) looked up among those held (``_HELD_WEIGHTS``): the identity and the keys
-    are functions of the bytes, dtypes and shapes alone, so any entry of equal digests gives them (the write
-    check's key of a model's trainable weights at an epoch's end, then the record's snapshot of the same
-    weights, the next run's start; the entries of other models trained in between stay). Otherwise the
-    tensors of that read are hashed in one traced call (``_identity_and_keys``; tensors read from the
-    variables, not made from numpy arrays, which TensorFlow would copy to align them: twice the time) and
-    the entry of ``kind`` and these variables holds their digests (the least recently used entries dropped
-    beyond ``_HELD_WEIGHTS_MAX``). Plain numeric arrays in C order only are looked up and held.
+    The values are read once each (``_private_api.read_view``: a view of a fresh read's buffer; ``arrays``:
+    values already read, e.g. ``get_weights()`` of distributed variables) and their quick digests
+    (``_quick_digests``: one read at memory speed) looked up among those held (``_HELD_WEIGHTS``): the
+    identity and the keys are functions of the bytes, dtypes and shapes alone, so any entry of equal digests
+    gives them (the write check's key of a model's trainable weights at an epoch's end, then the record's
+    snapshot of the same weights, the next run's start; the entries of other models trained in between
+    stay). Otherwise the arrays of that read are hashed (``_identity_and_keys``, in numpy: no TensorFlow
+    operation) and the entry of ``kind`` and these variables holds their digests (the least recently used
+    entries dropped beyond ``_HELD_WEIGHTS_MAX``). Plain numeric arrays in C order only are looked up and
+    held.
     """
-    import tensorflow as tf
-
     from tfdpbnn import _private_api
 
-    given = arrays is not None
-    reads: list = []
-    if not given:
-        reads = [_private_api.read_tensor_and_view(v) for v in variables]
-        arrays = [view for _, view in reads]
+    if arrays is None:
+        arrays = [_private_api.read_view(v) for v in variables]
     arrays = [np.asarray(a) for a in arrays]
     holdable = _holdable(arrays)
     quick = _quick_digests(arrays) if holdable else None
@@ -427,8 +476,7 @@ def _held_identity(kind: str, variables, arrays=None) -> tuple[str, list[str]]:
             if entry[0] == quick:
                 _HELD_WEIGHTS[key] = _HELD_WEIGHTS.pop(key)  # most recently used
                 return entry[1], entry[2]
-    tensors = [tf.constant(a) for a in arrays] if given else [tensor for tensor, _ in reads]
-    identity, found = _identity_and_keys(tensors)
+    identity, found = _identity_and_keys(variables, arrays)
     if holdable:
         name = (kind, tuple(id(v) for v in variables))
         _HELD_WEIGHTS.pop(name, None)
@@ -450,10 +498,10 @@ def _weights_arrays(model):
 def weights_identity(model) -> tuple[str, list[str]]:
     """The weights' fingerprint (``weights_fingerprint``) and their float variables' keys, in one call.
 
-    Both come from one traced call over the values of ``model.weights`` (the arrays ``get_weights``
-    returns, read directly unless a variable is distributed) and one transfer of its result to the host;
-    weights whose quick digests equal those held (an epoch's end as the write check keyed it, then the final
-    snapshot and the next run's start) reuse its identity and keys (``_held_identity``).
+    Both come from one read of the values of ``model.weights`` (the arrays ``get_weights`` returns, read
+    directly unless a variable is distributed), hashed in numpy (``_identity_and_keys``); weights whose
+    quick digests equal those held (an epoch's end as the write check keyed it, then the final snapshot and
+    the next run's start) reuse their identity and keys (``_held_identity``).
     """
     identity, keys = _held_identity("weights", model.weights, arrays=_weights_arrays(model))
     return "weights:" + identity, list(keys)
@@ -462,35 +510,41 @@ def weights_identity(model) -> tuple[str, list[str]]:
 def weights_fingerprint(model) -> str:
     """The weights' identity: every variable of ``model.weights``, in order, each with its dtype and shape.
 
-    ``"weights:v2:"`` and the SHA-256 (hex) of the list of each variable's dtype, shape and FarmHash64 of its
-    exact bytes (``tf.fingerprint``: every bit counts, -0.0 is not 0.0, a NaN's payload counts; a bool as one
-    byte per value). TensorFlow documents ``tf.fingerprint`` as FarmHash's 64-bit fingerprint written in
-    little-endian order; FarmHash documents its fingerprint functions (unlike its hash functions) as the same
-    on every platform and in every version, which ``tf.fingerprint``'s own documentation does not repeat:
-    a test pins one value (``tests/test_weights_identity.py``). The bytes are the variables' in the
-    machine's order (little-endian on every platform TensorFlow supports). Two different weights share an
-    identity only if every variable that differs shares its FarmHash64 with the other value (chance at most
-    about 2^-64 for values no one chose to collide; not a cryptographic bound: an over-count where the
-    record inherits, an under-count where it accepts weights as known, ``docs/privacy.md`` says why that is
-    accepted). Stores written before this identity hold SHA-256 of the
-    bytes instead (``legacy_weights_fingerprint``); the record still finds them (``RunStore.weights_record``).
+    ``"weights:v3:"`` and the SHA-256 (hex) of the list of each variable's dtype, shape and XXH3-128 (Collet
+    2020; seed 0) of its exact bytes (``_exact_digest``: every bit counts, -0.0 is not 0.0, a NaN's payload
+    counts; a bool as one byte per value). XXH3's output is specified, the same on every platform and in
+    every version of the library: a test pins one value (``tests/test_weights_identity.py``). The bytes are
+    the variables' in the machine's order (little-endian on every platform TensorFlow supports). Two
+    different weights share an identity only if every variable that differs shares its XXH3-128 with the
+    other value (chance about 2^-128 for values no one chose to collide; not a cryptographic bound: an
+    over-count where the record inherits, an under-count where it accepts weights as known,
+    ``docs/privacy.md`` says why that is accepted). Stores written before this identity hold earlier ones
+    (``legacy_weights_fingerprints``); the record still finds them (``RunStore.weights_record``).
     """
     return weights_identity(model)[0]
 
 
-def legacy_weights_fingerprint(model) -> str:
-    """The weights' identity as stores written before ``weights_fingerprint``'s "v2" hold it.
+def legacy_weights_fingerprints(model) -> tuple[list[str], list[str]]:
+    """The weights' identities and float variables' keys as stores written before "v3" hold them.
 
-    ``"weights:"`` and the SHA-256 (hex) of every array of ``get_weights()`` in order (each one's dtype,
-    shape and bytes, ``_hash_arrays``). Computed only to find weights such a store holds
-    (``RunStore.weights_record``, ``RunStore.weights_ledger``).
+    Identities: ``"weights:v2:"`` and the SHA-256 (hex) of each variable's dtype, shape and FarmHash64 of its
+    exact bytes; and ``"weights:"`` and the SHA-256 (hex) of every array of ``get_weights()`` in order (each
+    one's dtype, shape and bytes, ``_hash_arrays``), the identity before that. Keys: FarmHash64 of the
+    float16 and bfloat16 roundings (``_legacy_identity_and_keys``). Computed only to find rows such a store
+    holds (``RunStore.weights_record``, ``RunStore.weights_ledger``).
     """
+    import tensorflow as tf
+
     from tfdpbnn import _private_api
 
     arrays = _weights_arrays(model)
     if arrays is None:
-        arrays = [_private_api.read_view(v) for v in model.weights]
-    return "weights:" + _hash_arrays(arrays)
+        reads = [_private_api.read_tensor_and_view(v) for v in model.weights]
+        tensors, arrays = [tensor for tensor, _ in reads], [view for _, view in reads]
+    else:
+        tensors = [tf.constant(a) for a in arrays]
+    identity, keys = _legacy_identity_and_keys(tensors)
+    return ["weights:" + identity, "weights:" + _hash_arrays(arrays)], keys
 
 
 def variables_identity(variables) -> str:
@@ -505,7 +559,7 @@ def variables_identity(variables) -> str:
 
 
 def variable_fingerprints(model) -> list[str]:
-    """Keys of each float variable of ``model.weights``: FarmHash64 of its float16 and bfloat16 roundings.
+    """Keys of each float variable of ``model.weights``: XXH3-64 of its float16 and bfloat16 roundings.
 
     A snapshot writes the keys of the variables its run changed (``RunStore.snapshot``'s ``variables``), so
     one layer's weights copied into another model (``set_weights(layer.get_weights())``) are found
@@ -516,8 +570,9 @@ def variable_fingerprints(model) -> list[str]:
     large variable costs next to nothing. Two different variables of one shape share a key when their
     roundings agree at those positions (a DP-trained variable has fresh noise in every value, so only by a
     key collision, chance about 2^-64) or their keys collide: an over-count (the other run's phases are
-    added), never a missed copy. Each key names the variable's shape too. Computed with the weights'
-    identity in one traced call (``weights_identity``).
+    added), never a missed copy (``_rounding_keys`` makes NaNs, zeros and subnormals canonical first, so a
+    copy rounded by a kernel that flushes subnormals is found too). Each key names the variable's shape
+    too. Computed with the weights' identity (``weights_identity``), in numpy.
     """
     return weights_identity(model)[1]
 
@@ -849,34 +904,51 @@ class RunStore:
         ``exclude_run``: a run whose own phase is left out (the caller's run, still going). ``variables``:
         keys of the model's variables (``variable_fingerprints``); the runs that wrote any of them count too
         (one layer's weights copied by value from a trained model carry that model's training). ``legacy``:
-        a function giving the weights' identity as earlier stores wrote it (``legacy_weights_fingerprint``),
-        called only when no snapshot holds ``weights`` and the store holds such identities
-        (``holds_legacy_weights``). One transaction.
+        a function giving the weights' identities and keys as earlier versions wrote them
+        (``legacy_weights_fingerprints``), called only when no snapshot holds ``weights`` and the store
+        holds rows of an earlier version (``legacy_rows``; weights a snapshot of this version holds carry in
+        its ledger what their run inherited at its start). One transaction.
         """
         with self._connect() as conn:
-            # The runs holding the weights, then those holding one of the variables, in one statement.
-            found: tuple[list[str], list[str]] = ([], [])
-            for run_id, by_variable in conn.execute(
-                    "SELECT run_id, 0 FROM (SELECT DISTINCT run_id FROM snapshots WHERE weights = ?) "
-                    "UNION ALL SELECT run_id, 1 FROM (SELECT DISTINCT run_id FROM variable_snapshots "
-                    "WHERE digest IN (SELECT value FROM json_each(?)))",
-                    (weights, json.dumps(sorted(set(variables))))):
-                found[by_variable].append(run_id)
-            if not found[0] and legacy is not None and self.holds_legacy_weights(conn):  # an earlier identity
-                found[0].extend(r[0] for r in conn.execute(
-                    "SELECT DISTINCT run_id FROM snapshots WHERE weights = ?", (legacy(),)))
-            run_ids = found[0] + [r for r in dict.fromkeys(found[1]) if r not in found[0]]
+            found = self._runs_holding(conn, [weights], sorted(set(variables)))
+            if not found[0] and legacy is not None:
+                identities, keys = self.legacy_rows(conn)
+                if identities or keys:
+                    older = legacy()
+                    more = self._runs_holding(conn, older[0] if identities else [], older[1] if keys else [])
+                    found = (found[0] + more[0], found[1] + more[1])
+            run_ids = list(dict.fromkeys(found[0]))
+            run_ids += [r for r in dict.fromkeys(found[1]) if r not in run_ids]
             return self._runs_record(conn, run_ids, exclude_run)
 
     @staticmethod
-    def holds_legacy_weights(conn) -> bool:
-        """Whether any snapshot holds a weights' identity of the earlier kind ("weights:" and 64 hex digits).
+    def _runs_holding(conn, identities, keys) -> tuple[list[str], list[str]]:
+        """(runs whose snapshots hold one of ``identities``, runs that wrote one of ``keys``): one query."""
+        found: tuple[list[str], list[str]] = ([], [])
+        for run_id, by_variable in conn.execute(
+                "SELECT run_id, 0 FROM (SELECT DISTINCT run_id FROM snapshots WHERE weights IN "
+                "(SELECT value FROM json_each(?))) UNION ALL SELECT run_id, 1 FROM (SELECT DISTINCT run_id "
+                "FROM variable_snapshots WHERE digest IN (SELECT value FROM json_each(?)))",
+                (json.dumps(list(identities)), json.dumps(list(keys)))):
+            found[by_variable].append(run_id)
+        return found
 
-        Those sort before "weights:g", the "v2:" ones after: one look into the index of the weights (an
-        older version of the library may still write into a shared store, so this is asked every time).
+    @staticmethod
+    def legacy_rows(conn) -> tuple[bool, bool]:
+        """Whether the store holds weights' identities, and variables' keys, that an earlier version wrote.
+
+        Identities (``legacy_weights_fingerprints``): the first kind ("weights:" and 64 hex digits) sorts
+        before "weights:g", the "v2:" ones between "weights:v2:" and "weights:v2;"; keys: the FarmHash64
+        ones ("variable:f16s:", "variable:bf16s:", always written together). Three looks into the indexes in
+        one statement (an older version of the library may still write into a shared store, so this is
+        asked every time it matters).
         """
-        return conn.execute("SELECT 1 FROM snapshots WHERE weights >= 'weights:0' AND weights < 'weights:g' "
-                            "LIMIT 1").fetchone() is not None
+        identities, keys = conn.execute(
+            "SELECT EXISTS(SELECT 1 FROM snapshots WHERE weights >= 'weights:0' AND weights < 'weights:g') "
+            "OR EXISTS(SELECT 1 FROM snapshots WHERE weights >= 'weights:v2:' AND weights < 'weights:v2;'), "
+            "EXISTS(SELECT 1 FROM variable_snapshots WHERE digest >= 'variable:bf16s:' "
+            "AND digest < 'variable:bf16s;')").fetchone()
+        return bool(identities), bool(keys)
 
     def _runs_record(self, conn, run_ids, exclude_run) -> list[Phase]:
         """Every phase of the runs ``run_ids`` (their last snapshot's ledger and their own phase)."""
@@ -923,8 +995,9 @@ class RunStore:
         """
         with self._connect() as conn:
             rows = conn.execute("SELECT ledger FROM snapshots WHERE weights = ?", (weights,)).fetchall()
-            if not rows and legacy is not None and self.holds_legacy_weights(conn):
-                rows = conn.execute("SELECT ledger FROM snapshots WHERE weights = ?", (legacy(),)).fetchall()
+            if not rows and legacy is not None and self.legacy_rows(conn)[0]:
+                rows = conn.execute("SELECT ledger FROM snapshots WHERE weights IN "
+                                    "(SELECT value FROM json_each(?))", (json.dumps(legacy()[0]),)).fetchall()
         if not rows:
             return None
         return _max_steps(Phase(**p) for row in rows for p in json.loads(row[0]))
@@ -941,5 +1014,5 @@ class RunStore:
 
 
 __all__ = ["DEFAULT_PATH", "ENV_VAR", "IDENTITY_PREFIX", "RunStore", "data_fingerprint", "default_path",
-           "default_store", "input_fingerprint", "legacy_weights_fingerprint", "tag_data_fingerprint",
+           "default_store", "input_fingerprint", "legacy_weights_fingerprints", "tag_data_fingerprint",
            "variable_fingerprints", "variables_identity", "weights_fingerprint", "weights_identity"]
