@@ -360,7 +360,7 @@ def _exact_digest(array: np.ndarray) -> bytes:
             item = item if isinstance(item, bytes) else str(item).encode()
             hasher.update(len(item).to_bytes(8, "little") + item)
         return hasher.digest()
-    return xxhash.xxh3_128_digest(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    return xxhash.xxh3_128_digest(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
 
 
 def _identity_and_keys(variables, arrays) -> tuple[str, list[str]]:
