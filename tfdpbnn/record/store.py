@@ -349,8 +349,8 @@ def _exact_digest(array: np.ndarray) -> bytes:
 
     Every bit counts (a NaN's payload, -0.0 against 0.0); a bool is one byte per value; strings (an array of
     ``bytes``) are hashed element by element in C order, each as its length (8 bytes, little-endian) and its
-    bytes. The same on every platform and in every version of XXH3 (its output is specified; a test pins one
-    value).
+    bytes. The same on every platform and in every version of XXH3 (its output is specified; a test pins two
+    values, one of them the specification's).
     """
     import xxhash
 
@@ -513,7 +513,7 @@ def weights_fingerprint(model) -> str:
     ``"weights:v3:"`` and the SHA-256 (hex) of the list of each variable's dtype, shape and XXH3-128 (Collet
     2020; seed 0) of its exact bytes (``_exact_digest``: every bit counts, -0.0 is not 0.0, a NaN's payload
     counts; a bool as one byte per value). XXH3's output is specified, the same on every platform and in
-    every version of the library: a test pins one value (``tests/test_weights_identity.py``). The bytes are
+    every version of xxHash: a test pins two values (``tests/test_weights_identity.py``). The bytes are
     the variables' in the machine's order (little-endian on every platform TensorFlow supports). Two
     different weights share an identity only if every variable that differs shares its XXH3-128 with the
     other value (chance about 2^-128 for values no one chose to collide; not a cryptographic bound: an
