@@ -202,7 +202,7 @@ def refuse_non_private_training(model, x, y=None, record_ids=None, call="fit") -
         store = record_store.default_store()
         weights, variables = record_store.weights_identity(model)
         if not store.weights_record(weights, variables=variables,
-                                    legacy=lambda: record_store.legacy_weights_fingerprints(model)):
+                                    legacy=record_store.legacy_lookup(model)):
             return
     try:
         keys = input_keys(x, y, record_ids)

@@ -27,6 +27,7 @@ import weakref
 from tfdpbnn.record import attributes, record_ledger
 from tfdpbnn.record import store as record_store
 from tfdpbnn.record.ledger import Phase, PrivacyLedger
+from tfdpbnn.record.store import legacy_lookup
 
 
 def _size(phase: Phase) -> tuple:
@@ -53,11 +54,6 @@ def _lost_part(ran: Phase, restored: Phase | None) -> Phase:
         passes = math.ceil(ran.examples / n - 1e-9) - math.floor(before / n + 1e-9)
         participations = max(0, min(steps, passes))
     return dataclasses.replace(ran, participations=participations, **common)
-
-
-def _legacy(model):
-    """The weights' identities and keys as earlier stores hold them, computed when asked."""
-    return lambda: record_store.legacy_weights_fingerprints(model)
 
 
 class RunRecord:
@@ -177,7 +173,7 @@ class RunRecord:
         # same data or weights are serialized, and share no stale read.
         with record_store.transaction(self.store.path, sync_on_worker=sync_on_worker):
             self._begin_in_transaction(weights, dataset, planned_steps, record_keys, variables,
-                                       legacy=_legacy(model))
+                                       legacy=legacy_lookup(model))
 
     def _begin_in_transaction(self, weights, dataset, planned_steps, record_keys, variables=(),
                               legacy=None) -> None:
@@ -341,8 +337,8 @@ class RunRecord:
         if self.store is not None and model is not None and begin_weights is not None:
             weights, variables = record_store.weights_identity(model)
             if weights != begin_weights:
-                added += self.inherit(self.store.weights_record(weights, exclude_run=self.run_id,
-                                                                variables=variables, legacy=_legacy(model)))
+                added += self.inherit(self.store.weights_record(
+                    weights, exclude_run=self.run_id, variables=variables, legacy=legacy_lookup(model)))
                 self._begin_variables = set(variables)
         return added
 
@@ -356,7 +352,7 @@ class RunRecord:
         store = record_store.default_store()
         if store is not None:
             weights, variables = record_store.weights_identity(model)
-            self.inherit(store.weights_record(weights, variables=variables, legacy=_legacy(model)))
+            self.inherit(store.weights_record(weights, variables=variables, legacy=legacy_lookup(model)))
             self._optimizer._import_linked_releases()
 
     def model(self):
@@ -366,8 +362,8 @@ class RunRecord:
     def recognises_weights(self) -> bool:
         """Whether the record store holds a snapshot of the model's weights as they are now (any run's)."""
         model, store = self.model(), record_store.default_store()
-        return model is not None and store is not None and \
-            store.weights_ledger(record_store.weights_fingerprint(model), legacy=_legacy(model)) is not None
+        return model is not None and store is not None and store.weights_ledger(
+            record_store.weights_fingerprint(model), legacy=legacy_lookup(model)) is not None
 
     def weights_and_spent(self, delta: float, epsilon: float) -> tuple[dict, dict]:
         """The statement's ``weights`` (the training behind the weights in hand) and ``spent`` (everything).
@@ -389,7 +385,7 @@ class RunRecord:
             fingerprint = record_store.weights_fingerprint(model)
             store = record_store.default_store()
             if store is not None:
-                phases = store.weights_ledger(fingerprint, legacy=_legacy(model))
+                phases = store.weights_ledger(fingerprint, legacy=legacy_lookup(model))
         if phases is None:
             why = ("the model is unknown to this optimizer (no fit yet; pass model= to privacy_statement)"
                    if model is None else "the record store does not hold these weights"

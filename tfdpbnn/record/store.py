@@ -547,6 +547,15 @@ def legacy_weights_fingerprints(model) -> tuple[list[str], list[str]]:
     return ["weights:" + identity, "weights:" + _hash_arrays(arrays)], keys
 
 
+def legacy_lookup(model):
+    """``RunStore.weights_record``'s ``legacy``: a function computing ``legacy_weights_fingerprints(model)``.
+
+    Computed only when called (when the store holds rows of an earlier version and none of this one holds
+    the weights).
+    """
+    return lambda: legacy_weights_fingerprints(model)
+
+
 def variables_identity(variables) -> str:
     """The identity of the variables' values (``weights_fingerprint`` without "weights:"), as held.
 
@@ -1014,5 +1023,6 @@ class RunStore:
 
 
 __all__ = ["DEFAULT_PATH", "ENV_VAR", "IDENTITY_PREFIX", "RunStore", "data_fingerprint", "default_path",
-           "default_store", "input_fingerprint", "legacy_weights_fingerprints", "tag_data_fingerprint",
-           "variable_fingerprints", "variables_identity", "weights_fingerprint", "weights_identity"]
+           "default_store", "input_fingerprint", "legacy_lookup", "legacy_weights_fingerprints",
+           "tag_data_fingerprint", "variable_fingerprints", "variables_identity", "weights_fingerprint",
+           "weights_identity"]
