@@ -41,7 +41,7 @@ from tfdpbnn.callbacks import NO_RELEASED_METRICS
 from tfdpbnn.clipping import check_per_example_independence
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.data.distributed import check_distributed_input
-from tfdpbnn.optimizers import fit_checks, keras_integration, state_checks
+from tfdpbnn.optimizers import fit_checks, keras_integration, known_structure, state_checks
 from tfdpbnn.optimizers.mechanism import DPGradients, DPMechanism
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
 from tfdpbnn.privacy import sound_accountants
@@ -1046,8 +1046,15 @@ class DPOptimizerMixin:
             check_per_example_independence(model)
             _check_data_independent_losses(model)
             loss_fn = compiled_per_example_loss_fn(model) if getattr(model, "loss", None) else None
+            # A model of a structure whose check is known (known_structure) and passed: not run again.
+            structure = known_structure.structure_key(model, *fit_checks.element_parts(x, y),
+                                                      submodules if submodules is not None
+                                                      else _private_api.submodules(model))
+            if known_structure.passed(structure):
+                self._dp_foreign_variables[id(model)] = []
             # A model built by its first call: build it, then watch a forward pass for variable updates.
-            for _ in range(1 if model.built and model.variables else 2):
+            for _ in range(0 if known_structure.passed(structure) else 1 if model.built and model.variables
+                           else 2):
                 snapshot = state_checks.VariableSnapshot(model)
                 try:
                     self._dp_foreign_variables[id(model)] = fit_checks.check_per_example(model, loss_fn, x, y)
@@ -1055,6 +1062,8 @@ class DPOptimizerMixin:
                     snapshot.restore()
                     raise
                 snapshot.refuse_changes("a forward pass in training mode (on a synthetic batch)")
+                if not self._dp_foreign_variables[id(model)]:
+                    known_structure.note_passed(structure)
             if fit_checks.overrides_train_step(model):
                 self._probe_train_step(model, x, y)
             self._dp_checked_models.add(checked)

@@ -162,7 +162,8 @@ def carries_sample_weights(x) -> bool:
     return isinstance(spec, tuple) and len(spec) > 2
 
 
-def _element_parts(x, y):
+def element_parts(x, y):
+    """``(inputs, labels)`` of ``fit``'s ``x`` and ``y``: arrays as given, or a dataset's element specs."""
     if isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
         # A distributed dataset's element_spec is per replica; tfdpbnn.data.distributed's carry one replica's.
         spec = getattr(x, "_tfdpbnn_element_spec", None) or x.element_spec
@@ -239,7 +240,7 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
     ``tf.Variable`` in a ``Lambda``): the DP step does not train them, so ``fit`` watches that they keep
     their values (``tfdpbnn.callbacks.DPTrainingMonitor``).
     """
-    x_like, y_like = _element_parts(x, y)
+    x_like, y_like = element_parts(x, y)
     rng = np.random.default_rng(seed)
     xs = _synthetic(x_like, rows, rng)
     ys = None if y_like is None else _synthetic(y_like, rows, rng)
@@ -520,7 +521,7 @@ class LossProbe:
     """
 
     def __init__(self, x, y=None, rows: int = 6, seed: int = 0, sample_weight: bool = False):
-        x_like, y_like = _element_parts(x, y)
+        x_like, y_like = element_parts(x, y)
         rng = np.random.default_rng(seed)
         xs = _synthetic(x_like, rows, rng)
         self.y = None if y_like is None else _synthetic(y_like, rows, rng)

@@ -1,0 +1,193 @@
+"""A per-example check passed once holds for models of the same known structure; any other model is run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdpbnn
+from tfdpbnn import _private_api
+from tfdpbnn.optimizers import fit_checks, known_structure
+
+N, D, BATCH = 64, 6, 16
+
+
+@pytest.fixture(autouse=True)
+def _no_passed_structures(monkeypatch):
+    """Each test starts from no passed structure (the set is process-wide)."""
+    monkeypatch.setattr(known_structure, "_PASSED", set())
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """The models ``check_per_example`` ran, in order."""
+    ran = []
+    original = fit_checks.check_per_example
+
+    def counted(model, *args, **kwargs):
+        ran.append(model)
+        return original(model, *args, **kwargs)
+
+    monkeypatch.setattr(fit_checks, "check_per_example", counted)
+    return ran
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(N, D)).astype(np.float32), rng.integers(0, 3, N)
+
+
+def _model(*middle, activation="relu", functional=False):
+    if not functional:
+        return tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(8, activation=activation),
+                                    *middle, tf.keras.layers.Dense(3)])
+    inputs = tf.keras.Input((D,))
+    h = tf.keras.layers.Dense(8, activation=activation)(inputs)
+    for layer in middle:
+        h = layer(h)
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(3)(h))
+
+
+def _fit(model, loss=None):
+    x, y = _data()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, learning_rate=0.1, num_examples=N,
+                                                   batch_size=BATCH, delta=1e-5),
+                  loss=loss or tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    return model
+
+
+@pytest.mark.parametrize("functional", [False, True])
+def test_a_second_model_of_a_passed_structure_is_not_run_and_trains(runs, functional):
+    first = _fit(_model(tf.keras.layers.Dropout(0.1), functional=functional))
+    second = _model(tf.keras.layers.Dropout(0.1), functional=functional)
+    before = [w.copy() for w in second.get_weights()]
+    _fit(second)
+    assert runs == [first]
+    assert any(not np.allclose(a, b) for a, b in zip(before, second.get_weights(), strict=True))
+    # Another loss configuration, another architecture: each is run once.
+    _fit(_model(tf.keras.layers.Dropout(0.1), functional=functional),
+         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=False))
+    _fit(_model(tf.keras.layers.Dropout(0.2), tf.keras.layers.Dense(4), functional=functional))
+    assert len(runs) == 3
+
+
+def _mixing(h):
+    return h - tf.reduce_mean(h, axis=0, keepdims=True)
+
+
+@pytest.mark.parametrize("case", ["lambda layer", "custom activation", "custom loss", "call of its own"])
+def test_a_mixing_model_beside_a_passed_structure_is_still_refused(runs, case):
+    _fit(_model())  # the plain structure passed
+    loss = None
+    if case == "lambda layer":
+        model = _model(tf.keras.layers.Lambda(_mixing))
+    elif case == "custom activation":
+        model = _model(activation=_mixing)
+    elif case == "custom loss":
+        model = _model()
+
+        def loss(y, logits):  # one example's loss moves with the batch's mean logits
+            return tf.keras.losses.sparse_categorical_crossentropy(y, _mixing(logits), from_logits=True)
+    else:
+        model = _model()
+        layer = model.layers[0]
+        plain = layer.call
+        layer.call = lambda h, *args, **kwargs: _mixing(plain(h, *args, **kwargs))
+    with pytest.raises(ValueError, match="mixes examples|depends on other examples|changes with other"):
+        _fit(model, loss=loss)
+    assert len(runs) == 2
+
+
+def test_a_failed_check_is_not_kept(runs):
+    """A built-in loss over the batch axis fails its check; the same structure is run (and refused) again."""
+    x, y = _data()
+    for _ in range(2):
+        model = _model()
+        model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=BATCH,
+                                                       delta=1e-5),
+                      loss=tf.keras.losses.CategoricalCrossentropy(from_logits=True, axis=0))
+        with pytest.raises(ValueError, match="loss"):
+            model.fit(x, np.eye(3, dtype=np.float32)[y], batch_size=BATCH, epochs=1, verbose=0)
+    assert len(runs) == 2
+
+
+def _key(model, x=None, y=None):
+    x_like, y_like = _data() if x is None else (x, y)
+    model.compile(optimizer="sgd", loss=model.loss if getattr(model, "loss", None) else
+                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return known_structure.structure_key(model, x_like, y_like, _private_api.submodules(model))
+
+
+class _Subclassed(tf.keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = tf.keras.layers.Dense(3)
+
+    def call(self, inputs):
+        return self.dense(inputs)
+
+
+def test_what_is_known_from_its_structure():
+    assert _key(_model()) is not None
+    assert _key(_model()) == _key(_model())
+    assert _key(_model()) != _key(_model(tf.keras.layers.Dense(4)))
+    x, y = _data()
+    assert _key(_model(), x.astype(np.float64), y) != _key(_model(), x, y)  # the inputs' dtype is part of it
+    unknown = [
+        _model(tf.keras.layers.Lambda(_mixing)),
+        _model(activation=_mixing),
+        _model(tf.keras.layers.Dense(4, activity_regularizer="l2")),
+        _model(tf.keras.layers.LayerNormalization()),  # per example for most axes, not for all
+    ]
+    assert all(_key(model) is None for model in unknown)
+    subclassed = _Subclassed()
+    subclassed(np.zeros((1, D), np.float32))
+    assert _key(subclassed) is None
+    ragged = tf.ragged.constant([[1.0], [2.0, 3.0]])
+    assert _key(_model(), ragged, np.zeros(2)) is None
+    unbuilt = tf.keras.Sequential([tf.keras.layers.Dense(3)])
+    assert _key(unbuilt) is None
+
+
+def test_custom_loss_functions_are_not_known():
+    model = _model()
+    model.compile(optimizer="sgd", loss=lambda y, p: tf.keras.losses.sparse_categorical_crossentropy(y, p))
+    assert known_structure.structure_key(model, *_data(), _private_api.submodules(model)) is None
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    assert known_structure.structure_key(model, *_data(), _private_api.submodules(model)) is not None
+
+
+@pytest.mark.parametrize("layer", [
+    lambda: tf.keras.layers.Reshape((2, 4)), lambda: tf.keras.layers.Activation("softmax"),
+    lambda: tf.keras.layers.ReLU(max_value=2.0), lambda: tf.keras.layers.Dropout(0.5, noise_shape=(1, 8)),
+    lambda: tfdpbnn.layers.MCDropout(0.2),
+])
+def test_the_known_layers_pass_the_check_they_stand_for(layer):
+    """Each known layer, inside a model, passes the check that its structure stands for (run here)."""
+    made = layer()
+    if isinstance(made, tf.keras.layers.Reshape):
+        model = _model(made, tf.keras.layers.Flatten())
+    else:
+        model = _model(made)
+    x, y = _data()
+    model.compile(optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    assert known_structure.structure_key(model, x, y, _private_api.submodules(model)) is not None
+    assert fit_checks.check_per_example(model, model.loss and
+                                        tfdpbnn.optimizers.per_example_loss.compiled_per_example_loss_fn(model),
+                                        x, y) == []
+
+
+def test_a_class_whose_call_was_replaced_is_another_structure(runs, monkeypatch):
+    """Keras's own ``Dense.call`` replaced after a model of Dense layers passed: the next one is run again."""
+    _fit(_model())
+    plain = tf.keras.layers.Dense.call
+
+    def call(self, inputs):
+        return _mixing(plain(self, inputs))
+
+    monkeypatch.setattr(tf.keras.layers.Dense, "call", call)
+    with pytest.raises(ValueError, match="mixes examples"):
+        _fit(_model())
+    assert len(runs) == 2
