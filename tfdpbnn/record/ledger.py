@@ -124,12 +124,16 @@ class Phase:
         return gaussian
 
     def to_config(self) -> dict:
-        """A JSON-safe dict (``Phase(**config)`` rebuilds it)."""
-        return dataclasses.asdict(self)
+        """A JSON-safe dict (``Phase(**config)`` rebuilds it): every field, each a plain scalar."""
+        return {name: getattr(self, name) for name in _PHASE_FIELDS}
 
     def with_secret_noise(self) -> Phase:
         """This phase as if its noise had been secret: the accountant's value, no guarantee if replayable."""
         return dataclasses.replace(self, noise_replayable=False) if self.noise_replayable else self
+
+
+#: The fields of ``Phase``, in order (``Phase.to_config``).
+_PHASE_FIELDS = tuple(field.name for field in dataclasses.fields(Phase))
 
 
 class PrivacyLedger:
