@@ -162,7 +162,8 @@ def test_custom_loss_functions_are_not_known():
 @pytest.mark.parametrize("layer", [
     lambda: tf.keras.layers.Reshape((2, 4)), lambda: tf.keras.layers.Activation("softmax"),
     lambda: tf.keras.layers.ReLU(max_value=2.0), lambda: tf.keras.layers.Dropout(0.5, noise_shape=(1, 8)),
-    lambda: tfdpbnn.layers.MCDropout(0.2),
+    lambda: tfdpbnn.layers.MCDropout(0.2), lambda: tfdpbnn.layers.DenseVariational(8, N, activation="relu"),
+    lambda: tfdpbnn.layers.DenseBayesByBackprop(8, N, activation="tanh"),
 ])
 def test_the_known_layers_pass_the_check_they_stand_for(layer):
     """Each known layer, inside a model, passes the check that its structure stands for (run here)."""
@@ -190,4 +191,22 @@ def test_a_class_whose_call_was_replaced_is_another_structure(runs, monkeypatch)
     monkeypatch.setattr(tf.keras.layers.Dense, "call", call)
     with pytest.raises(ValueError, match="mixes examples"):
         _fit(_model())
+    assert len(runs) == 2
+
+
+def test_the_loss_is_the_compiled_one(runs):
+    """``model.loss`` set after compiling another loss: not known (the compiled loss is run)."""
+    _fit(_model())
+
+    def mixing_loss(y, logits):
+        return tf.keras.losses.sparse_categorical_crossentropy(y, _mixing(logits), from_logits=True)
+
+    model = _model()
+    x, y = _data()
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=BATCH, delta=1e-5),
+                  loss=mixing_loss)
+    model.loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    assert known_structure.structure_key(model, x, y, _private_api.submodules(model)) is None
+    with pytest.raises(ValueError, match="depends on other examples|changes with other"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     assert len(runs) == 2

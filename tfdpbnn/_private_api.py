@@ -8,7 +8,7 @@ pinned version breaks in one place with a clear message (``check()`` is run by t
 - Keras: ``Model._steps_per_execution`` (how many steps one call of the train function runs, so a budget
   stop never overshoots); the compiled-loss container's ``_conform_to_outputs``, ``_built``, ``_losses``,
   ``_loss_weights`` and ``_total_loss_mean`` (to rebuild the unreduced per-example loss and keep Keras's loss
-  metric); ``src.engine.compile_utils.match_dtype_and_rank`` and
+  metric) and ``_user_losses`` (the loss as compiled); ``src.engine.compile_utils.match_dtype_and_rank`` and
   ``src.utils.losses_utils.{apply_mask, get_mask, squeeze_or_expand_dimensions}`` (Keras's own
   weighting of a loss, reused so a per-example loss weighs examples exactly as ``compile`` does). Keras 2
   lives in the ``keras`` package on TensorFlow 2.15 and in ``tf_keras`` on TensorFlow >= 2.16 (where
@@ -198,6 +198,13 @@ def compiled_loss(model):
     if _keras3 is not None:
         return _keras3.compiled_loss(model)
     return getattr(model, "compiled_loss", None)
+
+
+def compiled_user_loss(model):
+    """The loss ``model.compile`` was given, as the compiled-loss container holds it (None without a loss)."""
+    if _keras3 is not None:
+        return _keras3.compiled_user_loss(model)
+    return getattr(getattr(model, "compiled_loss", None), "_user_losses", None)
 
 
 def total_loss_metric(model):
@@ -452,9 +459,9 @@ def check() -> None:
     except (AttributeError, TypeError) as err:
         raise RuntimeError(f"tfdpbnn: Keras's compiled-loss internals changed ({err}); update "
                            f"tfdpbnn/_private_api.py for tensorflow {tf.__version__}") from err
-    if len(parts[2]) != 1 or total_loss_metric(model) is None:
-        raise RuntimeError("tfdpbnn: Keras's LossesContainer no longer has _losses/_total_loss_mean; update "
-                           f"tfdpbnn/_private_api.py for tensorflow {tf.__version__}")
+    if len(parts[2]) != 1 or total_loss_metric(model) is None or compiled_user_loss(model) != "mse":
+        raise RuntimeError("tfdpbnn: Keras's LossesContainer no longer has _losses/_total_loss_mean/"
+                           f"_user_losses; update tfdpbnn/_private_api.py for tensorflow {tf.__version__}")
     vectorized = tensorflow_privacy_module(VECTORIZED_OPTIMIZERS)
 
     with open(vectorized.__file__) as handle:

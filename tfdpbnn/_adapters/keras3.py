@@ -11,7 +11,8 @@ which the ``fit`` dispatch (``tfdpbnn.optimizers.keras_integration``) runs in pl
 
 The Keras 3 private names tfdpbnn needs are here, each behind one function (``check()`` is run by the test
 suite): ``Trainer._compile_loss`` (the ``CompileLoss`` of ``model.compile(loss=...)``) with its ``built``,
-``build`` and ``_flat_losses`` (to rebuild the unreduced per-example loss), ``Trainer._loss_tracker`` (the
+``build`` and ``_flat_losses`` (to rebuild the unreduced per-example loss) and ``_user_loss`` (the loss
+as compiled), ``Trainer._loss_tracker`` (the
 ``loss`` metric), ``keras.src.backend.common.masking.get_keras_mask`` and
 ``keras.src.losses.loss.squeeze_or_expand_to_same_rank`` (Keras's alignment of loss
 values and sample weights), ``Optimizer._get_variable_index`` with Adam's ``_momentums`` /
@@ -136,6 +137,11 @@ def optimizer_bases():
 def compiled_loss(model):
     """The ``CompileLoss`` of ``model.compile(loss=...)``, or None when compiled without a loss."""
     return getattr(model, "_compile_loss", None)
+
+
+def compiled_user_loss(model):
+    """The loss ``model.compile`` was given, as its ``CompileLoss`` holds it (None without a loss)."""
+    return getattr(compiled_loss(model), "_user_loss", None)
 
 
 def _at(path, structure):
@@ -328,8 +334,9 @@ def check() -> None:
         raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s TensorFlowTrainer._maybe_symbolic_build, "
                            "_distribute_strategy or _collective_all_reduce_multi_worker changed; update "
                            "tfdpbnn/_adapters/keras3.py")
-    if not isinstance(parts[2][0], keras.losses.Loss) or total_loss_metric(model) is None:
-        raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s CompileLoss._flat_losses or "
+    if not isinstance(parts[2][0], keras.losses.Loss) or total_loss_metric(model) is None \
+            or compiled_user_loss(model) != "mse":
+        raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s CompileLoss._flat_losses or _user_loss, or "
                            "Trainer._loss_tracker changed; update tfdpbnn/_adapters/keras3.py")
 
 

@@ -17,8 +17,11 @@ check, is always checked by running it.
 from __future__ import annotations
 
 import json
+import sys
 
 import tensorflow as tf
+
+from tfdpbnn import _private_api
 
 #: Keras layer classes (names in ``tf.keras.layers``) whose output for one example is computed from that
 #: example's input alone, for every configuration and weights: no statistic over the batch axis, no state
@@ -43,6 +46,13 @@ def _per_example_layers() -> frozenset:
     found = {getattr(tf.keras.layers, name, None) for name in _KERAS_PER_EXAMPLE}
     found.discard(None)
     return frozenset(found | {Conv2DVariational, DenseBayesByBackprop, DenseVariational, MCDropout})
+
+
+def _model_classes() -> set:
+    """Keras's ``Sequential`` and its functional model class (in the module beside ``Sequential``'s)."""
+    package = tf.keras.Sequential.__module__.rsplit(".", 1)[0]
+    functional = getattr(sys.modules.get(package + ".functional"), "Functional", None)
+    return {tf.keras.Sequential} | ({functional} if isinstance(functional, type) else set())
 
 
 def _built_in(module, function) -> bool:
@@ -106,8 +116,7 @@ def structure_key(model, x_like, y_like, submodules) -> tuple | None:
     known (see the module), with one built-in loss.
     """
     kind = type(model)
-    if kind.__name__ not in ("Sequential", "Functional") or not kind.__module__.startswith(("tf_keras.",
-                                                                                           "keras.")):
+    if kind not in _model_classes():
         return None
     if not model.built or not model.variables or "call" in vars(model):
         return None
@@ -117,7 +126,10 @@ def structure_key(model, x_like, y_like, submodules) -> tuple | None:
               and not isinstance(m, tf.keras.metrics.Metric)]
     if not layers or not all(_layer_known(layer, known) for layer in layers):
         return None
-    loss = _loss_key(getattr(model, "loss", None))
+    compiled = _private_api.compiled_user_loss(model)  # what the check's per-example loss calls
+    if compiled is None or compiled is not getattr(model, "loss", None):
+        return None
+    loss = _loss_key(compiled)
     inputs, labels = _spec_key(x_like), _spec_key(y_like)
     outputs = _spec_key(model.outputs) if getattr(model, "outputs", None) else None
     if loss is None or inputs is None or labels is None or outputs is None or len(model.outputs) != 1:
