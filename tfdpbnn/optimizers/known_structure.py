@@ -4,10 +4,11 @@
 backward passes and the compiled loss four times) to prove that one example's loss depends on no other
 example, so that per-example clipping bounds the sensitivity (Abadi et al. 2016). For most models its
 outcome depends on their code, which only running them shows. For a model built only of layers that compute
-each example from that example alone, whatever their configuration and weights (``_PER_EXAMPLE_LAYERS``:
-Keras's dense, convolution, pooling, reshaping, dropout and activation layers and tfdpbnn's Bayesian dense
-and convolution layers, each with a built-in activation and no activity regularizer), compiled with one
-Keras built-in loss, the outcome is a function of the structure alone: the loss (its class, function and
+each example from that example alone, whatever their configuration and weights (``_per_example_layers``:
+Keras's dense, convolution, pooling, reshaping, dropout and activation layers, ``_KERAS_PER_EXAMPLE``, and
+tfdpbnn's variational, Bayes-by-backprop and MC-dropout layers, each with a built-in activation and no
+activity regularizer), compiled with one Keras built-in loss, the outcome is a function of the structure
+alone: the model's and layers' classes (with their ``call``), the loss (its class, function and
 configuration) and the dtypes and shapes of the inputs, labels and outputs (``structure_key``). A check
 passed for one such model then holds for every model of the same key, and ``passed`` tells the next one so
 (a new model of the same architecture is not run again). A model outside that set, or one that failed its
