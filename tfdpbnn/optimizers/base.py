@@ -1026,6 +1026,8 @@ class DPOptimizerMixin:
     def _check_model(self, model, x, y, submodules=None, sample_weight=False):
         """The per-example checks of ``model`` on a synthetic batch shaped like ``x`` (once per model).
 
+        Not run again for a model of a structure whose check passed in this process (``known_structure``).
+
         ``submodules``: ``_private_api.submodules(model)`` when the caller has just walked the model.
         ``sample_weight``: the batches carry per-example weights: a ``train_step`` override is probed with
         them too (once per model and loss).
