@@ -210,3 +210,27 @@ def test_the_loss_is_the_compiled_one(runs):
     with pytest.raises(ValueError, match="depends on other examples|changes with other"):
         model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     assert len(runs) == 2
+
+
+def test_a_tensor_of_the_batch_axis_alone_is_not_known(runs):
+    """``Reshape(())`` then a log-softmax works across the batch: after a zero kernel the check passes
+    (no input reaches it), so the structure must not stand for the same model with other weights.
+
+    On Keras 3 the log-softmax is a ``tf.keras.activations`` function (the rank is what leaves the model
+    unknown); on Keras 2 it resolves to ``tf.nn.log_softmax``, which is not one (unknown either way).
+    """
+    def model(kernel):
+        return tf.keras.Sequential([
+            tf.keras.Input((D,)), tf.keras.layers.Dense(1, kernel_initializer=kernel),
+            tf.keras.layers.Reshape(()), tf.keras.layers.Activation("log_softmax"),
+            tf.keras.layers.Reshape((1,)),
+            tf.keras.layers.Dense(3)])
+
+    zero = model("zeros")
+    x, y = _data()
+    zero.compile(optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    assert known_structure.structure_key(zero, x, y, _private_api.submodules(zero)) is None
+    _fit(model("zeros"))  # passes: nothing of the inputs reaches the softmax
+    with pytest.raises(ValueError, match="mixes examples"):
+        _fit(model("glorot_uniform"))
+    assert len(runs) == 2

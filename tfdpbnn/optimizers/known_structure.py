@@ -6,10 +6,11 @@ example, so that per-example clipping bounds the sensitivity (Abadi et al. 2016)
 outcome depends on their code, which only running them shows. For a model built only of layers that compute
 each example from that example alone, whatever their configuration and weights (``_per_example_layers``:
 Keras's dense, convolution, pooling, reshaping, dropout and activation layers, ``_KERAS_PER_EXAMPLE``, and
-tfdpbnn's variational, Bayes-by-backprop and MC-dropout layers, each with a built-in activation and no
-activity regularizer), compiled with one Keras built-in loss, the outcome is a function of the structure
-alone: the model's and layers' classes (with their ``call``), the loss (its class, function and
-configuration) and the dtypes and shapes of the inputs, labels and outputs (``structure_key``). A check
+tfdpbnn's variational, Bayes-by-backprop and MC-dropout layers, each called once, on and to tensors with
+an axis besides the batch's, with a built-in activation and no activity regularizer), compiled with one
+Keras built-in loss, the outcome is a function of the structure alone: the model's and layers' classes
+(with their ``call``), the loss (its class, function and configuration) and the dtypes and shapes of the
+inputs, labels and outputs (``structure_key``). A check
 passed for one such model then holds for every model of the same key, and ``passed`` tells the next one so
 (a new model of the same architecture is not run again). A model outside that set, or one that failed its
 check, is always checked by running it.
@@ -64,9 +65,18 @@ def _built_in(module, function) -> bool:
 def _layer_known(layer, known: frozenset) -> bool:
     """Whether ``layer`` is known: of a class in ``known``, with none of its own ``call``.
 
-    And with a built-in activation (where it has one) and no activity regularizer.
+    And called once in the model, on and to tensors of rank 2 or more (an axis besides the batch's), with a
+    built-in activation (where it has one) and no activity regularizer.
     """
     if type(layer) not in known or "call" in vars(layer):
+        return False
+    # An activation over the last axis (softmax) or a layer fed a tensor of the batch axis alone
+    # (``Reshape(())``) would work across examples: every input and output keeps an axis besides the batch's.
+    try:
+        shapes = [tuple(t.shape) for t in tf.nest.flatten([layer.input, layer.output])]
+    except (AttributeError, ValueError, RuntimeError, TypeError):  # not connected once (a shared layer)
+        return False
+    if not shapes or any(len(shape) < 2 for shape in shapes):
         return False
     activation = getattr(layer, "activation", None)
     if activation is not None and not _built_in(tf.keras.activations, activation):
