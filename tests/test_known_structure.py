@@ -234,3 +234,50 @@ def test_a_tensor_of_the_batch_axis_alone_is_not_known(runs):
     with pytest.raises(ValueError, match="mixes examples"):
         _fit(model("glorot_uniform"))
     assert len(runs) == 2
+
+
+def test_an_attribute_set_after_building_is_another_structure(runs):
+    """A ``Reshape`` whose target shape is set to ``()`` after the model was built: its loss then reduces over
+    the batch (one value per batch); the key holds the layers' configurations, so that model is run."""
+    x, y = _data()
+
+    def model():
+        return tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(1),
+                                    tf.keras.layers.Reshape((1,))])
+
+    first = model()
+    _fit(first, loss=tf.keras.losses.MeanSquaredError())
+    second = model()
+    second.layers[-1].target_shape = ()
+    second.compile(optimizer="sgd", loss=tf.keras.losses.MeanSquaredError())
+    first.compile(optimizer="sgd", loss=tf.keras.losses.MeanSquaredError())
+    assert known_structure.structure_key(second, x, y, _private_api.submodules(second)) != \
+        known_structure.structure_key(first, x, y, _private_api.submodules(first))
+    with pytest.raises(ValueError, match="one loss per example"):
+        _fit(second, loss=tf.keras.losses.MeanSquaredError())
+    assert len(runs) == 2
+
+
+def test_what_the_check_refuses_is_not_known_and_the_check_says_why():
+    """An unknown loss name, an input of unknown rank: no key (the check's own error follows), no crash."""
+    model = _model()
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    x, y = _data()
+    known = known_structure.structure_key(model, x, y, _private_api.submodules(model))
+    model.loss = "no_such_loss"
+    assert known is not None
+    assert known_structure._loss_key("no_such_loss") is None
+    assert known_structure._loss_key("SparseCategoricalCrossentropy") is not None  # a class name
+    unknown_rank = tf.TensorSpec(None, tf.float32)
+    assert known_structure.structure_key(model, unknown_rank, y, _private_api.submodules(model)) is None
+
+
+def test_an_activation_keras_defines_but_does_not_export_is_not_known():
+    """Keras's own batch mean as an activation works across examples (after a zero kernel the check would
+    pass): only the functions ``tf.keras.activations`` exports (each per example) are known."""
+    mean = getattr(tf.keras.backend, "mean", None) or tf.keras.ops.mean
+    model = _model()
+    model.compile(optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    assert known_structure.structure_key(model, *_data(), _private_api.submodules(model)) is not None
+    model.layers[0].activation = mean  # set after building (a mean over every axis would not build)
+    assert known_structure.structure_key(model, *_data(), _private_api.submodules(model)) is None

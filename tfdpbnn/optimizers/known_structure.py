@@ -9,8 +9,8 @@ Keras's dense, convolution, pooling, reshaping, dropout and activation layers, `
 tfdpbnn's variational, Bayes-by-backprop and MC-dropout layers, each called once, on and to tensors with
 an axis besides the batch's, with a built-in activation and no activity regularizer), compiled with one
 Keras built-in loss, the outcome is a function of the structure alone: the model's and layers' classes
-(with their ``call``), the loss (its class, function and configuration) and the dtypes and shapes of the
-inputs, labels and outputs (``structure_key``). A check
+(with their ``call``) and the layers' configurations, the loss (its class, function and configuration) and
+the dtypes and shapes of the inputs, labels and outputs (``structure_key``). A check
 passed for one such model then holds for every model of the same key, and ``passed`` tells the next one so
 (a new model of the same architecture is not run again). A model outside that set, or one that failed its
 check, is always checked by running it.
@@ -57,9 +57,23 @@ def _model_classes() -> set:
     return {tf.keras.Sequential} | ({functional} if isinstance(functional, type) else set())
 
 
-def _built_in(module, function) -> bool:
-    """Whether ``function`` is the function Keras's ``module`` exports under its name."""
-    return callable(function) and getattr(module, getattr(function, "__name__", ""), None) is function
+def _built_in(module, function, defined_in_keras: bool = False) -> bool:
+    """Whether ``function`` is the function Keras's ``module`` exports under its name.
+
+    ``defined_in_keras``: or one the module it names (Keras's or tf-keras's) holds under its name (Keras 3's
+    ``tf.keras.losses`` exports ``MeanSquaredError`` but not the ``mean_squared_error`` it calls). For
+    losses only: the check differentiates a loss with respect to the predictions themselves, so its outcome
+    on a loss does not depend on the weights; an activation's does (Keras's own functions include batch
+    means), so activations must be the exported ones, each per example.
+    """
+    name = getattr(function, "__name__", "")
+    if not callable(function) or not name:
+        return False
+    if getattr(module, name, None) is function:
+        return True
+    home = getattr(function, "__module__", None) or ""
+    return defined_in_keras and home.startswith(("keras.", "tf_keras.")) and getattr(
+        sys.modules.get(home), name, None) is function
 
 
 def _layer_known(layer, known: frozenset) -> bool:
@@ -87,13 +101,19 @@ def _layer_known(layer, known: frozenset) -> bool:
 def _loss_key(loss) -> tuple | None:
     """What determines a built-in compiled loss (its class, function and configuration), or None."""
     if isinstance(loss, str):
-        function = tf.keras.losses.get(loss)
-        return ("name", loss, function) if _built_in(tf.keras.losses, function) else None
+        try:
+            function = tf.keras.losses.get(loss)
+        except (ValueError, TypeError):  # an unknown name: the check says so
+            return None
+        if isinstance(function, tf.keras.losses.Loss):  # a class name
+            inner = _loss_key(function)
+            return None if inner is None else ("name", loss, inner)
+        return ("name", loss, function) if _built_in(tf.keras.losses, function, True) else None
     kind = type(loss)
     if not isinstance(loss, tf.keras.losses.Loss) or getattr(tf.keras.losses, kind.__name__,
                                                               None) is not kind:
         return None
-    if "call" in vars(loss) or "fn" in vars(loss) and not _built_in(tf.keras.losses, loss.fn):
+    if "call" in vars(loss) or "fn" in vars(loss) and not _built_in(tf.keras.losses, loss.fn, True):
         return None
     try:
         config = json.dumps(loss.get_config(), sort_keys=True)
@@ -112,9 +132,14 @@ def _spec_key(structure) -> tuple | None:
         if isinstance(leaf, tf.RaggedTensor | tf.RaggedTensorSpec | tf.SparseTensor | tf.SparseTensorSpec):
             return None
         shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
-        if shape is None or dtype is None or len(shape) == 0:
+        try:
+            dims = tuple(shape) if shape is not None else None
+            name = tf.as_dtype(dtype).name if dtype is not None else None
+        except (ValueError, TypeError):  # an unknown rank, a dtype TensorFlow has not: the check says so
             return None
-        leaves.append((tf.as_dtype(dtype).name, tuple(shape)[1:]))
+        if dims is None or name is None or len(dims) == 0:
+            return None
+        leaves.append((name, dims[1:]))
     return (type(structure).__name__, tuple(leaves))
 
 
@@ -145,9 +170,17 @@ def structure_key(model, x_like, y_like, submodules) -> tuple | None:
     outputs = _spec_key(model.outputs) if getattr(model, "outputs", None) else None
     if loss is None or inputs is None or labels is None or outputs is None or len(model.outputs) != 1:
         return None
-    # The classes with their call functions (a class whose call was replaced is another structure).
-    return (kind, kind.call, tuple((type(layer), type(layer).call) for layer in layers), loss, inputs, labels,
-            outputs)
+    # The classes with their call functions (a class whose call was replaced is another structure) and the
+    # layers' configurations (an attribute set after the model was built, as a Reshape's target shape).
+    configs = []
+    for layer in layers:
+        try:
+            config = {k: v for k, v in layer.get_config().items() if k != "name"}
+            configs.append(json.dumps(config, sort_keys=True, default=repr))
+        except (NotImplementedError, TypeError, ValueError):
+            return None
+    return (kind, kind.call, tuple((type(layer), type(layer).call) for layer in layers), tuple(configs), loss,
+            inputs, labels, outputs)
 
 
 def passed(key) -> bool:
