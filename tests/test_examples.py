@@ -110,7 +110,9 @@ def test_train_and_export_examples(runs, name):
     accuracy = summary["test_accuracy" if name == "dpvd_digits" else "accuracy"]
     assert 0 <= accuracy <= 1 and 0 <= summary["ece"] <= 1
     if name == "binary_tabular":   # Bernoulli probabilities from sigmoid, never a softmax over one logit
-        assert 0 <= summary["p_min"] <= summary["p_max"] <= 1 and summary["p_min"] < 0.999
+        # (which is 1.0 for every example). Not a bound on confidence: the fast mode's few noisy steps often
+        # predict the majority class everywhere, with p_min from 0.74 to 0.9994 in runs of the example.
+        assert 0 <= summary["p_min"] < summary["p_max"] <= 1
         assert 0 <= summary["brier"] <= 1
     record = _check_export(summary, cwd)
     assert record["optimizer"] == "DPVDOptimizer" and record["asserted_by_user"] == []
