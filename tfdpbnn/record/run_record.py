@@ -27,7 +27,6 @@ import weakref
 from tfdpbnn.record import attributes, record_ledger
 from tfdpbnn.record import store as record_store
 from tfdpbnn.record.ledger import Phase, PrivacyLedger
-from tfdpbnn.record.store import legacy_lookup
 
 
 def _size(phase: Phase) -> tuple:
@@ -173,7 +172,7 @@ class RunRecord:
         # same data or weights are serialized, and share no stale read.
         with record_store.transaction(self.store.path, sync_on_worker=sync_on_worker):
             self._begin_in_transaction(weights, dataset, planned_steps, record_keys, variables,
-                                       legacy=legacy_lookup(model))
+                                       legacy=record_store.legacy_lookup(model))
 
     def _begin_in_transaction(self, weights, dataset, planned_steps, record_keys, variables=(),
                               legacy=None) -> None:
@@ -338,7 +337,8 @@ class RunRecord:
             weights, variables = record_store.weights_identity(model)
             if weights != begin_weights:
                 added += self.inherit(self.store.weights_record(
-                    weights, exclude_run=self.run_id, variables=variables, legacy=legacy_lookup(model)))
+                    weights, exclude_run=self.run_id, variables=variables,
+                    legacy=record_store.legacy_lookup(model)))
                 self._begin_variables = set(variables)
         return added
 
@@ -352,7 +352,8 @@ class RunRecord:
         store = record_store.default_store()
         if store is not None:
             weights, variables = record_store.weights_identity(model)
-            self.inherit(store.weights_record(weights, variables=variables, legacy=legacy_lookup(model)))
+            self.inherit(store.weights_record(weights, variables=variables,
+                                              legacy=record_store.legacy_lookup(model)))
             self._optimizer._import_linked_releases()
 
     def model(self):
@@ -363,7 +364,7 @@ class RunRecord:
         """Whether the record store holds a snapshot of the model's weights as they are now (any run's)."""
         model, store = self.model(), record_store.default_store()
         return model is not None and store is not None and store.weights_ledger(
-            record_store.weights_fingerprint(model), legacy=legacy_lookup(model)) is not None
+            record_store.weights_fingerprint(model), legacy=record_store.legacy_lookup(model)) is not None
 
     def weights_and_spent(self, delta: float, epsilon: float) -> tuple[dict, dict]:
         """The statement's ``weights`` (the training behind the weights in hand) and ``spent`` (everything).
@@ -385,7 +386,7 @@ class RunRecord:
             fingerprint = record_store.weights_fingerprint(model)
             store = record_store.default_store()
             if store is not None:
-                phases = store.weights_ledger(fingerprint, legacy=legacy_lookup(model))
+                phases = store.weights_ledger(fingerprint, legacy=record_store.legacy_lookup(model))
         if phases is None:
             why = ("the model is unknown to this optimizer (no fit yet; pass model= to privacy_statement)"
                    if model is None else "the record store does not hold these weights"
