@@ -1052,11 +1052,11 @@ class DPOptimizerMixin:
             structure = known_structure.structure_key(model, *fit_checks.element_parts(x, y),
                                                       submodules if submodules is not None
                                                       else _private_api.submodules(model))
-            if known_structure.passed(structure):
+            known = known_structure.passed(structure)
+            if known:
                 self._dp_foreign_variables[id(model)] = []
             # A model built by its first call: build it, then watch a forward pass for variable updates.
-            for _ in range(0 if known_structure.passed(structure) else 1 if model.built and model.variables
-                           else 2):
+            for _ in range(0 if known else 1 if model.built and model.variables else 2):
                 snapshot = state_checks.VariableSnapshot(model)
                 try:
                     self._dp_foreign_variables[id(model)] = fit_checks.check_per_example(model, loss_fn, x, y)

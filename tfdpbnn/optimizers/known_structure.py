@@ -10,9 +10,9 @@ tfdpbnn's variational, Bayes-by-backprop and MC-dropout layers, each called once
 an axis besides the batch's, with a built-in activation and no activity regularizer), compiled with one
 Keras built-in loss, the outcome is a function of the structure alone: the model's and layers' classes
 (with their ``call``) and the layers' configurations, the loss (its class, function and configuration) and
-the dtypes and shapes of the inputs, labels and outputs (``structure_key``). A check
-passed for one such model then holds for every model of the same key, and ``passed`` tells the next one so
-(a new model of the same architecture is not run again). A model outside that set, or one that failed its
+the dtypes and shapes of the inputs, labels and outputs (``structure_key``). A check passed for one such
+model then holds for every model of the same key, and ``passed`` tells the next one so (a new model of the
+same architecture is not run again). A model outside that set, or one that failed its
 check, is always checked by running it.
 """
 
