@@ -19,10 +19,11 @@ inflates the first), and each target with its verdict:
    with their ratios; models "small" (1,437 records,
    64-32-10, batch 64) and "mlp" (6,000 records, 784-1000-10, batch 600);
 4. where the DP ``fit``'s time around its steps goes: every phase of the record's work timed (the input
-   and model checks, fingerprints, record keys, the store's transactions, each tfdpbnn callback), and their
-   sum per ``fit`` (target: under 10 ms); the same sum in the first ``fit`` of a new model (weights the
-   record has not seen, a new optimizer; of the warm-up's architecture, whose per-example check passed,
-   ``tfdpbnn.optimizers.known_structure``; and, apart, of an architecture the process has not checked).
+   and model checks, fingerprints, record keys, the store's transactions, each tfdpbnn callback, the
+   per-example check at each trace of the DP step), and their sum per ``fit`` (target: under 10 ms); the
+   same sum in the first ``fit`` of a new model (weights the record has not seen, a new optimizer; of the
+   warm-up's architecture, whose per-example check passed, ``tfdpbnn.optimizers.known_structure``; and,
+   apart, of an architecture the process has not checked).
    The same arrays are fed to every ``fit``, so after the first the data fingerprint is a quick digest
    (XXH3-128) of the data checked against that of the bytes hashed last (``tfdpbnn.record.store``), and the
    reservation finds the records where this process placed them.
@@ -129,12 +130,15 @@ _PHASES = (
     ("tfdpbnn.optimizers.state_checks:StateWatch", "on_epoch_end", "state watch: epoch end check"),
     ("tfdpbnn.optimizers.state_checks:_StateWatchEnd", "on_train_end",
      "state watch: end-of-fit check (after every callback)"),
+    ("tfdpbnn.optimizers.base:DPOptimizerMixin", "_check_traced_step",
+     "the per-example check at each trace of the step (a first fit's; none in a fit that traces nothing)"),
     ("tfdpbnn.optimizers.keras_integration:", "_dp_fit_arguments", "all of fit's preparation (the rows above "
                                                                     "to the run row, and the rest)"),
 )
-#: The phases whose sum is the record's whole work per fit (preparation, and every tfdpbnn callback).
+#: The phases whose sum is the record's whole work per fit (preparation, every tfdpbnn callback, and the
+#: per-example check at each trace of the DP step, inside Keras's first call of its train function).
 _TOTAL = ("_dp_fit_arguments", "on_train_begin", "on_epoch_begin", "on_train_batch_end", "on_epoch_end",
-          "on_train_end", "on_train_batch_begin")
+          "on_train_end", "on_train_batch_begin", "_check_traced_step")
 
 
 #: label -> [wall, CPU] seconds spent in that phase since the last ``clear()``.
@@ -309,7 +313,8 @@ def _fit_costs(fits: int, which: str) -> tuple[list[str], list[str], dict]:
         cpu = statistics.median(p.get(text, (0.0, 0.0))[1] for p in with_record) * 1e3
         phases.append(f"| {label} | {text} | {wall:.2f} ms | {cpu:.2f} ms |")
     summary["work"] = _median_ms(_whole_work(p) for p in with_record)
-    phases.append(f"| {label} | **the record's whole work per fit** (preparation + every tfdpbnn callback), "
+    phases.append(f"| {label} | **the record's whole work per fit** (preparation + every tfdpbnn callback "
+                  "+ the checks at the step's traces), "
                   f"median of {fits} | **{summary['work'][0]:.2f} ms** | **{summary['work'][1]:.2f} ms** |")
     summary["ablated"] = _median_ms(_whole_work(p) for p in ablated)
     phases.append(f"| {label} | for what the data check costs, not a mode of the library: the same "

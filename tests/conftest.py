@@ -32,3 +32,19 @@ def _fixed_seed_noise_keys(request, monkeypatch):
     monkeypatch.setattr(noise, "_fresh_key",
                         lambda: rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, size=2,
                                              dtype=np.int64))
+
+
+@pytest.fixture
+def per_example_checks(monkeypatch):
+    """The models ``tfdpbnn.optimizers.fit_checks.check_per_example`` ran on, in order."""
+    from tfdpbnn.optimizers import fit_checks
+
+    ran = []
+    original = fit_checks.check_per_example
+
+    def counted(model, *args, **kwargs):
+        ran.append(model)
+        return original(model, *args, **kwargs)
+
+    monkeypatch.setattr(fit_checks, "check_per_example", counted)
+    return ran

@@ -64,6 +64,12 @@ def test_mirrored_strategy_one_noise_draw_per_step(tmp_path):
         assert case["steps"] == 1
         assert case["epsilon"] == pytest.approx(_epsilon_single_device(1, 16, 16), rel=1e-9)
     _check_restored(r["checkpoint"])
+    # A layer changed to mix the batch after a fit: the step traced again under R = 2 is checked (in the
+    # strategy's cross-replica context, once) and refused before its first step.
+    retraced = r["retraced"]
+    assert retraced["runs_first_fit"] == 1 and retraced["runs"] == 2
+    assert "one example's output depends on another example's input" in retraced["refused"]
+    assert retraced["steps"] == 4
     poisson = r["poisson"]
     assert poisson["overlaps"] == 0
     # 3 + 40 steps of the right sampling (one ledger phase: the same input) passed the Poisson test; the wrong
@@ -182,6 +188,52 @@ def _checkpoint_round_trip(tf, strategy, model, opt, folder):
             "weight_diff": _max_diff(fresh.get_weights(), model.get_weights())}
 
 
+def _retraced_case(tf, strategy):
+    """A layer made to subtract the batch mean after a fit under ``strategy``, then the step traced again.
+
+    Returns how often the per-example check ran (the first fit's traces check nothing again) and what the
+    fit after the retrace raised.
+    """
+    import tfdpbnn
+    from tfdpbnn.optimizers import fit_checks
+
+    runs = []
+    original = fit_checks.check_per_example
+
+    def counted(model, *args, **kwargs):
+        runs.append(1)
+        return original(model, *args, **kwargs)
+
+    class Centering(tf.keras.layers.Layer):
+        center = False
+
+        def call(self, x):
+            return x - tf.reduce_mean(x, axis=0) if self.center else x
+
+    fit_checks.check_per_example = counted
+    try:
+        x = np.random.default_rng(2).normal(size=(32, 6)).astype("float32")
+        with strategy.scope():
+            layer = Centering()
+            model = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(3), layer])
+            opt = tfdpbnn.DPSGDOptimizer(CLIP, SIGMA, learning_rate=0.1, num_examples=32, batch_size=8,
+                                         delta=1e-5)
+            model.compile(opt, loss="mse")
+        model.fit(x, x[:, :3], batch_size=8, epochs=1, verbose=0)
+        first = len(runs)
+        layer.center = True
+        model.train_function = None
+        try:
+            model.fit(x, x[:, :3], batch_size=8, epochs=1, verbose=0)
+            refused = ""
+        except ValueError as err:
+            refused = str(err)
+        return {"runs_first_fit": first, "runs": len(runs), "refused": refused,
+                "steps": int(opt.iterations.numpy())}
+    finally:
+        fit_checks.check_per_example = original
+
+
 def _main_mirrored():
     import tensorflow as tf
 
@@ -208,6 +260,7 @@ def _main_mirrored():
             two = strategy
     out["4"]["sigma0_max_weight_diff"] = _max_diff(_sigma0_weights(tf, strategy), reference)
     strategy = two
+    out["retraced"] = _retraced_case(tf, strategy)
     rng = np.random.default_rng(1)
     # Poisson shards under R = 2: fit 3 steps, then 60 steps of batches: no example in both replicas.
     n, q = 60, 0.1

@@ -19,20 +19,6 @@ def _no_passed_structures(monkeypatch):
     monkeypatch.setattr(known_structure, "_PASSED", set())
 
 
-@pytest.fixture
-def runs(monkeypatch):
-    """The models ``check_per_example`` ran, in order."""
-    ran = []
-    original = fit_checks.check_per_example
-
-    def counted(model, *args, **kwargs):
-        ran.append(model)
-        return original(model, *args, **kwargs)
-
-    monkeypatch.setattr(fit_checks, "check_per_example", counted)
-    return ran
-
-
 def _data():
     rng = np.random.default_rng(0)
     return rng.normal(size=(N, D)).astype(np.float32), rng.integers(0, 3, N)
@@ -59,18 +45,18 @@ def _fit(model, loss=None):
 
 
 @pytest.mark.parametrize("functional", [False, True])
-def test_a_second_model_of_a_passed_structure_is_not_run_and_trains(runs, functional):
+def test_a_second_model_of_a_passed_structure_is_not_run_and_trains(per_example_checks, functional):
     first = _fit(_model(tf.keras.layers.Dropout(0.1), functional=functional))
     second = _model(tf.keras.layers.Dropout(0.1), functional=functional)
     before = [w.copy() for w in second.get_weights()]
     _fit(second)
-    assert runs == [first]
+    assert per_example_checks == [first]
     assert any(not np.allclose(a, b) for a, b in zip(before, second.get_weights(), strict=True))
     # Another loss configuration, another architecture: each is run once.
     _fit(_model(tf.keras.layers.Dropout(0.1), functional=functional),
          loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=False))
     _fit(_model(tf.keras.layers.Dropout(0.2), tf.keras.layers.Dense(4), functional=functional))
-    assert len(runs) == 3
+    assert len(per_example_checks) == 3
 
 
 def _mixing(h):
@@ -78,7 +64,7 @@ def _mixing(h):
 
 
 @pytest.mark.parametrize("case", ["lambda layer", "custom activation", "custom loss", "call of its own"])
-def test_a_mixing_model_beside_a_passed_structure_is_still_refused(runs, case):
+def test_a_mixing_model_beside_a_passed_structure_is_still_refused(per_example_checks, case):
     _fit(_model())  # the plain structure passed
     loss = None
     if case == "lambda layer":
@@ -97,10 +83,10 @@ def test_a_mixing_model_beside_a_passed_structure_is_still_refused(runs, case):
         layer.call = lambda h, *args, **kwargs: _mixing(plain(h, *args, **kwargs))
     with pytest.raises(ValueError, match="mixes examples|depends on other examples|changes with other"):
         _fit(model, loss=loss)
-    assert len(runs) == 2
+    assert len(per_example_checks) == 2
 
 
-def test_a_failed_check_is_not_kept(runs):
+def test_a_failed_check_is_not_kept(per_example_checks):
     """A built-in loss over the batch axis fails its check; the same structure is run (and refused) again."""
     x, y = _data()
     for _ in range(2):
@@ -110,7 +96,7 @@ def test_a_failed_check_is_not_kept(runs):
                       loss=tf.keras.losses.CategoricalCrossentropy(from_logits=True, axis=0))
         with pytest.raises(ValueError, match="loss"):
             model.fit(x, np.eye(3, dtype=np.float32)[y], batch_size=BATCH, epochs=1, verbose=0)
-    assert len(runs) == 2
+    assert len(per_example_checks) == 2
 
 
 def _key(model, x=None, y=None):
@@ -180,7 +166,7 @@ def test_the_known_layers_pass_the_check_they_stand_for(layer):
                                         x, y) == []
 
 
-def test_a_class_whose_call_was_replaced_is_another_structure(runs, monkeypatch):
+def test_a_class_whose_call_was_replaced_is_another_structure(per_example_checks, monkeypatch):
     """Keras's own ``Dense.call`` replaced after a model of Dense layers passed: the next one is run again."""
     _fit(_model())
     plain = tf.keras.layers.Dense.call
@@ -191,10 +177,10 @@ def test_a_class_whose_call_was_replaced_is_another_structure(runs, monkeypatch)
     monkeypatch.setattr(tf.keras.layers.Dense, "call", call)
     with pytest.raises(ValueError, match="mixes examples"):
         _fit(_model())
-    assert len(runs) == 2
+    assert len(per_example_checks) == 2
 
 
-def test_the_loss_is_the_compiled_one(runs):
+def test_the_loss_is_the_compiled_one(per_example_checks):
     """``model.loss`` set after compiling another loss: not known (the compiled loss is run)."""
     _fit(_model())
 
@@ -209,10 +195,10 @@ def test_the_loss_is_the_compiled_one(runs):
     assert known_structure.structure_key(model, x, y, _private_api.submodules(model)) is None
     with pytest.raises(ValueError, match="depends on other examples|changes with other"):
         model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
-    assert len(runs) == 2
+    assert len(per_example_checks) == 2
 
 
-def test_a_tensor_of_the_batch_axis_alone_is_not_known(runs):
+def test_a_tensor_of_the_batch_axis_alone_is_not_known(per_example_checks):
     """``Reshape(())`` then a log-softmax works across the batch: after a zero kernel the check passes
     (no input reaches it), so the structure must not stand for the same model with other weights.
 
@@ -233,10 +219,10 @@ def test_a_tensor_of_the_batch_axis_alone_is_not_known(runs):
     _fit(model("zeros"))  # passes: nothing of the inputs reaches the softmax
     with pytest.raises(ValueError, match="mixes examples"):
         _fit(model("glorot_uniform"))
-    assert len(runs) == 2
+    assert len(per_example_checks) == 2
 
 
-def test_an_attribute_set_after_building_is_another_structure(runs):
+def test_an_attribute_set_after_building_is_another_structure(per_example_checks):
     """A ``Reshape`` whose target shape is set to ``()`` after the model was built: its loss then reduces over
     the batch (one value per batch); the key holds the layers' configurations, so that model is run."""
     x, y = _data()
@@ -255,7 +241,7 @@ def test_an_attribute_set_after_building_is_another_structure(runs):
         known_structure.structure_key(first, x, y, _private_api.submodules(first))
     with pytest.raises(ValueError, match="one loss per example"):
         _fit(second, loss=tf.keras.losses.MeanSquaredError())
-    assert len(runs) == 2
+    assert len(per_example_checks) == 2
 
 
 def test_what_the_check_refuses_is_not_known_and_the_check_says_why():

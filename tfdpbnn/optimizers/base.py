@@ -23,6 +23,7 @@ first step (``tfdpbnn.optimizers.fit_checks``), and the printed epsilon composes
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import warnings
 
@@ -68,6 +69,15 @@ def _check_accountable(accountant, sampling, neighboring, sample_rate) -> None:
             f"neighboring: accountant {accountant!r} cannot bound sampling={sampling!r} under "
             f"neighboring={neighboring!r} ({err}); use neighboring='add_or_remove' or sampling='shuffle'"
         ) from err
+
+
+def _runs_eagerly(model) -> bool:
+    """Whether ``model``'s train function runs its step's Python code at every step (no trace).
+
+    ``model.run_eagerly`` (Keras 2's also follows ``tf.config.run_functions_eagerly``; Keras 3's does not,
+    but its step, a ``tf.function``, then runs eagerly all the same).
+    """
+    return bool(getattr(model, "run_eagerly", False)) or tf.config.functions_run_eagerly()
 
 
 def _check_data_independent_losses(model) -> None:
@@ -284,6 +294,7 @@ class DPOptimizerMixin:
                            "secure_mode": secure_mode, "debug_noise_seed": debug_noise_seed,
                            "release_training_metrics": _check_release(release_training_metrics)}
         self._dp_checked_models = set()
+        self._dp_fresh_checks = {}  # (model, loss) checked in this run -> DP writes when it was checked
         self._dp_foreign_variables = {}  # id(model) -> variables its forward pass reads that are not its own
         self._dp_probe = None  # a fit_checks.LossProbe while a train_step override is probed
         with tf.init_scope():
@@ -1042,30 +1053,15 @@ class DPOptimizerMixin:
         attributes.add_preprocessing_found(
             self, {**found, "asserted_public": found["asserted_public"] + asserted_state})
         adopt_search_record(self, model)
-        # Checked once per model and compiled loss: a model compiled again with another loss is checked again.
+        # Checked once per model and compiled loss: a model compiled again with another loss is checked again;
+        # a model that runs its steps eagerly (run_eagerly), whose step runs the model's Python code as it is
+        # at each step, is checked at every run's start. A retraced step is checked as it is traced
+        # (_check_traced_step).
         checked = (id(model), id(getattr(model, "loss", None)))
-        if checked not in self._dp_checked_models:
-            check_per_example_independence(model)
-            _check_data_independent_losses(model)
-            loss_fn = compiled_per_example_loss_fn(model) if getattr(model, "loss", None) else None
-            # A model of a structure whose check is known (known_structure) and passed: not run again.
-            structure = known_structure.structure_key(model, *fit_checks.element_parts(x, y),
-                                                      submodules if submodules is not None
-                                                      else _private_api.submodules(model))
-            known = known_structure.passed(structure)
-            if known:
-                self._dp_foreign_variables[id(model)] = []
-            # A model built by its first call: build it, then watch a forward pass for variable updates.
-            for _ in range(0 if known else 1 if model.built and model.variables else 2):
-                snapshot = state_checks.VariableSnapshot(model)
-                try:
-                    self._dp_foreign_variables[id(model)] = fit_checks.check_per_example(model, loss_fn, x, y)
-                except BaseException:
-                    snapshot.restore()
-                    raise
-                snapshot.refuse_changes("a forward pass in training mode (on a synthetic batch)")
-                if not self._dp_foreign_variables[id(model)]:
-                    known_structure.note_passed(structure)
+        self._dp_fresh_checks.clear()  # a check of an earlier run says nothing of the model as it is now
+        if checked not in self._dp_checked_models or _runs_eagerly(model):
+            self._check_examples_kept_apart(model, x, y, submodules)
+            self._note_fresh_check(checked)  # the model as this run's first trace will find it
             if fit_checks.overrides_train_step(model):
                 self._probe_train_step(model, x, y)
             self._dp_checked_models.add(checked)
@@ -1074,6 +1070,73 @@ class DPOptimizerMixin:
             if fit_checks.overrides_train_step(model):
                 self._probe_train_step(model, x, y, sample_weight=True)
             self._dp_checked_models.add(weighted)
+
+    def _check_examples_kept_apart(self, model, x, y, submodules=None):
+        """The per-example checks of ``model``'s forward pass and compiled loss, on a synthetic batch.
+
+        ``x``, ``y``: ``fit``'s data or their element specs. Not run for a model of a structure whose check
+        passed in this process (``known_structure``); a check that passes with no foreign variable read is
+        kept for its structure.
+        """
+        check_per_example_independence(model)
+        _check_data_independent_losses(model)
+        loss_fn = compiled_per_example_loss_fn(model) if getattr(model, "loss", None) else None
+        # A model of a structure whose check is known (known_structure) and passed: not run again.
+        structure = known_structure.structure_key(model, *fit_checks.element_parts(x, y),
+                                                  submodules if submodules is not None
+                                                  else _private_api.submodules(model))
+        known = known_structure.passed(structure)
+        if known:
+            self._dp_foreign_variables[id(model)] = []
+        # A model built by its first call: build it, then watch a forward pass for variable updates.
+        for _ in range(0 if known else 1 if model.built and model.variables else 2):
+            snapshot = state_checks.VariableSnapshot(model)
+            try:
+                self._dp_foreign_variables[id(model)] = fit_checks.check_per_example(model, loss_fn, x, y)
+            except BaseException:
+                snapshot.restore()
+                raise
+            snapshot.refuse_changes("a forward pass in training mode (on a synthetic batch)")
+            if not self._dp_foreign_variables[id(model)]:
+                known_structure.note_passed(structure)
+
+    def _note_fresh_check(self, checked) -> None:
+        """Note that ``checked`` (model, loss) passed the checks as it is now, before the next DP write."""
+        self._dp_fresh_checks[checked] = float(_private_api.read_numpy(self._dp_write_count))
+
+    @tf.autograph.experimental.do_not_convert
+    def _check_traced_step(self, model, x, y):
+        """At a trace of ``dp_train_step``: the per-example checks of ``model`` as the step traces it.
+
+        Keras traces the step at a model's first ``fit`` (twice when the first trace creates variables) and
+        again for new input shapes or dtypes, a dropped train function or another ``jit_compile``. A trace
+        bakes the model's Python code as it is then into the step: a layer changed since the last check (an
+        attribute that now subtracts the batch mean, a ``Reshape`` to ``()``) is found here, before any step
+        of the new trace runs, and the fit raises ``ValueError``. A trace with no DP write since this run's
+        check (at its start, or at an earlier trace) is not checked again: no step ran in between, so no
+        code of the user's but a callback's ``on_train_begin`` could change the model. Run on a synthetic
+        batch of the traced inputs' specs, eagerly (in a thread of its own); under a ``tf.distribute``
+        strategy once, in its cross-replica context (``merge_call``).
+        """
+        checked = (id(model), id(getattr(model, "loss", None)))
+
+        def check(*_):
+            with tf.init_scope():  # eager (a read needs no tape)
+                writes = float(_private_api.read_numpy(self._dp_write_count))
+            if self._dp_fresh_checks.get(checked) == writes:
+                return
+            specs = [None if t is None else tf.nest.map_structure(tf.type_spec_from_value, t) for t in (x, y)]
+            # In a thread of its own: eager, and out of the trace's scopes, as at a run's start (tf.init_scope
+            # would pause the check's gradient tapes, and with them its derivative checks).
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfdpbnn-check") as pool:
+                pool.submit(self._check_examples_kept_apart, model, *specs).result()
+            self._dp_fresh_checks[checked] = writes
+
+        context = tf.distribute.get_replica_context()
+        if tf.distribute.has_strategy() and context is not None:
+            context.merge_call(check)
+        else:
+            check()
 
     def _probe_train_step(self, model, x, y, sample_weight=False):
         """Run ``model``'s own ``train_step`` once on a synthetic batch, up to the mechanism, and undo it.
@@ -1200,6 +1263,8 @@ class DPOptimizerMixin:
         x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
         attributes.set_step_optimizer(model, self)  # the traced step calls this optimizer (retrace_for)
         self._require_open_phase()
+        if not tf.executing_eagerly():  # a trace: the model's code as the step will run it
+            self._check_traced_step(model, x, y)
         self._dp_before_step(model)
         var_list = model.trainable_variables
         clipped = self.mechanism.clip_model(model, x, y, sample_weight, var_list=var_list)

@@ -124,7 +124,10 @@ def _loss_key(loss) -> tuple | None:
 
 
 def _spec_key(structure) -> tuple | None:
-    """Dtypes and shapes (the batch axis dropped) of dense arrays, tensors or ``tf.TensorSpec``s, or None."""
+    """The nesting, dtypes and shapes (the batch axis dropped) of dense arrays, tensors or ``tf.TensorSpec``s.
+
+    None for a ragged or sparse leaf, or one of unknown rank.
+    """
     if structure is None:
         return ()
     leaves = []
@@ -140,7 +143,9 @@ def _spec_key(structure) -> tuple | None:
         if dims is None or name is None or len(dims) == 0:
             return None
         leaves.append((name, dims[1:]))
-    return (type(structure).__name__, tuple(leaves))
+    # The nesting (a dict's keys, a list or a tuple), whatever the leaves are: arrays, tensors or specs.
+    nesting = repr(tf.nest.map_structure(lambda _: None, structure)) if tf.nest.is_nested(structure) else ""
+    return (nesting, tuple(leaves))
 
 
 def structure_key(model, x_like, y_like, submodules) -> tuple | None:

@@ -1,0 +1,161 @@
+"""The per-example check follows the code the DP step runs: every trace of the step, every eager run.
+
+A trace bakes the model's Python code as it is then into the step. A layer changed after the model's first
+``fit`` (an attribute that now subtracts the batch mean, adds a loss of the activations, or reshapes the
+loss to one value per batch) takes effect at the next trace: a dropped train function, new input shapes,
+``train_on_batch`` after it, a custom loop's ``tf.function`` called with a new shape. The step then clips
+terms that mix examples, and the sensitivity is no longer the clip bound. Each such trace is checked before
+any of its steps runs (``DPOptimizerMixin._check_traced_step``); a model that runs eagerly is checked at
+every run's start. On Keras 2 and 3.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdpbnn
+
+N, D, BATCH = 64, 4, 8
+
+
+class Mixing(tf.keras.layers.Layer):
+    """Per-example until ``mode`` is set: "center" subtracts the batch mean, "loss" adds the activations'
+    batch mean to ``model.losses`` (found by its derivative only)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.mode = None
+
+    def call(self, x):
+        if self.mode == "center":
+            return x - tf.reduce_mean(x, axis=0)
+        if self.mode == "loss":
+            self.add_loss(tf.reduce_mean(x))
+        return x
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(N, D)).astype(np.float32), rng.integers(0, 3, N)
+
+
+def _compiled(*layers):
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3), *layers])
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, learning_rate=0.1, num_examples=N, batch_size=BATCH,
+                                       delta=1e-5)
+    model.compile(optimizer=optimizer,
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, optimizer
+
+
+def _refused_without_a_step(model, optimizer, call, match="mixes examples"):
+    """``call()`` raises ``ValueError`` (``match``) and takes no DP step: weights and steps as before."""
+    before, steps = [w.copy() for w in model.get_weights()], optimizer.steps
+    with pytest.raises(ValueError, match=match):
+        call()
+    assert optimizer.steps == steps
+    for now, then in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(now, then)
+
+
+# The messages of the run's-start check: the trace's check is the same check (its derivatives too).
+@pytest.mark.parametrize("mode, match", [
+    ("center", "one example's output depends on another example's input"),
+    ("loss", "model.losses depends on the input data")])
+def test_a_layer_changed_after_fit_is_refused_when_the_step_is_traced_again(per_example_checks, mode, match):
+    x, y = _data()
+    layer = Mixing()
+    model, optimizer = _compiled(layer)
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert len(per_example_checks) == 1  # at the run's start; not again at the traces of the first fit
+    layer.mode = mode
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)  # the step traced before runs: still per example
+    assert len(per_example_checks) == 1
+    model.train_function = None  # the next fit traces the step again, with the layer as it is now
+    _refused_without_a_step(model, optimizer, lambda: model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0),
+                            match)
+    layer.mode = None  # set back: the next trace passes and trains
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert optimizer.steps == 3 * N // BATCH
+
+
+def test_an_unchanged_model_traced_again_is_checked_again_and_trains(per_example_checks):
+    x, y = _data()
+    model, optimizer = _compiled(Mixing())
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    model.train_function = None
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert len(per_example_checks) == 2
+    assert optimizer.steps == 2 * N // BATCH
+
+
+def test_train_on_batch_after_a_change_is_refused_at_its_trace(per_example_checks):
+    x, y = _data()
+    layer = Mixing()
+    model, optimizer = _compiled(layer)
+    model.train_on_batch(x[:BATCH], y[:BATCH])
+    layer.mode = "center"
+    model.train_function = None
+    _refused_without_a_step(model, optimizer, lambda: model.train_on_batch(x[:BATCH], y[:BATCH]))
+
+
+def test_a_custom_loop_traced_again_after_a_change_is_refused(per_example_checks):
+    x, y = _data()
+    layer = Mixing()
+    model, optimizer = _compiled(layer)
+    optimizer.begin_training(model, x, y, batch_size=BATCH)
+    step = tf.function(lambda a, b: optimizer.dp_train_step(model, (a, b)))
+    step(x[:BATCH], y[:BATCH])
+    step(x[BATCH:2 * BATCH], y[BATCH:2 * BATCH])
+    assert len(per_example_checks) == 1 and optimizer.steps == 2
+    layer.mode = "center"
+    # Another batch shape: tf.function traces the step again.
+    _refused_without_a_step(model, optimizer, lambda: step(x[:BATCH // 2], y[:BATCH // 2]))
+
+
+def test_a_model_that_runs_eagerly_is_checked_at_every_fit(per_example_checks):
+    x, y = _data()
+    layer = Mixing()
+    model, optimizer = _compiled(layer)
+    model.run_eagerly = True
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert len(per_example_checks) == 2
+    layer.mode = "center"
+    _refused_without_a_step(model, optimizer, lambda: model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0))
+
+
+def test_a_known_structure_changed_to_reduce_over_the_batch_is_refused_at_its_trace(per_example_checks):
+    """A ``Reshape`` set to ``()`` after a fit: its loss is then one value per batch (sensitivity 2 C)."""
+    x, y = _data()
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(1),
+                                 tf.keras.layers.Reshape((1,))])
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, learning_rate=0.1, num_examples=N, batch_size=BATCH,
+                                       delta=1e-5)
+    model.compile(optimizer=optimizer, loss=tf.keras.losses.MeanSquaredError())
+    model.fit(x, y.astype(np.float32), batch_size=BATCH, epochs=1, verbose=0)
+    model.layers[-1].target_shape = ()
+    model.train_function = None
+    _refused_without_a_step(model, optimizer,
+                            lambda: model.fit(x, y.astype(np.float32), batch_size=BATCH, epochs=1, verbose=0),
+                            "one loss per example")
+
+
+def test_a_check_of_a_run_that_took_no_step_does_not_cover_the_next_run(per_example_checks):
+    """The model checked at a run's start that stopped before its first trace, then changed: the next run's
+    first trace checks it (the earlier run's check says nothing of the model as it is now)."""
+
+    class Stop(tf.keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            raise RuntimeError("stopped before the first step")
+
+    x, y = _data()
+    layer = Mixing()
+    model, optimizer = _compiled(layer)
+    with pytest.raises(RuntimeError, match="before the first step"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[Stop()])
+    assert len(per_example_checks) == 1 and optimizer.steps == 0
+    layer.mode = "center"
+    _refused_without_a_step(model, optimizer, lambda: model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0))
