@@ -5,8 +5,9 @@ A trace bakes the model's Python code as it is then into the step. A layer chang
 loss to one value per batch) takes effect at the next trace: a dropped train function, new input shapes,
 ``train_on_batch`` after it, a custom loop's ``tf.function`` called with a new shape. The step then clips
 terms that mix examples, and the sensitivity is no longer the clip bound. Each such trace is checked before
-any of its steps runs (``DPOptimizerMixin._check_traced_step``); a model that runs eagerly is checked at
-every run's start. On Keras 2 and 3.
+any of its steps runs (``DPOptimizerMixin._check_traced_step``); a ``train_step`` override is probed again
+at such a trace (``_probe_traced_override``); a model that runs eagerly is checked at every run's start. On
+Keras 2 and 3.
 """
 
 from __future__ import annotations
@@ -159,3 +160,32 @@ def test_a_check_of_a_run_that_took_no_step_does_not_cover_the_next_run(per_exam
     assert len(per_example_checks) == 1 and optimizer.steps == 0
     layer.mode = "center"
     _refused_without_a_step(model, optimizer, lambda: model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0))
+
+
+@pytest.mark.parametrize("way", ["minimize", "privatize_losses"])
+def test_a_train_step_override_changed_after_fit_is_probed_again_at_its_trace(way, monkeypatch):
+    """An override whose loss turns contrastive after a fit: probed at the next trace, refused there."""
+    from test_state_checks import _OwnStep
+
+    from tfdpbnn.optimizers.base import DPOptimizerMixin
+
+    probes = []
+    original = DPOptimizerMixin._probe_train_step
+
+    def counted(self, model, *args, **kwargs):
+        probes.append(model)
+        return original(self, model, *args, **kwargs)
+
+    monkeypatch.setattr(DPOptimizerMixin, "_probe_train_step", counted)
+    x, y = _data()
+    model = _OwnStep(way, coupled=False)
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=BATCH, delta=1e-5)
+    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert len(probes) == 1  # at the run's start; not again at the traces of the first fit
+    model.coupled = True
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)  # the step traced before runs: still per example
+    model.train_function = None
+    _refused_without_a_step(model, optimizer, lambda: model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0),
+                            "depends on other examples of the batch")
+    assert len(probes) == 2

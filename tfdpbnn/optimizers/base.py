@@ -295,6 +295,7 @@ class DPOptimizerMixin:
                            "release_training_metrics": _check_release(release_training_metrics)}
         self._dp_checked_models = set()
         self._dp_fresh_checks = {}  # (model, loss) checked in this run -> DP writes when it was checked
+        self._dp_override_run = None  # this run's train_step override to probe at traces (_check_model)
         self._dp_foreign_variables = {}  # id(model) -> variables its forward pass reads that are not its own
         self._dp_probe = None  # a fit_checks.LossProbe while a train_step override is probed
         with tf.init_scope():
@@ -891,7 +892,7 @@ class DPOptimizerMixin:
         check_distributed_input(model.distribute_strategy, x, shuffle=shuffle)
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
-        self._check_model(model, x, y, submodules, sample_weight=sample_weight)
+        self._check_model(model, x, y, submodules, sample_weight=sample_weight, probe_at_traces=_fit)
         self._import_shared_training(model)  # built by the checks
         identity = self._refuse_written_between_runs(model, with_identity=_fit)
         # After the checks have built the model. A custom loop's steps also compare the state no DP step may
@@ -952,7 +953,7 @@ class DPOptimizerMixin:
         submodules = _private_api.submodules(model)  # one walk for both checks (begin_training)
         self._adopt_model_ledger(model, submodules)
         self.mechanism.new_run()
-        self._check_model(model, x, y, submodules, sample_weight=sample_weight)
+        self._check_model(model, x, y, submodules, sample_weight=sample_weight, probe_at_traces=True)
         self._import_shared_training(model)  # built by the checks
         if not constants:  # after the checks have built the model
             constants = state_checks.variables_outside_dp_update(model)
@@ -1034,14 +1035,16 @@ class DPOptimizerMixin:
         if found["dp"] or found["asserted_public"]:
             attributes.add_preprocessing_found(self, found)
 
-    def _check_model(self, model, x, y, submodules=None, sample_weight=False):
+    def _check_model(self, model, x, y, submodules=None, sample_weight=False, probe_at_traces=False):
         """The per-example checks of ``model`` on a synthetic batch shaped like ``x`` (once per model).
 
         Not run again for a model of a structure whose check passed in this process (``known_structure``).
 
         ``submodules``: ``_private_api.submodules(model)`` when the caller has just walked the model.
         ``sample_weight``: the batches carry per-example weights: a ``train_step`` override is probed with
-        them too (once per model and loss).
+        them too (once per model and loss). ``probe_at_traces``: the run calls the model's ``train_step``
+        (``fit``, ``train_on_batch``): an override is probed again at each trace of a DP step inside it
+        with a DP write since its last probe (``_probe_traced_override``).
         """
         from tfdpbnn.preprocessing import check_preprocessing
         from tfdpbnn.record.other_releases import adopt_search_record
@@ -1056,20 +1059,29 @@ class DPOptimizerMixin:
         # Checked once per model and compiled loss: a model compiled again with another loss is checked again;
         # a model that runs its steps eagerly (run_eagerly), whose step runs the model's Python code as it is
         # at each step, is checked at every run's start. A retraced step is checked as it is traced
-        # (_check_traced_step).
+        # (_check_traced_step, _probe_traced_override).
         checked = (id(model), id(getattr(model, "loss", None)))
         self._dp_fresh_checks.clear()  # a check of an earlier run says nothing of the model as it is now
-        if checked not in self._dp_checked_models or _runs_eagerly(model):
+        eager = _runs_eagerly(model)
+        overrides = fit_checks.overrides_train_step(model)
+        probed = False
+        if checked not in self._dp_checked_models or eager:
             self._check_examples_kept_apart(model, x, y, submodules)
             self._note_fresh_check(checked)  # the model as this run's first trace will find it
-            if fit_checks.overrides_train_step(model):
+            if overrides:
                 self._probe_train_step(model, x, y)
+                probed = True
             self._dp_checked_models.add(checked)
         weighted = (*checked, "sample_weight")
-        if sample_weight and weighted not in self._dp_checked_models:
-            if fit_checks.overrides_train_step(model):
+        if sample_weight and (weighted not in self._dp_checked_models or eager):
+            if overrides:
                 self._probe_train_step(model, x, y, sample_weight=True)
+                probed = True
             self._dp_checked_models.add(weighted)
+        self._dp_override_run = None
+        if overrides and probe_at_traces:
+            self._dp_override_run = {"model": model, "x": x, "y": y, "sample_weight": sample_weight,
+                                     "writes": self._dp_writes() if probed else None}
 
     def _check_examples_kept_apart(self, model, x, y, submodules=None):
         """The per-example checks of ``model``'s forward pass and compiled loss, on a synthetic batch.
@@ -1100,9 +1112,14 @@ class DPOptimizerMixin:
             if not self._dp_foreign_variables[id(model)]:
                 known_structure.note_passed(structure)
 
+    def _dp_writes(self) -> float:
+        """The DP writes this optimizer has applied (``_dp_write_count``), read eagerly."""
+        with tf.init_scope():  # a read needs no tape
+            return float(_private_api.read_numpy(self._dp_write_count))
+
     def _note_fresh_check(self, checked) -> None:
         """Note that ``checked`` (model, loss) passed the checks as it is now, before the next DP write."""
-        self._dp_fresh_checks[checked] = float(_private_api.read_numpy(self._dp_write_count))
+        self._dp_fresh_checks[checked] = self._dp_writes()
 
     @tf.autograph.experimental.do_not_convert
     def _check_traced_step(self, model, x, y):
@@ -1121,8 +1138,7 @@ class DPOptimizerMixin:
         checked = (id(model), id(getattr(model, "loss", None)))
 
         def check(*_):
-            with tf.init_scope():  # eager (a read needs no tape)
-                writes = float(_private_api.read_numpy(self._dp_write_count))
+            writes = self._dp_writes()
             if self._dp_fresh_checks.get(checked) == writes:
                 return
             specs = [None if t is None else tf.nest.map_structure(tf.type_spec_from_value, t) for t in (x, y)]
@@ -1137,6 +1153,27 @@ class DPOptimizerMixin:
             context.merge_call(check)
         else:
             check()
+
+    @tf.autograph.experimental.do_not_convert
+    def _probe_traced_override(self):
+        """At a trace of a DP step inside a ``train_step`` override: probe the override as the trace finds it.
+
+        The override (``_probe_train_step``) is probed at a run's start, once per model and loss; a trace of
+        its step bakes its Python code as it is then (an attribute that now makes its loss contrastive).
+        A trace with a DP write since the override's last probe probes it again, in a thread of its own
+        (eager, as at a run's start), before any step of the new trace runs; the fit raises ``ValueError``
+        when its loss is no longer per example. Models under a ``tf.distribute`` strategy are not probed.
+        """
+        run = self._dp_override_run
+        if tf.distribute.has_strategy():
+            return
+        writes = self._dp_writes()
+        if run["writes"] == writes:
+            return
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfdpbnn-check") as pool:
+            pool.submit(self._probe_train_step, run["model"], run["x"], run["y"],
+                        sample_weight=run["sample_weight"]).result()
+        run["writes"] = writes
 
     def _probe_train_step(self, model, x, y, sample_weight=False):
         """Run ``model``'s own ``train_step`` once on a synthetic batch, up to the mechanism, and undo it.
@@ -1231,8 +1268,14 @@ class DPOptimizerMixin:
         return 1.0 / self._f32(self._dp_batch_size)
 
     def _dp_count_batch(self, batch_size):
-        """``self.mechanism``'s ``on_batch``: count the batch in the ledger; mark the gradient as private."""
+        """``self.mechanism``'s ``on_batch``: count the batch in the ledger; mark the gradient as private.
+
+        At a trace of a step inside a ``train_step`` override of a ``fit`` or ``train_on_batch`` run, the
+        override is probed as the trace finds it (``_probe_traced_override``).
+        """
         self._require_open_phase()
+        if self._dp_override_run is not None and not tf.executing_eagerly():
+            self._probe_traced_override()
         attributes.ledger_state(self).record_batch(batch_size)
         _private_api.mark_dp_gradients_computed(self)
 
