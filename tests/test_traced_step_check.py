@@ -189,3 +189,23 @@ def test_a_train_step_override_changed_after_fit_is_probed_again_at_its_trace(wa
     _refused_without_a_step(model, optimizer, lambda: model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0),
                             "depends on other examples of the batch")
     assert len(probes) == 2
+
+
+def test_a_custom_loop_of_the_mechanism_traced_again_after_a_change_is_refused(per_example_checks):
+    """``mechanism.privatize_model`` (the compiled loss) in a custom loop's ``tf.function``: checked at a
+    retrace, as ``dp_train_step`` is."""
+    x, y = _data()
+    layer = Mixing()
+    model, optimizer = _compiled(layer)
+    optimizer.begin_training(model, x, y, batch_size=BATCH)
+    variables = model.trainable_variables
+
+    @tf.function
+    def step(a, b):
+        released = optimizer.mechanism.privatize_model(model, a, b)
+        optimizer.apply_gradients(zip(released.gradients, variables, strict=True))
+
+    step(x[:BATCH], y[:BATCH])
+    assert len(per_example_checks) == 1 and optimizer.steps == 1
+    layer.mode = "center"
+    _refused_without_a_step(model, optimizer, lambda: step(x[:BATCH // 2], y[:BATCH // 2]))

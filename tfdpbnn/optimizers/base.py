@@ -103,11 +103,12 @@ class _RecordedDPGradients(DPGradients):
 class _OptimizerMechanism(DPMechanism):
     """An optimizer's ``DPMechanism`` that records each release (``DPOptimizerMixin.apply_gradients``)."""
 
-    def __init__(self, *args, record, probe, user_loss, **kwargs):
+    def __init__(self, *args, record, probe, user_loss, traced, **kwargs):
         super().__init__(*args, **kwargs)
         self._record = record
         self._probe = probe
         self._user_loss = user_loss
+        self._traced = traced  # at a trace of clip_model: the model's checks as the trace finds it
 
     def clip_losses(self, per_example_loss, var_list, tape):
         """``DPMechanism.clip_losses``; while the optimizer probes a ``train_step``, the loss is checked."""
@@ -119,7 +120,11 @@ class _OptimizerMechanism(DPMechanism):
         return super().clip_losses(per_example_loss, var_list, tape)
 
     def clip_model(self, model, x, y, sample_weight=None, *, loss_fn=None, var_list=None, training=True):
-        """``DPMechanism.clip_model``; while the optimizer probes a ``train_step``, ``loss_fn`` is checked."""
+        """``DPMechanism.clip_model``; while the optimizer probes a ``train_step``, ``loss_fn`` is checked.
+
+        At a trace (``dp_train_step``, a custom loop's ``tf.function``), the model is checked as the trace
+        finds it (``DPOptimizerMixin._check_traced_step``).
+        """
         probe = self._probe()
         if probe is not None:
             if loss_fn is None:  # the compiled loss: fit_checks.check_per_example has checked it
@@ -127,8 +132,11 @@ class _OptimizerMechanism(DPMechanism):
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, model(x, training=training), sample_weight)
             probe(loss, tape, "optimizer.mechanism.clip_model(loss_fn=...)")
-        elif loss_fn is not None:
-            self._user_loss("optimizer.mechanism.clip_model(loss_fn=...)")
+        else:
+            if loss_fn is not None:
+                self._user_loss("optimizer.mechanism.clip_model(loss_fn=...)")
+            if not tf.executing_eagerly():
+                self._traced(model, x, y)
         return super().clip_model(model, x, y, sample_weight, loss_fn=loss_fn, var_list=var_list,
                                   training=training)
 
@@ -332,7 +340,7 @@ class DPOptimizerMixin:
             clipping_method=clipping_method, secure_mode=secure_mode,
             debug_noise_seed=self._dp_static["debug_noise_seed"], neighboring=neighboring,
             on_batch=self._dp_count_batch, record=self._dp_record_release, probe=lambda: self._dp_probe,
-            user_loss=self._dp_require_loss_checked)
+            user_loss=self._dp_require_loss_checked, traced=self._check_traced_step)
 
     # ----------------------------------------------------------------------------------------- state
     def _f32(self, variable):
@@ -1123,7 +1131,10 @@ class DPOptimizerMixin:
 
     @tf.autograph.experimental.do_not_convert
     def _check_traced_step(self, model, x, y):
-        """At a trace of ``dp_train_step``: the per-example checks of ``model`` as the step traces it.
+        """At a trace of the mechanism's ``clip_model``: the per-example checks of ``model`` as traced.
+
+        ``dp_train_step`` (what ``fit`` runs) and a custom loop's ``mechanism.clip_model`` or
+        ``privatize_model`` in a ``tf.function`` reach it.
 
         Keras traces the step at a model's first ``fit`` (twice when the first trace creates variables) and
         again for new input shapes or dtypes, a dropped train function or another ``jit_compile``. A trace
@@ -1306,8 +1317,6 @@ class DPOptimizerMixin:
         x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
         attributes.set_step_optimizer(model, self)  # the traced step calls this optimizer (retrace_for)
         self._require_open_phase()
-        if not tf.executing_eagerly():  # a trace: the model's code as the step will run it
-            self._check_traced_step(model, x, y)
         self._dp_before_step(model)
         var_list = model.trainable_variables
         clipped = self.mechanism.clip_model(model, x, y, sample_weight, var_list=var_list)
