@@ -80,6 +80,16 @@ def _runs_eagerly(model) -> bool:
     return bool(getattr(model, "run_eagerly", False)) or tf.config.functions_run_eagerly()
 
 
+def _in_a_thread_of_its_own(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in a new thread, waited for: eager, out of the scopes of a trace under way.
+
+    The checks run at a trace as at a run's start: ``tf.init_scope`` would pause their gradient tapes, and
+    with them their derivative checks. ``fn``'s exception is raised here.
+    """
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfdpbnn-check") as pool:
+        return pool.submit(fn, *args, **kwargs).result()
+
+
 def _check_data_independent_losses(model) -> None:
     """``model.losses`` skip clipping, so none may depend on the data: refuse activity regularizers."""
     for layer in _private_api.submodules(model):
@@ -1088,7 +1098,9 @@ class DPOptimizerMixin:
             self._dp_checked_models.add(weighted)
         self._dp_override_run = None
         if overrides and probe_at_traces:
-            self._dp_override_run = {"model": model, "x": x, "y": y, "sample_weight": sample_weight,
+            # The inputs' specs, not their values: nothing of the data stays with the optimizer.
+            self._dp_override_run = {"model": model, "specs": fit_checks.element_specs(x, y),
+                                     "sample_weight": sample_weight,
                                      "writes": self._dp_writes() if probed else None}
 
     def _check_examples_kept_apart(self, model, x, y, submodules=None):
@@ -1152,11 +1164,7 @@ class DPOptimizerMixin:
             writes = self._dp_writes()
             if self._dp_fresh_checks.get(checked) == writes:
                 return
-            specs = [None if t is None else tf.nest.map_structure(tf.type_spec_from_value, t) for t in (x, y)]
-            # In a thread of its own: eager, and out of the trace's scopes, as at a run's start (tf.init_scope
-            # would pause the check's gradient tapes, and with them its derivative checks).
-            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfdpbnn-check") as pool:
-                pool.submit(self._check_examples_kept_apart, model, *specs).result()
+            _in_a_thread_of_its_own(self._check_examples_kept_apart, model, *fit_checks.element_specs(x, y))
             self._dp_fresh_checks[checked] = writes
 
         context = tf.distribute.get_replica_context()
@@ -1181,9 +1189,8 @@ class DPOptimizerMixin:
         writes = self._dp_writes()
         if run["writes"] == writes:
             return
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfdpbnn-check") as pool:
-            pool.submit(self._probe_train_step, run["model"], run["x"], run["y"],
-                        sample_weight=run["sample_weight"]).result()
+        _in_a_thread_of_its_own(self._probe_train_step, run["model"], *run["specs"],
+                                sample_weight=run["sample_weight"])
         run["writes"] = writes
 
     def _probe_train_step(self, model, x, y, sample_weight=False):

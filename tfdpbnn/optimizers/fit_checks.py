@@ -173,6 +173,25 @@ def element_parts(x, y):
     return x, y
 
 
+def element_specs(x, y) -> tuple:
+    """``element_parts(x, y)`` as type specs: the dtypes and shapes the checks build synthetic batches from.
+
+    Arrays and tensors (symbolic ones too) become ``tf.TensorSpec``s, ragged and sparse ones their specs;
+    a dataset's specs and ``None`` stay. The values are not kept.
+    """
+
+    def spec(t):
+        if t is None or isinstance(t, tf.TypeSpec):
+            return t
+        if isinstance(t, tf.RaggedTensor | tf.SparseTensor):
+            return tf.type_spec_from_value(t)
+        if hasattr(t, "shape") and hasattr(t, "dtype"):
+            return tf.TensorSpec(t.shape, tf.as_dtype(t.dtype))
+        return t  # what the checks refuse, naming it (``_synthetic``)
+
+    return tuple(None if part is None else tf.nest.map_structure(spec, part) for part in element_parts(x, y))
+
+
 def _host_values(t) -> np.ndarray:
     """The values of a tensor on the host (a ragged tensor's flat values, an ``IndexedSlices``' values)."""
     if isinstance(t, tf.RaggedTensor):
