@@ -110,7 +110,8 @@ def test_a_custom_loop_traced_again_after_a_change_is_refused(per_example_checks
     step = tf.function(lambda a, b: optimizer.dp_train_step(model, (a, b)))
     step(x[:BATCH], y[:BATCH])
     step(x[BATCH:2 * BATCH], y[BATCH:2 * BATCH])
-    assert len(per_example_checks) == 1 and optimizer.steps == 2
+    # At begin_training, and again at the first trace: the loop's own code ran in between.
+    assert len(per_example_checks) == 2 and optimizer.steps == 2
     layer.mode = "center"
     # Another batch shape: tf.function traces the step again.
     _refused_without_a_step(model, optimizer, lambda: step(x[:BATCH // 2], y[:BATCH // 2]))
@@ -206,6 +207,36 @@ def test_a_custom_loop_of_the_mechanism_traced_again_after_a_change_is_refused(p
         optimizer.apply_gradients(zip(released.gradients, variables, strict=True))
 
     step(x[:BATCH], y[:BATCH])
-    assert len(per_example_checks) == 1 and optimizer.steps == 1
+    assert len(per_example_checks) == 2 and optimizer.steps == 1  # begin_training, the first trace
     layer.mode = "center"
     _refused_without_a_step(model, optimizer, lambda: step(x[:BATCH // 2], y[:BATCH // 2]))
+
+
+def test_a_callback_that_changes_the_model_before_the_first_trace_is_seen(per_example_checks):
+    """A ``fit`` callback's ``on_train_begin`` runs after the run's check and before the first trace: with
+    such a callback the first trace checks the model as it finds it."""
+
+    class Centering(tf.keras.callbacks.Callback):
+        def __init__(self, layer):
+            super().__init__()
+            self.layer = layer
+
+        def on_train_begin(self, logs=None):
+            self.layer.mode = "center"
+
+    x, y = _data()
+    layer = Mixing()
+    model, optimizer = _compiled(layer)
+    _refused_without_a_step(model, optimizer, lambda: model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0,
+                                                                callbacks=[Centering(layer)]))
+
+
+def test_a_custom_loop_changing_the_model_after_begin_training_is_seen(per_example_checks):
+    """A custom loop's own code runs between ``begin_training`` and the first trace."""
+    x, y = _data()
+    layer = Mixing()
+    model, optimizer = _compiled(layer)
+    optimizer.begin_training(model, x, y, batch_size=BATCH)
+    layer.mode = "center"
+    step = tf.function(lambda a, b: optimizer.dp_train_step(model, (a, b)))
+    _refused_without_a_step(model, optimizer, lambda: step(x[:BATCH], y[:BATCH]))

@@ -911,6 +911,8 @@ class DPOptimizerMixin:
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
         self._check_model(model, x, y, submodules, sample_weight=sample_weight, probe_at_traces=_fit)
+        if not _fit:  # a custom loop: its own code runs before the first trace
+            self._user_code_before_first_trace()
         self._import_shared_training(model)  # built by the checks
         identity = self._refuse_written_between_runs(model, with_identity=_fit)
         # After the checks have built the model. A custom loop's steps also compare the state no DP step may
@@ -1132,6 +1134,17 @@ class DPOptimizerMixin:
             if not self._dp_foreign_variables[id(model)]:
                 known_structure.note_passed(structure)
 
+    def _user_code_before_first_trace(self) -> None:
+        """Forget this run's checks as its first trace's: code of the user's may run before that trace.
+
+        A custom loop's own code after ``begin_training``, or a ``fit`` callback other than tfdpbnn's (its
+        ``on_train_begin``), may change the model before the step is traced: the first trace then checks
+        the model, and probes a ``train_step`` override, as it finds them (``_check_traced_step``).
+        """
+        self._dp_fresh_checks.clear()
+        if self._dp_override_run is not None:
+            self._dp_override_run["writes"] = None
+
     def _dp_writes(self) -> float:
         """The DP writes this optimizer has applied (``_dp_write_count``), read eagerly."""
         with tf.init_scope():  # a read needs no tape
@@ -1152,9 +1165,10 @@ class DPOptimizerMixin:
         again for new input shapes or dtypes, a dropped train function or another ``jit_compile``. A trace
         bakes the model's Python code as it is then into the step: a layer changed since the last check (an
         attribute that now subtracts the batch mean, a ``Reshape`` to ``()``) is found here, before any step
-        of the new trace runs, and the fit raises ``ValueError``. A trace with no DP write since this run's
-        check (at its start, or at an earlier trace) is not checked again: no step ran in between, so no
-        code of the user's but a callback's ``on_train_begin`` could change the model. Run on a synthetic
+        of the new trace runs, and the fit raises ``ValueError``. A trace with no DP write since the check
+        at an earlier trace, or since this run's start where no code of the user's runs before the first
+        trace (a ``fit`` with no callback but tfdpbnn's, a ``train_on_batch`` call; not a custom loop:
+        ``_user_code_before_first_trace``), is not checked again: the model is as checked. Run on a synthetic
         batch of the traced inputs' specs, eagerly (in a thread of its own); under a ``tf.distribute``
         strategy once, in its cross-replica context (``merge_call``).
         """

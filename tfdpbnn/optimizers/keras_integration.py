@@ -295,6 +295,8 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=No
     # Callbacks other than tfdpbnn's may restore weights or the optimizer in on_train_begin
     # (BackupAndRestore); with none (a subclass counts as another's), the monitor skips the restore check.
     foreign = others + [c for c in privacy if type(c) is not PrivacyCallback]
+    if foreign:  # their on_train_begin may change the model before the step is traced
+        optimizer._user_code_before_first_trace()
     monitor = DPTrainingMonitor(check_passes=whole_passes, others_may_restore=bool(foreign))
     watch = StateWatch(others_may_write=bool(foreign))  # its end-of-fit check last: after every on_train_end
     arguments["callbacks"] = [monitor, watch] + privacy + others + [watch.end]
