@@ -313,6 +313,7 @@ class DPOptimizerMixin:
                            "release_training_metrics": _check_release(release_training_metrics)}
         self._dp_checked_models = set()
         self._dp_fresh_checks = {}  # (model, loss) checked in this run -> DP writes when it was checked
+        self._dp_check_every_trace = False  # a custom loop: each trace checks the model
         self._dp_override_run = None  # this run's train_step override to probe at traces (_check_model)
         self._dp_foreign_variables = {}  # id(model) -> variables its forward pass reads that are not its own
         self._dp_probe = None  # a fit_checks.LossProbe while a train_step override is probed
@@ -911,8 +912,8 @@ class DPOptimizerMixin:
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
         self._check_model(model, x, y, submodules, sample_weight=sample_weight, probe_at_traces=_fit)
-        if not _fit:  # a custom loop: its own code runs before the first trace
-            self._user_code_before_first_trace()
+        if not _fit:  # a custom loop: its own code runs before every trace
+            self._user_code_before_first_trace(every_trace=True)
         self._import_shared_training(model)  # built by the checks
         identity = self._refuse_written_between_runs(model, with_identity=_fit)
         # After the checks have built the model. A custom loop's steps also compare the state no DP step may
@@ -1082,6 +1083,7 @@ class DPOptimizerMixin:
         # (_check_traced_step, _probe_traced_override).
         checked = (id(model), id(getattr(model, "loss", None)))
         self._dp_fresh_checks.clear()  # a check of an earlier run says nothing of the model as it is now
+        self._dp_check_every_trace = False
         eager = _runs_eagerly(model)
         overrides = fit_checks.overrides_train_step(model)
         probed = False
@@ -1134,14 +1136,17 @@ class DPOptimizerMixin:
             if not self._dp_foreign_variables[id(model)]:
                 known_structure.note_passed(structure)
 
-    def _user_code_before_first_trace(self) -> None:
+    def _user_code_before_first_trace(self, every_trace: bool = False) -> None:
         """Forget this run's checks as its first trace's: code of the user's may run before that trace.
 
-        A custom loop's own code after ``begin_training``, or a ``fit`` callback other than tfdpbnn's (its
-        ``on_train_begin``), may change the model before the step is traced: the first trace then checks
-        the model, and probes a ``train_step`` override, as it finds them (``_check_traced_step``).
+        A ``fit`` callback other than tfdpbnn's (its ``on_train_begin``) may change the model before the
+        step is traced: the first trace then checks the model, and probes a ``train_step`` override, as it
+        finds them (``_check_traced_step``). ``every_trace``: a custom loop, whose own code runs after
+        ``begin_training`` and between any two traces (a concrete function traced ahead, two steps in one
+        ``tf.function``), with or without a DP write: every trace of the run checks the model.
         """
         self._dp_fresh_checks.clear()
+        self._dp_check_every_trace = every_trace
         if self._dp_override_run is not None:
             self._dp_override_run["writes"] = None
 
@@ -1167,8 +1172,9 @@ class DPOptimizerMixin:
         attribute that now subtracts the batch mean, a ``Reshape`` to ``()``) is found here, before any step
         of the new trace runs, and the fit raises ``ValueError``. A trace with no DP write since the check
         at an earlier trace, or since this run's start where no code of the user's runs before the first
-        trace (a ``fit`` with no callback but tfdpbnn's, a ``train_on_batch`` call; not a custom loop:
-        ``_user_code_before_first_trace``), is not checked again: the model is as checked. Run on a synthetic
+        trace (a ``fit`` with no callback but tfdpbnn's, a ``train_on_batch`` call), is not checked again:
+        the model is as checked. Every trace of a custom loop is checked (its own code runs between any two:
+        ``_user_code_before_first_trace``). Run on a synthetic
         batch of the traced inputs' specs, eagerly (in a thread of its own); under a ``tf.distribute``
         strategy once, in its cross-replica context (``merge_call``).
         """
@@ -1176,7 +1182,7 @@ class DPOptimizerMixin:
 
         def check(*_):
             writes = self._dp_writes()
-            if self._dp_fresh_checks.get(checked) == writes:
+            if self._dp_fresh_checks.get(checked) == writes and not self._dp_check_every_trace:
                 return
             _in_a_thread_of_its_own(self._check_examples_kept_apart, model, *fit_checks.element_specs(x, y))
             self._dp_fresh_checks[checked] = writes
