@@ -6,8 +6,9 @@ loss to one value per batch) takes effect at the next trace: a dropped train fun
 ``train_on_batch`` after it, a custom loop's ``tf.function`` called with a new shape. The step then clips
 terms that mix examples, and the sensitivity is no longer the clip bound. Each such trace is checked before
 any of its steps runs (``DPOptimizerMixin._check_traced_step``); a ``train_step`` override is probed again
-at such a trace (``_probe_traced_override``); a model that runs eagerly is checked at every run's start. On
-Keras 2 and 3.
+at such a trace (``_probe_traced_override``); a run's first trace is checked where a callback of the
+user's may precede it, and every trace of a custom loop; a model that runs eagerly is checked at every
+run's start. On Keras 2 and 3.
 """
 
 from __future__ import annotations

@@ -1174,9 +1174,9 @@ class DPOptimizerMixin:
         at an earlier trace, or since this run's start where no code of the user's runs before the first
         trace (a ``fit`` with no callback but tfdpbnn's, a ``train_on_batch`` call), is not checked again:
         the model is as checked. Every trace of a custom loop is checked (its own code runs between any two:
-        ``_user_code_before_first_trace``). Run on a synthetic
-        batch of the traced inputs' specs, eagerly (in a thread of its own); under a ``tf.distribute``
-        strategy once, in its cross-replica context (``merge_call``).
+        ``_user_code_before_first_trace``). Run on a synthetic batch of the traced inputs' specs, eagerly
+        (in a thread of its own); under a ``tf.distribute`` strategy once, in its cross-replica context
+        (``merge_call``).
         """
         checked = (id(model), id(getattr(model, "loss", None)))
 
