@@ -1,4 +1,4 @@
-"""The per-example check follows the code the DP step runs: every trace of the step, every eager run.
+"""The per-example check follows the code the DP step runs: every trace of the step, every eager step.
 
 A trace bakes the model's Python code as it is then into the step. A layer changed after the model's first
 ``fit`` (an attribute that now subtracts the batch mean, adds a loss of the activations, or reshapes the
@@ -8,7 +8,8 @@ terms that mix examples, and the sensitivity is no longer the clip bound. Each s
 any of its steps runs (``DPOptimizerMixin._check_traced_step``); a ``train_step`` override is probed again
 at such a trace (``_probe_traced_override``); a run's first trace is checked where a callback of the
 user's may precede it, and every trace of a custom loop; a model that runs eagerly is checked at every
-run's start. On Keras 2 and 3.
+run's start and at every step after the first (a callback or the loop's code may change a layer between
+two steps). On Keras 2 and 3.
 """
 
 from __future__ import annotations
@@ -119,16 +120,65 @@ def test_a_custom_loop_traced_again_after_a_change_is_refused(per_example_checks
     _refused_without_a_step(model, optimizer, lambda: step(x[:BATCH // 2], y[:BATCH // 2]))
 
 
-def test_a_model_that_runs_eagerly_is_checked_at_every_fit(per_example_checks):
+def test_a_model_that_runs_eagerly_is_checked_at_every_fit_and_every_step(per_example_checks):
     x, y = _data()
     layer = Mixing()
     model, optimizer = _compiled(layer)
     model.run_eagerly = True
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
-    assert len(per_example_checks) == 2
+    # Each fit: at its start (which stands for its first step), then at each of its 7 other steps.
+    assert len(per_example_checks) == 2 * N // BATCH
     layer.mode = "center"
     _refused_without_a_step(model, optimizer, lambda: model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0))
+
+
+def test_a_layer_changed_between_two_eager_steps_is_refused_at_the_next_step():
+    """``run_eagerly``: each step runs the layer's Python code as it is then; a callback changes it."""
+    x, y = _data()
+    layer = Mixing()
+    model, optimizer = _compiled(layer)
+    model.run_eagerly = True
+    kept = {}
+
+    class Change(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1:
+                kept["weights"] = [w.copy() for w in model.get_weights()]
+                layer.mode = "center"
+
+    with pytest.raises(ValueError, match="mixes examples"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[Change()])
+    assert optimizer.steps == 2  # the third step was refused before its update
+    for now, then in zip(model.get_weights(), kept["weights"], strict=True):
+        np.testing.assert_array_equal(now, then)
+
+
+def test_an_eager_custom_loop_is_checked_at_every_step():
+    """A custom loop without ``tf.function``: its code runs between any two steps."""
+    x, y = _data()
+    layer = Mixing()
+    model, optimizer = _compiled(layer)
+    optimizer.begin_training(model, x, y, batch_size=BATCH)
+    optimizer.dp_train_step(model, (x[:BATCH], y[:BATCH]))
+    optimizer.dp_train_step(model, (x[BATCH:2 * BATCH], y[BATCH:2 * BATCH]))
+    layer.mode = "center"
+    _refused_without_a_step(model, optimizer, lambda: optimizer.dp_train_step(model, (x[:BATCH], y[:BATCH])))
+
+
+def test_the_checks_of_eager_steps_leave_a_released_metric_as_the_steps_made_it():
+    """Each check's synthetic forward pass updates a forward-pass metric; it is set back after the check."""
+    from test_training_metrics_release import _InputMean  # the batch's input mean + 10, as a metric
+
+    x, y = _data()
+    model = tf.keras.Sequential([tf.keras.Input((D,)), _InputMean(), tf.keras.layers.Dense(3), Mixing()])
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=BATCH, delta=1e-5,
+                                       release_training_metrics=True)
+    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  run_eagerly=True)
+    history = model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False).history
+    batches = [x[i:i + BATCH].mean() + 10.0 for i in range(0, N, BATCH)]
+    np.testing.assert_allclose(history["input_mean"][-1], np.mean(batches), rtol=1e-5, atol=1e-6)
 
 
 def test_a_known_structure_changed_to_reduce_over_the_batch_is_refused_at_its_trace(per_example_checks):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import numbers
 
-import numpy as np
 import tensorflow as tf
 
 from tfdpbnn import _private_api
@@ -151,8 +150,6 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
             self._train_begin(optimizer)
 
     def _train_begin(self, optimizer):
-        self._foreign = [(v, np.array(_private_api.read_numpy(v), copy=True))
-                         for v in getattr(optimizer, "_dp_foreign_variables", {}).get(id(self.model), [])]
         # Steps are counted here in Python, so a batch end costs no read of a training variable: the open
         # phase's, for the Poisson test's schedule, when the phase is a Poisson one (the test tests nothing
         # else; the phase changes only at a run's start or a restore, which runs this again), and the DP
@@ -185,13 +182,14 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
     def _foreign_check(self, when: str) -> None:
         """Refuse a change of a variable the model reads but does not own (a global one in a ``Lambda``).
 
-        ``check_per_example`` found them in the model's forward pass; the DP step does not train them, so
-        their values are constants of the model during ``fit`` (set before it, they are trusted as constants
-        you give a layer). Changed during ``fit`` (a callback setting one from the data), they carry what no
-        epsilon covers: set back, named, and the statement's ``guarantee`` is false.
+        The model's last check listed them (``tfdpbnn.optimizers.outside_reads``, trainable or not) and kept
+        their values; the DP step does not train them, so their values are constants of the model during
+        ``fit`` (set before it, they are trusted as constants you give a layer, and the model was checked
+        with them). Changed during ``fit`` (a callback setting one from the data, or one that makes the model
+        mix examples), they carry what no epsilon covers: set back, named, and the statement's ``guarantee``
+        is false.
         """
-        changed = [(v, before) for v, before in self._foreign
-                   if not np.array_equal(_private_api.read_numpy(v), before)]
+        changed = self.model.optimizer._dp_outside_reads_changed(self.model)
         if not changed:
             return
         names = [v.name for v, _ in changed]

@@ -42,7 +42,7 @@ from tfdpbnn.callbacks import NO_RELEASED_METRICS
 from tfdpbnn.clipping import check_per_example_independence
 from tfdpbnn.clipping.engine import METHODS as CLIPPING_METHODS
 from tfdpbnn.data.distributed import check_distributed_input
-from tfdpbnn.optimizers import fit_checks, keras_integration, known_structure, state_checks
+from tfdpbnn.optimizers import fit_checks, keras_integration, known_structure, outside_reads, state_checks
 from tfdpbnn.optimizers.mechanism import DPGradients, DPMechanism
 from tfdpbnn.optimizers.per_example_loss import compiled_per_example_loss_fn
 from tfdpbnn.privacy import sound_accountants
@@ -132,8 +132,9 @@ class _OptimizerMechanism(DPMechanism):
     def clip_model(self, model, x, y, sample_weight=None, *, loss_fn=None, var_list=None, training=True):
         """``DPMechanism.clip_model``; while the optimizer probes a ``train_step``, ``loss_fn`` is checked.
 
-        At a trace (``dp_train_step``, a custom loop's ``tf.function``), the model is checked as the trace
-        finds it (``DPOptimizerMixin._check_traced_step``).
+        At a trace (``dp_train_step``, a custom loop's ``tf.function``) and at a step that runs eagerly
+        (``run_eagerly``, a custom loop without ``tf.function``), the model is checked as the step finds it
+        (``DPOptimizerMixin._check_traced_step``).
         """
         probe = self._probe()
         if probe is not None:
@@ -145,8 +146,7 @@ class _OptimizerMechanism(DPMechanism):
         else:
             if loss_fn is not None:
                 self._user_loss("optimizer.mechanism.clip_model(loss_fn=...)")
-            if not tf.executing_eagerly():
-                self._traced(model, x, y)
+            self._traced(model, x, y)  # at a trace, or at a step that runs eagerly
         return super().clip_model(model, x, y, sample_weight, loss_fn=loss_fn, var_list=var_list,
                                   training=training)
 
@@ -315,7 +315,9 @@ class DPOptimizerMixin:
         self._dp_fresh_checks = {}  # (model, loss) checked in this run -> DP writes when it was checked
         self._dp_check_every_trace = False  # a custom loop: each trace checks the model
         self._dp_override_run = None  # this run's train_step override to probe at traces (_check_model)
-        self._dp_foreign_variables = {}  # id(model) -> variables its forward pass reads that are not its own
+        # id(model) -> [(variable, its value at the model's last check)]: what its forward pass, losses and
+        # loss read that is not its own (outside_reads), watched during runs and checked again when changed
+        self._dp_foreign_variables = {}
         self._dp_probe = None  # a fit_checks.LossProbe while a train_step override is probed
         with tf.init_scope():
             self._dp_noise_multiplier = self._dp_variable("dp_noise_multiplier", noise_multiplier)
@@ -918,8 +920,7 @@ class DPOptimizerMixin:
         identity = self._refuse_written_between_runs(model, with_identity=_fit)
         # After the checks have built the model. A custom loop's steps also compare the state no DP step may
         # change (model.fit's StateWatch does it at every epoch end, and sets it back).
-        self._dp_write_watch.new_run(model.trainable_variables,
-                                     state_checks.variables_outside_dp_update(model),
+        self._dp_write_watch.new_run(model.trainable_variables, self._run_constants(model),
                                      kind="fit" if _fit else "custom_loop")
         source = sampling["source"] if _fit else "custom_loop"
         state = attributes.ledger_state(self)
@@ -934,6 +935,22 @@ class DPOptimizerMixin:
             # A call draws its own passes: a pass an earlier call left partial is never completed by this one.
             state.finish_partial_pass()
         return identity
+
+    def _dp_outside_reads_changed(self, model) -> list:
+        """``(variable, value at its check)`` for what ``model`` reads outside itself, changed since."""
+        pairs = self._dp_foreign_variables.get(id(model), ())
+        moved = {id(v) for v in outside_reads.changed(pairs)}
+        return [(v, before) for v, before in pairs if id(v) in moved]
+
+    def _run_constants(self, model) -> list:
+        """What no DP step of a run may change: the model's state outside the DP update and what it reads.
+
+        ``state_checks.variables_outside_dp_update`` and the variables its forward pass, losses and loss
+        read that are not its own (``outside_reads``, as its last check listed them).
+        """
+        constants = state_checks.variables_outside_dp_update(model)
+        held = {id(v) for v in constants}
+        return constants + [v for v, _ in self._dp_foreign_variables.get(id(model), ()) if id(v) not in held]
 
     def _refuse_written_between_runs(self, model, with_identity: bool) -> tuple | None:
         """Refuse trainable weights written since this optimizer's last DP write (``WriteWatch``).
@@ -968,7 +985,7 @@ class DPOptimizerMixin:
         # Trainable weights written since the last DP call's write (ValueError naming them; see WriteWatch)
         self._dp_write_watch.refuse_written_between_runs(self._dp_write_count,
                                                          attributes.run_record(self).recognises_weights)
-        constants = state_checks.variables_outside_dp_update(model) if model.built else []
+        constants = self._run_constants(model) if model.built else []
         # The state no DP step may change, as the last call left it (ValueError naming what changed since)
         self._dp_write_watch.refuse_changed_constants(constants)
         submodules = _private_api.submodules(model)  # one walk for both checks (begin_training)
@@ -976,8 +993,8 @@ class DPOptimizerMixin:
         self.mechanism.new_run()
         self._check_model(model, x, y, submodules, sample_weight=sample_weight, probe_at_traces=True)
         self._import_shared_training(model)  # built by the checks
-        if not constants:  # after the checks have built the model
-            constants = state_checks.variables_outside_dp_update(model)
+        if not constants or self._dp_foreign_variables.get(id(model)):  # after the checks (built, listed)
+            constants = self._run_constants(model)
         self._dp_write_watch.new_run(model.trainable_variables, constants, kind="train_on_batch")
         attributes.ledger_state(self).open_phase(
             kind="participations", noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
@@ -1087,7 +1104,10 @@ class DPOptimizerMixin:
         eager = _runs_eagerly(model)
         overrides = fit_checks.overrides_train_step(model)
         probed = False
-        if checked not in self._dp_checked_models or eager:
+        # A variable the model reads but does not own, changed since its check (between runs), changes what
+        # the step computes: the model is checked again with its value now.
+        if checked not in self._dp_checked_models or eager or \
+                outside_reads.changed(self._dp_foreign_variables.get(id(model), ())):
             self._check_examples_kept_apart(model, x, y, submodules)
             self._note_fresh_check(checked)  # the model as this run's first trace will find it
             if overrides:
@@ -1107,12 +1127,13 @@ class DPOptimizerMixin:
                                      "sample_weight": sample_weight,
                                      "writes": self._dp_writes() if probed else None}
 
-    def _check_examples_kept_apart(self, model, x, y, submodules=None):
+    def _check_examples_kept_apart(self, model, x, y, submodules=None, list_reads=True):
         """The per-example checks of ``model``'s forward pass and compiled loss, on a synthetic batch.
 
         ``x``, ``y``: ``fit``'s data or their element specs. Not run for a model of a structure whose check
         passed in this process (``known_structure``); a check that passes with no foreign variable read is
-        kept for its structure.
+        kept for its structure. ``list_reads=False`` (an eager step, checked with the values as they are at
+        every step): the variables read outside the model are not listed again (``outside_reads``).
         """
         check_per_example_independence(model)
         _check_data_independent_losses(model)
@@ -1128,12 +1149,16 @@ class DPOptimizerMixin:
         for _ in range(0 if known else 1 if model.built and model.variables else 2):
             snapshot = state_checks.VariableSnapshot(model)
             try:
-                self._dp_foreign_variables[id(model)] = fit_checks.check_per_example(model, loss_fn, x, y)
+                reads = fit_checks.check_per_example(model, loss_fn, x, y, list_reads=list_reads)
             except BaseException:
                 snapshot.restore()
                 raise
             snapshot.refuse_changes("a forward pass in training mode (on a synthetic batch)")
-            if not self._dp_foreign_variables[id(model)]:
+            if reads is None:
+                continue
+            # The check's outcome holds for these variables' values now (checked again when they change).
+            self._dp_foreign_variables[id(model)] = outside_reads.values(reads.variables)
+            if reads.complete and not reads.variables:
                 known_structure.note_passed(structure)
 
     def _user_code_before_first_trace(self, every_trace: bool = False) -> None:
@@ -1161,10 +1186,14 @@ class DPOptimizerMixin:
 
     @tf.autograph.experimental.do_not_convert
     def _check_traced_step(self, model, x, y):
-        """At a trace of the mechanism's ``clip_model``: the per-example checks of ``model`` as traced.
+        """At a trace of ``clip_model``, or at an eager step: the per-example checks of ``model`` as it runs.
 
         ``dp_train_step`` (what ``fit`` runs) and a custom loop's ``mechanism.clip_model`` or
-        ``privatize_model`` in a ``tf.function`` reach it.
+        ``privatize_model`` in a ``tf.function`` reach it at their traces; a step that runs eagerly
+        (``run_eagerly``, a custom loop without ``tf.function``) at every step, where it runs the model's
+        Python code as it is then (a callback that changed a layer between two steps): such a step with a
+        DP write since the last check is checked, before its update, as a trace is (a model that runs
+        eagerly costs one check per step beyond the first; a known structure's is the key's, 0.2 ms).
 
         Keras traces the step at a model's first ``fit`` (twice when the first trace creates variables) and
         again for new input shapes or dtypes, a dropped train function or another ``jit_compile``. A trace
@@ -1179,12 +1208,24 @@ class DPOptimizerMixin:
         (``merge_call``).
         """
         checked = (id(model), id(getattr(model, "loss", None)))
+        eager = tf.executing_eagerly()  # an eager step: the values read outside the model are as checked
 
         def check(*_):
             writes = self._dp_writes()
             if self._dp_fresh_checks.get(checked) == writes and not self._dp_check_every_trace:
                 return
-            _in_a_thread_of_its_own(self._check_examples_kept_apart, model, *fit_checks.element_specs(x, y))
+            # The synthetic batch's forward pass updates metric objects (add_metric): set back after it
+            # (not under tf.distribute, whose sum-aggregated metric variables take no cross-replica assign).
+            kept = [] if tf.distribute.has_strategy() else [
+                v for metric in _private_api.metric_objects(model) for v in metric.variables]
+            with tf.init_scope():  # read and set back eagerly, at a trace too
+                metrics = state_checks.VariableSnapshot(model, variables=kept)
+            try:
+                specs = fit_checks.element_specs(x, y)
+                _in_a_thread_of_its_own(self._check_examples_kept_apart, model, *specs, list_reads=not eager)
+            finally:
+                with tf.init_scope():
+                    metrics.restore()
             self._dp_fresh_checks[checked] = writes
 
         context = tf.distribute.get_replica_context()

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from tfdpbnn import _private_api
 from tfdpbnn.data.sampling import find_spec
+from tfdpbnn.optimizers import outside_reads
 
 #: Relative size above which a cross-example derivative counts as coupling (exact zeros are expected).
 COUPLING_TOLERANCE = 1e-6
@@ -239,13 +240,8 @@ def _call_synthetic(model, xs, float_inputs):
         raise
 
 
-def _foreign_variables(model, read) -> list:
-    """The variables of ``read`` that are not ``model``'s (a Keras 3 variable counts with what it wraps)."""
-    own = {id(w) for v in model.variables for w in (v, getattr(v, "_value", None))}
-    return [v for v in read if id(v) not in own and not isinstance(v, tf.distribute.DistributedValues)]
-
-
-def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed: int = 0) -> None:
+def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed: int = 0,
+                      list_reads: bool = True) -> outside_reads.OutsideReads | None:
     """Raise ``ValueError`` if one example's loss can depend on another example of the batch.
 
     On a synthetic batch (Gaussian floats, zero integers, constant strings: no private data is read), with
@@ -255,9 +251,12 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
     string inputs have no derivative: changing the second half of them must move neither the first half's
     outputs nor ``model.losses`` (``_check_discrete_inputs``).
 
-    Returns the trainable variables the forward pass read that are not ``model``'s own (a global
-    ``tf.Variable`` in a ``Lambda``): the DP step does not train them, so ``fit`` watches that they keep
-    their values (``tfdpbnn.callbacks.DPTrainingMonitor``).
+    Returns ``outside_reads.OutsideReads``: the variables the forward pass, ``model.losses`` and the loss
+    read that are not ``model``'s own (a global ``tf.Variable`` in a ``Lambda``, trainable or not), listed
+    by tracing them once (``outside_reads.traced_reads``). The DP step does not train them and the check's
+    outcome holds for their values now, so the optimizer checks the model again when one has changed by a
+    run's start and refuses a change during a run. Under a ``tf.distribute`` strategy: none listed;
+    ``list_reads=False``: not listed, None returned.
     """
     x_like, y_like = element_parts(x, y)
     rng = np.random.default_rng(seed)
@@ -320,14 +319,19 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
         _check_loss_values(per_example_loss_fn, ys, y_pred, per_example, rows, half)
     distributed = tf.distribute.has_strategy() or getattr(model, "distribute_strategy",
                                                           None) not in (None, tf.distribute.get_strategy())
-    foreign = [] if distributed else _foreign_variables(model, tape.watched_variables())
+    tape_variables = [] if distributed else tape.watched_variables()
     del tape
     if float_inputs:
         _check_float_inputs_by_value(model, xs, rows, half, outputs, reg)
     discrete = [t for t, _ in _leaves(xs, half) if not t.dtype.is_floating]
     if discrete:
         _check_discrete_inputs(model, xs, rows, half)
-    return foreign
+    if not list_reads:
+        return None
+    if distributed:
+        return outside_reads.OutsideReads()
+    reads = outside_reads.traced_reads(model, per_example_loss_fn, xs, ys)
+    return reads if reads is not None else outside_reads.eager_reads(model, tape_variables)
 
 
 def _check_loss_values(loss_fn, ys, y_pred, per_example, rows: int, half: int) -> None:

@@ -55,7 +55,7 @@ def _values(variables) -> list:
     return [np.array(_private_api.read_view(v), copy=True) for v in variables]
 
 
-def _same_value(a, b) -> bool:
+def same_value(a, b) -> bool:
     """Numbers: every bit the same (``same_bytes``, -0.0 is not 0.0); anything else: ``_equal``."""
     if a.dtype.kind in "biufc" and b.dtype.kind in "biufc" and a.flags.c_contiguous and b.flags.c_contiguous:
         return same_bytes(a, b)
@@ -162,11 +162,17 @@ def _owners(model) -> dict:
 
 
 class VariableSnapshot:
-    """The values of every variable of ``model``, to find (and undo) changes made by running it."""
+    """The values of every variable of ``model``, to find (and undo) changes made by running it.
 
-    def __init__(self, model, outside_dp_update: bool = False):
+    ``outside_dp_update``: only those no DP step may change (``variables_outside_dp_update``); ``variables``:
+    these instead (the model's metric objects' around a check's forward pass).
+    """
+
+    def __init__(self, model, outside_dp_update: bool = False, variables=None):
         self._model = model
-        if outside_dp_update:  # the DP step updates the others; tfdpbnn's layers' own state is the library's
+        if variables is not None:
+            self._variables = list(variables)
+        elif outside_dp_update:  # the DP step updates the others; tfdpbnn layers' own state is the library's
             self._variables = variables_outside_dp_update(model)
         else:  # weights, not variables: Keras 3's variables also hold the random-number state (SeedGenerator)
             self._variables = [v for v in model.weights
@@ -176,7 +182,7 @@ class VariableSnapshot:
     def changed(self) -> list:
         """The variables whose value differs from the snapshot: any bit of a number (``same_bytes``)."""
         return [v for v, old in zip(self._variables, self._values, strict=True)
-                if not _same_value(np.asarray(_private_api.read_view(v)), old)]
+                if not same_value(np.asarray(_private_api.read_view(v)), old)]
 
     def restore(self, changed=None) -> None:
         """Set the changed variables (``changed``, default all that changed) back to their snapshot values."""
@@ -266,7 +272,8 @@ class WriteWatch:
     per-record ledger's business.
 
     ``constants`` (``new_run``): variables no DP step may change (``variables_outside_dp_update``: a layer's
-    non-trainable state, a frozen layer's weights), copied when the run starts and compared at every step
+    non-trainable state, a frozen layer's weights; and the variables the model reads but does not own,
+    ``tfdpbnn.optimizers.outside_reads``), copied when the run starts and compared at every step
     of a custom loop, and again when the next ``train_on_batch`` call starts (``model.fit`` compares them at
     every epoch end with ``StateWatch``, which also sets them back).
 
@@ -349,9 +356,10 @@ class WriteWatch:
             self.taint(changed)
             raise ValueError(
                 f"model: variable(s) {changed[:3]} changed between two train_on_batch calls of a DP run, "
-                "outside the DP update (they are not trainable: a layer's non-trainable state or a frozen "
-                "layer's weights). No epsilon covers what they carry; the optimizer's privacy statement now "
-                "says guarantee: false. Change them only before DP training.")
+                "outside the DP update (a layer's non-trainable state, a frozen layer's weights, or a "
+                "variable the model reads but does not own). No epsilon covers what they carry; the "
+                "optimizer's privacy statement now says guarantee: false. Change them only before DP "
+                "training.")
 
     def disarm(self) -> None:
         """Skip the check at the next step (a tool that sets the weights on purpose: the privacy audits)."""
@@ -691,5 +699,5 @@ class _StateWatchEnd(tf.keras.callbacks.Callback):
         self._state_watch.finish()
 
 
-__all__ = ["StateWatch", "VariableSnapshot", "WriteWatch", "check_declared_state",
+__all__ = ["StateWatch", "VariableSnapshot", "WriteWatch", "check_declared_state", "same_value",
            "variables_outside_dp_update"]
