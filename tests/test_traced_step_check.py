@@ -244,6 +244,31 @@ def test_a_train_step_override_changed_after_fit_is_probed_again_at_its_trace(wa
     assert len(probes) == 2
 
 
+@pytest.mark.parametrize("way", ["minimize", "privatize_losses"])
+def test_an_eager_train_step_override_changed_between_two_steps_is_probed_and_refused(way):
+    """``run_eagerly``: a callback makes the override's loss contrastive after the second step."""
+    from test_state_checks import _OwnStep
+
+    x, y = _data()
+    model = _OwnStep(way, coupled=False)
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=BATCH, delta=1e-5)
+    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  run_eagerly=True)
+    kept = {}
+
+    class Change(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1:
+                kept["weights"] = [w.copy() for w in model.get_weights()]
+                model.coupled = True
+
+    with pytest.raises(ValueError, match="depends on other examples of the batch"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[Change()])
+    assert optimizer.steps == 2
+    for now, then in zip(model.get_weights(), kept["weights"], strict=True):
+        np.testing.assert_array_equal(now, then)
+
+
 def test_a_custom_loop_of_the_mechanism_traced_again_after_a_change_is_refused(per_example_checks):
     """``mechanism.privatize_model`` (the compiled loss) in a custom loop's ``tf.function``: checked at a
     retrace, as ``dp_train_step`` is."""

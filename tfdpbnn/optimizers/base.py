@@ -24,6 +24,7 @@ first step (``tfdpbnn.optimizers.fit_checks``), and the printed epsilon composes
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import math
 import warnings
 
@@ -78,6 +79,25 @@ def _runs_eagerly(model) -> bool:
     but its step, a ``tf.function``, then runs eagerly all the same).
     """
     return bool(getattr(model, "run_eagerly", False)) or tf.config.functions_run_eagerly()
+
+
+@contextlib.contextmanager
+def _metrics_set_back(model):
+    """Set ``model``'s metric objects back to their values before the block, read and written eagerly.
+
+    A check's or a probe's synthetic batch passes through the model (``add_metric``, a ``train_step``
+    override's own trackers): the metrics the real steps accumulate keep what those steps gave them. Not
+    under a ``tf.distribute`` strategy (sum-aggregated metric variables take no cross-replica assign).
+    """
+    kept = [] if tf.distribute.has_strategy() else [
+        v for metric in _private_api.metric_objects(model) for v in metric.variables]
+    with tf.init_scope():  # at a trace too
+        snapshot = state_checks.VariableSnapshot(model, variables=kept)
+    try:
+        yield
+    finally:
+        with tf.init_scope():
+            snapshot.restore()
 
 
 def _in_a_thread_of_its_own(fn, *args, **kwargs):
@@ -1214,18 +1234,9 @@ class DPOptimizerMixin:
             writes = self._dp_writes()
             if self._dp_fresh_checks.get(checked) == writes and not self._dp_check_every_trace:
                 return
-            # The synthetic batch's forward pass updates metric objects (add_metric): set back after it
-            # (not under tf.distribute, whose sum-aggregated metric variables take no cross-replica assign).
-            kept = [] if tf.distribute.has_strategy() else [
-                v for metric in _private_api.metric_objects(model) for v in metric.variables]
-            with tf.init_scope():  # read and set back eagerly, at a trace too
-                metrics = state_checks.VariableSnapshot(model, variables=kept)
-            try:
+            with _metrics_set_back(model):
                 specs = fit_checks.element_specs(x, y)
                 _in_a_thread_of_its_own(self._check_examples_kept_apart, model, *specs, list_reads=not eager)
-            finally:
-                with tf.init_scope():
-                    metrics.restore()
             self._dp_fresh_checks[checked] = writes
 
         context = tf.distribute.get_replica_context()
@@ -1236,13 +1247,15 @@ class DPOptimizerMixin:
 
     @tf.autograph.experimental.do_not_convert
     def _probe_traced_override(self):
-        """At a trace of a DP step inside a ``train_step`` override: probe the override as the trace finds it.
+        """At a trace of a DP step inside a ``train_step`` override, or an eager one: probe the override.
 
         The override (``_probe_train_step``) is probed at a run's start, once per model and loss; a trace of
-        its step bakes its Python code as it is then (an attribute that now makes its loss contrastive).
-        A trace with a DP write since the override's last probe probes it again, in a thread of its own
-        (eager, as at a run's start), before any step of the new trace runs; the fit raises ``ValueError``
-        when its loss is no longer per example. Models under a ``tf.distribute`` strategy are not probed.
+        its step bakes its Python code as it is then (an attribute that now makes its loss contrastive), and
+        a step that runs eagerly (``run_eagerly``) runs it as it is at that step (a callback may have changed
+        it). A trace or an eager step with a DP write since the override's last probe probes it again, in a
+        thread of its own (eager, as at a run's start), before the step's update; the run raises
+        ``ValueError`` when its loss is no longer per example. Models under a ``tf.distribute`` strategy are
+        not probed.
         """
         run = self._dp_override_run
         if tf.distribute.has_strategy():
@@ -1272,7 +1285,8 @@ class DPOptimizerMixin:
         snapshot = state_checks.VariableSnapshot(model)
         self._dp_probe = probe
         try:
-            with probe.recording():  # how the batch handed to dp_train_step derives from the inputs
+            # recording: how the batch handed to dp_train_step derives from the inputs
+            with _metrics_set_back(model), probe.recording():
                 model.train_step(probe.data)
         except fit_checks.ProbeReached:
             pass
@@ -1287,8 +1301,6 @@ class DPOptimizerMixin:
                 f"example, and it raised {type(err).__name__}: {err}") from err
         finally:
             self._dp_probe = None
-            for metric in model.metrics:
-                metric.reset_state()
         snapshot.refuse_changes(f"{type(model).__name__}.train_step (on a synthetic batch, before its DP "
                                 "update)")
 
@@ -1349,11 +1361,11 @@ class DPOptimizerMixin:
     def _dp_count_batch(self, batch_size):
         """``self.mechanism``'s ``on_batch``: count the batch in the ledger; mark the gradient as private.
 
-        At a trace of a step inside a ``train_step`` override of a ``fit`` or ``train_on_batch`` run, the
-        override is probed as the trace finds it (``_probe_traced_override``).
+        At a trace of a step inside a ``train_step`` override of a ``fit`` or ``train_on_batch`` run, and at
+        such a step run eagerly, the override is probed as the step finds it (``_probe_traced_override``).
         """
         self._require_open_phase()
-        if self._dp_override_run is not None and not tf.executing_eagerly():
+        if self._dp_override_run is not None:
             self._probe_traced_override()
         attributes.ledger_state(self).record_batch(batch_size)
         _private_api.mark_dp_gradients_computed(self)
