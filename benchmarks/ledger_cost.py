@@ -1,6 +1,7 @@
 """What the per-record privacy ledger and the privacy record cost: a run over a million records, each ``fit``.
 
-Run: ``python benchmarks/ledger_cost.py [--records 1000000] [--fits 15] [--models small,mlp] [--loop 500]``
+Run: ``python benchmarks/ledger_cost.py [--records 1000000] [--fits 15] [--models small,mlp] [--loop 500]
+[--eager 5]``
 (a few minutes on 2 cores). Prints the command, the machine and its load average, markdown tables for
 docs/benchmarks.md (every time as wall time and as this process's CPU time: other load on a shared machine
 inflates the first), and each target with its verdict:
@@ -33,7 +34,10 @@ inflates the first), and each target with its verdict:
 5. ``--loop`` one-step fits of the small model in a loop, each a run of the same phase over the same
    records: the record's whole work per fit at the loop's start and at its end (target: under 10 ms at the
    end: a run's start must not read more with every earlier run), with no budget, with a per-record budget
-   and with a data-set budget (whose checks compose every earlier release or run).
+   and with a data-set budget (whose checks compose every earlier release or run);
+6. ``--eager`` one-epoch fits of the small model that run eagerly (``run_eagerly=True``): the per-example
+   checks at their steps (each step after a run's first is checked), for a known structure and for a model
+   whose check runs in full (an identity ``Lambda`` added), beside an eager non-private fit.
 """
 
 from __future__ import annotations
@@ -124,9 +128,11 @@ _PHASES = (
     ("tfdpbnn.callbacks:DPTrainingMonitor", "on_epoch_end", "monitor: epoch end (snapshot, epsilon)"),
     ("tfdpbnn.callbacks:DPTrainingMonitor", "on_train_end", "monitor: train end (final snapshot, commit)"),
     ("tfdpbnn.optimizers.state_checks:StateWatch", "on_train_begin", "state watch: train begin"),
-    ("tfdpbnn.optimizers.state_checks:StateWatch", "on_train_batch_begin",
-     "state watch: first batch snapshot"),
-    ("tfdpbnn.optimizers.state_checks:StateWatch", "on_train_batch_end", "state watch: first batch check"),
+    ("tfdpbnn.optimizers.state_checks:_StateWatchEnd", "on_train_begin",
+     "state watch: snapshot after every callback's train begin"),
+    ("tfdpbnn.optimizers.state_checks:_StateWatchEnd", "on_train_batch_begin",
+     "state watch: comparisons before every batch (all)"),
+    ("tfdpbnn.optimizers.state_checks:StateWatch", "on_train_batch_end", "state watch: batch ends (all)"),
     ("tfdpbnn.optimizers.state_checks:StateWatch", "on_epoch_end", "state watch: epoch end check"),
     ("tfdpbnn.optimizers.state_checks:_StateWatchEnd", "on_train_end",
      "state watch: end-of-fit check (after every callback)"),
@@ -433,6 +439,60 @@ def _loop_costs(loop: int) -> tuple[list[str], list[dict]]:
     return rows, summaries
 
 
+def _eager_costs(fits: int) -> list[str]:
+    """One-epoch fits of the small model that run eagerly (``run_eagerly=True``): the checks at its steps.
+
+    A step that runs eagerly runs the model's Python code as it is then, so each one after a run's first is
+    checked (``DPOptimizerMixin._check_traced_step``). Medians of ``fits`` interleaved fits: the DP ``fit``'s
+    checks at its steps and its whole time, for a known structure (each check is the structure's key) and
+    for the same model with an identity ``Lambda`` (the full check at every step); and an eager non-private
+    ``fit`` of the first, for scale.
+    """
+    import tensorflow as tf
+
+    n, features, hidden, batch = _MODELS["small"]
+    x, y = _data("small")
+    steps = -(-n // batch)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def eager(optimizer, own_layer=False):
+        layers = [tf.keras.Input((features,)), tf.keras.layers.Dense(hidden, activation="relu")]
+        if own_layer:  # a Lambda: not a known structure, so the check runs at each step
+            layers.append(tf.keras.layers.Lambda(lambda t: t))
+        model = tf.keras.Sequential([*layers, tf.keras.layers.Dense(10)])
+        model.compile(optimizer=optimizer, loss=loss, run_eagerly=True)
+        return model
+
+    models = {"known": eager(_dp_optimizer("small")), "a Lambda": eager(_dp_optimizer("small"), True),
+              "non-private": eager(tf.keras.optimizers.legacy.SGD(0.1))}
+    spent: dict = {name: [] for name in models}
+    whole: dict = {name: [] for name in models}
+    label = next(text for _, method, text in _PHASES if method == "_check_traced_step")
+
+    def fit(model):
+        _SPENT.clear()
+        with _Clock() as clock:
+            model.fit(x, y, batch_size=batch, epochs=1, verbose=0)
+        return clock.wall, _SPENT.get(label, (0.0, 0.0))[0]
+
+    for _ in range(2):  # warm up
+        for model in models.values():
+            fit(model)
+    for _ in range(fits):
+        for name, model in models.items():
+            wall, checks = fit(model)
+            whole[name].append(wall)
+            spent[name].append(checks)
+    ms = {k: statistics.median(v) * 1e3 for k, v in whole.items()}
+    checks = {k: statistics.median(v) * 1e3 for k, v in spent.items()}
+    where = f"{n:,} records, 64-32-10, run_eagerly, {steps} steps"
+    return [f"| {where} | the checks at the steps of a DP fit, known structure, median of {fits} | "
+            f"{checks['known']:.1f} ms | {ms['known']:.0f} ms for the whole fit |",
+            f"| {where} | the same, an identity Lambda after the hidden layer (a full check at each step) | "
+            f"{checks['a Lambda']:.1f} ms | {ms['a Lambda']:.0f} ms for the whole fit |",
+            f"| {where} | for scale: the same model's eager non-private fit | | {ms['non-private']:.0f} ms |"]
+
+
 def main(argv=None) -> None:
     """Print the measured rows (see the module)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -442,17 +502,21 @@ def main(argv=None) -> None:
                         help=f"comma-separated, of {sorted(_MODELS)} (empty: no fits)")
     parser.add_argument("--loop", type=int, default=500,
                         help="one-step fits of the small model in a loop (0: none)")
+    parser.add_argument("--eager", type=int, default=5,
+                        help="one-epoch fits of the small model run eagerly, for each case (0: none)")
     args = parser.parse_args(argv)
     if args.records < 1 or args.fits < 1:
         parser.error("--records and --fits must be >= 1")
     if args.loop < 0:
         parser.error(f"--loop must be >= 0, got {args.loop}")
+    if args.eager < 0:
+        parser.error(f"--eager must be >= 0, got {args.eager}")
     models = [m for m in args.models.split(",") if m]
     if any(m not in _MODELS for m in models):
         parser.error(f"--models: each of {sorted(_MODELS)}, got {args.models!r}")
     load = os.getloadavg()
     start = time.perf_counter()
-    if models or args.loop:
+    if models or args.loop or args.eager:
         _install_phase_timers()
     rows, walls, cpus = _run_over(args.records)
     phases: list[str] = []
@@ -466,10 +530,11 @@ def main(argv=None) -> None:
     if args.loop:
         parts, loops = _loop_costs(args.loop)
         phases += parts
+    eager = _eager_costs(args.eager) if args.eager else []
     end_load = os.getloadavg()[0]
     models_arg = ",".join(models) or "''"
     print(f"Command: python benchmarks/ledger_cost.py --records {args.records} --fits {args.fits} --models "
-          f"{models_arg} --loop {args.loop}")
+          f"{models_arg} --loop {args.loop} --eager {args.eager}")
     print(f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"TensorFlow {_tf_version()}; load average (1, 5, 15 minutes) {load[0]:.2f}, {load[1]:.2f}, "
           f"{load[2]:.2f} at the start, {end_load:.2f} at the end; wall time "
@@ -483,6 +548,10 @@ def main(argv=None) -> None:
     if phases:
         print("\n| fit | phase | wall time | CPU time |\n| --- | --- | ---: | ---: |")
         for row in phases:
+            print(row)
+    if eager:
+        print("\n| run | what | the checks | the fit |\n| --- | --- | ---: | ---: |")
+        for row in eager:
             print(row)
     print("\nAgainst the targets:")
     cases = ("new records", "the same records, rows read", "the same records, rows not read",

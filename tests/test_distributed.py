@@ -70,6 +70,13 @@ def test_mirrored_strategy_one_noise_draw_per_step(tmp_path):
     assert retraced["runs_first_fit"] == 1 and retraced["runs"] == 2
     assert "one example's output depends on another example's input" in retraced["refused"]
     assert retraced["steps"] == 4
+    # A global variable the model reads, listed under R = 2 too: set between fits, the model is checked again
+    # and refused; set by a callback during a fit, refused at the epoch's end, set back, no guarantee.
+    outside = r["outside_read"]
+    assert "one example's output depends on another example's input" in outside["between"]
+    assert outside["steps_between"] == 4
+    assert "'alpha:0'" in outside["during"] and "changed during DP fit" in outside["during"]
+    assert outside["alpha"] == 0.0 and outside["guarantee"] is False  # noqa: PLR2004 - exact: assigned
     poisson = r["poisson"]
     assert poisson["overlaps"] == 0
     # 3 + 40 steps of the right sampling (one ledger phase: the same input) passed the Poisson test; the wrong
@@ -234,6 +241,49 @@ def _retraced_case(tf, strategy):
         fit_checks.check_per_example = original
 
 
+def _outside_read_case(tf, strategy):
+    """A global ``alpha`` in ``t - alpha * mean(t)`` under ``strategy``: set between fits, and during one.
+
+    Returns what the fit after ``alpha`` 0 -> 1 raised, then (``alpha`` back to 0, the model checked again)
+    what a fit whose callback sets it after its second batch raised, its steps, ``alpha`` after it and the
+    statement's ``guarantee``.
+    """
+    import tfdpbnn
+
+    alpha = tf.Variable(0.0, trainable=False, name="alpha")  # not the model's: made outside the strategy
+    x = np.random.default_rng(3).normal(size=(32, 6)).astype("float32")
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(3),
+                                     tf.keras.layers.Lambda(lambda t: t - alpha * tf.reduce_mean(t, axis=0))])
+        opt = tfdpbnn.DPSGDOptimizer(CLIP, SIGMA, learning_rate=0.1, num_examples=32, batch_size=8,
+                                     delta=1e-5)
+        model.compile(opt, loss="mse")
+    model.fit(x, x[:, :3], batch_size=8, epochs=1, verbose=0)
+    out = {}
+    alpha.assign(1.0)
+    try:
+        model.fit(x, x[:, :3], batch_size=8, epochs=1, verbose=0)
+        out["between"] = ""
+    except ValueError as err:
+        out["between"] = str(err)
+    out["steps_between"] = int(opt.iterations.numpy())
+    alpha.assign(0.0)
+
+    class Gate(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1:
+                alpha.assign(1.0)
+
+    try:
+        model.fit(x, x[:, :3], batch_size=8, epochs=1, verbose=0, callbacks=[Gate()])
+        out["during"] = ""
+    except ValueError as err:
+        out["during"] = str(err)
+    out["alpha"] = float(alpha.numpy())
+    out["guarantee"] = opt.privacy_statement()["guarantee"]
+    return out
+
+
 def _main_mirrored():
     import tensorflow as tf
 
@@ -261,6 +311,7 @@ def _main_mirrored():
     out["4"]["sigma0_max_weight_diff"] = _max_diff(_sigma0_weights(tf, strategy), reference)
     strategy = two
     out["retraced"] = _retraced_case(tf, strategy)
+    out["outside_read"] = _outside_read_case(tf, strategy)
     rng = np.random.default_rng(1)
     # Poisson shards under R = 2: fit 3 steps, then 60 steps of batches: no example in both replicas.
     n, q = 60, 0.1

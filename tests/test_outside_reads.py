@@ -1,13 +1,15 @@
-"""A variable the model reads but does not own is part of what the DP step computes.
+"""A variable the model's outputs read but the model does not own is part of what the DP step computes.
 
 A global ``tf.Variable`` in a ``Lambda`` (``x - alpha * mean(x)``), trainable or not, set from 0 to 1 makes
 the same code mix the examples of a batch: one example's clipped gradient then depends on the others, and
 the clip bound no longer bounds the sensitivity (the true epsilon is unbounded). The check runs the model as
-it is when it runs, so every such variable is listed with its value (``tfdpbnn.optimizers.outside_reads``,
-trainable or not, by tracing the forward pass once); the model is checked again when one has changed by a
-run's start, and a change during a run is refused (``fit``: at the epoch's end, set back, ``guarantee``
-false; a custom loop: the next step; ``train_on_batch``: the next call). A random generator's state, which
-its draws advance at every step, is listed apart and not compared. On Keras 2 and 3.
+it is when it runs, so every such variable is listed with its value (``tfdpbnn.optimizers.outside_reads``:
+the pass traced once, its graph walked back from the outputs); a check pass that changes one is refused; the
+model is checked again when one has changed by a run's start; during a run a change is refused (``fit``:
+before every batch, after every callback, set back, ``guarantee`` false; a custom loop: the next step;
+``train_on_batch``: the next call), unless the variable is asserted public
+(``optimizer.assert_public_variable``), where each new value is checked before a step reads it. A random
+generator's state, which the outputs read only through random draws, is not kept. On Keras 2 and 3.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def test_a_gate_set_between_fits_to_a_per_example_value_trains_after_a_new_check
     assert optimizer.steps == 3 * N // BATCH and optimizer.privacy_statement()["guarantee"] is True
 
 
-def test_a_gate_set_by_a_callback_during_fit_is_refused_set_back_and_named():
+def test_a_gate_set_by_a_callback_during_fit_is_refused_before_the_next_step_set_back_and_named():
     x, y = _data()
     alpha = tf.Variable(0.0, trainable=False, name="alpha")
     model, optimizer = _centering(alpha)
@@ -94,12 +96,167 @@ def test_a_gate_set_by_a_callback_during_fit_is_refused_set_back_and_named():
             if batch == 2:
                 alpha.assign(1.0)
 
-    found = r"'alpha:0'.* changed during DP fit \(found at the end of epoch 0\)"
+    found = r"'alpha:0'.* changed during DP fit \(found before batch 3, after every callback"
     with pytest.raises(ValueError, match=found):
         model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[Gate()])
+    assert optimizer.steps == 3  # no step ran with alpha 1
     assert float(alpha.numpy()) == 0.0  # set back  # noqa: PLR2004 - exact: the value assigned
     statement = optimizer.privacy_statement()
     assert statement["guarantee"] is False and math.isinf(statement["quote"]["epsilon"])
+
+
+def test_a_gate_set_and_undone_around_every_batch_is_refused_before_its_first_step():
+    """Set by one callback's ``on_train_batch_begin``, undone by its ``on_train_batch_end``: an epoch's end
+    would see alpha 0; the check after every callback's ``on_train_batch_begin`` sees alpha 1."""
+    x, y = _data()
+    alpha = tf.Variable(0.0, trainable=False, name="alpha")
+    model, optimizer = _centering(alpha)
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+
+    class Toggle(tf.keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            alpha.assign(1.0)
+
+        def on_train_batch_end(self, batch, logs=None):
+            alpha.assign(0.0)
+
+    before = _weights(model)
+    with pytest.raises(ValueError, match=r"'alpha:0'.* changed during DP fit \(found before batch 0"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[Toggle()])
+    assert optimizer.steps == N // BATCH
+    _unchanged(model, before)
+
+
+def test_a_variable_the_forward_pass_changes_and_reads_is_refused_by_the_check():
+    """A counter the pass advances and reads (mixing at one count): refused before the first step."""
+    x, y = _data()
+    count = tf.Variable(0.0, trainable=False, name="count")
+
+    def counted(t):
+        count.assign_add(1.0)
+        return t - tf.cast(tf.equal(count, 5.0), t.dtype) * tf.reduce_mean(t, axis=0)
+
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3),
+                                 tf.keras.layers.Lambda(counted)])
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=BATCH, delta=1e-5)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    found = r"changed the variable\(s\) \['count:0'\], which the model's outputs"
+    with pytest.raises(ValueError, match=found):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert optimizer.steps == 0
+
+
+class _MetricGate(tf.keras.layers.Layer):
+    """Subtracts the running mean of its inputs, kept in a ``Mean`` metric object (not a model variable)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.running = tf.keras.metrics.Mean(name="running")
+
+    def call(self, t):
+        self.running.update_state(tf.reduce_mean(t))
+        return t - tf.stop_gradient(self.running.result())
+
+
+def test_a_metric_object_read_by_the_outputs_is_watched_and_its_update_in_the_pass_refused():
+    x, y = _data()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3), _MetricGate()])
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=BATCH, delta=1e-5)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    with pytest.raises(ValueError, match="which the model's outputs read but the model does not own"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert optimizer.steps == 0
+
+
+class _AnnealedKL(tf.keras.layers.Layer):
+    """A dense layer whose weight penalty (data-independent) is scaled by a KL weight it does not own."""
+
+    def __init__(self, weight, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = tf.keras.layers.Dense(3)
+        self.kl_weight = lambda: weight  # not tracked: the variable stays outside the model
+
+    def call(self, t):
+        out = self.dense(t)
+        self.add_loss(self.kl_weight() * 1e-3 * tf.reduce_sum(tf.square(self.dense.kernel)))
+        return out
+
+
+def _annealed(kl_weight):
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), _AnnealedKL(kl_weight)])
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=BATCH, delta=1e-5)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    return model, optimizer
+
+
+class _Anneal(tf.keras.callbacks.Callback):
+    """KL annealing: the weight set from the epoch number at each epoch's start."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = weight
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.weight.assign(min(1.0, 0.5 * (epoch + 1)))
+
+
+@pytest.fixture
+def kl_weight():
+    return tf.Variable(0.0, trainable=False, name="kl_weight")
+
+
+def test_a_schedule_asserted_public_changes_during_fit_and_is_checked_at_each_value(kl_weight,
+                                                                                   per_example_checks):
+    x, y = _data()
+    model, optimizer = _annealed(kl_weight)
+    reads = outside_reads.traced_reads(model, None, tf.zeros([6, D]), None)
+    assert [v.name for v in reads.variables] == ["kl_weight:0"]  # model.losses depend on it
+    optimizer.assert_public_variable(kl_weight, reason="KL annealing: set from the epoch number")
+    model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0, callbacks=[_Anneal(kl_weight)])
+    # The run's start, then each new value before the step that reads it first: 0.5, 1.0 (the third epoch
+    # keeps 1.0).
+    assert len(per_example_checks) == 3
+    assert optimizer.steps == 3 * N // BATCH and float(kl_weight.numpy()) == 1.0  # noqa: PLR2004 - exact
+    statement = optimizer.privacy_statement()
+    assert statement["guarantee"] is True
+    assert any("'kl_weight:0'" in a and "KL annealing" in a for a in statement["asserted_by_user"])
+
+
+def test_the_same_schedule_not_asserted_is_refused_before_the_first_step(kl_weight):
+    x, y = _data()
+    model, optimizer = _annealed(kl_weight)
+    with pytest.raises(ValueError, match=r"'kl_weight:0'.*assert_public_variable"):
+        model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0, callbacks=[_Anneal(kl_weight)])
+    assert optimizer.steps == 0
+
+
+def test_a_gate_asserted_public_is_still_checked_and_refused_when_it_makes_the_model_mix():
+    """The assertion says where the values come from, not that they keep examples apart: each is checked."""
+    x, y = _data()
+    alpha = tf.Variable(0.0, trainable=False, name="alpha")
+    model, optimizer = _centering(alpha)
+    optimizer.assert_public_variable(alpha, reason="a schedule of the epoch")
+
+    class Gate(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            alpha.assign(float(epoch))
+
+    with pytest.raises(ValueError, match="mixes examples"):
+        model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[Gate()])
+    assert optimizer.steps == N // BATCH  # the first epoch (alpha 0) trained; no step with alpha 1
+
+
+@pytest.mark.parametrize("reason, variable, match", [
+    ("", None, "reason must be a non-empty string"),
+    ("public", 1.0, "variable must be a tf.Variable"),
+])
+def test_assert_public_variable_refuses_bad_arguments(reason, variable, match):
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=BATCH, delta=1e-5)
+    with pytest.raises(ValueError, match=match):
+        optimizer.assert_public_variable(tf.Variable(0.0) if variable is None else variable, reason=reason)
 
 
 def test_a_gate_set_between_the_steps_of_a_custom_loop_refuses_the_next_step():
@@ -152,7 +309,7 @@ def test_a_random_generator_state_is_listed_apart_and_not_compared():
     model.compile(optimizer=optimizer, loss=LOSS)
     reads = outside_reads.traced_reads(model, None, tf.zeros([6, D]), None)
     assert reads.complete and reads.variables == ()
-    assert [id(v) for v in reads.random_state] == [id(layer.generator.state)]
+    assert [id(v) for v in reads.others] == [id(layer.generator.state)]
     state = layer.generator.state.numpy().copy()
     model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0)
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
@@ -181,7 +338,7 @@ def test_traced_reads_lists_what_the_pass_the_losses_and_the_loss_read_outside_t
     reads = outside_reads.traced_reads(model, loss_fn, tf.zeros([6, D]), tf.zeros([6], tf.int32))
     listed = {v.name for v in reads.variables}
     assert reads.complete and listed == {"forward:0", "regularization:0", "in_loss:0"}
-    assert not reads.random_state
+    assert not reads.others
 
 
 def test_a_model_that_cannot_be_traced_lists_the_trainable_reads_a_tape_saw_and_is_not_complete():

@@ -259,11 +259,12 @@ def test_variable_updated_after_the_dp_call_is_refused_after_the_first_step():
     model = _CountAfterUpdate()
     opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
     model.compile(optimizer=opt, loss=LOSS)
-    with pytest.raises(ValueError, match=r"first DP step of fit.*'count[_0-9]*(:0)?' of layer "
+    with pytest.raises(ValueError, match=r"found before batch 1.*'count[_0-9]*(:0)?' of layer "
                                          r"'counter[_0-9]*'"):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert opt.steps == 1                                                   # refused after one step
     assert float(model.tally.count.numpy()) == pytest.approx(0.0, abs=1e-6)  # and set back
+    assert opt.privacy_statement()["guarantee"] is False  # the first step's update reached the variable
 
 
 def test_a_variable_snapshot_sees_every_bit_and_restores_it():

@@ -91,6 +91,43 @@ def test_non_trainable_state_set_from_data_mid_run_is_refused_and_set_back():
     _no_guarantee(model, "mu")
 
 
+def test_non_trainable_state_set_around_each_batch_is_refused_before_the_step_that_reads_it():
+    """Set at a batch's start, undone at its end (from the second batch on): an epoch's end would see the
+    old value; the comparison after every callback's ``on_train_batch_begin`` sees the new one."""
+    x, y = small_data()
+    model = _model(shift=True)
+    layer = model.layers[0]
+
+    class Toggle(tf.keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch >= 1:
+                layer.mu.assign(x.mean(axis=0))
+
+        def on_train_batch_end(self, batch, logs=None):
+            layer.mu.assign(np.zeros(D, np.float32))
+
+    with pytest.raises(ValueError, match=r"found before batch 1.*mu"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[Toggle()])
+    assert model.optimizer.steps == 1  # no step ran with the mean in mu
+    np.testing.assert_array_equal(layer.mu.numpy(), np.zeros(D, np.float32))
+    _no_guarantee(model, "mu")
+
+
+def test_non_trainable_state_set_from_data_in_on_train_begin_is_refused_before_the_first_step():
+    """A callback's ``on_train_begin`` runs after the run's start checked the layer: checked after it too."""
+    x, y = small_data()
+    model = _model(shift=True)
+    layer = model.layers[0]
+
+    class Begin(tf.keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            layer.mu.assign(x.mean(axis=0))
+
+    with pytest.raises(ValueError, match=r"'mu:0'|mu.*differs from the layer's initial value"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[Begin()])
+    assert model.optimizer.steps == 0
+
+
 def test_a_weight_written_after_the_last_step_is_refused_at_the_end_of_fit():
     x, y = small_data()
     model = _model()

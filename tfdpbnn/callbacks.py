@@ -105,7 +105,8 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
     - The noise multiplier: one changed during ``fit`` (a callback writing the optimizer's variables), found
       at the epoch's end or the end of ``fit``, stops training with ``ValueError``; lowered, the statement's
       ``guarantee`` is false (``_noise_check``). Variables the model reads but does not own (a global
-      ``tf.Variable`` in a ``Lambda``) are compared at the same times (``_foreign_check``).
+      ``tf.Variable`` in a ``Lambda``) are compared at the same times (``_foreign_check``), and before every
+      batch by ``StateWatch``.
     - Poisson sampling: the realized batch sizes are tested against Binomial(n, q)
       (``tfdpbnn.privacy.sampling_test``; whole-run false-alarm rate ``false_alarm_rate``) after 8, 16, 32,
       ... steps and at every epoch end. On rejection the steps taken are re-accounted without
@@ -187,23 +188,10 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         ``fit`` (set before it, they are trusted as constants you give a layer, and the model was checked
         with them). Changed during ``fit`` (a callback setting one from the data, or one that makes the model
         mix examples), they carry what no epsilon covers: set back, named, and the statement's ``guarantee``
-        is false.
+        is false; one asserted public (``optimizer.assert_public_variable``) is checked with its new value
+        instead. Also before every batch (``StateWatch``, after every callback).
         """
-        changed = self.model.optimizer._dp_outside_reads_changed(self.model)
-        if not changed:
-            return
-        names = [v.name for v, _ in changed]
-        for v, before in changed:
-            v.assign(before)
-        watch = getattr(self.model.optimizer, "_dp_write_watch", None)
-        if watch is not None:
-            watch.taint(names)
-        self.model.stop_training = True
-        raise ValueError(
-            f"model: the variable(s) {names}, read by the model's forward pass but not the model's own (a "
-            f"global tf.Variable in a Lambda), changed during DP fit ({when}); the DP step does not train "
-            "them, so what set them is outside every epsilon: set back, and the privacy statement now holds "
-            "no guarantee. Make such a value a weight of a layer, or keep it constant during training.")
+        self.model.optimizer._dp_outside_reads_before_step(self.model, when)
 
     def _noise_check(self, optimizer):
         """Refuse a noise multiplier changed during ``fit`` (a callback writing ``optimizer.variables``).

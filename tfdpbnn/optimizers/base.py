@@ -338,6 +338,8 @@ class DPOptimizerMixin:
         # id(model) -> [(variable, its value at the model's last check)]: what its forward pass, losses and
         # loss read that is not its own (outside_reads), watched during runs and checked again when changed
         self._dp_foreign_variables = {}
+        self._dp_public_variables = {}  # id(tf.Variable) -> reason (assert_public_variable)
+        self._dp_run_specs = None  # the element specs of the run's inputs, for checks during the run
         self._dp_probe = None  # a fit_checks.LossProbe while a train_step override is probed
         with tf.init_scope():
             self._dp_noise_multiplier = self._dp_variable("dp_noise_multiplier", noise_multiplier)
@@ -956,20 +958,78 @@ class DPOptimizerMixin:
             state.finish_partial_pass()
         return identity
 
+    def assert_public_variable(self, variable, reason: str) -> None:
+        """Assert that every value ``variable`` takes during DP training is set without private data.
+
+        A variable the model reads but does not own (``tfdpbnn.optimizers.outside_reads``: a KL weight a
+        callback anneals, a schedule set from the epoch number) is a constant of the model during a run: a
+        change is refused, since no epsilon covers what a value set from the data carries, and a new value
+        can make the model mix examples (``x - alpha * mean(x)``). After this assertion a ``fit`` accepts a
+        change of ``variable``: before the next step uses a new value (before every batch, after every
+        callback), the model is checked again with it (the per-example check) and refused if it no longer
+        keeps examples apart. ``train_on_batch`` calls and runs check it with the value at their start; a
+        custom loop's steps still refuse a change between them (change it between runs). ``reason`` (why the
+        values use no private data) is listed under ``asserted_by_user``.
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError("reason must be a non-empty string saying why every value of the variable "
+                             f"during DP training is set without private data; got {reason!r}")
+        inner = variable if isinstance(variable, tf.Variable) else _private_api.tf_variables([variable])[0]
+        if not isinstance(inner, tf.Variable):
+            raise ValueError(f"variable must be a tf.Variable (or a Keras 3 variable), got "
+                             f"{type(variable).__name__}")
+        self._dp_public_variables[id(inner)] = reason
+        note = (f"variable {inner.name!r}, read by the model: every value it takes during DP training is set "
+                f"without private data: {reason}")
+        if note not in attributes.loss_assertions(self):
+            attributes.loss_assertions(self).append(note)
+
+    def _dp_outside_reads_before_step(self, model, when: str) -> None:
+        """During a ``fit``: what ``model`` reads outside itself must be as its last check saw it.
+
+        A changed variable asserted public (``assert_public_variable``) is checked with its new value, before
+        a step uses it; any other is set back and named in a ``ValueError`` (the statement then says
+        ``guarantee: false``). ``when``: where it was found, for the message.
+        """
+        changed = self._dp_outside_reads_changed(model)
+        if not changed:
+            return
+        refused = [(v, before) for v, before in changed if id(v) not in self._dp_public_variables]
+        if refused:
+            names = [v.name for v, _ in refused]
+            for v, before in refused:
+                v.assign(before)
+            self._dp_write_watch.taint(names)
+            model.stop_training = True
+            raise ValueError(
+                f"model: the variable(s) {names}, read by the model's forward pass or loss but not the "
+                f"model's own (a global tf.Variable in a Lambda), changed during DP fit ({when}); what set "
+                "them is outside every epsilon, and a new value may make the model mix examples: set back, "
+                "and the privacy statement now holds no guarantee. Make such a value a weight of a layer, "
+                "keep it constant during training, or, if its values are set without private data (a "
+                "schedule of the epoch), say so with optimizer.assert_public_variable(variable, reason=...).")
+        with _metrics_set_back(model):
+            self._check_examples_kept_apart(model, *self._dp_run_specs)  # keeps the new values
+        # Nothing runs between this check (after every callback) and the step: a trace there needs no other.
+        self._note_fresh_check((id(model), id(getattr(model, "loss", None))))
+
     def _dp_outside_reads_changed(self, model) -> list:
         """``(variable, value at its check)`` for what ``model`` reads outside itself, changed since."""
         pairs = self._dp_foreign_variables.get(id(model), ())
         moved = {id(v) for v in outside_reads.changed(pairs)}
         return [(v, before) for v, before in pairs if id(v) in moved]
 
-    def _run_constants(self, model) -> list:
+    def _run_constants(self, model, kind: str = "custom_loop") -> list:
         """What no DP step of a run may change: the model's state outside the DP update and what it reads.
 
         ``state_checks.variables_outside_dp_update`` and the variables its forward pass, losses and loss
-        read that are not its own (``outside_reads``, as its last check listed them).
+        read that are not its own (``outside_reads``, as its last check listed them); for ``kind``
+        "train_on_batch", not those asserted public (each call checks the model with their values then).
         """
         constants = state_checks.variables_outside_dp_update(model)
         held = {id(v) for v in constants}
+        if kind == "train_on_batch":
+            held |= set(self._dp_public_variables)
         return constants + [v for v, _ in self._dp_foreign_variables.get(id(model), ()) if id(v) not in held]
 
     def _refuse_written_between_runs(self, model, with_identity: bool) -> tuple | None:
@@ -1005,7 +1065,7 @@ class DPOptimizerMixin:
         # Trainable weights written since the last DP call's write (ValueError naming them; see WriteWatch)
         self._dp_write_watch.refuse_written_between_runs(self._dp_write_count,
                                                          attributes.run_record(self).recognises_weights)
-        constants = self._run_constants(model) if model.built else []
+        constants = self._run_constants(model, "train_on_batch") if model.built else []
         # The state no DP step may change, as the last call left it (ValueError naming what changed since)
         self._dp_write_watch.refuse_changed_constants(constants)
         submodules = _private_api.submodules(model)  # one walk for both checks (begin_training)
@@ -1014,7 +1074,7 @@ class DPOptimizerMixin:
         self._check_model(model, x, y, submodules, sample_weight=sample_weight, probe_at_traces=True)
         self._import_shared_training(model)  # built by the checks
         if not constants or self._dp_foreign_variables.get(id(model)):  # after the checks (built, listed)
-            constants = self._run_constants(model)
+            constants = self._run_constants(model, "train_on_batch")
         self._dp_write_watch.new_run(model.trainable_variables, constants, kind="train_on_batch")
         attributes.ledger_state(self).open_phase(
             kind="participations", noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
@@ -1119,6 +1179,8 @@ class DPOptimizerMixin:
         # at each step, is checked at every run's start. A retraced step is checked as it is traced
         # (_check_traced_step, _probe_traced_override).
         checked = (id(model), id(getattr(model, "loss", None)))
+        # The inputs' specs, not their values: nothing of the data stays with the optimizer.
+        self._dp_run_specs = fit_checks.element_specs(x, y)
         self._dp_fresh_checks.clear()  # a check of an earlier run says nothing of the model as it is now
         self._dp_check_every_trace = False
         eager = _runs_eagerly(model)
@@ -1142,8 +1204,7 @@ class DPOptimizerMixin:
             self._dp_checked_models.add(weighted)
         self._dp_override_run = None
         if overrides and probe_at_traces:
-            # The inputs' specs, not their values: nothing of the data stays with the optimizer.
-            self._dp_override_run = {"model": model, "specs": fit_checks.element_specs(x, y),
+            self._dp_override_run = {"model": model, "specs": self._dp_run_specs,
                                      "sample_weight": sample_weight,
                                      "writes": self._dp_writes() if probed else None}
 
@@ -1213,7 +1274,8 @@ class DPOptimizerMixin:
         (``run_eagerly``, a custom loop without ``tf.function``) at every step, where it runs the model's
         Python code as it is then (a callback that changed a layer between two steps): such a step with a
         DP write since the last check is checked, before its update, as a trace is (a model that runs
-        eagerly costs one check per step beyond the first; a known structure's is the key's, 0.2 ms).
+        eagerly costs one check per step beyond the first: about 1.5 ms for a known structure, whose check
+        is its key, and a full check for any other).
 
         Keras traces the step at a model's first ``fit`` (twice when the first trace creates variables) and
         again for new input shapes or dtypes, a dropped train function or another ``jit_compile``. A trace
@@ -1224,8 +1286,8 @@ class DPOptimizerMixin:
         trace (a ``fit`` with no callback but tfdpbnn's, a ``train_on_batch`` call), is not checked again:
         the model is as checked. Every trace of a custom loop is checked (its own code runs between any two:
         ``_user_code_before_first_trace``). Run on a synthetic batch of the traced inputs' specs, eagerly
-        (in a thread of its own); under a ``tf.distribute`` strategy once, in its cross-replica context
-        (``merge_call``).
+        (at a trace in a thread of its own); under a ``tf.distribute`` strategy once, in its cross-replica
+        context (``merge_call``). The model's metric objects are set back after it (``_metrics_set_back``).
         """
         checked = (id(model), id(getattr(model, "loss", None)))
         eager = tf.executing_eagerly()  # an eager step: the values read outside the model are as checked
@@ -1236,7 +1298,10 @@ class DPOptimizerMixin:
                 return
             with _metrics_set_back(model):
                 specs = fit_checks.element_specs(x, y)
-                _in_a_thread_of_its_own(self._check_examples_kept_apart, model, *specs, list_reads=not eager)
+                if eager:  # no trace's scopes to leave
+                    self._check_examples_kept_apart(model, *specs, list_reads=False)
+                else:
+                    _in_a_thread_of_its_own(self._check_examples_kept_apart, model, *specs)
             self._dp_fresh_checks[checked] = writes
 
         context = tf.distribute.get_replica_context()

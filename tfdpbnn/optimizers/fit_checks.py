@@ -255,8 +255,8 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
     read that are not ``model``'s own (a global ``tf.Variable`` in a ``Lambda``, trainable or not), listed
     by tracing them once (``outside_reads.traced_reads``). The DP step does not train them and the check's
     outcome holds for their values now, so the optimizer checks the model again when one has changed by a
-    run's start and refuses a change during a run. Under a ``tf.distribute`` strategy: none listed;
-    ``list_reads=False``: not listed, None returned.
+    run's start and refuses a change during a run (under a ``tf.distribute`` strategy too: a mirrored
+    variable of the model's counts with its components). ``list_reads=False``: not listed, None returned.
     """
     x_like, y_like = element_parts(x, y)
     rng = np.random.default_rng(seed)
@@ -265,6 +265,11 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
     half = rows // 2
     float_leaves = [(t, split) for t, split in _leaves(xs, half) if t.dtype.is_floating]
     float_inputs = [t for t, _ in float_leaves]
+    # What the outputs read outside the model, listed before the passes where the model is built (else after
+    # the first pass builds it): a pass that changes one of them is refused below.
+    reads = outside_reads.traced_reads(model, per_example_loss_fn, xs, ys) \
+        if list_reads and model.built and model.variables else None
+    before = outside_reads.values(reads.variables) if reads is not None else []
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(float_inputs)
         y_pred = _call_synthetic(model, xs, float_inputs)
@@ -326,11 +331,21 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
     discrete = [t for t, _ in _leaves(xs, half) if not t.dtype.is_floating]
     if discrete:
         _check_discrete_inputs(model, xs, rows, half)
+    moved = outside_reads.changed(before)
+    if moved:
+        for v, value in before:
+            v.assign(value)
+        raise ValueError(
+            f"model: a forward pass in training mode (on a synthetic batch) changed the variable(s) "
+            f"{[v.name for v in moved][:3]}, which the model's outputs read but the model does not own (a "
+            "global tf.Variable, a metric object's result, assigned in a layer's call()). Each DP step would "
+            "then update it outside the DP mechanism and read it back, carrying one batch into the next "
+            "(no clipping, no noise), so no epsilon would cover it. Drop the update while training with a "
+            "DP optimizer.")
     if not list_reads:
         return None
-    if distributed:
-        return outside_reads.OutsideReads()
-    reads = outside_reads.traced_reads(model, per_example_loss_fn, xs, ys)
+    if reads is None:
+        reads = outside_reads.traced_reads(model, per_example_loss_fn, xs, ys)
     return reads if reads is not None else outside_reads.eager_reads(model, tape_variables)
 
 

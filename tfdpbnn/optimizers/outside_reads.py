@@ -1,17 +1,23 @@
-"""The variables a model's forward pass, ``model.losses`` and loss read that are not the model's own.
+"""The variables whose values a model's outputs, ``model.losses`` and loss depend on, outside the model.
 
 The per-example check (``fit_checks.check_per_example``) runs the model as it is when the check runs. A
-variable the model reads but does not own (a global ``tf.Variable`` in a ``Lambda``, trainable or not) is
-part of what the step computes: set to another value, it can make the same code mix examples (``x - alpha *
-mean(x)`` with ``alpha`` set from 0 to 1), or carry a statistic of the data into every step. So the optimizer
-keeps each such variable with its value at the check, checks the model again when a value has changed by
-the next run's start, and refuses a change during a run (``DPTrainingMonitor`` in ``fit``, the write
-check's constants in a custom loop and between ``train_on_batch`` calls).
+variable the model reads but does not own (a global ``tf.Variable`` in a ``Lambda``, trainable or not, a
+metric object's result used in ``call``) is part of what the step computes: set to another value, it can
+make the same code mix examples (``x - alpha * mean(x)`` with ``alpha`` set from 0 to 1), or carry a
+statistic of the data into every step. So the optimizer keeps each such variable with its value at the
+check, checks the model again when a value has changed by the next run's start, and refuses a change during
+a run (``fit``: before every batch, after every callback; a custom loop: inside every step; between
+``train_on_batch`` calls), unless the user asserted that its values are set without private data
+(``DPOptimizerMixin.assert_public_variable``), where a new value is checked before a step uses it.
 
-The reads are listed by tracing the forward pass, ``model.losses`` and the loss once as a
-``tf.function`` (a graph notes every variable read while it is built, trainable or not; an eager gradient
-tape notes trainable ones only). A ``tf.random.Generator``'s state, which only the generator's own draws
-read and advance (data-independent), is listed apart and not compared: it changes at every draw.
+The reads are found by tracing the forward pass, ``model.losses`` and the loss once as a ``tf.function``
+(a graph notes every variable read while it is built, trainable or not; an eager gradient tape notes
+trainable ones only), and kept when the outputs depend on the value read: the graph is walked back from
+its outputs, through every input of every operation (a nested function's too), except the key, counter,
+algorithm and seed inputs of stateless random operations. A random generator's state (a
+``tf.random.Generator``'s, a Keras 3 ``SeedGenerator``'s), which reaches the outputs only through random
+draws, and a variable only updated (an ``add_metric``'s, a counter's) are not kept: they change at every
+step without carrying anything the check could see.
 """
 
 from __future__ import annotations
@@ -24,38 +30,36 @@ import tensorflow as tf
 from tfdpbnn import _private_api
 from tfdpbnn.optimizers import state_checks
 
-#: Operations that read and advance a ``tf.random.Generator``'s state, and nothing else.
-_RANDOM_STATE_OPS = frozenset({
-    "RngReadAndSkip", "RngSkip", "StatefulUniform", "StatefulUniformInt", "StatefulUniformFullInt",
-    "StatefulStandardNormal", "StatefulStandardNormalV2", "StatefulTruncatedNormal",
-    "StatefulRandomBinomial",
-})
+#: Inputs of stateless random operations through which only the draws' randomness flows.
+_RANDOMNESS_INPUTS = frozenset({"seed", "key", "counter", "alg"})
 
 
 @dataclasses.dataclass(frozen=True)
 class OutsideReads:
     """What a model reads outside its own variables.
 
-    ``variables``: compared by the optimizer (a constant of the model during a run). ``random_state``: the
-    states of random generators, read by their draws only. ``complete``: False when the pass could not be
-    traced (a model whose layers run only eagerly): ``variables`` then holds the trainable ones an eager
-    gradient tape saw, and non-trainable reads are not known.
+    ``variables``: those the outputs depend on, compared by the optimizer (constants of the model during a
+    run). ``others``: read but not for the outputs, or only through random draws (a generator's state, an
+    ``add_metric``'s accumulators). ``complete``: False when the pass could not be traced (a model whose
+    layers run only eagerly): ``variables`` then holds the trainable ones an eager gradient tape saw, and
+    non-trainable reads are not known.
     """
 
     variables: tuple = ()
-    random_state: tuple = ()
+    others: tuple = ()
     complete: bool = True
 
 
 def own_variables(model) -> set:
-    """``id``s of ``model``'s variables and its metrics' (a Keras 3 variable counts with what it wraps).
-
-    Metric objects (``add_metric``, a layer's own ``Mean``) are updated by the forward pass at every step;
-    what they hold of the private batches is ``release_training_metrics``' business.
-    """
-    metrics = [v for metric in _private_api.metric_objects(model) for v in metric.variables]
-    return {id(w) for v in [*model.variables, *metrics] for w in (v, getattr(v, "_value", None))
-            if w is not None}
+    """``id``s of ``model``'s variables (a Keras 3 one with what it wraps, a mirrored one with its parts)."""
+    own = set()
+    for v in model.variables:
+        for w in (v, getattr(v, "_value", None)):
+            if isinstance(w, tf.distribute.DistributedValues):
+                own |= {id(c) for c in w.values}
+            if w is not None:
+                own.add(id(w))
+    return own
 
 
 def _outside(model, read) -> list:
@@ -63,16 +67,27 @@ def _outside(model, read) -> list:
     return [v for v in read if id(v) not in own and not isinstance(v, tf.distribute.DistributedValues)]
 
 
-def _random_state_only(graph, variables) -> set:
-    """``id``s of ``variables`` whose handle, in ``graph``, feeds only a random generator's operations."""
-    inner = {id(outer): placeholder for outer, placeholder in graph.captures}
-    found = set()
-    for v in variables:
-        placeholder = inner.get(id(getattr(v, "handle", None)))
-        consumers = [] if placeholder is None else placeholder.consumers()
-        if consumers and all(op.type in _RANDOM_STATE_OPS for op in consumers):
-            found.add(id(v))
-    return found
+def _randomness_input(op, index: int) -> bool:
+    """Whether input ``index`` of ``op`` only seeds a stateless random draw (its key, counter, seed)."""
+    if not op.type.startswith("Stateless"):
+        return False
+    names = [arg.name for arg in op.op_def.input_arg]
+    return index < len(names) and names[index] in _RANDOMNESS_INPUTS
+
+
+def _reached(graph) -> set:
+    """``id``s of the tensors of ``graph`` that its outputs depend on (walked back, draws' seeds aside)."""
+    seen, stack = set(), [t for t in graph.outputs if t is not None]
+    while stack:
+        tensor = stack.pop()
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        op = tensor.op
+        for index, source in enumerate(op.inputs):
+            if id(source) not in seen and not _randomness_input(op, index):
+                stack.append(source)
+    return seen
 
 
 def traced_reads(model, loss_fn, xs, ys) -> OutsideReads | None:
@@ -93,9 +108,12 @@ def traced_reads(model, loss_fn, xs, ys) -> OutsideReads | None:
     except Exception:  # noqa: BLE001 - a model that runs only eagerly (numpy in a layer's call)
         return None
     outside = _outside(model, graph.variables)
-    random_state = _random_state_only(graph, outside)
-    return OutsideReads(variables=tuple(v for v in outside if id(v) not in random_state),
-                        random_state=tuple(v for v in outside if id(v) in random_state))
+    reached = _reached(graph)
+    inner = {id(outer): placeholder for outer, placeholder in graph.captures}
+    kept = {id(v) for v in outside
+            if id(getattr(v, "handle", None)) in inner and id(inner[id(v.handle)]) in reached}
+    return OutsideReads(variables=tuple(v for v in outside if id(v) in kept),
+                        others=tuple(v for v in outside if id(v) not in kept))
 
 
 def eager_reads(model, tape_variables) -> OutsideReads:

@@ -572,10 +572,13 @@ class StateWatch(tf.keras.callbacks.Callback):
     The variables the step may change are the model's trainable variables (the DP update) and tfdpbnn's
     layers' own state (SI-DPSGD's weight-noise scale); any other (a frozen layer's weights, a layer's
     non-trainable state, a variable a ``train_step`` override or a callback updates) is compared with its
-    value before the first batch after that batch, at every epoch's end and at the end of ``fit``, set back,
-    and named in a ``ValueError``. Writes to the trainable variables between steps are refused by the next
-    step (``WriteWatch``; under XLA, whose steps drop the failing assertion, at that batch's end); after the
-    last step, at the end of ``fit``, unless the weights are those of an epoch's end
+    value after every callback's ``on_train_begin`` before every batch (after every callback's
+    ``on_train_batch_begin``), at every epoch's end and at the end of ``fit``, set back, and named in a
+    ``ValueError`` (the statement's ``guarantee`` false); so are the variables the model reads but does not
+    own (``tfdpbnn.optimizers.outside_reads``), before every batch. Writes to the trainable variables
+    between steps are refused by the next step (``WriteWatch``; under XLA, whose steps drop the failing
+    assertion, at that batch's end); after the last step, at the end of ``fit``, unless the weights are
+    those of an epoch's end
     (``EarlyStopping(restore_best_weights=True)``: post-processing). The end-of-``fit`` checks run in
     ``self.end``, a callback placed after every other one (``model.fit`` puts it last), so a write in any
     callback's ``on_train_end`` is seen too.
@@ -589,7 +592,6 @@ class StateWatch(tf.keras.callbacks.Callback):
 
     def __init__(self, others_may_write: bool = True):
         super().__init__()
-        self._snapshot = None
         self._done = False
         self._outside = None
         self._states = set()
@@ -599,30 +601,43 @@ class StateWatch(tf.keras.callbacks.Callback):
         self.end = _StateWatchEnd(self)
 
     def on_train_begin(self, logs=None):
-        """Start watching (the snapshot is taken at the first batch, after every callback's restore)."""
-        self._snapshot, self._done, self._outside, self._states = None, False, None, set()
+        """Start watching (the snapshot is taken after every callback's ``on_train_begin``: ``self.end``)."""
+        self._done, self._outside, self._states = False, None, set()
         self._jit = getattr(self.model, "jit_compile", False) is True
         self._epoch_end = None
 
-    def on_train_batch_begin(self, batch, logs=None):
-        """Before the first batch: the snapshot of the variables the DP step must not change."""
-        if not self._done and self._snapshot is None:
-            self._snapshot = VariableSnapshot(self.model, outside_dp_update=True)
+    def after_callbacks_began(self):
+        """After every callback's ``on_train_begin`` (a restore included): the state no DP step may change.
+
+        The layers' declared state is checked again where a callback other than tfdpbnn's ran
+        (``check_declared_state``: it may have set it from the data since the run's start), and the
+        variables outside the DP update are kept (``VariableSnapshot``), to be compared before every batch,
+        at every epoch's end and at the end.
+        """
+        if self._others_may_write:
+            check_declared_state(self.model)
+        self._outside = VariableSnapshot(self.model, outside_dp_update=True)
+
+    def before_batch(self, batch):
+        """Before every batch, after every callback's ``on_train_batch_begin``: nothing changed since.
+
+        The variables outside the DP update (``_refuse_outside``: set back, named, ``guarantee`` false) and
+        the variables the model reads but does not own (``DPOptimizerMixin._dp_outside_reads_before_step``):
+        no step runs with a value the run did not start with (a value set and undone around a batch too).
+        """
+        self._refuse_outside(f"found before batch {batch}, after every callback's on_train_batch_begin")
+        check = getattr(self.model.optimizer, "_dp_outside_reads_before_step", None)
+        if check is not None:
+            check(self.model, f"found before batch {batch}, after every callback's on_train_batch_begin")
 
     def on_train_batch_end(self, batch, logs=None):
-        """After the first batch: restore and refuse what changed; keep the snapshot for the run's checks.
+        """Note a batch has run; under XLA, refuse the run if the step found a variable written.
 
-        Under XLA, after every batch: refuse the run if the step found a variable written (its own
-        assertion was dropped).
+        XLA drops the step's own failing assertion: its flag is read here instead.
         """
         if self._jit and self._watch() is not None:
             self._watch().refuse_written(f"after batch {batch}")
-        snapshot, self._snapshot = self._snapshot, None
         self._done = True
-        if snapshot is not None:
-            snapshot.refuse_changes("the first DP step of fit (outside the DP update of the trainable "
-                                    "variables)")
-            self._outside = snapshot
 
     def _watch(self):
         return getattr(self.model.optimizer, "_dp_write_watch", None)
@@ -688,11 +703,23 @@ class StateWatch(tf.keras.callbacks.Callback):
 
 
 class _StateWatchEnd(tf.keras.callbacks.Callback):
-    """``StateWatch``'s end-of-``fit`` check, as the last callback (after every ``on_train_end``)."""
+    """``StateWatch``'s checks that follow every other callback (``model.fit`` places it last).
+
+    Its snapshot after every ``on_train_begin``, its comparison after every ``on_train_batch_begin`` and its
+    end-of-``fit`` check after every ``on_train_end``.
+    """
 
     def __init__(self, watch):
         super().__init__()
         self._state_watch = watch
+
+    def on_train_begin(self, logs=None):
+        """Run ``StateWatch.after_callbacks_began``."""
+        self._state_watch.after_callbacks_began()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        """Run ``StateWatch.before_batch``."""
+        self._state_watch.before_batch(batch)
 
     def on_train_end(self, logs=None):
         """Run ``StateWatch.finish``."""
