@@ -86,6 +86,58 @@ def test_a_gate_set_between_fits_to_a_per_example_value_trains_after_a_new_check
     assert optimizer.steps == 3 * N // BATCH and optimizer.privacy_statement()["guarantee"] is True
 
 
+def test_a_variable_read_only_by_a_custom_gradient_is_listed_and_a_change_checked(per_example_checks):
+    """The DP step clips gradients: a ``tf.custom_gradient`` whose gradient alone reads ``beta`` (mixing the
+    batch's output gradients at beta 1) is listed from the traced gradients, and checked again after beta
+    changed."""
+    x, y = _data()
+    beta = tf.Variable(0.0, trainable=False, name="beta")
+
+    @tf.custom_gradient
+    def mixed_gradient(t):
+        def gradient(upstream):
+            return upstream - beta * tf.reduce_mean(upstream, axis=0)
+        return tf.identity(t), gradient
+
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3),
+                                 tf.keras.layers.Lambda(mixed_gradient)])
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=BATCH, delta=1e-5)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert [v.name for v, _ in optimizer._dp_foreign_variables[id(model)]] == ["beta:0"]
+    beta.assign(1.0)
+    with pytest.raises(ValueError, match="mixes examples"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert len(per_example_checks) == 2 and optimizer.steps == N // BATCH
+
+
+def test_a_model_reading_a_resource_no_variable_names_is_checked_at_every_run(per_example_checks):
+    """A lookup table's value cannot be kept: a gate in a table set between fits is found by the check run
+    at the next run's start."""
+    x, y = _data()
+    table = tf.lookup.experimental.MutableHashTable(tf.int32, tf.float32, default_value=0.0)
+    table.insert(tf.constant([0]), tf.constant([0.0]))
+
+    def gated(t):
+        alpha = tf.reshape(table.lookup(tf.constant([0])), [])
+        return t - alpha * tf.reduce_mean(t, axis=0)
+
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3),
+                                 tf.keras.layers.Lambda(gated)])
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=BATCH, delta=1e-5)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    assert not outside_reads.traced_reads(model, None, tf.zeros([6, D]), None).complete
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert len(per_example_checks) == 2  # at every run's start
+    table.insert(tf.constant([0]), tf.constant([1.0]))
+    with pytest.raises(ValueError, match="mixes examples"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert optimizer.steps == 2 * N // BATCH
+
+
 def test_a_gate_set_by_a_callback_during_fit_is_refused_before_the_next_step_set_back_and_named():
     x, y = _data()
     alpha = tf.Variable(0.0, trainable=False, name="alpha")

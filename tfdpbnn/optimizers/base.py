@@ -339,6 +339,7 @@ class DPOptimizerMixin:
         # loss read that is not its own (outside_reads), watched during runs and checked again when changed
         self._dp_foreign_variables = {}
         self._dp_public_variables = {}  # id(tf.Variable) -> reason (assert_public_variable)
+        self._dp_unkept_reads = set()  # id(model) of models whose outside reads cannot all be kept
         self._dp_run_specs = None  # the element specs of the run's inputs, for checks during the run
         self._dp_probe = None  # a fit_checks.LossProbe while a train_step override is probed
         with tf.init_scope():
@@ -1188,7 +1189,7 @@ class DPOptimizerMixin:
         probed = False
         # A variable the model reads but does not own, changed since its check (between runs), changes what
         # the step computes: the model is checked again with its value now.
-        if checked not in self._dp_checked_models or eager or \
+        if checked not in self._dp_checked_models or eager or id(model) in self._dp_unkept_reads or \
                 outside_reads.changed(self._dp_foreign_variables.get(id(model), ())):
             self._check_examples_kept_apart(model, x, y, submodules)
             self._note_fresh_check(checked)  # the model as this run's first trace will find it
@@ -1239,8 +1240,12 @@ class DPOptimizerMixin:
                 continue
             # The check's outcome holds for these variables' values now (checked again when they change).
             self._dp_foreign_variables[id(model)] = outside_reads.values(reads.variables)
-            if reads.complete and not reads.variables:
-                known_structure.note_passed(structure)
+            if reads.complete:
+                self._dp_unkept_reads.discard(id(model))
+                if not reads.variables:
+                    known_structure.note_passed(structure)
+            else:  # what it reads cannot all be kept: checked again at every run's start
+                self._dp_unkept_reads.add(id(model))
 
     def _user_code_before_first_trace(self, every_trace: bool = False) -> None:
         """Forget this run's checks as its first trace's: code of the user's may run before that trace.

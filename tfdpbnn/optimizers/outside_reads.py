@@ -23,6 +23,7 @@ step without carrying anything the check could see.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import tensorflow as tf
@@ -41,8 +42,10 @@ class OutsideReads:
     ``variables``: those the outputs depend on, compared by the optimizer (constants of the model during a
     run). ``others``: read but not for the outputs, or only through random draws (a generator's state, an
     ``add_metric``'s accumulators). ``complete``: False when the pass could not be traced (a model whose
-    layers run only eagerly): ``variables`` then holds the trainable ones an eager gradient tape saw, and
-    non-trainable reads are not known.
+    layers run only eagerly: ``variables`` then holds the trainable ones an eager gradient tape saw), or
+    when the outputs depend on a resource no variable names (a lookup table, a variable read by raw
+    operations or in a nested function's gradient): what it holds is not kept, and the optimizer checks
+    such a model again at every run's start.
     """
 
     variables: tuple = ()
@@ -94,26 +97,48 @@ def traced_reads(model, loss_fn, xs, ys) -> OutsideReads | None:
     """The variables ``model(xs, training=True)``, ``model.losses`` and ``loss_fn`` read outside the model.
 
     ``xs``, ``ys``: a synthetic batch (``ys`` may be None, ``loss_fn`` too). Traced once as a
-    ``tf.function`` (nothing runs). Returns None when the pass cannot be traced.
+    ``tf.function`` (nothing runs), with the gradients of their sum with respect to the trainable variables
+    (what the DP step clips: a ``tf.custom_gradient`` may read a variable in its gradient alone); without
+    them where they cannot be traced. Returns None when the pass cannot be traced.
     """
-    def step(x, y):
-        y_pred = model(x, training=True)
-        terms = [tf.convert_to_tensor(r) for r in model.losses]
-        if y is not None and loss_fn is not None:
-            terms.append(tf.convert_to_tensor(loss_fn(y, y_pred, None)))
-        return y_pred, terms
+    def step(x, y, backward):
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            terms = [tf.convert_to_tensor(r) for r in model.losses]
+            if y is not None and loss_fn is not None:
+                terms.append(tf.convert_to_tensor(loss_fn(y, y_pred, None)))
+            # What the DP step differentiates: the losses (the outputs where there is no loss).
+            flat = [tf.reduce_sum(tf.cast(t, tf.float32)) for t in terms or tf.nest.flatten(y_pred)
+                    if t.dtype.is_floating]
+        if not backward or not flat:
+            return y_pred, terms
+        # The gradients too: a tf.custom_gradient's gradient function may read what the forward pass does not.
+        gradients = tape.gradient(tf.add_n(flat), _private_api.tf_variables(model.trainable_variables),
+                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return y_pred, terms, gradients
 
-    try:
-        graph = tf.function(step).get_concrete_function(xs, ys).graph
-    except Exception:  # noqa: BLE001 - a model that runs only eagerly (numpy in a layer's call)
+    graph = None
+    for backward in (True, False):  # without the gradients where they cannot be traced (an op without one)
+        try:
+            traced = tf.function(functools.partial(step, backward=backward))
+            graph = traced.get_concrete_function(xs, ys).graph
+            break
+        except Exception:  # noqa: BLE001, S112 - a model that runs only eagerly (numpy in a layer's call)
+            continue
+    if graph is None:
         return None
     outside = _outside(model, graph.variables)
     reached = _reached(graph)
     inner = {id(outer): placeholder for outer, placeholder in graph.captures}
     kept = {id(v) for v in outside
             if id(getattr(v, "handle", None)) in inner and id(inner[id(v.handle)]) in reached}
+    # A resource the outputs depend on that no variable of the graph names: a lookup table, a variable read by
+    # raw operations on its handle or inside a nested function's gradient. Its value cannot be kept.
+    named = {id(getattr(v, "handle", None)) for v in graph.variables}
+    unnamed = any(outer.dtype == tf.resource and id(outer) not in named and id(placeholder) in reached
+                  for outer, placeholder in graph.captures)
     return OutsideReads(variables=tuple(v for v in outside if id(v) in kept),
-                        others=tuple(v for v in outside if id(v) not in kept))
+                        others=tuple(v for v in outside if id(v) not in kept), complete=not unnamed)
 
 
 def eager_reads(model, tape_variables) -> OutsideReads:
