@@ -301,6 +301,47 @@ def test_a_gate_asserted_public_is_still_checked_and_refused_when_it_makes_the_m
     assert optimizer.steps == N // BATCH  # the first epoch (alpha 0) trained; no step with alpha 1
 
 
+class _OwnGate(tf.keras.layers.Layer):
+    """``t * (1 + scale) - gate * mean(t)``: ``scale`` and ``gate`` are the layer's own non-trainable weights
+    (any ``scale`` keeps examples apart; a ``gate`` other than 0 mixes them)."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(name="scale", shape=(), initializer="zeros", trainable=False)
+        self.gate = self.add_weight(name="gate", shape=(), initializer="zeros", trainable=False)
+
+    def call(self, t):
+        return t * (1.0 + self.scale) - self.gate * tf.reduce_mean(t, axis=0)
+
+
+@pytest.mark.parametrize("mixing", [False, True])
+def test_a_weight_of_the_models_own_asserted_public_is_checked_at_each_value(mixing):
+    """A layer's own non-trainable weight (a KL weight kept in the layer), asserted public: a callback may
+    set it during a fit; each value is checked before a step reads it (refused where it makes the model
+    mix), and the next run's start does not take it for state set from the data."""
+    x, y = _data()
+    tf.keras.utils.set_random_seed(0)
+    layer = _OwnGate()
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3), layer])
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=BATCH, delta=1e-5)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    for weight in (layer.scale, layer.gate):
+        optimizer.assert_public_variable(weight, reason="a schedule of the epoch")
+    changed = layer.gate if mixing else layer.scale
+
+    class Set(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            changed.assign(float(epoch))
+
+    if mixing:
+        with pytest.raises(ValueError, match="mixes examples"):
+            model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[Set()])
+        assert optimizer.steps == N // BATCH  # no step read the gate at 1
+    else:
+        model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[Set()])
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+        assert optimizer.steps == 3 * N // BATCH and optimizer.privacy_statement()["guarantee"] is True
+
+
 @pytest.mark.parametrize("reason, variable, match", [
     ("", None, "reason must be a non-empty string"),
     ("public", 1.0, "variable must be a tf.Variable"),
@@ -391,6 +432,46 @@ def test_traced_reads_lists_what_the_pass_the_losses_and_the_loss_read_outside_t
     listed = {v.name for v in reads.variables}
     assert reads.complete and listed == {"forward:0", "regularization:0", "in_loss:0"}
     assert not reads.others
+
+
+def test_traced_reads_keeps_a_seed_gate_and_a_value_passed_through_a_variable_but_no_generator_state():
+    """A variable fed to a stateless draw's seed that nothing in the pass writes gates the draw's value: kept.
+    A value written into a variable the outputs then read (``v.assign(alpha)``, ``v.read_value()``): kept.
+    A generator's state, which its draws advance: not kept."""
+    seed_gate = tf.Variable(0, name="seed_gate")
+    alpha = tf.Variable(0.0, trainable=False, name="alpha")
+    scratch = tf.Variable(0.0, trainable=False, name="scratch")
+    generator = tf.random.Generator.from_seed(1)
+
+    def layer(t):
+        drawn = tf.random.stateless_uniform([], seed=tf.stack([seed_gate, 0]))
+        scratch.assign(alpha)
+        passed = scratch.read_value()
+        return t * drawn + passed + generator.normal(tf.shape(t))
+
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3),
+                                 tf.keras.layers.Lambda(layer)])
+    reads = outside_reads.traced_reads(model, None, tf.zeros([6, D]), None)
+    assert {v.name for v in reads.variables} == {"seed_gate:0", "alpha:0", "scratch:0"}
+    assert [id(v) for v in reads.others] == [id(generator.state)]
+
+
+def test_an_asserted_variable_the_steps_change_inside_an_execution_voids_the_guarantee():
+    """``steps_per_execution=4``: each new value is checked before an execution, not inside one."""
+    x, y = _data()
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=BATCH, delta=1e-5)
+
+    def warm_up(t):  # reads the optimizer's step counter, which every step changes
+        return t * tf.cast(tf.minimum(optimizer.iterations + 1, 4), t.dtype) / 4.0
+
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3),
+                                 tf.keras.layers.Lambda(warm_up)])
+    model.compile(optimizer=optimizer, loss=LOSS, steps_per_execution=4)
+    optimizer.assert_public_variable(optimizer.iterations, reason="the step count is public")
+    with pytest.raises(ValueError, match="changed inside an execution of 4 steps"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert optimizer.privacy_statement()["guarantee"] is False
 
 
 def test_a_model_that_cannot_be_traced_lists_the_trainable_reads_a_tape_saw_and_is_not_complete():

@@ -279,6 +279,8 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         """
         record_store.wait_durable()
         self._withhold_training_metrics(logs)
+        if self._per_call > 1:  # only the steps ran since the last check: what they changed, read unchecked
+            self.model.optimizer._dp_outside_reads_after_execution(self.model, self._per_call)
         self._steps += self._per_call
         if self._open_steps is not None:  # a Poisson phase (_train_begin)
             self._open_steps += self._per_call

@@ -963,14 +963,15 @@ class DPOptimizerMixin:
         """Assert that every value ``variable`` takes during DP training is set without private data.
 
         A variable the model reads but does not own (``tfdpbnn.optimizers.outside_reads``: a KL weight a
-        callback anneals, a schedule set from the epoch number) is a constant of the model during a run: a
-        change is refused, since no epsilon covers what a value set from the data carries, and a new value
-        can make the model mix examples (``x - alpha * mean(x)``). After this assertion a ``fit`` accepts a
-        change of ``variable``: before the next step uses a new value (before every batch, after every
-        callback), the model is checked again with it (the per-example check) and refused if it no longer
-        keeps examples apart. ``train_on_batch`` calls and runs check it with the value at their start; a
-        custom loop's steps still refuse a change between them (change it between runs). ``reason`` (why the
-        values use no private data) is listed under ``asserted_by_user``.
+        callback anneals, a schedule set from the epoch number), or a non-trainable weight of the model's
+        own, is a constant of the model during a run: a change is refused, since no epsilon covers what a
+        value set from the data carries, and a new value can make the model mix examples (``x - alpha *
+        mean(x)``). After this assertion a ``fit`` accepts a change of ``variable``: before the next step
+        uses a new value (before every batch, after every callback), the model is checked again with it (the
+        per-example check) and refused if it no longer keeps examples apart; a layer's weight is no longer
+        compared with its initial value at a run's start. ``train_on_batch`` calls and runs check it with
+        the value at their start; a custom loop's steps still refuse a change between them (change it
+        between runs). ``reason`` (why the values use no private data) is listed under ``asserted_by_user``.
         """
         if not isinstance(reason, str) or not reason.strip():
             raise ValueError("reason must be a non-empty string saying why every value of the variable "
@@ -980,6 +981,7 @@ class DPOptimizerMixin:
             raise ValueError(f"variable must be a tf.Variable (or a Keras 3 variable), got "
                              f"{type(variable).__name__}")
         self._dp_public_variables[id(inner)] = reason
+        self._dp_checked_models.clear()  # the next run checks its model again, keeping this variable's value
         note = (f"variable {inner.name!r}, read by the model: every value it takes during DP training is set "
                 f"without private data: {reason}")
         if note not in attributes.loss_assertions(self):
@@ -1006,13 +1008,45 @@ class DPOptimizerMixin:
                 f"model: the variable(s) {names}, read by the model's forward pass or loss but not the "
                 f"model's own (a global tf.Variable in a Lambda), changed during DP fit ({when}); what set "
                 "them is outside every epsilon, and a new value may make the model mix examples: set back, "
-                "and the privacy statement now holds no guarantee. Make such a value a weight of a layer, "
-                "keep it constant during training, or, if its values are set without private data (a "
-                "schedule of the epoch), say so with optimizer.assert_public_variable(variable, reason=...).")
+                "and the privacy statement now holds no guarantee. Keep it constant during a run (set it "
+                "between runs: the next run checks the model with it), or, if its values are set without "
+                "private data (a schedule of the epoch), say so with "
+                "optimizer.assert_public_variable(variable, reason=...).")
+        self._dp_check_again(model)
+
+    def _dp_check_again(self, model) -> None:
+        """Check ``model`` as it is now on the run's input specs, keeping the new values of what it reads.
+
+        A variable asserted public changed (``assert_public_variable``), before every batch, after every
+        callback: nothing runs between this check and the step, so a trace there needs no other.
+        """
         with _metrics_set_back(model):
-            self._check_examples_kept_apart(model, *self._dp_run_specs)  # keeps the new values
-        # Nothing runs between this check (after every callback) and the step: a trace there needs no other.
+            self._check_examples_kept_apart(model, *self._dp_run_specs)
         self._note_fresh_check((id(model), id(getattr(model, "loss", None))))
+
+    def _dp_outside_reads_after_execution(self, model, steps: int) -> None:
+        """After an execution of ``steps`` > 1 steps (``steps_per_execution``): no asserted read changed.
+
+        A variable asserted public (``assert_public_variable``) is checked at each new value before every
+        execution; one that the steps themselves change (``optimizer.iterations``) took values inside the
+        execution that no check saw. Found at the execution's end (the first callback after the steps): set
+        back, named in a ``ValueError``, ``guarantee`` false.
+        """
+        changed = [(v, before) for v, before in self._dp_outside_reads_changed(model)
+                   if id(v) in self._dp_public_variables]
+        if not changed:
+            return
+        names = [v.name for v, _ in changed]
+        for v, before in changed:
+            v.assign(before)
+        self._dp_write_watch.taint(names)
+        model.stop_training = True
+        raise ValueError(
+            f"model: the variable(s) {names}, read by the model and asserted public, changed inside an "
+            f"execution of {steps} steps (steps_per_execution): the steps themselves change them, so the "
+            "steps after the first read values that were never checked to keep examples apart; the privacy "
+            "statement now holds no guarantee. Compile with steps_per_execution=1 (each new value is then "
+            "checked before the step that reads it).")
 
     def _dp_outside_reads_changed(self, model) -> list:
         """``(variable, value at its check)`` for what ``model`` reads outside itself, changed since."""
@@ -1027,10 +1061,9 @@ class DPOptimizerMixin:
         read that are not its own (``outside_reads``, as its last check listed them); for ``kind``
         "train_on_batch", not those asserted public (each call checks the model with their values then).
         """
-        constants = state_checks.variables_outside_dp_update(model)
-        held = {id(v) for v in constants}
-        if kind == "train_on_batch":
-            held |= set(self._dp_public_variables)
+        public = self._dp_public_variables if kind == "train_on_batch" else ()
+        constants = state_checks.variables_outside_dp_update(model, public)
+        held = {id(v) for v in constants} | set(public)
         return constants + [v for v, _ in self._dp_foreign_variables.get(id(model), ()) if id(v) not in held]
 
     def _refuse_written_between_runs(self, model, with_identity: bool) -> tuple | None:
@@ -1170,7 +1203,7 @@ class DPOptimizerMixin:
 
         held = (attributes.preprocessing_found(self) or {"dp": []})["dp"]  # e.g. from a saved config
         found = check_preprocessing(model, self.neighboring, submodules=submodules, held=held)  # every call
-        asserted_state = state_checks.check_declared_state(model)  # layers with own state only
+        asserted_state = state_checks.check_declared_state(model, self._dp_public_variables)  # own state only
         # Added to the releases found before (a layer adapted again: the earlier weights depend on both).
         attributes.add_preprocessing_found(
             self, {**found, "asserted_public": found["asserted_public"] + asserted_state})
@@ -1238,8 +1271,11 @@ class DPOptimizerMixin:
             snapshot.refuse_changes("a forward pass in training mode (on a synthetic batch)")
             if reads is None:
                 continue
-            # The check's outcome holds for these variables' values now (checked again when they change).
-            self._dp_foreign_variables[id(model)] = outside_reads.values(reads.variables)
+            # The check's outcome holds for these variables' values now (checked again when they change), and
+            # for the model's own variables asserted public (kept as they are: StateWatch leaves them out).
+            own_public = [w for w in _private_api.tf_variables(model.weights)
+                          if id(w) in self._dp_public_variables]
+            self._dp_foreign_variables[id(model)] = outside_reads.values([*reads.variables, *own_public])
             if reads.complete:
                 self._dp_unkept_reads.discard(id(model))
                 if not reads.variables:

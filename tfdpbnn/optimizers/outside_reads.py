@@ -78,8 +78,24 @@ def _randomness_input(op, index: int) -> bool:
     return index < len(names) and names[index] in _RANDOMNESS_INPUTS
 
 
-def _reached(graph) -> set:
-    """``id``s of the tensors of ``graph`` that its outputs depend on (walked back, draws' seeds aside)."""
+#: Operations that only read a resource (anything else consuming a resource handle may write it).
+_READS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
+                    "VarIsInitializedOp"})
+
+
+def _writes(handle) -> bool:
+    """Whether an operation of the graph may write the resource ``handle`` (an assign, a draw's advance)."""
+    return any(op.type not in _READS for op in handle.consumers())
+
+
+def _reached(graph, through_randomness: bool) -> set:
+    """``id``s of the tensors of ``graph`` that its outputs depend on, walked back from them.
+
+    Through every input of every operation, and, from a resource that is reached, through the inputs of
+    every operation that consumes it (what is written into a variable reaches what reads it later:
+    ``v.assign(alpha)`` then ``v.read_value()``); ``through_randomness=False``: not through the key,
+    counter, algorithm and seed inputs of stateless random operations.
+    """
     seen, stack = set(), [t for t in graph.outputs if t is not None]
     while stack:
         tensor = stack.pop()
@@ -88,8 +104,12 @@ def _reached(graph) -> set:
         seen.add(id(tensor))
         op = tensor.op
         for index, source in enumerate(op.inputs):
-            if id(source) not in seen and not _randomness_input(op, index):
+            if id(source) not in seen and (through_randomness or not _randomness_input(op, index)):
                 stack.append(source)
+        if tensor.dtype == tf.resource:
+            for consumer in tensor.consumers():
+                if consumer is not op:
+                    stack.extend(source for source in consumer.inputs if id(source) not in seen)
     return seen
 
 
@@ -128,10 +148,15 @@ def traced_reads(model, loss_fn, xs, ys) -> OutsideReads | None:
     if graph is None:
         return None
     outside = _outside(model, graph.variables)
-    reached = _reached(graph)
     inner = {id(outer): placeholder for outer, placeholder in graph.captures}
-    kept = {id(v) for v in outside
-            if id(getattr(v, "handle", None)) in inner and id(inner[id(v.handle)]) in reached}
+    held = {id(v): inner[id(v.handle)] for v in outside if id(getattr(v, "handle", None)) in inner}
+    # Kept: what the outputs read other than through random draws' seeds, and what they read through a seed
+    # alone but nothing in the pass writes (a gate variable fed to a seed); not a generator's state, which
+    # its draws advance (the draws are random: a mixing they gate is the random draws' limit, not this one).
+    direct, through_seeds = _reached(graph, False), _reached(graph, True)
+    kept = {key for key, handle in held.items()
+            if id(handle) in direct or (id(handle) in through_seeds and not _writes(handle))}
+    reached = through_seeds
     # A resource the outputs depend on that no variable of the graph names: a lookup table, a variable read by
     # raw operations on its handle or inside a nested function's gradient. Its value cannot be kept.
     named = {id(getattr(v, "handle", None)) for v in graph.variables}

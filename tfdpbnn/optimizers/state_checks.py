@@ -98,14 +98,15 @@ def _vouched(layer) -> bool:
         attributes.preprocessing_digest(layer) == state_digest(layer)
 
 
-def check_declared_state(model) -> list:
+def check_declared_state(model, public=()) -> list:
     """Refuse layers whose own non-trainable state differs from a fresh copy; return the asserted ones.
 
     Compares ``declared_state(layer)`` of every layer of ``model`` (not tfdpbnn's layers, not preprocessing
     layers with ``adapt``, which ``tfdpbnn.preprocessing.check_preprocessing`` covers) with the same layer
     built from ``get_config()``. Raises ``ValueError`` naming the layer and the variable when they differ,
     when the fresh copy's initial value is random (two fresh copies differ, so nothing can be compared) or
-    when no fresh copy can be built; a layer asserted public (``assert_public_preprocessing``) on its current
+    when no fresh copy can be built (``public``: ids of variables asserted public, not compared); a layer
+    asserted public (``assert_public_preprocessing``) on its current
     state is accepted and returned as ``{"layer", "type", "reason"}``.
     """
     asserted = []
@@ -141,6 +142,8 @@ def check_declared_state(model) -> list:
                 f"variables but a fresh copy from its config holds {len(fresh)}; its state may have been "
                 f"computed from the private data, which no epsilon covers. {how}")
         for variable, now, new, new_again in zip(state, current, fresh, again, strict=True):
+            if is_public(variable, public):  # asserted public: checked with each of its values instead
+                continue
             if not _equal(new, new_again):
                 raise ValueError(
                     f"model: variable {variable.name!r} of layer {layer.name!r} ({type(layer).__name__}) is "
@@ -164,16 +167,16 @@ def _owners(model) -> dict:
 class VariableSnapshot:
     """The values of every variable of ``model``, to find (and undo) changes made by running it.
 
-    ``outside_dp_update``: only those no DP step may change (``variables_outside_dp_update``); ``variables``:
-    these instead (the model's metric objects' around a check's forward pass).
+    ``outside_dp_update``: only those no DP step may change (``variables_outside_dp_update``, without the
+    ids ``public``); ``variables``: these instead (the model's metric objects' around a check's pass).
     """
 
-    def __init__(self, model, outside_dp_update: bool = False, variables=None):
+    def __init__(self, model, outside_dp_update: bool = False, variables=None, public=()):
         self._model = model
         if variables is not None:
             self._variables = list(variables)
         elif outside_dp_update:  # the DP step updates the others; tfdpbnn layers' own state is the library's
-            self._variables = variables_outside_dp_update(model)
+            self._variables = variables_outside_dp_update(model, public)
         else:  # weights, not variables: Keras 3's variables also hold the random-number state (SeedGenerator)
             self._variables = [v for v in model.weights
                                if _private_api.is_variable(v) and v.dtype != tf.resource]
@@ -244,15 +247,23 @@ def _on_read(value, name):
                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
 
-def variables_outside_dp_update(model) -> list:
+def is_public(variable, public) -> bool:
+    """Whether ``variable`` (or the ``tf.Variable`` a Keras 3 one wraps) is among the ids ``public``."""
+    return id(variable) in public or id(getattr(variable, "_value", None)) in public
+
+
+def variables_outside_dp_update(model, public=()) -> list:
     """The variables of ``model`` that no DP step may change (not trainable, not tfdpbnn layers' own).
 
     Weights, not variables: Keras 3's variables also hold the random-number state (``SeedGenerator``).
+    ``public``: ids of variables asserted public (``DPOptimizerMixin.assert_public_variable``), left out
+    (the optimizer checks the model again at each of their new values instead).
     """
     skip = {id(v) for v in model.trainable_variables}
     skip |= {id(v) for layer in _layers(model) if _library_layer(layer) for v in layer.weights}
     return [v for v in model.weights
-            if _private_api.is_variable(v) and v.dtype != tf.resource and id(v) not in skip]
+            if _private_api.is_variable(v) and v.dtype != tf.resource and id(v) not in skip
+            and not is_public(v, public)]
 
 
 class WriteWatch:
@@ -614,9 +625,10 @@ class StateWatch(tf.keras.callbacks.Callback):
         variables outside the DP update are kept (``VariableSnapshot``), to be compared before every batch,
         at every epoch's end and at the end.
         """
+        public = getattr(self.model.optimizer, "_dp_public_variables", {})
         if self._others_may_write:
-            check_declared_state(self.model)
-        self._outside = VariableSnapshot(self.model, outside_dp_update=True)
+            check_declared_state(self.model, public)
+        self._outside = VariableSnapshot(self.model, outside_dp_update=True, public=public)
 
     def before_batch(self, batch):
         """Before every batch, after every callback's ``on_train_batch_begin``: nothing changed since.
@@ -726,5 +738,5 @@ class _StateWatchEnd(tf.keras.callbacks.Callback):
         self._state_watch.finish()
 
 
-__all__ = ["StateWatch", "VariableSnapshot", "WriteWatch", "check_declared_state", "same_value",
+__all__ = ["StateWatch", "VariableSnapshot", "WriteWatch", "check_declared_state", "is_public", "same_value",
            "variables_outside_dp_update"]
