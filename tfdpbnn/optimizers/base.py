@@ -999,11 +999,7 @@ class DPOptimizerMixin:
             return
         refused = [(v, before) for v, before in changed if id(v) not in self._dp_public_variables]
         if refused:
-            names = [v.name for v, _ in refused]
-            for v, before in refused:
-                v.assign(before)
-            self._dp_write_watch.taint(names)
-            model.stop_training = True
+            names = self._dp_set_back_and_taint(model, refused)
             raise ValueError(
                 f"model: the variable(s) {names}, read by the model's forward pass or loss but not the "
                 f"model's own (a global tf.Variable in a Lambda), changed during DP fit ({when}); what set "
@@ -1013,6 +1009,15 @@ class DPOptimizerMixin:
                 "private data (a schedule of the epoch), say so with "
                 "optimizer.assert_public_variable(variable, reason=...).")
         self._dp_check_again(model)
+
+    def _dp_set_back_and_taint(self, model, changed) -> list:
+        """Set ``(variable, value)`` pairs back, name them written (no guarantee), stop ``model``'s fit."""
+        names = [v.name for v, _ in changed]
+        for v, before in changed:
+            v.assign(before)
+        self._dp_write_watch.taint(names)
+        model.stop_training = True
+        return names
 
     def _dp_check_again(self, model) -> None:
         """Check ``model`` as it is now on the run's input specs, keeping the new values of what it reads.
@@ -1036,11 +1041,7 @@ class DPOptimizerMixin:
                    if id(v) in self._dp_public_variables]
         if not changed:
             return
-        names = [v.name for v, _ in changed]
-        for v, before in changed:
-            v.assign(before)
-        self._dp_write_watch.taint(names)
-        model.stop_training = True
+        names = self._dp_set_back_and_taint(model, changed)
         raise ValueError(
             f"model: the variable(s) {names}, read by the model and asserted public, changed inside an "
             f"execution of {steps} steps (steps_per_execution): the steps themselves change them, so the "
