@@ -10,14 +10,16 @@ a run (``fit``: before every batch, after every callback; a custom loop: inside 
 ``train_on_batch`` calls), unless the user asserted that its values are set without private data
 (``DPOptimizerMixin.assert_public_variable``), where a new value is checked before a step uses it.
 
-The reads are found by tracing the forward pass, ``model.losses`` and the loss once as a ``tf.function``
-(a graph notes every variable read while it is built, trainable or not; an eager gradient tape notes
-trainable ones only), and kept when the outputs depend on the value read: the graph is walked back from
-its outputs, through every input of every operation (a nested function's too), except the key, counter,
-algorithm and seed inputs of stateless random operations. A random generator's state (a
-``tf.random.Generator``'s, a Keras 3 ``SeedGenerator``'s), which reaches the outputs only through random
-draws, and a variable only updated (an ``add_metric``'s, a counter's) are not kept: they change at every
-step without carrying anything the check could see.
+The reads are found by tracing the forward pass, ``model.losses``, the loss and the losses' gradients once
+as a ``tf.function`` (a graph notes every variable read while it is built, trainable or not; an eager
+gradient tape notes trainable ones only), and kept when the outputs depend on the value read: the graph is
+walked back from its outputs through every input of every operation (a nested function's call too) and,
+from a variable reached, through what any operation writes into it. A variable reached only through the
+key, counter, algorithm or seed inputs of stateless random draws is kept unless the pass writes it: a
+random generator's state (a ``tf.random.Generator``'s, a Keras 3 ``SeedGenerator``'s), which its draws
+advance at every step, is not kept; a variable fed to a draw's seed as a gate is. A variable only updated
+(an ``add_metric``'s accumulators) is not kept. A model whose outputs depend on a resource that no variable
+of the graph names (a lookup table) is checked again at every run's start instead.
 """
 
 from __future__ import annotations
@@ -117,9 +119,10 @@ def traced_reads(model, loss_fn, xs, ys) -> OutsideReads | None:
     """The variables ``model(xs, training=True)``, ``model.losses`` and ``loss_fn`` read outside the model.
 
     ``xs``, ``ys``: a synthetic batch (``ys`` may be None, ``loss_fn`` too). Traced once as a
-    ``tf.function`` (nothing runs), with the gradients of their sum with respect to the trainable variables
-    (what the DP step clips: a ``tf.custom_gradient`` may read a variable in its gradient alone); without
-    them where they cannot be traced. Returns None when the pass cannot be traced.
+    ``tf.function`` (nothing runs), with the gradients of the losses (of the outputs where there is none)
+    with respect to the trainable variables: what the DP step clips (a ``tf.custom_gradient`` may read a
+    variable in its gradient alone); without them where they cannot be traced. Returns None when the pass
+    cannot be traced.
     """
     def step(x, y, backward):
         with tf.GradientTape() as tape:
