@@ -14,8 +14,9 @@ ways are refused before the first DP step:
   metric variables are not model variables, so dropout, noise layers and ``add_metric`` are unaffected
   (metrics are handled by ``release_training_metrics``).
 
-- during the whole run, ``StateWatch`` (non-trainable state, at every epoch's end and after every
-  callback's ``on_train_end``) and ``WriteWatch`` (every bit of the trainable variables, written between DP
+- during the whole run, ``StateWatch`` (non-trainable state, kept after every callback's ``on_train_begin``
+  and compared before every batch, at every epoch's end and after every callback's ``on_train_end``) and
+  ``WriteWatch`` (every bit of the trainable variables, written between DP
   steps, checked inside the next step; in custom loops and between ``train_on_batch`` calls the
   non-trainable state too).
 
