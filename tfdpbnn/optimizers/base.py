@@ -1224,7 +1224,7 @@ class DPOptimizerMixin:
         # A variable the model reads but does not own, changed since its check (between runs), changes what
         # the step computes: the model is checked again with its value now.
         if checked not in self._dp_checked_models or eager or id(model) in self._dp_unkept_reads or \
-                outside_reads.changed(self._dp_foreign_variables.get(id(model), ())):
+                self._dp_outside_reads_changed(model):
             self._check_examples_kept_apart(model, x, y, submodules)
             self._note_fresh_check(checked)  # the model as this run's first trace will find it
             if overrides:
@@ -1239,7 +1239,7 @@ class DPOptimizerMixin:
             self._dp_checked_models.add(weighted)
         self._dp_override_run = None
         if overrides and probe_at_traces:
-            self._dp_override_run = {"model": model, "specs": self._dp_run_specs,
+            self._dp_override_run = {"model": model,
                                      "sample_weight": sample_weight,
                                      "writes": self._dp_writes() if probed else None}
 
@@ -1262,10 +1262,12 @@ class DPOptimizerMixin:
         if known:
             self._dp_foreign_variables[id(model)] = []
         # A model built by its first call: build it, then watch a forward pass for variable updates.
-        for _ in range(0 if known else 1 if model.built and model.variables else 2):
+        runs = 0 if known else 1 if model.built and model.variables else 2
+        for run in range(runs):
             snapshot = state_checks.VariableSnapshot(model)
-            try:
-                reads = fit_checks.check_per_example(model, loss_fn, x, y, list_reads=list_reads)
+            try:  # the reads listed once, by the last run (the first of two builds the model)
+                reads = fit_checks.check_per_example(model, loss_fn, x, y,
+                                                     list_reads=list_reads and run == runs - 1)
             except BaseException:
                 snapshot.restore()
                 raise
@@ -1370,7 +1372,7 @@ class DPOptimizerMixin:
         writes = self._dp_writes()
         if run["writes"] == writes:
             return
-        _in_a_thread_of_its_own(self._probe_train_step, run["model"], *run["specs"],
+        _in_a_thread_of_its_own(self._probe_train_step, run["model"], *self._dp_run_specs,
                                 sample_weight=run["sample_weight"])
         run["writes"] = writes
 
