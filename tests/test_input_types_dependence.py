@@ -161,3 +161,32 @@ def test_float_ids_into_an_embedding_get_the_fix_and_integer_ids_train():
         with pytest.raises(ValueError, match=r"Embedding layer\(s\) \['tokens'\] are fed float32 ids.*int32"):
             _fit(model("float32"), ids.astype("float32"), y)
     assert _fit(model("int32"), ids.astype("int32"), y).privacy_statement()["epsilon"] > 0
+
+
+def _py_function_model(mix: bool):
+    """x -> tf.py_function(f) -> Dense(3); f centres each batch over its examples when ``mix``."""
+    tf.keras.utils.set_random_seed(0)
+
+    def host(a):  # runs eagerly on the host, its gradient recorded on a tape of TensorFlow's
+        return a - tf.reduce_mean(a, axis=0, keepdims=True) if mix else 2.0 * a
+
+    inputs = tf.keras.Input((D,))
+    h = tf.keras.layers.Lambda(
+        lambda t: tf.ensure_shape(tf.py_function(host, [t], tf.float32), [None, D]))(inputs)
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(3)(h))
+
+
+def test_a_py_function_in_the_model_is_checked_like_any_other_layer():
+    """A ``tf.py_function`` keeps its eager gradient for one backward pass; the per-example check takes
+    several (outputs, then the loss), and its second used to fail with TensorFlow's bare ``UnknownError
+    KeyError: b'pyfunc_N'``. The check now runs a new pass for it: a per-example host function trains,
+    with the epsilon of its steps, and one that centres the batch is refused as mixing examples."""
+    x, y = small_data()
+    opt = _fit(_py_function_model(mix=False), x, y)
+    statement = opt.privacy_statement()
+    assert statement["guarantee"] is True
+    # One pass over the data in shuffled batches: each example in one Gaussian release (dp-accounting).
+    assert statement["steps"] == -(-N // 8) and opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 1),
+                                                                               rel=1e-2)
+    with pytest.raises(ValueError, match="a layer mixes examples of the batch"):
+        _fit(_py_function_model(mix=True), x, y)

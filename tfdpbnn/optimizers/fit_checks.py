@@ -270,25 +270,54 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
     reads = outside_reads.traced_reads(model, per_example_loss_fn, xs, ys) \
         if list_reads and model.built and model.variables else None
     before = outside_reads.values(reads.variables) if reads is not None else []
-    with tf.GradientTape(persistent=True) as tape:
-        tape.watch(float_inputs)
-        y_pred = _call_synthetic(model, xs, float_inputs)
-        tape.watch(tf.nest.flatten(y_pred))
-        outputs = [tf.reshape(tf.cast(o, tf.float32), [rows, -1]) for o in tf.nest.flatten(y_pred)]
-        weights = [tf.constant(rng.normal(size=o.shape), tf.float32) for o in outputs]
-        first_half = tf.add_n([tf.reduce_sum(o[:half] * w[:half]) for o, w in zip(outputs, weights,
-                                                                                   strict=True)])
-        reg = tf.add_n([tf.reduce_sum(tf.cast(r, tf.float32)) for r in model.losses]) if model.losses \
-            else None
-        per_example = loss_half = None
-        if ys is not None and per_example_loss_fn is not None:
-            per_example = tf.convert_to_tensor(per_example_loss_fn(ys, y_pred, None))
-            if per_example.shape.rank == 1 and per_example.shape[0] == rows:
-                loss_half = tf.reduce_sum(per_example[:half])
+    weights = []  # one random direction per output, drawn at the first pass and kept for any later one
+
+    def run_pass():
+        """A training-mode pass on ``xs`` under a persistent tape: (tape, its tensors by name)."""
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(float_inputs)
+            y_pred = _call_synthetic(model, xs, float_inputs)
+            tape.watch(tf.nest.flatten(y_pred))
+            outputs = [tf.reshape(tf.cast(o, tf.float32), [rows, -1]) for o in tf.nest.flatten(y_pred)]
+            if not weights:
+                weights.extend(tf.constant(rng.normal(size=o.shape), tf.float32) for o in outputs)
+            first_half = tf.add_n([tf.reduce_sum(o[:half] * w[:half]) for o, w in zip(outputs, weights,
+                                                                                       strict=True)])
+            reg = tf.add_n([tf.reduce_sum(tf.cast(r, tf.float32)) for r in model.losses]) if model.losses \
+                else None
+            per_example = loss_half = None
+            if ys is not None and per_example_loss_fn is not None:
+                per_example = tf.convert_to_tensor(per_example_loss_fn(ys, y_pred, None))
+                if per_example.shape.rank == 1 and per_example.shape[0] == rows:
+                    loss_half = tf.reduce_sum(per_example[:half])
+        return tape, dict(y_pred=y_pred, outputs=outputs, first_half=first_half, reg=reg,
+                          per_example=per_example, loss_half=loss_half, inputs=float_inputs,
+                          preds=tf.nest.flatten(y_pred))
+
+    current = run_pass()
+
+    def gradient(target, sources):
+        """The gradient of pass tensor ``target`` by pass tensors ``sources`` (zeros where not reached).
+
+        A ``tf.py_function`` keeps its eager gradient for one backward pass only: a second backward pass
+        through it gets a new pass of its own.
+        """
+        nonlocal current
+        try:
+            return current[0].gradient(current[1][target], current[1][sources],
+                                       unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        except tf.errors.UnknownError as error:
+            if "KeyError: b'pyfunc_" not in str(error):
+                raise
+        current = run_pass()
+        return current[0].gradient(current[1][target], current[1][sources],
+                                   unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+    y_pred, outputs, reg, per_example, loss_half = (current[1][k] for k in (
+        "y_pred", "outputs", "reg", "per_example", "loss_half"))
     if float_inputs:
         # One backward pass: an input the outputs do not reach gets zeros, which change no maximum.
-        gradients = tape.gradient(first_half, float_inputs,
-                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        gradients = gradient("first_half", "inputs")
         own = _max_abs(gradients)
         cross = [g[split:] for g, (_, split) in zip(gradients, float_leaves, strict=True)]
         if _max_abs(cross) > COUPLING_TOLERANCE * max(own, 1.0):
@@ -298,8 +327,7 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
                 "per-example clipping does not bound the sensitivity and DP training would not be private. "
                 "Use per-example layers (tfdpbnn.layers.PublicBatchNormalization for batch norm).")
         if reg is not None:
-            dependence = _max_abs(tape.gradient(reg, float_inputs,
-                                                unconnected_gradients=tf.UnconnectedGradients.ZERO))
+            dependence = _max_abs(gradient("reg", "inputs"))
             if dependence > 0.0:
                 raise ValueError(
                     "model: model.losses depends on the input data (an add_loss on activations, or an "
@@ -313,8 +341,7 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
                 "examples; DP training needs one loss per example (a loss that already reduces over the "
                 "batch cannot be clipped per example). Use a tf.keras.losses.Loss or a function "
                 "f(y_true, y_pred) that returns one value per example.")
-        preds = tf.nest.flatten(y_pred)
-        cross = tape.gradient(loss_half, preds, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        cross = gradient("loss_half", "preds")
         own = _max_abs([g[:half] for g in cross])
         if _max_abs([g[half:] for g in cross]) > COUPLING_TOLERANCE * max(own, 1.0):
             raise ValueError(
@@ -324,8 +351,8 @@ def check_per_example(model, per_example_loss_fn, x, y=None, rows: int = 6, seed
         _check_loss_values(per_example_loss_fn, ys, y_pred, per_example, rows, half)
     distributed = tf.distribute.has_strategy() or getattr(model, "distribute_strategy",
                                                           None) not in (None, tf.distribute.get_strategy())
-    tape_variables = [] if distributed else tape.watched_variables()
-    del tape
+    tape_variables = [] if distributed else current[0].watched_variables()
+    del current
     if float_inputs:
         _check_float_inputs_by_value(model, xs, rows, half, outputs, reg)
     discrete = [t for t, _ in _leaves(xs, half) if not t.dtype.is_floating]
