@@ -121,6 +121,26 @@ def test_non_private_training_of_dp_trained_layers_in_a_new_model_is_refused(wra
     fresh.fit(x, y, batch_size=8, epochs=1, verbose=0)
 
 
+@pytest.mark.parametrize("frozen", [False, True])
+def test_an_unbuilt_model_around_dp_trained_layers_is_refused_and_a_fresh_one_trains(frozen):
+    # A Sequential with no Input is built by its first call; tf-keras cannot list its weights before, and
+    # the check raised Keras's "Weights ... have not yet been created" on every plain fit of such a model
+    # once tfdpbnn had trained one. A DP-trained model under a new head in one, frozen or not, fit by Adam
+    # on its records is refused (no epsilon holds); a fresh one trains.
+    x, y = small_data()
+    model, _ = _compiled()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    model.trainable = not frozen
+    outer = tf.keras.Sequential([model, tf.keras.layers.Dense(3)])
+    outer.compile(optimizer="adam", loss=LOSS)
+    with pytest.raises(ValueError, match="optimizer: Adam is not a tfdpbnn DP optimizer.*64 of the records"):
+        outer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    fresh = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="relu"), tf.keras.layers.Dense(3)])
+    fresh.compile(optimizer="adam", loss=LOSS)
+    history = fresh.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"])) and len(history.history["loss"]) == 2
+
+
 class _LowerNoise(tf.keras.callbacks.Callback):
     """Noise decay as a user might write it: sigma halved at the second epoch's start."""
 

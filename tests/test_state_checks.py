@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from _small_runs import DELTA, LOSS, D, N, small_data
+from _small_runs import DELTA, LOSS, D, N, custom_loop_step, gaussians_epsilon, small_data
 
 import tfdpbnn
 from tfdpbnn.preprocessing.checks import declared_state
@@ -285,3 +285,47 @@ def test_a_variable_snapshot_sees_every_bit_and_restores_it():
         assert snapshot.changed() == []
         assert all(np.array_equal(v.numpy().view(np.uint32), s.view(np.uint32))
                    for v, s in zip(model.weights, start, strict=True))
+
+
+def _unbuilt(nested: bool):
+    """A model not built until its first call: Dense layers with no Input, or a frozen built body in one."""
+    tf.keras.utils.set_random_seed(0)
+    if not nested:
+        return tf.keras.Sequential([tf.keras.layers.Dense(4, activation="relu"), tf.keras.layers.Dense(3)])
+    body = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(4, activation="relu")])
+    body.trainable = False
+    return tf.keras.Sequential([body, tf.keras.layers.Dense(3)])
+
+
+@pytest.mark.parametrize("nested", [False, True])
+@pytest.mark.parametrize("entry", ["fit", "train_on_batch", "custom_loop"])
+def test_a_model_built_by_its_first_call_trains_and_its_steps_are_counted(entry, nested):
+    """The Keras habit of Dense layers with no Input (and a frozen body inside a Sequential, the transfer
+    learning idiom) gives a model whose weights tf-keras cannot list until its first call, so the checks of
+    a run's start raised Keras's "Weights ... have not yet been created". Each way in trains it now, and
+    counts its releases: fit's pass of shuffled batches as one Gaussian release per example (dp-accounting),
+    8 train_on_batch calls or custom-loop steps as 8; a frozen body stays as it was."""
+    x, y = small_data()
+    model = _unbuilt(nested)
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, learning_rate=0.1, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    assert nested or not model.built  # Keras 3 builds a Sequential whose first layer is built
+    if entry == "fit":
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        expected = gaussians_epsilon(1.0, 1)
+    elif entry == "train_on_batch":
+        for _ in range(8):
+            model.train_on_batch(x[:8], y[:8])
+        expected = gaussians_epsilon(1.0, 8)
+    else:
+        step = custom_loop_step(model, x, y)
+        for i in range(0, N, 8):
+            step(x[i:i + 8], y[i:i + 8])
+        expected = gaussians_epsilon(1.0, 8)  # the loop's own batches: each step may touch every record
+    if nested:
+        for after, before in zip(model.layers[0].get_weights(), _unbuilt(True).layers[0].get_weights(),
+                                 strict=True):
+            np.testing.assert_array_equal(after, before)
+    statement = opt.privacy_statement()
+    assert statement["guarantee"] is True and opt.steps == 8
+    assert opt.epsilon() == pytest.approx(expected, rel=1e-2)

@@ -148,6 +148,36 @@ def created_non_trainable(layer) -> list | None:
     return list(layer._non_trainable_variables)
 
 
+def weights(layer) -> list:
+    """``layer.weights``, also for a tf-keras model not built yet (a ``Sequential`` with no ``Input``).
+
+    Such a model raises on ``weights`` until its first call builds it; listed instead: what it created
+    itself (``Layer._trainable_weights`` and ``_non_trainable_weights``) and its layers' weights so far.
+    """
+    try:
+        return layer.weights
+    except ValueError:
+        if _keras3 is not None or getattr(layer, "built", True):
+            raise
+    seen, out = set(), []
+    for v in [*layer._trainable_weights, *layer._non_trainable_weights,
+              *(w for sub in sublayers(layer, recursive=False) for w in weights(sub))]:
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out
+
+
+def in_symbolic_call() -> bool:
+    """Whether Keras is running a layer on symbolic inputs, only to infer its outputs' shapes.
+
+    A functional model's construction, or a tf-keras ``Sequential`` with no ``Input`` rebuilt for a new
+    input shape inside its call: Keras runs the layers' ``call`` in a scratch ``FuncGraph`` of its own,
+    named ``<layer>_scratch_graph`` (tf-keras) or ``scratch_graph...`` (Keras 3).
+    """
+    return "scratch_graph" in getattr(tf.compat.v1.get_default_graph(), "name", "")
+
+
 def steps_per_execution(model) -> int:
     """Steps run by one call of ``model``'s train function (Keras's ``steps_per_execution``), at least 1."""
     value = getattr(model, "_steps_per_execution", None)

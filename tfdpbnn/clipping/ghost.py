@@ -102,6 +102,8 @@ def _recording(entries, records, problems, tape):
         had_own = "call" in layer.__dict__
 
         def wrapped(inputs, *args, _entry=entry, _original=original, **kwargs):
+            if _private_api.in_symbolic_call():  # a shape inference of Keras's, not part of the pass
+                return _original(inputs, *args, **kwargs)
             reason = _entry.rule.call_unsupported_reason(_entry.layer, inputs, *args, **kwargs)
             if reason is not None:
                 problems.append(f"{_entry.layer.name} ({type(_entry.layer).__name__}: {reason})")

@@ -187,7 +187,7 @@ def refuse_non_private_training(model, x, y=None, record_ids=None, call="fit") -
     holds) compiled with a plain optimizer (``"adam"``) and fit on the private records takes their
     gradients without clipping or noise into the weights; a later DP optimizer, or the earlier one compiled
     again, would then print an epsilon for weights that no epsilon covers. A model counts as DP-trained
-    when a DP optimizer trained it or any of its trainable variables in this process (a trained model
+    when a DP optimizer trained it or any of its variables in this process (a trained model
     wrapped in a new one, its layers under a new head), or when the record store holds its weights or any of
     its variables (``weights_record`` with the variables' keys: such layers loaded or copied elsewhere). The
     records are compared by their ledger keys (content, ``record_ids``, or a tagged pipeline's keys); data
@@ -198,7 +198,8 @@ def refuse_non_private_training(model, x, y=None, record_ids=None, call="fit") -
 
     if record_store.default_path() is None:
         return
-    if attributes.ledger_link(model) is None and not attributes.variable_trainers(model.trainable_variables):
+    trainers = attributes.variable_trainers(_private_api.weights(model))  # an unbuilt model: weights so far
+    if attributes.ledger_link(model) is None and not trainers:
         store = record_store.default_store()
         weights, variables = record_store.weights_identity(model)
         if not store.weights_record(weights, variables=variables,

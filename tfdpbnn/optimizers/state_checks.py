@@ -179,7 +179,7 @@ class VariableSnapshot:
         elif outside_dp_update:  # the DP step updates the others; tfdpbnn layers' own state is the library's
             self._variables = variables_outside_dp_update(model, public)
         else:  # weights, not variables: Keras 3's variables also hold the random-number state (SeedGenerator)
-            self._variables = [v for v in model.weights
+            self._variables = [v for v in _private_api.weights(model)
                                if _private_api.is_variable(v) and v.dtype != tf.resource]
         self._values = _values(self._variables)
 

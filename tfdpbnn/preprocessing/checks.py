@@ -41,10 +41,11 @@ def _layers(model, submodules=None):
 
 def own_weights(layer) -> list:
     """The variables ``layer`` holds itself, not through a sublayer."""
-    weights = layer.weights
+    weights = _private_api.weights(layer)
     if not weights:
         return []
-    inner = {id(v) for sub in _private_api.sublayers(layer, recursive=False) for v in sub.weights}
+    inner = {id(v) for sub in _private_api.sublayers(layer, recursive=False)
+             for v in _private_api.weights(sub)}
     return [v for v in weights if id(v) not in inner]
 
 
@@ -57,7 +58,7 @@ def declared_state(layer) -> list:
     created = _private_api.created_non_trainable(layer)
     if created is not None:   # Keras 3
         return [v for v in created if v.dtype != tf.resource]
-    if all(getattr(v, "trainable", True) for v in layer.weights):
+    if all(getattr(v, "trainable", True) for v in _private_api.weights(layer)):
         return []
     return [v for v in own_weights(layer) if _private_api.is_variable(v) and not v.trainable
             and v.dtype != tf.resource]

@@ -486,11 +486,11 @@ def _held_identity(kind: str, variables, arrays=None) -> tuple[str, list[str]]:
     return identity, found
 
 
-def _weights_arrays(model):
-    """``model.get_weights()`` when a variable is distributed, else None (read directly)."""
+def _weights_arrays(model, weights):
+    """``model.get_weights()`` when a variable of ``weights`` (``model``'s) is distributed, else None."""
     import tensorflow as tf
 
-    if any(isinstance(v, tf.distribute.DistributedValues) for v in model.weights):
+    if any(isinstance(v, tf.distribute.DistributedValues) for v in weights):
         return model.get_weights()
     return None
 
@@ -503,7 +503,10 @@ def weights_identity(model) -> tuple[str, list[str]]:
     quick digests equal those held (an epoch's end as the write check keyed it, then the final snapshot and
     the next run's start) reuse their identity and keys (``_held_identity``).
     """
-    identity, keys = _held_identity("weights", model.weights, arrays=_weights_arrays(model))
+    from tfdpbnn import _private_api
+
+    weights = _private_api.weights(model)  # a tf-keras model not built yet: its layers' weights so far
+    identity, keys = _held_identity("weights", weights, arrays=_weights_arrays(model, weights))
     return "weights:" + identity, list(keys)
 
 
@@ -537,9 +540,10 @@ def legacy_weights_fingerprints(model) -> tuple[list[str], list[str]]:
 
     from tfdpbnn import _private_api
 
-    arrays = _weights_arrays(model)
+    weights = _private_api.weights(model)
+    arrays = _weights_arrays(model, weights)
     if arrays is None:
-        reads = [_private_api.read_tensor_and_view(v) for v in model.weights]
+        reads = [_private_api.read_tensor_and_view(v) for v in weights]
         tensors, arrays = [tensor for tensor, _ in reads], [view for _, view in reads]
     else:
         tensors = [tf.constant(a) for a in arrays]
