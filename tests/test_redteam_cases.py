@@ -141,6 +141,54 @@ def test_an_unbuilt_model_around_dp_trained_layers_is_refused_and_a_fresh_one_tr
     assert np.all(np.isfinite(history.history["loss"])) and len(history.history["loss"]) == 2
 
 
+@pytest.mark.parametrize("written_by", ["assign", "plain_loop"])
+def test_a_new_dp_optimizer_keeps_an_earlier_no_guarantee(written_by, tmp_path):
+    # After a DP fit, a kernel set from the data's mean (an exact release), or a plain GradientTape loop
+    # with Adam on the records: the first optimizer says guarantee false. A new DP optimizer compiled on
+    # the model imported the phases but not that: one more pass printed 7.08 with guarantee true (and so
+    # did the export). No epsilon covers those weights, whichever optimizer trains them next.
+    x, y = small_data()
+    model, first = _compiled()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    if written_by == "assign":
+        kernel = model.layers[0].kernel
+        kernel.assign(kernel + tf.reshape(tf.constant(x.mean(axis=0)), (D, 1)))
+    else:
+        adam, loss = tf.keras.optimizers.Adam(0.01), LOSS
+        for i in range(0, N, 8):
+            with tf.GradientTape() as tape:
+                value = loss(y[i:i + 8], model(x[i:i + 8], training=True))
+            adam.apply_gradients(zip(tape.gradient(value, model.trainable_variables),
+                                     model.trainable_variables, strict=True))
+    assert first.privacy_statement()["guarantee"] is False
+    second = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=second, loss=LOSS)
+    before = second.privacy_statement()
+    assert before["guarantee"] is False and before["epsilon"] == math.inf
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    after = second.privacy_statement()
+    assert after["guarantee"] is False and after["epsilon"] == math.inf
+    assert "earlier optimizer's training" in after["guarantee_reason"]
+    exported = tfdpbnn.read_privacy(tfdpbnn.export_saved_model(model, str(tmp_path / "m"), num_samples=2))
+    assert exported["guarantee"] is False
+
+
+def test_a_new_dp_optimizer_states_the_compiled_models_training_before_its_first_step():
+    # A DP optimizer compiled on a model trained by 2 DP passes (to evaluate it, or to go on later) said
+    # epsilon 0.0 with guarantee true until its first step, by privacy_statement() and epsilon(): the
+    # weights carry the 2 passes (dp-accounting: each example in 2 Gaussian releases).
+    x, y = small_data()
+    model, _ = _compiled()
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    second = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=second, loss=LOSS, metrics=["accuracy"])
+    model.evaluate(x[:8], y[:8], verbose=0)
+    truth = gaussians_epsilon(1.0, 2)
+    assert model.optimizer.epsilon() == pytest.approx(truth, rel=1e-2)
+    statement = model.optimizer.privacy_statement()
+    assert statement["guarantee"] is True and statement["epsilon"] == pytest.approx(truth, rel=1e-2)
+
+
 class _LowerNoise(tf.keras.callbacks.Callback):
     """Noise decay as a user might write it: sigma halved at the second epoch's start."""
 

@@ -27,6 +27,7 @@ import concurrent.futures
 import contextlib
 import math
 import warnings
+import weakref
 
 import tensorflow as tf
 
@@ -340,6 +341,8 @@ class DPOptimizerMixin:
         self._dp_foreign_variables = {}
         self._dp_public_variables = {}  # id(tf.Variable) -> reason (assert_public_variable)
         self._dp_unkept_reads = set()  # id(model) of models whose outside reads cannot all be kept
+        self._dp_inherited_from = weakref.WeakSet()  # optimizers whose writes it took (_inherit_unguaranteed)
+        self._dp_compiled_model = None  # weak reference to the model a compile gave it (_note_compiled_model)
         self._dp_run_specs = None  # the element specs of the run's inputs, for checks during the run
         self._dp_probe = None  # a fit_checks.LossProbe while a train_step override is probed
         with tf.init_scope():
@@ -606,11 +609,18 @@ class DPOptimizerMixin:
     def epsilon(self, delta=None, accountant=None) -> float:
         """Epsilon spent by everything this model's DP training ran (the ledger), an upper bound.
 
+        Before this optimizer's first run, the training the weights of the model compiled with it carry.
+
         Composed with the model's DP preprocessing releases and the search that selected it, if any
         (``tfdpbnn.record.other_releases``; a search's bound is by RDP whatever ``accountant``).
         """
         from tfdpbnn.record.other_releases import composed_epsilon
 
+        compiled = self._compiled_model() if attributes.run_record(self).model() is None else None
+        if compiled is not None:  # no run yet: what the weights of the model compiled with it carry
+            attributes.run_record(self).adopt(compiled)
+            self._import_shared_training(compiled)
+            self._note_model_preprocessing(compiled)
         return composed_epsilon(self, self.ledger, self._resolve_delta(delta),
                                 self._resolve_accountant(accountant))
 
@@ -656,9 +666,12 @@ class DPOptimizerMixin:
         ``approximate_epsilon`` lists approximations beside it, which are not guarantees. ``spent`` is
         everything the record holds (it is append-only: steps after the weights in hand stay), ``weights``
         the training behind the weights in hand of ``model`` (default: the model this optimizer last
-        trained; a model given here first inherits its weights' record from the privacy record store).
+        trained, or else the model compiled with it; a model given here, or compiled with it before any run,
+        first inherits its weights' record from the privacy record store).
         """
         target = model if model is not None else attributes.run_record(self).model()
+        if target is None:  # no run yet: the model compiled with it, if any
+            model = target = self._compiled_model()
         if target is not None:
             self._import_shared_training(target)
             self._note_model_preprocessing(target)
@@ -1145,6 +1158,7 @@ class DPOptimizerMixin:
                                      attributes.ledger_state(previous).closed_sources(), strict=True):
                 attributes.ledger_state(self).append(phase, source)
             attributes.inherit_releases(self, previous)  # its private calibrations and the like
+            self._inherit_unguaranteed(previous)
             held = attributes.loss_assertions(self)  # and the assertions its custom-loop phases rest on
             held.extend(a for a in attributes.loss_assertions(previous) if a not in held)
             self._dp_batch_call_limit = None
@@ -1173,7 +1187,48 @@ class DPOptimizerMixin:
                                      attributes.ledger_state(other).closed_sources(), strict=True):
                 state.append(phase, source)
             attributes.inherit_releases(self, other)
+            self._inherit_unguaranteed(other)
         attributes.add_variable_trainer(variables, self)
+
+    def _note_compiled_model(self, model) -> None:
+        """``model.compile`` took this optimizer: its statement before any run is of that model's weights."""
+        self._dp_compiled_model = weakref.ref(model)
+
+    def _compiled_model(self):
+        """The model compiled with this optimizer, while it is alive and still compiled with it, or None."""
+        model = None if self._dp_compiled_model is None else self._dp_compiled_model()
+        return model if model is not None and getattr(model, "optimizer", None) is self else None
+
+    def _dp_unguaranteed_writes(self) -> tuple[list, list]:
+        """``(written, after)``: names of variables written outside this optimizer's DP steps, no guarantee.
+
+        ``written``: found during its runs (``WriteWatch.written``), inherited from optimizers whose training
+        this one imported (``_inherit_unguaranteed``), and ``after``; ``after``: trainable weights written
+        since its last run ended (after ``fit`` or ``train_on_batch`` returned) to values that are neither
+        that run's last DP write, an epoch end's, nor weights the record holds, and not asserted by the user
+        (``assert_post_processing``).
+        """
+        watch = self._dp_write_watch
+        after, asserted = watch.written_after_run(self._dp_write_count,
+                                                  attributes.run_record(self).recognises_weights)
+        after = after if asserted is None else []
+        written = watch.written()
+        return written + [n for n in after if n not in written], after
+
+    def _inherit_unguaranteed(self, other) -> None:
+        """Carry ``other``'s writes outside its DP steps into this optimizer's: its training is imported.
+
+        Its training is in the weights this optimizer trains on, and so is what was written outside its
+        steps (a weight set from the data, a plain optimizer's steps after its run): no epsilon covers them,
+        here either. Taken once per optimizer, at the first import (before this one's steps change the
+        weights ``other`` compares with its last write).
+        """
+        if other in self._dp_inherited_from:
+            return
+        self._dp_inherited_from.add(other)
+        suffix = " (in an earlier optimizer's training, imported)"
+        self._dp_write_watch.taint([name if name.endswith(suffix) else name + suffix
+                                    for name in other._dp_unguaranteed_writes()[0]])
 
     def _note_model_preprocessing(self, model) -> None:
         """Add the DP preprocessing releases ``model``'s layers hold (or the record store knows by value).

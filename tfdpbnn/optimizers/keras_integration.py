@@ -451,6 +451,9 @@ def install() -> None:
         previous = getattr(self, "optimizer", None)
         result = _original_compile(self, *args, **kwargs)
         _link_replaced_optimizer(self, previous)
+        compiled = getattr(self, "optimizer", None)
+        if compiled is not previous and attributes.run_record(compiled) is not None:  # a tfdpbnn DP optimizer
+            compiled._note_compiled_model(self)
         return result
 
     owner.compile = compile

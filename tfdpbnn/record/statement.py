@@ -125,18 +125,12 @@ def _mark_guarantee(statement: dict, optimizer, ledger) -> dict:
     imported = [p for p in ledger.phases if p.noise_replayable and p.released] if not own else []
     replayable = own or bool(imported)
     watch = optimizer._dp_write_watch
-    written = watch.written()
-    # Trainable weights written after the last DP run ended (after fit or train_on_batch returned): neither
-    # that run's last DP write, an epoch end's, nor weights the record holds, and not asserted by the user.
-    after, asserted = watch.written_after_run(optimizer._dp_write_count,
-                                              attributes.run_record(optimizer).recognises_weights)
-    if after and asserted is None:
-        written = written + [n for n in after if n not in written]
+    written, after = optimizer._dp_unguaranteed_writes()
     statement["asserted_by_user"] = list(statement["asserted_by_user"]) + [
         f"weights written after DP training used no private data (post-processing): {reason}"
         for reason in watch.post_processing_assertions()]
     statement["guarantee"] = not replayable and not written
-    if after and asserted is None and not replayable:
+    if after and not replayable:
         _no_guarantee(
             statement, "epsilon_if_state_were_untouched",
             f"weights written outside the DP step: no guarantee. Variable(s) {after[:3]} were changed after "
