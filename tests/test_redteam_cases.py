@@ -189,6 +189,54 @@ def test_a_new_dp_optimizer_states_the_compiled_models_training_before_its_first
     assert statement["guarantee"] is True and statement["epsilon"] == pytest.approx(truth, rel=1e-2)
 
 
+def _fresh_copy(model, path):
+    """``model``'s weights loaded into a new model of its shape, as another process would (no link)."""
+    model.save_weights(path)
+    copy = small_model(seed=1)
+    copy.load_weights(path)
+    assert not attributes.variable_trainers(copy.trainable_variables)
+    return copy
+
+
+@pytest.mark.parametrize("written_by", ["assign", "pipeline_fit"])
+def test_weights_written_after_dp_training_give_no_guarantee_wherever_they_go(written_by, tmp_path):
+    # A kernel set from the data's mean after a DP fit (the first optimizer asked for its statement), or a
+    # plain fit of the DP-trained model on its records fed as a tf.data pipeline (accepted: their records
+    # cannot be compared), then the weights saved and loaded into a new model (as another process does),
+    # and a model saved with its optimizer and loaded: each gave guarantee true (4.73 or 7.08). The write
+    # is recorded with the weights in the privacy record store, and with a saved optimizer's ledger.
+    x, y = small_data()
+    model, first = _compiled()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    if written_by == "assign":
+        kernel = model.layers[0].kernel
+        kernel.assign(kernel + tf.reshape(tf.constant(x.mean(axis=0)), (D, 1)))
+        assert first.privacy_statement()["guarantee"] is False
+        saved = str(tmp_path / "with_optimizer.keras")
+        model.save(saved)
+        loaded = tf.keras.models.load_model(saved)
+        assert isinstance(loaded.optimizer, tfdpbnn.DPSGDOptimizer)
+        assert loaded.optimizer.privacy_statement(model=loaded)["guarantee"] is False
+    else:
+        model.compile(optimizer="adam", loss=LOSS)
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), epochs=2, verbose=0)
+    copy = _fresh_copy(model, str(tmp_path / "written.weights.h5"))
+    exported = tfdpbnn.read_privacy(tfdpbnn.export_saved_model(copy, str(tmp_path / "m"), num_samples=2,
+                                                               delta=DELTA))
+    assert exported["guarantee"] is False
+    third = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    copy.compile(optimizer=third, loss=LOSS)
+    copy.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    statement = third.privacy_statement()
+    assert statement["guarantee"] is False and statement["epsilon"] == math.inf
+    # The DP-trained weights before the write are still known as such: a checkpoint of them is not voided.
+    clean, _ = _compiled()
+    clean.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    again = _fresh_copy(clean, str(tmp_path / "clean.weights.h5"))
+    assert tfdpbnn.read_privacy(tfdpbnn.export_saved_model(again, str(tmp_path / "c"), num_samples=2,
+                                                           delta=DELTA))["guarantee"] is True
+
+
 class _LowerNoise(tf.keras.callbacks.Callback):
     """Noise decay as a user might write it: sigma halved at the second epoch's start."""
 

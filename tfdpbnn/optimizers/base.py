@@ -211,6 +211,14 @@ def _loss_assertions_from(saved) -> list:
     return list(saved)
 
 
+def _written_outside_dp_from(saved) -> list:
+    """The variables a saved optimizer found written outside its DP steps (``privacy_ledger``, checked)."""
+    if not isinstance(saved, list | tuple) or not all(isinstance(n, str) and n for n in saved):
+        raise ValueError("privacy_ledger['written_outside_dp'] must be a list of variable names (those a "
+                         f"saved optimizer found written outside its DP steps), got {saved!r}")
+    return list(saved)
+
+
 class DPOptimizerMixin:
     """DP-SGD step, accounting state and privacy statement shared by every tfdpbnn DP optimizer.
 
@@ -367,6 +375,8 @@ class DPOptimizerMixin:
         attributes.attach_run_record(self, RunRecord(self))  # the run record, and no other releases yet
         self._dp_in_fit = 0  # > 0 while model.fit runs this optimizer (keras_integration)
         self._dp_write_watch = state_checks.WriteWatch()  # writes to the weights between DP steps
+        self._dp_write_watch.taint(_written_outside_dp_from((privacy_ledger or {}).get("written_outside_dp",
+                                                                                         [])))
         self._dp_loss_assertion = None  # begin_training(assert_per_example_loss=...) of the open custom loop
         # every such assertion (the statement's asserted_by_user), a saved optimizer's too (get_config)
         attributes.set_loss_assertions(self, _loss_assertions_from((privacy_ledger or {}).get(
@@ -480,6 +490,9 @@ class DPOptimizerMixin:
                                           **self._releases_config()}})
         if attributes.loss_assertions(self):  # the phases they vouch for travel in the same config
             config["privacy_ledger"]["loss_assertions"] = list(attributes.loss_assertions(self))
+        written = self._dp_note_unguaranteed()[0]
+        if written:  # what no epsilon covers travels with the phases: a loaded optimizer gives no guarantee
+            config["privacy_ledger"]["written_outside_dp"] = written
         return config
 
     def _releases_config(self) -> dict:
@@ -1215,6 +1228,17 @@ class DPOptimizerMixin:
         written = watch.written()
         return written + [n for n in after if n not in written], after
 
+    def _dp_note_unguaranteed(self) -> tuple[list, list]:
+        """``_dp_unguaranteed_writes``, with weights written after the last run recorded in the store.
+
+        The store then holds them with a release without noise (``RunRecord.record_written``): found by
+        their values in another process, they give no guarantee there either.
+        """
+        written, after = self._dp_unguaranteed_writes()
+        if after:
+            attributes.run_record(self).record_written(written)
+        return written, after
+
     def _inherit_unguaranteed(self, other) -> None:
         """Carry ``other``'s writes outside its DP steps into this optimizer's: its training is imported.
 
@@ -1228,7 +1252,7 @@ class DPOptimizerMixin:
         self._dp_inherited_from.add(other)
         suffix = " (in an earlier optimizer's training, imported)"
         self._dp_write_watch.taint([name if name.endswith(suffix) else name + suffix
-                                    for name in other._dp_unguaranteed_writes()[0]])
+                                    for name in other._dp_note_unguaranteed()[0]])
 
     def _note_model_preprocessing(self, model) -> None:
         """Add the DP preprocessing releases ``model``'s layers hold (or the record store knows by value).

@@ -316,6 +316,23 @@ def retrace_for(model, optimizer) -> None:
         model.train_function = None
 
 
+def _non_private_training_done(model) -> None:
+    """After a non-private ``fit`` or ``train_on_batch`` call: a DP-trained ``model``'s record knows it.
+
+    The weights now carry gradients without clipping or noise (of records ``refuse_non_private_training``
+    could not compare, a pipeline's): each DP optimizer that trained them finds them written outside its
+    DP steps and records them so in the privacy record store (``_dp_note_unguaranteed``), so they give no
+    guarantee in this process or another (``load_model(compile=False)``, ``load_weights``).
+    """
+    trainers = attributes.variable_trainers(_private_api.weights(model))
+    link = attributes.ledger_link(model)
+    held = None if link is None else link.optimizer
+    if attributes.run_record(held) is not None and all(held is not t for t in trainers):
+        trainers.append(held)
+    for trainer in trainers:
+        trainer._dp_note_unguaranteed()
+
+
 def _link_replaced_optimizer(model, previous) -> None:
     """Link ``model`` to ``previous``, the DP optimizer a ``compile`` replaced, when nothing links it yet.
 
@@ -369,7 +386,10 @@ def install() -> None:
         if optimizer is None:
             bound = signature.bind(self, *args, **kwargs)
             refuse_non_private_training(self, bound.arguments.get("x"), bound.arguments.get("y"))
-            return _original_fit(self, *args, **kwargs)
+            try:
+                return _original_fit(self, *args, **kwargs)
+            finally:
+                _non_private_training_done(self)
         if optimizer._dp_in_fit:
             raise ValueError(
                 f"optimizer: {type(optimizer).__name__} is running another fit (this fit was started while "
@@ -436,7 +456,10 @@ def install() -> None:
         bound = batch_signature.bind(self, *args, **kwargs)
         refuse_non_private_training(self, bound.arguments.get("x"), bound.arguments.get("y"),
                                     call="train_on_batch")
-        return _original_train_on_batch(self, *args, **kwargs)
+        try:
+            return _original_train_on_batch(self, *args, **kwargs)
+        finally:
+            _non_private_training_done(self)
 
     tf.keras.Model.train_on_batch = train_on_batch
 

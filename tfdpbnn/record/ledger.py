@@ -132,6 +132,28 @@ class Phase:
         return dataclasses.replace(self, noise_replayable=False) if self.noise_replayable else self
 
 
+#: The start of the ``sampling`` text of a phase that stands for weights written outside the DP step.
+WRITTEN_OUTSIDE_DP = "no DP: weights written outside the DP step"
+
+
+def written_outside_dp_phase(names, neighboring: str) -> Phase:
+    """A release without noise: the variables ``names`` were written outside the DP step.
+
+    What set them (a weight set from the data's mean, a plain optimizer's steps) is covered by no epsilon:
+    as a phase of noise multiplier 0 (``NonPrivateDpEvent``), it makes every ledger that holds it infinite
+    wherever the weights' record goes (the privacy record store, a saved optimizer, a later optimizer).
+    """
+    names = list(names)
+    return Phase(kind="participations", noise_multiplier=0.0, neighboring=neighboring, steps=1,
+                 participations=1, sampling=f"{WRITTEN_OUTSIDE_DP}: variable(s) {names[:3]}"
+                                            + (f" and {len(names) - 3} more" if len(names) > 3 else ""))
+
+
+def is_written_outside_dp(phase: Phase) -> bool:
+    """Whether ``phase`` stands for weights written outside the DP step (``written_outside_dp_phase``)."""
+    return phase.noise_multiplier == 0 and phase.sampling.startswith(WRITTEN_OUTSIDE_DP)
+
+
 #: The fields of ``Phase``, in order (``Phase.to_config``).
 _PHASE_FIELDS = tuple(field.name for field in dataclasses.fields(Phase))
 

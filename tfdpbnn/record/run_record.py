@@ -26,7 +26,7 @@ import weakref
 
 from tfdpbnn.record import attributes, record_ledger
 from tfdpbnn.record import store as record_store
-from tfdpbnn.record.ledger import Phase, PrivacyLedger
+from tfdpbnn.record.ledger import Phase, PrivacyLedger, is_written_outside_dp, written_outside_dp_phase
 
 
 def _size(phase: Phase) -> tuple:
@@ -68,6 +68,9 @@ class RunRecord:
         self.reservation = None  # the run's release in the per-record ledger, until committed
         self.final_weights = None  # the weights' fingerprint in the last final snapshot, until a run begins
         self._begin_variables: set = set()  # the variables' keys at the run's start (``weights_identity``)
+        self._final_variables: set = set()  # the variables' keys in the last final snapshot
+        self._written_phases: dict = {}  # names written outside the DP step -> their phase (``_written``)
+        self._written_recorded: set = set()  # weights recorded as written after a run (``record_written``)
 
     def inherit(self, phases) -> int:
         """Append the store's phases that this ledger lacks; returns how many were added.
@@ -87,6 +90,11 @@ class RunRecord:
             if held is not None:
                 if _size(phase) > _size(held):
                     rewound[phase.phase_id] = phase
+                continue
+            if is_written_outside_dp(phase):  # weights of the record were written outside a DP step: no
+                # guarantee (a marker, not DP steps: kept out of the ledger); this optimizer's own is its own
+                if phase.phase_id not in {p.phase_id for p in self._written_phases.values()}:
+                    self._optimizer._dp_write_watch.taint([f"{phase.sampling} (in the privacy record store)"])
                 continue
             state.append(phase, "record_store")
             added += 1
@@ -361,10 +369,14 @@ class RunRecord:
         return None if self._model is None else self._model()
 
     def recognises_weights(self) -> bool:
-        """Whether the record store holds a snapshot of the model's weights as they are now (any run's)."""
+        """Whether the record store holds a snapshot of the model's weights as they are now (any DP run's)."""
         model, store = self.model(), record_store.default_store()
-        return model is not None and store is not None and store.weights_ledger(
-            record_store.weights_fingerprint(model), legacy=record_store.legacy_lookup(model)) is not None
+        if model is None or store is None:
+            return False
+        ledger = store.weights_ledger(record_store.weights_fingerprint(model),
+                                      legacy=record_store.legacy_lookup(model))
+        # Weights recorded as written outside the DP step (``record_written``) are known, not DP weights.
+        return ledger is not None and not any(is_written_outside_dp(p) for p in ledger)
 
     def weights_and_spent(self, delta: float, epsilon: float) -> tuple[dict, dict]:
         """The statement's ``weights`` (the training behind the weights in hand) and ``spent`` (everything).
@@ -387,10 +399,12 @@ class RunRecord:
             store = record_store.default_store()
             if store is not None:
                 phases = store.weights_ledger(fingerprint, legacy=record_store.legacy_lookup(model))
-        if phases is None:
+        written = phases is not None and any(is_written_outside_dp(p) for p in phases)
+        if phases is None or written:
             why = ("the model is unknown to this optimizer (no fit yet; pass model= to privacy_statement)"
-                   if model is None else "the record store does not hold these weights"
-                   if record_store.default_path() is not None else "the record store is off")
+                   if model is None else "the record store does not hold these weights as a DP run's (they "
+                   "were written outside the DP step)" if written else "the record store does not hold these "
+                   "weights" if record_store.default_path() is not None else "the record store is off")
             weights = {"fingerprint": fingerprint, "steps": ledger.steps, "epsilon": epsilon,
                        "phase_ids": spent["phase_ids"], "phases": [p.to_config() for p in ledger.phases],
                        "note": f"{why}: the weights in hand are counted as everything spent (an upper bound)"}
@@ -421,6 +435,9 @@ class RunRecord:
         variables = [v for v in keys if v not in self._begin_variables]
         ledger = self._optimizer.ledger
         phase = next((p for p in ledger.phases if p.phase_id == self.phase_id), None)
+        written = self._optimizer._dp_write_watch.written()
+        if written:  # state written outside the DP step during the run (or inherited): no epsilon holds
+            ledger = PrivacyLedger([*ledger.phases, self._written(written)])
         # One transaction (one wait for the disk) for the commit to the per-record ledger and the snapshot.
         with record_store.transaction(self.store.path):
             if final:
@@ -429,6 +446,36 @@ class RunRecord:
         if final:
             self.run_id = None
             self.final_weights = weights
+            self._final_variables = set(keys)
+
+    def _written(self, names) -> Phase:
+        """The phase standing for ``names`` written outside the DP step (one per set of names)."""
+        key = tuple(names)
+        if key not in self._written_phases:
+            self._written_phases[key] = written_outside_dp_phase(names, self._optimizer.neighboring)
+        return self._written_phases[key]
+
+    def record_written(self, names) -> None:
+        """Record the model's weights as they are now, written outside the DP step after the last run.
+
+        ``names``: the variables written. The weights (and the keys of the variables that differ from the
+        last final snapshot's) go to the store under a run of their own whose ledger is this optimizer's
+        and a release without noise (``RunStore.written_outside_dp``), so another process that finds them
+        (``load_model(compile=False)``, ``set_weights`` into a fresh model) gives no guarantee either.
+        Nothing when the store is off, no run ended, or these weights are that run's or recorded already.
+        """
+        model = self.model()
+        if self.store is None or self.final_weights is None or model is None or not names:
+            return
+        weights, keys = record_store.weights_identity(model)
+        if weights == self.final_weights or weights in self._written_recorded:
+            return
+        phase = self._written(names)
+        ledger = PrivacyLedger([*self._optimizer.ledger.phases, phase])
+        with record_store.transaction(self.store.path):
+            self.store.written_outside_dp(self.final_weights, weights, phase, ledger,
+                                          variables=[k for k in keys if k not in self._final_variables])
+        self._written_recorded.add(weights)
 
     def statement(self, delta: float) -> dict:
         """The privacy statement's ``record`` entry: the store, the data set's spending and budget."""

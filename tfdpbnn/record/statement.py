@@ -125,7 +125,7 @@ def _mark_guarantee(statement: dict, optimizer, ledger) -> dict:
     imported = [p for p in ledger.phases if p.noise_replayable and p.released] if not own else []
     replayable = own or bool(imported)
     watch = optimizer._dp_write_watch
-    written, after = optimizer._dp_unguaranteed_writes()
+    written, after = optimizer._dp_note_unguaranteed()
     statement["asserted_by_user"] = list(statement["asserted_by_user"]) + [
         f"weights written after DP training used no private data (post-processing): {reason}"
         for reason in watch.post_processing_assertions()]

@@ -74,6 +74,10 @@ CREATE TABLE IF NOT EXISTS preprocessing_states (
 """
 
 
+#: The data set of the runs that stand for weights written outside the DP step (``written_outside_dp``).
+WRITTEN_DATASET = "written:outside-dp"
+
+
 def _hash_arrays(arrays) -> str:
     digest = hashlib.sha256()
     for array in arrays:
@@ -844,6 +848,24 @@ class RunStore:
             conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                          (run_id, dataset, time.time(), start_weights, _phase_json(planned_phase),
                           int(planned_phase.phase_id), socket.gethostname(), os.getpid()))
+        return run_id
+
+    def written_outside_dp(self, start_weights: str, weights: str, phase: Phase, ledger: PrivacyLedger,
+                           variables=()) -> str:
+        """Record weights written outside the DP step after a run: a run of its own, ended, holding them.
+
+        ``phase``: the write (``written_outside_dp_phase``, without noise); ``ledger``: the ledger of the
+        weights it changed, ending with ``phase``; ``start_weights``: their identity. The weights (and the
+        keys ``variables`` of the variables written) are then found by ``weights_record`` with that
+        ledger: infinite, in any process. Its data set is none (``WRITTEN_DATASET``): a data set's record
+        and budget count the DP runs on it. Returns the run's id.
+        """
+        run_id = secrets.token_hex(16)
+        with self._connect() as conn:
+            conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                         (run_id, WRITTEN_DATASET, time.time(), start_weights, _phase_json(phase),
+                          int(phase.phase_id), socket.gethostname(), os.getpid()))
+        self.snapshot(run_id, weights, phase, ledger, final=True, variables=variables)
         return run_id
 
     def snapshot(self, run_id: str, weights: str, phase: Phase | None, ledger: PrivacyLedger,
