@@ -141,6 +141,16 @@ def test_an_unbuilt_model_around_dp_trained_layers_is_refused_and_a_fresh_one_tr
     assert np.all(np.isfinite(history.history["loss"])) and len(history.history["loss"]) == 2
 
 
+def _dp_fit_then_kernel_from_the_data(x, y, write=True):
+    """A DP pass over ``x``; then (``write``) the kernel plus the data's mean: an exact release of it."""
+    model, optimizer = _compiled()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    if write:
+        kernel = model.layers[0].kernel
+        kernel.assign(kernel + tf.reshape(tf.constant(x.mean(axis=0)), (D, 1)))
+    return model, optimizer
+
+
 @pytest.mark.parametrize("written_by", ["assign", "plain_loop"])
 def test_a_new_dp_optimizer_keeps_an_earlier_no_guarantee(written_by, tmp_path):
     # After a DP fit, a kernel set from the data's mean (an exact release), or a plain GradientTape loop
@@ -148,12 +158,8 @@ def test_a_new_dp_optimizer_keeps_an_earlier_no_guarantee(written_by, tmp_path):
     # the model imported the phases but not that: one more pass printed 7.08 with guarantee true (and so
     # did the export). No epsilon covers those weights, whichever optimizer trains them next.
     x, y = small_data()
-    model, first = _compiled()
-    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    if written_by == "assign":
-        kernel = model.layers[0].kernel
-        kernel.assign(kernel + tf.reshape(tf.constant(x.mean(axis=0)), (D, 1)))
-    else:
+    model, first = _dp_fit_then_kernel_from_the_data(x, y, write=written_by == "assign")
+    if written_by != "assign":
         adam, loss = tf.keras.optimizers.Adam(0.01), LOSS
         for i in range(0, N, 8):
             with tf.GradientTape() as tape:
@@ -206,11 +212,8 @@ def test_weights_written_after_dp_training_give_no_guarantee_wherever_they_go(wr
     # and a model saved with its optimizer and loaded: each gave guarantee true (4.73 or 7.08). The write
     # is recorded with the weights in the privacy record store, and with a saved optimizer's ledger.
     x, y = small_data()
-    model, first = _compiled()
-    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    model, first = _dp_fit_then_kernel_from_the_data(x, y, write=written_by == "assign")
     if written_by == "assign":
-        kernel = model.layers[0].kernel
-        kernel.assign(kernel + tf.reshape(tf.constant(x.mean(axis=0)), (D, 1)))
         assert first.privacy_statement()["guarantee"] is False
         saved = str(tmp_path / "with_optimizer.keras")
         model.save(saved)
