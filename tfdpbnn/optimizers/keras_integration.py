@@ -104,25 +104,53 @@ def _recorded_training_records(keys, train_keys=None) -> int:
     return overlap
 
 
-def _refuse_validation_on_training_records(validation, train_keys) -> None:
-    """Refuse ``validation_data`` holding records this fit or a recorded run trains on (arrays only).
+def _validation_keys(validation):
+    """The record keys of ``validation_data`` (``tfdpbnn.record.records.input_keys``), or None if unknown.
 
-    Keras computes the validation loss and metrics without noise and puts them in the logs every epoch: on
-    training records that is an exact release of them, which no epsilon covers. Records are compared by
-    their ledger keys (``tfdpbnn.record.records``: content, or ``record_ids`` for training); a
-    ``tf.data`` validation set is not read (it stays listed under ``not_covered``).
+    Arrays are hashed. A ``tf.data`` pipeline is read once, batch by batch (its records' keys kept, not
+    its data), when TensorFlow knows it is finite (a pipeline of unknown or infinite size is not read);
+    each batch's rows are records, hashed as arrays of the same rows would be. None for a pipeline with
+    ragged or sparse parts, a generator, or anything else the keys cannot be made of.
     """
     import numpy as np
 
     from tfdpbnn.record.records import input_keys
 
-    if isinstance(validation, tf.data.Dataset):
-        return
-    parts = tuple(validation) if isinstance(validation, tuple | list) else (validation,)
-    try:
-        keys = input_keys(parts[0], parts[1] if len(parts) > 1 else None)
-    except (ValueError, TypeError):
-        return
+    def keys_of(element):
+        parts = tuple(element) if isinstance(element, tuple | list) else (element,)
+        try:
+            return input_keys(parts[0], parts[1] if len(parts) > 1 else None)
+        except (ValueError, TypeError):
+            return None
+
+    if not isinstance(validation, tf.data.Dataset):
+        return keys_of(validation)
+    if int(validation.cardinality()) < 0 or any(
+            not isinstance(spec, tf.TensorSpec) or spec.shape.rank == 0
+            for spec in tf.nest.flatten(validation.element_spec)):
+        return None
+    found = []
+    for element in validation:
+        keys = keys_of(tf.nest.map_structure(lambda t: t.numpy(), element))
+        if keys is None:
+            return None
+        found.append(keys)
+    return np.concatenate(found) if found else None
+
+
+def _refuse_validation_on_training_records(validation, train_keys) -> None:
+    """Refuse ``validation_data`` holding records this fit or a recorded run trains on.
+
+    Keras computes the validation loss and metrics without noise and puts them in the logs every epoch (and
+    callbacks act on them: ``EarlyStopping``, ``ReduceLROnPlateau``): on training records that is an exact
+    release of them, which no epsilon covers. Records are compared by their ledger keys
+    (``tfdpbnn.record.records``: content, or ``record_ids`` for training) of arrays, or of a finite
+    ``tf.data`` pipeline read once (``_validation_keys``); one whose keys are unknown stays listed under
+    ``not_covered``.
+    """
+    import numpy as np
+
+    keys = _validation_keys(validation)
     if keys is None:
         return
     overlap = _recorded_training_records(keys, train_keys)
