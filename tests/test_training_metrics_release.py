@@ -93,3 +93,35 @@ def test_a_released_metric_stays_readable_and_the_others_do_not():
     np.testing.assert_allclose(float(model.get_metrics_result()["loss"]), history["loss"][-1], rtol=1e-6)
     for value in _state(model).get("accuracy", []):
         np.testing.assert_allclose(value, 0.0, rtol=0, atol=0)
+
+
+def test_a_callback_acting_on_a_released_training_metric_is_refused():
+    """``ReduceLROnPlateau(monitor="loss")`` cut the learning rate, and ``EarlyStopping(monitor="loss")``
+    stopped after 2 of 3 epochs, on the noiseless training loss ``release_training_metrics`` puts in the
+    logs: the weights then depend on a release no epsilon covers (9.01 and 7.08 were printed with
+    ``guarantee: True``). Refused before any step; a callback on a metric not released, on a validation
+    metric, or a checkpoint saved every epoch, trains."""
+    x, y = small_data()
+
+    def fit(release, callback, **kwargs):
+        tf.keras.utils.set_random_seed(0)
+        model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(3)])
+        opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA,
+                                     release_training_metrics=release)
+        model.compile(optimizer=opt, loss=LOSS, metrics=["accuracy"])
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[callback], **kwargs)
+        return opt
+
+    for release, callback in (
+            (True, tf.keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=0)),
+            (True, tf.keras.callbacks.EarlyStopping(monitor="loss", patience=0)),
+            (["accuracy"], tf.keras.callbacks.EarlyStopping(monitor="accuracy", patience=0))):
+        with np.testing.assert_raises_regex(ValueError, f"monitors '{callback.monitor}', a training-batch "
+                                                        "metric this optimizer releases without noise"):
+            fit(release, callback)
+    held_out = small_data(n=16, seed=5)
+    for release, callback, kwargs in (
+            (["accuracy"], tf.keras.callbacks.EarlyStopping(monitor="loss", patience=0), {}),
+            (True, tf.keras.callbacks.EarlyStopping(monitor="val_loss", patience=0),
+             {"validation_data": held_out})):
+        assert fit(release, callback, **kwargs).steps > 0

@@ -163,6 +163,36 @@ def _refuse_validation_on_training_records(validation, train_keys) -> None:
             "(tfdpbnn.uncertainty.split_by_record), or evaluate on training records with a DP mechanism.")
 
 
+def _refuse_callbacks_acting_on_released_metrics(optimizer, callbacks) -> None:
+    """Refuse a callback that acts on a training-batch metric released without noise.
+
+    ``release_training_metrics`` puts the training batches' loss and metrics, computed without noise, in
+    the logs: a release no epsilon covers, listed under ``not_covered``. A callback that monitors one of
+    them (``EarlyStopping``, ``ReduceLROnPlateau``, ``ModelCheckpoint(save_best_only=True)``: any callback
+    with a ``monitor`` that acts on it) makes the training, and so the weights, depend on that release:
+    the printed epsilon would no longer cover the weights. Monitors of validation metrics (``val_...``)
+    are validation's business (``_refuse_validation_on_training_records``).
+    """
+    released = optimizer.release_training_metrics
+    if not released:
+        return
+    if isinstance(callbacks, tf.keras.callbacks.CallbackList):
+        callbacks = list(callbacks.callbacks)
+    for callback in callbacks or []:
+        monitor = getattr(callback, "monitor", None)
+        if not isinstance(monitor, str) or monitor.startswith("val_") or (
+                isinstance(callback, tf.keras.callbacks.ModelCheckpoint)
+                and not getattr(callback, "save_best_only", False)):
+            continue
+        if released is True or monitor in released:
+            raise ValueError(
+                f"callbacks: {type(callback).__name__} monitors {monitor!r}, a training-batch metric this "
+                "optimizer releases without noise (release_training_metrics): acting on it (stopping, a "
+                "new learning rate, the weights kept) makes the weights depend on a release that no epsilon "
+                "covers. Monitor a validation metric on records held out of DP training (val_...), or do "
+                "not release the training metrics.")
+
+
 def _finite_cardinality(dataset) -> int | None:
     """The number of batches one iteration of ``dataset`` yields, when TensorFlow knows it (else None)."""
     cardinality = int(dataset.cardinality())
@@ -298,6 +328,7 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=No
         _note_ids_without_rows(optimizer)
     if arguments.get("validation_data") is not None:
         _refuse_validation_on_training_records(arguments["validation_data"], keys)
+    _refuse_callbacks_acting_on_released_metrics(optimizer, arguments.get("callbacks"))
     # The reservation's wait for the disk runs beside the first steps: the monitor (the first callback)
     # joins it at the first batch's end, before any other callback can save what the run trained, and
     # fit joins it before it returns or raises.
