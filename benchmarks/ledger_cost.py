@@ -1,7 +1,7 @@
 """What the per-record privacy ledger and the privacy record cost: a run over a million records, each ``fit``.
 
 Run: ``python benchmarks/ledger_cost.py [--records 1000000] [--fits 15] [--models small,mlp] [--loop 500]
-[--eager 5]``
+[--eager 5] [--frozen 5]``
 (a few minutes on 2 cores). Prints the command, the machine and its load average, markdown tables for
 docs/benchmarks.md (every time as wall time and as this process's CPU time: other load on a shared machine
 inflates the first), and each target with its verdict:
@@ -37,7 +37,10 @@ inflates the first), and each target with its verdict:
    and with a data-set budget (whose checks compose every earlier release or run);
 6. ``--eager`` one-epoch fits of the small model that run eagerly (``run_eagerly=True``): the per-example
    checks at their steps (each step after a run's first is checked), for a known structure and for a model
-   whose check runs in full (an identity ``Lambda`` added), beside an eager non-private fit.
+   whose check runs in full (an identity ``Lambda`` added), beside an eager non-private fit;
+7. ``--frozen`` one-epoch fits of a frozen 784-2000-2000 body under a trainable head (transfer learning):
+   the comparison of the frozen weights before every batch (a read of each variable: a fresh read in the
+   buffer held since the snapshot needs no byte comparison), the record's whole work, DP / non-private.
 """
 
 from __future__ import annotations
@@ -493,6 +496,61 @@ def _eager_costs(fits: int) -> list[str]:
             f"| {where} | for scale: the same model's eager non-private fit | | {ms['non-private']:.0f} ms |"]
 
 
+def _frozen_costs(fits: int) -> list[str]:
+    """One-epoch fits of a frozen 784-2000-2000 body under a trainable 10-way head (transfer learning).
+
+    The body's 5.6M weights are state no DP step may change: ``StateWatch`` compares them before every
+    batch (``_StateWatchEnd.on_train_batch_begin``). Medians of ``fits`` interleaved fits: that comparison
+    per fit, the record's whole work per fit, and the DP and non-private fits' times.
+    """
+    import tensorflow as tf
+
+    n, batch = _MODELS["mlp"][0], 250
+    x, y = _data("mlp")
+    steps = -(-n // batch)
+
+    def frozen(optimizer):
+        tf.keras.utils.set_random_seed(2)
+        body = tf.keras.Sequential([tf.keras.Input((x.shape[1],)),
+                                    tf.keras.layers.Dense(2000, activation="relu"),
+                                    tf.keras.layers.Dense(2000, activation="relu")])
+        body.trainable = False
+        model = tf.keras.Sequential([body, tf.keras.layers.Dense(10)])
+        model.compile(optimizer=optimizer,
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    import tfdpbnn
+
+    dp = frozen(tfdpbnn.DPSGDOptimizer(1.0, 1.0, learning_rate=0.1, num_examples=n, batch_size=batch,
+                                       delta=1e-5, allow_exceeding_budget=True))
+    plain = frozen(tf.keras.optimizers.legacy.SGD(0.1))
+    label = next(text for _, method, text in _PHASES if method == "on_train_batch_begin")
+    compared, work, whole = [], [], {"DP": [], "non-private": []}
+
+    def fit(model):
+        _SPENT.clear()
+        with _Clock() as clock:
+            model.fit(x, y, batch_size=batch, epochs=1, verbose=0)
+        return clock.wall, dict(_SPENT)
+
+    for _ in range(2):  # warm up
+        fit(dp), fit(plain)
+    for _ in range(fits):
+        wall, spent = fit(dp)
+        whole["DP"].append(wall)
+        compared.append(spent.get(label, (0.0, 0.0))[0])
+        work.append(_whole_work(spent)[0])
+        whole["non-private"].append(fit(plain)[0])
+    ms = {k: statistics.median(v) * 1e3 for k, v in whole.items()}
+    where = f"{n:,} records, frozen 784-2000-2000 body + Dense(10) head, {steps} steps of {batch}"
+    return [f"| {where} | the comparisons of the frozen body before every batch, median of {fits} | "
+            f"{statistics.median(compared) * 1e3:.2f} ms | |",
+            f"| {where} | the record's whole work per fit | {statistics.median(work) * 1e3:.2f} ms | |",
+            f"| {where} | the DP fit / the non-private fit | {ms['DP']:.0f} ms / {ms['non-private']:.0f} "
+            f"ms | {ms['DP'] / ms['non-private']:.2f}x |"]
+
+
 def main(argv=None) -> None:
     """Print the measured rows (see the module)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -504,6 +562,8 @@ def main(argv=None) -> None:
                         help="one-step fits of the small model in a loop (0: none)")
     parser.add_argument("--eager", type=int, default=5,
                         help="one-epoch fits of the small model run eagerly, for each case (0: none)")
+    parser.add_argument("--frozen", type=int, default=5,
+                        help="one-epoch fits of a frozen body under a trainable head, each kind (0: none)")
     args = parser.parse_args(argv)
     if args.records < 1 or args.fits < 1:
         parser.error("--records and --fits must be >= 1")
@@ -511,12 +571,14 @@ def main(argv=None) -> None:
         parser.error(f"--loop must be >= 0, got {args.loop}")
     if args.eager < 0:
         parser.error(f"--eager must be >= 0, got {args.eager}")
+    if args.frozen < 0:
+        parser.error(f"--frozen must be >= 0, got {args.frozen}")
     models = [m for m in args.models.split(",") if m]
     if any(m not in _MODELS for m in models):
         parser.error(f"--models: each of {sorted(_MODELS)}, got {args.models!r}")
     load = os.getloadavg()
     start = time.perf_counter()
-    if models or args.loop or args.eager:
+    if models or args.loop or args.eager or args.frozen:
         _install_phase_timers()
     rows, walls, cpus = _run_over(args.records)
     phases: list[str] = []
@@ -531,10 +593,11 @@ def main(argv=None) -> None:
         parts, loops = _loop_costs(args.loop)
         phases += parts
     eager = _eager_costs(args.eager) if args.eager else []
+    frozen = _frozen_costs(args.frozen) if args.frozen else []
     end_load = os.getloadavg()[0]
     models_arg = ",".join(models) or "''"
     print(f"Command: python benchmarks/ledger_cost.py --records {args.records} --fits {args.fits} --models "
-          f"{models_arg} --loop {args.loop} --eager {args.eager}")
+          f"{models_arg} --loop {args.loop} --eager {args.eager} --frozen {args.frozen}")
     print(f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"TensorFlow {_tf_version()}; load average (1, 5, 15 minutes) {load[0]:.2f}, {load[1]:.2f}, "
           f"{load[2]:.2f} at the start, {end_load:.2f} at the end; wall time "
@@ -552,6 +615,10 @@ def main(argv=None) -> None:
     if eager:
         print("\n| run | what | the checks | the fit |\n| --- | --- | ---: | ---: |")
         for row in eager:
+            print(row)
+    if frozen:
+        print("\n| run | what | wall time | ratio |\n| --- | --- | ---: | ---: |")
+        for row in frozen:
             print(row)
     print("\nAgainst the targets:")
     cases = ("new records", "the same records, rows read", "the same records, rows not read",

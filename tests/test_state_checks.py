@@ -329,3 +329,47 @@ def test_a_model_built_by_its_first_call_trains_and_its_steps_are_counted(entry,
     statement = opt.privacy_statement()
     assert statement["guarantee"] is True and opt.steps == 8
     assert opt.epsilon() == pytest.approx(expected, rel=1e-2)
+
+
+def test_a_snapshot_finds_every_write_and_reads_unchanged_variables_only_once(monkeypatch):
+    """``VariableSnapshot.changed`` skips the byte comparison of a variable read in the buffer it holds
+    (TensorFlow writes no buffer a read holds): a frozen body costs a read per variable before each batch,
+    not a pass over its bytes (121 ms over 24 batches for a 5.6M-weight frozen body, 5.5 ms with it).
+    Every kind of write still gives a new buffer and is found; the same value written again is not a change.
+    """
+    from tfdpbnn.optimizers import state_checks
+
+    model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(6), tf.keras.layers.Dense(3)])
+    kernel, bias = model.layers[0].kernel, model.layers[0].bias
+    compared = []
+    original = state_checks.same_value
+    monkeypatch.setattr(state_checks, "same_value", lambda a, b: compared.append(1) or original(a, b))
+    snapshot = state_checks.VariableSnapshot(model)
+    assert snapshot.changed() == [] and compared == []  # nothing written: no byte compared
+    kernel.assign(kernel)  # the same value, the same buffer
+    assert snapshot.changed() == []
+    one = np.zeros(kernel.shape, np.float32)
+    one[0, 0] = 1.0
+    writes = {
+        "assign": lambda: kernel.assign(kernel + one),
+        "assign_add": lambda: kernel.assign_add(one),
+        "scatter_nd_update": lambda: tfdpbnn._private_api.tf_variables([kernel])[0].scatter_nd_update(
+            [[1, 1]], [5.0]),
+        "traced": tf.function(lambda: kernel.assign(kernel * 2.0 + one)),
+        "xla": tf.function(lambda: kernel.assign_add(one), jit_compile=True),
+        "raw": lambda: tf.raw_ops.AssignVariableOp(resource=kernel.handle, value=kernel + one),
+        "set_weights": lambda: model.layers[0].set_weights([kernel.numpy() + one, bias.numpy()]),
+    }
+    for name, write in writes.items():
+        write()
+        assert [v.name for v in snapshot.changed()] == [kernel.name], name
+        snapshot.restore()
+        assert snapshot.changed() == [], name
+    # The snapshot's value written again in a new buffer: equal bytes, and held from then on (on a new model:
+    # after a sparse write, TensorFlow copies every read of the kernel, which is then compared byte by byte).
+    fresh = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(6)])
+    snapshot = state_checks.VariableSnapshot(fresh)
+    fresh.layers[0].kernel.assign(np.array(fresh.layers[0].kernel.numpy()))
+    compared.clear()
+    assert snapshot.changed() == [] and len(compared) == 1
+    assert snapshot.changed() == [] and len(compared) == 1

@@ -51,6 +51,13 @@ def _library_layer(layer) -> bool:
     return type(layer).__module__.startswith("tfdpbnn.")
 
 
+def _address(view) -> int | None:
+    """The address of the buffer a read's numpy view shows (None for an empty or non-numeric array)."""
+    if not isinstance(view, np.ndarray) or not view.size or view.dtype.kind not in "biufc":
+        return None
+    return view.__array_interface__["data"][0]
+
+
 def _values(variables) -> list:
     """A copy of each variable's value (one read, one copy: ``_private_api.read_view``)."""
     return [np.array(_private_api.read_view(v), copy=True) for v in variables]
@@ -181,12 +188,36 @@ class VariableSnapshot:
         else:  # weights, not variables: Keras 3's variables also hold the random-number state (SeedGenerator)
             self._variables = [v for v in _private_api.weights(model)
                                if _private_api.is_variable(v) and v.dtype != tf.resource]
-        self._values = _values(self._variables)
+        reads = [_private_api.read_tensor_and_view(v) for v in self._variables]
+        # One read of each variable held, with its buffer's address: TensorFlow writes no buffer a read
+        # still holds (an assignment, an in-place update, an optimizer's or XLA step's, each takes a buffer
+        # of its own while another reference exists), so a fresh read in the held buffer has its bytes, and
+        # the held read is the snapshot's value (no copy; a read that is a copy already, of a distributed
+        # or device variable, is one too).
+        self._reads = [tensor for tensor, _ in reads]  # kept for the snapshot's life: its values' buffers
+        self._values = [view if _address(view) is not None else np.array(view, copy=True)
+                        for _, view in reads]
+        self._held = [(tensor, _address(view)) for tensor, view in reads]
 
     def changed(self) -> list:
-        """The variables whose value differs from the snapshot: any bit of a number (``same_bytes``)."""
-        return [v for v, old in zip(self._variables, self._values, strict=True)
-                if not same_value(np.asarray(_private_api.read_view(v)), old)]
+        """The variables whose value differs from the snapshot: any bit of a number (``same_bytes``).
+
+        A variable read in the buffer held since the snapshot (or since the last comparison found it equal)
+        is unchanged without reading its bytes: a frozen body's weights cost one read each, not a pass over
+        them. Any other (a new buffer, a distributed or device variable, whose reads are copies) is compared
+        byte by byte.
+        """
+        found = []
+        for i, (v, old) in enumerate(zip(self._variables, self._values, strict=True)):
+            tensor, view = _private_api.read_tensor_and_view(v)
+            address = _address(view)
+            if address is not None and address == self._held[i][1]:
+                continue
+            if same_value(np.asarray(view), old):
+                self._held[i] = (tensor, address)
+            else:
+                found.append(v)
+        return found
 
     def restore(self, changed=None) -> None:
         """Set the changed variables (``changed``, default all that changed) back to their snapshot values."""
@@ -194,9 +225,12 @@ class VariableSnapshot:
         for v in self.changed() if changed is None else changed:
             v.assign(old[id(v)])
 
-    def refuse_changes(self, during: str) -> None:
-        """Restore the snapshot; raise ``ValueError`` naming the variables ``during`` changed, if any."""
-        changed = self.changed()
+    def refuse_changes(self, during: str, changed=None) -> None:
+        """Restore the snapshot; raise ``ValueError`` naming the variables ``during`` changed, if any.
+
+        ``changed``: ``changed()`` as the caller has just found it (else found here).
+        """
+        changed = self.changed() if changed is None else changed
         self.restore(changed)
         if not changed:
             return
@@ -664,7 +698,7 @@ class StateWatch(tf.keras.callbacks.Callback):
         if changed and watch is not None:
             watch.taint([v.name for v in changed])
         self._outside.refuse_changes(f"a callback or code run during DP fit ({when}; outside the DP update "
-                                     "of the trainable variables)")
+                                     "of the trainable variables)", changed)
 
     def on_epoch_end(self, epoch, logs=None):
         """Refuse non-trainable state changed during the epoch; remember the epoch's trainable state."""
