@@ -632,8 +632,7 @@ class DPOptimizerMixin:
         compiled = self._compiled_model() if attributes.run_record(self).model() is None else None
         if compiled is not None:  # no run yet: what the weights of the model compiled with it carry
             attributes.run_record(self).adopt(compiled)
-            self._import_shared_training(compiled)
-            self._note_model_preprocessing(compiled)
+            self._import_model_training(compiled)
         return composed_epsilon(self, self.ledger, self._resolve_delta(delta),
                                 self._resolve_accountant(accountant))
 
@@ -686,8 +685,7 @@ class DPOptimizerMixin:
         if target is None:  # no run yet: the model compiled with it, if any
             model = target = self._compiled_model()
         if target is not None:
-            self._import_shared_training(target)
-            self._note_model_preprocessing(target)
+            self._import_model_training(target)
         return build_statement(self, self._resolve_delta(delta), model=model)
 
     #: What a run can release beside the DP gradients, which no epsilon covers (``note_uncovered_release``).
@@ -1203,38 +1201,43 @@ class DPOptimizerMixin:
             self._inherit_unguaranteed(other)
         attributes.add_variable_trainer(variables, self)
 
+    def _import_model_training(self, model) -> None:
+        """Import what ``model``'s weights carry: other optimizers' training, DP preprocessing releases."""
+        self._import_shared_training(model)
+        self._note_model_preprocessing(model)
+
     def _note_compiled_model(self, model) -> None:
         """``model.compile`` took this optimizer: its statement before any run is of that model's weights."""
         self._dp_compiled_model = weakref.ref(model)
 
     def _compiled_model(self):
-        """The model compiled with this optimizer, while it is alive and still compiled with it, or None."""
+        """The model compiled with this optimizer, for a statement before any run, or None.
+
+        None once the optimizer holds a released phase of its own (restored from a checkpoint or a saved
+        config: its ledger is the record), when the model is gone, or compiled with another optimizer since.
+        """
+        if any(p.released for p in self.ledger.phases):
+            return None
         model = None if self._dp_compiled_model is None else self._dp_compiled_model()
         return model if model is not None and getattr(model, "optimizer", None) is self else None
 
-    def _dp_unguaranteed_writes(self) -> tuple[list, list]:
+    def _dp_note_unguaranteed(self) -> tuple[list, list]:
         """``(written, after)``: names of variables written outside this optimizer's DP steps, no guarantee.
 
         ``written``: found during its runs (``WriteWatch.written``), inherited from optimizers whose training
         this one imported (``_inherit_unguaranteed``), and ``after``; ``after``: trainable weights written
         since its last run ended (after ``fit`` or ``train_on_batch`` returned) to values that are neither
         that run's last DP write, an epoch end's, nor weights the record holds, and not asserted by the user
-        (``assert_post_processing``).
+        (``assert_post_processing``). Weights written after the run are recorded so in the store, with a
+        release without noise (``RunRecord.record_written``): found by their values in another process,
+        they give no guarantee there either.
         """
         watch = self._dp_write_watch
         after, asserted = watch.written_after_run(self._dp_write_count,
                                                   attributes.run_record(self).recognises_weights)
         after = after if asserted is None else []
         written = watch.written()
-        return written + [n for n in after if n not in written], after
-
-    def _dp_note_unguaranteed(self) -> tuple[list, list]:
-        """``_dp_unguaranteed_writes``, with weights written after the last run recorded in the store.
-
-        The store then holds them with a release without noise (``RunRecord.record_written``): found by
-        their values in another process, they give no guarantee there either.
-        """
-        written, after = self._dp_unguaranteed_writes()
+        written = written + [n for n in after if n not in written]
         if after:
             attributes.run_record(self).record_written(written)
         return written, after
