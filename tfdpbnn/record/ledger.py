@@ -140,8 +140,10 @@ def written_outside_dp_phase(names, neighboring: str) -> Phase:
     """A release without noise: the variables ``names`` were written outside the DP step.
 
     What set them (a weight set from the data's mean, a plain optimizer's steps) is covered by no epsilon:
-    as a phase of noise multiplier 0 (``NonPrivateDpEvent``), it makes every ledger that holds it infinite
-    wherever the weights' record goes (the privacy record store, a saved optimizer, a later optimizer).
+    a phase of noise multiplier 0 (its event ``NonPrivateDpEvent``), written to the privacy record store
+    beside the ledger of the weights it changed. An optimizer that finds it there gives no guarantee
+    (``RunRecord.inherit``, which keeps it out of the optimizer's ledger), and weights whose record holds
+    it are not counted as a DP run's (``RunRecord.recognises_weights``, ``weights_and_spent``).
     """
     names = list(names)
     return Phase(kind="participations", noise_multiplier=0.0, neighboring=neighboring, steps=1,
