@@ -256,8 +256,7 @@ def refuse_non_private_training(model, x, y=None, record_ids=None, call="fit") -
 
     if record_store.default_path() is None:
         return
-    trainers = attributes.variable_trainers(_private_api.weights(model))  # an unbuilt model: weights so far
-    if attributes.ledger_link(model) is None and not trainers:
+    if not _dp_trainers(model):
         store = record_store.default_store()
         weights, variables = record_store.weights_identity(model)
         if not store.weights_record(weights, variables=variables,
@@ -383,13 +382,21 @@ def _non_private_training_done(model) -> None:
     DP steps and records them so in the privacy record store (``_dp_note_unguaranteed``), so they give no
     guarantee in this process or another (``load_model(compile=False)``, ``load_weights``).
     """
+    for trainer in _dp_trainers(model):
+        trainer._dp_note_unguaranteed()
+
+
+def _dp_trainers(model) -> list:
+    """The DP optimizers of ``model`` in this process: its variables' trainers and its ledger's holder.
+
+    The holder (``_hold_ledger_of``) is a loaded model's saved optimizer, or the one a compile replaced. An
+    unbuilt model's variables are those it holds so far (``_private_api.weights``).
+    """
     trainers = attributes.variable_trainers(_private_api.weights(model))
     link = attributes.ledger_link(model)
-    held = None if link is None else link.optimizer
-    if attributes.run_record(held) is not None and all(held is not t for t in trainers):
-        trainers.append(held)
-    for trainer in trainers:
-        trainer._dp_note_unguaranteed()
+    if link is not None and all(link.optimizer is not t for t in trainers):
+        trainers.append(link.optimizer)
+    return trainers
 
 
 def _link_replaced_optimizer(model, previous) -> None:
