@@ -6,7 +6,9 @@ comparison (once per ``fit``) for the 784-1000-10 MLP, and of ``check_declared_s
 frozen ``BatchNormalization`` layers (compared with a fresh copy when their state changes; the copies are
 cached per config). For the checks during the run it times, on the same MLP, ``StateWatch``'s work at an
 epoch end and at the end of ``fit``, and ``WriteWatch``'s two checks inside a traced step (before and after
-the update, per step), against the same traced step without them, on the MLP and a small 64-32-10 model:
+the update, per step), against the same traced step without them, on the MLP and a small 64-32-10 model,
+for an update of the weights alone and for one that also writes a momentum per weight (optimizer state the
+watch compares too):
 wall and CPU time (``time.process_time``, every thread of the process) per step, the median of
 ``--rounds`` rounds of ``--steps`` steps each, with the load average before and after (the machine is
 shared: run it under ``nice`` and read the CPU column).
@@ -53,28 +55,37 @@ def write_watch_per_step(model, steps: int, rounds: int) -> dict:
     ``apply_gradients`` does; the two steps alternate round by round, so load changes hit both.
     """
     variables = model.trainable_variables
-    watch = WriteWatch()
+    watch, momentum_watch = WriteWatch(), WriteWatch()
     watch.new_run(variables)
     iterations = tf.Variable(0, dtype=tf.int64)
     update = [tf.random.normal(v.shape) * 1e-3 for v in variables]
+    # A momentum per weight, as SGD with momentum keeps (the optimizer's state the watch compares too).
+    slots = [tf.Variable(tf.zeros(v.shape)) for v in variables]
+    momentum_watch.new_run(variables, state=slots, writes=iterations)
 
-    @tf.function
-    def plain():
-        for v, u in zip(variables, update, strict=True):
-            v.assign_sub(u)
+    def update_step(with_momentum):
+        for v, u, m in zip(variables, update, slots, strict=True):
+            if with_momentum:
+                v.assign_sub(m.assign(0.9 * m + u))
+            else:
+                v.assign_sub(u)
         iterations.assign_add(1)
 
-    @tf.function
-    def watched():
-        with tf.control_dependencies(watch.before_write(variables, iterations)):
-            for v, u in zip(variables, update, strict=True):
-                v.assign_sub(u)
-            iterations.assign_add(1)
-        watch.after_write(variables, iterations)
+    def traced(with_momentum, by=None):
+        """A traced step updating the weights (and a momentum), watched by ``by`` as a DP update is."""
+        @tf.function
+        def step():
+            with tf.control_dependencies(by.before_write(variables, iterations) if by is not None else []):
+                update_step(with_momentum)
+            if by is not None:
+                by.after_write(variables, iterations)
+        return step
 
-    times = {"plain": [], "watched": []}
+    steps_of = {"plain": traced(False), "watched": traced(False, watch), "plain, momentum": traced(True),
+                "watched, momentum": traced(True, momentum_watch)}
+    times = {name: [] for name in steps_of}
     for _ in range(rounds):
-        for name, fn in (("plain", plain), ("watched", watched)):
+        for name, fn in steps_of.items():
             times[name].append(_per_step(fn, steps, 1))
     out = {}
     for name, pairs in times.items():
@@ -119,10 +130,13 @@ def main() -> None:
                                  tf.keras.layers.Dense(10)])
     for label, model in (("784-1000-10 MLP (795,010 weights)", mlp), ("64-32-10 (2,410 weights)", small)):
         found = write_watch_per_step(model, args.steps, args.rounds)
-        (plain_wall, plain_cpu), (watched_wall, watched_cpu) = found["plain"], found["watched"]
-        print(f"WriteWatch per traced step, {label}: +{watched_cpu - plain_cpu:.3f} ms CPU "
-              f"({watched_cpu:.3f} against {plain_cpu:.3f} ms for the update alone), "
-              f"+{watched_wall - plain_wall:.3f} ms wall ({watched_wall:.3f} against {plain_wall:.3f})")
+        for kind in ("", ", momentum"):
+            plain_wall, plain_cpu = found["plain" + kind]
+            watched_wall, watched_cpu = found["watched" + kind]
+            what = "the weights and their momentum (optimizer state)" if kind else "the weights"
+            print(f"WriteWatch per traced step, {label}, {what}: +{watched_cpu - plain_cpu:.3f} ms CPU "
+                  f"({watched_cpu:.3f} against {plain_cpu:.3f} ms for the update alone), "
+                  f"+{watched_wall - plain_wall:.3f} ms wall ({watched_wall:.3f} against {plain_wall:.3f})")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
 if __name__ == "__main__":

@@ -33,6 +33,21 @@ def optimizer_slot_names(optimizer) -> list:
     return list(optimizer.get_slot_names())
 
 
+def build_optimizer_state(optimizer, variables) -> None:
+    """Create ``optimizer``'s state for ``variables`` now (its slots), as its ``apply_gradients`` does first.
+
+    ``OptimizerV2._create_all_weights`` under the optimizer's name scope, outside any trace: the slots it
+    makes are the ones ``apply_gradients`` would make (it creates none that exist).
+    """
+    with tf.name_scope(optimizer._name), tf.init_scope():
+        optimizer._create_all_weights(list(variables))
+
+
+def optimizer_state_variables(optimizer) -> list:
+    """The state ``optimizer`` keeps per trained variable (``OptimizerV2._slots``: momentum, m, v)."""
+    return [slot for slots in optimizer._slots.values() for slot in slots.values()]
+
+
 def variable_name(variable) -> str:
     """A variable's name, unique within a model (Keras 2's scoped ``name``)."""
     return variable.name

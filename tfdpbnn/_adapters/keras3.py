@@ -83,6 +83,26 @@ class _Keras3Base:
         return self.add_variable(shape=tuple(shape), initializer=initializer, dtype=dtype,
                                  aggregation=_AGGREGATIONS.get(aggregation, aggregation), name=name)
 
+    def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
+        """Keras 3's state per trained variable (a momentum, Adam's moments, an EMA average), noted.
+
+        ``optimizer_state_variables`` lists what this made: the state the DP write watch compares.
+        """
+        variable = super().add_variable_from_reference(reference_variable, name=name, initializer=initializer)
+        self.__dict__.setdefault("_dp_state_variables", []).append(variable)
+        return variable
+
+    def finalize_variable_values(self, var_list):
+        """Keras 3's end of ``fit``: with ``use_ema``, the average of the DP iterates set into the weights.
+
+        Post-processing of the DP writes, accepted by the write watch once the averages are found as the
+        DP steps left them (``DPOptimizerMixin._dp_swap_in_average``).
+        """
+        finalize = super().finalize_variable_values
+        if not self.use_ema:
+            return finalize(var_list)
+        return self._dp_swap_in_average(lambda: finalize(var_list))
+
     def load_own_variables(self, store):
         """Keras 3's restore of the optimizer's variables, counting again the steps it takes off the ledger.
 
@@ -253,6 +273,18 @@ def optimizer_slot(optimizer, variable, name):
         raise ValueError(f"name: {type(optimizer).__name__} keeps no slot {name!r}; it keeps "
                          f"{optimizer_slot_names(optimizer)}")
     return getattr(optimizer, _SLOT_LISTS[name])[optimizer._get_variable_index(variable)]
+
+
+def build_optimizer_state(optimizer, variables) -> None:
+    """Build ``optimizer`` on ``variables`` if it is not built (its state per variable), as ``fit`` does."""
+    if not optimizer.built:
+        with tf.init_scope():
+            optimizer.build(list(variables))
+
+
+def optimizer_state_variables(optimizer) -> list:
+    """The state ``optimizer`` keeps per trained variable (what its ``add_variable_from_reference`` made)."""
+    return list(optimizer.__dict__.get("_dp_state_variables", ()))
 
 
 def variable_name(variable) -> str:

@@ -31,7 +31,7 @@ import weakref
 
 import tensorflow as tf
 
-from tfdpbnn import _private_api
+from tfdpbnn import _adapters, _private_api
 from tfdpbnn._validation import (
     check_choice,
     check_nonnegative,
@@ -968,7 +968,8 @@ class DPOptimizerMixin:
         # After the checks have built the model. A custom loop's steps also compare the state no DP step may
         # change (model.fit's StateWatch does it at every epoch end, and sets it back).
         self._dp_write_watch.new_run(model.trainable_variables, self._run_constants(model),
-                                     kind="fit" if _fit else "custom_loop")
+                                     kind="fit" if _fit else "custom_loop", state=self._dp_state(model),
+                                     writes=self._dp_write_count)
         source = sampling["source"] if _fit else "custom_loop"
         state = attributes.ledger_state(self)
         with state.reading_once():  # opening the phase and finishing a partial pass: no step between
@@ -1091,6 +1092,37 @@ class DPOptimizerMixin:
         held = {id(v) for v in constants} | set(public)
         return constants + [v for v, _ in self._dp_foreign_variables.get(id(model), ()) if id(v) not in held]
 
+    def _dp_state(self, model) -> list:
+        """This optimizer's state per variable of ``model`` (slots, averages), created now where missing.
+
+        As its first update would create it (under the model's ``tf.distribute`` strategy), so that the
+        write watch compares it from the run's start (``WriteWatch.watch_state``).
+        """
+        adapter = _adapters.current()
+        with model.distribute_strategy.scope():
+            adapter.build_optimizer_state(self, model.trainable_variables)
+        return adapter.optimizer_state_variables(self)
+
+    def _dp_swap_in_average(self, swap):
+        """Run ``swap``, which sets an average of the DP iterates the optimizer keeps into the weights.
+
+        Keras 3's ``use_ema`` at the end of ``fit``: post-processing of the DP writes (Polyak and Juditsky
+        1992), accepted by the write watch as an epoch end's weights are, once the averages are found as the
+        last DP write left them (``WriteWatch.state_changed_since_write``); averages written since then
+        raise ``ValueError`` naming them, and the statement gives no guarantee.
+        """
+        watch = self._dp_write_watch
+        changed = watch.state_changed_since_write(self._dp_write_count)
+        if changed:
+            watch.taint(changed)
+            raise ValueError(
+                f"optimizer: its variable(s) {changed[:3]} changed after its last DP write, outside the DP "
+                "step, before use_ema set the averages into the weights. No epsilon covers what they carry; "
+                "the optimizer's privacy statement now says guarantee: false.")
+        result = swap()
+        watch.note_post_processing()
+        return result
+
     def _refuse_written_between_runs(self, model, with_identity: bool) -> tuple | None:
         """Refuse trainable weights written since this optimizer's last DP write (``WriteWatch``).
 
@@ -1134,7 +1166,8 @@ class DPOptimizerMixin:
         self._import_shared_training(model)  # built by the checks
         if not constants or self._dp_foreign_variables.get(id(model)):  # after the checks (built, listed)
             constants = self._run_constants(model, "train_on_batch")
-        self._dp_write_watch.new_run(model.trainable_variables, constants, kind="train_on_batch")
+        self._dp_write_watch.new_run(model.trainable_variables, constants, kind="train_on_batch",
+                                     state=self._dp_state(model), writes=self._dp_write_count)
         attributes.ledger_state(self).open_phase(
             kind="participations", noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
             sample_rate=None, num_examples=self.num_examples, source="train_on_batch",
@@ -1721,6 +1754,11 @@ class DPOptimizerMixin:
         applied = [g for g, _ in grads_and_vars if g is not None]
         self._dp_released = [r for r in released if not any(r is g for g in applied)]
         written = [v for g, v in grads_and_vars if g is not None]
+        # The state this update writes besides the weights (slots, averages), made now if the base would make
+        # it in its update, and watched from this step on.
+        adapter = _adapters.current()
+        adapter.build_optimizer_state(self, written)
+        self._dp_write_watch.watch_state(adapter.optimizer_state_variables(self))
         # Refused inside the step when a weight changed since the last DP update (state_checks.WriteWatch).
         with tf.control_dependencies(self._dp_write_watch.before_write(written, self._dp_write_count)):
             result = super().apply_gradients(grads_and_vars, *args, **kwargs)

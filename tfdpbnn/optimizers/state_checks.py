@@ -341,19 +341,27 @@ class WriteWatch:
         self._released = set()  # keys (``state``) of the weights an epoch's end released (``note_epoch_end``)
         self._post_processing = {}  # key of asserted weights -> the reason (``assert_post_processing``)
         self._asserted_used = []  # reasons of the assertions that accepted a write
+        self._state_verified = False  # just found equal to its copies (state_changed_since_write)
+        # The optimizer's own state per variable (``watch_state``): compared from each run's start on.
+        self._state, self._state_copies, self._state_flags = [], [], None
         with tf.init_scope():
             self._armed = _on_read(False, "dp_write_watch_armed")
             self._check_constants = _on_read(False, "dp_write_watch_constants")
             self._step = _on_read(tf.constant(-1, tf.int64), "dp_write_watch_step")
+            self._state_step = _on_read(tf.constant(-1, tf.int64), "dp_write_watch_state_step")
             self._flags = None
 
-    def new_run(self, variables, constants=(), kind="fit") -> None:
+    def new_run(self, variables, constants=(), kind="fit", state=(), writes=None) -> None:
         """Start a run over ``variables`` (the model's trainable variables): unarmed until the first write.
 
         ``constants``: variables no step of the run may change (see the class), copied now; the steps of
         a ``"custom_loop"`` or ``"train_on_batch"`` run (``kind``) compare them, those of a ``"fit"`` do not
-        (``StateWatch`` does, and sets them back). See also ``refuse_changed_constants``.
+        (``StateWatch`` does, and sets them back). See also ``refuse_changed_constants``. ``state``: the
+        optimizer's own state per variable (``watch_state``), compared from now on: its first step refuses
+        a change made before it (a callback's ``on_train_begin``) unless the count of DP writes ``writes``
+        (the optimizer's variable) has moved since (a restore of the optimizer).
         """
+        self._new_state_run(state, writes)
         values = self._flag_values()  # read once: for the names below, and to reset the flags set
         self._tainted.extend(n for n in self._flagged(values) if n not in self._tainted)
         variables, constants = list(variables), list(constants)
@@ -378,12 +386,68 @@ class WriteWatch:
             else:
                 for v, copy in zip(constants, self._constant_copies, strict=True):
                     copy.assign(v, read_value=False)
-            for _, flags in [*self._retired, (None, self._flags)]:
+            for _, flags in [*self._retired, (None, self._flags), (None, self._state_flags)]:
                 read = values.get(id(flags))  # flags made just now are zeros
                 if read is not None and np.any(read):
                     _private_api.assign_now(flags, np.zeros(flags.shape, np.float32))
             _private_api.assign_now(self._check_constants, np.bool_(kind != "fit"))
             _private_api.assign_now(self._armed, np.bool_(False))
+
+    def watch_state(self, variables) -> None:
+        """Watch the optimizer's own state per variable (``variables``: slots, Keras 3's EMA averages).
+
+        Only the DP step may write it: a momentum or an Adam moment set from the data between two steps
+        goes into every later update, unclipped and without noise. Each DP write keeps an exact copy of it
+        (``after_write``) and the next one compares every bit (``before_write``), as for the weights; a run's
+        first step compares it with its value at the run's start (``new_run``). Each variable gets one
+        copy for the watch's life; a new set of variables gets new flags (a step traced before keeps
+        writing the old ones, which ``written`` reads too). Called at a run's start and at every trace of a
+        DP write (an optimizer that creates state at its first update: the state is then watched from the
+        step that created it).
+        """
+        variables = [v for v in variables if v is not None]
+        if self._state_flags is not None and _same(variables, self._state):
+            return
+        with tf.init_scope():
+            if self._state_flags is not None:
+                self._retired.append((self._state, self._state_flags))
+            for v in variables:
+                if id(v) not in self._copy_of or self._copy_of[id(v)][0] is not v:
+                    self._copy_of[id(v)] = (v, _on_read(tf.convert_to_tensor(v), "dp_write_watch_state_copy"))
+            self._state = variables
+            self._state_copies = [self._copy_of[id(v)][1] for v in variables]
+            self._state_flags = _on_read(tf.zeros([len(variables)], tf.float32), "dp_write_watch_state_flags")
+
+    def _new_state_run(self, state, writes) -> None:
+        """``new_run``'s part for the optimizer's state: its copies as they are now, compared from now on."""
+        state = [v for v in state if v is not None]
+        if not state and not self._state:
+            return
+        verified = self._state_verified
+        self._state_verified = False
+        with tf.init_scope():
+            known = self._state_flags is not None and _same(state, self._state)
+            self.watch_state(state)
+            if not (known and verified):  # copies not just found equal to the state (refuse_state_written)
+                for v, copy in zip(self._state, self._state_copies, strict=True):
+                    copy.assign(v, read_value=False)
+            step = -1 if writes is None else int(_private_api.read_numpy(writes))
+            _private_api.assign_now(self._state_step, np.int64(step))
+
+    def state_changed_since_write(self, writes) -> list:
+        """Eager: names of the optimizer's state variables that differ from their copies (same write count).
+
+        The copies are the last DP write's, or the run's start's before its first write. ``writes``: the
+        optimizer's count of DP writes; one that moved since (a restore of the optimizer) compares nothing.
+        """
+        self._state_verified = False
+        if not self._state or int(_private_api.read_numpy(writes)) != int(
+                _private_api.read_numpy(self._state_step)):
+            return []
+        changed = [v.name for v, w in zip(self._state, _changed(self._state, self._state_copies),
+                                          strict=True) if w]
+        self._state_verified = not changed
+        return changed
 
     def refuse_changed_constants(self, constants) -> None:
         """Before a ``train_on_batch`` call: the last run's constants must hold their values if it was one.
@@ -408,9 +472,10 @@ class WriteWatch:
                 "training.")
 
     def disarm(self) -> None:
-        """Skip the check at the next step (a tool that sets the weights on purpose: the privacy audits)."""
+        """Skip the checks at the next step (the audits set the weights and optimizer state on purpose)."""
         with tf.init_scope():
             self._armed.assign(False)
+            self._state_step.assign(-1)
 
     def _held(self, variables) -> list:
         return [self._index[id(v)] for v in variables
@@ -419,32 +484,40 @@ class WriteWatch:
     def before_write(self, variables, iterations) -> list:
         """Inside the step, before the update: refuse it if a variable changed since the last DP write.
 
-        ``iterations``: the optimizer's step counter (a restore that set it back is accepted, see above).
-        Also compares the run's constants with their copies from its start.
+        ``iterations``: the optimizer's count of DP writes (a restore that set it back is accepted, see
+        above). Also compares the run's constants with their copies from its start, and the optimizer's
+        state (``watch_state``) with the last DP write's copies (the run's start's before its first write).
         """
         held = self._held(variables)
-        if not held and not self._constants:
+        step = tf.cast(tf.convert_to_tensor(iterations), tf.int64)
+        written, marks, names = [], [], []
+        if held or self._constants:
+            armed = tf.logical_and(tf.convert_to_tensor(self._armed),
+                                   tf.equal(step, tf.convert_to_tensor(self._step)))
+            parts = []
+            if held:
+                parts.append(tf.logical_and(armed, tf.stack(
+                    [_unequal(self._variables[i], self._copies[i]) for i in held])))
+            if self._constants:
+                parts.append(tf.logical_and(tf.convert_to_tensor(self._check_constants), tf.stack(
+                    [_unequal(v, c) for v, c in zip(self._constants, self._constant_copies, strict=True)])))
+            found = parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
+            where = held + list(range(len(self._variables), len(self._variables) + len(self._constants)))
+            marks.append(self._mark(self._flags, found, where, len(self._variables) + len(self._constants)))
+            written.append(found)
+            names += [self._variables[i].name for i in held] + [v.name for v in self._constants]
+        if self._state:
+            found = tf.logical_and(tf.equal(step, tf.convert_to_tensor(self._state_step)), tf.stack(
+                [_unequal(v, c) for v, c in zip(self._state, self._state_copies, strict=True)]))
+            every = list(range(len(self._state)))
+            marks.append(self._mark(self._state_flags, found, every, len(self._state)))
+            written.append(found)
+            names += [v.name for v in self._state]
+        if not written:
             return []
-        armed = tf.logical_and(tf.convert_to_tensor(self._armed), tf.equal(
-            tf.cast(tf.convert_to_tensor(iterations), tf.int64), tf.convert_to_tensor(self._step)))
-        parts = []
-        if held:
-            parts.append(tf.logical_and(armed, tf.stack(
-                [_unequal(self._variables[i], self._copies[i]) for i in held])))
-        if self._constants:
-            parts.append(tf.logical_and(tf.convert_to_tensor(self._check_constants), tf.stack(
-                [_unequal(v, c) for v, c in zip(self._constants, self._constant_copies, strict=True)])))
-        written = parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
-        where = held + list(range(len(self._variables), len(self._variables) + len(self._constants)))
-        flags, found = tf.convert_to_tensor(self._flags), tf.cast(written, tf.float32)
-        if where == list(range(len(self._variables) + len(self._constants))):  # every watched variable
-            mark = self._flags.assign(tf.maximum(flags, found))
-        else:
-            mark = self._flags.assign(tf.tensor_scatter_nd_max(
-                flags, tf.constant([[i] for i in where], tf.int32), found))
         if _private_api.in_xla_context():  # XLA drops assertions (and has no string gather): the flags stay
-            return [mark]
-        names = [self._variables[i].name for i in held] + [v.name for v in self._constants]
+            return marks
+        written = written[0] if len(written) == 1 else tf.concat(written, axis=0)
 
         def refuse():  # built into the graph's failing branch only: nothing gathered at a clean step
             return tf.debugging.Assert(
@@ -454,17 +527,31 @@ class WriteWatch:
                  "what they carry; the step is refused. Change weights only through the DP optimizer while "
                  "training, or between runs:", tf.boolean_mask(tf.constant(names), written)], summarize=3)
 
-        with tf.control_dependencies([mark]):
+        with tf.control_dependencies(marks):
             return [tf.cond(tf.reduce_any(written), lambda: _after(refuse), lambda: tf.constant(True))]
+
+    @staticmethod
+    def _mark(flags, found, where, size):
+        """Set ``flags`` at indices ``where`` (of ``size``) where ``found`` is true; the assignment."""
+        found = tf.cast(found, tf.float32)
+        if where == list(range(size)):  # every flag
+            return flags.assign(tf.maximum(tf.convert_to_tensor(flags), found))
+        return flags.assign(tf.tensor_scatter_nd_max(
+            tf.convert_to_tensor(flags), tf.constant([[i] for i in where], tf.int32), found))
 
     def after_write(self, variables, iterations) -> None:
         """Inside the step, after the update: keep a copy of what the DP step wrote; arm the check."""
         held = self._held(variables)
+        step = tf.cast(tf.convert_to_tensor(iterations), tf.int64)
+        if self._state:
+            for v, copy in zip(self._state, self._state_copies, strict=True):
+                copy.assign(v, read_value=False)
+            self._state_step.assign(step)
         if not held:
             return
         for i in held:
             self._copies[i].assign(self._variables[i], read_value=False)
-        self._step.assign(tf.cast(tf.convert_to_tensor(iterations), tf.int64))
+        self._step.assign(step)
         self._armed.assign(True)
 
     def last_written_state(self) -> str:
@@ -559,6 +646,17 @@ class WriteWatch:
                 "epsilon covers what they carry; the optimizer's privacy statement now says guarantee: "
                 "false. If the change used no private data, say so first with "
                 "optimizer.assert_post_processing(reason=...) (listed under asserted_by_user).")
+        state = self.state_changed_since_write(iterations)
+        # Accepted with weights that changed too and passed above: a restore of the model and its optimizer.
+        if state and not self.changed_since_write(iterations):
+            self.taint(state)
+            raise ValueError(
+                f"optimizer: its variable(s) {state[:3]} (state the DP step keeps per weight: a momentum, "
+                "Adam's moments, an EMA average) changed since its last DP write, outside the DP step, while "
+                "the weights did not. The next DP update would carry what they hold, unclipped and without "
+                "noise; no epsilon covers it, and the optimizer's privacy statement now says guarantee: "
+                "false. Change an optimizer's variables only by restoring the model and the optimizer "
+                "together.")
 
     def _flagged(self, values=None) -> list:
         """Names of the variables the steps flagged since the run started (every set of variables).
@@ -566,7 +664,8 @@ class WriteWatch:
         ``values``: {id(flags): the flags as just read} (``_flag_values``), else each set of flags is read.
         """
         found = []
-        for watched, flags in [*self._retired, (self._variables + self._constants, self._flags)]:
+        for watched, flags in [*self._retired, (self._variables + self._constants, self._flags),
+                               (self._state, self._state_flags)]:
             if flags is not None:
                 read = values[id(flags)] if values is not None else _private_api.read_numpy(flags)
                 found += [v.name for v, f in zip(watched, read, strict=True) if f > 0 and v.name not in found]
@@ -574,7 +673,7 @@ class WriteWatch:
 
     def _flag_values(self) -> dict:
         """{id(flags): values} of every set of flags, each read once."""
-        sets = [*self._retired, (None, self._flags)]
+        sets = [*self._retired, (None, self._flags), (None, self._state_flags)]
         return {id(flags): _private_api.read_numpy(flags) for _, flags in sets if flags is not None}
 
     def written(self) -> list:
