@@ -33,12 +33,15 @@ def optimizer_slot_names(optimizer) -> list:
     return list(optimizer.get_slot_names())
 
 
-def build_optimizer_state(optimizer, variables) -> None:
-    """Create ``optimizer``'s state for ``variables`` now (its slots), as its ``apply_gradients`` does first.
+def build_optimizer_state(optimizer, variables, at_run_start: bool = False) -> None:
+    """Create ``optimizer``'s state for ``variables`` (its slots), as its ``apply_gradients`` does first.
 
     ``OptimizerV2._create_all_weights`` under the optimizer's name scope, outside any trace: the slots it
-    makes are the ones ``apply_gradients`` would make (it creates none that exist).
+    makes are the ones ``apply_gradients`` would make (it creates none that exist). ``at_run_start``: not
+    now (Keras 2 creates them in the first update; nothing can write them before).
     """
+    if at_run_start:
+        return
     with tf.name_scope(optimizer._name), tf.init_scope():
         optimizer._create_all_weights(list(variables))
 

@@ -275,8 +275,12 @@ def optimizer_slot(optimizer, variable, name):
     return getattr(optimizer, _SLOT_LISTS[name])[optimizer._get_variable_index(variable)]
 
 
-def build_optimizer_state(optimizer, variables) -> None:
-    """Build ``optimizer`` on ``variables`` if it is not built (its state per variable), as ``fit`` does."""
+def build_optimizer_state(optimizer, variables, at_run_start: bool = False) -> None:
+    """Build ``optimizer`` on ``variables`` if it is not built (its state per variable), as ``fit`` does.
+
+    ``at_run_start`` too: Keras 3's ``fit`` builds it before the first step, after code of the user's
+    (a callback's ``on_train_begin``) may run.
+    """
     if not optimizer.built:
         with tf.init_scope():
             optimizer.build(list(variables))

@@ -1093,14 +1093,15 @@ class DPOptimizerMixin:
         return constants + [v for v, _ in self._dp_foreign_variables.get(id(model), ()) if id(v) not in held]
 
     def _dp_state(self, model) -> list:
-        """This optimizer's state per variable of ``model`` (slots, averages), created now where missing.
+        """This optimizer's state per variable of ``model`` (slots, averages), for the write watch.
 
-        As its first update would create it (under the model's ``tf.distribute`` strategy), so that the
-        write watch compares it from the run's start (``WriteWatch.watch_state``).
+        Keras 3 builds it now where ``fit`` would build it before the first step (under the model's
+        ``tf.distribute`` strategy), so that the watch compares it from the run's start
+        (``WriteWatch.watch_state``); Keras 2 creates it in its first update, where it is watched from.
         """
         adapter = _adapters.current()
         with model.distribute_strategy.scope():
-            adapter.build_optimizer_state(self, model.trainable_variables)
+            adapter.build_optimizer_state(self, model.trainable_variables, at_run_start=True)
         return adapter.optimizer_state_variables(self)
 
     def _dp_swap_in_average(self, swap):
@@ -1758,7 +1759,7 @@ class DPOptimizerMixin:
         # it in its update, and watched from this step on.
         adapter = _adapters.current()
         adapter.build_optimizer_state(self, written)
-        self._dp_write_watch.watch_state(adapter.optimizer_state_variables(self))
+        self._dp_write_watch.watch_state(adapter.optimizer_state_variables(self), self._dp_write_count)
         # Refused inside the step when a weight changed since the last DP update (state_checks.WriteWatch).
         with tf.control_dependencies(self._dp_write_watch.before_write(written, self._dp_write_count)):
             result = super().apply_gradients(grads_and_vars, *args, **kwargs)

@@ -393,7 +393,7 @@ class WriteWatch:
             _private_api.assign_now(self._check_constants, np.bool_(kind != "fit"))
             _private_api.assign_now(self._armed, np.bool_(False))
 
-    def watch_state(self, variables) -> None:
+    def watch_state(self, variables, writes) -> None:
         """Watch the optimizer's own state per variable (``variables``: slots, Keras 3's EMA averages).
 
         Only the DP step may write it: a momentum or an Adam moment set from the data between two steps
@@ -401,13 +401,14 @@ class WriteWatch:
         (``after_write``) and the next one compares every bit (``before_write``), as for the weights; a run's
         first step compares it with its value at the run's start (``new_run``). Each variable gets one
         copy for the watch's life; a new set of variables gets new flags (a step traced before keeps
-        writing the old ones, which ``written`` reads too). Called at a run's start and at every trace of a
-        DP write (an optimizer that creates state at its first update: the state is then watched from the
-        step that created it).
+        writing the old ones, which ``written`` reads too), and is compared from the count of DP writes
+        ``writes`` (the optimizer's variable) as it is now. Called at a run's start and at every trace of a
+        DP write (Keras 2 creates an optimizer's slots in its first update: they are watched from the step
+        that created them, before which no code could write them).
         """
         variables = [v for v in variables if v is not None]
-        if self._state_flags is not None and _same(variables, self._state):
-            return
+        if _same(variables, self._state) and (self._state_flags is not None or not variables):
+            return  # the same set, or none before and none now
         with tf.init_scope():
             if self._state_flags is not None:
                 self._retired.append((self._state, self._state_flags))
@@ -417,6 +418,8 @@ class WriteWatch:
             self._state = variables
             self._state_copies = [self._copy_of[id(v)][1] for v in variables]
             self._state_flags = _on_read(tf.zeros([len(variables)], tf.float32), "dp_write_watch_state_flags")
+            if writes is not None:
+                _private_api.assign_now(self._state_step, np.int64(int(_private_api.read_numpy(writes))))
 
     def _new_state_run(self, state, writes) -> None:
         """``new_run``'s part for the optimizer's state: its copies as they are now, compared from now on."""
@@ -427,8 +430,8 @@ class WriteWatch:
         self._state_verified = False
         with tf.init_scope():
             known = self._state_flags is not None and _same(state, self._state)
-            self.watch_state(state)
-            if not (known and verified):  # copies not just found equal to the state (refuse_state_written)
+            self.watch_state(state, None)
+            if not (known and verified):  # not just found equal (state_changed_since_write)
                 for v, copy in zip(self._state, self._state_copies, strict=True):
                     copy.assign(v, read_value=False)
             step = -1 if writes is None else int(_private_api.read_numpy(writes))
