@@ -264,3 +264,51 @@ def test_trainable_batch_norm_rejected_and_bad_method():
             run(model, vec(6), Y, 0.5, method, graph=False)
     with pytest.raises(ValueError, match="method"):
         run(model, vec(6), Y, 0.5, "fast", graph=False)
+
+
+class _Tokenwise(tf.keras.layers.Layer):
+    """A Dense applied to every token by merging the batch with the time axis ([B, T, D] -> [B * T, D])."""
+
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = tf.keras.layers.Dense(units, name="tokens")
+
+    def call(self, t):
+        z = self.dense(tf.reshape(t, [-1, t.shape[-1]]))
+        return tf.reshape(z, [tf.shape(t)[0], -1, z.shape[-1]])
+
+
+def _token_model(inner):
+    return tf.keras.Sequential([tf.keras.Input((4, 6)), inner, tf.keras.layers.GlobalAveragePooling1D(),
+                                tf.keras.layers.Dense(3)])
+
+
+@pytest.mark.parametrize("inner", ["reshape", "time_distributed"])
+def test_a_layer_called_on_rows_that_merge_the_batch_falls_back(inner):
+    # Each of an example's 4 token rows clipped to C alone would let one example move the clipped sum by 4 C.
+    layer = _Tokenwise(5) if inner == "reshape" else tf.keras.layers.TimeDistributed(
+        tf.keras.layers.Dense(5, name="tokens"))
+    model = _token_model(layer)
+    x = vec(4, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        auto = run(model, x, Y, 0.5, "auto")
+    ref = run(model, x, Y, 0.5, "jacobian")  # each example's whole gradient clipped
+    np.testing.assert_allclose(auto[3], ref[3], rtol=1e-5)
+    assert auto[3].shape == (B,)
+    for a, r in zip(auto[0], ref[0], strict=True):
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-7)
+    with pytest.raises(UnsupportedModelError, match="tokens"):
+        run(model, x, Y, 0.5, "ghost")
+
+
+def test_rows_that_merge_the_batch_unknown_at_the_trace_fail_the_step():
+    model = _token_model(_Tokenwise(5))
+    def clipped(x, y):
+        return clipped_gradients(model, x, y, None, xent, 0.5, method="ghost").clipped_sum
+
+    signature = [tf.TensorSpec([None, 4, 6]), tf.TensorSpec([None], tf.int64)]
+    step = tf.function(clipped, input_signature=signature, autograph=False)
+    refused = "layer tokens: called on a tensor whose first axis"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=refused):
+        step(vec(4, 6), Y.astype(np.int64))

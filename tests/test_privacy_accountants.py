@@ -204,3 +204,19 @@ def test_ledger_and_non_private(name):
     assert acc.get_delta(eps) <= DELTA * 1.001
     acc.compose(dpa.NonPrivateDpEvent())
     assert acc.get_epsilon(DELTA) == math.inf
+
+
+@pytest.mark.parametrize("epsilon", [0.3, 1.0, 1.5, 40.0, 709.0, 800.0, 5000.0])
+def test_amplification_by_subsampling_holds_past_the_float_range(epsilon):
+    # log(1 + q (e^eps - 1)) in 60-digit decimals; a weak mechanism (SI-DPSGD's paper mode at sigma 1 gives
+    # eps near 900 per step) once raised OverflowError from the statement instead of printing it.
+    from decimal import Decimal, getcontext
+
+    from tfdpbnn.privacy.advanced_composition import amplify
+
+    getcontext().prec = 60
+    q = Decimal("0.125")
+    reference = float((1 + q * (Decimal(epsilon).exp() - 1)).ln())
+    amplified, delta = amplify(epsilon, 1e-6, 0.125)
+    assert amplified == pytest.approx(reference, rel=1e-12)
+    assert delta == pytest.approx(0.125e-6, rel=1e-15)

@@ -126,6 +126,36 @@ def _recording(entries, records, problems, tape):
                 object.__delattr__(layer, "call")
 
 
+def _one_row_per_example(squared, per_example_loss, layer):
+    """``squared`` (a layer's per-row squared norms), refused unless it has one row per example.
+
+    The rules read a layer's input row by row as the batch's examples. A layer called on a tensor whose
+    first axis merges the batch with another (Keras 2's ``TimeDistributed``, a reshape of ``[B, T, D]`` to
+    ``[B * T, D]`` before a ``Dense``, two views concatenated along the batch axis) has several rows per
+    example: each would be clipped to C alone, and one example could move the clipped sum by T * C.
+    Rows known to differ at the trace: ``UnsupportedModelError`` (the jacobian path, which clips each
+    example's whole gradient). Rows not known then: checked at every step, where a mismatch fails the step
+    (an assertion naming the layer, and a reshape to the examples' count that fails under XLA too).
+    """
+    rows, examples = squared.shape[:1], per_example_loss.shape[:1]
+    if rows.rank and examples.rank and rows[0] is not None and examples[0] is not None:
+        if rows[0] != examples[0]:
+            raise UnsupportedModelError(
+                f"layer {layer.name} is called on {rows[0]} rows for {examples[0]} examples (its input's "
+                "first axis merges the batch with another), so its rows are not the examples", [layer.name])
+        return squared
+    if not _private_api.in_xla_context():
+        check = tf.debugging.assert_equal(
+            tf.shape(squared)[0], tf.shape(per_example_loss)[0],
+            message=f"layer {layer.name}: called on a tensor whose first axis is not the batch's (several "
+                    "rows per example: TimeDistributed on Keras 2, a reshape merging the batch with another "
+                    "axis, views concatenated along the batch): the ghost engine would clip each row alone. "
+                    "Use clipping_method='jacobian' on the DP optimizer")
+        with tf.control_dependencies([check]):
+            squared = tf.identity(squared)
+    return tf.reshape(squared, tf.shape(per_example_loss))
+
+
 def ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_norm_clip, var_list,
                             training=True, entries=None, sum_scale=None) -> ClippedGradients:
     """The ``ClippedGradients`` of ``clipped_gradients`` by ghost norms and book-keeping.
@@ -176,7 +206,7 @@ def ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_
         for flag, sq in zip(r.entry.wanted, r.entry.rule.squared_norms(r.entry.layer, r.context, grads),
                             strict=True):
             if flag and sq is not None:
-                squared.append(sq)
+                squared.append(_one_row_per_example(sq, per_example_loss, r.entry.layer))
     norms = tf.sqrt(tf.add_n(squared)) if squared else tf.zeros_like(per_example_loss)
     factors = scaled_factors(clip_factors(norms, l2_norm_clip), sum_scale)
     sums = {}

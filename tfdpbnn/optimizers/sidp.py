@@ -66,6 +66,12 @@ class SIDPOptimizer(DPSGDOptimizer):
                 raise ValueError("weight_noise: a constant weight-noise std is allowed in the sound mode "
                                  "only; with paper_mean_update=True the accounting needs s_t = eta_t C z / B")
             weight_noise = check_nonnegative("weight_noise", weight_noise)
+        if paper_mean_update and (momentum or nesterov):
+            # The mean's sensitivity the accounting adds per step, eta C / B, is plain SGD's: with momentum
+            # m one example moves the mean by up to eta C / B (1 - m^j) / (1 - m) after j steps.
+            raise ValueError(f"momentum: paper_mean_update=True accounts for plain SGD updates of the mean "
+                             f"(momentum 0, nesterov False); got momentum={momentum!r}, "
+                             f"nesterov={nesterov!r}")
         self.weight_noise = weight_noise
         super().__init__(l2_norm_clip, noise_multiplier, target_epsilon=target_epsilon, delta=delta,
                          num_examples=num_examples, batch_size=batch_size, epochs=epochs,

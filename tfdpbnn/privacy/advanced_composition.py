@@ -35,8 +35,14 @@ DELTA_PRIME_FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9
 
 
 def amplify(epsilon: float, delta: float, sample_rate: float) -> tuple[float, float]:
-    """Poisson-subsampling amplification (Li, Qardaji & Su 2012, Theorem 1)."""
-    return math.log1p(sample_rate * math.expm1(epsilon)), sample_rate * delta
+    """Poisson-subsampling amplification (Li, Qardaji & Su 2012, Theorem 1).
+
+    ``log(1 + q (e^eps - 1))``, written ``eps + log(q + (1 - q) e^-eps)`` for a large ``eps`` (the first form
+    overflows past eps = 709; a weak mechanism is amplified to about ``eps + log q``).
+    """
+    if epsilon <= 1.0:
+        return math.log1p(sample_rate * math.expm1(epsilon)), sample_rate * delta
+    return epsilon + math.log(sample_rate + (1.0 - sample_rate) * math.exp(-epsilon)), sample_rate * delta
 
 
 def advanced_composition(epsilons: np.ndarray, counts: np.ndarray, delta_prime: float) -> float:
