@@ -312,3 +312,23 @@ def test_rows_that_merge_the_batch_unknown_at_the_trace_fail_the_step():
     refused = "layer tokens: called on a tensor whose first axis"
     with pytest.raises(tf.errors.InvalidArgumentError, match=refused):
         step(vec(4, 6), Y.astype(np.int64))
+
+
+def test_layer_normalization_with_rms_scaling_falls_back():
+    # Keras 3's rms_scaling divides by the root mean square without centring: the rule's centred xhat gave
+    # the scale's per-example norms up to 27 times off (and its gradient wrong), so the exact path runs.
+    try:
+        norm = tf.keras.layers.LayerNormalization(rms_scaling=True, name="rms")
+    except TypeError:
+        pytest.skip("this Keras's LayerNormalization has no rms_scaling")
+    model = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(5), norm,
+                                 tf.keras.layers.Dense(3)])
+    x = vec(6)
+    with pytest.warns(UserWarning, match="rms"):
+        auto = run(model, x, Y, 0.5, "auto")
+    ref = run(model, x, Y, 0.5, "jacobian")
+    np.testing.assert_allclose(auto[3], ref[3], rtol=1e-5)
+    for a, r in zip(auto[0], ref[0], strict=True):
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="rms"):
+        run(model, x, Y, 0.5, "ghost")

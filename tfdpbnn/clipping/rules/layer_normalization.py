@@ -15,6 +15,8 @@ class LayerNormalizationRule(AffineNormalizationRule):
     """
 
     def unsupported_reason(self, layer):
+        if getattr(layer, "rms_scaling", False):  # Keras 3: x over its root mean square, not centred
+            return "rms_scaling (xhat is not centred)"
         axes = list(layer.axis)
         if 0 in axes:
             return "axis includes the batch axis"
