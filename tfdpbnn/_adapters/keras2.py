@@ -1,4 +1,9 @@
-"""The Keras 2 adapter: tensorflow-privacy's vectorized Keras optimizers as the optimizer base classes."""
+"""The Keras 2 adapter: tensorflow-privacy's vectorized Keras optimizers as the optimizer base classes.
+
+Besides the private names in ``tfdpbnn._private_api``, it reads ``OptimizerV2._create_all_weights``,
+``_slots`` and ``_name`` (the optimizer's state per variable, which the DP write watch compares;
+``_private_api.check`` fails when they change).
+"""
 
 from __future__ import annotations
 

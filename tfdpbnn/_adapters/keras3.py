@@ -370,6 +370,12 @@ def check() -> None:
         raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s TensorFlowTrainer._maybe_symbolic_build, "
                            "_distribute_strategy or _collective_all_reduce_multi_worker changed; update "
                            "tfdpbnn/_adapters/keras3.py")
+    noted = type("Noted", (_Keras3Base, keras.optimizers.SGD), {})(momentum=0.9)
+    build_optimizer_state(noted, [keras.Variable([1.0])])
+    state = optimizer_state_variables(noted)
+    if len(state) != 1 or state[0] is not noted.momentums[0]:
+        raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s optimizers no longer make their state per "
+                           "variable through add_variable_from_reference; update tfdpbnn/_adapters/keras3.py")
     if not isinstance(parts[2][0], keras.losses.Loss) or total_loss_metric(model) is None \
             or compiled_user_loss(model) != "mse":
         raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s CompileLoss._flat_losses or _user_loss, or "
