@@ -401,6 +401,10 @@ def test_per_example_losses_from_every_kind_of_compiled_loss():
     expected = (tf.keras.losses.sparse_categorical_crossentropy(y, pa).numpy()
                 + 0.3 * mse(y2, pb).numpy()) * sw
     np.testing.assert_allclose(per_example, expected, rtol=1e-5)
+    # Targets as a tuple (Keras 3's data adapters pass fit's list on so): paired by position all the same.
+    np.testing.assert_allclose(fn((y, y2), [pa, pb], sw).numpy(), expected, rtol=1e-5)
+    model.fit(x, [y, y2], batch_size=6, epochs=1, verbose=0)
+    assert model.optimizer.steps == 1
     # its weighted mean is Keras's own (SUM_OVER_BATCH_SIZE) compiled loss
     keras_loss = float(model.compiled_loss([tf.constant(y), tf.constant(y2)], [pa, pb],
                                            sample_weight=tf.constant(sw)))

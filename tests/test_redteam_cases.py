@@ -805,3 +805,18 @@ def test_a_train_step_coupling_examples_through_their_sample_weights_is_refused(
     with pytest.raises(ValueError, match="loss: one example's loss passed to .* depends on other examples"):
         model.train_on_batch(x[:8], y[:8], sample_weight=np.ones(8, np.float32))
     assert optimizer.steps == 8
+
+
+def test_a_record_with_a_nan_feature_leaves_no_guarantee():
+    # One NaN feature makes that example's gradient, the noised sum and every later weight NaN; without the
+    # record the weights are finite, so the two data sets are told apart (7.08 was printed, guarantee true).
+    x, y = small_data()
+    x[5, 0] = np.nan
+    model, optimizer = _compiled()
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    assert not all(np.isfinite(w.numpy()).all() for w in model.trainable_weights)
+    statement = optimizer.privacy_statement()
+    assert statement["guarantee"] is False
+    assert statement["epsilon"] == math.inf and statement["quote"]["epsilon"] == math.inf
+    assert "non-finite weights" in statement["guarantee_reason"]
+    assert statement["epsilon_if_values_were_finite"] == pytest.approx(gaussians_epsilon(1.0, 2), rel=1e-6)

@@ -499,18 +499,6 @@ def check() -> None:
     if "_was_dp_gradients_called" not in source:
         raise RuntimeError("tfdpbnn: tensorflow-privacy no longer uses _was_dp_gradients_called; update "
                            "tfdpbnn/_private_api.py")
-    from tfdpbnn._adapters import keras2
-
-    optimizer, weight = tf.keras.optimizers.legacy.SGD(momentum=0.9), tf.Variable([1.0])
-    try:
-        keras2.build_optimizer_state(optimizer, [weight])
-        state = keras2.optimizer_state_variables(optimizer)
-    except AttributeError as err:
-        raise RuntimeError(f"tfdpbnn: Keras's OptimizerV2._create_all_weights, _slots or _name changed "
-                           f"({err}); update tfdpbnn/_adapters/keras2.py") from err
-    if len(state) != 1 or state[0] is not optimizer.get_slot(weight, "momentum"):
-        raise RuntimeError("tfdpbnn: Keras's OptimizerV2._slots no longer holds the slots by variable; "
-                           "update tfdpbnn/_adapters/keras2.py")
 
 
 def _check_tf_data() -> None:

@@ -2,7 +2,7 @@
 
 Besides the private names in ``tfdpbnn._private_api``, it reads ``OptimizerV2._create_all_weights``,
 ``_slots`` and ``_name`` (the optimizer's state per variable, which the DP write watch compares;
-``_private_api.check`` fails when they change).
+``check`` fails when they change).
 """
 
 from __future__ import annotations
@@ -59,3 +59,17 @@ def optimizer_state_variables(optimizer) -> list:
 def variable_name(variable) -> str:
     """A variable's name, unique within a model (Keras 2's scoped ``name``)."""
     return variable.name
+
+
+def check() -> None:
+    """Raise ``RuntimeError`` naming the Keras 2 internal of this adapter that the installed Keras lacks."""
+    optimizer, weight = tf.keras.optimizers.legacy.SGD(momentum=0.9), tf.Variable([1.0])
+    try:
+        build_optimizer_state(optimizer, [weight])
+        state = optimizer_state_variables(optimizer)
+    except AttributeError as err:
+        raise RuntimeError(f"tfdpbnn: Keras's OptimizerV2._create_all_weights, _slots or _name changed "
+                           f"({err}); update tfdpbnn/_adapters/keras2.py") from err
+    if len(state) != 1 or state[0] is not optimizer.get_slot(weight, "momentum"):
+        raise RuntimeError("tfdpbnn: Keras's OptimizerV2._slots no longer holds the slots by variable; "
+                           "update tfdpbnn/_adapters/keras2.py")

@@ -182,6 +182,12 @@ def loss_container_parts(container, y_pred, y, sample_weight):
         raise ValueError("model: its outputs' structure flattens differently in Keras and tf.nest; tfdpbnn's "
                          "per-example loss on Keras 3 cannot pair them with their losses")
     single = not tf.nest.is_nested(y_pred)
+    # Keras 3's data adapters hand a list of targets on as a tuple: a sequence of the outputs' length is
+    # taken in their sequence type (Keras's own CompileLoss pairs them by position too).
+    if isinstance(y_pred, list | tuple) and isinstance(y, list | tuple) and len(y) == len(y_pred):
+        y = type(y_pred)(y)
+        if isinstance(sample_weight, list | tuple) and len(sample_weight) == len(y_pred):
+            sample_weight = type(y_pred)(sample_weight)
     if not single:
         try:
             keras.tree.assert_same_structure(y_pred, y)

@@ -584,6 +584,16 @@ class WriteWatch:
         written = _changed(self._variables, self._copies)
         return [v.name for v, w in zip(self._variables, written, strict=True) if w]
 
+    def non_finite(self) -> list:
+        """Eager: names of the watched variables holding a NaN or an infinity.
+
+        One record with a NaN or infinite value (a feature, a label, a loss) makes its gradient, and so the
+        noised sum and every later weight, NaN, which the same data set without it does not: such weights
+        tell the two apart, so no epsilon holds for them (the statement says so).
+        """
+        return [v.name for v in self._variables
+                if not np.all(np.isfinite(np.asarray(_private_api.read_numpy(v))))]
+
     def note_epoch_end(self) -> str:
         """Remember the weights the last DP write left as an epoch's end (released); return their key."""
         key = self.last_written_state()

@@ -116,7 +116,7 @@ def _noise_source(optimizer) -> str:
 
 
 def _mark_guarantee(statement: dict, optimizer, ledger) -> dict:
-    """``guarantee``: False for replayable noise or state written outside the DP step; epsilon infinite.
+    """``guarantee``: False for replayable noise, state written outside the DP step or non-finite weights.
 
     Replayable: ``debug_noise_seed`` (this optimizer's, or a phase of ``ledger``, the optimizer's, that
     another optimizer ran so), or a release composed into the statement fit with ``seed=``.
@@ -147,6 +147,18 @@ def _mark_guarantee(statement: dict, optimizer, ledger) -> dict:
             "training outside the DP update (a callback or code between steps); what they carry is covered "
             "by no epsilon. epsilon is infinite; epsilon_if_state_were_untouched is the accountant's value.",
             "no epsilon holds: state was written outside the DP step")
+    non_finite = watch.non_finite()
+    if non_finite and statement["guarantee"]:
+        statement["guarantee"] = False
+        _no_guarantee(
+            statement, "epsilon_if_values_were_finite",
+            f"non-finite weights: no guarantee. Variable(s) {non_finite[:3]} hold NaN or infinite values. A "
+            "record with a NaN or infinite value (a feature, a label, its loss) makes the noised sum, and so "
+            "every later weight, NaN, which the same data without it does not: the weights tell the two "
+            "apart. "
+            "epsilon is infinite; epsilon_if_values_were_finite is the accountant's value. Drop or repair "
+            "non-finite records before training.",
+            "no epsilon holds: the DP-trained weights are not finite")
     seeded = replayable_releases(optimizer)
     if seeded and statement["guarantee"]:
         statement["guarantee"] = False
