@@ -125,12 +125,18 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
       epoch's start (``RunRecord.check_rewind``). ``others_may_restore=False`` says that the ``fit`` has no
       callback but tfdpbnn's (which restore nothing): the check is skipped (``fit`` passes it so when the
       caller gave no callback).
+    - ``snapshot_every_batch=True`` (``fit`` passes it when a callback saves the weights every so many
+      batches: ``ModelCheckpoint`` or ``BackupAndRestore`` with an integer ``save_freq``): a snapshot at
+      every batch end too, so weights saved in the middle of a pass are known to the record wherever they
+      are loaded (a new model, another process) and carry the steps that made them.
     """
 
-    def __init__(self, false_alarm_rate=None, check_passes=False, others_may_restore=True):
+    def __init__(self, false_alarm_rate=None, check_passes=False, others_may_restore=True,
+                 snapshot_every_batch=False):
         super().__init__()
         self.check_passes = bool(check_passes)
         self.others_may_restore = bool(others_may_restore)
+        self.snapshot_every_batch = bool(snapshot_every_batch)
         self._epoch_start_examples = None
         from tfdpbnn.privacy import sampling_test
 
@@ -278,6 +284,8 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         later callback can save what they trained (``record_store.wait_durable``).
         """
         record_store.wait_durable()
+        if self.snapshot_every_batch:  # weights a callback may save now (its on_train_batch_end)
+            attributes.run_record(self.model.optimizer).snapshot(self.model)
         self._withhold_training_metrics(logs)
         if self._per_call > 1:  # only the steps ran since the last check: what they changed, read unchecked
             self.model.optimizer._dp_outside_reads_after_execution(self.model, self._per_call)

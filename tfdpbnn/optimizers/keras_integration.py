@@ -356,7 +356,12 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=No
     foreign = others + [c for c in privacy if type(c) is not PrivacyCallback]
     if foreign:  # their on_train_begin may change the model before the step is traced
         optimizer._user_code_before_first_trace()
-    monitor = DPTrainingMonitor(check_passes=whole_passes, others_may_restore=bool(foreign))
+    # Weights saved every so many batches leave in the middle of a pass: snapshots at batch ends know them.
+    batch_savers = [c for c in others if isinstance(c, tf.keras.callbacks.ModelCheckpoint
+                                                    | tf.keras.callbacks.BackupAndRestore)
+                    and isinstance(getattr(c, "save_freq", None), int) and not isinstance(c.save_freq, bool)]
+    monitor = DPTrainingMonitor(check_passes=whole_passes, others_may_restore=bool(foreign),
+                                snapshot_every_batch=bool(batch_savers))
     watch = StateWatch(others_may_write=bool(foreign))  # its end-of-fit check last: after every on_train_end
     arguments["callbacks"] = [monitor, watch] + privacy + others + [watch.end]
     return arguments
