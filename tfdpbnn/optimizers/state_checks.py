@@ -373,11 +373,8 @@ class WriteWatch:
                     self._retired.append((self._variables + self._constants, self._flags))
                 self._variables = variables
                 self._index = {id(v): i for i, v in enumerate(variables)}
-                for v in variables:  # one copy per variable for the watch's life: every traced step shares it
-                    if id(v) not in self._copy_of or self._copy_of[id(v)][0] is not v:
-                        copy = _on_read(tf.zeros(v.shape, v.dtype), "dp_write_watch_copy")
-                        self._copy_of[id(v)] = (v, copy)
-                self._copies = [self._copy_of[id(v)][1] for v in variables]
+                self._copies = [self._copy_for(v, lambda v: tf.zeros(v.shape, v.dtype), "dp_write_watch_copy")
+                                for v in variables]
                 self._constants = constants
                 self._constant_copies = [_on_read(tf.convert_to_tensor(v), "dp_write_watch_constant")
                                          for v in constants]
@@ -386,7 +383,7 @@ class WriteWatch:
             else:
                 for v, copy in zip(constants, self._constant_copies, strict=True):
                     copy.assign(v, read_value=False)
-            for _, flags in [*self._retired, (None, self._flags), (None, self._state_flags)]:
+            for _, flags in self._flag_sets():
                 read = values.get(id(flags))  # flags made just now are zeros
                 if read is not None and np.any(read):
                     _private_api.assign_now(flags, np.zeros(flags.shape, np.float32))
@@ -412,14 +409,24 @@ class WriteWatch:
         with tf.init_scope():
             if self._state_flags is not None:
                 self._retired.append((self._state, self._state_flags))
-            for v in variables:
-                if id(v) not in self._copy_of or self._copy_of[id(v)][0] is not v:
-                    self._copy_of[id(v)] = (v, _on_read(tf.convert_to_tensor(v), "dp_write_watch_state_copy"))
             self._state = variables
-            self._state_copies = [self._copy_of[id(v)][1] for v in variables]
+            self._state_copies = [self._copy_for(v, tf.convert_to_tensor, "dp_write_watch_state_copy")
+                                  for v in variables]
             self._state_flags = _on_read(tf.zeros([len(variables)], tf.float32), "dp_write_watch_state_flags")
             if writes is not None:
                 _private_api.assign_now(self._state_step, np.int64(int(_private_api.read_numpy(writes))))
+
+    def _copy_for(self, variable, initial, name):
+        """The watch's one copy of ``variable``, shared by the traced steps; made as ``initial(variable)``."""
+        held = self._copy_of.get(id(variable))
+        if held is None or held[0] is not variable:
+            held = self._copy_of[id(variable)] = (variable, _on_read(initial(variable), name))
+        return held[1]
+
+    def _flag_sets(self) -> list:
+        """``(watched variables, flags)`` of every set of flags: earlier sets, the weights', the state's."""
+        return [*self._retired, (self._variables + self._constants, self._flags),
+                (self._state, self._state_flags)]
 
     def _new_state_run(self, state, writes) -> None:
         """``new_run``'s part for the optimizer's state: its copies as they are now, compared from now on."""
@@ -677,8 +684,7 @@ class WriteWatch:
         ``values``: {id(flags): the flags as just read} (``_flag_values``), else each set of flags is read.
         """
         found = []
-        for watched, flags in [*self._retired, (self._variables + self._constants, self._flags),
-                               (self._state, self._state_flags)]:
+        for watched, flags in self._flag_sets():
             if flags is not None:
                 read = values[id(flags)] if values is not None else _private_api.read_numpy(flags)
                 found += [v.name for v, f in zip(watched, read, strict=True) if f > 0 and v.name not in found]
@@ -686,8 +692,8 @@ class WriteWatch:
 
     def _flag_values(self) -> dict:
         """{id(flags): values} of every set of flags, each read once."""
-        sets = [*self._retired, (None, self._flags), (None, self._state_flags)]
-        return {id(flags): _private_api.read_numpy(flags) for _, flags in sets if flags is not None}
+        return {id(flags): _private_api.read_numpy(flags) for _, flags in self._flag_sets()
+                if flags is not None}
 
     def written(self) -> list:
         """Names of the variables found written outside the DP step (this run's and earlier runs')."""
