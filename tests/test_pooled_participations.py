@@ -86,3 +86,22 @@ def test_backup_and_restore_by_batches_never_pools_the_resumed_pass(tmp_path):
     assert opt.ledger.steps == 8 + 3 + (8 if _keras_version.KERAS_MAJOR == 3 else 7) + 8
     assert opt.epsilon() >= gaussians_epsilon(SIGMA, 4) * (1 - 1e-6)
     assert opt.privacy_statement()["quote"]["epsilon"] >= gaussians_epsilon(SIGMA, 4) * (1 - 1e-6)
+
+
+def test_backup_and_restore_resumed_at_the_crash_step_counts_the_resumed_pass_anew(tmp_path):
+    from test_weights_record import _Crash
+
+    x, y = small_data()
+    model, opt = _model()
+    backup = tf.keras.callbacks.BackupAndRestore(str(tmp_path / "backup"), save_freq=4)   # every 4 batches
+    with pytest.raises(RuntimeError, match="simulated crash"):   # after the backup at step 12: nothing lost
+        model.fit(x, y, batch_size=B, epochs=3, verbose=0, callbacks=[backup, _Crash(epoch=1, batch=3)])
+    model.fit(x, y, batch_size=B, epochs=3, verbose=0, callbacks=[backup])
+    # Ran: pass 1 (8 steps), steps 9-12 of pass 2; Keras 2 resumes pass 2 at its 5th step on a fresh shuffle
+    # (4 steps), Keras 3 runs pass 2 again (8 steps); then pass 3. A record of steps 9-12 can be drawn again
+    # in the resumed pass: 4 participations (the restore set the partial pass's count back to 32 examples,
+    # and 24 steps of 8 were once counted as 3 passes).
+    assert opt.ledger.steps == 8 + 4 + (8 if _keras_version.KERAS_MAJOR == 3 else 4) + 8
+    truth = gaussians_epsilon(SIGMA, 4)
+    assert opt.epsilon() >= truth * (1 - 1e-6)
+    assert opt.privacy_statement()["quote"]["epsilon"] >= truth * (1 - 1e-6)

@@ -340,6 +340,10 @@ class RunRecord:
         if not restore_possible:
             return 0
         added = 0 if not before else self.account_rewind(before)
+        if before is not None:
+            # The restore may have set the open pass back to the partial count the run's start finished
+            # (Keras 2 resumes an epoch mid-way on a fresh shuffle): this call's steps start a pass anew.
+            attributes.ledger_state(self._optimizer).finish_partial_pass()
         model = self.model()
         if self.store is not None and model is not None and begin_weights is not None:
             weights, variables = record_store.weights_identity(model)
