@@ -1,11 +1,11 @@
 """Derived weights keep their earlier spending: ``ledger_bound`` (and ``quote``) is at or above the truth.
 
 Weights saved mid-pass by ``ModelCheckpoint`` or ``BackupAndRestore`` (an integer ``save_freq``) are
-those of a snapshot the record takes at every batch end of such a ``fit``; weights rounded to float16 and a
-trained body under a new head are found by their variables' keys (each variable's float16 and bfloat16
-rounding, ``tfdpbnn.record.store.variable_fingerprints``); either way the
-per-record ledger holds every release on their records. Truth: the participations of the worst-placed
-record over every run whose weights the derived model carries, counted here, composed with dp-accounting.
+those of a snapshot the record takes before each batch end where such a saver saves; weights rounded to
+float16 and a trained body under a new head are found by their variables' keys (each variable's float16
+and bfloat16 rounding, ``tfdpbnn.record.store.variable_fingerprints``); either way the per-record ledger
+holds every release on their records. Truth: the participations of the worst-placed record over every run
+whose weights the derived model carries, counted here, composed with dp-accounting.
 """
 
 from __future__ import annotations
@@ -88,3 +88,62 @@ def test_weights_saved_mid_pass_and_trained_on_other_records_keep_their_spending
     assert statement["weights"]["steps"] >= 20
     for value in (statement["epsilon"], statement["quote"]["epsilon"]):
         assert value >= gaussians_epsilon(SIGMA, 3) * (1 - 1e-6)
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 3])
+def test_batch_end_snapshots_come_before_every_batch_save_and_only_there(tmp_path, steps_per_execution):
+    # A ModelCheckpoint every 5 batches and a BackupAndRestore every 3, over 3 passes of 8 steps (the
+    # counters run across epochs; with steps_per_execution=3 Keras sees batches 2, 5, 7 of each pass).
+    from tfdpbnn.record import attributes
+
+    x, y = small_data()
+    model = small_model()
+    opt = tfdpbnn.DPSGDOptimizer(1.0, SIGMA, num_examples=N, batch_size=B, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS, steps_per_execution=steps_per_execution)
+    saves = tmp_path / "saves"  # the savers' files alone (the record store may be in tmp_path)
+    checkpoint = tf.keras.callbacks.ModelCheckpoint(str(saves / "w.weights.h5"), save_weights_only=True,
+                                                    save_freq=5)
+    backup = tf.keras.callbacks.BackupAndRestore(str(saves / "backup"), save_freq=3)
+    saved, snapshots = [], []
+
+    class SaveSpy(tf.keras.callbacks.Callback):  # after both savers: did either write the weights now?
+        def __init__(self):
+            super().__init__()
+            self.files = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            files = sorted((str(p), p.stat().st_mtime_ns) for p in saves.rglob("*") if p.is_file())
+            if files != self.files:
+                saved.append(int(opt.iterations.numpy()))
+            self.files = files
+
+    record = attributes.run_record(opt)
+    snapshot = record.snapshot
+
+    def counted(model, final=False):
+        snapshots.append(int(opt.iterations.numpy()))
+        return snapshot(model, final=final)
+
+    record.snapshot = counted
+    model.fit(x, y, batch_size=B, epochs=3, verbose=0, callbacks=[checkpoint, backup, SaveSpy()])
+    assert saved and set(saved) <= set(snapshots)
+    # Every other snapshot is an epoch end's or the final one: not one at every batch end.
+    assert len(snapshots) <= len(set(saved)) + 3 + 1
+
+
+def test_a_saver_with_a_batch_hook_of_its_own_is_snapshot_before_at_every_batch(tmp_path):
+    from tfdpbnn import _adapters
+
+    class OwnHook(tf.keras.callbacks.ModelCheckpoint):
+        def on_train_batch_end(self, batch, logs=None):  # saves whenever it likes
+            self.model.save_weights(self.filepath)
+
+    keras_own = tf.keras.callbacks.ModelCheckpoint(str(tmp_path / "a.weights.h5"), save_freq=4)
+    own = OwnHook(str(tmp_path / "b.weights.h5"), save_freq=4)
+    adapter = _adapters.current()
+    # Keras's counters: batches 0, 1, 2 of a pass are no save; the fourth batch end is (read, not advanced).
+    assert [adapter.saves_after_batch(keras_own, b) for b in (0, 1, 2, 3)] == [False, False, False, True]
+    keras_own._should_save_on_batch(1)   # the saver itself at batch 1: 2 batches seen
+    assert [adapter.saves_after_batch(keras_own, b) for b in (2, 3)] == [False, True]
+    assert keras_own._should_save_on_batch(2) is False       # its own counters were not advanced
+    assert all(adapter.saves_after_batch(own, b) for b in (0, 1, 2))

@@ -7,7 +7,7 @@ import numbers
 
 import tensorflow as tf
 
-from tfdpbnn import _private_api
+from tfdpbnn import _adapters, _private_api
 from tfdpbnn.record import attributes
 from tfdpbnn.record import store as record_store
 
@@ -125,18 +125,21 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
       epoch's start (``RunRecord.check_rewind``). ``others_may_restore=False`` says that the ``fit`` has no
       callback but tfdpbnn's (which restore nothing): the check is skipped (``fit`` passes it so when the
       caller gave no callback).
-    - ``snapshot_every_batch=True`` (``fit`` passes it when a callback saves the weights every so many
-      batches: ``ModelCheckpoint`` or ``BackupAndRestore`` with an integer ``save_freq``): a snapshot at
-      every batch end too, so weights saved in the middle of a pass are known to the record wherever they
-      are loaded (a new model, another process) and carry the steps that made them.
+    - ``batch_savers``: the callbacks that save the weights every so many batches (``ModelCheckpoint`` or
+      ``BackupAndRestore`` with an integer ``save_freq``; ``fit`` passes them). At a batch end where one
+      of them will save (read from its own counters before it runs; every batch end where they cannot be
+      read), a snapshot is taken first, so weights saved in the middle of a pass are known to the record
+      wherever they are loaded (a new model, another process) and carry the steps that made them.
     """
 
-    def __init__(self, false_alarm_rate=None, check_passes=False, others_may_restore=True,
-                 snapshot_every_batch=False):
+    def __init__(self, false_alarm_rate=None, check_passes=False, others_may_restore=True, batch_savers=()):
         super().__init__()
         self.check_passes = bool(check_passes)
         self.others_may_restore = bool(others_may_restore)
-        self.snapshot_every_batch = bool(snapshot_every_batch)
+        self.batch_savers = list(batch_savers)
+        for saver in self.batch_savers:
+            if not isinstance(saver, tf.keras.callbacks.Callback):
+                raise ValueError(f"batch_savers must hold Keras callbacks, got {saver!r}")
         self._epoch_start_examples = None
         from tfdpbnn.privacy import sampling_test
 
@@ -284,8 +287,9 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         later callback can save what they trained (``record_store.wait_durable``).
         """
         record_store.wait_durable()
-        if self.snapshot_every_batch:  # weights a callback may save now (its on_train_batch_end)
-            attributes.run_record(self.model.optimizer).snapshot(self.model)
+        adapter = _adapters.current()
+        if self.batch_savers and any(adapter.saves_after_batch(c, batch) for c in self.batch_savers):
+            attributes.run_record(self.model.optimizer).snapshot(self.model)  # before they save the weights
         self._withhold_training_metrics(logs)
         if self._per_call > 1:  # only the steps ran since the last check: what they changed, read unchecked
             self.model.optimizer._dp_outside_reads_after_execution(self.model, self._per_call)

@@ -20,7 +20,9 @@ values and sample weights), ``Optimizer._get_variable_index`` with Adam's ``_mom
 ``Trainer._flatten_metrics_in_order`` (``train_on_batch``'s list of logs), ``TensorFlowTrainer``'s
 ``_distribute_strategy`` and ``_maybe_symbolic_build`` (``fit``'s build of the model from its first batch
 under a ``tf.distribute`` strategy, ``build_from_one_replica``) and the trainer module's
-``_collective_all_reduce_multi_worker`` (when ``fit`` reduces a step's logs across workers, ``step_logs``).
+``_collective_all_reduce_multi_worker`` (when ``fit`` reduces a step's logs across workers, ``step_logs``),
+and ``ModelCheckpoint``'s and ``BackupAndRestore``'s ``_should_save_on_batch`` (the batches where they save
+the weights, ``saves_after_batch``).
 """
 
 from __future__ import annotations
@@ -356,6 +358,22 @@ def step_logs(model, logs):
     return {k: tf.reshape(v, [1]) if v.shape.rank == 0 else v for k, v in logs.items()}
 
 
+def saves_after_batch(callback, batch) -> bool:
+    """Whether ``callback``'s ``on_train_batch_end(batch)``, about to run, may save the model's weights.
+
+    ``callback``: a ``ModelCheckpoint`` or ``BackupAndRestore`` with an integer ``save_freq``; Keras's own
+    ``_should_save_on_batch`` decides (``keras_batch_save_decision``). True where that is not known (a
+    subclass with a batch hook of its own, counters the installed Keras does not have).
+    """
+    from tfdpbnn._adapters import keras_batch_save_decision
+
+    for base in (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore):
+        if isinstance(callback, base):
+            decided = keras_batch_save_decision(callback, batch, base)
+            return True if decided is None else decided
+    return True
+
+
 def check() -> None:
     """Raise ``RuntimeError`` naming the Keras 3 internal that the installed Keras no longer provides."""
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
@@ -382,6 +400,13 @@ def check() -> None:
     if len(state) != 1 or state[0] is not noted.momentums[0]:
         raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s optimizers no longer make their state per "
                            "variable through add_variable_from_reference; update tfdpbnn/_adapters/keras3.py")
+    from tfdpbnn._adapters import keras_batch_save_decision
+
+    for base, path in ((keras.callbacks.ModelCheckpoint, "unused.weights.h5"),
+                       (keras.callbacks.BackupAndRestore, "unused")):
+        if keras_batch_save_decision(base(path, save_freq=2), 0, base) is not False:
+            raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s {base.__name__}._should_save_on_batch "
+                               "changed; update tfdpbnn/_adapters/keras3.py")
     if not isinstance(parts[2][0], keras.losses.Loss) or total_loss_metric(model) is None \
             or compiled_user_loss(model) != "mse":
         raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s CompileLoss._flat_losses or _user_loss, or "

@@ -361,7 +361,7 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=No
                                                     | tf.keras.callbacks.BackupAndRestore)
                     and isinstance(getattr(c, "save_freq", None), int) and not isinstance(c.save_freq, bool)]
     monitor = DPTrainingMonitor(check_passes=whole_passes, others_may_restore=bool(foreign),
-                                snapshot_every_batch=bool(batch_savers))
+                                batch_savers=batch_savers)
     watch = StateWatch(others_may_write=bool(foreign))  # its end-of-fit check last: after every on_train_end
     arguments["callbacks"] = [monitor, watch] + privacy + others + [watch.end]
     return arguments
