@@ -159,11 +159,14 @@ def public_split(x, y, num_public=NUM_PUBLIC, seed=4321):
     return x[~mask], y[~mask], x[mask]
 
 
-def build_model(input_shape, norm: str, noisy: bool, x_public, arch: str = "small", seed: int = 0):
+def build_model(input_shape, norm: str, noisy: bool, x_public, arch: str = "small", seed: int = 0,
+                affine: bool = True):
     """The CNN (see module doc) with ``norm`` in ``NORMS`` after every trainable layer.
 
     ``noisy``: ``NoisyConv2D``/``NoisyDense`` (SI-DPSGD) or Keras ``Conv2D``/``Dense`` (DP-SGD). Inputs are
     centred (x - 0.5, data-independent). ``x_public``: the public batch (used by ``norm="bn"`` only).
+    ``affine=False``: the normalization has no trainable scale and offset (paper mode, whose accounting
+    covers the noisy layers' weights alone).
     """
     import tensorflow as tf
 
@@ -184,9 +187,11 @@ def build_model(input_shape, norm: str, noisy: bool, x_public, arch: str = "smal
 
     def normalize(h, rank):
         if norm == "ln":
-            return tf.keras.layers.LayerNormalization(axis=list(range(1, rank)))(h)
+            return tf.keras.layers.LayerNormalization(axis=list(range(1, rank)), center=affine,
+                                                      scale=affine)(h)
         if norm == "bn":
-            return layers.PublicBatchNormalization(num_public=m, carried=True)(h)
+            return layers.PublicBatchNormalization(num_public=m, carried=True, center=affine,
+                                                   scale=affine)(h)
         return h
 
     if arch == "small":
@@ -279,7 +284,11 @@ def train_one(kind: str, norm: str, epsilon, setting: dict, x_train, y_train, x_
     else:
         sigma = float(privacy.calibrate_noise(epsilon, DELTA, q, steps, accountant="rdp", sampling="poisson"))
     noisy = kind != "dpsgd"
-    model = build_model(x_train.shape[1:], norm, noisy, x_public, arch=setting["arch"], seed=seed)
+    # Paper mode updates every trainable variable with the clipped mean without noise: only the noisy layers'
+    # weights are released with noise (SIDPOptimizer refuses others), so its normalizations have no scale and
+    # offset of their own.
+    model = build_model(x_train.shape[1:], norm, noisy, x_public, arch=setting["arch"], seed=seed,
+                        affine=not kind.startswith("sidp-paper"))
     common = dict(l2_norm_clip=setting["clip"], noise_multiplier=sigma,
                   learning_rate=setting["learning_rate"], num_examples=n, batch_size=batch,
                   sampling="poisson", accountant="rdp", delta=DELTA,

@@ -338,8 +338,10 @@ def test_posterior_sampler_feeds_mc_predict():
 def test_sidp_sets_layer_noise_and_paper_mode_epsilon():
     x, y = _data()
     tf.keras.utils.set_random_seed(0)
+    # No trainable scale and offset in the normalization: paper mode (below) trains noisy layers alone.
     model = tf.keras.Sequential([tf.keras.Input((4,)), tfdpbnn.NoisyDense(5),
-                                 tf.keras.layers.LayerNormalization(), tfdpbnn.NoisyDense(3)])
+                                 tf.keras.layers.LayerNormalization(center=False, scale=False),
+                                 tfdpbnn.NoisyDense(3)])
     opt = tfdpbnn.SIDPOptimizer(1.0, 4.0, learning_rate=0.2, **COMMON)
     model.compile(optimizer=opt, loss=LOSS)
     model.fit(x, y, batch_size=10, epochs=1, verbose=0)

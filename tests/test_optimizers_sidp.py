@@ -13,10 +13,11 @@ COMMON = dict(num_examples=40, batch_size=10, delta=1e-5, learning_rate=0.2)
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def _model():
+def _model(affine=True):
     tf.keras.utils.set_random_seed(0)
     return tf.keras.Sequential([tf.keras.Input((4,)), tfdpbnn.NoisyDense(5),
-                                tf.keras.layers.LayerNormalization(), tfdpbnn.NoisyDense(3)])
+                                tf.keras.layers.LayerNormalization(center=affine, scale=affine),
+                                tfdpbnn.NoisyDense(3)])
 
 
 def test_constant_weight_noise_is_used_and_keeps_the_dp_sgd_epsilon():
@@ -65,7 +66,7 @@ def test_paper_mode_statement_keeps_a_void_guarantee_void():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # Lemma 4.1 and debug_noise_seed warn
         paper = tfdpbnn.SIDPOptimizer(1.0, 4.0, paper_mean_update=True, debug_noise_seed=3, **COMMON)
-    model = _model()
+    model = _model(affine=False)
     model.compile(optimizer=paper, loss=LOSS)
     model.fit(x, y, batch_size=10, epochs=1, verbose=0)
     paper.release_weights(model)
@@ -73,3 +74,36 @@ def test_paper_mode_statement_keeps_a_void_guarantee_void():
     assert statement["guarantee"] is False
     assert statement["epsilon"] == float("inf") and statement["quote"]["epsilon"] == float("inf")
     assert 0 < statement["epsilon_by_accountant"]["gdp_exact"] < float("inf")
+
+
+@pytest.mark.parametrize("plain", ["dense head", "layer norm", "frozen"])
+def test_paper_mode_refuses_trainable_variables_outside_the_noisy_layers(plain):
+    # A plain Dense head, or a LayerNormalization's scale and offset, would be updated with the clipped mean
+    # without noise and released as they are: bit-identical across two runs on the same data with fresh
+    # noise, different on neighbouring data, while 2.98 was printed with guarantee: true. Frozen, they are
+    # constants of the model.
+    import warnings
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 4)).astype("float32"), rng.integers(0, 3, 40)
+    tf.keras.utils.set_random_seed(0)
+    extra = {"dense head": [tf.keras.layers.Dense(3)],
+             "layer norm": [tf.keras.layers.LayerNormalization(), tfdpbnn.NoisyDense(3)],
+             "frozen": [tf.keras.layers.LayerNormalization(trainable=False), tfdpbnn.NoisyDense(3)]}[plain]
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tfdpbnn.NoisyDense(5, activation="tanh"), *extra])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Lemma 4.1
+        paper = tfdpbnn.SIDPOptimizer(1.0, 4.0, paper_mean_update=True, **COMMON)
+    model.compile(optimizer=paper, loss=LOSS)
+    if plain == "frozen":
+        model.fit(x, y, batch_size=10, epochs=1, verbose=0)
+        assert paper.steps == 4
+        return
+    with pytest.raises(ValueError, match="paper_mean_update=True every trainable variable must be a noisy"):
+        model.fit(x, y, batch_size=10, epochs=1, verbose=0)
+    assert paper.steps == 0
+    # The sound mode trains the same model: every update is DP-SGD's.
+    sound = tfdpbnn.SIDPOptimizer(1.0, 4.0, **COMMON)
+    model.compile(optimizer=sound, loss=LOSS)
+    model.fit(x, y, batch_size=10, epochs=1, verbose=0)
+    assert sound.steps == 4

@@ -97,12 +97,34 @@ class SIDPOptimizer(DPSGDOptimizer):
                 "typically far larger than the paper's.", UserWarning, stacklevel=2)
 
     def track_model(self, model):
-        """Remember ``model``'s noisy layers (done by ``model.fit``; call it for custom training loops)."""
+        """Remember ``model``'s noisy layers (done by ``model.fit``; call it for custom training loops).
+
+        In paper mode every trainable variable must be a noisy layer's ``kernel`` or ``bias``: the
+        accounting covers the releases ``theta_t = mu_t + s_t xi``, and any other trainable variable (a
+        plain ``Dense``, a normalization's scale and offset) would be updated with the clipped mean without
+        noise and exported as it is.
+        """
         layers = _noisy_layers(model)
         if not layers:
             raise ValueError("model: SIDPOptimizer needs NoisyDense/NoisyConv2D layers, found none")
+        if self.paper_mean_update:
+            noised = {id(v) for layer in layers for v in (layer.kernel, getattr(layer, "bias", None))
+                      if v is not None}
+            plain = [v.name for v in model.trainable_variables if id(v) not in noised]
+            if plain:
+                raise ValueError(
+                    f"model: with paper_mean_update=True every trainable variable must be a noisy layer's "
+                    f"kernel or bias, but {', '.join(plain[:3])}{' and more' if len(plain) > 3 else ''} "
+                    "would be updated with the clipped mean without noise and released as it is, which the "
+                    "paper mode's accounting does not cover. Make those layers noisy (NoisyDense, "
+                    "NoisyConv2D), freeze them (trainable=False), or use paper_mean_update=False.")
         self._key_layer_noise(layers)
         self._sidp_layers = layers
+
+    def _check_model(self, model, *args, **kwargs):
+        """The DP optimizer's checks of ``model``, then ``track_model`` (refusing before the first step)."""
+        super()._check_model(model, *args, **kwargs)
+        self.track_model(model)
 
     def _key_layer_noise(self, layers):
         """Draw the layers' weight noise xi from this optimizer's noise key (``NoisyDense._noisy``).
