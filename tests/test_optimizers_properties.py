@@ -76,6 +76,10 @@ def base_optimizer(name, lr):
 
 def compiled(kind, name, clip, sigma, lr):
     model = make_model(kind)
+    if name == "sidp_paper":  # paper mode trains noisy layers alone: the normalizations' parameters frozen
+        for layer in model.layers:
+            if not isinstance(layer, tfdpbnn.NoisyDense | tfdpbnn.NoisyConv2D):
+                layer.trainable = False
     opt = make_optimizer(name, clip, sigma, lr)
     model.compile(optimizer=opt, loss=LOSS)
     captured = []

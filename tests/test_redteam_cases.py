@@ -9,7 +9,8 @@ shared by two models or trained layers under a new head trained on other records
 the 3 passes of docs/privacy.md, where 4.73 was printed), Keras 3's ``gradient_accumulation_steps``, and a
 global variable in a ``Lambda`` set from the data mid-fit (no epsilon holds; 7.08 printed), and a
 ``train_step`` override handing the DP step augmented copies beside the examples or mixup rows (16.51 where
-10.73 or 7.08 was printed). docs/privacy.md lists them with the cases that held.
+10.73 or 7.08 was printed), or making a second DP update on records kept from the training set (17.80 where
+7.08 was printed). docs/privacy.md lists them with the cases that held.
 """
 
 from __future__ import annotations
@@ -380,6 +381,34 @@ def test_a_train_step_override_handing_the_dp_step_copied_or_mixed_rows_is_refus
     with pytest.raises(ValueError, match=f"x: the .*batch handed to dp_train_step .*{message}"):
         model.fit(x, y, batch_size=8, epochs=2, verbose=0)
     assert optimizer.steps == 0
+
+
+class _ReplayedRecords(tf.keras.Model):
+    """A train_step override that takes a second DP step on 8 records kept from the training set."""
+
+    kept = None
+
+    def train_step(self, data):
+        self.optimizer.dp_train_step(self, data[:2])
+        return self.optimizer.dp_train_step(self, self.kept)
+
+
+@pytest.mark.parametrize("eager, steps_per_execution", [(False, 1), (False, 2), (True, 1), (True, 2)])
+def test_a_train_step_override_with_a_second_dp_update_on_kept_records_is_refused(eager, steps_per_execution):
+    x, y = small_data()
+    tf.keras.utils.set_random_seed(0)
+    inputs = tf.keras.Input((D,))
+    model = _ReplayedRecords(inputs, tf.keras.layers.Dense(3)(inputs))
+    model.kept = (tf.constant(x[:8]), tf.constant(y[:8]))
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=optimizer, loss=LOSS, run_eagerly=eager, steps_per_execution=steps_per_execution)
+    # Records 0-7 are in every step's second update and in one of the pass's batches: 9 noised sums in one
+    # pass of 8 steps (17.80), where 7.08 was printed (16 updates of 8 examples counted as 2 passes).
+    truth = gaussians_epsilon(1.0, 9)
+    assert truth > 17.0
+    with pytest.raises(ValueError, match="more than one DP update per step of fit"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert optimizer.steps <= steps_per_execution  # at most the first block's first update ran
 
 
 class _CounterBack(tf.keras.callbacks.Callback):

@@ -151,6 +151,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         self.stopped_at_step = None
         self._names_checked = False
         self._snapshot_due = False
+        self._eager_steps = False  # the model runs its steps eagerly (on_train_begin)
 
     def on_train_begin(self, logs=None):
         """Start the step counts and set the budget stop; raise if the optimizer's budget is already spent."""
@@ -169,6 +170,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         poisson = description is not None and description["kind"] == "poisson"
         self._open_steps = state.open_steps() if poisson else None
         self._per_call = _private_api.steps_per_execution(self.model)
+        self._eager_steps = bool(getattr(self.model, "run_eagerly", False))
         left = optimizer.budget_steps_left()
         self._steps = 0 if left is None else optimizer.steps
         self.max_steps = None
@@ -278,6 +280,11 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         for key in list(logs):
             if key in withheld:
                 del logs[key]
+
+    def on_train_batch_begin(self, batch, logs=None):
+        """A step run eagerly (``run_eagerly``) makes one DP write per step of the batch starting now."""
+        if self._eager_steps:
+            self.model.optimizer._dp_new_eager_steps(self._per_call)
 
     def on_train_batch_end(self, batch, logs=None):
         """Count steps; run the Poisson test after 8, 16, 32, ... steps; stop before passing the budget.

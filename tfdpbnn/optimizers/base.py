@@ -353,6 +353,10 @@ class DPOptimizerMixin:
         self._dp_compiled_model = None  # weak reference to the model a compile gave it (_note_compiled_model)
         self._dp_run_specs = None  # the element specs of the run's inputs, for checks during the run
         self._dp_probe = None  # a fit_checks.LossProbe while a train_step override is probed
+        # The DP writes traced in each graph of a fit's step, by replica (_refuse_second_write_in_step), and
+        # those of an eager fit's steps since the monitor's last batch start, with how many steps that is.
+        self._dp_writes_per_trace = weakref.WeakKeyDictionary()
+        self._dp_eager_step_writes, self._dp_eager_step_limit = 0, None
         with tf.init_scope():
             self._dp_noise_multiplier = self._dp_variable("dp_noise_multiplier", noise_multiplier)
             self._dp_l2_norm_clip = self._dp_variable("dp_l2_norm_clip", clip)
@@ -1590,10 +1594,46 @@ class DPOptimizerMixin:
         such a step run eagerly, the override is probed as the step finds it (``_probe_traced_override``).
         """
         self._require_open_phase()
+        if self._dp_in_fit and self._dp_probe is None:
+            self._refuse_second_write_in_step()
         if self._dp_override_run is not None:
             self._probe_traced_override()
         attributes.ledger_state(self).record_batch(batch_size)
         _private_api.mark_dp_gradients_computed(self)
+
+    def _refuse_second_write_in_step(self):
+        """Refuse a second DP write in one step of a ``fit``: each step's batch is the one its sampler drew.
+
+        A ``train_step`` override that calls ``dp_train_step`` (or ``minimize``) twice, the second time on a
+        batch of its own (records captured from the training set, a replay buffer), puts those records in
+        every step while the ledger counts them as drawn like the others (7.08 printed where 17.80 holds).
+        Counted at each trace, per graph and replica (a ``steps_per_execution`` loop traces its step once),
+        and for a step run eagerly, per batch the monitor starts (``steps_per_execution`` writes at most).
+        """
+        if tf.executing_eagerly():
+            if self._dp_eager_step_limit is None:
+                return
+            self._dp_eager_step_writes += 1
+            count, limit = self._dp_eager_step_writes, self._dp_eager_step_limit
+        else:
+            graph = tf.compat.v1.get_default_graph()
+            context = tf.distribute.get_replica_context()
+            replica = None if context is None else tf.get_static_value(context.replica_id_in_sync_group)
+            replica = None if replica is None else int(replica)
+            writes = self._dp_writes_per_trace.setdefault(graph, {})
+            writes[replica] = count = writes.get(replica, 0) + 1
+            limit = 1
+        if count > limit:
+            raise ValueError(
+                "model: its train_step makes more than one DP update per step of fit (dp_train_step, "
+                "minimize or the mechanism called twice). Each step's batch is the one fit's sampler drew, "
+                "and the privacy ledger counts every update's examples as drawn so; a second update on "
+                "another batch (records kept from the training set, a replay buffer) would put those "
+                "records in every step. Make one DP update per step, on the step's batch.")
+
+    def _dp_new_eager_steps(self, steps):
+        """The monitor starts a batch of ``steps`` steps (``steps_per_execution``); counted if eager."""
+        self._dp_eager_step_writes, self._dp_eager_step_limit = 0, int(steps)
 
     def _dp_gradients(self, clipped, var_list):
         """This optimizer's update direction from one clipped batch (``self.mechanism.clip_*``).
