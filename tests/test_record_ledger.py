@@ -221,6 +221,24 @@ def _fit(x, y, epochs, sigma=1.0, seed=0, **fit_kwargs):
     return model, opt
 
 
+@pytest.mark.parametrize("renamed", ["prefixed", "retyped"])
+def test_the_same_rows_under_other_record_ids_compose_their_releases(renamed):
+    # Each release by ids is written on its rows' content too: rows named anew (new ids for the same people,
+    # 7 then "7.0") keep their earlier releases (4.73 was printed for each later fit alone).
+    x, y = small_data()
+    _fit(x[:48], y[:48], epochs=2, record_ids=np.arange(48))
+    rows = np.arange(16, N)
+    later = {"prefixed": [np.array([f"p{i}" for i in rows]), 10_000 + rows],
+             "retyped": [np.array([f"{i}.0" for i in rows]), np.array([f"id{i}" for i in rows])]}[renamed]
+    for passes, ids in zip((3, 4), later, strict=True):    # rows 16..47: 2 passes, then 1 more per fit
+        _, opt = _fit(x[rows], y[rows], epochs=1, seed=passes, record_ids=ids)
+        statement = opt.privacy_statement()
+        assert statement["run_epsilon"] == pytest.approx(gaussians_epsilon(1.0, 1), rel=0.01)
+        assert statement["ledger_bound"]["epsilon"] == pytest.approx(gaussians_epsilon(1.0, passes), rel=0.01)
+        assert statement["ledger_bound"]["records"] == len(rows)   # the rows, not their ids and content
+        assert statement["quote"]["epsilon"] >= gaussians_epsilon(1.0, passes) * (1 - 1e-6)
+
+
 def test_ledger_bound_after_two_runs_on_overlapping_records(tmp_path, capsys):
     x, y = small_data()
     _fit(x[:48], y[:48], epochs=2)

@@ -281,10 +281,11 @@ class LedgerBackend(abc.ABC):
         length). ``keys`` are distinct int64. Returns the release's id.
 
         ``named``: when ``keys`` are keys of user-given ids whose rows' content is known, the content keys
-        of those rows (distinct int64). The same transaction refuses (``RecordNamingError``, nothing
-        written) a release with ``named`` any of whose content keys has a history (records named by content
-        before), and a release without it any of whose keys is among the ``named`` kept from earlier
-        releases (records named by ids before); it keeps ``named``.
+        of those rows (distinct int64); ``keys`` then hold their twin keys too (``content_twins``), so the
+        release is written on the rows' content as well. The same transaction refuses
+        (``RecordNamingError``, nothing written) a release with ``named`` any of whose content keys has a
+        history (records named by content before), and a release without it any of whose keys is among the
+        ``named`` kept from earlier releases (records named by ids before); it keeps ``named``.
         """
 
     @abc.abstractmethod
@@ -310,6 +311,10 @@ class LedgerBackend(abc.ABC):
     @abc.abstractmethod
     def keys(self, history_ids: Sequence[int]) -> np.ndarray:
         """The keys (int64) of the records whose current history is one of ``history_ids``."""
+
+    @abc.abstractmethod
+    def twin_count(self, history_ids: Sequence[int]) -> int:
+        """How many keys in ``history_ids`` are twins (``content_twins``) of content named by ids."""
 
     @property
     def content_key_version(self) -> int:
@@ -383,6 +388,18 @@ def _distinct(keys) -> np.ndarray:
     distinct.setflags(write=False)
     _DISTINCT[:] = [(np.array(keys, copy=True), distinct)]
     return distinct
+
+
+def content_twins(content: np.ndarray) -> np.ndarray:
+    """The twin keys (``~content``, int64) under which the content of rows named by ids is written.
+
+    A release naming records by ids whose rows are known is written on each row's content too, under this
+    key (a bijection of the content key, apart from the keys of records named by content, which are never
+    written for rows named by ids: ``RecordNamingError``). The same rows named by other ids in another
+    release (renamed, or ``7`` and ``"7.0"``) then share the twin's history, and a bound over either
+    release composes both. Two people whose rows have equal features share it too: an over-count.
+    """
+    return np.invert(np.asarray(content, np.int64))
 
 
 def _named_content(keys) -> np.ndarray | None:
@@ -777,6 +794,14 @@ class SQLiteLedger(LedgerBackend):
                                 (json.dumps([int(h) for h in history_ids]),)).fetchall()
         return np.asarray([r[0] for r in rows], dtype=np.int64)
 
+    def twin_count(self, history_ids) -> int:
+        """How many keys in ``history_ids`` are twins of the content in ``ledger_named``."""
+        with self._transaction("DEFERRED") as conn:
+            (count,) = conn.execute("SELECT COUNT(*) FROM ledger_records WHERE history IN (SELECT value FROM "
+                                    "json_each(?)) AND ~record IN (SELECT content FROM ledger_named)",
+                                    (json.dumps([int(h) for h in history_ids]),)).fetchone()
+        return int(count)
+
     def budget(self) -> dict | None:
         """The per-record budget ``{"epsilon", "delta", "accountant"}``, or None."""
         with self._transaction("DEFERRED") as conn:
@@ -860,8 +885,9 @@ class SQLiteLedger(LedgerBackend):
         Returns ``keys`` as the JSON array a statement read (for the next one), or None if none did.
 
         Keeps ``named`` (the content of records named by ids) in ``ledger_named``. Content there never gets
-        a history (a release naming it by content is refused), and it had none when written, so the content
-        this process wrote or found in this file needs no check again (``_NAMED``).
+        a history (a release naming it by content is refused; its twin key does, ``content_twins``), and it
+        had none when written, so the content this process wrote or found in this file needs no check again
+        (``_NAMED``). With ``named``, ``keys`` hold the ids' keys and the twins of ``named``.
         """
         if named is not None:   # named by ids
             if not len(named):
@@ -877,11 +903,11 @@ class SQLiteLedger(LedgerBackend):
                                     "ON r.record = n.content WHERE n.rowid > ?", (before,)).fetchone()
             if count:
                 raise RecordNamingError(
-                    f"record_ids: {count} of these {len(keys)} records were named by their content (without "
-                    f"record_ids) in earlier releases in {self.path}; named by ids now, each would get a "
-                    "second history without the first one's spending. Name them as before (no "
-                    "record_ids), or give every release on them the same record_ids from a new store file. "
-                    "Nothing was run or written.")
+                    f"record_ids: {count} of these {len(keys) - len(named)} records were named by their "
+                    f"content (without record_ids) in earlier releases in {self.path}; named by ids now, "
+                    "each would get a second history without the first one's spending. Name them as before "
+                    "(no record_ids), or give every release on them the same record_ids from a new store "
+                    "file. Nothing was run or written.")
             _NAMED[identity] = named
             return None
         # Rows are only added (each at the end), so the largest rowid tells whether the table grew.
@@ -996,6 +1022,13 @@ class RecordLedger:
             description = f"{description} [release {token}]"
         named = _named_content(keys)
         keys = _distinct(keys)
+        records = len(keys)
+        twins = 0
+        if named is not None and len(named):
+            # Rows named by ids whose content is known: the release is written on their content too (under
+            # its twin key), so the same rows named by other ids in another release share that history.
+            twins = len(named)
+            keys = np.union1d(keys, content_twins(named))
         phase_id = None if phase_id is None else int(phase_id)
         release = Release(0, kind, neighboring, event_to_config(planned), None, phase_id, description,
                           () if phase_id is None else (phase_id,))
@@ -1023,8 +1056,11 @@ class RecordLedger:
                     count += history.records
                     worst = max(worst, value)
             if count:
+                where = f"{count} of these {records} records" if not twins else (
+                    f"{count} of the {records + twins} keys of these {records} records (each named by its id "
+                    "and by its rows' content)")
                 raise BudgetExceededError(
-                    f"record budget: {count} of these {len(keys)} records would reach epsilon {worst:.4g} "
+                    f"record budget: {where} would reach epsilon {worst:.4g} "
                     f"(delta {budget['delta']:g}, {budget['accountant']}) with this {kind} release, over "
                     f"their budget {budget['epsilon']:g} per record (releases recorded and reserved in "
                     f"{getattr(self.backend, 'path', self.backend)}). Nothing was run or written. Spend "
@@ -1032,7 +1068,7 @@ class RecordLedger:
                     "RecordLedger.set_budget.")
 
         release_id = self.backend.reserve(keys, release, check, named=named)
-        return Reservation(self, release_id, len(keys), phase_id)
+        return Reservation(self, release_id, records, phase_id)
 
     def record(self, keys, spent: dp_accounting.DpEvent, kind: str, neighboring: str = "add_or_remove",
                description: str = "", phase_ids: Sequence[int] = (), token: str | None = None) -> int:
@@ -1128,7 +1164,10 @@ class RecordLedger:
         _check_accountant(accountant)
         worst = largest_epsilon([composed(h) for h in held], delta, accountant,
                                 lambda i: _neighboring(held[i]))
-        return worst, sum(h.records for h in held)
+        records = sum(h.records for h in held)
+        if held:  # the twin keys of rows named by ids (``content_twins``) are no records of their own
+            records -= self.backend.twin_count([h.history_id for h in held])
+        return worst, records
 
 
 def _neighboring(history: History) -> str:
