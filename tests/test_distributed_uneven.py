@@ -12,22 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
+from _fresh_process import run_script
 
 HERE = os.path.abspath(__file__)
-ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def test_uneven_replica_parts_train_as_one_device():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, HERE], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = run_script(HERE)
     assert r["one_device"]["steps"] == r["mirrored"]["steps"] == 3
     assert r["one_device"]["examples"] == r["mirrored"]["examples"] == 15
     np.testing.assert_allclose(np.asarray(r["mirrored"]["kernel"]), np.asarray(r["one_device"]["kernel"]),

@@ -10,7 +10,8 @@ the 3 passes of docs/privacy.md, where 4.73 was printed), Keras 3's ``gradient_a
 global variable in a ``Lambda`` set from the data mid-fit (no epsilon holds; 7.08 printed), and a
 ``train_step`` override handing the DP step augmented copies beside the examples or mixup rows (16.51 where
 10.73 or 7.08 was printed), or making a second DP update on records kept from the training set (17.80 where
-7.08 was printed). docs/privacy.md lists them with the cases that held.
+7.08 was printed), or releasing one clipped sum twice (10.73 where 7.08 was printed). docs/privacy.md
+lists them with the cases that held.
 """
 
 from __future__ import annotations
@@ -409,6 +410,46 @@ def test_a_train_step_override_with_a_second_dp_update_on_kept_records_is_refuse
     with pytest.raises(ValueError, match="more than one DP update per step of fit"):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert optimizer.steps <= steps_per_execution  # at most the first block's first update ran
+
+
+class _ReleasedTwice(tf.keras.Model):
+    """A train_step override that clips its batch once and releases the clipped sum twice."""
+
+    def train_step(self, data):
+        clipped = self.optimizer.mechanism.clip_model(self, data[0], data[1])
+        for _ in range(2):
+            released = self.optimizer.mechanism.release(clipped)
+            self.optimizer.apply_gradients(zip(released.gradients, self.trainable_variables, strict=True))
+        return {}
+
+
+@pytest.mark.parametrize("where", ["fit", "custom_loop"])
+def test_a_clipped_sum_released_twice_is_refused(where):
+    # Each release is a fresh Gaussian on the same examples: 2 passes of 2 releases are 4 Gaussians per
+    # record (10.73), where the one clipped batch per step was counted (7.08 printed).
+    x, y = small_data()
+    assert gaussians_epsilon(1.0, 4) > gaussians_epsilon(1.0, 2) * 1.4
+    tf.keras.utils.set_random_seed(0)
+    inputs = tf.keras.Input((D,))
+    model = _ReleasedTwice(inputs, tf.keras.layers.Dense(3)(inputs))
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    with pytest.raises(ValueError, match="this clipped sum was released already"):
+        if where == "fit":
+            model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+        else:
+            optimizer.begin_training(model, x, y, batch_size=8)
+            tf.function(model.train_step)((tf.constant(x[:8]), tf.constant(y[:8])))
+    assert optimizer.steps == 0
+
+
+def test_a_custom_loop_states_that_each_example_is_in_one_row_of_one_replicas_batch():
+    x, y = small_data()
+    model, optimizer = _compiled()
+    optimizer.begin_training(model, x, y, batch_size=8)
+    optimizer.dp_train_step(model, (tf.constant(x[:8]), tf.constant(y[:8])))
+    assert any("each example is in at most one row of the batch" in a
+               for a in optimizer.privacy_statement()["asserted_by_user"])
 
 
 class _CounterBack(tf.keras.callbacks.Callback):

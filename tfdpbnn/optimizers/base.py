@@ -56,6 +56,14 @@ from tfdpbnn.record.ledger_state import LedgerState, describe_source, planned_ph
 from tfdpbnn.record.run_record import RunRecord
 from tfdpbnn.record.statement import build_statement
 
+#: The statement's ``asserted_by_user`` entry of every custom loop (``begin_training``): the loop picks the
+#: batches, and nothing tells its rows apart (augmented copies of one example, one batch handed to every
+#: replica by ``strategy.run``: each adds the example's clipped gradient more than once).
+CUSTOM_LOOP_ROWS = (
+    "custom training loop: each example is in at most one row of the batch a step hands the DP mechanism, "
+    "and under a tf.distribute strategy in one replica's batch only (rows of one example, such as augmented "
+    "copies, or one batch given to every replica would add its clipped gradient more than once a step)")
+
 
 def _check_accountable(accountant, sampling, neighboring, sample_rate) -> None:
     """Refuse a (sampling, neighboring) pair the accountant cannot bound, before any step is taken."""
@@ -356,6 +364,7 @@ class DPOptimizerMixin:
         # The DP writes traced in each graph of a fit's step, by replica (_refuse_second_write_in_step), and
         # those of an eager fit's steps since the monitor's last batch start, with how many steps that is.
         self._dp_writes_per_trace = weakref.WeakKeyDictionary()
+        self._dp_batches_per_trace = weakref.WeakKeyDictionary()  # graph -> {input ref: first replica}
         self._dp_eager_step_writes, self._dp_eager_step_limit = 0, None
         with tf.init_scope():
             self._dp_noise_multiplier = self._dp_variable("dp_noise_multiplier", noise_multiplier)
@@ -961,6 +970,8 @@ class DPOptimizerMixin:
                     f"{assert_per_example_loss}")
             if note not in attributes.loss_assertions(self):
                 attributes.loss_assertions(self).append(note)
+        if not _fit and CUSTOM_LOOP_ROWS not in attributes.loss_assertions(self):
+            attributes.loss_assertions(self).append(CUSTOM_LOOP_ROWS)
         check_distributed_input(model.distribute_strategy, x, shuffle=shuffle)
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
@@ -1453,6 +1464,7 @@ class DPOptimizerMixin:
         (at a trace in a thread of its own); under a ``tf.distribute`` strategy once, in its cross-replica
         context (``merge_call``). The model's metric objects are set back after it (``_metrics_set_back``).
         """
+        self._refuse_batch_given_to_every_replica(x)
         checked = (id(model), id(getattr(model, "loss", None)))
         eager = tf.executing_eagerly()  # an eager step: the values read outside the model are as checked
 
@@ -1630,6 +1642,34 @@ class DPOptimizerMixin:
                 "and the privacy ledger counts every update's examples as drawn so; a second update on "
                 "another batch (records kept from the training set, a replay buffer) would put those "
                 "records in every step. Make one DP update per step, on the step's batch.")
+
+    def _refuse_batch_given_to_every_replica(self, x):
+        """Refuse a step's input that two replicas of a ``tf.distribute`` strategy both clip.
+
+        ``strategy.run(step, args=(x, y))`` with plain tensors hands every replica the same batch: the
+        replicas' clipped sums are added and one record moves the update by (replicas) C, while each step
+        is accounted at C (68.62 where 25.93 was printed, 2 replicas, 16 steps). A distributed dataset or
+        ``experimental_distribute_values_from_function`` gives each replica its own rows. Found at the
+        step's trace, where every replica's clip of the same tensor is seen in one graph.
+        """
+        context = tf.distribute.get_replica_context()
+        if context is None or tf.executing_eagerly() or context.num_replicas_in_sync <= 1:
+            return
+        replica = tf.get_static_value(context.replica_id_in_sync_group)
+        graph = tf.compat.v1.get_default_graph()
+        seen = self._dp_batches_per_trace.setdefault(graph, {})
+        for leaf in tf.nest.flatten(x):
+            if not isinstance(leaf, tf.Tensor):
+                continue
+            first = seen.setdefault(leaf.ref(), replica)
+            if first is not None and replica is not None and int(first) != int(replica):
+                raise ValueError(
+                    "x: every replica of the tf.distribute strategy clips the same batch (a tensor handed to "
+                    "strategy.run as it is goes to every replica), so their clipped sums add up and one "
+                    "example moves the update by the number of replicas times the clip bound, while each "
+                    "step is accounted at one. Give each replica its own rows: "
+                    "strategy.experimental_distribute_dataset or "
+                    "strategy.experimental_distribute_values_from_function.")
 
     def _dp_new_eager_steps(self, steps):
         """The monitor starts a batch of ``steps`` steps (``steps_per_execution``); counted if eager."""

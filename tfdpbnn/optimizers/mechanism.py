@@ -304,7 +304,18 @@ class DPMechanism:
                                    key=self.noise_key)
 
     def release(self, clipped: ClippedGradients) -> DPGradients:
-        """Add the step's one noise draw to a clipped sum from ``clip_model`` or ``clip_losses``."""
+        """Add the step's one noise draw to a clipped sum from ``clip_model`` or ``clip_losses``.
+
+        A clipped sum is released once: each release is a Gaussian mechanism on the batch, and the ledger
+        counts one per clipped batch (``on_batch``), so a second release of the same sum (a fresh draw on
+        the same examples, counted nowhere) raises ``ValueError``; clip again for another step.
+        """
+        if getattr(clipped, "_released", False):
+            raise ValueError(
+                "clipped: this clipped sum was released already; each release adds a fresh noise draw on the "
+                "same examples, a DP step of its own that the ledger counts once per clipped batch. Clip the "
+                "batch again (clip_model, clip_losses) for another step.")
+        clipped._released = True
         noise = self.noise_like(clipped.clipped_sum)
         noised = [g + z for g, z in zip(clipped.clipped_sum, noise, strict=True)]
         return DPGradients(noised_gradients=noised, regularization_gradients=clipped.regularization_grads,
