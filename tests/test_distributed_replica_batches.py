@@ -26,6 +26,8 @@ def test_one_batch_given_to_every_replica_is_refused_and_distributed_batches_tra
     assert truth > 60.0 > r["epsilon_if_counted_at_C"]
     assert "every replica of the tf.distribute strategy clips the same batch" in r["same_batch"]
     assert r["same_batch_steps"] == 0
+    assert "every replica of the tf.distribute strategy clips the same batch" in r["same_batch_eager"]
+    assert r["same_batch_eager_steps"] == 0
     assert r["distributed_steps"] == 8
     assert any("in one replica's batch only" in a for a in r["asserted_by_user"])
 
@@ -64,6 +66,13 @@ def _main():
     except ValueError as err:
         result["same_batch"] = str(err)
     result["same_batch_steps"] = int(opt.steps)
+    try:  # the replicas run eagerly (no tf.function): the same tensor object reaches both
+        strategy.run(lambda a, b: opt.dp_train_step(model, (a, b)), args=(tf.constant(x[:8]),
+                                                                          tf.constant(y[:8])))
+        result["same_batch_eager"] = "accepted"
+    except ValueError as err:
+        result["same_batch_eager"] = str(err)
+    result["same_batch_eager_steps"] = int(opt.steps)
     result["epsilon_if_counted_at_C"] = float(opt.epsilon_after(16))
 
     model, opt = compiled()

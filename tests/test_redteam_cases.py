@@ -388,19 +388,37 @@ class _ReplayedRecords(tf.keras.Model):
     """A train_step override that takes a second DP step on 8 records kept from the training set."""
 
     kept = None
+    where = "step"  # the second update: in the step, in a tf.cond branch, a tf.while_loop body, a tf.function
 
     def train_step(self, data):
         self.optimizer.dp_train_step(self, data[:2])
-        return self.optimizer.dp_train_step(self, self.kept)
+        if self.where == "step":
+            return self.optimizer.dp_train_step(self, self.kept)
+
+        def again():
+            self.optimizer.dp_train_step(self, self.kept)
+            return tf.constant(0)
+
+        if self.where == "cond":
+            tf.cond(tf.constant(True), again, lambda: tf.constant(0))
+        elif self.where == "while_loop":
+            tf.while_loop(lambda i: i < 1, lambda i: (again() + i + 1,), [tf.constant(0)])
+        else:
+            tf.function(again)()
+        return {}
 
 
-@pytest.mark.parametrize("eager, steps_per_execution", [(False, 1), (False, 2), (True, 1), (True, 2)])
-def test_a_train_step_override_with_a_second_dp_update_on_kept_records_is_refused(eager, steps_per_execution):
+@pytest.mark.parametrize("eager, steps_per_execution, where", [
+    (False, 1, "step"), (False, 2, "step"), (True, 1, "step"), (True, 2, "step"),
+    (False, 1, "cond"), (False, 1, "while_loop"), (False, 1, "tf.function")])
+def test_a_train_step_override_with_a_second_dp_update_on_kept_records_is_refused(eager, steps_per_execution,
+                                                                                  where):
     x, y = small_data()
     tf.keras.utils.set_random_seed(0)
     inputs = tf.keras.Input((D,))
     model = _ReplayedRecords(inputs, tf.keras.layers.Dense(3)(inputs))
     model.kept = (tf.constant(x[:8]), tf.constant(y[:8]))
+    model.where = where
     optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
     model.compile(optimizer=optimizer, loss=LOSS, run_eagerly=eager, steps_per_execution=steps_per_execution)
     # Records 0-7 are in every step's second update and in one of the pass's batches: 9 noised sums in one
@@ -415,16 +433,19 @@ def test_a_train_step_override_with_a_second_dp_update_on_kept_records_is_refuse
 class _ReleasedTwice(tf.keras.Model):
     """A train_step override that clips its batch once and releases the clipped sum twice."""
 
+    copy = None  # a copy of the clipped result released the second time (dataclasses.replace, copy.copy)
+
     def train_step(self, data):
         clipped = self.optimizer.mechanism.clip_model(self, data[0], data[1])
-        for _ in range(2):
-            released = self.optimizer.mechanism.release(clipped)
+        for again in (clipped, clipped if self.copy is None else self.copy(clipped)):
+            released = self.optimizer.mechanism.release(again)
             self.optimizer.apply_gradients(zip(released.gradients, self.trainable_variables, strict=True))
         return {}
 
 
-@pytest.mark.parametrize("where", ["fit", "custom_loop"])
-def test_a_clipped_sum_released_twice_is_refused(where):
+@pytest.mark.parametrize("where, copy", [("fit", None), ("custom_loop", None), ("fit", "replace"),
+                                         ("fit", "copy")])
+def test_a_clipped_sum_released_twice_is_refused(where, copy):
     # Each release is a fresh Gaussian on the same examples: 2 passes of 2 releases are 4 Gaussians per
     # record (10.73), where the one clipped batch per step was counted (7.08 printed).
     x, y = small_data()
@@ -432,6 +453,10 @@ def test_a_clipped_sum_released_twice_is_refused(where):
     tf.keras.utils.set_random_seed(0)
     inputs = tf.keras.Input((D,))
     model = _ReleasedTwice(inputs, tf.keras.layers.Dense(3)(inputs))
+    import copy as copying
+    import dataclasses
+
+    model.copy = {None: None, "replace": dataclasses.replace, "copy": copying.copy}[copy]
     optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
     model.compile(optimizer=optimizer, loss=LOSS)
     with pytest.raises(ValueError, match="this clipped sum was released already"):

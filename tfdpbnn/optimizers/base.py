@@ -65,6 +65,14 @@ CUSTOM_LOOP_ROWS = (
     "copies, or one batch given to every replica would add its clipped gradient more than once a step)")
 
 
+def _outermost_function_graph():
+    """The graph of the outermost function being traced (a control-flow branch or nested function's)."""
+    graph = tf.compat.v1.get_default_graph()
+    while hasattr(getattr(graph, "outer_graph", None), "outer_graph"):
+        graph = graph.outer_graph
+    return graph
+
+
 def _check_accountable(accountant, sampling, neighboring, sample_rate) -> None:
     """Refuse a (sampling, neighboring) pair the accountant cannot bound, before any step is taken."""
     import dp_accounting
@@ -365,6 +373,7 @@ class DPOptimizerMixin:
         # those of an eager fit's steps since the monitor's last batch start, with how many steps that is.
         self._dp_writes_per_trace = weakref.WeakKeyDictionary()
         self._dp_batches_per_trace = weakref.WeakKeyDictionary()  # graph -> {input ref: first replica}
+        self._dp_eager_batches = {}  # id(input) -> (weak reference, first replica): replicas run eagerly
         self._dp_eager_step_writes, self._dp_eager_step_limit = 0, None
         with tf.init_scope():
             self._dp_noise_multiplier = self._dp_variable("dp_noise_multiplier", noise_multiplier)
@@ -1619,8 +1628,10 @@ class DPOptimizerMixin:
         A ``train_step`` override that calls ``dp_train_step`` (or ``minimize``) twice, the second time on a
         batch of its own (records captured from the training set, a replay buffer), puts those records in
         every step while the ledger counts them as drawn like the others (7.08 printed where 17.80 holds).
-        Counted at each trace, per graph and replica (a ``steps_per_execution`` loop traces its step once),
-        and for a step run eagerly, per batch the monitor starts (``steps_per_execution`` writes at most).
+        Counted at each trace, per replica, in the outermost function being traced (a second update inside a
+        ``tf.cond`` branch, a ``tf.while_loop`` body or a nested ``tf.function`` of the step is in it too; a
+        ``steps_per_execution`` loop traces its step once), and for a step run eagerly, per batch the
+        monitor starts (``steps_per_execution`` writes at most).
         """
         if tf.executing_eagerly():
             if self._dp_eager_step_limit is None:
@@ -1628,7 +1639,7 @@ class DPOptimizerMixin:
             self._dp_eager_step_writes += 1
             count, limit = self._dp_eager_step_writes, self._dp_eager_step_limit
         else:
-            graph = tf.compat.v1.get_default_graph()
+            graph = _outermost_function_graph()
             context = tf.distribute.get_replica_context()
             replica = None if context is None else tf.get_static_value(context.replica_id_in_sync_group)
             replica = None if replica is None else int(replica)
@@ -1653,15 +1664,26 @@ class DPOptimizerMixin:
         step's trace, where every replica's clip of the same tensor is seen in one graph.
         """
         context = tf.distribute.get_replica_context()
-        if context is None or tf.executing_eagerly() or context.num_replicas_in_sync <= 1:
+        if context is None or context.num_replicas_in_sync <= 1:
             return
         replica = tf.get_static_value(context.replica_id_in_sync_group)
-        graph = tf.compat.v1.get_default_graph()
-        seen = self._dp_batches_per_trace.setdefault(graph, {})
+        if tf.executing_eagerly():  # replicas run eagerly (no tf.function): the same tensor object, alive
+            seen = self._dp_eager_batches
+        else:
+            seen = self._dp_batches_per_trace.setdefault(_outermost_function_graph(), {})
         for leaf in tf.nest.flatten(x):
             if not isinstance(leaf, tf.Tensor):
                 continue
-            first = seen.setdefault(leaf.ref(), replica)
+            if tf.executing_eagerly():
+                held = seen.get(id(leaf))
+                first = held[1] if held is not None and held[0]() is leaf else None
+                if first is None:
+                    seen[id(leaf)] = (weakref.ref(leaf), replica)
+                    if len(seen) > 256:  # inputs of earlier steps, gone
+                        for key in [k for k, (ref, _) in seen.items() if ref() is None]:
+                            del seen[key]
+            else:
+                first = seen.setdefault(leaf.ref(), replica)
             if first is not None and replica is not None and int(first) != int(replica):
                 raise ValueError(
                     "x: every replica of the tf.distribute strategy clips the same batch (a tensor handed to "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -178,6 +179,9 @@ class DPMechanism:
         self._secure = False if debug_noise_seed is not None else secure_mode
         self._on_batch = on_batch
         self.noise_key = NoiseKey(debug_noise_seed)
+        # id -> tensor of every clipped sum released (``release``), held weakly: an id reused by a new tensor
+        # after the old one is gone is not taken for it.
+        self._released_sums = weakref.WeakValueDictionary()
 
     @property
     def noise_replayable(self) -> bool:
@@ -310,12 +314,15 @@ class DPMechanism:
         counts one per clipped batch (``on_batch``), so a second release of the same sum (a fresh draw on
         the same examples, counted nowhere) raises ``ValueError``; clip again for another step.
         """
-        if getattr(clipped, "_released", False):
+        # By the sum's tensors, not the container: a copy of it (dataclasses.replace, copy.copy) holds them.
+        sums = [t for t in clipped.clipped_sum if isinstance(t, tf.Tensor)]
+        if any(self._released_sums.get(id(t)) is t for t in sums):
             raise ValueError(
                 "clipped: this clipped sum was released already; each release adds a fresh noise draw on the "
                 "same examples, a DP step of its own that the ledger counts once per clipped batch. Clip the "
                 "batch again (clip_model, clip_losses) for another step.")
-        clipped._released = True
+        for t in sums:
+            self._released_sums[id(t)] = t
         noise = self.noise_like(clipped.clipped_sum)
         noised = [g + z for g, z in zip(clipped.clipped_sum, noise, strict=True)]
         return DPGradients(noised_gradients=noised, regularization_gradients=clipped.regularization_grads,
