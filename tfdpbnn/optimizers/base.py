@@ -1661,7 +1661,8 @@ class DPOptimizerMixin:
         replicas' clipped sums are added and one record moves the update by (replicas) C, while each step
         is accounted at C (68.62 where 25.93 was printed, 2 replicas, 16 steps). A distributed dataset or
         ``experimental_distribute_values_from_function`` gives each replica its own rows. Found at the
-        step's trace, where every replica's clip of the same tensor is seen in one graph.
+        step's trace, where every replica's clip of the same tensor is seen in one graph, and at each step
+        of replicas run eagerly, which clip the same tensor object (compared while it is alive).
         """
         context = tf.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync <= 1:
