@@ -132,7 +132,10 @@ def _released(optimizer, model, tiled, steps):
     var_list = model.trainable_variables
     total = 0.0
     for _ in range(steps):
-        grads = optimizer._dp_gradients(tiled, var_list)
+        # The same clipped sum each step (full batches of the same data): a copy of its tensors per release,
+        # which the mechanism takes once each; the audit measures the noise of ``steps`` releases.
+        step = dataclasses.replace(tiled, clipped_sum=[tf.identity(g) for g in tiled.clipped_sum])
+        grads = optimizer._dp_gradients(step, var_list)
         total += tf.cast(_canary_coordinate(grads, var_list), tf.float64)
     return total.numpy()
 

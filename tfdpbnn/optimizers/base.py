@@ -26,6 +26,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import math
+import os
+import sys
 import warnings
 import weakref
 
@@ -71,6 +73,17 @@ def _outermost_function_graph():
     while hasattr(getattr(graph, "outer_graph", None), "outer_graph"):
         graph = graph.outer_graph
     return graph
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _caller_outside_tfdpbnn() -> tuple:
+    """``(file, line)`` of the innermost frame outside the tfdpbnn package: the code asking for a write."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE + os.sep):
+        frame = frame.f_back
+    return (None, None) if frame is None else (frame.f_code.co_filename, frame.f_lineno)
 
 
 def _check_accountable(accountant, sampling, neighboring, sample_rate) -> None:
@@ -373,6 +386,7 @@ class DPOptimizerMixin:
         # those of an eager fit's steps since the monitor's last batch start, with how many steps that is.
         self._dp_writes_per_trace = weakref.WeakKeyDictionary()
         self._dp_batches_per_trace = weakref.WeakKeyDictionary()  # graph -> {input ref: first replica}
+        self._dp_write_sites = weakref.WeakKeyDictionary()  # outermost graph -> {replica: lines that write}
         self._dp_eager_batches = {}  # id(input) -> (weak reference, first replica): replicas run eagerly
         self._dp_eager_step_writes, self._dp_eager_step_limit = 0, None
         with tf.init_scope():
@@ -1628,10 +1642,11 @@ class DPOptimizerMixin:
         A ``train_step`` override that calls ``dp_train_step`` (or ``minimize``) twice, the second time on a
         batch of its own (records captured from the training set, a replay buffer), puts those records in
         every step while the ledger counts them as drawn like the others (7.08 printed where 17.80 holds).
-        Counted at each trace, per replica, in the outermost function being traced (a second update inside a
-        ``tf.cond`` branch, a ``tf.while_loop`` body or a nested ``tf.function`` of the step is in it too; a
-        ``steps_per_execution`` loop traces its step once), and for a step run eagerly, per batch the
-        monitor starts (``steps_per_execution`` writes at most).
+        Counted at each trace, per replica: the writes in the graph being traced (a ``steps_per_execution``
+        loop traces its step once), and the lines of code outside tfdpbnn that write anywhere in the
+        outermost function being traced (a second update inside a ``tf.cond`` branch, a ``tf.while_loop``
+        body or a nested ``tf.function`` of the step, where a retrace of the same body writes from the same
+        line); for a step run eagerly, per batch the monitor starts (``steps_per_execution`` writes at most).
         """
         if tf.executing_eagerly():
             if self._dp_eager_step_limit is None:
@@ -1639,13 +1654,17 @@ class DPOptimizerMixin:
             self._dp_eager_step_writes += 1
             count, limit = self._dp_eager_step_writes, self._dp_eager_step_limit
         else:
-            graph = _outermost_function_graph()
             context = tf.distribute.get_replica_context()
             replica = None if context is None else tf.get_static_value(context.replica_id_in_sync_group)
             replica = None if replica is None else int(replica)
-            writes = self._dp_writes_per_trace.setdefault(graph, {})
+            writes = self._dp_writes_per_trace.setdefault(tf.compat.v1.get_default_graph(), {})
             writes[replica] = count = writes.get(replica, 0) + 1
-            limit = 1
+            # The function being traced, whole: a write from another line of code in a control-flow branch
+            # or nested function of it is a second update (a retrace of the same body writes from its line).
+            outermost = self._dp_write_sites.setdefault(_outermost_function_graph(), {})
+            sites = outermost.setdefault(replica, set())
+            sites.add(_caller_outside_tfdpbnn())
+            count, limit = max(count, len(sites)), 1
         if count > limit:
             raise ValueError(
                 "model: its train_step makes more than one DP update per step of fit (dp_train_step, "

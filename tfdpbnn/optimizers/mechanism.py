@@ -181,7 +181,7 @@ class DPMechanism:
         self.noise_key = NoiseKey(debug_noise_seed)
         # id -> tensor of every clipped sum released (``release``), held weakly: an id reused by a new tensor
         # after the old one is gone is not taken for it.
-        self._released_sums = weakref.WeakValueDictionary()
+        self._released_sums: weakref.WeakValueDictionary[int, tf.Tensor] = weakref.WeakValueDictionary()
 
     @property
     def noise_replayable(self) -> bool:
