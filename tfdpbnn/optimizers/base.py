@@ -75,6 +75,12 @@ def _outermost_function_graph():
     return graph
 
 
+def _replica_id(context) -> int | None:
+    """The replica's static id in a ``tf.distribute`` replica ``context`` (None: none, or not static)."""
+    replica = None if context is None else tf.get_static_value(context.replica_id_in_sync_group)
+    return None if replica is None else int(replica)
+
+
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -385,9 +391,10 @@ class DPOptimizerMixin:
         # The DP writes traced in each graph of a fit's step, by replica (_refuse_second_write_in_step), and
         # those of an eager fit's steps since the monitor's last batch start, with how many steps that is.
         self._dp_writes_per_trace = weakref.WeakKeyDictionary()
-        self._dp_batches_per_trace = weakref.WeakKeyDictionary()  # graph -> {input ref: first replica}
         self._dp_write_sites = weakref.WeakKeyDictionary()  # outermost graph -> {replica: lines that write}
-        self._dp_eager_batches = {}  # id(input) -> (weak reference, first replica): replicas run eagerly
+        # (id(input), replica) -> the input a replica clipped (_refuse_batch_given_to_every_replica), held
+        # weakly: an id reused by a new tensor after the old one is gone is not taken for it.
+        self._dp_replica_inputs: weakref.WeakValueDictionary[tuple, tf.Tensor] = weakref.WeakValueDictionary()
         self._dp_eager_step_writes, self._dp_eager_step_limit = 0, None
         with tf.init_scope():
             self._dp_noise_multiplier = self._dp_variable("dp_noise_multiplier", noise_multiplier)
@@ -1654,9 +1661,7 @@ class DPOptimizerMixin:
             self._dp_eager_step_writes += 1
             count, limit = self._dp_eager_step_writes, self._dp_eager_step_limit
         else:
-            context = tf.distribute.get_replica_context()
-            replica = None if context is None else tf.get_static_value(context.replica_id_in_sync_group)
-            replica = None if replica is None else int(replica)
+            replica = _replica_id(tf.distribute.get_replica_context())
             writes = self._dp_writes_per_trace.setdefault(tf.compat.v1.get_default_graph(), {})
             writes[replica] = count = writes.get(replica, 0) + 1
             # The function being traced, whole: a write from another line of code in a control-flow branch
@@ -1684,27 +1689,17 @@ class DPOptimizerMixin:
         of replicas run eagerly, which clip the same tensor object (compared while it is alive).
         """
         context = tf.distribute.get_replica_context()
-        if context is None or context.num_replicas_in_sync <= 1:
+        replica = _replica_id(context)
+        if replica is None or context.num_replicas_in_sync <= 1:
             return
-        replica = tf.get_static_value(context.replica_id_in_sync_group)
-        if tf.executing_eagerly():  # replicas run eagerly (no tf.function): the same tensor object, alive
-            seen = self._dp_eager_batches
-        else:
-            seen = self._dp_batches_per_trace.setdefault(_outermost_function_graph(), {})
+        others = [r for r in range(context.num_replicas_in_sync) if r != replica]
         for leaf in tf.nest.flatten(x):
             if not isinstance(leaf, tf.Tensor):
                 continue
-            if tf.executing_eagerly():
-                held = seen.get(id(leaf))
-                first = held[1] if held is not None and held[0]() is leaf else None
-                if first is None:
-                    seen[id(leaf)] = (weakref.ref(leaf), replica)
-                    if len(seen) > 256:  # inputs of earlier steps, gone
-                        for key in [k for k, (ref, _) in seen.items() if ref() is None]:
-                            del seen[key]
-            else:
-                first = seen.setdefault(leaf.ref(), replica)
-            if first is not None and replica is not None and int(first) != int(replica):
+            # The same tensor object (symbolic at a trace, eager when replicas run eagerly), alive.
+            shared = any(self._dp_replica_inputs.get((id(leaf), r)) is leaf for r in others)
+            self._dp_replica_inputs[(id(leaf), replica)] = leaf
+            if shared:
                 raise ValueError(
                     "x: every replica of the tf.distribute strategy clips the same batch (a tensor handed to "
                     "strategy.run as it is goes to every replica), so their clipped sums add up and one "
