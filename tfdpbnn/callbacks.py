@@ -294,9 +294,10 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         later callback can save what they trained (``record_store.wait_durable``).
         """
         record_store.wait_durable()
-        adapter = _adapters.current()
-        if self.batch_savers and any(adapter.saves_after_batch(c, batch) for c in self.batch_savers):
-            attributes.run_record(self.model.optimizer).snapshot(self.model)  # before they save the weights
+        if self.batch_savers:  # a snapshot before a saver that saves at this batch end
+            saves = _adapters.current().saves_after_batch
+            if any(saves(c, batch) for c in self.batch_savers):
+                attributes.run_record(self.model.optimizer).snapshot(self.model)
         self._withhold_training_metrics(logs)
         if self._per_call > 1:  # only the steps ran since the last check: what they changed, read unchecked
             self.model.optimizer._dp_outside_reads_after_execution(self.model, self._per_call)
