@@ -12,8 +12,9 @@ inflates the first), and each target with its verdict:
    ``Reservation.commit``) in a fresh SQLite ledger file: on new records; on the same records again as
    another process sees them (their rows read); and on the same records again in the process that placed
    them last (their rows not read); then, in another fresh file, on new records named by ``record_ids``
-   with their rows (their content keys kept and checked against records named by content), and on as
-   many new records named by content (checked against those named by ids) (target: under 2 s);
+   with their rows (written on the twin keys of their content too, which is checked against records named
+   by content), and on as many new records named by content (checked against those named by ids) (target:
+   under 2 s);
 3. one-epoch ``fit`` calls on arrays, medians of ``--fits`` interleaved calls: a DP ``fit`` with the
    privacy record (store and ledger), the same with the record off (``TFDPBNN_PRIVACY_STORE=off``, on a
    second model of the same shape and start), and a non-private ``fit`` (legacy SGD) of the same model,
@@ -105,12 +106,14 @@ def _run_over(records: int) -> tuple[list[str], list[float], list[float]]:
         if phase_id == 2:
             record_ledger._PLACED.clear()  # what a process that did not place these records knows
         timed(ledger, keys, phase_id, label)
-    # Records named by ids with their rows keep their content keys, checked against the records named by
-    # content (in a ledger of their own); then as many new records by content are checked against those.
+    # Records named by ids with their rows are written on their content's twin keys too, their content
+    # checked against the records named by content (in a ledger of their own); then as many new records by
+    # content are checked against those.
     named = record_ids.record_keys(x, y, record_ids=np.arange(records))
     ledger = record_ledger.RecordLedger(os.path.join(tempfile.mkdtemp(), "ledger.sqlite"))
     timed(ledger, named, len(cases) + 1,
-          "new records named by record_ids with their rows (their content keys kept and checked)")
+          "new records named by record_ids with their rows (their content's twin keys written, naming "
+          "checked)")
     timed(ledger, record_ids.content_keys(x + np.float32(1.0), y), len(cases) + 2,
           "new records by content, in a ledger holding as many named by ids (checked against them)")
     return rows, walls, cpus

@@ -764,7 +764,7 @@ def test_a_fits_start_opens_the_ledger_once():
     x, y, model = _compiled_small()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     statements = _statements(store.default_path(), lambda: model.fit(x, y, batch_size=8, epochs=1, verbose=0))
-    assert sum("ledger_meta" in s for s in statements) == 1, statements
+    assert sum("schema_version" in s for s in statements) == 1, statements
     assert not any("sqlite_master" in s for s in statements), statements
 
 

@@ -380,6 +380,13 @@ def _copy(source, target):
         src.backup(dst)
 
 
+def _meta(path):
+    """The ledger file's (schema version, content-key version)."""
+    with sqlite3.connect(path) as conn:
+        meta = dict(conn.execute("SELECT key, value FROM ledger_meta"))
+    return meta["schema_version"], meta.get("content_key_version")
+
+
 def test_a_version_1_ledger_keeps_its_records_keys_and_an_empty_one_takes_version_2(tmp_path, monkeypatch):
     x, y = small_data()
     written = tmp_path / "written.sqlite"
@@ -395,8 +402,7 @@ def test_a_version_1_ledger_keeps_its_records_keys_and_an_empty_one_takes_versio
     model, opt = _fit(x, y, epochs=1)   # the same records, found by their version-1 keys
     assert opt.privacy_statement()["ledger_bound"]["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 2),
                                                                                rel=0.01)
-    with sqlite3.connect(old) as conn:
-        assert conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()[0] == "1"
+    assert _meta(old) == ("3", "1")   # brought to this layout, its records keeping their version-1 keys
     # A version-1 file with no release yet names no record: it takes version 2.
     empty = tmp_path / "empty.sqlite"
     record_ledger.SQLiteLedger(str(empty))
@@ -405,8 +411,53 @@ def test_a_version_1_ledger_keeps_its_records_keys_and_an_empty_one_takes_versio
     fresh = tmp_path / "empty_copy.sqlite"
     _copy(empty, fresh)
     assert record_ledger.RecordLedger(str(fresh)).content_key_version == 2
-    with sqlite3.connect(fresh) as conn:
-        assert conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+    assert _meta(fresh) == ("3", "2")
+
+
+def test_a_version_2_ledger_with_twin_keys_among_its_records_is_brought_to_version_3(tmp_path, monkeypatch):
+    # As a tfdpbnn before version 3 left a file: the twin keys of rows named by ids among the records, their
+    # content in ``ledger_named``. Opened, the twin keys move to ``ledger_twins`` with their histories, so
+    # the same rows renamed still find their releases, and the records named by ids stay refused by content.
+    x, y = small_data()
+    written = tmp_path / "written.sqlite"
+    monkeypatch.setenv("TFDPBNN_PRIVACY_STORE", str(written))
+    _fit(x[:48], y[:48], epochs=2, record_ids=np.arange(48))
+    with sqlite3.connect(written) as conn:
+        conn.execute("INSERT INTO ledger_named (content) SELECT ~record FROM ledger_twins")
+        conn.execute("INSERT INTO ledger_records SELECT record, history FROM ledger_twins")
+        conn.execute("DELETE FROM ledger_twins")
+        conn.execute("UPDATE ledger_meta SET value = '2' WHERE key = 'schema_version'")
+        conn.execute("DELETE FROM ledger_meta WHERE key IN ('content_key_version', 'twins_written')")
+    old = tmp_path / "old.sqlite"
+    _copy(written, old)   # another file: opened anew
+    monkeypatch.setenv("TFDPBNN_PRIVACY_STORE", str(old))
+    rows = np.arange(16, N)
+    _, opt = _fit(x[rows], y[rows], epochs=1, seed=3, record_ids=10_000 + rows)
+    bound = opt.privacy_statement()["ledger_bound"]
+    assert bound["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)   # rows 16..47: 2 + 1
+    assert bound["records"] == len(rows)
+    assert _meta(old) == ("3", "2")
+    with sqlite3.connect(old) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM ledger_twins").fetchone()[0] == N   # rows 0..63
+        assert conn.execute("SELECT COUNT(*) FROM ledger_records").fetchone()[0] == 48 + len(rows)   # ids
+    with pytest.raises(record_ledger.RecordNamingError,
+                       match="64 of these 64 records were named by record_ids"):
+        _fit(x, y, epochs=1, seed=4)   # rows 0..47 named by ids before the file was brought, 16..63 since
+
+
+def test_a_release_on_the_training_records_reaches_the_same_rows_renamed_later():
+    # A calibration on the records a model was trained on (their keys read from the ledger) is written on
+    # their twin keys too, so a later fit on the same rows under new ids composes it.
+    x, y = small_data()
+    _, first = _fit(x, y, epochs=1, record_ids=np.arange(N))
+    cost = PrivacyCost(mechanism="temperature", dp_event=_gaussians(2.0, 5), epsilon=0.0, delta=DELTA)
+    first.record_release(type("Release", (), {"privacy": cost})(), "sequential")
+    _, later = _fit(x, y, epochs=1, seed=1, record_ids=np.array([f"p{i}" for i in range(N)]))
+    truth = rdp_epsilon(dp_accounting.ComposedDpEvent([_gaussians(1.0, 2), _gaussians(2.0, 5)]))
+    bound = later.privacy_statement()["ledger_bound"]
+    assert bound["epsilon"] == pytest.approx(truth, rel=0.01)
+    assert bound["epsilon"] > gaussians_epsilon(1.0, 2) * 1.05   # the calibration counts
+    assert bound["records"] == N
 
 
 def test_per_record_budget_refuses_a_fit_whose_records_are_unknown():

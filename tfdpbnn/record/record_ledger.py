@@ -50,15 +50,18 @@ from tfdpbnn._validation import check_choice, check_open_unit, check_positive
 from tfdpbnn.privacy.budget import NEIGHBORING
 from tfdpbnn.record import store as record_store
 
-#: Version of the ledger file, kept in it (table ``ledger_meta``, key ``schema_version``). Version 2 names
-#: records by the version-2 content hash (``tfdpbnn.record.records``: features only, layout-independent);
-#: version 1, by the version-1 hash (layout and label part of a record). The tables are the same.
-SCHEMA_VERSION = 2
+#: Version of the ledger file's layout, kept in it (table ``ledger_meta``, key ``schema_version``). Version 3
+#: keeps the twin keys of rows named by ids (``content_twins``) in a table of their own (``ledger_twins``) and
+#: the content hash naming its records in ``ledger_meta`` (key ``content_key_version``). Versions 1 and 2 kept
+#: twin keys among the records and the content of rows named by ids in ``ledger_named``, and named records by
+#: the version-1 and version-2 hash; such a file is brought to version 3 when opened (its twin keys moved, its
+#: records keeping their keys), and a tfdpbnn that reads only versions 1 and 2 then refuses it.
+SCHEMA_VERSION = 3
 #: The versions this tfdpbnn reads, each with the content-hash version naming its records
-#: (``tfdpbnn.record.records.content_keys``): a version-1 file keeps its records' version-1 keys.
-READABLE_VERSIONS = {1: 1, 2: 2}
+#: (``tfdpbnn.record.records.content_keys``), or None where the file says which (version 3).
+READABLE_VERSIONS = {1: 1, 2: 2, 3: None}
 #: The content hash naming the records of a new ledger file.
-CONTENT_KEY_VERSION = READABLE_VERSIONS[SCHEMA_VERSION]
+CONTENT_KEY_VERSION = 2
 #: What a release can be.
 RELEASE_KINDS = ("training", "preprocessing", "calibration", "search", "other")
 
@@ -281,11 +284,12 @@ class LedgerBackend(abc.ABC):
         length). ``keys`` are distinct int64. Returns the release's id.
 
         ``named``: when ``keys`` are keys of user-given ids whose rows' content is known, the content keys
-        of those rows (distinct int64); ``keys`` then hold their twin keys too (``content_twins``), so the
-        release is written on the rows' content as well. The same transaction refuses
+        of those rows (distinct int64, ascending); the release is then written on their twin keys
+        (``content_twins``) too, kept apart from the records' keys (``twin_count`` counts them), so it is
+        written on the rows' content as well. The same transaction refuses
         (``RecordNamingError``, nothing written) a release with ``named`` any of whose content keys has a
-        history (records named by content before), and a release without it any of whose keys is among the
-        ``named`` kept from earlier releases (records named by ids before); it keeps ``named``.
+        history (records named by content before), and a release without it any of whose keys is the
+        content of twin keys written by earlier releases (records named by ids before).
         """
 
     @abc.abstractmethod
@@ -309,8 +313,8 @@ class LedgerBackend(abc.ABC):
         """Every release, oldest first (``exclude_kind``: all but the releases of that kind)."""
 
     @abc.abstractmethod
-    def keys(self, history_ids: Sequence[int]) -> np.ndarray:
-        """The keys (int64) of the records whose current history is one of ``history_ids``."""
+    def keys(self, history_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(record keys, twin keys) (int64) of the records whose current history is one of ``history_ids``."""
 
     @abc.abstractmethod
     def twin_count(self, history_ids: Sequence[int]) -> int:
@@ -339,14 +343,16 @@ CREATE TABLE IF NOT EXISTS ledger_histories (
 CREATE INDEX IF NOT EXISTS ledger_histories_parent ON ledger_histories(parent);
 CREATE INDEX IF NOT EXISTS ledger_releases_kind ON ledger_releases(kind, release);
 CREATE TABLE IF NOT EXISTS ledger_records (record INTEGER PRIMARY KEY, history INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger_twins (record INTEGER PRIMARY KEY, history INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger_named (content INTEGER NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS ledger_budget (
     set_at REAL NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, accountant TEXT NOT NULL);
 """
 
 
-#: Ledger files whose tables this process has made or checked: (path, device, inode) -> the file's version.
-_CHECKED: dict[tuple, int] = {}
+#: Ledger files whose tables this process has made or checked: (path, device, inode) -> (the file's version,
+#: its content-hash version).
+_CHECKED: dict[tuple, tuple[int, int]] = {}
 #: Committed releases decoded from each ledger file: file identity -> {release id: (created, Release)}.
 _DECODED: dict[tuple, dict] = {}
 #: The most releases kept decoded per file (then the file's are dropped and decoded again as needed).
@@ -366,8 +372,9 @@ _PLACED: dict[tuple, tuple] = {}
 #: The content keys of records named by ids that this process last wrote (or found) in each ledger file:
 #: file identity -> distinct int64 (``SQLiteLedger._check_naming``).
 _NAMED: dict[tuple, np.ndarray] = {}
-#: Keys (records named by content) this process last found clear of ``ledger_named`` in each ledger file:
-#: file identity -> (``ledger_named``'s largest rowid when they were found so, the distinct keys).
+#: Keys (records named by content) this process last found clear of records named by ids in each ledger file:
+#: file identity -> ((``ledger_meta``'s ``twins_written``, ``ledger_named``'s largest rowid) when they were
+#: found so, the distinct keys) (``SQLiteLedger._check_naming``).
 _CLEAR_OF_NAMED: dict[tuple, tuple] = {}
 #: The last keys made distinct (``_distinct``): [(the keys as given, int64, a copy; their distinct keys)].
 _DISTINCT: list[tuple] = []
@@ -431,42 +438,64 @@ class SQLiteLedger(LedgerBackend):
         self.path = record_store.checked_file(path, "the record ledger")
         self._timeout = float(timeout)
         # Tables made or checked by this process: only the version is read (one statement; the whole check
-        # again if its table is gone).
+        # again if its table is gone or its version changed).
         identity = record_store.file_identity(self.path)
-        checked = identity in _CHECKED
-        with self._transaction("DEFERRED" if checked else "IMMEDIATE") as conn:
-            if checked:
+        checked = _CHECKED.get(identity)
+        if checked:
+            with self._transaction("DEFERRED") as conn:
                 try:
-                    self.schema_version = self._check_version(conn)
-                    return
+                    if self._check_version(conn) == checked[0]:
+                        self.schema_version, self._content_key_version = checked
+                        return
                 except sqlite3.OperationalError:  # no ledger_meta table: the whole check below
                     pass
+        with self._transaction() as conn:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if "ledger_meta" in tables:
-                version = self._check_version(conn)
-                if version != SCHEMA_VERSION and conn.execute(
-                        "SELECT 1 FROM ledger_releases LIMIT 1").fetchone() is None:
-                    # No record is named yet: the file takes the current version's record keys.
-                    conn.execute("UPDATE ledger_meta SET value = ? WHERE key = 'schema_version'",
-                                 (str(SCHEMA_VERSION),))
-            elif tables & {"ledger_releases", "ledger_records", "ledger_histories"}:
+            if "ledger_meta" not in tables and tables & {"ledger_releases", "ledger_records",
+                                                          "ledger_histories"}:
                 raise SchemaVersionError(
                     f"{self.path}: it has record-ledger tables but no schema version; it was not written by "
                     "tfdpbnn's ledger. Point TFDPBNN_PRIVACY_STORE at another file.")
-            if not checked:
-                for statement in _TABLES.strip().split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                conn.execute("INSERT OR IGNORE INTO ledger_meta VALUES ('schema_version', ?)",
-                             (str(SCHEMA_VERSION),))
+            version = self._check_version(conn) if "ledger_meta" in tables else None
+            for statement in _TABLES.strip().split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            if version is None:  # a new ledger
+                conn.executemany("INSERT INTO ledger_meta VALUES (?, ?)", [
+                    ("schema_version", str(SCHEMA_VERSION)),
+                    ("content_key_version", str(CONTENT_KEY_VERSION))])
+            elif version != SCHEMA_VERSION:
+                self._upgrade(conn, version)
             self.schema_version = self._check_version(conn)
+            (content,) = conn.execute(
+                "SELECT value FROM ledger_meta WHERE key = 'content_key_version'").fetchone()
+            self._content_key_version = int(content)
         # A file replaced at the path is checked again.
-        _CHECKED[record_store.file_identity(self.path)] = self.schema_version
+        _CHECKED[record_store.file_identity(self.path)] = (self.schema_version, self._content_key_version)
+
+    @staticmethod
+    def _upgrade(conn, version: int) -> None:
+        """Bring a version-1 or version-2 ledger to this layout (``SCHEMA_VERSION``), in the open transaction.
+
+        Its twin keys (``content_twins`` of the content in ``ledger_named``) move from ``ledger_records`` to
+        ``ledger_twins`` with their histories; ``ledger_named`` stays, for the content of rows named by ids
+        in releases written before twin keys were (``_check_naming`` reads it). Its records keep their
+        content hash (``READABLE_VERSIONS``); a file with no release yet names no record and takes
+        ``CONTENT_KEY_VERSION``.
+        """
+        empty = conn.execute("SELECT 1 FROM ledger_releases LIMIT 1").fetchone() is None
+        content = CONTENT_KEY_VERSION if empty else READABLE_VERSIONS[version]
+        twins = "~record IN (SELECT content FROM ledger_named)"
+        conn.execute(f"INSERT INTO ledger_twins (record, history) SELECT record, history FROM ledger_records "
+                     f"WHERE {twins}")
+        conn.execute(f"DELETE FROM ledger_records WHERE {twins}")
+        conn.executemany("INSERT OR REPLACE INTO ledger_meta VALUES (?, ?)", [
+            ("schema_version", str(SCHEMA_VERSION)), ("content_key_version", str(content))])
 
     @property
     def content_key_version(self) -> int:
-        """The content hash naming this file's records: its schema version (see ``SCHEMA_VERSION``)."""
-        return READABLE_VERSIONS[self.schema_version]
+        """The content hash naming this file's records (``ledger_meta``'s ``content_key_version``)."""
+        return self._content_key_version
 
     def _check_version(self, conn) -> int:
         """The file's ledger version; ``SchemaVersionError`` unless it is one of ``READABLE_VERSIONS``.
@@ -725,8 +754,8 @@ class SQLiteLedger(LedgerBackend):
         return set().union(*(nodes[key][1] for key in found.values()))
 
     @staticmethod
-    def _placed_counts(conn, identity: tuple, keys: np.ndarray) -> dict | None:
-        """{history: record count} of ``keys`` without reading their rows, or None (then read them).
+    def _placed_counts(conn, identity: tuple, keys: np.ndarray, twins: np.ndarray) -> dict | None:
+        """{history: record count} of ``keys`` and ``twins`` without reading their rows, or None (read them).
 
         Known when this process's last reservation on the file was for the same keys and no release since
         moved any of them. After a reservation, its release is on every history its records are in, and
@@ -737,7 +766,8 @@ class SQLiteLedger(LedgerBackend):
         reservation's own: one rolled back with its transaction may leave its ids to another.
         """
         placed = _PLACED.get(identity)
-        if placed is None or placed[0].shape != keys.shape or not np.array_equal(placed[0], keys):
+        if placed is None or any(a.shape != b.shape or not np.array_equal(a, b)
+                                 for a, b in zip(placed[0], (keys, twins), strict=True)):
             return None
         _, release_id, created, where = placed
         # The release's row and the histories' rows, in one statement.
@@ -751,17 +781,26 @@ class SQLiteLedger(LedgerBackend):
         return dict(where) if now == where else None
 
     @staticmethod
-    def _key_counts(conn, keys: np.ndarray, text: str | None = None) -> tuple[dict, str]:
+    def _key_counts(conn, keys: np.ndarray, text: str | None = None, twins: np.ndarray | None = None,
+                    twins_text: str | None = None) -> tuple[dict, str]:
         """{history (None: records new to the ledger): record count} of ``keys`` (distinct), in one statement.
 
+        With the twin keys ``twins`` (distinct; ``twins_text``, their JSON array), theirs counted in too.
         Also returns the keys as the JSON array the statement read (str of a list of ints is one, parsed by
         SQLite's ``json_each`` in C), for a statement that writes their rows. Only the records the ledger
         holds are grouped (SQLite sorts the rows it groups); the new ones are the rest of ``keys``.
         """
         text = str(np.asarray(keys, dtype=np.int64).tolist()) if text is None else text
-        held = conn.execute("SELECT r.history, COUNT(*) FROM json_each(?) j JOIN ledger_records r "
-                            "ON r.record = j.value GROUP BY r.history", (text,)).fetchall()
-        new = len(keys) - sum(count for _, count in held)
+        held_in = ("SELECT r.history, COUNT(*) FROM json_each(?) j JOIN ledger_records r "
+                   "ON r.record = j.value GROUP BY r.history")
+        if twins is None or not len(twins):
+            held = conn.execute(held_in, (text,)).fetchall()
+        else:
+            held = conn.execute(
+                f"SELECT history, SUM(n) FROM ({held_in.replace('COUNT(*)', 'COUNT(*) AS n')} UNION ALL "
+                "SELECT t.history, COUNT(*) FROM json_each(?) j JOIN ledger_twins t ON t.record = j.value "
+                "GROUP BY t.history) GROUP BY history", (text, twins_text)).fetchall()
+        new = len(keys) + (0 if twins is None else len(twins)) - sum(count for _, count in held)
         return ({None: new} if new else {}) | dict(held), text
 
     def histories(self, keys=None) -> list[History]:
@@ -786,20 +825,19 @@ class SQLiteLedger(LedgerBackend):
                                 "WHERE (kind < ? OR kind > ?)", (exclude_kind, exclude_kind)).fetchall()
             return self._decode(sorted(rows, key=lambda row: row[0]))
 
-    def keys(self, history_ids) -> np.ndarray:
-        """The keys of the records whose current history is one of ``history_ids``."""
+    def keys(self, history_ids) -> tuple[np.ndarray, np.ndarray]:
+        """(record keys, twin keys) of the records whose current history is one of ``history_ids``."""
+        wanted = json.dumps([int(h) for h in history_ids])
         with self._transaction("DEFERRED") as conn:
-            rows = conn.execute("SELECT record FROM ledger_records WHERE history IN "
-                                "(SELECT value FROM json_each(?))",
-                                (json.dumps([int(h) for h in history_ids]),)).fetchall()
-        return np.asarray([r[0] for r in rows], dtype=np.int64)
+            return tuple(np.asarray([r[0] for r in conn.execute(
+                f"SELECT record FROM {table} WHERE history IN (SELECT value FROM json_each(?))",
+                (wanted,))], dtype=np.int64) for table in ("ledger_records", "ledger_twins"))
 
     def twin_count(self, history_ids) -> int:
-        """How many keys in ``history_ids`` are twins of the content in ``ledger_named``."""
+        """How many twin keys (``ledger_twins``) have their current history in ``history_ids``."""
         with self._transaction("DEFERRED") as conn:
-            (count,) = conn.execute("SELECT COUNT(*) FROM ledger_records WHERE history IN (SELECT value FROM "
-                                    "json_each(?)) AND ~record IN (SELECT content FROM ledger_named)",
-                                    (json.dumps([int(h) for h in history_ids]),)).fetchone()
+            (count,) = conn.execute("SELECT COUNT(*) FROM ledger_twins WHERE history IN (SELECT value FROM "
+                                    "json_each(?))", (json.dumps([int(h) for h in history_ids]),)).fetchone()
         return int(count)
 
     def budget(self) -> dict | None:
@@ -821,16 +859,24 @@ class SQLiteLedger(LedgerBackend):
                          (time.time(), float(epsilon), float(delta), accountant))
 
     def reserve(self, keys, release: Release, check, named=None) -> int:
-        """One ``BEGIN IMMEDIATE`` transaction: check the records' histories, then write the release."""
+        """One ``BEGIN IMMEDIATE`` transaction: check the records' histories, then write the release.
+
+        The release is written on ``keys`` (``ledger_records``) and on the twin keys of ``named``
+        (``ledger_twins``, ``content_twins``).
+        """
         identity = record_store.file_identity(self.path)
+        twins = content_twins(named)[::-1] if named is not None else np.zeros([0], np.int64)
+        if len(twins) > 1 and not np.all(twins[1:] > twins[:-1]):   # ``named`` ascending: ``twins`` are
+            twins = np.unique(twins)
+        twins_text = str(twins.tolist()) if len(twins) else None
         with self._transaction() as conn:
             text = self._check_naming(conn, identity, keys, named)
-            counts = self._placed_counts(conn, identity, keys)
+            counts = self._placed_counts(conn, identity, keys, twins)
             # Placed by this process's last reservation: each history holds just these records (its size is
             # their count, as ``_placed_counts`` read it).
             sizes = None if counts is None else dict(counts)
             if counts is None:
-                counts, text = self._key_counts(conn, keys, text)
+                counts, text = self._key_counts(conn, keys, text, twins, twins_text)
             check(lambda: self._histories(conn, counts, composable_only=True), self._budget(conn),
                   lambda: self._neighborings(conn, counts))
             created = time.time()
@@ -865,18 +911,26 @@ class SQLiteLedger(LedgerBackend):
                 if old is not None:
                     conn.execute("UPDATE ledger_histories SET records = records - ? WHERE history = ?",
                                  (count, old))
-            if list(counts) == [None]:  # every record is new to the ledger
-                conn.execute("INSERT INTO ledger_records (record, history) SELECT value, ? FROM json_each(?)",
-                             (moves[0][1], text))
-            elif moves:  # records new to the ledger, or leaving a history that keeps others: one statement
-                conn.execute(
-                    "INSERT INTO ledger_records (record, history) "
-                    "SELECT j.value, json_extract(m.value, '$[1]') FROM json_each(?) j "
-                    "LEFT JOIN ledger_records r ON r.record = j.value "
-                    "JOIN json_each(?) m ON json_extract(m.value, '$[0]') = COALESCE(r.history, -1) "
-                    "WHERE true ON CONFLICT(record) DO UPDATE SET history = excluded.history",
-                    (text, json.dumps(moves)))
-            _PLACED[identity] = (np.array(keys, dtype=np.int64), int(release_id), created, placed)
+            for table, listed in (("ledger_records", text), ("ledger_twins", twins_text)):
+                if listed is None or not moves:
+                    continue
+                if list(counts) == [None]:  # every record is new to the ledger
+                    conn.execute(f"INSERT INTO {table} (record, history) SELECT value, ? FROM json_each(?)",
+                                 (moves[0][1], listed))
+                else:  # records new to the ledger, or leaving a history that keeps others: one statement
+                    conn.execute(
+                        f"INSERT INTO {table} (record, history) "
+                        "SELECT j.value, json_extract(m.value, '$[1]') FROM json_each(?) j "
+                        f"LEFT JOIN {table} r ON r.record = j.value "
+                        "JOIN json_each(?) m ON json_extract(m.value, '$[0]') = COALESCE(r.history, -1) "
+                        "WHERE true ON CONFLICT(record) DO UPDATE SET history = excluded.history",
+                        (listed, json.dumps(moves)))
+            if twins_text is not None:  # the version of the twin keys read by ``_check_naming``
+                conn.execute("INSERT INTO ledger_meta VALUES ('twins_written', '1') ON CONFLICT(key) "
+                             "DO UPDATE SET value = CAST(value AS INTEGER) + 1")
+            _PLACED[identity] = ((np.array(keys, dtype=np.int64), twins), int(release_id), created, placed)
+        if twins_text is not None:   # written: their content never gets a history of its own now
+            _NAMED[identity] = named
         return int(release_id)
 
     def _check_naming(self, conn, identity: tuple, keys: np.ndarray, named: np.ndarray | None) -> str | None:
@@ -884,10 +938,13 @@ class SQLiteLedger(LedgerBackend):
 
         Returns ``keys`` as the JSON array a statement read (for the next one), or None if none did.
 
-        Keeps ``named`` (the content of records named by ids) in ``ledger_named``. Content there never gets
-        a history (a release naming it by content is refused; its twin key does, ``content_twins``), and it
-        had none when written, so the content this process wrote or found in this file needs no check again
-        (``_NAMED``). With ``named``, ``keys`` hold the ids' keys and the twins of ``named``.
+        Records named by ids with their rows' content (``named``) are refused where that content has a
+        history of its own (``ledger_records``: named by content before). Records named by content are
+        refused where their twin key (``content_twins``) has a history (``ledger_twins``: named by ids
+        before), or where their content is in ``ledger_named`` (named by ids in a version-1 or version-2
+        file, before twin keys were written). Content written with twin keys never gets a history of its own
+        (refused here), so the content this process wrote needs no check again (``_NAMED``), and keys found
+        clear stay clear until twin keys are written again (``ledger_meta``'s ``twins_written``).
         """
         if named is not None:   # named by ids
             if not len(named):
@@ -895,34 +952,35 @@ class SQLiteLedger(LedgerBackend):
             held = _NAMED.get(identity)
             if held is not None and held.shape == named.shape and np.array_equal(held, named):
                 return None
-            # Kept first, then the rows new to the table checked (a refusal rolls the whole transaction back).
-            (before,) = conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM ledger_named").fetchone()
-            conn.execute("INSERT OR IGNORE INTO ledger_named (content) SELECT value FROM json_each(?)",
-                         (str(named.tolist()),))
-            (count,) = conn.execute("SELECT COUNT(*) FROM ledger_named n JOIN ledger_records r "
-                                    "ON r.record = n.content WHERE n.rowid > ?", (before,)).fetchone()
+            (count,) = conn.execute("SELECT COUNT(*) FROM json_each(?) j JOIN ledger_records r "
+                                    "ON r.record = j.value", (str(named.tolist()),)).fetchone()
             if count:
                 raise RecordNamingError(
-                    f"record_ids: {count} of these {len(keys) - len(named)} records were named by their "
-                    f"content (without record_ids) in earlier releases in {self.path}; named by ids now, "
-                    "each would get a second history without the first one's spending. Name them as before "
-                    "(no record_ids), or give every release on them the same record_ids from a new store "
-                    "file. Nothing was run or written.")
-            _NAMED[identity] = named
+                    f"record_ids: {count} of these {len(keys)} records were named by their content (without "
+                    f"record_ids) in earlier releases in {self.path}; named by ids now, each would get a "
+                    "second history without the first one's spending. Name them as before (no record_ids), "
+                    "or give every release on them the same record_ids from a new store file. Nothing was "
+                    "run or written.")
             return None
-        # Rows are only added (each at the end), so the largest rowid tells whether the table grew.
-        (version,) = conn.execute("SELECT MAX(rowid) FROM ledger_named").fetchone()
-        if version is None:
+        version = conn.execute("SELECT (SELECT value FROM ledger_meta WHERE key = 'twins_written'), "
+                               "(SELECT MAX(rowid) FROM ledger_named)").fetchone()
+        if version == (None, None):
             return None   # no records were ever named by ids with their content
-        # Keys this process found clear of ``ledger_named`` at this size of it are clear still.
         clear = _CLEAR_OF_NAMED.get(identity)
         keys = np.asarray(keys, np.int64)
         if clear is not None and clear[0] == version and clear[1].shape == keys.shape and \
                 np.array_equal(clear[1], keys):
             return None
         text = str(keys.tolist())
-        (count,) = conn.execute("SELECT COUNT(*) FROM json_each(?) j JOIN ledger_named n "
-                                "ON n.content = j.value", (text,)).fetchone()
+        if version[1] is None:
+            (count,) = conn.execute("SELECT COUNT(*) FROM json_each(?) j JOIN ledger_twins t "
+                                    "ON t.record = ~j.value", (text,)).fetchone()
+        else:   # and the content kept in a version-1 or version-2 file
+            (count,) = conn.execute(
+                "SELECT COUNT(*) FROM json_each(?) j WHERE EXISTS (SELECT 1 FROM ledger_twins t "
+                "WHERE t.record = ~j.value) OR EXISTS (SELECT 1 FROM ledger_named n "
+                "WHERE n.content = j.value)",
+                (text,)).fetchone()
         if count:
             raise RecordNamingError(
                 f"record_ids: {count} of these {len(keys)} records were named by record_ids in earlier "
@@ -1020,15 +1078,12 @@ class RecordLedger:
                 raise ValueError(f"token: a release token is 32 lowercase hex digits (new_release_token()), "
                                  f"got {token!r}")
             description = f"{description} [release {token}]"
+        # Rows named by ids whose content is known: the release is written on their content too (under its
+        # twin key), so the same rows named by other ids in another release share that history.
         named = _named_content(keys)
         keys = _distinct(keys)
         records = len(keys)
-        twins = 0
-        if named is not None and len(named):
-            # Rows named by ids whose content is known: the release is written on their content too (under
-            # its twin key), so the same rows named by other ids in another release share that history.
-            twins = len(named)
-            keys = np.union1d(keys, content_twins(named))
+        twins = 0 if named is None else len(named)
         phase_id = None if phase_id is None else int(phase_id)
         release = Release(0, kind, neighboring, event_to_config(planned), None, phase_id, description,
                           () if phase_id is None else (phase_id,))
@@ -1087,11 +1142,24 @@ class RecordLedger:
         return reservation.release_id
 
     def training_keys(self, phase_ids) -> np.ndarray:
-        """The keys of every record that a training release covering one of ``phase_ids`` touched."""
+        """The keys of every record that a training release covering one of ``phase_ids`` touched.
+
+        Where some of them are twin keys (``content_twins``), ``tfdpbnn.record.records.IdKeys`` with the
+        content they stand for: a release reserved on them is written on those twin keys again.
+        """
+        from tfdpbnn.record.records import IdKeys
+
         wanted = {int(p) for p in phase_ids}
         ids = [h.history_id for h in self.histories() if any(
             r.kind == "training" and wanted.intersection(r.phase_ids) for r in h.releases)]
-        return self.backend.keys(ids) if ids else np.zeros([0], np.int64)
+        if not ids:
+            return np.zeros([0], np.int64)
+        keys, twins = self.backend.keys(ids)
+        if not len(twins):
+            return keys
+        named = keys.view(IdKeys)
+        named.content = content_twins(twins)
+        return named
 
     def linked_releases(self, phase_ids) -> list[Release]:
         """The releases other than training that name one of the training ``phase_ids`` (``record``)."""
@@ -1183,8 +1251,8 @@ def content_key_version() -> int:
     path = record_store.default_path()
     if path is None or not os.path.exists(path):
         return CONTENT_KEY_VERSION
-    version = _CHECKED.get(record_store.file_identity(path))
-    return READABLE_VERSIONS[version] if version is not None else SQLiteLedger(path).content_key_version
+    checked = _CHECKED.get(record_store.file_identity(path))
+    return checked[1] if checked is not None else SQLiteLedger(path).content_key_version
 
 
 def default_ledger() -> RecordLedger | None:
