@@ -707,3 +707,21 @@ def test_store_and_ledger_refuse_an_empty_path_and_make_the_directory(tmp_path):
         path = tmp_path / what.replace(" ", "_") / "deeper" / "file.sqlite"
         make(path)  # a pathlib path; its directories are made
         assert path.exists()
+
+
+def test_a_parallel_release_named_by_ids_without_its_rows_is_refused():
+    # Training named the rows by content; a "parallel" calibration on the same rows named by ids alone was
+    # reported "checked" disjoint (its id keys are not the training's content keys): 7.08 printed where
+    # 7.98 holds (two passes and the calibration, sequentially).
+    x, y = small_data()
+    _, optimizer = _fit(x, y, epochs=2)
+    cost = PrivacyCost(mechanism="temperature", dp_event=_gaussians(4.0, 8), epsilon=0.0, delta=DELTA)
+    release = type("Release", (), {"privacy": cost})()
+    releases = len(_ledger().backend.releases())
+    with pytest.raises(ValueError, match="cannot be checked on record_ids given without the release's rows"):
+        optimizer.record_release(release, "parallel", record_ids=np.arange(N))
+    assert len(_ledger().backend.releases()) == releases
+    assert optimizer.privacy_statement()["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 2), rel=0.01)
+    optimizer.record_release(release, "sequential", record_ids=np.arange(N))   # composed in full: accepted
+    truth = rdp_epsilon(dp_accounting.ComposedDpEvent([_gaussians(1.0, 2), _gaussians(4.0, 8)]))
+    assert optimizer.privacy_statement()["epsilon"] == pytest.approx(truth, rel=0.01)

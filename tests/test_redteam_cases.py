@@ -915,3 +915,46 @@ def test_a_record_with_a_nan_feature_leaves_no_guarantee():
     assert statement["epsilon"] == math.inf and statement["quote"]["epsilon"] == math.inf
     assert "non-finite weights" in statement["guarantee_reason"]
     assert statement["epsilon_if_values_were_finite"] == pytest.approx(gaussians_epsilon(1.0, 2), rel=1e-6)
+
+
+def _two_layers(seed=0):
+    tf.keras.utils.set_random_seed(seed)
+    return tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(4, activation="relu"),
+                                tf.keras.layers.Dense(3)])
+
+
+def test_two_dp_optimizers_taking_turns_on_one_model_are_refused_by_name_and_separate_runs_compose():
+    # One model's privacy ledger has one holder: the second optimizer's begin_training closes the first's
+    # phase. Its next step is refused saying so (it said only that no phase was open: a false refusal with
+    # a misleading cause); the parts trained in separate runs compose in the last optimizer's statement.
+    x, y = small_data()
+    per_example = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    def steps(optimizer, model, layer, count):
+        for i in range(count):
+            xb, yb = x[8 * i:8 * i + 8], y[8 * i:8 * i + 8]
+            with tf.GradientTape() as tape:
+                loss = per_example(yb, model(xb, training=True))
+            optimizer.minimize(loss, model.layers[layer].trainable_variables, tape=tape)
+
+    def optimizer():
+        return tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+
+    model, first, second = _two_layers(), optimizer(), optimizer()
+    first.begin_training(model, x, y, batch_size=8)
+    second.begin_training(model, x, y, batch_size=8)
+    with pytest.raises(ValueError, match=r"DPSGDOptimizer has no open privacy-ledger phase: another DP "
+                                         r"optimizer \(DPSGDOptimizer\) began training the same model"):
+        steps(first, model, 0, 1)
+    assert first.steps == 0
+    model, first, second = _two_layers(1), optimizer(), optimizer()
+    asserted = {"batch_size": 8, "assert_per_example_loss": "per-example cross-entropy"}
+    first.begin_training(model, x, y, **asserted)
+    steps(first, model, 0, 4)
+    second.begin_training(model, x, y, **asserted)
+    steps(second, model, 1, 4)
+    own = [p.steps for p in second.ledger.phases]
+    assert own == [4, 4]
+    truth = rdp_epsilon(dp_accounting.ComposedDpEvent([p.event() for p in first.ledger.phases] +
+                                                      [second.ledger.phases[-1].event()]))
+    assert second.privacy_statement()["epsilon"] == pytest.approx(truth, rel=1e-6)

@@ -887,6 +887,15 @@ class DPOptimizerMixin:
         if keys is None:
             raise ValueError(f"composition: 'parallel' needs the release's records to be disjoint from the "
                              f"training records, and nothing shows it; {how}")
+        if hasattr(keys, "content") and keys.content is None:
+            # Ids without their rows: the ledger compares them with the keys training wrote, which name the
+            # same rows otherwise when training named them by content or by other ids (no overlap found).
+            raise ValueError(
+                "composition: 'parallel' cannot be checked on record_ids given without the release's rows: "
+                "the ledger can compare ids only with training records named by the same ids, and training "
+                "may have named the same rows by their content or by other ids. Pass the release's data "
+                "(x=, y=) with its record_ids, assert the split by name with asserted_disjoint='why', or use "
+                "composition='sequential'")
         import numpy as np
 
         from tfdpbnn.record.record_ledger import default_ledger
@@ -1243,7 +1252,8 @@ class DPOptimizerMixin:
         link = attributes.ledger_link(model)
         previous = None if link is None else link.optimizer
         if previous is not None and previous is not self:
-            attributes.ledger_state(previous).close_open_phase()
+            attributes.ledger_state(previous).close_open_phase(
+                closed_by=f"another DP optimizer ({self._dp_named()}) began training the same model")
             for phase, source in zip(attributes.ledger_state(previous).closed_phases(),
                                      attributes.ledger_state(previous).closed_sources(), strict=True):
                 attributes.ledger_state(self).append(phase, source)
@@ -1272,7 +1282,9 @@ class DPOptimizerMixin:
         for other in attributes.variable_trainers(variables):
             if other is self:
                 continue
-            attributes.ledger_state(other).close_open_phase()
+            attributes.ledger_state(other).close_open_phase(
+                closed_by=f"another DP optimizer ({self._dp_named()}) began training a model that shares "
+                          "trainable variables with this optimizer's")
             for phase, source in zip(attributes.ledger_state(other).closed_phases(),
                                      attributes.ledger_state(other).closed_sources(), strict=True):
                 state.append(phase, source)
@@ -1888,9 +1900,23 @@ class DPOptimizerMixin:
     #: Open-phase sources whose steps may run outside model.fit (the caller picks the batches).
     _OUTSIDE_FIT_SOURCES = ("custom_loop", "train_on_batch")
 
+    def _dp_named(self) -> str:
+        """This optimizer as a message names it: its class, and its Keras name where that says more."""
+        name = getattr(self, "name", None) or getattr(self, "_name", None)
+        return type(self).__name__ if not name or name == type(self).__name__ else \
+            f"{type(self).__name__} {name!r}"
+
     def _require_open_phase(self):
         with tf.init_scope():
-            if not attributes.ledger_state(self).has_open_phase:
+            state = attributes.ledger_state(self)
+            if not state.has_open_phase and state.closed_by is not None:
+                raise ValueError(
+                    f"optimizer: {self._dp_named()} has no open privacy-ledger phase: {state.closed_by}, "
+                    "which closed it. A model's privacy ledger has one holder, so two DP optimizers cannot "
+                    "take turns on one model's steps. Train every trainable variable with one DP optimizer "
+                    "(minimize over model.trainable_variables), or train the parts in separate runs: "
+                    "begin_training, one optimizer's steps, then begin_training of the other.")
+            if not state.has_open_phase:
                 raise ValueError(
                     "optimizer: no privacy-ledger phase is open, so the steps about to run could not be "
                     "accounted. model.fit opens one; in a custom training loop call "

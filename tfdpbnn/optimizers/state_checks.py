@@ -488,8 +488,15 @@ class WriteWatch:
             self._state_step.assign(-1)
 
     def _held(self, variables) -> list:
-        return [self._index[id(v)] for v in variables
-                if id(v) in self._index and self._variables[self._index[id(v)]] is v]
+        """The indices of every watched variable when the write covers any of them (else none).
+
+        A write that updates some of the watched weights (``minimize`` over one layer's variables) keeps a
+        copy of all of them, and the next write compares all: a weight no DP write updates must not change
+        between them either (its copy is its value at the last write, not one it never had).
+        """
+        if any(id(v) in self._index and self._variables[self._index[id(v)]] is v for v in variables):
+            return list(range(len(self._variables)))
+        return []
 
     def before_write(self, variables, iterations) -> list:
         """Inside the step, before the update: refuse it if a variable changed since the last DP write.

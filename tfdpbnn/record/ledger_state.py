@@ -87,6 +87,7 @@ class LedgerState:
         self._optimizer = optimizer
         self._memo = None  # variable id -> value read, inside ``reading_once`` (None outside)
         self._kept = None  # the reads a ``reading_once(keep=True)`` block left for a ``resume=True`` one
+        self.closed_by = None  # why another optimizer closed the open phase (``close_open_phase``), if it did
         config = config or {}
         table = np.zeros([MAX_PHASES, len(_COLUMNS)])
         phases = [Phase(**p) for p in config.get("phases", [])]
@@ -249,6 +250,7 @@ class LedgerState:
         self.open_examples.assign(0.0)
         self.open_squared.assign(0.0)
         self._forget()
+        self.closed_by = None
 
     def finish_partial_pass(self) -> None:
         """Count the open shuffle phase's partial pass as a whole one (its next steps start a new pass).
@@ -298,8 +300,14 @@ class LedgerState:
             phase = dataclasses.replace(phase, noise_replayable=True)
         return phase
 
-    def close_open_phase(self, source=None) -> None:
-        """Move the open phase (if it took a step) into the table; no phase is open afterwards."""
+    def close_open_phase(self, source=None, closed_by: str | None = None) -> None:
+        """Move the open phase (if it took a step) into the table; no phase is open afterwards.
+
+        ``closed_by``: what closed it when it is not this optimizer's own doing (another DP optimizer took
+        the model's ledger), kept in ``closed_by`` for the refusal of this optimizer's next step.
+        """
+        if closed_by is not None and self.has_open_phase:
+            self.closed_by = closed_by
         phase = self.current_phase(override_source=source)
         if phase is not None and phase.steps > 0:
             self.append(phase, source or self.open_description()["source"])
