@@ -430,6 +430,60 @@ def test_a_train_step_override_with_a_second_dp_update_on_kept_records_is_refuse
     assert optimizer.steps <= steps_per_execution  # at most the first block's first update ran
 
 
+class _UpdatedInALoop(tf.keras.Model):
+    """A train_step override whose one line of DP update runs twice: in a loop over the step's batch and
+    8 records kept from the training set, a ``tf.while_loop`` or a nested ``tf.function`` called in a
+    Python loop (traced once: the trace sees one update from one line)."""
+
+    kept = None
+    loop = "while_loop"
+
+    def train_step(self, data):
+        xb, yb = data[:2]
+        kx, ky = self.kept
+        yb = tf.cast(yb, ky.dtype)
+
+        def update(i):
+            bx = tf.cond(i == 0, lambda: xb, lambda: kx)
+            by = tf.cond(i == 0, lambda: yb, lambda: ky)
+            self.optimizer.dp_train_step(self, (bx, by))
+            return i + 1
+
+        if self.loop == "while_loop":
+            tf.while_loop(lambda i: i < 2, lambda i: (update(i),), [tf.constant(0)])
+        else:
+            once = tf.function(update)
+            for i in range(2):
+                once(tf.constant(i))
+        return {"updates": tf.constant(2.0)}   # Keras 3 runs no step that returns nothing
+
+
+@pytest.mark.parametrize("loop", ["while_loop", "tf.function"])
+def test_a_second_dp_update_from_one_line_run_twice_is_counted_and_leaves_no_guarantee(loop):
+    # One line of update run twice per step: the trace's checks see one update (7.08 was printed where
+    # 17.80 holds: records 0-7 in 9 noised sums). The epoch's end counts the updates against fit's steps.
+    x, y = small_data()
+    tf.keras.utils.set_random_seed(0)
+    inputs = tf.keras.Input((D,))
+    model = _UpdatedInALoop(inputs, tf.keras.layers.Dense(3)(inputs))
+    model.kept = (tf.constant(x[:8]), tf.constant(y[:8]))
+    model.loop = loop
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    assert gaussians_epsilon(1.0, 9) > 17.0
+    if loop == "tf.function":   # the check of the batch handed to the update cannot run there
+        with pytest.raises(ValueError, match="calls dp_train_step inside a tf.function .* of its own"):
+            model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+        assert optimizer.steps == 0
+        return
+    with pytest.raises(ValueError, match="this epoch made 16 DP updates in 8 steps of fit"):
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    statement = optimizer.privacy_statement()
+    assert statement["guarantee"] is False
+    assert math.isinf(statement["epsilon"]) and math.isinf(statement["quote"]["epsilon"])
+    assert optimizer.steps == 16   # the first epoch's updates, each counted; the second epoch never ran
+
+
 class _ReleasedTwice(tf.keras.Model):
     """A train_step override that clips its batch once and releases the clipped sum twice."""
 

@@ -125,6 +125,11 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
       epoch's start (``RunRecord.check_rewind``). ``others_may_restore=False`` says that the ``fit`` has no
       callback but tfdpbnn's (which restore nothing): the check is skipped (``fit`` passes it so when the
       caller gave no callback).
+    - One DP update per step: at every epoch's end, the DP updates the epoch made (the optimizer's count
+      of DP writes) are compared with the steps ``fit`` ran; more updates than steps (a ``train_step``
+      that updates again inside a loop or function of its own, which the trace's checks did not see) stop
+      training with ``ValueError``, and the statement's ``guarantee`` is false: each extra update's batch
+      was not drawn by the sampler the ledger accounts (``_update_check``).
     - ``batch_savers``: the callbacks that save the weights every so many batches (``ModelCheckpoint`` or
       ``BackupAndRestore`` with an integer ``save_freq``; ``fit`` passes them). At a batch end where one
       of them will save (read from its own counters before it runs; every batch end where they cannot be
@@ -141,6 +146,8 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
             if not isinstance(saver, tf.keras.callbacks.Callback):
                 raise ValueError(f"batch_savers must hold Keras callbacks, got {saver!r}")
         self._epoch_start_examples = None
+        self._epoch_start_writes = None  # the optimizer's count of DP writes at the epoch's start
+        self._epoch_steps = 0  # the steps fit ran in this epoch (the last batch end's index + 1)
         from tfdpbnn.privacy import sampling_test
 
         self.false_alarm_rate = sampling_test.DEFAULT_FALSE_ALARM_RATE if false_alarm_rate is None \
@@ -294,6 +301,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         later callback can save what they trained (``record_store.wait_durable``).
         """
         record_store.wait_durable()
+        self._epoch_steps = batch + 1
         if self.batch_savers:  # a snapshot before a saver that saves at this batch end
             saves = _adapters.current().saves_after_batch
             if any(saves(c, batch) for c in self.batch_savers):
@@ -328,6 +336,32 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
                 self.on_train_begin()
         if self.check_passes:  # only the pass check reads it
             self._epoch_start_examples = float(_private_api.read_numpy(state.open_examples))
+        self._epoch_start_writes = float(_private_api.read_numpy(optimizer._dp_write_count))
+        self._epoch_steps = 0
+
+    def _update_check(self, optimizer):
+        """Refuse an epoch that made more DP updates than ``fit`` ran steps (see the class).
+
+        ``fit``'s step indices count its steps (a resumed epoch starts at the step it resumed at, which counts
+        the skipped ones: never more updates than that); the optimizer's count of DP writes counts each DP
+        update once, on every replica together.
+        """
+        if self._epoch_start_writes is None:
+            return
+        updates = float(_private_api.read_numpy(optimizer._dp_write_count)) - self._epoch_start_writes
+        if updates <= self._epoch_steps + 0.5:
+            return
+        updates = int(round(updates))
+        optimizer._dp_write_watch.taint([f"the DP updates ({updates} in {self._epoch_steps} steps of fit: "
+                                         "more than one per step)"])
+        self.model.stop_training = True
+        raise ValueError(
+            f"model: this epoch made {updates} DP updates in {self._epoch_steps} steps of fit: its "
+            "train_step updates more than once per step (dp_train_step, minimize or the mechanism in a loop "
+            "or function of its own). Each step's batch is the one fit's sampler drew, and the privacy "
+            "ledger counts every update's examples as drawn so; the extra updates' batches were not, so no "
+            "epsilon covers them and the privacy statement now holds no guarantee. Make one DP update per "
+            "step, on the step's batch.")
 
     def _pass_check(self, optimizer):
         if not self.check_passes or self._epoch_start_examples is None:
@@ -364,6 +398,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
 
     def _epoch_end(self, optimizer, epoch, logs):
         self._noise_check(optimizer)
+        self._update_check(optimizer)
         self._foreign_check(f"found at the end of epoch {epoch}")
         self._poisson_check(optimizer)
         self._pass_check(optimizer)

@@ -636,6 +636,11 @@ class LossProbe:
         floats = [t for t in leaves if t.dtype.is_floating and t.shape.rank]
         if self._tape is None or not floats:
             return
+        if not tf.executing_eagerly():
+            raise ValueError(
+                f"model: its train_step calls {where} inside a tf.function (or another traced function) of "
+                "its own, where tfdpbnn's check of the batch handed to it (each row one example of the "
+                f"step's batch) cannot run. Call {where} in train_step itself (fit traces train_step).")
         with self._tape.stop_recording():
             masks = [tf.broadcast_to(tf.reshape(tf.cast(tf.range(self.rows) < self.half, t.dtype),
                                                 [self.rows] + [1] * (t.shape.rank - 1)), tf.shape(t))
