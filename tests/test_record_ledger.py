@@ -239,6 +239,40 @@ def test_the_same_rows_under_other_record_ids_compose_their_releases(renamed):
         assert statement["quote"]["epsilon"] >= gaussians_epsilon(1.0, passes) * (1 - 1e-6)
 
 
+@pytest.mark.parametrize("order", ["renamed, then without rows", "without rows, then with them"])
+def test_both_keys_of_a_row_hold_its_releases_when_one_is_new(order):
+    # Renamed with their rows, the new ids' keys began a history of their own: a release naming them
+    # without their rows (an asserted pipeline) composed only the renamed release (ledger bound 7.08 where
+    # 10.73 holds, passing a budget of 9.87). Ids named without their rows first, their rows' twin keys
+    # began with the ids' rows: the same rows renamed lost the pipeline's pass. A key new to the ledger now
+    # joins the history of its row's other key.
+    x, y = small_data()
+    pipeline = tfdpbnn.data.assert_sampling(
+        tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N, seed=0).batch(8), "shuffle", N)
+    if order == "renamed, then without rows":
+        _fit(x, y, epochs=2, record_ids=[f"a{i}" for i in range(N)])
+        _, renamed = _fit(x, y, epochs=1, seed=1, record_ids=np.arange(N))
+        assert renamed.privacy_statement()["ledger_bound"]["epsilon"] == pytest.approx(
+            gaussians_epsilon(1.0, 3), rel=0.01)
+        _ledger().set_budget((gaussians_epsilon(1.0, 3) + gaussians_epsilon(1.0, 4)) / 2, DELTA)
+        model = small_model(seed=2)
+        optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+        model.compile(optimizer=optimizer, loss=LOSS)
+        with pytest.raises(record_ledger.BudgetExceededError, match=r"would reach epsilon 10\.7"):
+            model.fit(pipeline, epochs=1, verbose=0, record_ids=np.arange(N))
+        assert optimizer.steps == 0
+    else:
+        model = small_model(seed=2)
+        optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+        model.compile(optimizer=optimizer, loss=LOSS)
+        model.fit(pipeline, epochs=1, verbose=0, record_ids=np.arange(N))   # 1 pass, ids alone
+        _fit(x, y, epochs=1, seed=1, record_ids=np.arange(N))                # the same ids with their rows
+        _, renamed = _fit(x, y, epochs=1, seed=3, record_ids=[f"p{i}" for i in range(N)])
+        bound = renamed.privacy_statement()["ledger_bound"]
+        assert bound["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)   # 4.73 alone before
+        assert bound["records"] == N
+
+
 def test_ledger_bound_after_two_runs_on_overlapping_records(tmp_path, capsys):
     x, y = small_data()
     _fit(x[:48], y[:48], epochs=2)

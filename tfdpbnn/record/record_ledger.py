@@ -273,7 +273,7 @@ class LedgerBackend(abc.ABC):
     @abc.abstractmethod
     def reserve(self, keys: np.ndarray, release: Release,
                 check: Callable[[Callable[[], list[History]], dict | None, Callable[[], set]], None],
-                named: np.ndarray | None = None) -> int:
+                named: np.ndarray | None = None, pairs: tuple | None = None) -> int:
         """Check the histories of ``keys`` and write ``release`` against them, in one transaction.
 
         ``check(histories, budget, neighborings)`` raises to refuse (nothing written): ``budget`` as
@@ -290,6 +290,11 @@ class LedgerBackend(abc.ABC):
         (``RecordNamingError``, nothing written) a release with ``named`` any of whose content keys has a
         history (records named by content before), and a release without it any of whose keys is the
         content of twin keys written by earlier releases (records named by ids before).
+
+        ``pairs``: with ``named``, the (id keys, content keys) of the release's rows, row by row. A key new
+        to the backend whose pair has a history joins it: a new id whose row's twin key has one (the same
+        row named by other ids before), a new twin key whose ids share one (ids named without their rows
+        before), so both keys of a row hold the row's releases.
         """
 
     @abc.abstractmethod
@@ -395,6 +400,19 @@ def _distinct(keys) -> np.ndarray:
     distinct.setflags(write=False)
     _DISTINCT[:] = [(np.array(keys, copy=True), distinct)]
     return distinct
+
+
+class TrainingKeys(np.ndarray):
+    """Record keys read from the ledger (``RecordLedger.training_keys``), with their twin keys.
+
+    ``twins`` (int64): the twin keys (``content_twins``) the same releases were written on; a release
+    reserved on these keys is written on both.
+    """
+
+    twins: np.ndarray
+
+    def __array_finalize__(self, obj) -> None:
+        self.twins = np.zeros([0], np.int64)
 
 
 def content_twins(content: np.ndarray) -> np.ndarray:
@@ -858,11 +876,12 @@ class SQLiteLedger(LedgerBackend):
             conn.execute("INSERT INTO ledger_budget VALUES (?, ?, ?, ?)",
                          (time.time(), float(epsilon), float(delta), accountant))
 
-    def reserve(self, keys, release: Release, check, named=None) -> int:
+    def reserve(self, keys, release: Release, check, named=None, pairs=None) -> int:
         """One ``BEGIN IMMEDIATE`` transaction: check the records' histories, then write the release.
 
         The release is written on ``keys`` (``ledger_records``) and on the twin keys of ``named``
-        (``ledger_twins``, ``content_twins``).
+        (``ledger_twins``, ``content_twins``); with ``pairs``, a key new to the ledger joins the history of
+        its pair (``_joiners``).
         """
         identity = record_store.file_identity(self.path)
         twins = content_twins(named)[::-1] if named is not None else np.zeros([0], np.int64)
@@ -875,8 +894,17 @@ class SQLiteLedger(LedgerBackend):
             # Placed by this process's last reservation: each history holds just these records (its size is
             # their count, as ``_placed_counts`` read it).
             sizes = None if counts is None else dict(counts)
+            joiners: dict = {}   # {history: (id keys, twin keys) new to the ledger that join it}
             if counts is None:
                 counts, text = self._key_counts(conn, keys, text, twins, twins_text)
+                if pairs is not None and len(counts) > 1 and counts.get(None):
+                    joiners = self._joiners(conn, text, twins_text, pairs)
+                    for history, (ids, twin_keys) in joiners.items():
+                        joined = len(ids) + len(twin_keys)
+                        counts[None] -= joined
+                        counts[history] = counts.get(history, 0) + joined
+                    if not counts.get(None, 1):
+                        del counts[None]
             check(lambda: self._histories(conn, counts, composable_only=True), self._budget(conn),
                   lambda: self._neighborings(conn, counts))
             created = time.time()
@@ -892,8 +920,9 @@ class SQLiteLedger(LedgerBackend):
                                           (json.dumps([h for h in counts if h is not None]),)))
             moves = []  # (old history or -1 for new records, new history) of the records that change rows
             placed = {}  # the histories the records are in afterwards: {history: records}
+            new_of = {}  # old history -> the history its records of this release are in afterwards
             for old, count in counts.items():
-                if old is not None and sizes[old] == count:
+                if old is not None and old not in joiners and sizes[old] == count:
                     # Every record of ``old`` moves: ``old``'s row becomes the new history (its chain moves
                     # to a new row, and the histories that pointed at it point there): no record row changes.
                     moved = conn.execute("INSERT INTO ledger_histories (parent, release, records) "
@@ -902,15 +931,15 @@ class SQLiteLedger(LedgerBackend):
                     conn.execute("UPDATE ledger_histories SET parent = ? WHERE parent = ?", (moved, old))
                     conn.execute("UPDATE ledger_histories SET parent = ?, release = ? WHERE history = ?",
                                  (moved, release_id, old))
-                    placed[old] = count
+                    placed[old], new_of[old] = count, old
                     continue
                 new = conn.execute("INSERT INTO ledger_histories (parent, release, records) VALUES (?, ?, ?)",
                                    (old, release_id, count)).lastrowid
-                placed[new] = count
+                placed[new], new_of[old] = count, new
                 moves.append((-1 if old is None else old, new))
-                if old is not None:
+                if old is not None:   # the records that leave it (those joining it were in no history)
                     conn.execute("UPDATE ledger_histories SET records = records - ? WHERE history = ?",
-                                 (count, old))
+                                 (count - sum(map(len, joiners.get(old, ((), ())))), old))
             for table, listed in (("ledger_records", text), ("ledger_twins", twins_text)):
                 if listed is None or not moves:
                     continue
@@ -925,6 +954,13 @@ class SQLiteLedger(LedgerBackend):
                         "JOIN json_each(?) m ON json_extract(m.value, '$[0]') = COALESCE(r.history, -1) "
                         "WHERE true ON CONFLICT(record) DO UPDATE SET history = excluded.history",
                         (listed, json.dumps(moves)))
+            for history, (ids, twin_keys) in joiners.items():   # new keys, in their pair's new history
+                for table, joining in (("ledger_records", ids), ("ledger_twins", twin_keys)):
+                    if len(joining):
+                        conn.execute(f"INSERT INTO {table} (record, history) SELECT value, ? "
+                                     "FROM json_each(?) WHERE true ON CONFLICT(record) "
+                                     "DO UPDATE SET history = excluded.history",
+                                     (new_of[history], str(joining.tolist())))
             if twins_text is not None:  # the version of the twin keys read by ``_check_naming``
                 conn.execute("INSERT INTO ledger_meta VALUES ('twins_written', '1') ON CONFLICT(key) "
                              "DO UPDATE SET value = CAST(value AS INTEGER) + 1")
@@ -932,6 +968,50 @@ class SQLiteLedger(LedgerBackend):
         if twins_text is not None:   # written: their content never gets a history of its own now
             _NAMED[identity] = named
         return int(release_id)
+
+    @staticmethod
+    def _joiners(conn, text: str, twins_text: str | None, pairs) -> dict:
+        """{history: (id keys, twin keys)}: keys new to the ledger that join the history of their pair.
+
+        ``pairs``: (id keys, content keys) of the release's rows, row by row. A row's id key and its twin
+        key (``content_twins``) stand for one record: a new id key whose row's twin key has a history (the
+        same rows named by other ids before) joins that history, so a later release naming the id without
+        its rows composes the row's earlier releases; a new twin key whose ids all have one history (rows
+        named by these ids without their rows before) joins it. ``text``, ``twins_text``: the release's
+        distinct keys and twin keys as JSON arrays.
+        """
+        ids, content = (np.asarray(a, np.int64) for a in pairs)
+        if not len(ids):
+            return {}
+        twin_rows = content_twins(content)
+
+        def histories(table, listed, wanted):   # each of ``wanted``'s current history in ``table``, or -1
+            if listed is None:
+                return np.full(len(wanted), -1, np.int64)
+            rows = np.array(conn.execute(f"SELECT r.record, r.history FROM json_each(?) j JOIN {table} r "
+                                         "ON r.record = j.value", (listed,)).fetchall(), np.int64)
+            rows = rows.reshape(-1, 2)
+            rows = rows[np.argsort(rows[:, 0])]
+            at = np.minimum(np.searchsorted(rows[:, 0], wanted), max(len(rows) - 1, 0))
+            found = np.zeros(len(wanted), bool) if not len(rows) else rows[at, 0] == wanted
+            return np.where(found, rows[at, 1] if len(rows) else -1, -1)
+
+        of_ids = histories("ledger_records", text, ids)
+        of_twins = histories("ledger_twins", twins_text, twin_rows)
+        joiners: dict = {}
+        new_ids = (of_ids < 0) & (of_twins >= 0)
+        for history in np.unique(of_twins[new_ids]):
+            joiners[int(history)] = (np.unique(ids[new_ids & (of_twins == history)]), np.zeros(0, np.int64))
+        # A new twin key joins the history its ids share (all of them: equal rows of two people may differ).
+        order = np.argsort(twin_rows, kind="stable")
+        by_twin, id_history, twin_history = twin_rows[order], of_ids[order], of_twins[order]
+        starts = np.flatnonzero(np.r_[True, by_twin[1:] != by_twin[:-1]])
+        low, high = np.minimum.reduceat(id_history, starts), np.maximum.reduceat(id_history, starts)
+        joining = (twin_history[starts] < 0) & (low >= 0) & (low == high)
+        for history in np.unique(low[joining]):
+            held = joiners.get(int(history), (np.zeros(0, np.int64), None))[0]
+            joiners[int(history)] = (held, by_twin[starts][joining & (low == history)])
+        return joiners
 
     def _check_naming(self, conn, identity: tuple, keys: np.ndarray, named: np.ndarray | None) -> str | None:
         """Refuse (``RecordNamingError``) records named by ids now and by content before, or the reverse.
@@ -1080,7 +1160,13 @@ class RecordLedger:
             description = f"{description} [release {token}]"
         # Rows named by ids whose content is known: the release is written on their content too (under its
         # twin key), so the same rows named by other ids in another release share that history.
-        named = _named_content(keys)
+        pairs = None
+        if isinstance(keys, TrainingKeys):   # read from the ledger: the twin keys the records were written on
+            named = np.unique(content_twins(keys.twins))
+        else:
+            named = _named_content(keys)
+            if named is not None and len(named):   # the rows' id and content keys, row by row
+                pairs = (np.asarray(keys, np.int64), np.asarray(keys.content, np.int64))
         keys = _distinct(keys)
         records = len(keys)
         twins = 0 if named is None else len(named)
@@ -1122,7 +1208,7 @@ class RecordLedger:
                     "less (fewer steps, more noise), leave those records out, or raise the budget with "
                     "RecordLedger.set_budget.")
 
-        release_id = self.backend.reserve(keys, release, check, named=named)
+        release_id = self.backend.reserve(keys, release, check, named=named, pairs=pairs)
         return Reservation(self, release_id, records, phase_id)
 
     def record(self, keys, spent: dp_accounting.DpEvent, kind: str, neighboring: str = "add_or_remove",
@@ -1144,11 +1230,9 @@ class RecordLedger:
     def training_keys(self, phase_ids) -> np.ndarray:
         """The keys of every record that a training release covering one of ``phase_ids`` touched.
 
-        Where some of them are twin keys (``content_twins``), ``tfdpbnn.record.records.IdKeys`` with the
-        content they stand for: a release reserved on them is written on those twin keys again.
+        Where some of them are twin keys (``content_twins``), ``TrainingKeys`` carrying them: a release
+        reserved on them is written on those twin keys again.
         """
-        from tfdpbnn.record.records import IdKeys
-
         wanted = {int(p) for p in phase_ids}
         ids = [h.history_id for h in self.histories() if any(
             r.kind == "training" and wanted.intersection(r.phase_ids) for r in h.releases)]
@@ -1157,9 +1241,9 @@ class RecordLedger:
         keys, twins = self.backend.keys(ids)
         if not len(twins):
             return keys
-        named = keys.view(IdKeys)
-        named.content = content_twins(twins)
-        return named
+        held = keys.view(TrainingKeys)
+        held.twins = twins
+        return held
 
     def linked_releases(self, phase_ids) -> list[Release]:
         """The releases other than training that name one of the training ``phase_ids`` (``record``)."""
@@ -1263,5 +1347,6 @@ def default_ledger() -> RecordLedger | None:
 
 __all__ = ["CONTENT_KEY_VERSION", "READABLE_VERSIONS", "RELEASE_KINDS", "SCHEMA_VERSION",
            "BudgetExceededError", "History", "LedgerBackend", "RecordLedger", "RecordNamingError", "Release",
-           "Reservation", "SQLiteLedger", "SchemaVersionError", "composed_epsilon", "content_key_version",
-           "default_ledger", "event_from_config", "event_to_config", "new_release_token"]
+           "Reservation", "SQLiteLedger", "SchemaVersionError", "TrainingKeys", "composed_epsilon",
+           "content_key_version", "default_ledger", "event_from_config", "event_to_config",
+           "new_release_token"]
