@@ -107,3 +107,29 @@ def test_paper_mode_refuses_trainable_variables_outside_the_noisy_layers(plain):
     model.compile(optimizer=sound, loss=LOSS)
     model.fit(x, y, batch_size=10, epochs=1, verbose=0)
     assert sound.steps == 4
+
+
+def test_paper_mode_statement_has_a_ledger_bound_over_its_records():
+    # Its phase was rebuilt with a fresh id at each statement, so the per-record ledger's release of the
+    # run (under the phase's own id) was not found: "unavailable (records unknown)" for a fit on arrays.
+    import warnings
+
+    import dp_accounting
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 4)).astype("float32"), rng.integers(0, 3, 40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Lemma 4.1 warns
+        paper = tfdpbnn.SIDPOptimizer(1.0, 4.0, paper_mean_update=True, **COMMON)
+    model = _model(affine=False)
+    model.compile(optimizer=paper, loss=LOSS)
+    model.fit(x, y, batch_size=10, epochs=1, verbose=0)
+    paper.release_weights(model)
+    statement = paper.privacy_statement()
+    mu = paper.paper_mode_gdp_mu()   # 4 steps: sqrt(sum_t (t / z)^2)
+    assert mu == pytest.approx(np.sqrt(sum((t / 4.0) ** 2 for t in range(1, 5))), rel=1e-6)
+    truth = dp_accounting.pld.PLDAccountant().compose(dp_accounting.GaussianDpEvent(1.0 / mu)).get_epsilon(
+        COMMON["delta"])
+    assert statement["ledger_bound"]["records"] == 40
+    assert statement["ledger_bound"]["epsilon"] >= truth * (1 - 1e-6)
+    assert statement["quote"]["epsilon"] >= truth * (1 - 1e-6)

@@ -214,3 +214,47 @@ def test_a_search_with_its_own_predict_lists_it_as_asserted():
     model_says = own.model.optimizer.privacy_statement()["asserted_by_user"]
     assert any("the search that selected this model: predict (mean_of_two)" in a for a in model_says)
     assert not any("the search" in a for a in plain.model.optimizer.privacy_statement()["asserted_by_user"])
+
+
+def test_a_search_refuses_trials_its_dp_sgd_accounting_does_not_cover():
+    # A search over SI-DPSGD's paper mode quoted the search's DP-SGD epsilon for the selected model (1.01
+    # where the released weights' exact GDP composition gives 20.95); a DP normalization adapted inside
+    # build for every trial was counted once (4.35 quoted where the two adapts alone give 5.52). Both are
+    # refused before the trial's first step; a layer adapted once before the search is accepted.
+    from tfdpbnn.preprocessing import private_adapt_normalization
+
+    x, y, xv, yv = _data()
+    hp = dict(noise_multiplier=4.0, batch_size=8, epochs=1, sampling="shuffle")
+
+    def sidp(hp):
+        model = tf.keras.Sequential([tf.keras.Input((4,)), tfdpbnn.layers.NoisyDense(3)])
+        model.compile(optimizer=tfdpbnn.SIDPOptimizer(1.0, hp["noise_multiplier"], paper_mean_update=True,
+                                                      learning_rate=0.1, num_examples=64,
+                                                      batch_size=hp["batch_size"], delta=1e-5),
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    with pytest.raises(ValueError, match=r"build: its optimizer \(SIDPOptimizer\) accounts its steps otherwise"):
+        tfdpbnn.tuning.private_search(sidp, [hp], x, y, xv, yv, delta=1e-5, distribution=None,
+                                      score_noise_multiplier=SCORE_NOISE)
+    adapted = []
+
+    def with_normalization(hp, adapt_in_build):
+        if adapt_in_build or not adapted:
+            layer = tf.keras.layers.Normalization()
+            private_adapt_normalization(layer, x, epsilon=4.0, delta=1e-5, bounds=(-3.0, 3.0))
+            adapted.append(layer)
+        model = tf.keras.Sequential([tf.keras.Input((4,)), adapted[-1], tf.keras.layers.Dense(3)])
+        model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, hp["noise_multiplier"], num_examples=64,
+                                                       batch_size=hp["batch_size"], delta=1e-5,
+                                                       sampling="shuffle"),
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    with_normalization(hp, True)   # adapted once, before the search
+    result = tfdpbnn.tuning.private_search(lambda hp: with_normalization(hp, False), [hp], x, y, xv, yv,
+                                           delta=1e-5, distribution=None, score_noise_multiplier=SCORE_NOISE)
+    assert result.model.optimizer.steps == 8
+    with pytest.raises(ValueError, match="holds DP preprocessing releases made during the search"):
+        tfdpbnn.tuning.private_search(lambda hp: with_normalization(hp, True), [hp], x, y, xv, yv, delta=1e-5,
+                                      distribution=None, score_noise_multiplier=SCORE_NOISE)

@@ -643,6 +643,10 @@ class DPOptimizerMixin:
         """A ``Phase`` replacing the DP-SGD phase for ``description`` (SI-DPSGD's paper mode), or None."""
         return None
 
+    def _dp_steps_accounted_as_dp_sgd(self) -> bool:
+        """Whether every step is accounted as DP-SGD's (``_dp_phase_override`` replaces none of them)."""
+        return True
+
     def epsilon_after(self, steps, delta=None, accountant=None) -> float:
         """Planning: epsilon of ``steps`` steps of this optimizer's DECLARED mechanism from scratch.
 

@@ -191,6 +191,10 @@ class SIDPOptimizer(DPSGDOptimizer):
         final = 0.0 if delta_now == 0 else (math.inf if s <= 0 else (delta_now / s) ** 2)
         return math.sqrt(float(self._sidp_mu_squared.numpy()) + final)
 
+    def _dp_steps_accounted_as_dp_sgd(self) -> bool:
+        """Paper mode accounts the released weights (exact GDP), not DP-SGD's steps."""
+        return not self.paper_mean_update
+
     def _dp_phase_override(self, description, steps):
         """Paper mode: one Gaussian release of noise multiplier 1 / mu (exact GDP, module docstring)."""
         if not self.paper_mean_update:

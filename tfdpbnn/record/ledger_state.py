@@ -400,8 +400,8 @@ def planned_phase(description: dict, steps: int, examples: float, override) -> P
 
 def _phase_from(d: dict, steps: int, examples: float, source: str, phase_id: int, override) -> Phase:
     special = override(d, steps)
-    if special is not None:
-        return special
+    if special is not None:   # the phase's own id: the per-record ledger holds its release under it
+        return dataclasses.replace(special, phase_id=phase_id)
     common = dict(noise_multiplier=d["noise_multiplier"], neighboring=d["neighboring"], steps=steps,
                   examples=int(round(examples)), num_examples=d["num_examples"],
                   sampling=describe_source(source), phase_id=phase_id)

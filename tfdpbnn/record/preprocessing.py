@@ -135,6 +135,21 @@ def ledger_reservation(record_keys, noise_multiplier: float, neighboring: str, d
         reservation.commit(event)
 
 
+#: The DP preprocessing releases this process made, in order: state digest -> its number (``keep``).
+_MADE: dict[str, int] = {}
+
+
+def releases_made() -> int:
+    """How many DP preprocessing releases this process has made (``made_after`` tells the later ones)."""
+    return len(_MADE)
+
+
+def made_after(record: PreprocessingRecord, count: int) -> bool:
+    """Whether this process made ``record``'s release after its first ``count`` (``releases_made``)."""
+    number = _MADE.get(record.state_digest)
+    return number is not None and number >= count
+
+
 def keep(layer, record: PreprocessingRecord) -> None:
     """Attach ``record`` to ``layer`` and write it to the privacy record store under its state's digest.
 
@@ -143,6 +158,7 @@ def keep(layer, record: PreprocessingRecord) -> None:
     """
     from tfdpbnn.record import attributes, store
 
+    _MADE.setdefault(record.state_digest, len(_MADE))
     attributes.set_preprocessing_record(layer, record)
     held = store.default_store()
     if held is not None:

@@ -200,13 +200,21 @@ def calibrate_search(target_epsilon: float, delta: float, candidates, num_exampl
     return with_trial_epsilon(eps_t)
 
 
-def _fit(model, hp, x, y, callbacks, verbose, record_ids=None):
+def _fit(model, hp, x, y, callbacks, verbose, record_ids=None, releases_before=0):
     from tfdpbnn import data
     from tfdpbnn.optimizers.base import DPOptimizerMixin
 
     opt = model.optimizer
     if not isinstance(opt, DPOptimizerMixin):
         raise ValueError(f"build must return a model compiled with a tfdpbnn DP optimizer; got {type(opt)}")
+    if not opt._dp_steps_accounted_as_dp_sgd():
+        raise ValueError(
+            f"build: its optimizer ({type(opt).__name__}) accounts its steps otherwise than DP-SGD's "
+            "subsampled Gaussian steps (SIDPOptimizer(paper_mean_update=True) releases the weights, exact "
+            "GDP), and the search's epsilon composes every trial as DP-SGD's: it would report far less than "
+            "the trials spend. Search with paper_mean_update=False, or train such models outside "
+            "private_search.")
+    _refuse_preprocessing_made_in_build(model, releases_before)
     n = len(x)
     q, steps = planned_steps(hp, n)
     checks = {"noise_multiplier": (opt.noise_multiplier, hp["noise_multiplier"]),
@@ -233,6 +241,25 @@ def _fit(model, hp, x, y, callbacks, verbose, record_ids=None):
             "privacy record store knows them, or another optimizer trained these variables); every trial "
             "must train a fresh model from scratch, which the search's epsilon assumes. Build a new model "
             "with new weights in build.")
+
+
+def _refuse_preprocessing_made_in_build(model, releases_before: int) -> None:
+    """Refuse a trial's model holding a DP preprocessing release made during the search (in ``build``).
+
+    The search's epsilon composes every trial's training and the scores; a release made for each trial
+    (``private_adapt_normalization`` inside ``build``) is another release on the training records per
+    trial, which it does not count (the selected model's statement holds its own one alone).
+    """
+    from tfdpbnn.preprocessing.checks import preprocessing_releases
+    from tfdpbnn.record.preprocessing import made_after
+
+    made = [r.layer for r in preprocessing_releases(model)["dp"] if made_after(r, releases_before)]
+    if made:
+        raise ValueError(
+            f"build: the trial's model holds DP preprocessing releases made during the search (layers "
+            f"{made[:3]}: private_adapt_... inside build), one more release on the training records per "
+            "trial, which the search's epsilon does not count. Adapt once, before private_search, and use "
+            "that adapted layer in every trial's model.")
 
 
 def _refuse_trained_before(model, optimizer) -> None:
@@ -389,6 +416,9 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
     # trials' training is written against the training records by their own fits.
     reservation = _reserve_scores(validation_keys, s, len(plan))
     start = time.time()
+    from tfdpbnn.record.preprocessing import releases_made
+
+    releases_before = releases_made()   # DP preprocessing releases made before the search (not in build)
     records, best = [], None
 
     def commit_scores():  # the noisy scores drawn, linked to the phases of the best model so far
@@ -403,7 +433,8 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
             if seed is not None:
                 tf.keras.utils.set_random_seed(int(rng.integers(2**31 - 1)))
             model = build(dict(hp))
-            _fit(model, hp, x_train, y_train, callbacks(dict(hp)) if callbacks else None, verbose, record_ids)
+            _fit(model, hp, x_train, y_train, callbacks(dict(hp)) if callbacks else None, verbose, record_ids,
+                 releases_before)
             correct = int(np.sum(np.argmax(np.asarray(predict(model, x_val)), axis=-1) == np.asarray(y_val)))
             noisy = (correct + s * rng.standard_normal()) / n_val
             records.append({"candidate": i, "noisy_score": float(noisy)})
