@@ -234,7 +234,8 @@ def test_a_search_refuses_trials_its_dp_sgd_accounting_does_not_cover():
                       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return model
 
-    with pytest.raises(ValueError, match=r"build: its optimizer \(SIDPOptimizer\) accounts its steps otherwise"):
+    with pytest.raises(ValueError,
+                       match=r"build: its optimizer \(SIDPOptimizer\) accounts its steps otherwise"):
         tfdpbnn.tuning.private_search(sidp, [hp], x, y, xv, yv, delta=1e-5, distribution=None,
                                       score_noise_multiplier=SCORE_NOISE)
     adapted = []
