@@ -133,3 +133,36 @@ def test_paper_mode_statement_has_a_ledger_bound_over_its_records():
     assert statement["ledger_bound"]["records"] == 40
     assert statement["ledger_bound"]["epsilon"] >= truth * (1 - 1e-6)
     assert statement["quote"]["epsilon"] >= truth * (1 - 1e-6)
+
+
+@pytest.mark.parametrize("how", ["noise set to 0 by hand", "a schedule raising the rate at the last step"])
+def test_paper_mode_releases_the_sample_with_the_noise_it_accounts(how):
+    # release_weights drew with the layers' noise_stddev: 0 after set_noise_stddev(0) released mu itself
+    # (no epsilon holds; 2.98 was printed, guarantee true), and under PiecewiseConstantDecay([7], [0.05,
+    # 0.5]) the last step's 0.125 where the accounting composed s = 1.25 (2.41 printed where 2.98 holds).
+    import warnings
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 4)).astype("float32"), rng.integers(0, 3, 64)
+    rate = 0.05 if how.startswith("noise") else tf.keras.optimizers.schedules.PiecewiseConstantDecay(
+        [7], [0.05, 0.5])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Lemma 4.1 warns
+        paper = tfdpbnn.SIDPOptimizer(1.0, 20.0, paper_mean_update=True, num_examples=64, batch_size=8,
+                                      delta=1e-5, learning_rate=rate)
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tfdpbnn.NoisyDense(64)])
+    model.compile(optimizer=paper, loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    layer = model.layers[-1]
+    if how.startswith("noise"):
+        layer.set_noise_stddev(0.0)
+    means = [layer.kernel.numpy().copy(), layer.bias.numpy().copy()]
+    s = float(paper.weight_noise_stddev().numpy())
+    assert s == pytest.approx((0.05 if how.startswith("noise") else 0.5) * 1.0 * 20.0 / 8, rel=1e-6)
+    paper.release_weights(model)
+    drawn = np.concatenate([(layer.kernel.numpy() - means[0]).ravel(),
+                            (layer.bias.numpy() - means[1]).ravel()])
+    # 320 draws of N(0, s^2): their standard deviation within 20% of s (about 5 standard errors).
+    assert np.std(drawn) == pytest.approx(s, rel=0.2)
+    assert paper.privacy_statement()["gdp_mu"] == pytest.approx(paper.paper_mode_gdp_mu(), rel=1e-9)

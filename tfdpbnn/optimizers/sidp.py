@@ -176,10 +176,18 @@ class SIDPOptimizer(DPSGDOptimizer):
         return grads
 
     def release_weights(self, model):
-        """Replace each noisy layer's mean by one sample theta = mu + s xi (Davody et al. 2020 release it)."""
+        """Replace each noisy layer's mean by one sample theta = mu + s xi (Davody et al. 2020 release it).
+
+        The sample is drawn with the s the accounting composes (``weight_noise_stddev``: the learning rate
+        at the step counter now), whatever the layers' ``noise_stddev`` holds: one set by hand
+        (``set_noise_stddev(0)`` releases mu itself, which no epsilon covers in paper mode), or the last
+        step's, which a learning-rate schedule may make smaller.
+        """
         layers = _noisy_layers(model)
         self._key_layer_noise(layers)
+        s = self.weight_noise_stddev()
         for layer in layers:
+            layer.noise_stddev.assign(tf.cast(s, layer.noise_stddev.dtype))
             layer.sample_weights_into_kernel()
         self._sidp_released_at_step = self.steps
         self._dp_write_watch.note_post_processing()  # a sample around the DP-trained means: post-processing
