@@ -846,10 +846,14 @@ class SQLiteLedger(LedgerBackend):
     def keys(self, history_ids) -> tuple[np.ndarray, np.ndarray]:
         """(record keys, twin keys) of the records whose current history is one of ``history_ids``."""
         wanted = json.dumps([int(h) for h in history_ids])
+
+        def held(conn, table) -> np.ndarray:
+            return np.asarray([r[0] for r in conn.execute(
+                f"SELECT record FROM {table} WHERE history IN (SELECT value FROM json_each(?))", (wanted,))],
+                dtype=np.int64)
+
         with self._transaction("DEFERRED") as conn:
-            return tuple(np.asarray([r[0] for r in conn.execute(
-                f"SELECT record FROM {table} WHERE history IN (SELECT value FROM json_each(?))",
-                (wanted,))], dtype=np.int64) for table in ("ledger_records", "ledger_twins"))
+            return held(conn, "ledger_records"), held(conn, "ledger_twins")
 
     def twin_count(self, history_ids) -> int:
         """How many twin keys (``ledger_twins``) have their current history in ``history_ids``."""
