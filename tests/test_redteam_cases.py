@@ -408,17 +408,24 @@ class _ReplayedRecords(tf.keras.Model):
         return {}
 
 
+def _keeping_records(model_class, x, y, **settings):
+    """A D -> 3 model of ``model_class`` (a train_step override) keeping records 0-7 of ``x, y``."""
+    tf.keras.utils.set_random_seed(0)
+    inputs = tf.keras.Input((D,))
+    model = model_class(inputs, tf.keras.layers.Dense(3)(inputs))
+    model.kept = (tf.constant(x[:8]), tf.constant(y[:8]))
+    for name, value in settings.items():
+        setattr(model, name, value)
+    return model
+
+
 @pytest.mark.parametrize("eager, steps_per_execution, where", [
     (False, 1, "step"), (False, 2, "step"), (True, 1, "step"), (True, 2, "step"),
     (False, 1, "cond"), (False, 1, "while_loop"), (False, 1, "tf.function")])
 def test_a_train_step_override_with_a_second_dp_update_on_kept_records_is_refused(eager, steps_per_execution,
                                                                                   where):
     x, y = small_data()
-    tf.keras.utils.set_random_seed(0)
-    inputs = tf.keras.Input((D,))
-    model = _ReplayedRecords(inputs, tf.keras.layers.Dense(3)(inputs))
-    model.kept = (tf.constant(x[:8]), tf.constant(y[:8]))
-    model.where = where
+    model = _keeping_records(_ReplayedRecords, x, y, where=where)
     optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
     model.compile(optimizer=optimizer, loss=LOSS, run_eagerly=eager, steps_per_execution=steps_per_execution)
     # Records 0-7 are in every step's second update and in one of the pass's batches: 9 noised sums in one
@@ -463,11 +470,7 @@ def test_a_second_dp_update_from_one_line_run_twice_is_counted_and_leaves_no_gua
     # One line of update run twice per step: the trace's checks see one update (7.08 was printed where
     # 17.80 holds: records 0-7 in 9 noised sums). The epoch's end counts the updates against fit's steps.
     x, y = small_data()
-    tf.keras.utils.set_random_seed(0)
-    inputs = tf.keras.Input((D,))
-    model = _UpdatedInALoop(inputs, tf.keras.layers.Dense(3)(inputs))
-    model.kept = (tf.constant(x[:8]), tf.constant(y[:8]))
-    model.loop = loop
+    model = _keeping_records(_UpdatedInALoop, x, y, loop=loop)
     optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
     model.compile(optimizer=optimizer, loss=LOSS)
     assert gaussians_epsilon(1.0, 9) > 17.0
