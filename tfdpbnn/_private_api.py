@@ -357,12 +357,13 @@ def assign_now(variable, value) -> None:
     The same write as ``assign`` (the same op), about three times faster eagerly (no tape, handle-data or
     tracing wrappers): a run's start resets the noise key and the write watch's flags. Anything but a plain
     eager ``tf.Variable`` (a distributed one, a ``keras.Variable``, in a graph), or a value of another shape
-    or dtype kind, goes through ``assign`` with its checks.
+    (than a variable's static shape, where it has one) or dtype kind, goes through ``assign`` with its checks.
     """
     if type(variable) is resource_variable_ops.ResourceVariable and tf.executing_eagerly():
         array = np.asarray(value)
-        if array.shape == tuple(variable.shape) and np.can_cast(array.dtype, variable.dtype.as_numpy_dtype,
-                                                                casting="same_kind"):
+        shape = variable.shape  # a variable made with no static shape takes any (as ``assign`` does)
+        if (shape.rank is None or array.shape == tuple(shape)) and np.can_cast(
+                array.dtype, variable.dtype.as_numpy_dtype, casting="same_kind"):
             tf.raw_ops.AssignVariableOp(resource=variable.handle,
                                         value=array.astype(variable.dtype.as_numpy_dtype, copy=False))
             return

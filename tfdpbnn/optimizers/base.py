@@ -146,9 +146,12 @@ def _in_a_thread_of_its_own(fn, *args, **kwargs):
         return pool.submit(fn, *args, **kwargs).result()
 
 
-def _check_data_independent_losses(model) -> None:
-    """``model.losses`` skip clipping, so none may depend on the data: refuse activity regularizers."""
-    for layer in _private_api.submodules(model):
+def _check_data_independent_losses(model, submodules=None) -> None:
+    """``model.losses`` skip clipping, so none may depend on the data: refuse activity regularizers.
+
+    ``submodules``: ``_private_api.submodules(model)`` when the caller has just walked the model.
+    """
+    for layer in _private_api.submodules(model) if submodules is None else submodules:
         if getattr(layer, "activity_regularizer", None) is not None:
             raise ValueError(
                 f"model: layer {layer.name!r} has an activity_regularizer, a loss on the layer's outputs "
@@ -1429,12 +1432,12 @@ class DPOptimizerMixin:
         every step): the variables read outside the model are not listed again (``outside_reads``).
         """
         check_per_example_independence(model)
-        _check_data_independent_losses(model)
+        if submodules is None:
+            submodules = _private_api.submodules(model)
+        _check_data_independent_losses(model, submodules)
         loss_fn = compiled_per_example_loss_fn(model) if getattr(model, "loss", None) else None
         # A model of a structure whose check is known (known_structure) and passed: not run again.
-        structure = known_structure.structure_key(model, *fit_checks.element_parts(x, y),
-                                                  submodules if submodules is not None
-                                                  else _private_api.submodules(model))
+        structure = known_structure.structure_key(model, *fit_checks.element_parts(x, y), submodules)
         known = known_structure.passed(structure)
         if known:
             self._dp_foreign_variables[id(model)] = []
@@ -1705,8 +1708,10 @@ class DPOptimizerMixin:
         of replicas run eagerly, which clip the same tensor object (compared while it is alive).
         """
         context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync <= 1:
+            return
         replica = _replica_id(context)
-        if replica is None or context.num_replicas_in_sync <= 1:
+        if replica is None:
             return
         others = [r for r in range(context.num_replicas_in_sync) if r != replica]
         for leaf in tf.nest.flatten(x):

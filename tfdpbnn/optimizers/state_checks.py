@@ -277,9 +277,16 @@ def _changed(variables, copies) -> list:
     return [not same_bytes(a, b) for a, b in zip(_arrays(variables), _arrays(copies), strict=True)]
 
 
-def _on_read(value, name):
+def _on_read(value, name, any_shape=False):
+    """The watch's variable, read on the first replica; ``any_shape``: made with no static shape.
+
+    Copies and flags whose shapes follow a model's weights are made with no static shape: TensorFlow keys
+    its eager kernels by a variable's shape, so their creation and reads share one kernel per dtype
+    (about 0.4 ms each to instantiate again after ``tf.keras.utils.set_random_seed`` clears the kernels).
+    """
     return tf.Variable(value, trainable=False, name=name, synchronization=tf.VariableSynchronization.ON_READ,
-                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                       shape=tf.TensorShape(None) if any_shape else None)
 
 
 def is_public(variable, public) -> bool:
@@ -376,17 +383,17 @@ class WriteWatch:
                 self._copies = [self._copy_for(v, lambda v: tf.zeros(v.shape, v.dtype), "dp_write_watch_copy")
                                 for v in variables]
                 self._constants = constants
-                self._constant_copies = [_on_read(tf.convert_to_tensor(v), "dp_write_watch_constant")
+                self._constant_copies = [_on_read(tf.convert_to_tensor(v), "dp_write_watch_constant", True)
                                          for v in constants]
                 self._flags = _on_read(tf.zeros([len(variables) + len(constants)], tf.float32),
-                                       "dp_write_watch_flags")
+                                       "dp_write_watch_flags", True)
             else:
                 for v, copy in zip(constants, self._constant_copies, strict=True):
                     copy.assign(v, read_value=False)
             for _, flags in self._flag_sets():
                 read = values.get(id(flags))  # flags made just now are zeros
                 if read is not None and np.any(read):
-                    _private_api.assign_now(flags, np.zeros(flags.shape, np.float32))
+                    _private_api.assign_now(flags, np.zeros_like(read))
             _private_api.assign_now(self._check_constants, np.bool_(kind != "fit"))
             _private_api.assign_now(self._armed, np.bool_(False))
 
@@ -412,7 +419,8 @@ class WriteWatch:
             self._state = variables
             self._state_copies = [self._copy_for(v, tf.convert_to_tensor, "dp_write_watch_state_copy")
                                   for v in variables]
-            self._state_flags = _on_read(tf.zeros([len(variables)], tf.float32), "dp_write_watch_state_flags")
+            self._state_flags = _on_read(tf.zeros([len(variables)], tf.float32), "dp_write_watch_state_flags",
+                                         True)
             if writes is not None:
                 _private_api.assign_now(self._state_step, np.int64(int(_private_api.read_numpy(writes))))
 
@@ -420,7 +428,7 @@ class WriteWatch:
         """The watch's one copy of ``variable``, shared by the traced steps; made as ``initial(variable)``."""
         held = self._copy_of.get(id(variable))
         if held is None or held[0] is not variable:
-            held = self._copy_of[id(variable)] = (variable, _on_read(initial(variable), name))
+            held = self._copy_of[id(variable)] = (variable, _on_read(initial(variable), name, True))
         return held[1]
 
     def _flag_sets(self) -> list:

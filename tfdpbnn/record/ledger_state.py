@@ -232,7 +232,8 @@ class LedgerState:
         current = self.open_description()
         if current is not None and _same(current, wanted):
             return
-        self.close_open_phase()
+        if current is not None:  # with none open, the writes below set every variable closing would
+            self.close_open_phase()
         desc = np.zeros(len(_DESC))
         desc[_D["phase_id"]] = float(new_phase_id())
         desc[_D["kind"]] = _KINDS.index(kind)

@@ -372,14 +372,15 @@ def _identity_and_keys(variables, arrays) -> tuple[str, list[str]]:
 
     ``arrays``: the variables' values as numpy arrays (views of a fresh read where they are plain), whose
     bytes the identity hashes (``_exact_digest``) and whose float values the keys round (``_rounding_keys``);
-    ``variables`` give each one's dtype and shape. No TensorFlow operation runs.
+    ``variables`` give each one's dtype, ``arrays`` its shape (a copy made with no static shape has the
+    shape of its value). No TensorFlow operation runs.
     """
     import tensorflow as tf
 
     digest = hashlib.sha256(_IDENTITY_SCHEME)
     found: list[str] = []
     for variable, array in zip(variables, arrays, strict=True):
-        dtype, shape = tf.as_dtype(variable.dtype), tuple(variable.shape)
+        dtype, shape = tf.as_dtype(variable.dtype), tuple(array.shape)
         digest.update(f"{dtype.name}{shape}:".encode() + _exact_digest(array))
         if dtype.is_floating:
             found += _rounding_keys(array, shape)
