@@ -75,6 +75,44 @@ def test_zcdp_subsampled_is_not_rho_zcdp_and_not_below_rdp():
     assert acc.get_epsilon(DELTA) >= rdp * (1 - 1e-3)
 
 
+# Large noise and large sampling rates, where dp-accounting's series for fractional orders returns negative
+# values (about -59 at orders 52.5 to 63.5 for s = 15, q = 0.5, 100 steps): zcdp printed 0 there.
+@pytest.mark.parametrize("sigma,q,steps", [(15.0, 0.5, 100), (10.0, 0.4, 100), (1000.0, 0.5, 100),
+                                           (30.0, 0.9, 100)])
+def test_zcdp_not_below_the_pld_lower_bound_at_large_noise(sigma, q, steps):
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lower = pld.from_gaussian_mechanism(  # optimistic: at most the true epsilon
+            sigma, sampling_prob=q, pessimistic_estimate=False, value_discretization_interval=1e-4,
+            use_connect_dots=False).self_compose(steps).get_epsilon_for_delta(DELTA)
+    assert lower > 0.005
+    assert compute_epsilon(sigma, q, steps, DELTA, "zcdp") >= lower
+
+
+def test_zcdp_fractional_orders_bound_the_renyi_divergence_by_integration():
+    # One Poisson-subsampled Gaussian (q, s): D_alpha((1 - q) N(0, s^2) + q N(1, s^2) || N(0, s^2)), the
+    # direction that dominates (Mironov, Talwar & Zhang 2019), integrated numerically at fractional orders.
+    from tfdpbnn.privacy.zcdp import TRUNCATION_ORDERS, subsampled_gaussian_rdp
+
+    q, s = 0.5, 2.0
+    bounds = subsampled_gaussian_rdp(q, s, 1)
+    assert np.all(np.isfinite(bounds)) and np.all(bounds >= 0)
+    for alpha in (1.5, 2.5, 7.3, 12.5, 30.5):
+        i = int(np.flatnonzero(np.isclose(TRUNCATION_ORDERS, alpha))[0])
+
+        def integrand(z, alpha=alpha):
+            ratio = (1 - q) + q * math.exp((2 * z - 1) / (2 * s * s))
+            return stats.norm.pdf(z, scale=s) * ratio ** alpha
+
+        moment, _ = integrate.quad(integrand, -20 * s, 20 * s, limit=400, epsabs=0, epsrel=1e-10)
+        exact = math.log(moment) / (alpha - 1)
+        assert bounds[i] >= exact * (1 - 1e-6), alpha
+        if alpha > 2:  # the chord between integer orders stays close (below 2 the bound is D_2)
+            assert bounds[i] <= exact * 1.15, alpha
+
+
 # ---- GDP closed forms (Dong, Roth & Su 2019) ----
 
 @pytest.mark.parametrize("sigma,count", [(1.0, 1), (2.0, 4), (0.7, 9)])
