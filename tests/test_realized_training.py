@@ -61,6 +61,42 @@ def test_asserted_pass_of_another_size_is_caught():
     assert opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 4), rel=0.01)
 
 
+def test_asserted_pass_of_fewer_examples_names_the_assertion_its_epsilon_rests_on():
+    x, y = small_data()
+    model, opt = _compiled(batch_size=8)
+    half = tfdpbnn.data.assert_sampling(tf.data.Dataset.from_tensor_slices((x[:32], y[:32])).batch(8),
+                                        "shuffle", num_examples=N)
+    with pytest.raises(ValueError, match="held 32 examples"):
+        model.fit(half, epochs=1, verbose=0)
+    statement = opt.privacy_statement()
+    # One participation per step holds when no batch holds a record twice: the user's, and said so.
+    assert statement["guarantee"] is True
+    assert any("no batch holds a record twice" in a for a in statement["asserted_by_user"])
+
+
+def test_asserted_pass_of_more_examples_than_records_holds_no_guarantee():
+    # The last batch is row 0 eight times: its noised sum moves by 8 C for that record (dp-accounting: 69.4
+    # for row 0), where nine steps of one participation each would say 17.8.
+    from tfdpbnn.record.record_ledger import default_ledger
+
+    x, y = small_data()
+    model, opt = _compiled(batch_size=8)
+    rows = tf.data.Dataset.from_tensor_slices((x, y))
+    pipeline = tfdpbnn.data.assert_sampling(rows.concatenate(rows.take(1).repeat(8)).batch(8), "shuffle",
+                                            num_examples=N)
+    with pytest.raises(ValueError, match="held 72 examples.*more than once"):
+        model.fit(pipeline, epochs=2, verbose=0, record_ids=np.arange(N))
+    assert opt.steps == 9
+    truth = rdp_epsilon(dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(1.0),
+                                                       dp_accounting.GaussianDpEvent(1.0 / 8)]))
+    assert truth > 60
+    statement = opt.privacy_statement()
+    assert statement["guarantee"] is False and math.isinf(statement["epsilon"])
+    assert "held 72 examples" in statement["guarantee_reason"]
+    # The ledger holds a non-private release for the run's records: a later run on them quotes no bound.
+    assert default_ledger().record_epsilons(None, DELTA) == [(N, math.inf)]
+
+
 def test_asserted_pass_is_checked_with_steps_per_epoch_equal_to_its_cardinality():
     # steps_per_epoch equal to the pipeline's own cardinality (Keras starts a new iteration each epoch)
     # turned the pass check off: 4 iterations of 32 of the 64 examples were counted as 2 participations

@@ -51,7 +51,8 @@ _SOURCE_TEXT = {
     "custom_loop": "custom training loop (optimizer.begin_training, then minimize or dp_train_step): every "
                    "step accounted as one participation of every example, without amplification",
     "failed_pass_check": "a pass over the asserted dataset did not hold num_examples examples: every step "
-                         "accounted as one participation",
+                         "accounted as one participation, which holds when no batch holds a record twice "
+                         "(asserted by the user with the pipeline)",
     "train_on_batch": "model.train_on_batch calls: every step accounted as one participation of every "
                       "example (batches given by the caller)",
     "record_store": "earlier training of these weights, found in the privacy record store by the weights' "

@@ -163,6 +163,7 @@ class RunRecord:
         self.before_restore = None
         self.commit_reservation()  # a run that ended without its final snapshot
         self.reservation = None
+        self.unbounded_batches = None
         if self.store is None:
             self.before_restore = self.ledger_now()
             return
@@ -261,6 +262,15 @@ class RunRecord:
             self.store = None
             raise
 
+    def mark_unbounded_batches(self, reason: str) -> None:
+        """The run's batches were found not to be the sampler's: a record's share of one is not bounded.
+
+        The run then commits a non-private release for its records (``commit_reservation``), as for
+        replayable noise: ``reason`` says what was found (a pass of an asserted pipeline holding more
+        examples than records, DP updates beyond the steps of ``fit``).
+        """
+        self.unbounded_batches = reason
+
     def _replayable(self) -> bool:
         """Whether the optimizer's noise is replayable from a seed (``debug_noise_seed``): no guarantee."""
         return bool(getattr(self._optimizer.mechanism, "noise_replayable", False))
@@ -284,7 +294,7 @@ class RunRecord:
                and (p.phase_id not in begin or _size(p) > begin[p.phase_id])]
         if not ran:
             reservation.commit(dp_accounting.NoOpDpEvent())
-        elif self._replayable():
+        elif self._replayable() or getattr(self, "unbounded_batches", None):
             reservation.commit(dp_accounting.NonPrivateDpEvent(), phase_ids=[p.phase_id for p in ran])
         elif [p.phase_id for p in ran] == [reservation.phase_id]:
             reservation.commit(ran[0].event())

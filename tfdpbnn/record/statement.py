@@ -66,7 +66,8 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
     if current is not None and ledger.phases and len(ledger.phases) > len(sources):
         sources = sources + [current["source"]]
     asserted = [p.sampling for p, s in zip(ledger.phases, sources, strict=False)
-                if s == "asserted_by_user"] + list(attributes.loss_assertions(optimizer))
+                if s in ("asserted_by_user", "failed_pass_check")]
+    asserted += list(attributes.loss_assertions(optimizer))
     epsilon = ledger.epsilon(delta, optimizer.accountant)
     weights, spent = attributes.run_record(optimizer).weights_and_spent(delta, epsilon)
     statement = {
