@@ -844,13 +844,17 @@ class DPOptimizerMixin:
 
             keys = record_keys(x, y, record_ids)
         basis = None
+        if composition == "sequential" and keys is not None and hasattr(keys, "content") \
+                and keys.content is None:
+            self._refuse_ids_unknown_to_the_ledger(keys)
         if composition == "parallel":
             basis = self._parallel_basis(keys, asserted_disjoint, x)
         elif asserted_disjoint is not None:
             raise ValueError("asserted_disjoint: only for composition='parallel', got it with "
                              f"composition={composition!r}")
+        checked = keys if basis is not None and basis.startswith("checked") else None
         return ReleaseReservation(self, cost, composition, basis, self._reserve_in_ledger(cost, composition,
-                                                                                          keys))
+                                                                                          keys), checked)
 
     def _reserve_in_ledger(self, cost, composition, keys):
         """Reserve a release of ``cost`` in the per-record ledger, linked to this model's training phases.
@@ -876,6 +880,32 @@ class DPOptimizerMixin:
                                      description=f"{cost.mechanism} ({composition}) of {type(self).__name__}",
                                      token=token)
         return reservation, [int(p) for p in phase_ids], on_training, token
+
+    def _refuse_ids_unknown_to_the_ledger(self, keys) -> None:
+        """Refuse a release named by ``record_ids`` alone whose ids the per-record ledger does not hold.
+
+        Ids without their rows are matched only with the same ids in the ledger: where training named the
+        same people by their rows' content (or by other ids), the release's history and theirs never meet,
+        and a later run on those rows would compose none of it (7.08 quoted where 8.54 holds after two passes
+        and a calibration). Ids the ledger holds (training named by the same ids) are accepted.
+        """
+        from tfdpbnn.record.record_ledger import default_ledger
+
+        ledger = default_ledger()
+        if ledger is None:
+            return
+        import numpy as np
+
+        wanted = len(np.unique(np.asarray(keys)))
+        held = sum(h.records for h in ledger.histories(keys) if h.releases)  # records new to it: none
+        if held < wanted:
+            raise ValueError(
+                f"record_ids: {wanted - held} of the release's {wanted} records are named by ids the "
+                "per-record ledger has never seen, given without their rows: the ledger cannot match them "
+                "with records training named by their content or by other ids, so a later run on the same "
+                "people would not compose this release. Pass the release's data (x=, y=) as training saw it "
+                "with its record_ids, name training by the same record_ids, or leave record_ids out when the "
+                "release read the training records")
 
     def _parallel_basis(self, keys, asserted_disjoint, x=None) -> str:
         """Why a "parallel" release's records are disjoint from this model's training records, or raise.

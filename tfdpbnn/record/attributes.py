@@ -33,6 +33,7 @@ _LEDGER_STATE = "_dp_ledger"
 _RELEASES = "_dp_releases"
 _PARALLEL_BASIS = "_dp_parallel_basis"
 _RELEASE_LEDGER = "_dp_release_ledger"
+_PARALLEL_KEYS = "_dp_parallel_keys"
 _PREPROCESSING_FOUND = "_dp_preprocessing"
 _UNCOVERED = "_dp_uncovered"
 _SEARCH_RECORD = "_dp_search_record"
@@ -58,6 +59,7 @@ def attach_run_record(optimizer, record) -> None:
     setattr(optimizer, _RELEASES, [])
     setattr(optimizer, _PARALLEL_BASIS, {})  # id(release) -> why its records are disjoint from training's
     setattr(optimizer, _RELEASE_LEDGER, {})  # id(release) -> (its per-record ledger id, on training records)
+    setattr(optimizer, _PARALLEL_KEYS, {})  # id(release) -> its records' keys, checked disjoint
 
 
 def run_record(optimizer):
@@ -85,6 +87,14 @@ def parallel_basis(optimizer) -> dict:
     return getattr(optimizer, _PARALLEL_BASIS, {})
 
 
+def parallel_keys(optimizer) -> dict:
+    """``id(release) -> record keys`` of parallel releases checked disjoint in the ledger (in place).
+
+    Held in memory to check them again against later training (``other_releases``); not saved.
+    """
+    return getattr(optimizer, _PARALLEL_KEYS, {})
+
+
 def release_ledger(optimizer) -> dict:
     """``id(release) -> (ledger id, written on the training records, its token or None)`` (in place).
 
@@ -97,11 +107,15 @@ def release_ledger(optimizer) -> dict:
 def inherit_releases(optimizer, previous) -> None:
     """Give ``optimizer`` the other releases and DP preprocessing of ``previous`` (its model's last one)."""
     held, basis, ledger = releases(optimizer), parallel_basis(optimizer), release_ledger(optimizer)
+    if not hasattr(optimizer, _PARALLEL_KEYS):
+        setattr(optimizer, _PARALLEL_KEYS, {})
     for release, how in releases(previous):
         if all(r is not release for r, _ in held):
             held.append((release, how))
             if id(release) in parallel_basis(previous):
                 basis[id(release)] = parallel_basis(previous)[id(release)]
+            if id(release) in parallel_keys(previous):
+                parallel_keys(optimizer)[id(release)] = parallel_keys(previous)[id(release)]
             if id(release) in release_ledger(previous):
                 ledger[id(release)] = release_ledger(previous)[id(release)]
     add_preprocessing_found(optimizer, preprocessing_found(previous) or {})

@@ -157,10 +157,54 @@ def composed_epsilon(optimizer, ledger, delta: float, accountant: str) -> float:
 
 
 def _recorded(optimizer):
-    """The releases recorded with ``record_release``: (sequential ones, parallel ones)."""
-    recorded = list(attributes.releases(optimizer))
+    """The releases recorded with ``record_release``: (sequential ones, parallel ones).
+
+    A parallel release checked disjoint from training (``parallel_keys``) is checked again against the
+    training its optimizer has done since (the same optimizer on the held-out records): one that training
+    touched becomes sequential, in place, its basis saying why (``_still_disjoint``).
+    """
+    recorded = attributes.releases(optimizer)
+    for i, (release, how) in enumerate(recorded):
+        if how == "parallel" and not _still_disjoint(optimizer, release):
+            recorded[i] = (release, "sequential")
     return ([r for r, how in recorded if how == "sequential"],
             [r for r, how in recorded if how == "parallel"])
+
+
+def _still_disjoint(optimizer, release) -> bool:
+    """Whether a parallel release's records are still disjoint from its optimizer's training records.
+
+    Asserted ones stay as the user asserted them (the statement lists the assertion). Checked ones are
+    checked again in the per-record ledger while training took steps since (``overlap`` on the records'
+    keys, held in memory); without the keys (an optimizer that inherited the release) or the ledger, one
+    whose optimizer trained since cannot be checked and becomes sequential. The answer is kept per step count.
+    """
+    basis = attributes.parallel_basis(optimizer)
+    why = basis.get(id(release), "")
+    if not why.startswith("checked"):
+        return True
+    phase_ids = tuple(int(p.phase_id) for p in optimizer.ledger.phases if p.released)
+    steps = int(optimizer.ledger.steps)
+    checks = attributes.parallel_keys(optimizer)
+    held = checks.get(id(release))
+    if isinstance(held, tuple) and held[0] == (phase_ids, steps):
+        return True
+    from tfdpbnn.record.record_ledger import default_ledger
+
+    ledger = default_ledger()
+    keys = held[1] if isinstance(held, tuple) else held
+    touched = None
+    if keys is not None and ledger is not None:
+        touched, _ = ledger.overlap(keys, phase_ids)
+    if touched == 0:
+        checks[id(release)] = ((phase_ids, steps), keys)
+        return True
+    basis[id(release)] = (f"no longer disjoint: training after the release touched {touched} of its records "
+                          "(per-record ledger); composed sequentially" if touched else
+                          "no longer checked: training after the release could not be checked against its "
+                          "records (their keys are not held here); composed sequentially")
+    checks.pop(id(release), None)
+    return False
 
 
 def replayable_releases(optimizer) -> list:
@@ -202,7 +246,7 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
         basis = attributes.parallel_basis(optimizer)
         statement["releases"] = [
             dict(r.as_dict() if hasattr(r, "as_dict") else {"privacy": r.privacy.as_dict()}, composition=how,
-                 **({"disjoint_from_training": basis[id(r)]} if how == "parallel" else {}))
+                 **({"disjoint_from_training": basis[id(r)]} if id(r) in basis else {}))
             for r, how in recorded]
         statement["asserted_by_user"] = list(statement["asserted_by_user"]) + [
             f"release {i} ({type(r).__name__}, parallel composition): its records are disjoint from the "

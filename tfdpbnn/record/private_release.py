@@ -102,11 +102,12 @@ class ReleaseReservation:
     bound), as after a crash.
     """
 
-    def __init__(self, optimizer, cost, composition: str, basis: str | None, ledger_part):
+    def __init__(self, optimizer, cost, composition: str, basis: str | None, ledger_part, keys=None):
         self._optimizer = optimizer
         self.cost = cost
         self.composition = composition
         self._basis = basis
+        self._keys = keys  # a parallel release's record keys, checked disjoint in the ledger
         self._ledger = ledger_part  # (Reservation, phase ids, on the training records, token) or None
         self.done = False
 
@@ -133,6 +134,8 @@ class ReleaseReservation:
                                                                        token)
         if self._basis is not None:
             attributes.parallel_basis(self._optimizer)[id(release)] = self._basis
+        if self._keys is not None:
+            attributes.parallel_keys(self._optimizer)[id(release)] = self._keys
         attributes.releases(self._optimizer).append((release, self.composition))
 
     def abandon(self) -> None:
