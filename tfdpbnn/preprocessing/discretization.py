@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdpbnn._validation import check_choice, check_positive_int
-from tfdpbnn.preprocessing.normalization import calibrate_gaussian
+from tfdpbnn.preprocessing.normalization import calibrate_gaussian, check_finite_data
 from tfdpbnn.privacy.budget import NEIGHBORING
 from tfdpbnn.record.preprocessing import PreprocessingRecord, keep, ledger_reservation, state_digest
 
@@ -27,7 +27,8 @@ def private_discretization(data, *, num_bins: int, epsilon: float, delta: float,
     """A ``Discretization`` layer whose ``num_bins`` quantile bins come from a DP histogram of ``data``.
 
     Args:
-      data: the private values, one per example (an array [n] or [n, 1]).
+      data: the private values, one per example (an array [n] or [n, 1]), finite (NaN or infinite values are
+        refused: a NaN passes the clip and would reveal its record).
       num_bins: the number of bins of the layer (num_bins - 1 boundaries), >= 2.
       epsilon: the epsilon of this release (composed with training in the privacy statement).
       delta: its delta.
@@ -54,6 +55,7 @@ def private_discretization(data, *, num_bins: int, epsilon: float, delta: float,
         x = x[:, 0]
     if x.ndim != 1 or x.size < 1:
         raise ValueError(f"data must hold one value per example (shape [n] or [n, 1]), got shape {x.shape}")
+    check_finite_data(x)
     if not isinstance(bounds, tuple | list) or len(bounds) != 2:
         raise ValueError(f"bounds must be a pair (lo, hi), got {bounds!r}")
     keys = None

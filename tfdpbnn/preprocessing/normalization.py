@@ -58,6 +58,21 @@ def _calibrate(epsilon, delta, accountant, neighboring):
     return sigma if accountant == "rdp" else search(accountant, sigma / 4.0, sigma * 4.0)
 
 
+def check_finite_data(x) -> None:
+    """Refuse NaN or infinite values in a DP preprocessing release's ``data`` (ValueError naming it).
+
+    A NaN passes through ``np.clip``: a released statistic would be NaN exactly when such a record is in the
+    data, which the noise cannot hide.
+    """
+    bad = ~np.isfinite(x)
+    if np.any(bad):
+        rows = np.unique(np.nonzero(bad.reshape(len(x), -1))[0])
+        raise ValueError(
+            f"data: {int(bad.sum())} NaN or infinite value(s) in {len(rows)} row(s) (first rows "
+            f"{rows[:5].tolist()}); a NaN passes through the clip to bounds, so the release would tell "
+            "whether such a record is present. Drop or repair non-finite records first")
+
+
 def _bounds(bounds, d):
     if not isinstance(bounds, tuple | list) or len(bounds) != 2:
         raise ValueError(f"bounds must be a pair (lo, hi) of scalars or per-feature arrays, got {bounds!r}")
@@ -75,7 +90,8 @@ def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bo
 
     Args:
       layer: a ``tf.keras.layers.Normalization`` over the last axis, built without ``mean``/``variance``.
-      data: the private examples, an array [n, d] (one row per example).
+      data: the private examples, an array [n, d] (one row per example), finite (NaN or infinite values are
+        refused: a NaN passes the clip and would reveal its record).
       epsilon: the epsilon of this release (composed with training in the privacy statement).
       delta: its delta.
       bounds: (lo, hi), scalars or arrays of d values, declared WITHOUT looking at the private data; values
@@ -104,6 +120,7 @@ def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bo
     x = np.asarray(data, dtype=np.float64)
     if x.ndim != 2 or x.shape[0] < 1:
         raise ValueError(f"data must be an array [n, d] with one row per example, got shape {x.shape}")
+    check_finite_data(x)
     n, d = x.shape
     keys = None
     if labels is not None or record_ids is not None:
@@ -156,4 +173,4 @@ def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bo
     return record
 
 
-__all__ = ["calibrate_gaussian", "private_adapt_normalization"]
+__all__ = ["calibrate_gaussian", "check_finite_data", "private_adapt_normalization"]
