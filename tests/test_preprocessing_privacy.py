@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 
 import dp_accounting
@@ -402,3 +403,49 @@ def test_dp_preprocessing_refuses_non_finite_data(bad):
     with pytest.raises(ValueError, match=r"^data: 1 NaN or infinite value"):
         tfdpbnn.preprocessing.private_discretization(x[:, 1], num_bins=4, epsilon=2.0, delta=DELTA,
                                                      bounds=(-3.0, 3.0))
+
+
+@pytest.mark.parametrize("how", ["adapt", "assign", "set_weights", "public"])
+def test_preprocessing_state_changed_after_fit_voids_the_guarantee(tmp_path, how):
+    """A layer DP-adapted (or asserted public), 1 DP pass, then its state rewritten from the private data
+    (adapt, assign, set_weights): the statement and privacy.json printed the old epsilon with guarantee
+    true while the model held the exact mean (truth infinite). They now say guarantee false, naming the
+    layer, and keep the accountant's value aside; so does the export of the model loaded without compile."""
+    x, y = small_data()
+    norm = tf.keras.layers.Normalization()
+    if how == "public":
+        norm.adapt(small_data(seed=1)[0])
+        tfdpbnn.preprocessing.assert_public_preprocessing(norm, reason="public sample")
+        events = [dp_accounting.GaussianDpEvent(1.0)]
+    else:
+        record = private_adapt_normalization(norm, x, epsilon=2.0, delta=DELTA, bounds=(-3.0, 3.0))
+        events = [dp_accounting.GaussianDpEvent(record.noise_multiplier), dp_accounting.GaussianDpEvent(1.0)]
+    truth = rdp_epsilon(dp_accounting.ComposedDpEvent(events))
+    model, opt = _model(norm)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    before = opt.privacy_statement(model=model)
+    assert before["guarantee"] and before["epsilon"] == pytest.approx(truth, rel=1e-6)
+    if how in ("adapt", "public"):
+        norm.adapt(x)
+    elif how == "assign":
+        norm.adapt_mean.assign(x.mean(0))
+        norm.adapt_variance.assign(x.var(0))
+        norm.finalize_state()
+    else:
+        weights = norm.get_weights()
+        weights[0], weights[1] = x.mean(0), x.var(0)
+        norm.set_weights(weights)
+    # The exact private mean (Keras 3's set_weights leaves the layer's mean to its next finalize_state).
+    np.testing.assert_allclose(np.asarray(norm.adapt_mean).ravel(), x.mean(0), rtol=1e-4, atol=1e-5)
+    statement = opt.privacy_statement(model=model)
+    assert statement["guarantee"] is False and statement["epsilon"] == math.inf
+    assert repr(norm.name) in statement["guarantee_reason"]
+    assert statement["epsilon_if_preprocessing_were_unchanged"] == pytest.approx(truth, rel=1e-6)
+    saved = tfdpbnn.read_privacy(tfdpbnn.export_saved_model(model, str(tmp_path / "e"), num_samples=2))
+    assert saved["guarantee"] is False and repr(norm.name) in saved["guarantee_reason"]
+    if how == "adapt":
+        model.save(str(tmp_path / "m.keras"))
+        loaded = tf.keras.models.load_model(str(tmp_path / "m.keras"), compile=False)
+        saved = tfdpbnn.read_privacy(tfdpbnn.export_saved_model(loaded, str(tmp_path / "e2"), num_samples=2,
+                                                                delta=DELTA))
+        assert saved["guarantee"] is False

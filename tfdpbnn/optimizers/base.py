@@ -1398,6 +1398,16 @@ class DPOptimizerMixin:
         if found["dp"] or found["asserted_public"]:
             attributes.add_preprocessing_found(self, found)
 
+    def _dp_unvouched_preprocessing(self, model) -> list[str]:
+        """Names of ``model``'s preprocessing layers whose state no DP release or public assertion covers.
+
+        For the statement (``tfdpbnn.preprocessing.checks.unvouched_preprocessing``): a layer adapted,
+        assigned or set after ``fit`` makes its ``guarantee`` false.
+        """
+        from tfdpbnn.preprocessing.checks import unvouched_preprocessing
+
+        return unvouched_preprocessing(model, attributes.preprocessing_found(self))
+
     def _check_model(self, model, x, y, submodules=None, sample_weight=False, probe_at_traces=False):
         """The per-example checks of ``model`` on a synthetic batch shaped like ``x`` (once per model).
 

@@ -172,7 +172,7 @@ def _scan(model, neighboring, submodules, held, refuse: bool) -> dict:
                 continue
         if isinstance(vouch, str):
             found["asserted_public"].append({"layer": layer.name, "type": type(layer).__name__,
-                                             "reason": vouch})
+                                             "reason": vouch, "state_digest": digest})
             continue
         if refuse and neighboring is not None and vouch.neighboring != neighboring:
             raise ValueError(
@@ -219,6 +219,40 @@ def preprocessing_releases(model, held=()) -> dict:
     return _scan(model, None, None, held, refuse=False)
 
 
+def unvouched_preprocessing(model, found=None) -> list[str]:
+    """Names of ``model``'s preprocessing layers holding data-derived state that nothing vouches for.
+
+    For a statement or an export: a layer whose state is neither the one its DP release or public assertion
+    was made on (``state_digest``), nor that of a DP release or public assertion in ``found`` (an
+    optimizer's ``preprocessing_found``) or of a DP release in the privacy record store: ``adapt``,
+    ``assign`` or ``set_weights`` of its state after ``fit``. A layer whose state cannot be compared with
+    its initial value is listed too. Nothing is refused or attached to a layer.
+    """
+    found = found or {}
+    held = found.get("dp", ())
+    public = {a.get("state_digest") for a in found.get("asserted_public", ()) if isinstance(a, dict)}
+    names = []
+    for layer in _layers(model):
+        if not callable(getattr(layer, "adapt", None)):
+            continue
+        digest = state_digest(layer)
+        record = attributes.preprocessing_record(layer)
+        if (record is not None and record.state_digest == digest) or digest in public:
+            continue
+        if attributes.public_preprocessing(layer) is not None and \
+                attributes.preprocessing_digest(layer) == digest:
+            continue
+        try:
+            if not (_adapted(layer) or _differs_from_fresh(layer)):
+                continue
+        except ValueError:
+            names.append(layer.name)
+            continue
+        if recognised(digest, held) is None:
+            names.append(layer.name)
+    return names
+
+
 def assert_public_preprocessing(layer_or_model, reason: str):
     """The USER asserts that ``layer_or_model``'s adapted preprocessing layers saw only public data.
 
@@ -251,4 +285,4 @@ def assert_public_preprocessing(layer_or_model, reason: str):
 
 
 __all__ = ["assert_public_preprocessing", "check_preprocessing", "data_derived_layers", "declared_state",
-           "own_weights", "preprocessing_releases"]
+           "own_weights", "preprocessing_releases", "unvouched_preprocessing"]

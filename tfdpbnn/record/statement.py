@@ -104,7 +104,8 @@ def build_statement(optimizer, delta: float, model=None) -> dict:
         **optimizer._dp_statement_extras(),
     }
     statement = add_ledger_bound(add_other_releases(statement, optimizer, delta), optimizer, delta)
-    return _mark_guarantee(statement, optimizer, replayed)
+    target = model if model is not None else attributes.run_record(optimizer).model()
+    return _mark_guarantee(statement, optimizer, replayed, target)
 
 
 def _noise_source(optimizer) -> str:
@@ -116,11 +117,15 @@ def _noise_source(optimizer) -> str:
     return "Philox keyed by 128 bits of os.urandom drawn per run, and a step counter; no user-settable seed"
 
 
-def _mark_guarantee(statement: dict, optimizer, ledger) -> dict:
-    """``guarantee``: False for replayable noise, state written outside the DP step or non-finite weights.
+def _mark_guarantee(statement: dict, optimizer, ledger, model=None) -> dict:
+    """``guarantee``: False for replayable noise, written or non-finite state, or unvouched preprocessing.
+
+    Written: state written outside the DP step; non-finite: weights holding NaN or inf; unvouched
+    preprocessing: state of ``model``'s preprocessing layers that no DP release or public assertion covers.
 
     Replayable: ``debug_noise_seed`` (this optimizer's, or a phase of ``ledger``, the optimizer's, that
-    another optimizer ran so), or a release composed into the statement fit with ``seed=``.
+    another optimizer ran so), or a release composed into the statement fit with ``seed=``. Preprocessing:
+    the optimizer's ``_dp_unvouched_preprocessing`` (a layer adapted or assigned after ``fit``).
     """
     own = optimizer.mechanism.noise_replayable
     imported = [p for p in ledger.phases if p.noise_replayable and p.released] if not own else []
@@ -160,6 +165,18 @@ def _mark_guarantee(statement: dict, optimizer, ledger) -> dict:
             "epsilon is infinite; epsilon_if_values_were_finite is the accountant's value. Drop or repair "
             "non-finite records before training.",
             "no epsilon holds: the DP-trained weights are not finite")
+    changed = [] if model is None else optimizer._dp_unvouched_preprocessing(model)
+    if changed and statement["guarantee"]:
+        statement["guarantee"] = False
+        _no_guarantee(
+            statement, "epsilon_if_preprocessing_were_unchanged",
+            f"preprocessing state without a release: no guarantee. The preprocessing layer(s) {changed[:3]} "
+            "hold state computed from data that neither a DP release (private_adapt_normalization, "
+            "private_discretization) nor a public assertion (assert_public_preprocessing) was made on: it "
+            "was adapted, assigned or set (set_weights) after the release, assertion or fit, and the model "
+            "carries it with no epsilon covering it. epsilon is infinite; "
+            "epsilon_if_preprocessing_were_unchanged is the accountant's value.",
+            "no epsilon holds: a preprocessing layer holds state no release covers")
     seeded = replayable_releases(optimizer)
     if seeded and statement["guarantee"]:
         statement["guarantee"] = False
