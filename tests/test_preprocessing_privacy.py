@@ -449,3 +449,27 @@ def test_preprocessing_state_changed_after_fit_voids_the_guarantee(tmp_path, how
         saved = tfdpbnn.read_privacy(tfdpbnn.export_saved_model(loaded, str(tmp_path / "e2"), num_samples=2,
                                                                 delta=DELTA))
         assert saved["guarantee"] is False
+
+
+@pytest.mark.parametrize("steps", [8, None])
+def test_dp_adapt_on_rows_that_are_not_examples_is_refused(steps):
+    """Sequences [64, 8, 4] adapted on x.reshape(-1, 4) (8 rows per example), then a model normalizing each
+    example's 8 steps: 5.29 printed where one example moves the release by 8 rows (truth 24.67, dp-accounting
+    below). Refused before the first step, for a fixed or an unknown number of steps."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(N, 8, D)).astype(np.float32), rng.integers(0, 3, N)
+    norm = tf.keras.layers.Normalization()
+    record = private_adapt_normalization(norm, x.reshape(-1, D), epsilon=2.0, delta=DELTA, bounds=(-3.0, 3.0))
+    assert record.details["values_per_row"] == D
+    truth = rdp_epsilon(dp_accounting.ComposedDpEvent([
+        dp_accounting.GaussianDpEvent(record.noise_multiplier / 8), dp_accounting.GaussianDpEvent(1.0)]))
+    assert truth > 20.0  # what the release would have cost: sensitivity 8 times the calibrated one
+    inputs = tf.keras.Input((steps, D))
+    pooled = tf.keras.layers.GlobalAveragePooling1D()(norm(inputs))
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(3)(pooled))
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    shown = "32" if steps else "an unknown number of"
+    with pytest.raises(ValueError, match=rf"'{norm.name}'.*rows of 4 value\(s\).*feeds it {shown} values"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert opt.steps == 0

@@ -15,6 +15,8 @@ accepts on a layer without ``adapt`` and that ``tfdpbnn.optimizers.state_checks`
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import tensorflow as tf
 
@@ -179,8 +181,56 @@ def _scan(model, neighboring, submodules, held, refuse: bool) -> dict:
                 f"neighboring: the preprocessing layer {layer.name!r} was adapted privately under "
                 f"{vouch.neighboring!r} but the optimizer trains under {neighboring!r}; adapt it again "
                 f"with neighboring={neighboring!r} so that the two can be composed")
+        if refuse:
+            _check_rows(layer, vouch)
         found["dp"].append(vouch)
     return found
+
+
+def _values_per_example(layer):
+    """The most values one example feeds ``layer`` in one call: the per-example size of its input.
+
+    Read from the symbolic calls of the layer (a functional model, a ``Sequential`` with an ``Input``): the
+    largest over them; ``math.inf`` for an axis of unknown length; None when the layer has no such call.
+    """
+    sizes = []
+    for node in getattr(layer, "_inbound_nodes", None) or ():
+        for tensor in tf.nest.flatten(getattr(node, "input_tensors", None)):
+            shape = getattr(tensor, "shape", None)
+            if shape is None or len(shape) < 1:
+                continue
+            dims = list(shape)[1:]
+            sizes.append(math.inf if any(d is None for d in dims) else int(np.prod(dims, dtype=np.int64)))
+    return max(sizes) if sizes else None
+
+
+def _check_rows(layer, record) -> None:
+    """Refuse a DP release whose rows were not the examples: one example feeding ``layer`` several rows.
+
+    The release counted each row of its ``data`` as a record (``details["values_per_row"]`` values of the
+    layer's input make one row); an example that feeds the layer more values than that (a sequence
+    normalized over its last axis, adapted on ``x.reshape(-1, d)``) is in several rows, and the release's
+    sensitivity is that many times the one it was calibrated for.
+    """
+    details = record.details or {}
+    per_row = int(details.get("values_per_row", details.get("num_features", 1)))
+    per_example = _values_per_example(layer)
+    if per_example is None:
+        raise ValueError(
+            f"model: the preprocessing layer {layer.name!r} ({type(layer).__name__}) holds a DP release "
+            f"whose rows were {per_row} value(s) of the layer's input each, but tfdpbnn cannot tell how many "
+            "values one training example feeds it (the layer has no symbolic call: a subclassed model, or a "
+            "Sequential without an Input). Build the model with tf.keras.Input(shape) (functional or "
+            "Sequential) so that the layer's per-example input shape is known")
+    if per_example > per_row:
+        shown = "an unknown number of" if per_example == math.inf else str(per_example)
+        raise ValueError(
+            f"model: the preprocessing layer {layer.name!r} ({type(layer).__name__}) was adapted privately "
+            f"on rows of {per_row} value(s), each counted as one record, but one training example feeds it "
+            f"{shown} values (more than one row: e.g. a sequence adapted on x.reshape(-1, {per_row})); one "
+            "example moves the release by several rows' worth and its epsilon does not hold. Adapt it with "
+            "one row per record (e.g. each example's mean over its time steps, or a layer over the whole "
+            "example) or on public data (assert_public_preprocessing)")
 
 
 def _refuse(layer):

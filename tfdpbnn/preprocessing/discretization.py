@@ -27,7 +27,8 @@ def private_discretization(data, *, num_bins: int, epsilon: float, delta: float,
     """A ``Discretization`` layer whose ``num_bins`` quantile bins come from a DP histogram of ``data``.
 
     Args:
-      data: the private values, one per example (an array [n] or [n, 1]), finite (NaN or infinite values are
+      data: the private values, one per example (an array [n] or [n, 1]: a DP fit refuses a model in which
+        one example feeds the layer more than one value), finite (NaN or infinite values are
         refused: a NaN passes the clip and would reveal its record).
       num_bins: the number of bins of the layer (num_bins - 1 boundaries), >= 2.
       epsilon: the epsilon of this release (composed with training in the privacy statement).
@@ -92,7 +93,7 @@ def private_discretization(data, *, num_bins: int, epsilon: float, delta: float,
             "bounds; boundaries are its quantiles", noise_multiplier=sigma, l2_sensitivity=sensitivity,
             noise_std=std,
             epsilon=float(epsilon), delta=float(delta), accountant=accountant, neighboring=neighboring,
-            details={"num_bins": num_bins, "resolution": resolution, "bounds": [lo, hi],
+            details={"num_bins": num_bins, "values_per_row": 1, "resolution": resolution, "bounds": [lo, hi],
                      "cells_set_to_zero": negative,
                      "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)",
                      **({} if token is None else {"ledger_token": token})},

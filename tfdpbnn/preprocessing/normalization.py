@@ -90,8 +90,9 @@ def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bo
 
     Args:
       layer: a ``tf.keras.layers.Normalization`` over the last axis, built without ``mean``/``variance``.
-      data: the private examples, an array [n, d] (one row per example), finite (NaN or infinite values are
-        refused: a NaN passes the clip and would reveal its record).
+      data: the private examples, an array [n, d] (one row per example: a DP fit refuses a model in which
+        one example feeds the layer more than d values, e.g. a sequence adapted on its time steps), finite
+        (NaN or infinite values are refused: a NaN passes the clip and would reveal its record).
       epsilon: the epsilon of this release (composed with training in the privacy statement).
       delta: its delta.
       bounds: (lo, hi), scalars or arrays of d values, declared WITHOUT looking at the private data; values
@@ -164,7 +165,7 @@ def private_adapt_normalization(layer, data, *, epsilon: float, delta: float, bo
             "value clipped to bounds and scaled to [-1, 1]", noise_multiplier=sigma,
             l2_sensitivity=sensitivity, noise_std=std, epsilon=float(epsilon), delta=float(delta),
             accountant=accountant, neighboring=neighboring,
-            details={"num_features": d, "bounds": [lo.tolist(), hi.tolist()],
+            details={"num_features": d, "values_per_row": d, "bounds": [lo.tolist(), hi.tolist()],
                      "features_mean_clamped": clamped_mean, "features_variance_clamped": clamped_var,
                      "noise": "secret" if seed is None else f"fixed seed {seed} (tests only)",
                      **({} if token is None else {"ledger_token": token})},
