@@ -549,7 +549,8 @@ class DPOptimizerMixin:
         if attributes.releases(self):
             config["releases"] = [
                 release_config(r, how, attributes.parallel_basis(self).get(id(r)),
-                               *attributes.release_ledger(self).get(id(r), (None, False, None)))
+                               *attributes.release_ledger(self).get(id(r), (None, False, None)),
+                               checked_at=attributes.parallel_keys(self).get(id(r), (None,))[0])
                 for r, how in attributes.releases(self)]
         search = search_config(attributes.search_record(self))
         if search is not None:
@@ -569,6 +570,8 @@ class DPOptimizerMixin:
             attributes.releases(self).append((release, item["composition"]))
             if item["composition"] == "parallel":
                 attributes.parallel_basis(self)[id(release)] = item["basis"]
+                if item.get("checked_at") is not None:  # checked when the training was this far
+                    attributes.parallel_keys(self)[id(release)] = (tuple(item["checked_at"]), None)
             if item.get("ledger_release") is not None:
                 attributes.release_ledger(self)[id(release)] = (int(item["ledger_release"]),
                                                                 bool(item.get("on_training_records")),

@@ -88,11 +88,18 @@ def parallel_basis(optimizer) -> dict:
 
 
 def parallel_keys(optimizer) -> dict:
-    """``id(release) -> record keys`` of parallel releases checked disjoint in the ledger (in place).
+    """``id(release) -> (training_done when checked, keys or None)`` of parallel releases checked (in place).
 
-    Held in memory to check them again against later training (``other_releases``); not saved.
+    Parallel releases checked disjoint in the ledger, to check them again against later training
+    (``other_releases``); the keys are held in memory only (a saved optimizer keeps when they were checked).
     """
     return getattr(optimizer, _PARALLEL_KEYS, {})
+
+
+def training_done(optimizer) -> tuple:
+    """``(released phase ids, steps)`` of the optimizer's training so far: what a parallel check saw."""
+    ledger = optimizer.ledger
+    return [int(p.phase_id) for p in ledger.phases if p.released], int(ledger.steps)
 
 
 def release_ledger(optimizer) -> dict:

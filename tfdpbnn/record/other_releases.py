@@ -60,15 +60,17 @@ class RestoredRelease:
 
 
 def release_config(release, composition: str, basis: str | None, ledger_release: int | None,
-                   on_training_records: bool, ledger_token: str | None = None) -> dict:
+                   on_training_records: bool, ledger_token: str | None = None, checked_at=None) -> dict:
     """JSON-safe config of one recorded release (``get_config()["privacy_ledger"]["releases"]``).
 
     ``ledger_token``: the token its ledger description holds (``record_ledger.new_release_token``), or None.
+    ``checked_at``: a parallel release's ``attributes.training_done`` when last checked disjoint, or None.
     """
     record = release.as_dict() if hasattr(release, "as_dict") else {"privacy": release.privacy.as_dict()}
     return {"type": type(release).__name__, "record": record, "privacy": release.privacy.as_dict(),
             "composition": composition, "basis": basis, "ledger_release": ledger_release,
-            "on_training_records": bool(on_training_records), "ledger_token": ledger_token}
+            "on_training_records": bool(on_training_records), "ledger_token": ledger_token,
+            **({} if checked_at is None else {"checked_at": [list(checked_at[0]), int(checked_at[1])]})}
 
 
 def release_from_config(config: dict) -> RestoredRelease:
@@ -176,28 +178,26 @@ def _still_disjoint(optimizer, release) -> bool:
 
     Asserted ones stay as the user asserted them (the statement lists the assertion). Checked ones are
     checked again in the per-record ledger while training took steps since (``overlap`` on the records'
-    keys, held in memory); without the keys (an optimizer that inherited the release) or the ledger, one
-    whose optimizer trained since cannot be checked and becomes sequential. The answer is kept per step count.
+    keys, held in memory); without the keys (an optimizer restored from a config) or the ledger, one whose
+    optimizer trained since cannot be checked and becomes sequential.
     """
     basis = attributes.parallel_basis(optimizer)
     why = basis.get(id(release), "")
     if not why.startswith("checked"):
         return True
-    phase_ids = tuple(int(p.phase_id) for p in optimizer.ledger.phases if p.released)
-    steps = int(optimizer.ledger.steps)
+    done = attributes.training_done(optimizer)
     checks = attributes.parallel_keys(optimizer)
-    held = checks.get(id(release))
-    if isinstance(held, tuple) and held[0] == (phase_ids, steps):
+    checked_at, keys = checks.get(id(release), (None, None))
+    if checked_at is not None and list(checked_at[0]) == done[0] and int(checked_at[1]) == done[1]:
         return True
     from tfdpbnn.record.record_ledger import default_ledger
 
     ledger = default_ledger()
-    keys = held[1] if isinstance(held, tuple) else held
     touched = None
     if keys is not None and ledger is not None:
-        touched, _ = ledger.overlap(keys, phase_ids)
+        touched, _ = ledger.overlap(keys, done[0])
     if touched == 0:
-        checks[id(release)] = ((phase_ids, steps), keys)
+        checks[id(release)] = (done, keys)
         return True
     basis[id(release)] = (f"no longer disjoint: training after the release touched {touched} of its records "
                           "(per-record ledger); composed sequentially" if touched else

@@ -82,9 +82,18 @@ class PreprocessingRecord:
         return dp_accounting.GaussianDpEvent(self.noise_multiplier)
 
     @property
-    def ledger_token(self) -> str | None:
-        """The token of this release in the per-record ledger (``details["ledger_token"]``), or None."""
-        return self.details.get("ledger_token") or None
+    def ledger_token(self) -> str:
+        """The token of this release in the per-record ledger.
+
+        ``details["ledger_token"]`` for a release written with its records (``labels``, ``record_ids``);
+        else the token of its state (``unnamed_token``), under which the first DP run it feeds writes it.
+        """
+        return self.details.get("ledger_token") or self.unnamed_token
+
+    @property
+    def unnamed_token(self) -> str:
+        """The ledger token of a release that named no records: one per released state, wherever it goes."""
+        return hashlib.sha256(f"unnamed preprocessing {self.state_digest}".encode()).hexdigest()[:32]
 
     def to_config(self) -> dict:
         """A JSON-safe dict for the privacy statement (``from_config`` reads it back)."""

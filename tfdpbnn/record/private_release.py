@@ -135,7 +135,8 @@ class ReleaseReservation:
         if self._basis is not None:
             attributes.parallel_basis(self._optimizer)[id(release)] = self._basis
         if self._keys is not None:
-            attributes.parallel_keys(self._optimizer)[id(release)] = self._keys
+            attributes.parallel_keys(self._optimizer)[id(release)] = (
+                attributes.training_done(self._optimizer), self._keys)
         attributes.releases(self._optimizer).append((release, self.composition))
 
     def abandon(self) -> None:

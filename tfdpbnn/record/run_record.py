@@ -244,6 +244,12 @@ class RunRecord:
         """Reserve the run's planned phase for its records in the per-record ``ledger`` (one transaction)."""
         import dp_accounting
 
+        try:
+            self._write_unnamed_preprocessing(keys, ledger)
+        except ValueError:
+            self.store = None
+            raise
+
         if planned_steps is None and ledger.budget() is not None:
             self.store = None
             raise ValueError(
@@ -261,6 +267,30 @@ class RunRecord:
         except ValueError:
             self.store = None
             raise
+
+    def _write_unnamed_preprocessing(self, keys, ledger: record_ledger.RecordLedger) -> None:
+        """Write the model's DP preprocessing releases that name no records against this run's records.
+
+        A layer adapted without ``labels``/``record_ids`` is in no history of the ledger: weights trained on
+        its outputs and then taken out of the model (``set_weights`` into one without the layer) left it
+        behind (4.73 quoted where the adapt and the pass hold 5.29). Taken to have read the records it first
+        feeds in DP training (an over-count when it read others), it is written once against them, before
+        the run's reservation (a per-record budget sees both), its token kept in the layer's record.
+        """
+        found = attributes.preprocessing_found(self._optimizer) or {}
+        written = None
+        for record in found.get("dp", ()):
+            if record.details.get("ledger_token"):
+                continue
+            token = record.unnamed_token  # one per release wherever its record goes (saved, loaded, cloned)
+            if written is None:
+                written = {r.token for r in ledger.backend.releases() if r.kind == "preprocessing"}
+            if token not in written:
+                ledger.record(keys, record.event(), kind="preprocessing", neighboring=record.neighboring,
+                              description=f"{record.mechanism} of layer {record.layer!r}: its records "
+                                          "unnamed, written against the records of the first DP run it fed",
+                              token=token)
+                written.add(token)
 
     def mark_unbounded_batches(self, reason: str) -> None:
         """The run's batches were found not to be the sampler's: a record's share of one is not bounded.
