@@ -166,3 +166,63 @@ def test_paper_mode_releases_the_sample_with_the_noise_it_accounts(how):
     # 320 draws of N(0, s^2): their standard deviation within 20% of s (about 5 standard errors).
     assert np.std(drawn) == pytest.approx(s, rel=0.2)
     assert paper.privacy_statement()["gdp_mu"] == pytest.approx(paper.paper_mode_gdp_mu(), rel=1e-9)
+
+
+def _paper_run(epochs=8):
+    """SIDP paper mode, full batch (64 records, z = 20, lr 0.05), ``epochs`` steps: model, optimizer, x, y."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 4)).astype("float32"), rng.integers(0, 3, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Lemma 4.1 warns
+        paper = tfdpbnn.SIDPOptimizer(1.0, 20.0, paper_mean_update=True, num_examples=64, batch_size=64,
+                                      delta=1e-5, learning_rate=0.05)
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tfdpbnn.NoisyDense(3)])
+    model.compile(optimizer=paper, loss=LOSS)
+    model.fit(x, y, batch_size=64, epochs=epochs, verbose=0)
+    return model, paper, x, y
+
+
+def _exported(model, tmp_path, name):
+    return tfdpbnn.read_privacy(tfdpbnn.export_saved_model(model, str(tmp_path / name), num_samples=2,
+                                                           delta=1e-5))
+
+
+def test_paper_mode_mean_carries_no_guarantee_wherever_its_weights_go(tmp_path):
+    # mu (trained without noise) saved, loaded with compile=False, or set into a fresh model, exported with
+    # 3.22 and guarantee true; a new optimizer training on from it inherited that epsilon.
+    model, paper, x, y = _paper_run()
+    model.save(tmp_path / "mu.keras")
+    loaded = tf.keras.models.load_model(tmp_path / "mu.keras", compile=False)
+    copied = tf.keras.Sequential([tf.keras.Input((4,)), tfdpbnn.NoisyDense(3)])
+    copied.set_weights(model.get_weights())
+    for name, holder in (("loaded", loaded), ("copied", copied)):
+        statement = _exported(holder, tmp_path, name)
+        assert statement["guarantee"] is False
+        assert statement["epsilon"] is None or statement["epsilon"] == float("inf")
+        assert "paper_mean_update=True" in statement["guarantee_reason"]
+        assert "release_weights" in statement["guarantee_reason"]
+    sgd = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=64, batch_size=8, delta=1e-5)
+    copied.compile(optimizer=sgd, loss=LOSS)
+    copied.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert sgd.privacy_statement()["guarantee"] is False
+
+
+def test_paper_mode_released_sample_keeps_its_epsilon_after_save_and_load(tmp_path):
+    from tfdpbnn.privacy.gdp import gdp_epsilon
+
+    truth = gdp_epsilon(np.sqrt(sum((t / 20.0) ** 2 for t in range(1, 9))), 1e-5)   # 2.98
+    model, paper, x, y = _paper_run(epochs=4)
+    model.save(tmp_path / "half.keras")   # mu after 4 steps, with the optimizer's accounting state
+    resumed = tf.keras.models.load_model(tmp_path / "half.keras")
+    resumed.fit(x, y, batch_size=64, epochs=4, verbose=0)
+    resumed.optimizer.release_weights(resumed)
+    statement = resumed.optimizer.privacy_statement(model=resumed)
+    assert statement["guarantee"] is True
+    assert statement["epsilon"] == pytest.approx(truth, rel=1e-6)
+    resumed.save(tmp_path / "theta.keras")
+    loaded = tf.keras.models.load_model(tmp_path / "theta.keras", compile=False)
+    exported = _exported(loaded, tmp_path, "theta")
+    assert exported["guarantee"] is True
+    assert truth * (1 - 1e-6) <= exported["epsilon"] < 3.3

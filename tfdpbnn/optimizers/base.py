@@ -653,6 +653,17 @@ class DPOptimizerMixin:
         """Whether every step is accounted as DP-SGD's (``_dp_phase_override`` replaces none of them)."""
         return True
 
+    def _dp_uncovered_weights(self, phase_id):
+        """``(phase, variables)`` when the weights now are covered by no epsilon (SI-DPSGD's mean), or None.
+
+        The record's snapshot of them then holds ``phase`` (a release without noise) beside their ledger.
+        """
+        return None
+
+    def _dp_continues_uncovered(self, phase, held_ids) -> bool:
+        """Whether ``phase`` (``_dp_uncovered_weights``) is this optimizer's own, its accounting going on."""
+        return False
+
     def epsilon_after(self, steps, delta=None, accountant=None) -> float:
         """Planning: epsilon of ``steps`` steps of this optimizer's DECLARED mechanism from scratch.
 

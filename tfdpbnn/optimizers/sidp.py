@@ -17,6 +17,7 @@ step's sample and the exported sample.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
 
@@ -35,6 +36,13 @@ def _noisy_layers(model):
     return [layer for layer in _private_api.submodules(model)
             if _private_api.is_variable(getattr(layer, "noise_stddev", None))
             and hasattr(layer, "sample_weights_into_kernel")]
+
+
+#: Why weights that are paper mode's mean mu (not a released sample) carry no guarantee in the record.
+PAPER_MEAN_UNCOVERED = (
+    "the weights are the mean mu of SIDPOptimizer(paper_mean_update=True) (SI-DPSGD paper mode), trained "
+    "with the clipped gradients without noise; no epsilon covers them, only the sample that "
+    "optimizer.release_weights(model) draws")
 
 
 @tf.keras.utils.register_keras_serializable(package="tfdpbnn")
@@ -191,6 +199,29 @@ class SIDPOptimizer(DPSGDOptimizer):
             layer.sample_weights_into_kernel()
         self._sidp_released_at_step = self.steps
         self._dp_write_watch.note_post_processing()  # a sample around the DP-trained means: post-processing
+
+    def _paper_mean_phase(self, phase_id):
+        """The release without noise standing for paper mode's mean mu in the record (id of ``phase_id``)."""
+        from tfdpbnn.record.ledger import WRITTEN_OUTSIDE_DP, Phase
+
+        digest = hashlib.sha256(f"sidp-paper-mean:{phase_id}".encode()).digest()
+        return Phase(kind="participations", noise_multiplier=0.0, neighboring=self.neighboring, steps=1,
+                     participations=1, phase_id=int.from_bytes(digest[:8], "little") % (1 << 52) or 1,
+                     sampling=f"{WRITTEN_OUTSIDE_DP}: {PAPER_MEAN_UNCOVERED}")
+
+    def _dp_uncovered_weights(self, phase_id):
+        """Paper mode, before ``release_weights``: the model holds mu, which no epsilon covers."""
+        if (not self.paper_mean_update or self._sidp_layers is None
+                or self._sidp_released_at_step == self.steps):
+            return None
+        variables = [v for layer in self._sidp_layers for v in (layer.kernel, getattr(layer, "bias", None))
+                     if v is not None]
+        return self._paper_mean_phase(phase_id), variables
+
+    def _dp_continues_uncovered(self, phase, held_ids) -> bool:
+        """A paper-mode optimizer holding mu's phase and its accounting state (restored) goes on from mu."""
+        return self.paper_mean_update and any(
+            self._paper_mean_phase(i).phase_id == phase.phase_id for i in held_ids)
 
     def paper_mode_gdp_mu(self) -> float:
         """Mu of the GDP composition over all releases so far plus the final exported sample."""

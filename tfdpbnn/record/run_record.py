@@ -71,6 +71,7 @@ class RunRecord:
         self._final_variables: set = set()  # the variables' keys in the last final snapshot
         self._written_phases: dict = {}  # names written outside the DP step -> their phase (``_written``)
         self._written_recorded: set = set()  # weights recorded as written after a run (``record_written``)
+        self._uncovered_runs: dict = {}  # training run id -> the run recording its uncovered weights
 
     def inherit(self, phases) -> int:
         """Append the store's phases that this ledger lacks; returns how many were added.
@@ -82,6 +83,7 @@ class RunRecord:
         state = attributes.ledger_state(self._optimizer)
         mine = {p.phase_id: p for p in state.closed_phases()}
         current = state.current_phase()
+        own_ids = set(mine) | ({current.phase_id} if current is not None else set())
         added = 0
         rewound = {}
         for phase in phases:
@@ -93,7 +95,8 @@ class RunRecord:
                 continue
             if is_written_outside_dp(phase):  # weights of the record were written outside a DP step: no
                 # guarantee (a marker, not DP steps: kept out of the ledger); this optimizer's own is its own
-                if phase.phase_id not in {p.phase_id for p in self._written_phases.values()}:
+                if phase.phase_id not in {p.phase_id for p in self._written_phases.values()} \
+                        and not self._optimizer._dp_continues_uncovered(phase, own_ids):
                     self._optimizer._dp_write_watch.taint([f"{phase.sampling} (in the privacy record store)"])
                 continue
             state.append(phase, "record_store")
@@ -482,15 +485,34 @@ class RunRecord:
         written = self._optimizer._dp_write_watch.written()
         if written:  # state written outside the DP step during the run (or inherited): no epsilon holds
             ledger = PrivacyLedger([*ledger.phases, self._written(written)])
+        uncovered = self._optimizer._dp_uncovered_weights(self.phase_id)
         # One transaction (one wait for the disk) for the commit to the per-record ledger and the snapshot.
         with record_store.transaction(self.store.path):
             if final:
                 self.commit_reservation(ledger)
             self.store.snapshot(self.run_id, weights, phase, ledger, final=final, variables=variables)
+            if uncovered is not None:
+                self._record_uncovered(weights, ledger, *uncovered)
         if final:
             self.run_id = None
             self.final_weights = weights
             self._final_variables = set(keys)
+
+    def _record_uncovered(self, weights, ledger, phase, variables) -> None:
+        """Record ``weights`` and ``variables``' values as covered by no epsilon, ``phase`` ending the ledger.
+
+        Under a run of their own (``RunStore.written_outside_dp``), apart from the training run's snapshot,
+        so weights found through another variable of that run (a later sample of the same layers) do not
+        inherit ``phase``.
+        """
+        keys = record_store.variable_keys(variables)
+        marked = PrivacyLedger([*ledger.phases, phase])
+        run = self._uncovered_runs.get(self.run_id)
+        if run is None:
+            self._uncovered_runs[self.run_id] = self.store.written_outside_dp(weights, weights, phase, marked,
+                                                                              variables=keys)
+        else:
+            self.store.snapshot(run, weights, phase, marked, final=True, variables=keys)
 
     def _written(self, names) -> Phase:
         """The phase standing for ``names`` written outside the DP step (one per set of names)."""

@@ -595,6 +595,12 @@ def variable_fingerprints(model) -> list[str]:
     return weights_identity(model)[1]
 
 
+def variable_keys(variables) -> list[str]:
+    """The keys (``variable_fingerprints``) of ``variables``' values alone, in order."""
+    arrays = [np.asarray(v.numpy()) for v in variables]
+    return list(_held_identity("keys", variables, arrays=arrays)[1])
+
+
 def default_path() -> str | None:
     """The store file ``ENV_VAR`` names (None for "off"), else ``DEFAULT_PATH`` expanded."""
     value = os.environ.get(ENV_VAR)
@@ -1051,5 +1057,6 @@ class RunStore:
 
 __all__ = ["DEFAULT_PATH", "ENV_VAR", "IDENTITY_PREFIX", "RunStore", "data_fingerprint", "default_path",
            "default_store", "input_fingerprint", "legacy_lookup", "legacy_weights_fingerprints",
-           "tag_data_fingerprint", "variable_fingerprints", "variables_identity", "weights_fingerprint",
+           "tag_data_fingerprint", "variable_fingerprints", "variable_keys", "variables_identity",
+           "weights_fingerprint",
            "weights_identity"]
