@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
+import weakref
 from typing import Any
 
 import numpy as np
@@ -82,13 +83,24 @@ def compiled_metrics_unbuilt(model) -> bool:
     return metrics is not None and not metrics.built
 
 
+#: model -> its ``steps_per_execution`` when its ``fit`` began (``note_fit_steps_per_execution``).
+_FIT_STEPS_PER_EXECUTION: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def note_fit_steps_per_execution(model) -> None:
+    """Keep ``model``'s ``steps_per_execution`` as its ``fit`` begins (Keras 2 may lower it per epoch)."""
+    _FIT_STEPS_PER_EXECUTION[model] = steps_per_execution(model)
+
+
 def train_step_needs_output(model) -> bool:
     """Whether ``model``'s train function fails on a step that returns no logs.
 
     Keras 3's TensorFlow trainer wraps every step's outputs in a ``tf.experimental.Optional``, which needs at
-    least one tensor; Keras 2's needs one only when a call runs several steps (``steps_per_execution``).
+    least one tensor; Keras 2's needs one only when a call runs several steps (``steps_per_execution``, as
+    ``fit`` began: Keras 2 sets it to the epoch's steps when an epoch has fewer, when the loop is traced).
     """
-    return _keras3 is not None or steps_per_execution(model) > 1
+    configured = max(steps_per_execution(model), _FIT_STEPS_PER_EXECUTION.get(model, 1))
+    return _keras3 is not None or configured > 1
 
 
 def flatten_logs(model, logs):

@@ -120,7 +120,8 @@ class DPSGLDOptimizer(DPOptimizerMixin, _SGDBase):
         return config
 
     def _dp_statement_extras(self):
-        return {"learning_rate": float(self._get_hyper("learning_rate")),
+        rate = self._get_hyper("learning_rate")  # a MirroredVariable under tf.distribute: read it first
+        return {"learning_rate": float(rate.numpy() if hasattr(rate, "numpy") else rate),
                 "equivalent_dp_sgd": "Zhang et al. (2022, Theorem 1): sigma = B / (n sqrt(eta) C)"}
 
 

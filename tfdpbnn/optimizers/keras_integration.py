@@ -279,6 +279,19 @@ def refuse_non_private_training(model, x, y=None, record_ids=None, call="fit") -
             "as a non-private baseline.")
 
 
+def _refuse_unsupported_distribution(model) -> None:
+    """Keras 3 under a ``tf.distribute`` strategy runs ``steps_per_execution`` 1 only (its loop fails)."""
+    strategy = getattr(model, "distribute_strategy", None)
+    if (_private_api._keras3 is None or strategy in (None, tf.distribute.get_strategy())
+            or _private_api.steps_per_execution(model) <= 1):
+        return
+    raise ValueError(
+        f"steps_per_execution: a DP fit under {type(strategy).__name__} on Keras 3 runs one step per "
+        f"execution; got steps_per_execution={_private_api.steps_per_execution(model)}. Compile with "
+        "steps_per_execution=1 (supported under MirroredStrategy and MultiWorkerMirroredStrategy), or use "
+        "Keras 2 (tf-keras), where steps_per_execution > 1 is supported under a strategy.")
+
+
 def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
     """Check and prepare one DP ``fit`` call; returns the arguments to pass on.
 
@@ -286,6 +299,7 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
     """
     from tfdpbnn.record.store import DataDigests
 
+    _refuse_unsupported_distribution(model)
     x = arguments.get("x")
     digests = DataDigests(x, arguments.get("y"))  # the data's one read, on another core during the checks
     # One block of reads from begin_training's phase to fit's start: no step and no restore run in it, and
@@ -478,6 +492,7 @@ def install() -> None:
         try:
             arguments = _dp_fit_arguments(self, optimizer, arguments, record_ids)
             retrace_for(self, optimizer)
+            _private_api.note_fit_steps_per_execution(self)
             optimizer._dp_in_fit += 1  # steps outside a fit may not count in its phase (_require_open_phase)
             try:
                 with _private_api.fit_build_context(self):

@@ -128,6 +128,8 @@ class SIDPOptimizer(DPSGDOptimizer):
                     "NoisyConv2D), freeze them (trainable=False), or use paper_mean_update=False.")
         self._key_layer_noise(layers)
         self._sidp_layers = layers
+        with tf.init_scope():  # Keras 2 creates the learning-rate variable at its first read: not in the step
+            self.weight_noise_stddev()
 
     def _check_model(self, model, *args, **kwargs):
         """The DP optimizer's checks of ``model``, then ``track_model`` (refusing before the first step)."""
