@@ -207,6 +207,14 @@ def test_paper_mode_mean_carries_no_guarantee_wherever_its_weights_go(tmp_path):
     copied.compile(optimizer=sgd, loss=LOSS)
     copied.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert sgd.privacy_statement()["guarantee"] is False
+    # a new paper-mode optimizer starts its mean's sensitivity at 0: it does not go on from mu either
+    with pytest.warns(UserWarning):
+        fresh = tfdpbnn.SIDPOptimizer(1.0, 20.0, paper_mean_update=True, num_examples=64, batch_size=64,
+                                      delta=1e-5, learning_rate=0.05)
+    loaded.compile(optimizer=fresh, loss=LOSS)
+    loaded.fit(x, y, batch_size=64, epochs=1, verbose=0)
+    fresh.release_weights(loaded)
+    assert fresh.privacy_statement(model=loaded)["guarantee"] is False
 
 
 def test_paper_mode_released_sample_keeps_its_epsilon_after_save_and_load(tmp_path):
