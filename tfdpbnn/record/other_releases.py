@@ -173,31 +173,47 @@ def _recorded(optimizer):
             [r for r, how in recorded if how == "parallel"])
 
 
+def _records_of(ledger, token: str):
+    """The keys of the records whose histories hold the release of ``token`` (None: none found)."""
+    import numpy as np
+
+    ids = [h.history_id for h in ledger.histories() if any(r.token == token for r in h.releases)]
+    if not ids:
+        return None
+    keys, twins = ledger.backend.keys(ids)
+    return np.concatenate([np.asarray(keys, np.int64), np.asarray(twins, np.int64)])
+
+
 def _still_disjoint(optimizer, release) -> bool:
     """Whether a parallel release's records are still disjoint from its optimizer's training records.
 
     Asserted ones stay as the user asserted them (the statement lists the assertion). Checked ones are
-    checked again in the per-record ledger while training took steps since (``overlap`` on the records'
-    keys, held in memory); without the keys (an optimizer restored from a config) or the ledger, one whose
-    optimizer trained since cannot be checked and becomes sequential.
+    checked again in the per-record ledger (``overlap`` of the release's records with every training phase
+    of the optimizer): their keys are held in memory, or found in the ledger by the release's token (an
+    optimizer restored from a config). Without either, one whose optimizer has trained since the check
+    (``training_done``) cannot be checked and becomes sequential.
     """
     basis = attributes.parallel_basis(optimizer)
     why = basis.get(id(release), "")
     if not why.startswith("checked"):
         return True
+    from tfdpbnn.record.record_ledger import default_ledger
+
     done = attributes.training_done(optimizer)
     checks = attributes.parallel_keys(optimizer)
     checked_at, keys = checks.get(id(release), (None, None))
-    if checked_at is not None and list(checked_at[0]) == done[0] and int(checked_at[1]) == done[1]:
-        return True
-    from tfdpbnn.record.record_ledger import default_ledger
-
     ledger = default_ledger()
+    if keys is None and ledger is not None:
+        token = attributes.release_ledger(optimizer).get(id(release), (None, None, None))[2]
+        keys = _records_of(ledger, token) if token else None
+        if keys is not None:
+            checks[id(release)] = (checked_at, keys)
     touched = None
     if keys is not None and ledger is not None:
         touched, _ = ledger.overlap(keys, done[0])
+    elif checked_at is not None and list(checked_at[0]) == done[0] and int(checked_at[1]) == done[1]:
+        return True  # no training since the check
     if touched == 0:
-        checks[id(release)] = (done, keys)
         return True
     basis[id(release)] = (f"no longer disjoint: training after the release touched {touched} of its records "
                           "(per-record ledger); composed sequentially" if touched else
