@@ -475,6 +475,30 @@ def test_dp_adapt_on_rows_that_are_not_examples_is_refused(steps):
     assert opt.steps == 0
 
 
+def test_a_sequential_without_an_input_is_checked_once_built():
+    # A Sequential with no Input has no symbolic call before its first one: the rows check refused every
+    # such model holding a DP-adapted layer. It is built on the inputs' shape first, then checked.
+    x, y = small_data()
+    norm = tf.keras.layers.Normalization()
+    record = private_adapt_normalization(norm, x, epsilon=2.0, delta=DELTA, bounds=(-3.0, 3.0), labels=y)
+    model = tf.keras.Sequential([norm, tf.keras.layers.Dense(3)])
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    truth = rdp_epsilon(dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(record.noise_multiplier),
+                                                       dp_accounting.GaussianDpEvent(1.0)]))
+    assert opt.privacy_statement()["epsilon"] == pytest.approx(truth, rel=1e-6)
+    sequences = np.random.default_rng(0).normal(size=(N, 8, D)).astype(np.float32)
+    rows = tf.keras.layers.Normalization()
+    private_adapt_normalization(rows, sequences.reshape(-1, D), epsilon=2.0, delta=DELTA, bounds=(-3.0, 3.0))
+    model = tf.keras.Sequential([rows, tf.keras.layers.Flatten(), tf.keras.layers.Dense(3)])
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    with pytest.raises(ValueError, match=rf"'{rows.name}'.*rows of 4 value\(s\).*feeds it 32 values"):
+        model.fit(sequences, y, batch_size=8, epochs=1, verbose=0)
+    assert opt.steps == 0
+
+
 def test_an_adapt_without_records_stays_with_weights_taken_out_of_the_model():
     # Adapted without labels or record_ids, the release lived only on the layer: the Dense weights trained
     # on its outputs, set into a model without the layer and trained one pass more on the normalized

@@ -146,6 +146,21 @@ def _in_a_thread_of_its_own(fn, *args, **kwargs):
         return pool.submit(fn, *args, **kwargs).result()
 
 
+def _build_sequential_holding_dp_preprocessing(model, x, y) -> None:
+    """Build a ``Sequential`` with no ``Input`` that holds a DP-adapted layer, on the inputs' shape.
+
+    The preprocessing check reads how many values one example feeds such a layer from its symbolic calls
+    (``tfdpbnn.preprocessing.checks``), which Keras makes when it builds the model (as ``fit`` would at its
+    first call); a model of several inputs, or another kind, is left as it is.
+    """
+    if getattr(model, "built", True) or not isinstance(model, tf.keras.Sequential) or not any(
+            attributes.preprocessing_record(layer) is not None for layer in model.layers):
+        return
+    spec = fit_checks.element_specs(x, y)[0]
+    if isinstance(spec, tf.TensorSpec) and spec.shape.rank:
+        model.build(tf.TensorShape([None, *spec.shape[1:]]))
+
+
 def _check_data_independent_losses(model, submodules=None) -> None:
     """``model.losses`` skip clipping, so none may depend on the data: refuse activity regularizers.
 
@@ -1437,6 +1452,7 @@ class DPOptimizerMixin:
         from tfdpbnn.record.other_releases import adopt_search_record
 
         held = (attributes.preprocessing_found(self) or {"dp": []})["dp"]  # e.g. from a saved config
+        _build_sequential_holding_dp_preprocessing(model, x, y)
         found = check_preprocessing(model, self.neighboring, submodules=submodules, held=held)  # every call
         asserted_state = state_checks.check_declared_state(model, self._dp_public_variables)  # own state only
         # Added to the releases found before (a layer adapted again: the earlier weights depend on both).
