@@ -517,3 +517,32 @@ def test_an_adapt_without_records_stays_with_weights_taken_out_of_the_model():
     assert opt.privacy_statement(model=head)["quote"]["epsilon"] >= two * (1 - 1e-6)
     # The layer's release is written once: the trained model's own statement is unchanged by it.
     _assert_covers(model, truth, exact_quote=False)
+
+
+def test_a_budget_composes_an_unnamed_adapt_for_a_second_model_on_other_records():
+    # One layer adapted without records, shared by two models: the first trains on A (the adapt is written
+    # against A), the second two passes on B. B's records hold the adapt and two passes (7.52, over a
+    # budget of 7.3); the budget check composed only the passes and let the run through.
+    from tfdpbnn.record.record_ledger import BudgetExceededError, default_ledger
+
+    x, y = small_data()
+    norm = tf.keras.layers.Normalization()
+    record = private_adapt_normalization(norm, x, epsilon=2.0, delta=DELTA, bounds=(-3.0, 3.0))
+    truth = rdp_epsilon(dp_accounting.ComposedDpEvent([
+        dp_accounting.GaussianDpEvent(record.noise_multiplier),
+        dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.0), 2)]))
+    default_ledger().set_budget(truth * 0.97, DELTA, "rdp")
+
+    def shared(n):
+        inputs = tf.keras.Input((D,))
+        model = tf.keras.Model(inputs, tf.keras.layers.Dense(3)(norm(inputs)))
+        opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=n, batch_size=8, delta=DELTA)
+        model.compile(optimizer=opt, loss=LOSS)
+        return model, opt
+
+    first, _ = shared(N // 2)
+    first.fit(x[: N // 2], y[: N // 2], batch_size=8, epochs=1, verbose=0)
+    second, opt = shared(N // 2)
+    with pytest.raises(BudgetExceededError, match=f"would reach epsilon {truth:.4g}"):
+        second.fit(x[N // 2:], y[N // 2:], batch_size=8, epochs=2, verbose=0)
+    assert opt.steps == 0

@@ -1146,14 +1146,16 @@ class RecordLedger:
 
     def reserve(self, keys, planned: dp_accounting.DpEvent, kind: str = "training",
                 neighboring: str = "add_or_remove", phase_id: int | None = None,
-                description: str = "", token: str | None = None) -> Reservation:
+                description: str = "", token: str | None = None, extra=()) -> Reservation:
         """Write a release with its ``planned`` event against the records ``keys`` (one transaction).
 
         Raises ``BudgetExceededError`` (nothing written) when a budget is set and some record's composed
         epsilon with ``planned`` would exceed it, and ``ValueError`` when a record's history was accounted
         under the other neighboring relation. ``token``: ``new_release_token()``, written in the
         description, by which a model that carries the release finds the histories holding it
-        (``bound_for``).
+        (``bound_for``). ``extra``: ``(event, token)`` pairs of releases the run's model carries, composed
+        in the budget check for every history that does not hold that token (as ``bound_for`` composes
+        them), not written.
         """
         check_choice("kind", kind, RELEASE_KINDS)
         check_choice("neighboring", neighboring, tuple(NEIGHBORING))
@@ -1195,7 +1197,11 @@ class RecordLedger:
                 return
             worst, count = 0.0, 0
             for history in histories:
-                value = composed_epsilon(history.composed([release]), budget["delta"],
+                tokens = {r.token for r in history.releases} - {None}
+                more = [Release(0, "preprocessing", neighboring, event_to_config(event), None, None,
+                                f"carried by the run's model [release {t}]", ())
+                        for event, t in extra if t not in tokens]
+                value = composed_epsilon(history.composed([release, *more]), budget["delta"],
                                          budget["accountant"], neighboring)
                 if value > budget["epsilon"] * (1 + 1e-9):
                     count += history.records

@@ -263,10 +263,15 @@ class RunRecord:
         # Replayable noise (debug_noise_seed) protects nothing: the run is a non-private release.
         event = (planned.event() if planned_steps is not None and not self._replayable()
                  else dp_accounting.NonPrivateDpEvent())
+        # The model's DP preprocessing that named no records was written against the records of the first
+        # run it fed; for these records, when they are others, the budget composes it too.
+        found = attributes.preprocessing_found(self._optimizer) or {}
+        carried = [(r.event(), r.unnamed_token) for r in found.get("dp", ())
+                   if not r.details.get("ledger_token")]
         try:
             self.reservation = ledger.reserve(
                 keys, event, kind="training", neighboring=planned.neighboring, phase_id=planned.phase_id,
-                description=f"{type(self._optimizer).__name__}: {planned_steps} planned steps")
+                description=f"{type(self._optimizer).__name__}: {planned_steps} planned steps", extra=carried)
         except ValueError:
             self.store = None
             raise
