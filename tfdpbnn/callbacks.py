@@ -372,30 +372,27 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         if description is None:
             return
         seen = int(round(float(_private_api.read_numpy(state.open_examples)) - self._epoch_start_examples))
-        if seen > description["num_examples"]:
+        n = description["num_examples"]
+        if seen == n:
+            return
+        consequence = ("; the steps taken are now accounted as one participation each. Assert the dataset's "
+                       "real size.")
+        if seen > n:
             # More examples than records: a record was drawn again within the pass, maybe within one batch,
             # whose clipped sum it then moves by more than the clip bound.
-            reason = (f"the asserted pipeline's batches (one pass held {seen} examples, num_examples="
-                      f"{description['num_examples']} was asserted: a record may be in one batch more than "
-                      "once)")
+            reason = (f"the asserted pipeline's batches (one pass held {seen} examples, num_examples={n} was "
+                      "asserted: a record may be in one batch more than once)")
             optimizer._dp_write_watch.taint([reason])
             attributes.run_record(optimizer).mark_unbounded_batches(reason)
-            state.close_open_phase(source="failed_pass_check")
-            self.model.stop_training = True
-            raise ValueError(
-                f"num_examples: one pass over the dataset held {seen} examples, but it was asserted to be a "
-                f"pass over num_examples={description['num_examples']}: a record may have been in one batch "
-                "more than once, which moves its noised sum by more than the clip bound, so no epsilon "
-                "covers these steps and the privacy statement now holds no guarantee (the ledger records a "
-                "non-private release for the run's records). Assert the dataset's real size, with each "
-                "record once per pass.")
-        if seen != description["num_examples"]:
-            state.close_open_phase(source="failed_pass_check")
-            self.model.stop_training = True
-            raise ValueError(
-                f"num_examples: one pass over the dataset held {seen} examples, but it was asserted to be a "
-                f"pass over num_examples={description['num_examples']}; the steps taken are now accounted "
-                "as one participation each. Assert the dataset's real size.")
+            consequence = (": a record may have been in one batch more than once, which moves its noised sum "
+                           "by more than the clip bound, so no epsilon covers these steps and the privacy "
+                           "statement now holds no guarantee (the ledger records a non-private release for "
+                           "the run's records). Assert the dataset's real size, with each record once per "
+                           "pass.")
+        state.close_open_phase(source="failed_pass_check")
+        self.model.stop_training = True
+        raise ValueError(f"num_examples: one pass over the dataset held {seen} examples, but it was asserted "
+                         f"to be a pass over num_examples={n}{consequence}")
 
     def on_epoch_end(self, epoch, logs=None):
         """Run the Poisson test and the pass check; write epsilon to ``logs`` when the delta is known.

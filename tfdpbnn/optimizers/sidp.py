@@ -17,7 +17,6 @@ step's sample and the exported sample.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import warnings
 
@@ -204,11 +203,10 @@ class SIDPOptimizer(DPSGDOptimizer):
 
     def _paper_mean_phase(self, phase_id):
         """The release without noise standing for paper mode's mean mu in the record (id of ``phase_id``)."""
-        from tfdpbnn.record.ledger import WRITTEN_OUTSIDE_DP, Phase
+        from tfdpbnn.record.ledger import WRITTEN_OUTSIDE_DP, Phase, derived_phase_id
 
-        digest = hashlib.sha256(f"sidp-paper-mean:{phase_id}".encode()).digest()
         return Phase(kind="participations", noise_multiplier=0.0, neighboring=self.neighboring, steps=1,
-                     participations=1, phase_id=int.from_bytes(digest[:8], "little") % (1 << 52) or 1,
+                     participations=1, phase_id=derived_phase_id(f"sidp-paper-mean:{phase_id}"),
                      sampling=f"{WRITTEN_OUTSIDE_DP}: {PAPER_MEAN_UNCOVERED}")
 
     def _dp_uncovered_weights(self, phase_id):

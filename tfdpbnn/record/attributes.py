@@ -114,8 +114,6 @@ def release_ledger(optimizer) -> dict:
 def inherit_releases(optimizer, previous) -> None:
     """Give ``optimizer`` the other releases and DP preprocessing of ``previous`` (its model's last one)."""
     held, basis, ledger = releases(optimizer), parallel_basis(optimizer), release_ledger(optimizer)
-    if not hasattr(optimizer, _PARALLEL_KEYS):
-        setattr(optimizer, _PARALLEL_KEYS, {})
     for release, how in releases(previous):
         if all(r is not release for r, _ in held):
             held.append((release, how))

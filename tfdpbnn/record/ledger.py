@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
 import secrets
 
@@ -56,6 +57,12 @@ def step_event(noise_multiplier: float, neighboring: str = "add_or_remove",
 def new_phase_id() -> int:
     """A random 52-bit identifier (exact in a float64 variable) that keeps phases unique across merges."""
     return secrets.randbits(52)
+
+
+def derived_phase_id(text: str) -> int:
+    """A 52-bit phase identifier fixed by ``text`` (SHA-256): the same phase wherever it is derived again."""
+    digest = hashlib.sha256(text.encode()).digest()
+    return int.from_bytes(digest[:8], "little") % (1 << 52) or 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1180,6 +1180,9 @@ class RecordLedger:
         release = Release(0, kind, neighboring, event_to_config(planned), None, phase_id, description,
                           () if phase_id is None else (phase_id,))
 
+        carried = [(t, Release(0, "preprocessing", neighboring, event_to_config(event), None, None,
+                               f"carried by the run's model [release {t}]", ())) for event, t in extra]
+
         def check(read_histories, budget: dict | None, neighborings) -> None:
             if budget is None and neighborings() <= {neighboring}:
                 return  # no budget to compose against, and every release on the records is of this relation
@@ -1198,9 +1201,7 @@ class RecordLedger:
             worst, count = 0.0, 0
             for history in histories:
                 tokens = {r.token for r in history.releases} - {None}
-                more = [Release(0, "preprocessing", neighboring, event_to_config(event), None, None,
-                                f"carried by the run's model [release {t}]", ())
-                        for event, t in extra if t not in tokens]
+                more = [r for t, r in carried if t not in tokens]
                 value = composed_epsilon(history.composed([release, *more]), budget["delta"],
                                          budget["accountant"], neighboring)
                 if value > budget["epsilon"] * (1 + 1e-9):

@@ -20,13 +20,18 @@ private data follows Luo et al. (2021).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import weakref
 
 from tfdpbnn.record import attributes, record_ledger
 from tfdpbnn.record import store as record_store
-from tfdpbnn.record.ledger import Phase, PrivacyLedger, is_written_outside_dp, written_outside_dp_phase
+from tfdpbnn.record.ledger import (
+    Phase,
+    PrivacyLedger,
+    derived_phase_id,
+    is_written_outside_dp,
+    written_outside_dp_phase,
+)
 
 
 def _size(phase: Phase) -> tuple:
@@ -41,9 +46,8 @@ def _lost_part(ran: Phase, restored: Phase | None) -> Phase:
     examples = max(0, ran.examples - (restored.examples if restored is not None else 0))
     # By phase and steps only: a fit start counts a partial pass as whole (finish_partial_pass), so the
     # store's copy of the same phase may hold fewer examples for the same steps (and the same passes).
-    digest = hashlib.sha256(f"rewound:{ran.phase_id}:{ran.steps}".encode()).digest()
-    phase_id = int.from_bytes(digest[:8], "little") % (1 << 52) or 1
-    common = dict(steps=steps, examples=examples, phase_id=phase_id, sampling=describe_source("rewound"))
+    common = dict(steps=steps, examples=examples, sampling=describe_source("rewound"),
+                  phase_id=derived_phase_id(f"rewound:{ran.phase_id}:{ran.steps}"))
     if ran.kind != "participations":
         return dataclasses.replace(ran, **common)
     participations = steps
@@ -247,12 +251,6 @@ class RunRecord:
         """Reserve the run's planned phase for its records in the per-record ``ledger`` (one transaction)."""
         import dp_accounting
 
-        try:
-            self._write_unnamed_preprocessing(keys, ledger)
-        except ValueError:
-            self.store = None
-            raise
-
         if planned_steps is None and ledger.budget() is not None:
             self.store = None
             raise ValueError(
@@ -263,12 +261,13 @@ class RunRecord:
         # Replayable noise (debug_noise_seed) protects nothing: the run is a non-private release.
         event = (planned.event() if planned_steps is not None and not self._replayable()
                  else dp_accounting.NonPrivateDpEvent())
-        # The model's DP preprocessing that named no records was written against the records of the first
-        # run it fed; for these records, when they are others, the budget composes it too.
+        # The model's DP preprocessing that named no records: written against the records of the first run
+        # it feeds; for these records, when they are others, the budget composes it too.
         found = attributes.preprocessing_found(self._optimizer) or {}
-        carried = [(r.event(), r.unnamed_token) for r in found.get("dp", ())
-                   if not r.details.get("ledger_token")]
+        unnamed = [r for r in found.get("dp", ()) if not r.details.get("ledger_token")]
+        carried = [(r.event(), r.unnamed_token) for r in unnamed]
         try:
+            self._write_unnamed_preprocessing(keys, ledger, unnamed)
             self.reservation = ledger.reserve(
                 keys, event, kind="training", neighboring=planned.neighboring, phase_id=planned.phase_id,
                 description=f"{type(self._optimizer).__name__}: {planned_steps} planned steps", extra=carried)
@@ -276,29 +275,28 @@ class RunRecord:
             self.store = None
             raise
 
-    def _write_unnamed_preprocessing(self, keys, ledger: record_ledger.RecordLedger) -> None:
-        """Write the model's DP preprocessing releases that name no records against this run's records.
+    @staticmethod
+    def _write_unnamed_preprocessing(keys, ledger: record_ledger.RecordLedger, unnamed) -> None:
+        """Write DP preprocessing releases that name no records (``unnamed``) against this run's records.
 
         A layer adapted without ``labels``/``record_ids`` is in no history of the ledger: weights trained on
         its outputs and then taken out of the model (``set_weights`` into one without the layer) left it
         behind (4.73 quoted where the adapt and the pass hold 5.29). Taken to have read the records it first
         feeds in DP training (an over-count when it read others), it is written once against them, before
-        the run's reservation (a per-record budget sees both), its token kept in the layer's record.
+        the run's reservation (a per-record budget sees both), under the token of its state
+        (``PreprocessingRecord.unnamed_token``: one per release wherever its layer goes, saved, loaded or
+        cloned).
         """
-        found = attributes.preprocessing_found(self._optimizer) or {}
-        written = None
-        for record in found.get("dp", ()):
-            if record.details.get("ledger_token"):
-                continue
-            token = record.unnamed_token  # one per release wherever its record goes (saved, loaded, cloned)
-            if written is None:
-                written = {r.token for r in ledger.backend.releases() if r.kind == "preprocessing"}
-            if token not in written:
+        if not unnamed:
+            return
+        written = {r.token for r in ledger.backend.releases() if r.kind == "preprocessing"}
+        for record in unnamed:
+            if record.unnamed_token not in written:
                 ledger.record(keys, record.event(), kind="preprocessing", neighboring=record.neighboring,
                               description=f"{record.mechanism} of layer {record.layer!r}: its records "
                                           "unnamed, written against the records of the first DP run it fed",
-                              token=token)
-                written.add(token)
+                              token=record.unnamed_token)
+                written.add(record.unnamed_token)
 
     def mark_unbounded_batches(self, reason: str) -> None:
         """The run's batches were found not to be the sampler's: a record's share of one is not bounded.
