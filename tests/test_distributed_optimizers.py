@@ -2,7 +2,8 @@
 
 SI-DPSGD's sound mode failed in ``fit`` (the learning-rate variable created inside the distributed step: an
 unfed placeholder), paper mode with ``steps_per_execution=2`` failed on an epoch of fewer steps (no logs
-from the step), and DP-SGLD's statement failed on the distributed learning rate. Keras 3 refuses
+from the step), DP-SGLD's statement failed on the distributed learning rate, and DP-SGD run eagerly was
+refused as a second update in a step (each replica's update counted as the step's). Keras 3 refuses
 steps_per_execution > 1 under a strategy before the first step. Logical CPU devices must be
 set before TensorFlow starts, so the distributed cases run in a fresh process (about 20 s).
 """
@@ -41,7 +42,7 @@ def test_steps_per_execution_above_an_epochs_steps_trains():
 
 
 @pytest.mark.slow
-def test_sidp_and_sgld_under_mirrored_strategy_state_the_one_device_epsilon():
+def test_dp_optimizers_under_mirrored_strategy_state_the_one_device_epsilon():
     r = run_script(HERE)
     sound = dp_accounting.rdp.RdpAccountant().compose(dp_accounting.SelfComposedDpEvent(
         dp_accounting.GaussianDpEvent(20.0), 4)).get_epsilon(1e-5)
@@ -54,6 +55,12 @@ def test_sidp_and_sgld_under_mirrored_strategy_state_the_one_device_epsilon():
         assert r[where]["guarantee"] is True
     assert r["mirrored"]["sgld"] == pytest.approx(r["one_device"]["sgld"], rel=1e-9)
     assert r["mirrored"]["sgld_learning_rate"] == pytest.approx(r["one_device"]["sgld_learning_rate"])
+    two_passes = dp_accounting.rdp.RdpAccountant().compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.GaussianDpEvent(1.0), 2)).get_epsilon(1e-5)
+    for where in ("one_device", "mirrored"):
+        assert r[where]["eager"] == pytest.approx(two_passes, rel=1e-6)
+        assert (r[where]["eager_steps"], r[where]["eager_examples"]) == (8, 32)
+        assert r[where]["guarantee"] is True
 
 
 def _train(strategy, distributed):
@@ -93,7 +100,18 @@ def _train(strategy, distributed):
         model.compile(optimizer=opt, loss=loss)
     model.fit(x, y, batch_size=4, epochs=1, verbose=0)
     statement = opt.privacy_statement(model=model)
-    out.update(sgld=statement["epsilon"], sgld_learning_rate=statement["learning_rate"],
+    out.update(sgld=statement["epsilon"], sgld_learning_rate=statement["learning_rate"])
+    guarantees.append(statement["guarantee"])
+    # DP-SGD run eagerly: every replica makes the step's one update (it was refused as a second update).
+    os.environ["TFDPBNN_PRIVACY_STORE"] = os.path.join(tempfile.mkdtemp(), "store.sqlite")
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
+        opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=16, batch_size=4, delta=1e-5)
+        model.compile(optimizer=opt, loss=loss, run_eagerly=True)
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+    statement = opt.privacy_statement(model=model)
+    out.update(eager=statement["epsilon"], eager_steps=opt.steps,
+               eager_examples=sum(p["examples"] for p in statement["phases"]),
                guarantee=all(guarantees) and statement["guarantee"])
     return out
 

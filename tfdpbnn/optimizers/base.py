@@ -413,7 +413,7 @@ class DPOptimizerMixin:
         # (id(input), replica) -> the input a replica clipped (_refuse_batch_given_to_every_replica), held
         # weakly: an id reused by a new tensor after the old one is gone is not taken for it.
         self._dp_replica_inputs: weakref.WeakValueDictionary[tuple, tf.Tensor] = weakref.WeakValueDictionary()
-        self._dp_eager_step_writes, self._dp_eager_step_limit = 0, None
+        self._dp_eager_step_writes, self._dp_eager_step_limit = {}, None
         with tf.init_scope():
             self._dp_noise_multiplier = self._dp_variable("dp_noise_multiplier", noise_multiplier)
             self._dp_l2_norm_clip = self._dp_variable("dp_l2_norm_clip", clip)
@@ -1747,8 +1747,11 @@ class DPOptimizerMixin:
         if tf.executing_eagerly():
             if self._dp_eager_step_limit is None:
                 return
-            self._dp_eager_step_writes += 1
-            count, limit = self._dp_eager_step_writes, self._dp_eager_step_limit
+            # Counted per replica: under a strategy every replica runs the step's update once, eagerly too.
+            replica = _replica_id(tf.distribute.get_replica_context())
+            writes = self._dp_eager_step_writes
+            writes[replica] = count = writes.get(replica, 0) + 1
+            limit = self._dp_eager_step_limit
         else:
             replica = _replica_id(tf.distribute.get_replica_context())
             writes = self._dp_writes_per_trace.setdefault(tf.compat.v1.get_default_graph(), {})
@@ -1801,7 +1804,7 @@ class DPOptimizerMixin:
 
     def _dp_new_eager_steps(self, steps):
         """The monitor starts a batch of ``steps`` steps (``steps_per_execution``); counted if eager."""
-        self._dp_eager_step_writes, self._dp_eager_step_limit = 0, int(steps)
+        self._dp_eager_step_writes, self._dp_eager_step_limit = {}, int(steps)
 
     def _dp_gradients(self, clipped, var_list):
         """This optimizer's update direction from one clipped batch (``self.mechanism.clip_*``).
