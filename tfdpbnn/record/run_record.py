@@ -23,6 +23,8 @@ import dataclasses
 import math
 import weakref
 
+import numpy as np
+
 from tfdpbnn.record import attributes, record_ledger
 from tfdpbnn.record import store as record_store
 from tfdpbnn.record.ledger import (
@@ -262,12 +264,16 @@ class RunRecord:
         event = (planned.event() if planned_steps is not None and not self._replayable()
                  else dp_accounting.NonPrivateDpEvent())
         # The model's DP preprocessing that named no records: written against the records of the first run
-        # it feeds; for these records, when they are others, the budget composes it too.
+        # it feeds; for these records, when they are others, the budget composes it too. One named by ids
+        # alone: written against these records where their histories lack it (rows named otherwise).
         found = attributes.preprocessing_found(self._optimizer) or {}
         unnamed = [r for r in found.get("dp", ()) if not r.details.get("ledger_token")]
+        by_ids_alone = [r for r in found.get("dp", ()) if r.details.get("ledger_token")
+                        and r.details.get("ledger_ids_without_rows")]
         carried = [(r.event(), r.unnamed_token) for r in unnamed]
         try:
             self._write_unnamed_preprocessing(keys, ledger, unnamed)
+            self._write_preprocessing_named_by_ids_alone(keys, ledger, by_ids_alone)
             self.reservation = ledger.reserve(
                 keys, event, kind="training", neighboring=planned.neighboring, phase_id=planned.phase_id,
                 description=f"{type(self._optimizer).__name__}: {planned_steps} planned steps", extra=carried)
@@ -297,6 +303,34 @@ class RunRecord:
                                           "unnamed, written against the records of the first DP run it fed",
                               token=record.unnamed_token)
                 written.add(record.unnamed_token)
+
+    @staticmethod
+    def _write_preprocessing_named_by_ids_alone(keys, ledger: record_ledger.RecordLedger, releases) -> None:
+        """Write DP preprocessing releases named by ids without their rows against this run's records.
+
+        ``private_discretization(..., record_ids=ids)`` names its records by ids alone (one column of values
+        is no record's content): a run that names the same people by their rows' content, or by other ids,
+        meets that release in no history, and a later model trained on those rows without the layer
+        composed none of it (7.08 quoted where the release and two passes hold 7.52). The release is
+        written, under its own token, against this run's records whose histories lack it (an over-count
+        where they are other people), before the run's reservation: each record holds it once, and a
+        per-record budget sees it.
+        """
+        for record in releases:
+            token = record.ledger_token
+            histories = ledger.histories(keys)
+            lacking = [h.history_id for h in histories if token not in {r.token for r in h.releases}]
+            if not lacking:
+                continue
+            if len(lacking) < len(histories):  # some records hold it: write on the others only
+                held, _ = ledger.backend.keys(lacking)
+                lacking_keys = np.intersect1d(np.asarray(keys, np.int64), held)
+            else:
+                lacking_keys = keys
+            ledger.record(lacking_keys, record.event(), kind="preprocessing", neighboring=record.neighboring,
+                          description=f"{record.mechanism} of layer {record.layer!r}: its records named by "
+                                      "ids without their rows, written against a DP run's records",
+                          token=token)
 
     def mark_unbounded_batches(self, reason: str) -> None:
         """The run's batches were found not to be the sampler's: a record's share of one is not bounded.
