@@ -499,6 +499,42 @@ def test_a_sequential_without_an_input_is_checked_once_built():
     assert opt.steps == 0
 
 
+@pytest.mark.parametrize("nested", [False, True])
+def test_one_layer_adapted_on_two_inputs_and_applied_to_both_is_refused(nested):
+    """One Normalization adapted on np.concatenate([x1, x2]) (two rows per example) and applied to both inputs
+    of a two-input model (directly, or through a nested model called on each): 5.29 printed with
+    ``guarantee: true`` where each example moves the release by two rows (truth 6.79, dp-accounting below).
+    The rows check sums the layer's calls within the model: refused, naming the layer, or an epsilon that
+    covers the truth."""
+    x1, y = small_data()
+    x2, _ = small_data(seed=1)
+    norm = tf.keras.layers.Normalization()
+    record = private_adapt_normalization(norm, np.concatenate([x1, x2]), epsilon=2.0, delta=DELTA,
+                                         bounds=(-3.0, 3.0))
+    truth = rdp_epsilon(dp_accounting.ComposedDpEvent([
+        dp_accounting.GaussianDpEvent(record.noise_multiplier / 2), dp_accounting.GaussianDpEvent(1.0)]))
+    assert truth > 6.5  # two rows per example: sensitivity twice the calibrated one
+    tf.keras.utils.set_random_seed(0)
+    in1, in2 = tf.keras.Input((D,)), tf.keras.Input((D,))
+    if nested:
+        inner_input = tf.keras.Input((D,))
+        apply = tf.keras.Model(inner_input, norm(inner_input))
+    else:
+        apply = norm
+    both = tf.keras.layers.Concatenate()([apply(in1), apply(in2)])
+    model = tf.keras.Model([in1, in2], tf.keras.layers.Dense(3)(both))
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    try:
+        model.fit([x1, x2], y, batch_size=8, epochs=1, verbose=0)
+    except ValueError as err:
+        assert repr(norm.name) in str(err) and "rows of 4 value(s)" in str(err)
+        assert "feeds it 8 values over its 2 calls" in str(err)
+        assert opt.steps == 0
+    else:
+        assert opt.privacy_statement()["epsilon"] >= truth - 1e-4
+
+
 def test_an_adapt_without_records_stays_with_weights_taken_out_of_the_model():
     # Adapted without labels or record_ids, the release lived only on the layer: the Dense weights trained
     # on its outputs, set into a model without the layer and trained one pass more on the normalized

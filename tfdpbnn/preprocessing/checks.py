@@ -182,39 +182,95 @@ def _scan(model, neighboring, submodules, held, refuse: bool) -> dict:
                 f"{vouch.neighboring!r} but the optimizer trains under {neighboring!r}; adapt it again "
                 f"with neighboring={neighboring!r} so that the two can be composed")
         if refuse:
-            _check_rows(layer, vouch)
+            _check_rows(model, layer, vouch)
         found["dp"].append(vouch)
     return found
 
 
-def _values_per_example(layer):
-    """The most values one example feeds ``layer`` in one call: the per-example size of its input.
+def _node_values(node):
+    """The most values one example feeds the layer of ``node`` (one symbolic call); None without a shape.
 
-    Read from the symbolic calls of the layer (a functional model, a ``Sequential`` with an ``Input``): the
-    largest over them; ``math.inf`` for an axis of unknown length; None when the layer has no such call.
+    ``math.inf`` for an axis of unknown length.
     """
     sizes = []
-    for node in getattr(layer, "_inbound_nodes", None) or ():
-        for tensor in tf.nest.flatten(getattr(node, "input_tensors", None)):
-            shape = getattr(tensor, "shape", None)
-            if shape is None or len(shape) < 1:
-                continue
-            dims = list(shape)[1:]
-            sizes.append(math.inf if any(d is None for d in dims) else int(np.prod(dims, dtype=np.int64)))
+    for tensor in tf.nest.flatten(getattr(node, "input_tensors", None)):
+        shape = getattr(tensor, "shape", None)
+        if shape is None or len(shape) < 1:
+            continue
+        dims = list(shape)[1:]
+        sizes.append(math.inf if any(d is None for d in dims) else int(np.prod(dims, dtype=np.int64)))
     return max(sizes) if sizes else None
 
 
-def _check_rows(layer, record) -> None:
+def _graph_nodes(model):
+    """The nodes (symbolic calls) of ``model``'s graph, or None for a model without one (subclassed).
+
+    A functional model or a ``Sequential`` with an ``Input`` (on Keras 3, the functional model it holds).
+    """
+    graph = getattr(model, "_functional", None) or model
+    if not getattr(graph, "_is_graph_network", True):
+        return None
+    by_depth = getattr(graph, "_nodes_by_depth", None)
+    return None if not by_depth else [node for nodes in by_depth.values() for node in nodes]
+
+
+def _values_within(model, layer, largest, seen=None):
+    """The values one example feeds ``layer`` over all its calls in ``model``'s graph, and their number.
+
+    A call of a nested model with a graph counts that model's calls of ``layer`` (a model called twice, twice
+    over); a call of another layer holding ``layer`` (a subclassed block, whose calls cannot be read) counts
+    as one call of ``largest`` values (its largest symbolic call anywhere). ``(0, 0)`` for a model whose
+    graph cannot be read.
+    """
+    seen = {} if seen is None else seen
+    if id(model) in seen:
+        return seen[id(model)]
+    total, calls = 0, 0
+    for node in _graph_nodes(model) or ():
+        called = getattr(node, "layer", None) or getattr(node, "operation", None)
+        if called is layer:
+            values = _node_values(node)
+            total, calls = total + (largest if values is None else values), calls + 1
+        elif isinstance(called, tf.keras.layers.Layer) and any(
+                inner is layer for inner in _private_api.sublayers(called)):
+            if _graph_nodes(called) is not None:
+                values, count = _values_within(called, layer, largest, seen)
+            else:
+                values, count = largest, 1
+            total, calls = total + values, calls + count
+    seen[id(model)] = (total, calls)
+    return total, calls
+
+
+def _values_per_example(model, layer):
+    """How many values one example of ``model`` feeds ``layer``, and over how many calls.
+
+    Read from the symbolic calls of the layer (a functional model, a ``Sequential`` with an ``Input``): the
+    sum over its calls within ``model``'s graph (nested models included: every call of the layer adds rows
+    of the same release for the same example), and never less than its largest single call anywhere;
+    ``math.inf`` for an axis of unknown length; None when the layer has no such call.
+    """
+    sizes = [size for node in getattr(layer, "_inbound_nodes", None) or ()
+             if (size := _node_values(node)) is not None]
+    if not sizes:
+        return None, 0
+    largest = max(sizes)
+    total, calls = _values_within(model, layer, largest)
+    return (total, calls) if total > largest else (largest, 1)
+
+
+def _check_rows(model, layer, record) -> None:
     """Refuse a DP release whose rows were not the examples: one example feeding ``layer`` several rows.
 
     The release counted each row of its ``data`` as a record (``details["values_per_row"]`` values of the
-    layer's input make one row); an example that feeds the layer more values than that (a sequence
-    normalized over its last axis, adapted on ``x.reshape(-1, d)``) is in several rows, and the release's
-    sensitivity is that many times the one it was calibrated for.
+    layer's input make one row); an example that feeds the layer more values than that, in one call (a
+    sequence normalized over its last axis, adapted on ``x.reshape(-1, d)``) or over its calls in ``model``
+    (one layer adapted on ``np.concatenate([x1, x2])`` and applied to both inputs), is in several rows, and
+    the release's sensitivity is that many times the one it was calibrated for.
     """
     details = record.details or {}
     per_row = int(details.get("values_per_row", details.get("num_features", 1)))
-    per_example = _values_per_example(layer)
+    per_example, calls = _values_per_example(model, layer)
     if per_example is None:
         raise ValueError(
             f"model: the preprocessing layer {layer.name!r} ({type(layer).__name__}) holds a DP release "
@@ -224,13 +280,16 @@ def _check_rows(layer, record) -> None:
             "Sequential) so that the layer's per-example input shape is known")
     if per_example > per_row:
         shown = "an unknown number of" if per_example == math.inf else str(per_example)
+        over = (f" over its {calls} calls in the model (each call's values are rows of the same release; "
+                "e.g. one layer adapted on np.concatenate([x1, x2]) and applied to both inputs)" if calls > 1
+                else f" (more than one row: e.g. a sequence adapted on x.reshape(-1, {per_row}))")
         raise ValueError(
             f"model: the preprocessing layer {layer.name!r} ({type(layer).__name__}) was adapted privately "
             f"on rows of {per_row} value(s), each counted as one record, but one training example feeds it "
-            f"{shown} values (more than one row: e.g. a sequence adapted on x.reshape(-1, {per_row})); one "
-            "example moves the release by several rows' worth and its epsilon does not hold. Adapt it with "
-            "one row per record (e.g. each example's mean over its time steps, or a layer over the whole "
-            "example) or on public data (assert_public_preprocessing)")
+            f"{shown} values{over}; one example moves the release by several rows' worth and its epsilon "
+            f"does not hold (at most {per_row} value(s) per example are allowed). Adapt it with one row per "
+            "record (e.g. each example's mean over its time steps, a layer over the whole example, or one "
+            "layer per input) or on public data (assert_public_preprocessing)")
 
 
 def _refuse(layer):
