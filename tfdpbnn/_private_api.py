@@ -139,6 +139,27 @@ def sublayers(layer, recursive: bool = True) -> list:
     return list(layer._flatten_layers(include_self=False, recursive=recursive))
 
 
+def symbolic_call_inputs(layer) -> list:
+    """The inputs of each symbolic call of ``layer`` (Keras's ``_inbound_nodes``), oldest first."""
+    return [getattr(node, "input_tensors", None) for node in getattr(layer, "_inbound_nodes", None) or ()]
+
+
+def graph_calls(model) -> list | None:
+    """``(layer, inputs)`` of every call in ``model``'s graph; None for a model without one (subclassed).
+
+    A functional model or a ``Sequential`` with an ``Input`` (on Keras 3, the functional model it holds):
+    Keras's ``_nodes_by_depth``, a node's ``layer`` (Keras 2) or ``operation`` (Keras 3).
+    """
+    graph = getattr(model, "_functional", None) or model
+    if not getattr(graph, "_is_graph_network", True):
+        return None
+    by_depth = getattr(graph, "_nodes_by_depth", None)
+    if not by_depth:
+        return None
+    return [(getattr(node, "layer", None) or getattr(node, "operation", None),
+             getattr(node, "input_tensors", None)) for nodes in by_depth.values() for node in nodes]
+
+
 def build_input_shape(layer):
     """The input shape ``layer`` was built with, or None if not built (or built from several inputs).
 

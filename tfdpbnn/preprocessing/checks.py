@@ -187,31 +187,19 @@ def _scan(model, neighboring, submodules, held, refuse: bool) -> dict:
     return found
 
 
-def _node_values(node):
-    """The most values one example feeds the layer of ``node`` (one symbolic call); None without a shape.
+def _call_values(inputs):
+    """The most values one example feeds a layer in one symbolic call of ``inputs``; None without a shape.
 
     ``math.inf`` for an axis of unknown length.
     """
     sizes = []
-    for tensor in tf.nest.flatten(getattr(node, "input_tensors", None)):
+    for tensor in tf.nest.flatten(inputs):
         shape = getattr(tensor, "shape", None)
         if shape is None or len(shape) < 1:
             continue
         dims = list(shape)[1:]
         sizes.append(math.inf if any(d is None for d in dims) else int(np.prod(dims, dtype=np.int64)))
     return max(sizes) if sizes else None
-
-
-def _graph_nodes(model):
-    """The nodes (symbolic calls) of ``model``'s graph, or None for a model without one (subclassed).
-
-    A functional model or a ``Sequential`` with an ``Input`` (on Keras 3, the functional model it holds).
-    """
-    graph = getattr(model, "_functional", None) or model
-    if not getattr(graph, "_is_graph_network", True):
-        return None
-    by_depth = getattr(graph, "_nodes_by_depth", None)
-    return None if not by_depth else [node for nodes in by_depth.values() for node in nodes]
 
 
 def _values_within(model, layer, largest, seen=None):
@@ -226,14 +214,13 @@ def _values_within(model, layer, largest, seen=None):
     if id(model) in seen:
         return seen[id(model)]
     total, calls = 0, 0
-    for node in _graph_nodes(model) or ():
-        called = getattr(node, "layer", None) or getattr(node, "operation", None)
+    for called, inputs in _private_api.graph_calls(model) or ():
         if called is layer:
-            values = _node_values(node)
+            values = _call_values(inputs)
             total, calls = total + (largest if values is None else values), calls + 1
         elif isinstance(called, tf.keras.layers.Layer) and any(
                 inner is layer for inner in _private_api.sublayers(called)):
-            if _graph_nodes(called) is not None:
+            if _private_api.graph_calls(called) is not None:
                 values, count = _values_within(called, layer, largest, seen)
             else:
                 values, count = largest, 1
@@ -250,8 +237,8 @@ def _values_per_example(model, layer):
     of the same release for the same example), and never less than its largest single call anywhere;
     ``math.inf`` for an axis of unknown length; None when the layer has no such call.
     """
-    sizes = [size for node in getattr(layer, "_inbound_nodes", None) or ()
-             if (size := _node_values(node)) is not None]
+    sizes = [size for inputs in _private_api.symbolic_call_inputs(layer)
+             if (size := _call_values(inputs)) is not None]
     if not sizes:
         return None, 0
     largest = max(sizes)
