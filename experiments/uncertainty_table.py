@@ -364,12 +364,13 @@ def run_recipe(method, epsilon, seed, draws=100, pretrained=None, cache_path="ru
         if held_out:  # the temperature on the held-out part at the whole epsilon (parallel composition)
             row, fit = _recipe_scores(fn, x_cal, y_cal, x_test, y_test, epsilon, draws, seed, None, 1.0)
             if arm == "recipe":
-                optimizer.record_release(fit, "parallel", asserted_disjoint="split_by_record held-out part")
+                optimizer.record_release(fit, "parallel", x=x_cal, y=y_cal,  # charged to the records it read
+                                         asserted_disjoint="split_by_record held-out part")
         else:
             row, fit = _recipe_scores(fn, x, y, x_test, y_test, epsilon, draws, seed,
                                       save if probs_dir else None)
             if arm == "recipe":  # one draw recorded: the statement covers training and the temperature
-                optimizer.record_release(fit, "sequential")
+                optimizer.record_release(fit, "sequential", x=x, y=y)  # fit on the training records
         statement = optimizer.privacy_statement()
         row.update({"method": method, "epsilon": epsilon, "arm": arm, "seed": seed, "held_out": held_out,
                     "train_records": n,

@@ -92,8 +92,22 @@ def test_private_calibration_is_composed_with_the_record_not_stated_alone(tmp_pa
     loaded = tf.keras.models.load_model(saved, compile=False)
     rng = np.random.default_rng(3)
     held = rng.normal(size=(300, 4)).astype("float32")
+    labels = rng.integers(0, 3, 300)
     probs = tf.nn.softmax(loaded(held)).numpy()
-    temperature = fit_temperature_private(probs, rng.integers(0, 3, 300), epsilon=1.0, delta=DELTA)
+    # Recorded nowhere: the export has no DP optimizer to record it on and cannot name the held-out records
+    # it read (it was charged to the weights' training records; the 300 it read went uncharged).
+    unrecorded = fit_temperature_private(probs, labels, epsilon=1.0, delta=DELTA)
+    with pytest.raises(ValueError, match=r"^calibration: a private release .* for a model without a DP "
+                                         r"optimizer to record it on: .*Compile the model with a DP "):
+        tfdpbnn.export_saved_model(loaded, str(tmp_path / "unrecorded"), num_samples=2,
+                                   calibration=unrecorded, delta=DELTA)
+    assert not (tmp_path / "unrecorded").exists()
+    # A DP optimizer compiled on the loaded weights takes their record; the fit reserves its release there,
+    # charged to the records it read.
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    loaded.compile(optimizer=optimizer, loss=LOSS)
+    temperature = fit_temperature_private(probs, labels, epsilon=1.0, delta=DELTA, optimizer=optimizer,
+                                          x=held, y=labels)
     path = tfdpbnn.export_saved_model(loaded, str(tmp_path / "m"), num_samples=2, calibration=temperature,
                                       delta=DELTA)
     privacy = _privacy(path)
@@ -107,6 +121,9 @@ def test_private_calibration_is_composed_with_the_record_not_stated_alone(tmp_pa
     code, out, err = _cli(path, capsys)
     assert code == 0, err
     assert f"run epsilon:  {privacy['epsilon']:.4g}" in out and "earlier tfdpbnn" not in out + err
+    charged = tfdpbnn.record.record_ledger.default_ledger().max_epsilon(
+        tfdpbnn.record.records.content_keys(held), DELTA)
+    assert charged == pytest.approx(rdp_epsilon(temperature.privacy.dp_event), rel=0.01)
 
 
 def test_weights_nothing_is_known_of_export_no_record_and_no_epsilon(tmp_path, capsys, monkeypatch):

@@ -480,12 +480,13 @@ def test_a_version_2_ledger_with_twin_keys_among_its_records_is_brought_to_versi
 
 
 def test_a_release_on_the_training_records_reaches_the_same_rows_renamed_later():
-    # A calibration on the records a model was trained on (their keys read from the ledger) is written on
-    # their twin keys too, so a later fit on the same rows under new ids composes it.
+    # A calibration on the records a model was trained on (asserted by name; their keys read from the ledger)
+    # is written on their twin keys too, so a later fit on the same rows under new ids composes it.
     x, y = small_data()
     _, first = _fit(x, y, epochs=1, record_ids=np.arange(N))
     cost = PrivacyCost(mechanism="temperature", dp_event=_gaussians(2.0, 5), epsilon=0.0, delta=DELTA)
-    first.record_release(type("Release", (), {"privacy": cost})(), "sequential")
+    first.record_release(type("Release", (), {"privacy": cost})(), "sequential",
+                         asserted_training_records="fit on the training records")
     _, later = _fit(x, y, epochs=1, seed=1, record_ids=np.array([f"p{i}" for i in range(N)]))
     truth = rdp_epsilon(dp_accounting.ComposedDpEvent([_gaussians(1.0, 2), _gaussians(2.0, 5)]))
     bound = later.privacy_statement()["ledger_bound"]
@@ -591,6 +592,115 @@ def test_a_private_calibration_over_the_budget_is_refused_before_it_queries_its_
     assert queried == []
 
 
+def _held_out_calibration_setup():
+    """One pass of a model on records A, and the predicted probabilities of 64 held-out records B."""
+    x, y = small_data()
+    x_b, y_b = small_data(seed=7)
+    model, optimizer = _fit(x, y, epochs=1)
+    return optimizer, tf.nn.softmax(model(x_b)).numpy(), x_b, y_b
+
+
+def test_a_private_calibration_that_names_no_records_is_refused_before_it_reads_them(monkeypatch):
+    # Given the optimizer and no records, a private calibration on held-out records B was written against the
+    # optimizer's training records A: B's histories lacked it, and a later run of 2 passes on B quoted 7.08
+    # where 8.54 holds (the passes and the calibration at epsilon 4, by dp-accounting).
+    from tfdpbnn.uncertainty import conformal, temperature
+
+    optimizer, probs_b, x_b, y_b = _held_out_calibration_setup()
+    queried = []
+    derivatives, bisection = temperature.per_example_derivatives, conformal.noisy_bisection
+    monkeypatch.setattr(temperature, "per_example_derivatives",
+                        lambda *a: queried.append(1) or derivatives(*a))
+    monkeypatch.setattr(conformal, "noisy_bisection", lambda *a, **k: queried.append(1) or bisection(*a, **k))
+    plan = tfdpbnn.uncertainty.CalibrationPlan(composition="sequential")
+    released = plan.fit(probs_b, y_b, 2.0, DELTA, allow_uninformative=True, seeds=(0, 1))  # not recorded
+    queried.clear()
+    written = len(_ledger().backend.releases())
+    unnamed = r"^x, y, record_ids: the release names none of the records it read .*asserted_training_records="
+    fits = {
+        "temperature": lambda **k: tfdpbnn.uncertainty.fit_temperature_private(
+            probs_b, y_b, epsilon=4.0, delta=DELTA, optimizer=optimizer, **k),
+        "conformal": lambda **k: tfdpbnn.uncertainty.private_conformal_threshold(
+            probs_b, y_b, 0.1, epsilon=4.0, delta=DELTA, allow_uninformative=True, optimizer=optimizer, **k),
+        "plan": lambda **k: plan.fit(probs_b, y_b, 2.0, DELTA, allow_uninformative=True, optimizer=optimizer,
+                                     **k),
+        "record_release": lambda **k: optimizer.record_release(released[0], **k)}
+    for name, fit in fits.items():
+        for named in ({}, {"y": y_b}):   # labels alone name no record either
+            with pytest.raises(ValueError, match=unnamed):
+                fit(**named)
+            assert queried == [], name
+    with pytest.raises(ValueError, match=unnamed):   # a parallel split asserted still names no records
+        optimizer.record_release(released[0], "parallel", asserted_disjoint="held out by split_by_record")
+    assert len(_ledger().backend.releases()) == written
+    assert optimizer.privacy_statement().get("releases") is None
+    # Without privacy cost (a fit on public data) nothing is to be charged: recorded as before.
+    public = tfdpbnn.uncertainty.fit_temperature(probs_b, y_b)
+    optimizer.record_release(public)
+    assert [r["privacy"]["epsilon"] for r in optimizer.privacy_statement()["releases"]] == [0.0]
+
+
+@pytest.mark.parametrize("named", ["x", "x and record_ids"])
+def test_a_private_calibration_named_by_its_records_counts_for_a_later_run_on_them(named):
+    # The hole's scenario (a calibration on B, then 2 passes on B: 7.08 quoted, 8.54 the truth): unnamed, the
+    # calibration is refused; named, B's histories hold it and the later run on B quotes at least the truth.
+    optimizer, probs_b, x_b, y_b = _held_out_calibration_setup()
+    with pytest.raises(ValueError, match="^x, y, record_ids: "):
+        tfdpbnn.uncertainty.fit_temperature_private(probs_b, y_b, epsilon=4.0, delta=DELTA,
+                                                    optimizer=optimizer)
+    ids = {"record_ids": np.array([f"b{i}" for i in range(N)])} if named != "x" else {}
+    fit = tfdpbnn.uncertainty.fit_temperature_private(probs_b, y_b, epsilon=4.0, delta=DELTA,
+                                                      optimizer=optimizer, x=x_b, y=y_b, **ids)
+    _, later = _fit(x_b, y_b, epochs=2, seed=1, **ids)   # 2 passes on B
+    truth = dp_accounting.rdp.RdpAccountant().compose(dp_accounting.ComposedDpEvent(
+        [_gaussians(1.0, 2), fit.privacy.dp_event])).get_epsilon(DELTA)
+    assert truth == pytest.approx(8.54, abs=0.01)
+    statement = later.privacy_statement()
+    assert statement["run_epsilon"] == pytest.approx(gaussians_epsilon(1.0, 2), rel=0.01)   # 7.08: B's run
+    for quoted in (statement["quote"]["epsilon"], statement["ledger_bound"]["epsilon"],
+                   _ledger().max_epsilon(records.record_keys(x_b, y_b, ids.get("record_ids")), DELTA)):
+        assert quoted >= truth * (1 - 1e-6)
+        assert quoted == pytest.approx(truth, rel=0.01)
+
+
+def test_a_calibration_asserted_on_the_training_records_is_charged_to_them_and_listed():
+    x, y = small_data()
+    model, optimizer = _fit(x, y, epochs=1)
+    probs = tf.nn.softmax(model(x)).numpy()
+    reason = "the temperature is fit on the training split itself"
+    private = {"epsilon": 4.0, "delta": DELTA, "optimizer": optimizer}
+    for bad, message in (({"asserted_training_records": "  "}, "a non-empty reason"),
+                         ({"asserted_training_records": reason, "x": x, "y": y}, "not both"),
+                         ({"asserted_training_records": reason, "composition": "parallel"},
+                          "composition='sequential'")):
+        with pytest.raises(ValueError, match=f"asserted_training_records: .*{message}"):
+            tfdpbnn.uncertainty.fit_temperature_private(probs, y, **private, **bad)
+    with pytest.raises(ValueError, match="asserted_training_records: says how the release is recorded"):
+        tfdpbnn.uncertainty.fit_temperature_private(probs, y, epsilon=4.0, delta=DELTA,
+                                                    asserted_training_records=reason)
+    fit = tfdpbnn.uncertainty.fit_temperature_private(probs, y, **private, asserted_training_records=reason)
+    statement = optimizer.privacy_statement()
+    listed = [a for a in statement["asserted_by_user"] if "asserted_training_records" in a]
+    assert listed == [f"release 0 (TemperatureScaling, sequential composition): it read only records this "
+                      f"optimizer's training used, so it is charged to those records "
+                      f"(asserted_training_records): {reason}"]
+    assert statement["releases"][0]["asserted_training_records"] == reason
+    truth = rdp_epsilon(dp_accounting.ComposedDpEvent([_gaussians(1.0, 1), fit.privacy.dp_event]))
+    charged = _ledger().max_epsilon(records.content_keys(x, y), DELTA)
+    assert charged >= truth * (1 - 1e-6) and charged == pytest.approx(truth, rel=0.01)
+    # The assertion travels with the optimizer's config (every model.save format).
+    restored = type(optimizer).from_config(optimizer.get_config())
+    assert [a.split(" composition): ")[1] for a in restored.privacy_statement()["asserted_by_user"]] == [
+        a.split(" composition): ")[1] for a in listed]
+    # An optimizer whose training the ledger does not hold: the release would be charged to no record.
+    fresh = small_model(seed=5)
+    unused = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    fresh.compile(optimizer=unused, loss=LOSS)
+    with pytest.raises(ValueError, match="asserted_training_records: the per-record ledger holds no record"):
+        tfdpbnn.uncertainty.fit_temperature_private(probs, y, epsilon=4.0, delta=DELTA, optimizer=unused,
+                                                    asserted_training_records=reason)
+
+
 def test_a_release_calibrated_under_another_adjacency_is_refused_and_the_optimizers_is_used():
     # A temperature calibrated under add/remove (sensitivity clip) was composed into a replace-one
     # optimizer's statement and ledger as it was: under replace-one the sum's sensitivity is 2 clip, so its
@@ -627,16 +737,17 @@ def test_a_release_calibrated_under_another_adjacency_is_refused_and_the_optimiz
 
 
 def test_a_release_without_its_data_counts_for_records_the_model_trains_on_after_it():
-    # A release recorded without its data is written against the records the model had trained on. The
-    # ledger bound left it out of every record's composition ("in their histories already"): records the
-    # model trained on afterwards, with more history of their own, lost it (5 passes printed where 5 passes
-    # and the calibration held for them).
+    # A release asserted to have read the training records is written against the records the model had
+    # trained on. The ledger bound left it out of every record's composition ("in their histories
+    # already"): records the model trained on afterwards, with more history of their own, lost it (5 passes
+    # printed where 5 passes and the calibration held for them).
     x, y = small_data()
     a, b = slice(0, N // 2), slice(N // 2, N)
     _fit(x[b], y[b], epochs=3, seed=1)  # another model: three passes over B
     model, opt = _fit(x[a], y[a], epochs=1)  # this model: one pass over A
     cost = PrivacyCost(mechanism="temperature", dp_event=_gaussians(2.0, 5), epsilon=0.0, delta=DELTA)
-    opt.record_release(type("Release", (), {"privacy": cost})(), "sequential")  # its data not named
+    opt.record_release(type("Release", (), {"privacy": cost})(), "sequential",
+                       asserted_training_records="fit on the records of A")  # its data not named
     model.fit(x[b], y[b], batch_size=8, epochs=1, verbose=0)  # then one pass over B
     bound = opt.privacy_statement()["ledger_bound"]
     assert bound["records"] == N

@@ -79,7 +79,11 @@ def test_parallel_claim_asserted_by_name_is_listed_and_bad_assertions_are_refuse
         opt.record_release(_release(), "parallel", asserted_disjoint="  ")
     with pytest.raises(ValueError, match="asserted_disjoint: only for composition='parallel'"):
         opt.record_release(_release(), "sequential", asserted_disjoint="held-out hospital")
-    opt.record_release(_release(), "parallel",
+    elsewhere, labels = small_data(n=16, seed=7)   # the release's records, which the ledger charges
+    with pytest.raises(ValueError, match="x, y, record_ids: the release names none of the records it read"):
+        opt.record_release(_release(), "parallel",
+                           asserted_disjoint="calibration rows come from another hospital")
+    opt.record_release(_release(), "parallel", x=elsewhere, y=labels,
                        asserted_disjoint="calibration rows come from another hospital")
     statement = opt.privacy_statement()
     assert any("asserted by the user: calibration rows come from another hospital" in a
@@ -118,7 +122,7 @@ def test_parallel_claim_on_predictions_instead_of_records_is_refused():
 def _trained_with_release(x, y):
     model, opt = _fit(x, y)
     release = _release()
-    opt.record_release(release, "sequential")
+    opt.record_release(release, "sequential", asserted_training_records="fit on the training records")
     return model, opt, release
 
 
@@ -141,6 +145,8 @@ def test_a_private_release_survives_save_and_load(tmp_path, suffix):
     assert statement["releases"][0]["privacy"]["dp_event"] == \
         release.privacy.as_dict()["dp_event"]
     assert statement["quote"]["epsilon"] >= truth * (1 - 1e-6)
+    assert [a for a in statement["asserted_by_user"] if a.endswith(
+        "(asserted_training_records): fit on the training records")]   # the user's assertion travels too
 
 
 def test_a_new_optimizer_continuing_a_loaded_model_counts_the_release(tmp_path):

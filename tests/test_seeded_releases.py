@@ -36,9 +36,10 @@ def _trained(n=64, sigma=2.0, norm=None):
 
 
 def _held_out(model, n=300):
+    """Predicted probabilities and labels of ``n`` held-out records, and the records (their features)."""
     rng = np.random.default_rng(1)
     held = rng.normal(size=(n, 4)).astype("float32")
-    return tf.nn.softmax(model(held)).numpy(), (held[:, 0] > 0).astype("int64")
+    return tf.nn.softmax(model(held)).numpy(), (held[:, 0] > 0).astype("int64"), held
 
 
 def _rdp(events):
@@ -47,13 +48,13 @@ def _rdp(events):
 
 def test_a_seeded_temperature_voids_the_statement_and_keeps_the_secret_noise_value():
     model, optimizer, _, _ = _trained()
-    probs, labels = _held_out(model)
+    probs, labels, held = _held_out(model)
     seeded = fit_temperature_private(probs, labels, epsilon=0.5, delta=DELTA, seed=3)
     assert seeded.privacy.replayable_from == "seed=3"
     assert seeded.as_dict()["privacy"]["replayable_from"] == "seed=3"
     before = optimizer.privacy_statement()
     assert before["guarantee"] and math.isfinite(before["epsilon"])
-    optimizer.record_release(seeded)
+    optimizer.record_release(seeded, x=held, y=labels)
     statement = optimizer.privacy_statement()
     assert statement["guarantee"] is False
     assert statement["epsilon"] == math.inf and statement["quote"]["epsilon"] == math.inf
@@ -68,17 +69,17 @@ def test_a_seeded_temperature_voids_the_statement_and_keeps_the_secret_noise_val
 
 def test_a_seeded_conformal_threshold_is_marked_and_secret_noise_is_not():
     model, optimizer, _, _ = _trained()
-    probs, labels = _held_out(model)
+    probs, labels, held = _held_out(model)
     secret = private_conformal_threshold(probs, labels, 0.1, epsilon=0.5, delta=DELTA,
                                          allow_uninformative=True)  # 300 held out: the accounting only
     seeded = private_conformal_threshold(probs, labels, 0.1, epsilon=0.5, delta=DELTA,
                                          seed=np.random.default_rng(4), allow_uninformative=True)
     assert secret.privacy.replayable_from is None
     assert seeded.privacy.replayable_from.startswith("seed=Generator")  # a generator is a seed too
-    optimizer.record_release(secret)
+    optimizer.record_release(secret, x=held, y=labels)
     statement = optimizer.privacy_statement()
     assert statement["guarantee"] is True and math.isfinite(statement["epsilon"])
-    optimizer.record_release(seeded)
+    optimizer.record_release(seeded, x=held, y=labels)
     assert optimizer.privacy_statement()["guarantee"] is False
 
 

@@ -70,9 +70,18 @@ def test_private_calibration_is_composed_into_the_trained_models_epsilon(tmp_pat
     held = RNG.normal(size=(300, 4)).astype("float32")
     held_y = (held[:, 0] > 0).astype("int64")
     probs = tf.nn.softmax(model(held)).numpy()
-    temperature = fit_temperature_private(probs, held_y, epsilon=0.5, delta=1e-5)  # secret noise: recorded
+    # A private release the optimizer has not recorded: the export cannot name the records it read (it was
+    # charged to the training records; the held-out ones it read went uncharged in the per-record ledger).
+    unrecorded = fit_temperature_private(probs, held_y, epsilon=0.5, delta=1e-5)
+    with pytest.raises(ValueError, match=r"^calibration: a private release \(TemperatureScaling, epsilon "
+                                         r"[0-9.]+\) that the model's DP optimizer has not recorded"):
+        export_saved_model(model, str(tmp_path / "unrecorded"), calibration=unrecorded)
+    assert not (tmp_path / "unrecorded").exists() and optimizer.privacy_statement().get("releases") is None
+    recorded = {"optimizer": optimizer, "x": held, "y": held_y}   # reserved, then recorded with its records
+    temperature = fit_temperature_private(probs, held_y, epsilon=0.5, delta=1e-5, **recorded)  # secret noise
     sets = private_conformal_threshold(temperature.apply(probs), held_y, 0.1, epsilon=0.5, delta=1e-5,
-                                       allow_uninformative=True)  # 300 < 1226: the accounting is tested here
+                                       allow_uninformative=True,  # 300 < 1226: the accounting is tested here
+                                       **recorded)
     path = export_saved_model(model, str(tmp_path / "m"), calibration=temperature, prediction_sets=sets)
     with open(os.path.join(path, "assets", "privacy.json")) as fh:
         privacy = json.load(fh)

@@ -97,10 +97,12 @@ def _statement(model, privacy, delta, releases):
     """The statement to write: ``privacy``, else the optimizer's, else that of the weights' record.
 
     ``releases`` (calibration, prediction sets) are recorded on the DP optimizer that states the training
-    (``record_release``), so its ``epsilon`` composes them.
+    (``record_release``), so its ``epsilon`` composes them; a private one it has not recorded (with the
+    records it read) is refused (``refuse_unrecorded_releases``).
     """
     from tfdpbnn.optimizers.base import DPOptimizerMixin
     from tfdpbnn.optimizers.weights_statement import weights_statement
+    from tfdpbnn.record.private_release import refuse_unrecorded_releases
     from tfdpbnn.record.statement import no_record_statement
 
     if delta is not None:
@@ -112,6 +114,7 @@ def _statement(model, privacy, delta, releases):
         return privacy
     optimizer = getattr(model, "optimizer", None)
     if isinstance(optimizer, DPOptimizerMixin):
+        refuse_unrecorded_releases(optimizer, releases, "the model's DP optimizer")
         for release in releases:
             optimizer.record_release(release)
         # A tfdpbnn optimizer states the record of this model's weights (see privacy_statement).

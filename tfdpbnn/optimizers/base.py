@@ -565,7 +565,8 @@ class DPOptimizerMixin:
             config["releases"] = [
                 release_config(r, how, attributes.parallel_basis(self).get(id(r)),
                                *attributes.release_ledger(self).get(id(r), (None, False, None)),
-                               checked_at=attributes.parallel_keys(self).get(id(r), (None,))[0])
+                               checked_at=attributes.parallel_keys(self).get(id(r), (None,))[0],
+                               asserted_training_records=attributes.training_records_asserted(self).get(id(r)))
                 for r, how in attributes.releases(self)]
         search = search_config(attributes.search_record(self))
         if search is not None:
@@ -587,6 +588,9 @@ class DPOptimizerMixin:
                 attributes.parallel_basis(self)[id(release)] = item["basis"]
                 if item.get("checked_at") is not None:  # checked when the training was this far
                     attributes.parallel_keys(self)[id(release)] = (tuple(item["checked_at"]), None)
+            if item.get("asserted_training_records") is not None:
+                attributes.training_records_asserted(self)[id(release)] = str(
+                    item["asserted_training_records"])
             if item.get("ledger_release") is not None:
                 attributes.release_ledger(self)[id(release)] = (int(item["ledger_release"]),
                                                                 bool(item.get("on_training_records")),
@@ -797,7 +801,7 @@ class DPOptimizerMixin:
             self.UNCOVERED_RELEASES[kind]
 
     def record_release(self, release, composition="sequential", *, x=None, y=None, record_ids=None,
-                       asserted_disjoint=None) -> None:
+                       asserted_disjoint=None, asserted_training_records=None) -> None:
         """Compose a private release of this model's data into its privacy statement.
 
         ``release``: what a private fit on the private data returned, such as
@@ -820,7 +824,14 @@ class DPOptimizerMixin:
         (their ids): the release is also written to the per-record ledger (``tfdpbnn.record.record_ledger``)
         against exactly those records, so every later run on them counts it. This model's own
         ``ledger_bound`` composes it with the history of every record the model was trained on either way
-        (an upper bound).
+        (an upper bound). A private release must name its records so (``y`` alone names none): one that
+        names none is refused (``ValueError`` naming ``x``, ``y`` and ``record_ids``), since the ledger could
+        not charge the records it read and a later run on them would quote an epsilon without it, unless
+        ``asserted_training_records`` (a non-empty reason) asserts by name that it read only records this
+        optimizer's training used: it is then written against every record of that training (refused when
+        the ledger holds none), and the statement lists the assertion under ``asserted_by_user``. Only for
+        "sequential", and not with records named. A release without privacy cost (a ``NoOpDpEvent``: a fit
+        on public data) needs neither.
 
         The release has run already, so a per-record budget can refuse recording it, not computing it: give
         the private fit the optimizer instead (``fit_temperature_private(..., optimizer=...)``,
@@ -836,10 +847,11 @@ class DPOptimizerMixin:
                              f"{type(release).__name__}")
         if all(r is not release for r, _ in attributes.releases(self)):
             self.reserve_release(cost, composition, x=x, y=y, record_ids=record_ids,
-                                 asserted_disjoint=asserted_disjoint).commit(release)
+                                 asserted_disjoint=asserted_disjoint,
+                                 asserted_training_records=asserted_training_records).commit(release)
 
     def reserve_release(self, cost, composition="sequential", *, x=None, y=None, record_ids=None,
-                        asserted_disjoint=None):
+                        asserted_disjoint=None, asserted_training_records=None):
         """Check and reserve a private release of ``cost`` before it runs; returns its ``ReleaseReservation``.
 
         ``cost``: the release's ``PrivacyCost`` (its ``dp_event``), known before it reads its data; the
@@ -867,8 +879,10 @@ class DPOptimizerMixin:
                 f"this optimizer accounts under {self.neighboring!r} (replace-one doubles a sum's "
                 "sensitivity): composed here its cost would be understated. Compute the release with "
                 f"neighboring={self.neighboring!r} (the private fits given optimizer= take its relation).")
+        named = x is not None or record_ids is not None
+        asserted = self._training_records_assertion(asserted_training_records, composition, named, y)
         keys = None
-        if x is not None or record_ids is not None:
+        if named:
             from tfdpbnn.record.records import record_keys
 
             keys = record_keys(x, y, record_ids)
@@ -881,33 +895,76 @@ class DPOptimizerMixin:
         elif asserted_disjoint is not None:
             raise ValueError("asserted_disjoint: only for composition='parallel', got it with "
                              f"composition={composition!r}")
+        if keys is None and asserted is None and not isinstance(cost.dp_event, dp_accounting.NoOpDpEvent):
+            raise ValueError(
+                "x, y, record_ids: the release names none of the records it read (y= alone names none), so "
+                "the per-record ledger cannot charge them, and a later run on them would quote an epsilon "
+                "without this release. Name them: x= (with y=; the records in the form training was given "
+                "them) or record_ids= (with x=, or ids the ledger knows). If it read only records this "
+                "optimizer trained on, assert that by name with asserted_training_records='why' (composition "
+                "'sequential'; listed under asserted_by_user, the release charged to every training record)")
         checked = keys if basis is not None and basis.startswith("checked") else None
         return ReleaseReservation(self, cost, composition, basis, self._reserve_in_ledger(cost, composition,
-                                                                                          keys), checked)
+                                                                                          keys, asserted),
+                                  checked, asserted)
 
-    def _reserve_in_ledger(self, cost, composition, keys):
+    def _training_records_assertion(self, asserted, composition, named, y) -> str | None:
+        """The reason of ``asserted_training_records`` (stripped), None when not given; checked first.
+
+        It says that a release naming none of its records read only this optimizer's training records:
+        a non-empty ``str``, for a "sequential" release that names no records (``ValueError`` otherwise).
+        """
+        if asserted is None:
+            return None
+        if not isinstance(asserted, str) or not asserted.strip():
+            raise ValueError("asserted_training_records: a non-empty reason (str) why the release read only "
+                             f"records this optimizer trained on, got {asserted!r}")
+        if composition != "sequential":
+            raise ValueError("asserted_training_records: a release on the training records is not disjoint "
+                             "from them; it composes with composition='sequential', got "
+                             f"composition={composition!r}")
+        if named or y is not None:
+            raise ValueError("asserted_training_records: asserts the records of a release that names none; "
+                             "give x=/y=/record_ids= (its records, charged as named) or the assertion, not "
+                             "both")
+        return asserted.strip()
+
+    def _reserve_in_ledger(self, cost, composition, keys, asserted=None):
         """Reserve a release of ``cost`` in the per-record ledger, linked to this model's training phases.
 
-        Against ``keys`` when given; else against every record this model's training touched (its data is
-        not named: those are the records whose guarantee it must count). Every later optimizer of weights
-        from these phases finds it there (``_import_linked_releases``). Returns ``(reservation, phase ids,
-        on the training records, token)``, or None when nothing is written (no ledger, no records).
+        Against ``keys`` when given; else against every record this model's training touched: the records
+        the user asserted it read (``asserted``, the reason of ``asserted_training_records``; refused when the
+        ledger holds none of them), or, for a release without privacy cost, the records whose guarantee it
+        would count. Every later optimizer of weights from these phases finds it there
+        (``_import_linked_releases``). Returns ``(reservation, phase ids, on the training records, token)``,
+        or None when nothing is written (no ledger, no records).
         """
         from tfdpbnn.record.record_ledger import default_ledger, new_release_token
 
         ledger = default_ledger()
         if ledger is None:
             return None
-        phase_ids = [p.phase_id for p in self.ledger.phases if p.released]
         on_training = keys is None
+        if on_training and asserted is not None:  # a model compiled with it: the training its weights carry
+            model = attributes.run_record(self).model() or self._compiled_model()
+            if model is not None:
+                self._import_model_training(model)
+        phase_ids = [p.phase_id for p in self.ledger.phases if p.released]
         if on_training:
             keys = ledger.training_keys(phase_ids) if phase_ids else None
             if keys is None or not len(keys):
+                if asserted is not None:
+                    raise ValueError(
+                        "asserted_training_records: the per-record ledger holds no record of this "
+                        "optimizer's training (no DP step yet, or its records were unknown: a tf.data "
+                        "pipeline without record keys), so the release would be charged to no record; name "
+                        "its records (x=, y= or record_ids=)")
                 return None
         token = new_release_token()  # names this release in the histories that hold it (the ledger bound)
+        description = f"{cost.mechanism} ({composition}) of {type(self).__name__}" + (
+            "" if asserted is None else f", asserted to have read its training records: {asserted}")
         reservation = ledger.reserve(keys, cost.dp_event, kind="calibration", neighboring=self.neighboring,
-                                     description=f"{cost.mechanism} ({composition}) of {type(self).__name__}",
-                                     token=token)
+                                     description=description, token=token)
         return reservation, [int(p) for p in phase_ids], on_training, token
 
     def _refuse_ids_unknown_to_the_ledger(self, keys) -> None:
@@ -933,8 +990,9 @@ class DPOptimizerMixin:
                 "per-record ledger has never seen, given without their rows: the ledger cannot match them "
                 "with records training named by their content or by other ids, so a later run on the same "
                 "people would not compose this release. Pass the release's data (x=, y=) as training saw it "
-                "with its record_ids, name training by the same record_ids, or leave record_ids out when the "
-                "release read the training records")
+                "with its record_ids, name training by the same record_ids, or, when the release read only "
+                "the training records, leave record_ids out and assert that with asserted_training_records="
+                "'why'")
 
     def _parallel_basis(self, keys, asserted_disjoint, x=None) -> str:
         """Why a "parallel" release's records are disjoint from this model's training records, or raise.

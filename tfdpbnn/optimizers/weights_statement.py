@@ -24,14 +24,20 @@ def weights_statement(model, delta: float | None, releases=()) -> dict | None:
     the record the privacy record store holds for the weights or any of their variables, and the training of
     every DP optimizer in this process that updated them), with the entries that describe an optimizer set
     to None. ``releases`` (private calibrations) are recorded on it first (``record_release``), so its
-    ``epsilon`` composes them. ``delta``: the statement's delta (None: the training optimizer's; required
-    when there is none). Returns None when nothing is known of these weights (``no_record_statement``).
+    ``epsilon`` composes them: on the DP optimizer that trained ``model``, only those it recorded before with
+    the records they read (or without privacy cost); with none, only those without privacy cost (a private
+    one is refused: ``ValueError``, ``private_release.refuse_unrecorded_releases``). ``delta``: the
+    statement's delta (None: the training optimizer's; required when there is none). Returns None when
+    nothing is known of these weights (``no_record_statement``).
     """
     from tfdpbnn.record import store as record_store
+    from tfdpbnn.record.private_release import refuse_unrecorded_releases
 
     link = attributes.ledger_link(model)
     if link is not None and attributes.run_record(getattr(link, "optimizer", None)) is not None:
         trainer = link.optimizer
+        refuse_unrecorded_releases(trainer, releases, f"the DP optimizer that trained the model in this "
+                                                      f"process ({type(trainer).__name__})")
         for release in releases:
             trainer.record_release(release)
         statement = trainer.privacy_statement(delta=delta, model=model)
@@ -60,6 +66,7 @@ def weights_statement(model, delta: float | None, releases=()) -> dict | None:
                 f"privacy record store {record_store.default_path()} or from this process's DP optimizers); "
                 "pass delta= (the delta of their privacy statement) to state their epsilon")
         delta = deltas.pop()
+    refuse_unrecorded_releases(reader, releases)  # none recorded on a reader: private ones are refused
     for release in releases:
         reader.record_release(release)
     statement = reader.privacy_statement(delta=delta, model=model)

@@ -3,11 +3,11 @@
 The privacy record travels with the objects a user holds, as private attributes:
 
 - a DP optimizer: its run record (``RunRecord``), its phase ledger as variables (``LedgerState``), the
-  other releases it composes (private calibrations and the like: ``releases``, with ``parallel_basis`` and
-  ``release_ledger``), every DP preprocessing release found on its model (``preprocessing_found``), the
-  releases no epsilon covers (``uncovered``), a private search's record (``search_record``) and the user's
-  assertions tfdpbnn cannot check: a custom loop's loss keeps examples separate, ids given for a pipeline
-  name its records (``loss_assertions``);
+  other releases it composes (private calibrations and the like: ``releases``, with ``parallel_basis``,
+  ``release_ledger`` and ``training_records_asserted``), every DP preprocessing release found on its model
+  (``preprocessing_found``), the releases no epsilon covers (``uncovered``), a private search's record
+  (``search_record``) and the user's assertions tfdpbnn cannot check: a custom loop's loss keeps examples
+  separate, ids given for a pipeline name its records (``loss_assertions``);
 - a model: the link to the optimizer that last trained it (``ledger_link``), the optimizer its traced train
   step calls (``step_optimizer``) and a search's record;
 - a preprocessing layer: its DP adapt's record (which names the state it produced), the user's public-data
@@ -34,6 +34,7 @@ _RELEASES = "_dp_releases"
 _PARALLEL_BASIS = "_dp_parallel_basis"
 _RELEASE_LEDGER = "_dp_release_ledger"
 _PARALLEL_KEYS = "_dp_parallel_keys"
+_TRAINING_RECORDS_ASSERTED = "_dp_training_records_asserted"
 _PREPROCESSING_FOUND = "_dp_preprocessing"
 _UNCOVERED = "_dp_uncovered"
 _SEARCH_RECORD = "_dp_search_record"
@@ -60,6 +61,7 @@ def attach_run_record(optimizer, record) -> None:
     setattr(optimizer, _PARALLEL_BASIS, {})  # id(release) -> why its records are disjoint from training's
     setattr(optimizer, _RELEASE_LEDGER, {})  # id(release) -> (its per-record ledger id, on training records)
     setattr(optimizer, _PARALLEL_KEYS, {})  # id(release) -> its records' keys, checked disjoint
+    setattr(optimizer, _TRAINING_RECORDS_ASSERTED, {})  # id(release) -> why it read the training records
 
 
 def run_record(optimizer):
@@ -96,6 +98,16 @@ def parallel_keys(optimizer) -> dict:
     return getattr(optimizer, _PARALLEL_KEYS, {})
 
 
+def training_records_asserted(optimizer) -> dict:
+    """``id(release) -> the user's reason`` for releases asserted to have read its training records.
+
+    A release that names none of its records is written against the training records only when the user
+    asserts by name that it read them (``reserve_release(asserted_training_records=...)``); the statement
+    lists the assertion under ``asserted_by_user`` (in place).
+    """
+    return getattr(optimizer, _TRAINING_RECORDS_ASSERTED, {})
+
+
 def training_done(optimizer) -> tuple:
     """``(released phase ids, steps)`` of the optimizer's training so far: what a parallel check saw."""
     ledger = optimizer.ledger
@@ -123,6 +135,9 @@ def inherit_releases(optimizer, previous) -> None:
                 parallel_keys(optimizer)[id(release)] = parallel_keys(previous)[id(release)]
             if id(release) in release_ledger(previous):
                 ledger[id(release)] = release_ledger(previous)[id(release)]
+            if id(release) in training_records_asserted(previous):
+                training_records_asserted(optimizer)[id(release)] = training_records_asserted(previous)[
+                    id(release)]
     add_preprocessing_found(optimizer, preprocessing_found(previous) or {})
 
 
@@ -282,5 +297,5 @@ __all__ = [
     "public_preprocessing", "release_ledger", "releases", "run_record", "search_record",
     "set_dataset_fingerprint", "set_dataset_record_keys", "set_ledger_link", "set_ledger_state",
     "set_preprocessing_record", "set_public_preprocessing", "set_search_record",
-    "uncovered", "variable_trainers",
+    "training_records_asserted", "uncovered", "variable_trainers",
 ]

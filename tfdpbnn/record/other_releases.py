@@ -60,17 +60,21 @@ class RestoredRelease:
 
 
 def release_config(release, composition: str, basis: str | None, ledger_release: int | None,
-                   on_training_records: bool, ledger_token: str | None = None, checked_at=None) -> dict:
+                   on_training_records: bool, ledger_token: str | None = None, checked_at=None,
+                   asserted_training_records: str | None = None) -> dict:
     """JSON-safe config of one recorded release (``get_config()["privacy_ledger"]["releases"]``).
 
     ``ledger_token``: the token its ledger description holds (``record_ledger.new_release_token``), or None.
     ``checked_at``: a parallel release's ``attributes.training_done`` when last checked disjoint, or None.
+    ``asserted_training_records``: the user's reason that it read the training records, or None.
     """
     record = release.as_dict() if hasattr(release, "as_dict") else {"privacy": release.privacy.as_dict()}
     return {"type": type(release).__name__, "record": record, "privacy": release.privacy.as_dict(),
             "composition": composition, "basis": basis, "ledger_release": ledger_release,
             "on_training_records": bool(on_training_records), "ledger_token": ledger_token,
-            **({} if checked_at is None else {"checked_at": [list(checked_at[0]), int(checked_at[1])]})}
+            **({} if checked_at is None else {"checked_at": [list(checked_at[0]), int(checked_at[1])]}),
+            **({} if asserted_training_records is None
+               else {"asserted_training_records": asserted_training_records})}
 
 
 def release_from_config(config: dict) -> RestoredRelease:
@@ -260,14 +264,19 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
     recorded = list(attributes.releases(optimizer))
     if recorded:
         basis = attributes.parallel_basis(optimizer)
+        on_training = attributes.training_records_asserted(optimizer)
         statement["releases"] = [
             dict(r.as_dict() if hasattr(r, "as_dict") else {"privacy": r.privacy.as_dict()}, composition=how,
-                 **({"disjoint_from_training": basis[id(r)]} if id(r) in basis else {}))
+                 **({"disjoint_from_training": basis[id(r)]} if id(r) in basis else {}),
+                 **({"asserted_training_records": on_training[id(r)]} if id(r) in on_training else {}))
             for r, how in recorded]
         statement["asserted_by_user"] = list(statement["asserted_by_user"]) + [
             f"release {i} ({type(r).__name__}, parallel composition): its records are disjoint from the "
             f"training records, {basis[id(r)]}" for i, (r, how) in enumerate(recorded)
-            if how == "parallel" and basis[id(r)].startswith("asserted")]
+            if how == "parallel" and basis[id(r)].startswith("asserted")] + [
+            f"release {i} ({type(r).__name__}, {how} composition): it read only records this optimizer's "
+            f"training used, so it is charged to those records (asserted_training_records): "
+            f"{on_training[id(r)]}" for i, (r, how) in enumerate(recorded) if id(r) in on_training]
     if not found["dp"] and not recorded and search is None:
         return statement
     ledger = optimizer.ledger

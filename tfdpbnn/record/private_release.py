@@ -102,12 +102,14 @@ class ReleaseReservation:
     bound), as after a crash.
     """
 
-    def __init__(self, optimizer, cost, composition: str, basis: str | None, ledger_part, keys=None):
+    def __init__(self, optimizer, cost, composition: str, basis: str | None, ledger_part, keys=None,
+                 asserted_training_records: str | None = None):
         self._optimizer = optimizer
         self.cost = cost
         self.composition = composition
         self._basis = basis
         self._keys = keys  # a parallel release's record keys, checked disjoint in the ledger
+        self._asserted = asserted_training_records  # why it read the training records (the user's word)
         self._ledger = ledger_part  # (Reservation, phase ids, on the training records, token) or None
         self.done = False
 
@@ -137,6 +139,8 @@ class ReleaseReservation:
         if self._keys is not None:
             attributes.parallel_keys(self._optimizer)[id(release)] = (
                 attributes.training_done(self._optimizer), self._keys)
+        if self._asserted is not None:
+            attributes.training_records_asserted(self._optimizer)[id(release)] = self._asserted
         attributes.releases(self._optimizer).append((release, self.composition))
 
     def abandon(self) -> None:
@@ -158,20 +162,25 @@ def release_relation(neighboring, optimizer=None) -> str:
 
 
 def release_reservation(cost, optimizer=None, reservation=None, composition="sequential", x=None, y=None,
-                        record_ids=None, asserted_disjoint=None):
+                        record_ids=None, asserted_disjoint=None, asserted_training_records=None):
     """The ``ReleaseReservation`` a private fit of ``cost`` commits its result to, or None.
 
     ``optimizer``: the DP optimizer whose statement records the release; it is reserved now
-    (``optimizer.reserve_release``, with the record arguments ``composition``, ``x``, ``y``, ``record_ids``
-    and ``asserted_disjoint`` as ``record_release`` takes them), so a per-record budget refuses the release
-    before the fit reads its data. ``reservation``: one made before with this ``cost``
+    (``optimizer.reserve_release``, with the record arguments ``composition``, ``x``, ``y``, ``record_ids``,
+    ``asserted_disjoint`` and ``asserted_training_records`` as ``record_release`` takes them), so a
+    per-record budget refuses the release before the fit reads its data. The release must name the records
+    it read (``x``/``y`` or ``record_ids``), or the user must assert by name that they are the optimizer's
+    training records (``asserted_training_records``): otherwise ``ValueError`` naming ``x``, ``y`` and
+    ``record_ids``, before the fit reads its data. ``reservation``: one made before with this ``cost``
     (``CalibrationPlan.fit`` reserves both of its releases before either runs). Neither: None (the fit
     records nothing; ``optimizer.record_release`` can record its result later, after it ran). Record
     arguments without ``optimizer``, or both ``optimizer`` and ``reservation``: ``ValueError`` naming them.
     """
     given = [name for name, value in (("composition", composition != "sequential"), ("x", x is not None),
                                       ("y", y is not None), ("record_ids", record_ids is not None),
-                                      ("asserted_disjoint", asserted_disjoint is not None)) if value]
+                                      ("asserted_disjoint", asserted_disjoint is not None),
+                                      ("asserted_training_records", asserted_training_records is not None))
+             if value]
     if optimizer is None:
         if given:
             raise ValueError(f"{given[0]}: says how the release is recorded, so it needs optimizer= (the DP "
@@ -191,7 +200,44 @@ def release_reservation(cost, optimizer=None, reservation=None, composition="seq
         raise ValueError("optimizer: the tfdpbnn DP optimizer whose privacy statement records the release, "
                          f"got {type(optimizer).__name__}")
     return optimizer.reserve_release(cost, composition, x=x, y=y, record_ids=record_ids,
-                                     asserted_disjoint=asserted_disjoint)
+                                     asserted_disjoint=asserted_disjoint,
+                                     asserted_training_records=asserted_training_records)
+
+
+#: The argument of ``export_saved_model`` each release type is given as.
+_EXPORT_ARGUMENT = {"TemperatureScaling": "calibration", "ConformalThreshold": "prediction_sets"}
+
+
+def refuse_unrecorded_releases(optimizer, releases, holder: str | None = None) -> None:
+    """Refuse (``ValueError``) a private release among ``releases`` that ``optimizer`` has not recorded.
+
+    ``export_saved_model`` records its ``calibration`` and ``prediction_sets`` on the DP optimizer whose
+    statement it writes (``record_release``), and it cannot name the records they read: the per-record ledger
+    could not charge them. A release with a privacy cost must be recorded before, with its records (or the
+    assertion that they are the training records); one without (a ``NoOpDpEvent``: public data) needs
+    nothing. ``holder``: the optimizer in words; None: there is none (``optimizer`` is a reader made for the
+    statement, which the user cannot reach).
+    """
+    held = {id(r) for r, _ in attributes.releases(optimizer)}
+    for release in releases:
+        cost = getattr(release, "privacy", None)
+        if id(release) in held or isinstance(getattr(cost, "dp_event", None), dp_accounting.NoOpDpEvent):
+            continue
+        name = _EXPORT_ARGUMENT.get(type(release).__name__, "release")
+        what = f"{name}: a private release ({type(release).__name__}, epsilon {cost.epsilon:.3g})"
+        how = ("the export cannot name the records it read, and the per-record ledger must charge them (a "
+               "later run on them would quote an epsilon without it)")
+        if holder is None:
+            raise ValueError(
+                f"{what} for a model without a DP optimizer to record it on: {how}. Compile the model with a "
+                "DP optimizer (it takes these weights' record from the privacy record store) and give it to "
+                "the private fit with the release's records (optimizer=, x=/y= or record_ids=), or pass "
+                "privacy= (the statement written as given)")
+        raise ValueError(
+            f"{what} that {holder} has not recorded: {how}. Record it first with its records: give the "
+            "private fit optimizer= and x=/y= or record_ids= (or optimizer.record_release(release, x=..., "
+            "y=...)); if it read only records that optimizer trained on, assert it by name with "
+            "asserted_training_records='why'; or pass privacy= (the statement written as given)")
 
 
 def noisy_bisection(query, lo, hi, queries, noise_std, margin=0.0, rng=None):

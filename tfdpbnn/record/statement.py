@@ -226,8 +226,8 @@ def add_ledger_bound(statement: dict, optimizer, delta: float) -> dict:
     # its noisy scores a "search" release on the validation records linked to the model's phases.
     # The model's other releases compose with every history of its training records: once, from its own
     # releases, for a history that holds the release (found by the token written with it); as an extra for
-    # every other history (its records may be among the release's, whose data is not always named, or named
-    # in another form than training gave them).
+    # every other history (its records may be among the release's: one asserted to have read the training
+    # records, or named in another form than training gave them).
     found = attributes.preprocessing_found(optimizer) or {"dp": []}
     in_ledger = attributes.release_ledger(optimizer)
     extra = [(r.event(), r.ledger_token) for r in found["dp"]] + [

@@ -121,7 +121,7 @@ class CalibrationPlan:
 
     def fit(self, probs, labels, epsilon, delta, accountant="rdp", seeds=(None, None),
             allow_uninformative=False, *, optimizer=None, x=None, y=None, record_ids=None,
-            asserted_disjoint=None):
+            asserted_disjoint=None, asserted_training_records=None):
         """``(TemperatureScaling, ConformalThreshold)`` fit privately on held-out ``probs``/``labels``.
 
         The threshold is fit on the calibrated probabilities; ``seeds``: the two fits' noise seeds (None:
@@ -132,8 +132,11 @@ class CalibrationPlan:
         ``optimizer``: the DP optimizer whose privacy statement records both releases under the plan's
         ``composition``; both are reserved before either fit queries the held-out data
         (``optimizer.reserve_release``: a per-record budget refuses them first, nothing released), with the
-        held-out records as ``x``/``y`` (in the form training was given them) or ``record_ids``, or the
-        split asserted by ``asserted_disjoint`` (``optimizer.record_release``).
+        held-out records as ``x``/``y`` (in the form training was given them) or ``record_ids``, the split
+        asserted by ``asserted_disjoint`` (with those records), or, under "sequential", the records asserted
+        to be the optimizer's training records by ``asserted_training_records="why"``
+        (``optimizer.record_release``). With ``optimizer`` and neither records nor that assertion, both are
+        refused (``ValueError`` naming ``x``, ``y`` and ``record_ids``) before either fit.
         """
         from tfdpbnn.record.private_release import release_relation, release_reservation
         from tfdpbnn.uncertainty.conformal import conformal_privacy, private_conformal_threshold
@@ -159,7 +162,8 @@ class CalibrationPlan:
         reserved = [None, None]
         if optimizer is not None:  # both reserved before either fit: all or nothing
             record = {"composition": self.composition, "x": x, "y": y, "record_ids": record_ids,
-                      "asserted_disjoint": asserted_disjoint}
+                      "asserted_disjoint": asserted_disjoint,
+                      "asserted_training_records": asserted_training_records}
             reserved[0] = release_reservation(
                 temperature_privacy(eps_t, delta, self.temperature_steps, accountant, relation, seeds[0]),
                 optimizer, **record)
@@ -171,7 +175,8 @@ class CalibrationPlan:
                 reserved[0].abandon()  # refused before either fit read the data
                 raise
         else:  # record arguments without an optimizer: ValueError naming them
-            release_reservation(None, x=x, y=y, record_ids=record_ids, asserted_disjoint=asserted_disjoint)
+            release_reservation(None, x=x, y=y, record_ids=record_ids, asserted_disjoint=asserted_disjoint,
+                                asserted_training_records=asserted_training_records)
         temperature = fit_temperature_private(probs, labels, eps_t, delta, steps=self.temperature_steps,
                                               accountant=accountant, neighboring=relation, seed=seeds[0],
                                               null_zone=self.temperature_null_zone, reservation=reserved[0])

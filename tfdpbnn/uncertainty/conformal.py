@@ -163,7 +163,8 @@ def min_calibration_size(alpha, epsilon, delta, steps=6, gamma=0.1, accountant="
 def private_conformal_threshold(probs, labels, alpha, epsilon, delta, steps=6, gamma=0.1, accountant="rdp",
                                 neighboring=None, seed=None, allow_uninformative=False,
                                 grid="linear", *, optimizer=None, composition="sequential", x=None, y=None,
-                                record_ids=None, asserted_disjoint=None, reservation=None):
+                                record_ids=None, asserted_disjoint=None, asserted_training_records=None,
+                                reservation=None):
     """Split-conformal threshold from a private held-out split, (epsilon, delta)-DP (module docstring).
 
     Coverage >= 1 - ``alpha``; ``steps`` Gaussian queries over the candidate thresholds of ``grid``
@@ -180,9 +181,11 @@ def private_conformal_threshold(probs, labels, alpha, epsilon, delta, steps=6, g
     experiments, which makes the release replayable (``privacy.replayable_from``: no guarantee).
 
     ``optimizer`` and the record arguments (``composition``, ``x``/``y``, ``record_ids``,
-    ``asserted_disjoint``), or ``reservation``, and ``neighboring`` (None: the optimizer's, else
-    "add_or_remove"): as ``fit_temperature_private``'s (the release is reserved before the held-out data is
-    queried, and recorded in the optimizer's statement with the result).
+    ``asserted_disjoint``, ``asserted_training_records``), or ``reservation``, and ``neighboring`` (None: the
+    optimizer's, else "add_or_remove"): as ``fit_temperature_private``'s (the release is reserved before the
+    held-out data is queried, and recorded in the optimizer's statement with the result; with
+    ``optimizer``, a fit that neither names its records nor asserts ``asserted_training_records`` is
+    refused).
     """
     neighboring = release_relation(neighboring, optimizer)
     alpha = _check_alpha(alpha)
@@ -205,7 +208,7 @@ def private_conformal_threshold(probs, labels, alpha, epsilon, delta, steps=6, g
             "pass allow_uninformative=True to accept sets that approach all labels")
     cost = cost.with_noise_seed(seed)
     reserved = release_reservation(cost, optimizer, reservation, composition, x, y, record_ids,
-                                   asserted_disjoint)
+                                   asserted_disjoint, asserted_training_records)
 
     def query(u):
         return float(np.sum(scores <= _grid_point(u, grid))) - c * (n + 1)

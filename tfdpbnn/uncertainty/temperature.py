@@ -132,7 +132,7 @@ def fit_temperature(probs, labels, bounds=DEFAULT_BOUNDS):
 def fit_temperature_private(probs, labels, epsilon, delta, steps=8, clip=3.0, bounds=DEFAULT_BOUNDS,
                             accountant="rdp", neighboring=None, seed=None, null_zone=None, *,
                             optimizer=None, composition="sequential", x=None, y=None, record_ids=None,
-                            asserted_disjoint=None, reservation=None):
+                            asserted_disjoint=None, asserted_training_records=None, reservation=None):
     """Temperature from a private held-out split by Gaussian noisy bisection, (epsilon, delta)-DP.
 
     Each of ``steps`` bisection steps on log T releases D(T) = sum_i clip(g_i(1/T), -clip, clip) plus
@@ -155,8 +155,13 @@ def fit_temperature_private(probs, labels, epsilon, delta, steps=8, clip=3.0, bo
     ``optimizer``: the DP optimizer whose privacy statement records the release, reserved before the
     held-out data is queried (``optimizer.reserve_release``: a per-record budget refuses it first, nothing
     released) and recorded with the result; ``composition``, ``x``/``y`` (the held-out records in the form
-    training was given them), ``record_ids`` and ``asserted_disjoint`` as ``optimizer.record_release``
-    takes them. ``reservation``: a reservation made before instead (``release_reservation``).
+    training was given them), ``record_ids``, ``asserted_disjoint`` and ``asserted_training_records`` as
+    ``optimizer.record_release`` takes them. With ``optimizer`` the fit must name the records it reads
+    (``x``/``y`` or ``record_ids``), so that the per-record ledger charges them, or assert by name that they
+    are records the optimizer trained on (``asserted_training_records="why"``, listed under the statement's
+    ``asserted_by_user``; the release is then charged to every training record): a fit that does neither
+    is refused (``ValueError`` naming ``x``, ``y`` and ``record_ids``) before it reads its data.
+    ``reservation``: a reservation made before instead (``release_reservation``).
     ``neighboring``: the adjacency the noise is calibrated to; None: the optimizer's, else "add_or_remove".
     """
     neighboring = release_relation(neighboring, optimizer)
@@ -172,7 +177,7 @@ def fit_temperature_private(probs, labels, epsilon, delta, steps=8, clip=3.0, bo
             raise ValueError(f"bounds must hold the temperature 1 strictly inside when null_zone is set, got "
                              f"{bounds!r}")
     reserved = release_reservation(cost, optimizer, reservation, composition, x, y, record_ids,
-                                   asserted_disjoint)
+                                   asserted_disjoint, asserted_training_records)
     result = _bisect_temperature(log_p, labels, low, high, clip, steps, sigma, cost, seed, null_zone)
     if reserved is not None:
         reserved.commit(result)
