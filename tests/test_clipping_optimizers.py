@@ -59,3 +59,29 @@ def test_fit_uses_ghost_and_matches_jacobian_step(kind):
         np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-6)
         moved = moved or not np.allclose(a, w0)
     assert moved
+
+
+def test_a_float64_model_is_clipped_as_the_float32_one():
+    # Clipping factors were min(1.0, C / norm) with a float32 literal: a float64 layer (dtype="float64", or
+    # tf.keras.backend.set_floatx("float64")) failed in the DP step with a TypeError.
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 5)).astype("float32") * 10.0   # every example's gradient norm above C
+    y = rng.integers(0, 3, 16)
+    start = [rng.normal(size=(5, 3)), rng.normal(size=3)]
+    weights = {}
+    for dtype in ("float32", "float64"):
+        for method in ("auto", "jacobian"):
+            model = tf.keras.Sequential([tf.keras.Input((5,)), tf.keras.layers.Dense(3, dtype=dtype)])
+            model.set_weights([w.astype(dtype) for w in start])
+            opt = tfdpbnn.DPSGDOptimizer(0.05, 0.0, learning_rate=0.5, num_examples=16, batch_size=16,
+                                         clipping_method=method)
+            model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+            assert all(w.dtype == np.dtype(dtype) for w in model.get_weights())
+            weights[dtype, method] = [w.astype("float64") for w in model.get_weights()]
+            moved = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(weights[dtype, method], start,
+                                                                       strict=True)))
+            assert 0.0 < moved <= 0.5 * 0.05 * (1 + 1e-4)   # learning rate x C: the mean of clipped gradients
+    for method in ("auto", "jacobian"):
+        for a, b in zip(weights["float64", method], weights["float32", method], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

@@ -24,7 +24,7 @@ def _regularization_loss(model) -> tf.Tensor:
 def clip_factors(norms: tf.Tensor, l2_norm_clip) -> tf.Tensor:
     """``min(1, C / ||g_i||)`` per example (Abadi et al. 2016, Algorithm 1), safe at ``||g_i|| = 0``."""
     clip = tf.cast(l2_norm_clip, norms.dtype)
-    return tf.minimum(1.0, clip / tf.maximum(norms, 1e-12))
+    return tf.minimum(tf.ones([], norms.dtype), clip / tf.maximum(norms, tf.cast(1e-12, norms.dtype)))
 
 
 def scaled_factors(factors: tf.Tensor, sum_scale=None) -> tf.Tensor:
