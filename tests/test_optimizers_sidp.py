@@ -234,3 +234,33 @@ def test_paper_mode_released_sample_keeps_its_epsilon_after_save_and_load(tmp_pa
     exported = _exported(loaded, tmp_path, "theta")
     assert exported["guarantee"] is True
     assert truth * (1 - 1e-6) <= exported["epsilon"] < 3.3
+
+
+@pytest.mark.parametrize("validation", ["validation_data", "validation_split"])
+def test_paper_mode_refuses_validation_in_fit(validation):
+    # The noisy layers infer with mu, which paper mode trains without noise: every epoch's val_loss, even on
+    # public records, was mu's loss exactly (a release no epsilon covers) while the statement printed 2.98
+    # with guarantee: true, and EarlyStopping on it made the released sample's length depend on mu.
+    import warnings
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 4)).astype("float32"), rng.integers(0, 3, 40)
+    public = (rng.normal(size=(16, 4)).astype("float32"), rng.integers(0, 3, 16))
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tfdpbnn.NoisyDense(5, activation="tanh"),
+                                 tfdpbnn.NoisyDense(3)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Lemma 4.1
+        paper = tfdpbnn.SIDPOptimizer(1.0, 4.0, paper_mean_update=True, **COMMON)
+    model.compile(optimizer=paper, loss=LOSS)
+    given = {"validation_data": public} if validation == "validation_data" else {"validation_split": 0.25}
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(ValueError, match=f"{validation}: SIDPOptimizer\\(paper_mean_update=True\\)"):
+        model.fit(x, y, batch_size=10, epochs=1, verbose=0, **given)
+    assert paper.steps == 0
+    for a, b in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # The sound mode's validation is validation's usual business (public records: post-processing).
+    sound = tfdpbnn.SIDPOptimizer(1.0, 4.0, **COMMON)
+    model.compile(optimizer=sound, loss=LOSS)
+    history = model.fit(x, y, batch_size=10, epochs=1, verbose=0, validation_data=public)
+    assert "val_loss" in history.history

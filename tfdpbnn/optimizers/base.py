@@ -1495,6 +1495,12 @@ class DPOptimizerMixin:
 
         return unvouched_preprocessing(model, attributes.preprocessing_found(self))
 
+    def _check_fit_arguments(self, arguments: dict) -> None:
+        """Refuse ``fit`` arguments this optimizer's accounting cannot cover (none here) before anything runs.
+
+        ``arguments``: ``fit``'s arguments by name (``validation_data``, ``validation_split``, ...).
+        """
+
     def _check_model(self, model, x, y, submodules=None, sample_weight=False, probe_at_traces=False):
         """The per-example checks of ``model`` on a synthetic batch shaped like ``x`` (once per model).
 

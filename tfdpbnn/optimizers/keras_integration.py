@@ -300,6 +300,7 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
     from tfdpbnn.record.store import DataDigests
 
     _refuse_unsupported_distribution(model)
+    optimizer._check_fit_arguments(arguments)
     x = arguments.get("x")
     digests = DataDigests(x, arguments.get("y"))  # the data's one read, on another core during the checks
     # One block of reads from begin_training's phase to fit's start: no step and no restore run in it, and

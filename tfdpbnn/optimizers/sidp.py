@@ -135,6 +135,27 @@ class SIDPOptimizer(DPSGDOptimizer):
         super()._check_model(model, *args, **kwargs)
         self.track_model(model)
 
+    def _check_fit_arguments(self, arguments: dict) -> None:
+        """In paper mode, refuse validation in ``fit``: it evaluates the mean mu, which no epsilon covers.
+
+        The noisy layers infer with mu (``training=False``), trained on un-noised clipped means: every
+        epoch's ``val_loss`` and ``val_...`` metrics, even on public records, would release mu without noise
+        (the History's last ``val_loss`` is mu's loss exactly), and a callback acting on them
+        (``EarlyStopping``) would make the released sample's training depend on mu.
+        """
+        if not self.paper_mean_update:
+            return
+        given = [name for name, used in (("validation_data", arguments.get("validation_data") is not None),
+                                         ("validation_split", bool(arguments.get("validation_split"))))
+                 if used]
+        if given:
+            raise ValueError(
+                f"{given[0]}: SIDPOptimizer(paper_mean_update=True) trains the mean mu without noise, and "
+                "the noisy layers infer with mu, so validation in fit would evaluate mu every epoch: a "
+                "release that no epsilon covers, even on public records (and callbacks acting on it would "
+                "make the released sample depend on mu). Validate the released sample after "
+                "release_weights, or use the sound mode (paper_mean_update=False).")
+
     def _key_layer_noise(self, layers):
         """Draw the layers' weight noise xi from this optimizer's noise key (``NoisyDense._noisy``).
 
