@@ -61,6 +61,11 @@ from tfdpbnn.record.statement import build_statement
 #: The statement's ``asserted_by_user`` entry of every custom loop (``begin_training``): the loop picks the
 #: batches, and nothing tells its rows apart (augmented copies of one example, one batch handed to every
 #: replica by ``strategy.run``: each adds the example's clipped gradient more than once).
+WEIGHTS_FIXED = (
+    "per-example weights (fit's class_weight or sample_weight, or weights in the dataset): set without the "
+    "private records (weights computed from them, such as balanced class weights from the private labels, "
+    "change with one record and rescale the other records' gradients before clipping, which the epsilon "
+    "does not cover)")
 CUSTOM_LOOP_ROWS = (
     "custom training loop: each example is in at most one row of the batch a step hands the DP mechanism, "
     "and under a tf.distribute strategy in one replica's batch only (rows of one example, such as augmented "
@@ -1135,6 +1140,8 @@ class DPOptimizerMixin:
                 attributes.loss_assertions(self).append(note)
         if not _fit and CUSTOM_LOOP_ROWS not in attributes.loss_assertions(self):
             attributes.loss_assertions(self).append(CUSTOM_LOOP_ROWS)
+        if sample_weight and WEIGHTS_FIXED not in attributes.loss_assertions(self):
+            attributes.loss_assertions(self).append(WEIGHTS_FIXED)
         check_distributed_input(model.distribute_strategy, x, shuffle=shuffle)
         sampling = fit_checks.input_sampling(self, x, batch_size=batch_size,
                                              validation_split=validation_split)
@@ -1342,6 +1349,8 @@ class DPOptimizerMixin:
         self._adopt_model_ledger(model, submodules)
         self.mechanism.new_run()
         self._check_model(model, x, y, submodules, sample_weight=sample_weight, probe_at_traces=True)
+        if sample_weight and WEIGHTS_FIXED not in attributes.loss_assertions(self):
+            attributes.loss_assertions(self).append(WEIGHTS_FIXED)
         self._import_shared_training(model)  # built by the checks
         if not constants or self._dp_foreign_variables.get(id(model)):  # after the checks (built, listed)
             constants = self._run_constants(model, "train_on_batch")
