@@ -194,7 +194,8 @@ def test_prior_from_a_public_fit_enters_the_kl_in_closed_form():
         layer.kernel_mu.assign(rng.normal(size=layer.kernel_mu.shape))
         layer.kernel_rho.assign(rng.normal(size=layer.kernel_rho.shape))
         layer.bias_mu.assign(rng.normal(size=layer.bias_mu.shape))
-    assert set_priors_from_public_fit(model, public_model, scale_multiplier=2.0) == 2
+    assert set_priors_from_public_fit(model, public_model, scale_multiplier=2.0,
+                                      public_reason="a test fit") == 2
     model(x, training=True)
     for layer, source in zip(model.layers, public_model.layers, strict=True):
         km, ks, bm, bs = source.posterior()
@@ -212,11 +213,13 @@ def test_prior_from_a_public_fit_enters_the_kl_in_closed_form():
                                                                    rel=1e-5)
     layer = model.layers[0]
     with pytest.raises(ValueError, match="kernel_scale"):
-        layer.set_prior(0.0, -1.0, 0.0, 1.0)
+        layer.set_prior(0.0, -1.0, 0.0, 1.0, public_reason="a test")
     with pytest.raises(ValueError, match="bias_loc"):
-        layer.set_prior(0.0, 1.0)
+        layer.set_prior(0.0, 1.0, public_reason="a test")
     with pytest.raises(ValueError, match="broadcast"):
-        layer.set_prior(np.zeros((2, 2)), 1.0, 0.0, 1.0)
+        layer.set_prior(np.zeros((2, 2)), 1.0, 0.0, 1.0, public_reason="a test")
+    with pytest.raises(ValueError, match="public_reason: a non-empty string"):
+        layer.set_prior(0.0, 1.0, 0.0, 1.0)
     with pytest.raises(ValueError, match="DenseBayesByBackprop"):
         set_priors_from_public_fit(_mlp(), public_model)
     with pytest.raises(ValueError, match="scale_multiplier"):
@@ -248,3 +251,42 @@ def test_a_different_file_is_refused(monkeypatch):
     monkeypatch.setattr(public, "SHA256", "0" * 64)
     with pytest.raises(ImportError, match="SHA-256"):
         public.mnist5k_path()
+
+
+@pytest.mark.parametrize("how", ["set_prior", "assigned", "during fit", "kl_weight variable"])
+def test_state_set_on_tfdpbnn_layers_is_asserted_or_refused(how):
+    import tfdpbnn
+    from tfdpbnn import _private_api
+
+    if how == "kl_weight variable" and _private_api._keras3 is not None:
+        pytest.skip("Keras 3 does not track a tf.Variable set as a layer's attribute (not covered there)")
+
+    # The state checks skipped every tfdpbnn layer: a prior set from a least-squares fit on the private
+    # records trained and exported with 4.73 and guarantee: true, nothing under asserted_by_user.
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 4)).astype("float32"), rng.integers(0, 3, 32)
+    fitted, *_ = np.linalg.lstsq(np.c_[x, np.ones(32)], np.eye(3)[y], rcond=None)  # from the private data
+    layer = (L.DenseVariational(3, num_examples=32) if how == "kl_weight variable"
+             else L.DenseBayesByBackprop(3, num_examples=32))
+    model = tf.keras.Sequential([tf.keras.Input((4,)), layer])
+    callbacks = []
+    if how == "set_prior":
+        layer.set_prior(fitted[:4], 0.05, fitted[4], 0.05, public_reason="a fit on public records")
+    elif how == "assigned":
+        layer.prior_kernel_loc.assign(fitted[:4].astype("float32"))
+    elif how == "during fit":
+        def set_prior(batch, logs):
+            layer.set_prior(fitted[:4], 0.05, fitted[4], 0.05, public_reason="claimed public")
+
+        callbacks = [tf.keras.callbacks.LambdaCallback(on_train_batch_begin=set_prior)]
+    else:
+        layer.kl_weight = tf.Variable(0.5, trainable=False)
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=32, batch_size=8, delta=1e-5)
+    model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    if how == "set_prior":
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        asserted = opt.privacy_statement()["asserted_by_user"]
+        assert any("a fit on public records" in line and layer.name in line for line in asserted)
+        return
+    with pytest.raises(ValueError, match=f"{layer.name}"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=callbacks)

@@ -82,14 +82,22 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
             self.prior_bias_loc = self.prior_bias_scale = None
         super().build(input_shape)
 
-    def set_prior(self, kernel_loc, kernel_scale, bias_loc=None, bias_scale=None):
+    def set_prior(self, kernel_loc, kernel_scale, bias_loc=None, bias_scale=None, *, public_reason=None):
         """Set the Gaussian prior N(loc, scale^2) of every weight (e.g. a posterior fit on public data).
 
         Empirical-Bayes use of public data (Blundell et al. 2015's prior, its parameters from a public fit):
         ``kernel_loc``/``kernel_scale`` broadcast to [in, units], ``bias_loc``/``bias_scale`` to [units]
-        (required with ``use_bias``, refused without). Scales must be > 0 and finite. The prior is data the
-        DP optimizers treat as public: its KL term enters after clipping and noise. Build the layer first.
+        (required with ``use_bias``, refused without). Scales must be > 0 and finite. Build the layer first.
+        The prior enters the KL term after clipping and noise, so the DP optimizers cannot bound what it
+        carries: ``public_reason`` (required: which public data the parameters come from) asserts that they
+        come from public data only. It is written to the privacy statement under ``asserted_by_user`` and
+        holds for the prior set now (``tfdpbnn.preprocessing.assert_public_preprocessing``); a prior changed
+        otherwise (assigned, or set again during training) is refused by the DP optimizers' state checks.
         """
+        if not isinstance(public_reason, str) or not public_reason.strip():
+            raise ValueError("public_reason: a non-empty string saying which public data the prior's "
+                             "parameters come from (a prior computed from the private records is not covered "
+                             f"by any epsilon), got {public_reason!r}")
         if not self.built:
             raise ValueError("set_prior: build the layer first (call it on an input or build the model)")
         if self.use_bias and (bias_loc is None or bias_scale is None):
@@ -115,6 +123,9 @@ class DenseBayesByBackprop(tf.keras.layers.Layer):
         for loc_var, loc, scale_var, scale in values:
             loc_var.assign(loc.astype(tf.as_dtype(loc_var.dtype).as_numpy_dtype))
             scale_var.assign(scale.astype(tf.as_dtype(scale_var.dtype).as_numpy_dtype))
+        from tfdpbnn.preprocessing.checks import assert_public_preprocessing
+
+        assert_public_preprocessing(self, f"the prior of {self.name!r} (set_prior): {public_reason.strip()}")
 
     def posterior(self):
         """The posterior's per-weight ``(kernel_loc, kernel_scale, bias_loc, bias_scale)`` as numpy arrays.

@@ -15,6 +15,9 @@ from tfdpbnn.layers.sampling import select
 class _NoisyMixin:
     """Noise variable, weight sampling and config shared by ``NoisyDense`` and ``NoisyConv2D``."""
 
+    #: Non-trainable variables the DP optimizer sets (SI-DPSGD's s_t): not state the state checks compare.
+    _tfdpbnn_managed_state = ("noise_stddev",)
+
     def _init_noise(self, noise_stddev, inference_noise, activation, use_bias, kernel_initializer,
                     bias_initializer):
         self._initial_noise_stddev = check_real("noise_stddev", noise_stddev, low=0.0)

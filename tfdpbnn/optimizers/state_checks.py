@@ -47,8 +47,10 @@ def _layers(model):
     return out
 
 
-def _library_layer(layer) -> bool:
-    return type(layer).__module__.startswith("tfdpbnn.")
+def _managed_state(layer) -> list:
+    """The variables a tfdpbnn layer names in ``_tfdpbnn_managed_state``: its DP optimizer sets them."""
+    return [v for v in (getattr(layer, name, None) for name in getattr(layer, "_tfdpbnn_managed_state", ()))
+            if v is not None]
 
 
 def _address(view) -> int | None:
@@ -109,8 +111,9 @@ def _vouched(layer) -> bool:
 def check_declared_state(model, public=()) -> list:
     """Refuse layers whose own non-trainable state differs from a fresh copy; return the asserted ones.
 
-    Compares ``declared_state(layer)`` of every layer of ``model`` (not tfdpbnn's layers, not preprocessing
-    layers with ``adapt``, which ``tfdpbnn.preprocessing.check_preprocessing`` covers) with the same layer
+    Compares ``declared_state(layer)`` of every layer of ``model`` (tfdpbnn's too: a Bayes-by-Backprop
+    prior; not preprocessing layers with ``adapt``, which ``tfdpbnn.preprocessing.check_preprocessing``
+    covers) with the same layer
     built from ``get_config()``. Raises ``ValueError`` naming the layer and the variable when they differ,
     when the fresh copy's initial value is random (two fresh copies differ, so nothing can be compared) or
     when no fresh copy can be built (``public``: ids of variables asserted public, not compared); a layer
@@ -119,7 +122,7 @@ def check_declared_state(model, public=()) -> list:
     """
     asserted = []
     for layer in _layers(model):
-        if _library_layer(layer) or callable(getattr(layer, "adapt", None)):
+        if callable(getattr(layer, "adapt", None)):
             continue
         state = declared_state(layer)
         if not state:
@@ -295,14 +298,14 @@ def is_public(variable, public) -> bool:
 
 
 def variables_outside_dp_update(model, public=()) -> list:
-    """The variables of ``model`` that no DP step may change (not trainable, not tfdpbnn layers' own).
+    """The variables of ``model`` that no DP step may change (not trainable, not managed by tfdpbnn).
 
     Weights, not variables: Keras 3's variables also hold the random-number state (``SeedGenerator``).
     ``public``: ids of variables asserted public (``DPOptimizerMixin.assert_public_variable``), left out
     (the optimizer checks the model again at each of their new values instead).
     """
     skip = {id(v) for v in model.trainable_variables}
-    skip |= {id(v) for layer in _layers(model) if _library_layer(layer) for v in layer.weights}
+    skip |= {id(v) for layer in _layers(model) for v in _managed_state(layer)}
     return [v for v in model.weights
             if _private_api.is_variable(v) and v.dtype != tf.resource and id(v) not in skip
             and not is_public(v, public)]

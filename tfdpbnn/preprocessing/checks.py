@@ -55,15 +55,17 @@ def declared_state(layer) -> list:
     """The layer's OWN non-trainable variables (``add_weight(trainable=False)``), not its sublayers'.
 
     Weights of a frozen layer (``layer.trainable = False``) are trainable variables the user froze, not
-    state the layer computes, and are not included.
+    state the layer computes, and are not included; neither are the variables a tfdpbnn layer names in
+    ``_tfdpbnn_managed_state`` (a noisy layer's noise std, which its DP optimizer sets).
     """
+    managed = {id(getattr(layer, name, None)) for name in getattr(layer, "_tfdpbnn_managed_state", ())}
     created = _private_api.created_non_trainable(layer)
     if created is not None:   # Keras 3
-        return [v for v in created if v.dtype != tf.resource]
+        return [v for v in created if v.dtype != tf.resource and id(v) not in managed]
     if all(getattr(v, "trainable", True) for v in _private_api.weights(layer)):
         return []
     return [v for v in own_weights(layer) if _private_api.is_variable(v) and not v.trainable
-            and v.dtype != tf.resource]
+            and v.dtype != tf.resource and id(v) not in managed]
 
 
 def _state_variables(layer) -> list:

@@ -56,7 +56,7 @@ def select_on_public(build: Callable[[dict], tf.keras.Model], candidates, public
     scores = []
     for hparams in candidates:
         model = build(dict(hparams))
-        if not isinstance(model, tf.keras.Model) or model.optimizer is None:
+        if not isinstance(model, tf.keras.Model) or getattr(model, "optimizer", None) is None:
             raise ValueError("build must return a compiled tf.keras.Model")
         model.fit(train, epochs=epochs, verbose=verbose)
         scores.append(float(score(model, validation)))

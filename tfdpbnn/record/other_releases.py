@@ -259,7 +259,8 @@ def add_other_releases(statement: dict, optimizer, delta: float) -> dict:
             "note": "preprocessing layers whose state came from data: DP releases (composed into epsilon) "
                     "and layers the user asserted were adapted on public data"}
         statement["asserted_by_user"] = list(statement["asserted_by_user"]) + [
-            f"preprocessing layer {a['layer']!r} ({a['type']}) adapted on public data: {a['reason']}"
+            f"layer {a['layer']!r} ({a['type']}): its state (adapted or set, not trained) comes from public "
+            f"data only: {a['reason']}"
             for a in found["asserted_public"]]
     recorded = list(attributes.releases(optimizer))
     if recorded:
