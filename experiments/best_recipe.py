@@ -24,7 +24,7 @@ Scored on DIGITS' 360 test images: accuracy, ECE (15 bins), NLL, and the AUROC o
 uniform noise and inverted digits (1 - x). Secret sampling keys: 10_000 + seed (one key per seed, fixed).
 
 Run: ``nice python experiments/best_recipe.py --seeds 0 1 2 3 4 --epsilons 1 0.3 --out runs/best_recipe``.
-``--demo-command`` runs ``./scripts/demo``'s own command (``tfdpbnn train``, the machine's secret key) for
+``--demo-command`` runs ``./scripts/demo``'s own command (``tfdpbnn train``, fresh batches every run) for
 every seed and epsilon instead, and scores its SavedModel fed raw DIGITS: the figures the demo prints.
 """
 
@@ -407,7 +407,8 @@ DEMO = ["train", "--method", "dpvd", "--dataset", "digits", "--accountant", "pld
 def run_demo_command(seeds, epsilons, out, rescore=False) -> list:
     """``./scripts/demo``'s command per seed and epsilon, scored through its SavedModel fed raw DIGITS.
 
-    One secret key for all (runs/.sampling-key, the demo's); the export applies the centring itself.
+    Each run draws its own batches (the runs in docs/results.md shared the key file's, as the command then
+    did); the export applies the centring itself.
     ``rescore``: score the SavedModels of earlier runs in ``out`` instead of training again.
     """
     import tensorflow as tf

@@ -950,3 +950,116 @@ def test_a_parallel_release_stops_being_parallel_once_its_optimizer_trains_on_it
     assert statement["run_epsilon"] >= truth * 0.99
     assert all(r["composition"] == "sequential" for r in statement["releases"])
     assert statement["releases"][0]["disjoint_from_training"].startswith("no longer disjoint")
+
+
+# ------------------------------------------------------------ batches drawn from a user's secret_seed
+SECRET, Q = 123456789, 0.125
+
+
+def _poisson_fit(batches, epochs, seed=0, model=None):
+    """A DP-SGD fit (sigma 1, q 1/8) on ``batches``; returns (model, optimizer)."""
+    if model is None:
+        model = small_model(seed=seed)
+        model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA,
+                                                       sampling="poisson"), loss=LOSS)
+    model.fit(batches, epochs=epochs, verbose=0)
+    return model, model.optimizer
+
+
+def _rows(dataset):
+    return [tuple(np.asarray(batch[0])[:, 0].round(6)) for batch in dataset]
+
+
+def test_a_second_dataset_from_one_secret_seed_on_the_same_records_is_refused_before_a_step():
+    # Every dataset made from one secret_seed draws the same batches: a second run on the same records drew
+    # the first run's batches, and the ledger composed the two as independent (7.10 quoted for two runs of
+    # 24 steps where 10.78 holds, each step of the pair one sampled Gaussian at sigma / sqrt(2)).
+    x, y = small_data()
+    assert _rows(tfdpbnn.data.poisson_batches(x, y, sample_rate=Q, secret_seed=SECRET)) == _rows(
+        tfdpbnn.data.poisson_batches(x, y, sample_rate=Q, secret_seed=SECRET))
+    first = tfdpbnn.data.poisson_batches(x, y, sample_rate=Q, secret_seed=SECRET)
+    _poisson_fit(first, epochs=3)
+    (release,) = _ledger().backend.releases()
+    digest = tfdpbnn.data.poisson.secret_seed_digest(SECRET)
+    assert release.samplers == ((digest, tfdpbnn.data.sampling.find_spec(first).stream),)
+    assert str(SECRET) not in release.description and len(digest) == 32   # a digest, never the key
+    model = small_model(seed=1)
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA,
+                                                   sampling="poisson"), loss=LOSS)
+    weights = [w.copy() for w in model.get_weights()]
+    with pytest.raises(ValueError, match=r"secret_seed: 64 of these 64 records .*same secret_seed.*Nothing "
+                                         r"was run or written.*secret_seed=None"):
+        model.fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=Q, secret_seed=SECRET), epochs=3, verbose=0)
+    assert model.optimizer.steps == 0
+    for before, after in zip(weights, model.get_weights(), strict=True):
+        np.testing.assert_array_equal(before, after)
+    assert [r.release_id for r in _ledger().backend.releases()] == [release.release_id]   # nothing written
+    # Some of the records under the same key: refused too; other records under it are others' batches.
+    with pytest.raises(ValueError, match=r"secret_seed: 32 of these 32 records"):
+        _poisson_fit(tfdpbnn.data.poisson_batches(x[:32], y[:32], sample_rate=Q, secret_seed=SECRET), 1,
+                     model=_compiled_on(32))
+    other_x, other_y = small_data(seed=5)
+    _poisson_fit(tfdpbnn.data.poisson_batches(other_x, other_y, sample_rate=Q, secret_seed=SECRET), 1)
+
+
+def _compiled_on(n):
+    model = small_model(seed=2)
+    model.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=n, batch_size=int(n * Q),
+                                                   delta=DELTA, sampling="poisson"), loss=LOSS)
+    return model
+
+
+def test_the_same_dataset_object_trained_again_draws_fresh_batches_and_composes_as_independent_runs():
+    x, y = small_data()
+    batches = tfdpbnn.data.poisson_batches(x, y, sample_rate=Q, secret_seed=SECRET)
+    assert _rows(batches) != _rows(batches)   # each iteration goes on with the object's stream of draws
+    model, first = _poisson_fit(batches, epochs=2)          # 16 steps
+    _poisson_fit(batches, epochs=1, model=model)            # the same optimizer again: 8 more
+    _, second = _poisson_fit(batches, epochs=1, seed=1)     # another model on the same object: 8 more
+    truth = rdp_epsilon(_poisson(Q, 1.0, 32))   # 32 independent Poisson-sampled Gaussians (dp-accounting)
+    bound = second.privacy_statement()["ledger_bound"]
+    assert bound["epsilon"] == pytest.approx(truth, rel=0.01) and bound["records"] == N
+    assert first.privacy_statement()["ledger_bound"]["epsilon"] == pytest.approx(truth, rel=0.01)
+    stream = tfdpbnn.data.sampling.find_spec(batches).stream
+    assert {s for r in _ledger().backend.releases() for _, s in r.samplers} == {stream}
+    with pytest.raises(ValueError, match="secret_seed"):   # a new object from the key: its first batches
+        _poisson_fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=Q, secret_seed=SECRET), 1, seed=2)
+
+
+def test_other_secret_seeds_on_the_same_records_are_independent_runs():
+    x, y = small_data()
+    for offset in range(3):
+        _, optimizer = _poisson_fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=Q,
+                                                                 secret_seed=SECRET + offset), 1, seed=offset)
+    assert optimizer.privacy_statement()["ledger_bound"]["epsilon"] == pytest.approx(
+        rdp_epsilon(_poisson(Q, 1.0, 24)), rel=0.01)
+    digests = [r.samplers[0][0] for r in _ledger().backend.releases()]
+    assert digests == [tfdpbnn.data.poisson.secret_seed_digest(SECRET + k) for k in range(3)]
+    assert len(set(digests)) == 3
+
+
+def test_a_key_whose_phase_another_key_extended_is_still_refused():
+    # One optimizer fits batches from key K, then from key K2: the phase's second version (16 steps)
+    # supersedes the first in the records' histories, and still holds K's batches.
+    x, y = small_data()
+    model, _ = _poisson_fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=Q, secret_seed=SECRET), 1)
+    _poisson_fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=Q, secret_seed=SECRET + 1), 1, model=model)
+    first, second = _ledger().backend.releases()
+    assert first.phase_id == second.phase_id   # one phase, extended
+    with pytest.raises(ValueError, match="secret_seed"):
+        _poisson_fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=Q, secret_seed=SECRET), 1, seed=1)
+
+
+def test_replayable_noise_from_one_secret_seed_is_not_refused():
+    # Replayable noise (debug_noise_seed) is a non-private release: nothing composed with it understates,
+    # and two runs from one key and one noise seed are the same run, step for step, for comparisons.
+    x, y = small_data()
+    for _ in range(2):
+        model = small_model()
+        with pytest.warns(UserWarning, match="debug_noise_seed"):
+            optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA,
+                                               sampling="poisson", debug_noise_seed=3)
+        model.compile(optimizer=optimizer, loss=LOSS)
+        model.fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=Q, secret_seed=SECRET), epochs=1, verbose=0)
+    assert optimizer.steps == 8
+    assert [r.samplers for r in _ledger().backend.releases()] == [(), ()]   # nothing to compare them with

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 
+import numpy as np
 import pytest
 from _tiers import SLOW_ON_KERAS2
 
@@ -22,7 +23,7 @@ from tfdpbnn.commands.train_recipes import METHODS, RECIPES, build_model, build_
 def test_train_writes_model_privacy_json_diagram_and_summary(method, tmp_path, capsys):
     out = str(tmp_path / method)
     key = tmp_path / "sampling-key"
-    key.write_text("0000000000001eef\n")  # a fixed test key: the batches and noise are the same on every run
+    key.write_text("0000000000001eef\n")  # a fixed test key: the model's own randomness (not the batches)
     code = cli.main(["train", "--method", method, "--dataset", "digits", "--epsilon", "2", "--delta", "1e-5",
                      "--epochs", "1", "--batch-size", "480", "--mc-samples", "3", "--out", out,
                      "--verbose", "0", "--secret-key-file", str(key)])
@@ -128,6 +129,72 @@ def test_secret_key_file_is_created_private_and_read_back(tmp_path):
     other.write_text("not hex\n")
     with pytest.raises(ValueError, match="secret-key-file"):
         read_or_create_secret(str(other))
+
+
+class _Drawn(Exception):
+    """Raised by a recorded ``poisson_batches`` to stop the command once its batches' arguments are known."""
+
+
+def _record_poisson_batches(monkeypatch) -> list:
+    calls = []
+
+    def recorded(*args, **kwargs):
+        calls.append(kwargs)
+        raise _Drawn
+
+    monkeypatch.setattr(tfdpbnn.data, "poisson_batches", recorded)
+    return calls
+
+
+def test_train_draws_its_batches_from_a_fresh_key_at_every_run_not_the_key_file(tmp_path, monkeypatch):
+    # The key file drew the batches of every run (poisson_batches(secret_seed=<key>)): two runs on DIGITS
+    # drew the same batches and the ledger composed them as independent (1.395 quoted where 1.594 holds).
+    calls = _record_poisson_batches(monkeypatch)
+    key = tmp_path / "sampling-key"
+    key.write_text("0000000000001eef\n")
+    with pytest.raises(_Drawn):
+        cli.main(["train", "--method", "dpsgd", "--epsilon", "1", "--epochs", "1", "--hidden", "0",
+                  "--batch-size", "480", "--verbose", "0", "--out", str(tmp_path / "run"),
+                  "--secret-key-file", str(key)])
+    assert len(calls) == 1
+    assert calls[0].get("secret_seed") is None and calls[0].get("seed") is None   # the sampler's own key
+
+
+def test_public_learning_rate_simulation_draws_fresh_batches(monkeypatch):
+    # A fixed key (30_000 + seed) drew the same public batches in every command: the ledger refuses a second
+    # dataset from one secret_seed on the same records, so a second `tfdpbnn train --public` would be refused.
+    from tfdpbnn.commands.train_recipes import public_fine_tuning_rate
+
+    rng = np.random.default_rng(0)
+    monkeypatch.setattr(tfdpbnn.data, "load_mnist5k_as_digits", lambda normalization=None: (
+        rng.uniform(size=(2000, 64)).astype("float32"), rng.integers(0, 10, 2000)))
+    calls = _record_poisson_batches(monkeypatch)
+    with pytest.raises(_Drawn):
+        public_fine_tuning_rate("dpsgd", RECIPES["dpsgd"], 1.0, 1e-5, "mnist5k")
+    assert len(calls) == 1
+    assert calls[0].get("secret_seed") is None and calls[0].get("seed") is None
+
+
+@pytest.mark.slow   # two end-to-end runs of the command
+def test_two_runs_with_one_key_file_draw_independent_batches_and_the_ledger_composes_them(tmp_path, capsys):
+    import dp_accounting
+
+    key = tmp_path / "sampling-key"
+    common = ["train", "--method", "dpsgd", "--epsilon", "1", "--epochs", "1", "--hidden", "0",
+              "--batch-size", "480", "--mc-samples", "1", "--verbose", "0", "--secret-key-file", str(key)]
+    for run in ("first", "second"):   # the second is not refused: its batches are not the first's
+        assert cli.main(common + ["--out", str(tmp_path / run)]) == 0, capsys.readouterr().err
+    with open(tmp_path / "second" / "saved_model" / "assets" / "privacy.json") as fh:
+        statement = json.load(fh)
+    assert statement["asserted_by_user"] == []   # tfdpbnn drew the batches: nothing taken on the user's word
+    assert statement["phases"][0]["sampling"].startswith(
+        "Poisson batches drawn by tfdpbnn.data.poisson_batches")
+    sigma, q, steps = statement["noise_multiplier"], 480 / 1437, statement["steps"]
+    event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+    truth = dp_accounting.rdp.RdpAccountant().compose(
+        dp_accounting.SelfComposedDpEvent(event, 2 * steps)).get_epsilon(1e-5)
+    assert steps == 3 and statement["ledger_bound"]["records"] == 1437
+    assert statement["ledger_bound"]["epsilon"] == pytest.approx(truth, rel=0.01)   # two independent runs
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 import secrets
@@ -12,6 +13,22 @@ from tfdpbnn._audit_hook import audit_bug
 from tfdpbnn.data.sampling import SamplingSpec, tag
 from tfdpbnn.record.records import record_keys, tag_record_keys
 from tfdpbnn.record.store import data_fingerprint, tag_data_fingerprint
+
+#: Iterations of the key derivation of ``secret_seed_digest`` (about 20 ms): a digest found in a ledger file
+#: does not give the key back but by trying every key, each at this cost.
+_DIGEST_ITERATIONS = 100_000
+
+
+def secret_seed_digest(secret_seed: int) -> str:
+    """A digest of a ``poisson_batches`` ``secret_seed`` (32 hex digits), never the seed itself.
+
+    PBKDF2-HMAC-SHA256 of the seed's 8 bytes under a fixed salt, truncated to 128 bits: the same seed gives
+    the same digest in every process (what the per-record ledger compares), and a digest gives the seed
+    back only by trying seeds, each at the cost of ``_DIGEST_ITERATIONS`` hashes.
+    """
+    key = (int(secret_seed) % (2 ** 63)).to_bytes(8, "big")
+    return hashlib.pbkdf2_hmac("sha256", key, b"tfdpbnn.data.poisson_batches secret_seed",
+                               _DIGEST_ITERATIONS)[:16].hex()
 
 
 def check_rate_and_steps(sample_rate, steps_per_epoch) -> tuple[float, int]:
@@ -67,8 +84,17 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
       seed: integer seed for reproducible batches (only with ``debug_fixed_seed=True``), or None (secret).
       debug_fixed_seed: allow ``seed``; the privacy statement reports it.
       secret_seed: an integer seed YOU keep secret (e.g. read from a local key file that is never published),
-        for runs that must repeat exactly on one machine. Amplification is then claimed on your word: the
-        privacy statement lists the seed's secrecy under ``asserted_by_user``.
+        for a run that must repeat exactly on one machine. Amplification is then claimed on your word: the
+        privacy statement lists the seed's secrecy under ``asserted_by_user``. Every dataset made from the
+        same ``secret_seed`` draws the same batches, in any process, so two DP runs on the same records from
+        one key are not independent (a step of each on the same batch is one Poisson-sampled release, at
+        sigma / sqrt(2) for two runs at sigma), and composing them as independent would understate epsilon:
+        the per-record ledger keeps a digest of the key (``secret_seed_digest``, never the key) and a random
+        name of the dataset object with each run, and a DP run on records that a run from the same key and
+        another dataset object trained on is refused (``ValueError`` naming ``secret_seed``, before any
+        step, nothing written). Training the same dataset object again (a second ``fit``, more epochs) goes
+        on with its stream of draws: accepted. Use one key per run, or leave ``secret_seed=None``: the
+        sampler's own key from OS entropy, fresh for every dataset.
       record_ids: one id per example for the per-record ledger (``tfdpbnn.record.records``); by default
         each example's canonical content hash of ``x`` and ``y``.
     Yields ``x_b``, ``(x_b, y_b)`` or ``(x_b, y_b, w_b)``.
@@ -112,5 +138,9 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
     labels = None if y is None else tf.nest.map_structure(lambda t: t.numpy(), parts[1])
     keys = record_keys(tf.nest.map_structure(lambda t: t.numpy(), parts[0]), labels, record_ids)
     dataset = tag_record_keys(dataset, keys)
-    return tag(dataset, SamplingSpec("poisson", n, q, source, fixed))
+    # A run from the user's key is written in the per-record ledger with the key's digest and this object's
+    # stream (``tfdpbnn.record.record_ledger``): another object from the same key draws the same batches.
+    sampler = dict(key_digest=secret_seed_digest(secret_seed), stream=secrets.token_hex(16)) \
+        if asserted_secret else {}
+    return tag(dataset, SamplingSpec("poisson", n, q, source, fixed, **sampler))
 

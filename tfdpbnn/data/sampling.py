@@ -43,6 +43,11 @@ class SamplingSpec:
       fixed_seed: True when a fixed, possibly known, seed chose the batches (``poisson_batches(seed=...,
         debug_fixed_seed=True)``): subsampling amplification then does not hold and the accounting treats
         every step as if every example took part.
+      key_digest: for ``poisson_batches(secret_seed=K)``, a digest of K (``secret_seed_digest``; never K):
+        every dataset made from K draws the same batches, so a DP run on it is written in the per-record
+        ledger with this digest, and a later run on the same records from K again is refused. Else None.
+      stream: with ``key_digest``, a random name of the dataset object (``secrets.token_hex``): training
+        that object again goes on with its stream of draws (fresh batches), so the same stream is accepted.
     """
 
     kind: str
@@ -50,6 +55,13 @@ class SamplingSpec:
     sample_rate: float | None = None
     source: str = "asserted_by_user"
     fixed_seed: bool = False
+    key_digest: str | None = None
+    stream: str | None = None
+
+    @property
+    def sampler(self) -> tuple[str, str] | None:
+        """``(key_digest, stream)`` of a dataset drawn from a user's ``secret_seed``, else None."""
+        return None if self.key_digest is None else (self.key_digest, self.stream)
 
     def describe(self) -> str:
         """One line for the privacy statement."""

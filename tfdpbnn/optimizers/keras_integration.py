@@ -318,6 +318,16 @@ def _dp_fit_arguments(model, optimizer, arguments, record_ids=None):
         return _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity, digests)
 
 
+def _sampler(x) -> tuple[str, str] | None:
+    """The user-keyed sampler of ``fit``'s input (``SamplingSpec.sampler``), or None."""
+    if not isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
+        return None
+    from tfdpbnn.data.sampling import find_spec
+
+    spec = find_spec(x)
+    return None if spec is None else spec.sampler
+
+
 def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=None, digests=None):
     """``_dp_fit_arguments`` after ``begin_training``: the plan, the record's start, the callbacks.
 
@@ -347,7 +357,7 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=No
     # joins it at the first batch's end, before any other callback can save what the run trained, and
     # fit joins it before it returns or raises.
     attributes.run_record(optimizer).begin(model, fingerprint, planned, record_keys=keys, identity=identity,
-                                           sync_on_worker=True)
+                                           sync_on_worker=True, sampler=_sampler(x))
     optimizer.note_released_training_metrics()
     if arguments.get("validation_split"):
         optimizer.note_uncovered_release("validation_split")

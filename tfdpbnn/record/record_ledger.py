@@ -152,6 +152,16 @@ class Release:
         found = _TOKEN_PATTERN.search(self.description)
         return found.group(1) if found else None
 
+    @property
+    def samplers(self) -> tuple[tuple[str, str], ...]:
+        """The ``(key digest, stream)`` pairs of the user-keyed samplers the release's steps drew from.
+
+        Read from its description (``RecordLedger.reserve(sampler=...)`` writes them so): a training release
+        on ``poisson_batches(secret_seed=...)`` batches holds its own; a training phase's version holds those
+        of the versions it superseded too (``_fold_composable``).
+        """
+        return tuple(_SAMPLER_PATTERN.findall(self.description))
+
     def event(self) -> dp_accounting.DpEvent:
         """What counts: the spent event, or the planned one while reserved."""
         return self.counted[0]
@@ -171,6 +181,9 @@ class Release:
 #: (``RecordLedger.reserve(token=...)`` writes it so, ``Release.token`` reads it).
 _TOKEN_DIGITS = re.compile(r"[0-9a-f]{32}")
 _TOKEN_PATTERN = re.compile(r"\[release (" + _TOKEN_DIGITS.pattern + r")\]")
+#: A user-keyed sampler as a training release's description holds it: the digest of the ``secret_seed`` its
+#: batches were drawn from (``tfdpbnn.data.poisson.secret_seed_digest``) and the dataset object's stream.
+_SAMPLER_PATTERN = re.compile(r"\[sampler ([0-9a-f]{32}) ([0-9a-f]{32})\]")
 
 
 def new_release_token() -> str:
@@ -226,9 +239,25 @@ def _fold_composable(plain: tuple, by_phase: dict, release: Release) -> tuple[tu
         return plain + (release,), by_phase
     held = by_phase.get(release.phase_id)
     size = release.counted[1]
-    if held is None or size > held[1]:
+    if held is None:
         return plain, {**by_phase, release.phase_id: (release, size)}
-    return plain, by_phase
+    if size > held[1]:
+        return plain, {**by_phase, release.phase_id: (_with_samplers(release, held[0]), size)}
+    kept = _with_samplers(held[0], release)
+    return (plain, by_phase) if kept is held[0] else (plain, {**by_phase, release.phase_id: (kept, held[1])})
+
+
+def _with_samplers(kept: Release, other: Release) -> Release:
+    """``kept`` holding ``other``'s samplers too (``Release.samplers``); ``kept`` itself if it holds them.
+
+    A phase's version counts the steps of the versions it supersedes, and so the user-keyed batches they
+    drew, which a later run from the same key would draw again (``RecordLedger.reserve(sampler=...)``).
+    """
+    missing = [pair for pair in other.samplers if pair not in kept.samplers]
+    if not missing:
+        return kept
+    tags = " ".join(f"[sampler {digest} {stream}]" for digest, stream in missing)
+    return dataclasses.replace(kept, description=f"{kept.description} {tags}")
 
 
 def _composable_releases(plain: tuple, by_phase: dict) -> tuple[Release, ...]:
@@ -1146,7 +1175,8 @@ class RecordLedger:
 
     def reserve(self, keys, planned: dp_accounting.DpEvent, kind: str = "training",
                 neighboring: str = "add_or_remove", phase_id: int | None = None,
-                description: str = "", token: str | None = None, extra=()) -> Reservation:
+                description: str = "", token: str | None = None, extra=(),
+                sampler: tuple[str, str] | None = None) -> Reservation:
         """Write a release with its ``planned`` event against the records ``keys`` (one transaction).
 
         Raises ``BudgetExceededError`` (nothing written) when a budget is set and some record's composed
@@ -1156,6 +1186,13 @@ class RecordLedger:
         (``bound_for``). ``extra``: ``(event, token)`` pairs of releases the run's model carries, composed
         in the budget check for every history that does not hold that token (as ``bound_for`` composes
         them), not written.
+
+        ``sampler``: for a training release on batches drawn from a user's key
+        (``poisson_batches(secret_seed=...)``), ``(key digest, stream)`` (``SamplingSpec.sampler``), written
+        in the description. Raises ``ValueError`` naming ``secret_seed`` (nothing written) when a history of
+        the records holds a training release from the same key and another stream: the two runs draw the
+        same batches, so they are not independent, and composing them as independent would understate
+        epsilon. The same stream (the same dataset object trained on again: fresh draws) is accepted.
         """
         check_choice("kind", kind, RELEASE_KINDS)
         check_choice("neighboring", neighboring, tuple(NEIGHBORING))
@@ -1164,6 +1201,13 @@ class RecordLedger:
                 raise ValueError(f"token: a release token is 32 lowercase hex digits (new_release_token()), "
                                  f"got {token!r}")
             description = f"{description} [release {token}]"
+        if sampler is not None:
+            tag = f"[sampler {sampler[0]} {sampler[1]}]" if isinstance(sampler, tuple | list) \
+                and len(sampler) == 2 else ""
+            if kind != "training" or not _SAMPLER_PATTERN.fullmatch(tag):
+                raise ValueError(f"sampler: a training release's (key digest, stream), each 32 lowercase hex "
+                                 f"digits; got {sampler!r} for a {kind!r} release")
+            description = f"{description} {tag}"
         # Rows named by ids whose content is known: the release is written on their content too (under its
         # twin key), so the same rows named by other ids in another release share that history.
         pairs = None
@@ -1184,9 +1228,11 @@ class RecordLedger:
                                f"carried by the run's model [release {t}]", ())) for event, t in extra]
 
         def check(read_histories, budget: dict | None, neighborings) -> None:
-            if budget is None and neighborings() <= {neighboring}:
+            if budget is None and sampler is None and neighborings() <= {neighboring}:
                 return  # no budget to compose against, and every release on the records is of this relation
             histories = read_histories()
+            if sampler is not None:
+                _check_sampler(histories, tuple(sampler), records, twins)
             for history in histories:
                 relations = history.relations if history.relations is not None else {
                     r.neighboring for r in history.releases}
@@ -1331,6 +1377,32 @@ class RecordLedger:
         if held:  # the twin keys of rows named by ids (``content_twins``) are no records of their own
             records -= self.backend.twin_count([h.history_id for h in held])
         return worst, records
+
+
+def _check_sampler(histories: Sequence[History], sampler: tuple[str, str], records: int, twins: int) -> None:
+    """Refuse a training release from a user's key on records trained on from that key by another stream.
+
+    ``histories``: the records' (the releases that compose; a phase's version holds the samplers of those
+    it supersedes). A release committed as non-private is passed over: nothing composed with it understates.
+    """
+    digest, stream = sampler
+    count = sum(h.records for h in histories if any(
+        r.kind == "training" and not (r.committed and isinstance(r.event(), dp_accounting.NonPrivateDpEvent))
+        and any(d == digest and s != stream for d, s in r.samplers) for r in h.releases))
+    if not count:
+        return
+    where = f"{count} of these {records} records" if not twins else (
+        f"{count} of the {records + twins} keys of these {records} records (each named by its id and by its "
+        "rows' content)")
+    raise ValueError(
+        f"secret_seed: {where} were trained on by an earlier DP run whose batches came from "
+        "tfdpbnn.data.poisson_batches with the same secret_seed, from another dataset object (or process). "
+        "Every dataset made from one key draws the same batches, so the two runs would not be independent "
+        "(a step of each on the same batch is one Poisson-sampled release of two noised sums, not two "
+        "independent ones), and composing them as independent runs would understate epsilon. Nothing was "
+        "run or written. Use a new secret key for a new run, or secret_seed=None (the sampler's own key, "
+        "drawn from OS entropy for every dataset); to train on more batches of the earlier run, fit the "
+        "dataset object it trained on (its next draws are fresh).")
 
 
 def _neighboring(history: History) -> str:

@@ -150,7 +150,7 @@ class RunRecord:
         return {p.phase_id: p for p in self._optimizer.ledger.phases}
 
     def begin(self, model, dataset: str | None, planned_steps: int | None, record_keys=None,
-              identity=None, sync_on_worker: bool = False) -> None:
+              identity=None, sync_on_worker: bool = False, sampler: tuple[str, str] | None = None) -> None:
         """Inherit the weights' record, check the budgets, reserve in the ledger, write the run (module).
 
         ``record_keys``: the keys of the run's records (``tfdpbnn.record.records.input_keys``), or None when
@@ -159,12 +159,16 @@ class RunRecord:
         run's start computed them after its checks); used when ``variables`` are still ``model.weights``.
         ``sync_on_worker``: the transaction's wait for the disk runs on the worker thread, beside the first
         steps (``record_store.transaction``); the caller joins it (``record_store.wait_durable``) before
-        anything trained in the run can leave the process.
+        anything trained in the run can leave the process. ``sampler``: the input's ``SamplingSpec.sampler``
+        (batches drawn from a user's ``secret_seed``), written with the run's ledger reservation, which is
+        refused where the records were trained on from the same key by another dataset object
+        (``RecordLedger.reserve``).
         """
         with attributes.ledger_state(self._optimizer).reading_once():  # no step, no restore in between
-            self._begin(model, dataset, planned_steps, record_keys, identity, sync_on_worker)
+            self._begin(model, dataset, planned_steps, record_keys, identity, sync_on_worker, sampler)
 
-    def _begin(self, model, dataset, planned_steps, record_keys, identity=None, sync_on_worker=False) -> None:
+    def _begin(self, model, dataset, planned_steps, record_keys, identity=None, sync_on_worker=False,
+               sampler=None) -> None:
         self._model = weakref.ref(model)
         self.store = record_store.default_store()
         self.run_id = None
@@ -190,10 +194,10 @@ class RunRecord:
         # same data or weights are serialized, and share no stale read.
         with record_store.transaction(self.store.path, sync_on_worker=sync_on_worker):
             self._begin_in_transaction(weights, dataset, planned_steps, record_keys, variables,
-                                       legacy=record_store.legacy_lookup(model))
+                                       legacy=record_store.legacy_lookup(model), sampler=sampler)
 
     def _begin_in_transaction(self, weights, dataset, planned_steps, record_keys, variables=(),
-                              legacy=None) -> None:
+                              legacy=None, sampler=None) -> None:
         optimizer = self._optimizer
         opened: list = []
 
@@ -236,7 +240,7 @@ class RunRecord:
                     f"its budget {budget['epsilon']:g}. Nothing was run. Train fewer steps or with more "
                     "noise, or raise the budget with RunStore.set_budget.")
         if record_keys is not None:
-            self._reserve(record_keys, planned, planned_steps, ledger())
+            self._reserve(record_keys, planned, planned_steps, ledger(), sampler)
         elif ledger().budget() is not None:
             self.store = None
             raise ValueError(
@@ -249,8 +253,12 @@ class RunRecord:
         self.before_restore = now
 
     def _reserve(self, keys, planned: Phase, planned_steps: int | None,
-                 ledger: record_ledger.RecordLedger) -> None:
-        """Reserve the run's planned phase for its records in the per-record ``ledger`` (one transaction)."""
+                 ledger: record_ledger.RecordLedger, sampler: tuple[str, str] | None = None) -> None:
+        """Reserve the run's planned phase for its records in the per-record ``ledger`` (one transaction).
+
+        ``sampler``: as ``begin``'s; left out for replayable noise (the release is non-private: nothing
+        composed with it understates).
+        """
         import dp_accounting
 
         if planned_steps is None and ledger.budget() is not None:
@@ -276,7 +284,8 @@ class RunRecord:
             self._write_preprocessing_named_by_ids_alone(keys, ledger, by_ids_alone)
             self.reservation = ledger.reserve(
                 keys, event, kind="training", neighboring=planned.neighboring, phase_id=planned.phase_id,
-                description=f"{type(self._optimizer).__name__}: {planned_steps} planned steps", extra=carried)
+                description=f"{type(self._optimizer).__name__}: {planned_steps} planned steps", extra=carried,
+                sampler=None if self._replayable() else sampler)
         except ValueError:
             self.store = None
             raise
