@@ -16,7 +16,7 @@ from tfdpbnn import cli
 
 def _train(tmp_path, name, extra):
     key = tmp_path / "sampling-key"
-    key.write_text("0000000000001eef\n")  # a fixed test key: the same batches and noise in both runs
+    key.write_text("0000000000001eef\n")  # a fixed test key (the model's own randomness)
     out = str(tmp_path / name)
     assert cli.main(["train", "--method", "dpsgd", "--dataset", "digits", "--epsilon", "2", "--epochs", "2",
                      "--batch-size", "480", "--hidden", "8", "--verbose", "0", "--secret-key-file", str(key),
@@ -30,7 +30,7 @@ def test_ema_is_post_processing_and_the_export_takes_raw_inputs(tmp_path, capsys
     _, last = _train(tmp_path, "last", [])
     out, ema = _train(tmp_path, "ema", ["--ema", "0.5"])
     assert "EMA of the iterates (decay 0.5)" in capsys.readouterr().out
-    # the same run (same key, steps, noise): the statement is unchanged by the average
+    # the same plan (steps, noise): the statement is unchanged by the average
     assert ema["epsilon"] == pytest.approx(last["epsilon"], rel=1e-12)
     assert ema["epsilon_by_accountant"] == pytest.approx(last["epsilon_by_accountant"], rel=1e-12)
     assert ema["steps"] == last["steps"] == 6 and ema["noise_multiplier"] == last["noise_multiplier"]
