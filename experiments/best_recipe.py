@@ -464,6 +464,9 @@ def demo_table(rows) -> str:
 
 def main(argv=None) -> int:
     """Run the recipe and its ablation arms for the given seeds and epsilons; write results.json, table.md."""
+    from experiments.runner import paired_arms_without_ledger
+
+    paired_arms_without_ledger()  # its arms share one sampling key per seed
     from tfdpbnn.commands import train_recipes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -228,6 +228,9 @@ def table(rows) -> str:
 
 def main(argv=None) -> int:
     """Run every seed, write ``results.json`` and ``table.md`` under ``--out``."""
+    from experiments.runner import paired_arms_without_ledger
+
+    paired_arms_without_ledger()  # its arms share one sampling key per seed
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--epsilon", type=float, default=1.0)

@@ -178,6 +178,9 @@ def table(rows) -> str:
 
 def main(argv=None) -> int:
     """Select on public data, then run every arm for the given seeds; write results.json and table.md."""
+    from experiments.runner import paired_arms_without_ledger
+
+    paired_arms_without_ledger()  # its arms share one sampling key per seed
     from tfdpbnn.commands import train_recipes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

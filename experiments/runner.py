@@ -25,7 +25,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["Run", "mean_std", "sound_epsilons"]
+__all__ = ["Run", "mean_std", "paired_arms_without_ledger", "sound_epsilons"]
+
+
+def paired_arms_without_ledger() -> None:
+    """Switch the privacy record off for this process unless ``TFDPBNN_PRIVACY_STORE`` names a store.
+
+    For experiments whose arms of one seed draw their batches from one sampling key (``poisson_batches``'
+    ``secret_seed``), so that the arms are paired: the per-record ledger refuses a second run from one key
+    on the same records (the runs are not independent). Each privacy statement is then its own run's.
+    """
+    os.environ.setdefault("TFDPBNN_PRIVACY_STORE", "off")
 
 
 def sound_epsilons(noise_multiplier: float, sample_rate: float, steps: int, delta: float,

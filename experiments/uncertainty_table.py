@@ -578,6 +578,9 @@ def comparison(rows) -> str:
 
 def main(argv=None) -> int:
     """Run the rows not yet in ``--out``/results.json, appending each as it finishes; write the table."""
+    from experiments.runner import paired_arms_without_ledger
+
+    paired_arms_without_ledger()  # its arms share one sampling key per seed
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
