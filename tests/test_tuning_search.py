@@ -146,3 +146,29 @@ def test_selected_model_states_and_exports_the_search_epsilon(splits, tmp_path):
     res.model.fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=opt.sample_rate), epochs=1, verbose=0)
     assert fresh.privacy_statement()["search"]["num_candidates"] == 2
     assert fresh.privacy_statement()["epsilon"] > later["epsilon"]
+
+
+def test_validation_labels_and_neighboring_the_search_cannot_account_are_refused(splits):
+    # A column of labels ([n_val, 1]: CIFAR-10's load_data, df[["label"]]) was compared with the predictions
+    # by broadcasting: the "count of correct predictions" counted pairs (noisy scores of 10.8), whose
+    # sensitivity is up to n_val, not 1 (324.9 where 7.08 was printed). Optimizers under replace-one were
+    # accounted under add-or-remove (7.08 printed where 16.51 holds).
+    x, y, xv, yv = splits
+    for labels in (np.eye(10)[yv], yv[:-1]):
+        with pytest.raises(ValueError, match="y_val: one class label per validation example"):
+            tfdpbnn.tuning.private_search(_build(len(x)), CANDIDATES[:1], x, y, xv, labels, delta=1e-5)
+    res = tfdpbnn.tuning.private_search(_build(len(x)), CANDIDATES[:1], x, y, xv, yv[:, None], delta=1e-5,
+                                        score_noise_multiplier=0.5)
+    assert -0.1 < res.diagnostics["trials"][0]["noisy_score"] < 1.1   # an accuracy, plus noise of std 0.005
+
+    def replace_one(hp):
+        model = _build(len(x))(hp)
+        opt = tfdpbnn.DPSGDOptimizer(1.0, noise_multiplier=hp["noise_multiplier"], num_examples=len(x),
+                                     batch_size=hp["batch_size"], neighboring="replace_one",
+                                     sampling="shuffle", learning_rate=hp["lr"])
+        model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    with pytest.raises(ValueError, match="neighboring is 'replace_one'"):
+        tfdpbnn.tuning.private_search(replace_one, [dict(CANDIDATES[0], sampling="shuffle")], x, y, xv, yv,
+                                      delta=1e-5)

@@ -219,7 +219,8 @@ def _fit(model, hp, x, y, callbacks, verbose, record_ids=None, releases_before=0
     q, steps = planned_steps(hp, n)
     checks = {"noise_multiplier": (opt.noise_multiplier, hp["noise_multiplier"]),
               "batch_size": (opt.batch_size, hp["batch_size"]), "num_examples": (opt.num_examples, n),
-              "sampling": (opt.sampling, hp["sampling"])}
+              "sampling": (opt.sampling, hp["sampling"]),
+              "neighboring": (opt.neighboring, "add_or_remove")}  # what ``search_rdp`` accounts under
     for name, (got, want) in checks.items():
         if (got != want) if isinstance(want, str) else not math.isclose(got, want, rel_tol=1e-6):
             raise ValueError(f"build: the optimizer's {name} is {got!r} but the candidate (and its "
@@ -351,6 +352,31 @@ def _default_predict(model, x):
     return model(x, training=False)
 
 
+def _validation_labels(y_val, n_val: int) -> np.ndarray:
+    """``y_val`` as one class label per validation example (shape [n_val]; [n_val, 1] is flattened).
+
+    The score is the count of validation examples whose argmax prediction equals their label, of
+    sensitivity 1: labels of another shape (a one-hot matrix, or a column compared by broadcasting with
+    every prediction: a count of pairs, of sensitivity up to n_val) are refused before any trial.
+    """
+    labels = np.asarray(y_val)
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if labels.ndim != 1 or len(labels) != n_val:
+        raise ValueError(f"y_val: one class label per validation example (shape [{n_val}] or [{n_val}, 1]), "
+                         f"got shape {np.shape(y_val)}; for one-hot labels pass np.argmax(y_val, axis=-1)")
+    return labels
+
+
+def _correct(scores, labels: np.ndarray) -> int:
+    """How many validation examples' argmax of ``scores`` ([n_val, classes]) equals their label."""
+    predicted = np.argmax(np.asarray(scores), axis=-1)
+    if predicted.shape != labels.shape:
+        raise ValueError(f"predict: scores of shape [n_val, classes] ([{len(labels)}, k]) are needed, got "
+                         f"{np.shape(scores)}")
+    return int(np.sum(predicted == labels))
+
+
 def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, *, delta: float,
                    distribution=None, score_noise_multiplier: float | None = None, predict: Callable = None,
                    callbacks: Callable | None = None, seed: int | None = None, verbose: int = 0,
@@ -399,6 +425,7 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
     n, n_val = len(x_train), len(x_val)
     if n_val < 1:
         raise ValueError("x_val must hold at least one example")
+    labels = _validation_labels(y_val, n_val)
     # Before any trial: one distinct id per record, and no record in both splits.
     validation_keys = _split_keys(x_train, y_train, x_val, y_val, record_ids, validation_record_ids)
     total, trial, s, train = search_rdp(candidates, n, distribution, score_noise_multiplier,
@@ -435,7 +462,7 @@ def private_search(build: Callable, candidates, x_train, y_train, x_val, y_val, 
             model = build(dict(hp))
             _fit(model, hp, x_train, y_train, callbacks(dict(hp)) if callbacks else None, verbose, record_ids,
                  releases_before)
-            correct = int(np.sum(np.argmax(np.asarray(predict(model, x_val)), axis=-1) == np.asarray(y_val)))
+            correct = _correct(predict(model, x_val), labels)
             noisy = (correct + s * rng.standard_normal()) / n_val
             records.append({"candidate": i, "noisy_score": float(noisy)})
             if best is None or noisy > best[0]:
