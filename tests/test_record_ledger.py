@@ -663,6 +663,82 @@ def test_a_private_calibration_named_by_its_records_counts_for_a_later_run_on_th
         assert quoted == pytest.approx(truth, rel=0.01)
 
 
+def test_a_private_calibration_named_by_other_records_than_it_read_is_refused():
+    # x=probs_B (the probabilities, not the inputs) was accepted for a sequential release: the ledger charged
+    # "records" no run reads, and a later 2 passes on B quoted 7.08 where 7.52 holds (calibration at
+    # epsilon 2). A fit reading 128 rows (A+B) named by the 64 rows of B passed too, even as "parallel".
+    optimizer, probs_b, x_b, y_b = _held_out_calibration_setup()
+    y_a = small_data()[1]
+    written = len(_ledger().backend.releases())
+    plan = tfdpbnn.uncertainty.CalibrationPlan(composition="sequential")
+    fits = {
+        "temperature": lambda p, labels, **k: tfdpbnn.uncertainty.fit_temperature_private(
+            p, labels, epsilon=2.0, delta=DELTA, optimizer=optimizer, **k),
+        "conformal": lambda p, labels, **k: tfdpbnn.uncertainty.private_conformal_threshold(
+            p, labels, 0.1, epsilon=2.0, delta=DELTA, allow_uninformative=True, optimizer=optimizer, **k),
+        "plan": lambda p, labels, **k: plan.fit(p, labels, 2.0, DELTA, allow_uninformative=True,
+                                                optimizer=optimizer, **k)}
+    probs_ab, y_ab = np.concatenate([probs_b, probs_b]), np.concatenate([y_a, y_b])   # 128 rows read
+    for name, fit in fits.items():
+        with pytest.raises(ValueError, match=r"^x: .*input shape \(None, 4\).*got shape \(64, 3\)"):
+            fit(probs_b, y_b, x=probs_b, y=y_b)
+        with pytest.raises(ValueError, match="^x: names 8 records, but the release read 64 rows"):
+            fit(probs_b, y_b, x=x_b[:8], y=y_b[:8])
+        with pytest.raises(ValueError, match="^record_ids: names 8 records, but the release read 64 rows"):
+            fit(probs_b, y_b, record_ids=np.arange(8))
+        with pytest.raises(ValueError, match="^x: names 64 records, but the release read 128 rows"):
+            fit(probs_ab, y_ab, x=x_b, y=y_b, **({"composition": "parallel"} if name != "plan" else {}))
+    released = tfdpbnn.uncertainty.fit_temperature_private(probs_b, y_b, epsilon=2.0, delta=DELTA, seed=0)
+    with pytest.raises(ValueError, match="^x: names 8 records, but the release read 64 rows"):
+        optimizer.record_release(released, x=x_b[:8], y=y_b[:8])
+    with pytest.raises(ValueError, match="^x: .*input shape"):
+        optimizer.record_release(released, "parallel", x=probs_b, y=y_b)
+    assert len(_ledger().backend.releases()) == written
+    assert optimizer.privacy_statement().get("releases") is None
+    # Named by its own rows, the release counts for a later run on B: the truth by dp-accounting.
+    fit = fits["temperature"](probs_b, y_b, x=x_b, y=y_b)
+    _, later = _fit(x_b, y_b, epochs=2, seed=1)
+    truth = rdp_epsilon(dp_accounting.ComposedDpEvent([_gaussians(1.0, 2), fit.privacy.dp_event]))
+    assert truth > gaussians_epsilon(1.0, 2) * 1.05   # 7.52 against the 7.08 of the passes alone
+    quoted = later.privacy_statement()["quote"]["epsilon"]
+    assert quoted >= truth * (1 - 1e-6) and quoted == pytest.approx(truth, rel=0.01)
+
+
+@pytest.mark.parametrize("how", ["load", "compile=False"])
+def test_export_of_a_loaded_model_finds_its_recorded_calibration_and_counts_it_once(tmp_path, how):
+    # The optimizer of a model loaded from .keras (or a new DP optimizer that imports the release from the
+    # per-record ledger) holds the calibration under another object: the export refused it, and recording it
+    # again as the error advised counted it twice (5.82 printed where 5.29 holds).
+    x, y = small_data()
+    model, optimizer = _fit(x, y, epochs=1)
+    probs = tf.nn.softmax(model(x)).numpy()
+    reason = "fit on the training rows"
+    fit = tfdpbnn.uncertainty.fit_temperature_private(probs, y, epsilon=2.0, delta=DELTA, optimizer=optimizer,
+                                                      asserted_training_records=reason)
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    if how == "load":
+        loaded = tf.keras.models.load_model(path)
+    else:
+        loaded = tf.keras.models.load_model(path, compile=False)
+        loaded.compile(optimizer=tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA),
+                       loss=LOSS)
+    truth = rdp_epsilon(dp_accounting.ComposedDpEvent([_gaussians(1.0, 1), fit.privacy.dp_event]))
+    twice = rdp_epsilon(dp_accounting.ComposedDpEvent([_gaussians(1.0, 1), fit.privacy.dp_event,
+                                                       fit.privacy.dp_event]))
+    assert twice > truth * 1.05
+    written = len(_ledger().backend.releases())
+    loaded.optimizer.record_release(fit, asserted_training_records=reason)   # held already: not again
+    assert len(_ledger().backend.releases()) == written
+    assert len(loaded.optimizer.privacy_statement()["releases"]) == 1
+    tfdpbnn.export_saved_model(loaded, str(tmp_path / "exported"), calibration=fit)
+    with open(os.path.join(str(tmp_path / "exported"), "assets", "privacy.json")) as fh:
+        epsilon = json.load(fh)["epsilon"]
+    assert epsilon >= truth * (1 - 1e-6) and epsilon == pytest.approx(truth, rel=0.01)
+    charged = _ledger().max_epsilon(records.content_keys(x, y), DELTA)
+    assert charged >= truth * (1 - 1e-6) and charged == pytest.approx(truth, rel=0.01)
+
+
 def test_a_calibration_asserted_on_the_training_records_is_charged_to_them_and_listed():
     x, y = small_data()
     model, optimizer = _fit(x, y, epochs=1)

@@ -769,12 +769,24 @@ class DPOptimizerMixin:
         trained, or else the model compiled with it; a model given here, or compiled with it before any run,
         first inherits its weights' record from the privacy record store).
         """
+        return build_statement(self, self._resolve_delta(delta), model=self._import_weights_record(model))
+
+    def _import_weights_record(self, model=None, adopt=False):
+        """Import what the weights of ``model`` carry; returns the model a statement is of, or None.
+
+        ``model``: default the model this optimizer last trained, or else the model compiled with it. Other
+        optimizers' training and DP preprocessing are imported; with ``adopt``, a compiled model before any
+        run is adopted as ``epsilon`` does (``RunRecord.adopt``: the releases linked to its training in the
+        per-record ledger too).
+        """
         target = model if model is not None else attributes.run_record(self).model()
         if target is None:  # no run yet: the model compiled with it, if any
             model = target = self._compiled_model()
+            if adopt and target is not None:
+                attributes.run_record(self).adopt(target)
         if target is not None:
             self._import_model_training(target)
-        return build_statement(self, self._resolve_delta(delta), model=model)
+        return model
 
     #: What a run can release beside the DP gradients, which no epsilon covers (``note_uncovered_release``).
     UNCOVERED_RELEASES = {
@@ -817,7 +829,8 @@ class DPOptimizerMixin:
         accountant) or "parallel" (fit on records held out of training by
         ``tfdpbnn.uncertainty.split_by_record``: the parallel releases are composed with each other and the
         statement takes the larger of that and the training's epsilon, McSherry 2009; add/remove adjacency
-        only). Recording the same object twice counts it once.
+        only). Recording a release this optimizer holds already counts it once: the same object, or the same
+        content (``as_dict()``) restored with a loaded model or imported from the per-record ledger.
 
         "parallel" is accepted only when the split is checked or asserted: with ``x``/``y`` or ``record_ids``
         the per-record ledger must show that none of those records was touched by this model's training
@@ -825,8 +838,10 @@ class DPOptimizerMixin:
         non-empty reason) asserts the split by name, and the statement lists it under
         ``asserted_by_user``. Otherwise ``ValueError``: use "sequential".
 
-        ``x``/``y`` (the data the release was fit on, in the form training was given it) or ``record_ids``
-        (their ids): the release is also written to the per-record ledger (``tfdpbnn.record.record_ledger``)
+        ``x``/``y`` (the data the release was fit on, in the form training was given it: ``x`` of another
+        per-example shape than the model's input is refused) or ``record_ids`` (their ids; as many as the
+        rows the release read, where it records their number as ``num_examples``): the release is also
+        written to the per-record ledger (``tfdpbnn.record.record_ledger``)
         against exactly those records, so every later run on them counts it. This model's own
         ``ledger_bound`` composes it with the history of every record the model was trained on either way
         (an upper bound). A private release must name its records so (``y`` alone names none): one that
@@ -843,6 +858,8 @@ class DPOptimizerMixin:
         ``private_conformal_threshold``, ``CalibrationPlan.fit``), which reserves it first
         (``reserve_release``).
         """
+        import numbers
+
         import dp_accounting
 
         cost = getattr(release, "privacy", None)
@@ -850,13 +867,19 @@ class DPOptimizerMixin:
             raise ValueError("release must have a `privacy` attribute with a dp_accounting DpEvent (e.g. the "
                              "result of tfdpbnn.uncertainty.fit_temperature_private), got "
                              f"{type(release).__name__}")
-        if all(r is not release for r, _ in attributes.releases(self)):
+        from tfdpbnn.record.private_release import held_release
+
+        self._import_weights_record(adopt=True)  # the releases a loaded model's weights carry already
+        if held_release(self, release) is None:  # recorded, restored or imported already: counted once
+            read = getattr(release, "num_examples", None)  # the rows it read, where it records them
             self.reserve_release(cost, composition, x=x, y=y, record_ids=record_ids,
                                  asserted_disjoint=asserted_disjoint,
-                                 asserted_training_records=asserted_training_records).commit(release)
+                                 asserted_training_records=asserted_training_records,
+                                 records_read=read if isinstance(read, numbers.Integral) else None
+                                 ).commit(release)
 
     def reserve_release(self, cost, composition="sequential", *, x=None, y=None, record_ids=None,
-                        asserted_disjoint=None, asserted_training_records=None):
+                        asserted_disjoint=None, asserted_training_records=None, records_read=None):
         """Check and reserve a private release of ``cost`` before it runs; returns its ``ReleaseReservation``.
 
         ``cost``: the release's ``PrivacyCost`` (its ``dp_event``), known before it reads its data; the
@@ -865,6 +888,12 @@ class DPOptimizerMixin:
         release before it reads its data (``BudgetExceededError``; nothing written). Then
         ``reservation.commit(release)`` composes the release into this optimizer's statement. The private
         fits take the optimizer and do both (``fit_temperature_private(..., optimizer=...)``).
+
+        ``records_read``: the number of rows the release reads (the private fits pass ``len(labels)``);
+        records named (``x``/``record_ids``) in another number are refused (``ValueError`` naming ``x`` or
+        ``record_ids`` and both counts): the ledger would charge records other than those read. None: not
+        checked. ``x`` must be in the form training was given it (the model's per-example input shape, not,
+        e.g., predicted probabilities): ``ValueError`` naming ``x`` otherwise, for either composition.
         """
         import dp_accounting
 
@@ -885,18 +914,21 @@ class DPOptimizerMixin:
                 "sensitivity): composed here its cost would be understated. Compute the release with "
                 f"neighboring={self.neighboring!r} (the private fits given optimizer= take its relation).")
         named = x is not None or record_ids is not None
+        if named and x is not None:
+            self._check_release_input_shape(x)
         asserted = self._training_records_assertion(asserted_training_records, composition, named, y)
         keys = None
         if named:
             from tfdpbnn.record.records import record_keys
 
             keys = record_keys(x, y, record_ids)
+            self._check_named_records(keys, x, record_ids, records_read)
         basis = None
         if composition == "sequential" and keys is not None and hasattr(keys, "content") \
                 and keys.content is None:
             self._refuse_ids_unknown_to_the_ledger(keys)
         if composition == "parallel":
-            basis = self._parallel_basis(keys, asserted_disjoint, x)
+            basis = self._parallel_basis(keys, asserted_disjoint)
         elif asserted_disjoint is not None:
             raise ValueError("asserted_disjoint: only for composition='parallel', got it with "
                              f"composition={composition!r}")
@@ -999,7 +1031,42 @@ class DPOptimizerMixin:
                 "the training records, leave record_ids out and assert that with asserted_training_records="
                 "'why'")
 
-    def _parallel_basis(self, keys, asserted_disjoint, x=None) -> str:
+    def _check_release_input_shape(self, x) -> None:
+        """Refuse a release's ``x`` whose per-example shape is not this model's input shape (``ValueError``).
+
+        The per-record ledger knows records by the rows training was given: a release named by another form
+        of them (e.g. predicted probabilities) would be charged to records no run ever reads, so a later run
+        on the real ones would quote an epsilon without it. Not checked when the model is unknown (no DP run
+        yet) or takes several inputs.
+        """
+        record = attributes.run_record(self)
+        model = record.model() if record is not None else None
+        wanted = getattr(model, "input_shape", None) if model is not None else None
+        got = tuple(x.shape) if hasattr(x, "shape") else None
+        if got is not None and isinstance(wanted, tuple) and (len(got) != len(wanted) or any(
+                a is not None and a != b for a, b in zip(wanted[1:], got[1:], strict=True))):
+            raise ValueError(f"x: the release's records in the form training was given them (the model's "
+                             f"input shape {wanted}), got shape {got}: the per-record ledger knows records "
+                             "only in that form (not, e.g., as predicted probabilities), and would charge "
+                             "records no run reads")
+
+    @staticmethod
+    def _check_named_records(keys, x, record_ids, records_read) -> None:
+        """Refuse records named (``keys``, of ``x`` or ``record_ids``) in another number than the rows read.
+
+        ``records_read``: the number of rows the release read (None: unknown, not checked).
+        """
+        if records_read is None:
+            return
+        named, read = len(keys), int(records_read)
+        if named != read:
+            name = "x" if x is not None else "record_ids"
+            raise ValueError(f"{name}: names {named} records, but the release read {read} rows: the "
+                             "per-record ledger would charge records other than those it read. Name exactly "
+                             "the rows the fit read (the same rows as its labels), in the form training was "
+                             "given them")
+
+    def _parallel_basis(self, keys, asserted_disjoint) -> str:
         """Why a "parallel" release's records are disjoint from this model's training records, or raise.
 
         Checked in the per-record ledger when the release's records are known (``keys``), else asserted by
@@ -1035,15 +1102,6 @@ class DPOptimizerMixin:
             raise ValueError("composition: 'parallel' cannot be checked with the privacy record store off "
                              "(no per-record ledger); assert it by name with asserted_disjoint='why', or use "
                              "composition='sequential'")
-        model = attributes.run_record(self).model()
-        wanted = getattr(model, "input_shape", None) if model is not None else None
-        got = tuple(x.shape) if hasattr(x, "shape") else None
-        if got is not None and isinstance(wanted, tuple) and (len(got) != len(wanted) or any(
-                a is not None and a != b for a, b in zip(wanted[1:], got[1:], strict=True))):
-            raise ValueError(f"x: the release's records in the form training was given them (the model's "
-                             f"input shape {wanted}), got shape {tuple(x.shape)}: the per-record ledger can "
-                             "only check the split on the same records (not, e.g., on predicted "
-                             "probabilities)")
         touched, known = ledger.overlap(keys, phase_ids)
         if not known:
             raise ValueError("composition: 'parallel' cannot be checked: the per-record ledger holds no "

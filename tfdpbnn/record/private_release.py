@@ -134,6 +134,9 @@ class ReleaseReservation:
             reservation.commit(spent, phase_ids=phase_ids)
             attributes.release_ledger(self._optimizer)[id(release)] = (reservation.release_id, on_training,
                                                                        token)
+            content = release_content(release)
+            if token is not None and content is not None:
+                _COMMITTED_TOKENS.setdefault(content, set()).add(token)
         if self._basis is not None:
             attributes.parallel_basis(self._optimizer)[id(release)] = self._basis
         if self._keys is not None:
@@ -162,7 +165,8 @@ def release_relation(neighboring, optimizer=None) -> str:
 
 
 def release_reservation(cost, optimizer=None, reservation=None, composition="sequential", x=None, y=None,
-                        record_ids=None, asserted_disjoint=None, asserted_training_records=None):
+                        record_ids=None, asserted_disjoint=None, asserted_training_records=None,
+                        records_read=None):
     """The ``ReleaseReservation`` a private fit of ``cost`` commits its result to, or None.
 
     ``optimizer``: the DP optimizer whose statement records the release; it is reserved now
@@ -175,6 +179,8 @@ def release_reservation(cost, optimizer=None, reservation=None, composition="seq
     (``CalibrationPlan.fit`` reserves both of its releases before either runs). Neither: None (the fit
     records nothing; ``optimizer.record_release`` can record its result later, after it ran). Record
     arguments without ``optimizer``, or both ``optimizer`` and ``reservation``: ``ValueError`` naming them.
+    ``records_read``: the number of rows the fit reads (``len(labels)``); records named in another number
+    are refused (``ValueError`` naming ``x`` or ``record_ids``; ``optimizer.reserve_release``).
     """
     given = [name for name, value in (("composition", composition != "sequential"), ("x", x is not None),
                                       ("y", y is not None), ("record_ids", record_ids is not None),
@@ -201,7 +207,56 @@ def release_reservation(cost, optimizer=None, reservation=None, composition="seq
                          f"got {type(optimizer).__name__}")
     return optimizer.reserve_release(cost, composition, x=x, y=y, record_ids=record_ids,
                                      asserted_disjoint=asserted_disjoint,
-                                     asserted_training_records=asserted_training_records)
+                                     asserted_training_records=asserted_training_records,
+                                     records_read=records_read)
+
+
+#: Ledger tokens of the releases committed in this process, by their content (``release_content``): a
+#: release that a later optimizer imported from the per-record ledger (``_import_linked_releases``: no
+#: record of its value) is matched with the object that was committed so.
+_COMMITTED_TOKENS: dict[str, set[str]] = {}
+
+
+def release_content(release) -> str | None:
+    """The content of ``release`` as JSON, or None for a release without ``as_dict``.
+
+    Its ``as_dict()``: what ``release_config`` stores under "record", a ``RestoredRelease``'s record.
+    """
+    import json
+
+    as_dict = getattr(release, "as_dict", None)
+    if not callable(as_dict):
+        return None
+    try:
+        return json.dumps(as_dict(), sort_keys=True, default=repr)
+    except (TypeError, ValueError):
+        return None
+
+
+def held_release(optimizer, release):
+    """The release ``optimizer`` holds that is ``release``, or None.
+
+    Held: recorded, restored from a saved config, or imported from the per-record ledger.
+
+    Matched by identity, else by content: a release restored from a saved optimizer (``RestoredRelease``)
+    whose record is ``release.as_dict()``, or one imported from the per-record ledger under a token this
+    process committed ``release``'s content as. A loaded model's optimizer holds the calibration a user
+    fit before saving under another object; matching by ``id`` alone refused it, and recording it again
+    counted it twice.
+    """
+    held = attributes.releases(optimizer)
+    for r, _ in held:
+        if r is release:
+            return r
+    content = release_content(release)
+    if content is None:
+        return None
+    tokens = _COMMITTED_TOKENS.get(content, set())
+    in_ledger = attributes.release_ledger(optimizer)
+    for r, _ in held:
+        if release_content(r) == content or in_ledger.get(id(r), (None, False, None))[2] in tokens:
+            return r
+    return None
 
 
 #: The argument of ``export_saved_model`` each release type is given as.
@@ -216,12 +271,16 @@ def refuse_unrecorded_releases(optimizer, releases, holder: str | None = None) -
     could not charge them. A release with a privacy cost must be recorded before, with its records (or the
     assertion that they are the training records); one without (a ``NoOpDpEvent``: public data) needs
     nothing. ``holder``: the optimizer in words; None: there is none (``optimizer`` is a reader made for the
-    statement, which the user cannot reach).
+    statement, which the user cannot reach). A release counts as recorded when the optimizer holds it by
+    identity or by content (``held_release``: e.g. restored with a model loaded from ``.keras``).
     """
-    held = {id(r) for r, _ in attributes.releases(optimizer)}
+    bring_up_to_date = getattr(optimizer, "_import_weights_record", None)
+    if callable(bring_up_to_date):  # the releases a loaded model's weights carry (per-record ledger)
+        bring_up_to_date(adopt=True)
     for release in releases:
         cost = getattr(release, "privacy", None)
-        if id(release) in held or isinstance(getattr(cost, "dp_event", None), dp_accounting.NoOpDpEvent):
+        if held_release(optimizer, release) is not None or isinstance(getattr(cost, "dp_event", None),
+                                                                       dp_accounting.NoOpDpEvent):
             continue
         name = _EXPORT_ARGUMENT.get(type(release).__name__, "release")
         what = f"{name}: a private release ({type(release).__name__}, epsilon {cost.epsilon:.3g})"

@@ -157,13 +157,14 @@ class CalibrationPlan:
                 f"delta={delta:g}: they need at least {needed}; hold out more examples, raise epsilon, or "
                 "pass "
                 "allow_uninformative=True")
-        _log_probs_and_labels(probs, labels)  # bad input refused before anything is reserved
+        read = len(_log_probs_and_labels(probs, labels)[1])  # bad input refused before anything is reserved
         relation = release_relation(None, optimizer)  # the optimizer's adjacency, else add/remove
         reserved = [None, None]
         if optimizer is not None:  # both reserved before either fit: all or nothing
             record = {"composition": self.composition, "x": x, "y": y, "record_ids": record_ids,
                       "asserted_disjoint": asserted_disjoint,
-                      "asserted_training_records": asserted_training_records}
+                      "asserted_training_records": asserted_training_records,
+                      "records_read": read}
             reserved[0] = release_reservation(
                 temperature_privacy(eps_t, delta, self.temperature_steps, accountant, relation, seeds[0]),
                 optimizer, **record)

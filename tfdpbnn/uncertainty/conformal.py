@@ -208,7 +208,7 @@ def private_conformal_threshold(probs, labels, alpha, epsilon, delta, steps=6, g
             "pass allow_uninformative=True to accept sets that approach all labels")
     cost = cost.with_noise_seed(seed)
     reserved = release_reservation(cost, optimizer, reservation, composition, x, y, record_ids,
-                                   asserted_disjoint, asserted_training_records)
+                                   asserted_disjoint, asserted_training_records, records_read=n)
 
     def query(u):
         return float(np.sum(scores <= _grid_point(u, grid))) - c * (n + 1)

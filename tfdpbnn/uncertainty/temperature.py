@@ -177,7 +177,7 @@ def fit_temperature_private(probs, labels, epsilon, delta, steps=8, clip=3.0, bo
             raise ValueError(f"bounds must hold the temperature 1 strictly inside when null_zone is set, got "
                              f"{bounds!r}")
     reserved = release_reservation(cost, optimizer, reservation, composition, x, y, record_ids,
-                                   asserted_disjoint, asserted_training_records)
+                                   asserted_disjoint, asserted_training_records, records_read=len(labels))
     result = _bisect_temperature(log_p, labels, low, high, clip, steps, sigma, cost, seed, null_zone)
     if reserved is not None:
         reserved.commit(result)
