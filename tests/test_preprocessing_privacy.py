@@ -475,6 +475,64 @@ def test_dp_adapt_on_rows_that_are_not_examples_is_refused(steps):
     assert opt.steps == 0
 
 
+@pytest.mark.parametrize("wrapped,steps", [("encoder", 8), ("layer", 8), ("encoder", None), ("encoder", 1)])
+def test_a_layer_inside_time_distributed_counts_every_step(wrapped, steps):
+    """Sequences [64, 8, 4] adapted on x.reshape(-1, 4) (8 rows per example), the layer inside a per-step
+    encoder Model(Input((4,)), Dense(norm(.))) wrapped in TimeDistributed: the rows check read the encoder's
+    single 4-value call, 5.29 printed with ``guarantee: true`` where 24.67 holds. Each step is a call: refused
+    for 8 steps or an unknown number (the layer wrapped directly, too); one step per example trains as
+    before."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(N, steps or 8, D)).astype(np.float32), rng.integers(0, 3, N)
+    norm = tf.keras.layers.Normalization()
+    record = private_adapt_normalization(norm, x.reshape(-1, D), epsilon=2.0, delta=DELTA, bounds=(-3.0, 3.0))
+    if wrapped == "encoder":
+        step_input = tf.keras.Input((D,))
+        inner = tf.keras.Model(step_input, tf.keras.layers.Dense(5)(norm(step_input)))
+    else:
+        inner = norm
+    inputs = tf.keras.Input((steps, D))
+    pooled = tf.keras.layers.GlobalAveragePooling1D()(tf.keras.layers.TimeDistributed(inner)(inputs))
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(3)(pooled))
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    if steps == 1:
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        truth = rdp_epsilon(dp_accounting.ComposedDpEvent([
+            dp_accounting.GaussianDpEvent(record.noise_multiplier), dp_accounting.GaussianDpEvent(1.0)]))
+        assert opt.privacy_statement()["epsilon"] == pytest.approx(truth, rel=1e-6)
+        return
+    shown = "32" if steps else "an unknown number of"
+    with pytest.raises(ValueError, match=rf"'{norm.name}'.*rows of 4 value\(s\).*feeds it {shown} values"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert opt.steps == 0
+
+
+def test_a_layer_called_inside_a_subclassed_layer_is_refused_with_what_to_do():
+    # A DP-adapted layer called only inside a subclassed layer's call, in a functional model with an Input:
+    # the refusal said the model had no Input and told the user to add one.
+    x, y = small_data()
+    norm = tf.keras.layers.Normalization()
+    private_adapt_normalization(norm, x, epsilon=2.0, delta=DELTA, bounds=(-3.0, 3.0), labels=y)
+
+    class Block(tf.keras.layers.Layer):
+        def __init__(self, norm, **kwargs):
+            super().__init__(**kwargs)
+            self.norm, self.dense = norm, tf.keras.layers.Dense(3)
+
+        def call(self, inputs):
+            return self.dense(self.norm(inputs))
+
+    inputs = tf.keras.Input((D,))
+    model = tf.keras.Model(inputs, Block(norm)(inputs))
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    with pytest.raises(ValueError, match=rf"'{norm.name}'.*inside the call of a subclassed model or layer.*"
+                                         r"Call it directly in a functional model"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert opt.steps == 0
+
+
 def test_a_sequential_without_an_input_is_checked_once_built():
     # A Sequential with no Input has no symbolic call before its first one: the rows check refused every
     # such model holding a DP-adapted layer. It is built on the inputs' shape first, then checked.

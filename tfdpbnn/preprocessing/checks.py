@@ -208,9 +208,11 @@ def _values_within(model, layer, largest, seen=None):
     """The values one example feeds ``layer`` over all its calls in ``model``'s graph, and their number.
 
     A call of a nested model with a graph counts that model's calls of ``layer`` (a model called twice, twice
-    over); a call of another layer holding ``layer`` (a subclassed block, whose calls cannot be read) counts
-    as one call of ``largest`` values (its largest symbolic call anywhere). ``(0, 0)`` for a model whose
-    graph cannot be read.
+    over); a ``TimeDistributed`` holding ``layer`` (or wrapping it) counts its steps (axis 1 of its input)
+    times the wrapped layer's count per step, and an unknown number of steps as ``math.inf`` values; a call
+    of another layer holding ``layer`` (a subclassed block, whose calls cannot be read) counts as one call
+    of ``largest`` values (its largest symbolic call anywhere). ``(0, 0)`` for a model whose graph cannot
+    be read.
     """
     seen = {} if seen is None else seen
     if id(model) in seen:
@@ -220,6 +222,12 @@ def _values_within(model, layer, largest, seen=None):
         if called is layer:
             values = _call_values(inputs)
             total, calls = total + (largest if values is None else values), calls + 1
+        elif isinstance(called, tf.keras.layers.TimeDistributed) and (
+                called.layer is layer or any(inner is layer for inner in _private_api.sublayers(called))):
+            values, count = _per_step_values(called, inputs, layer, largest, seen)
+            steps = _timesteps(inputs)
+            total = total + (math.inf if steps is None else values * steps)
+            calls = calls + (count if steps is None else count * steps)
         elif isinstance(called, tf.keras.layers.Layer) and any(
                 inner is layer for inner in _private_api.sublayers(called)):
             if _private_api.graph_calls(called) is not None:
@@ -231,16 +239,73 @@ def _values_within(model, layer, largest, seen=None):
     return total, calls
 
 
+def _timesteps(inputs):
+    """The length of axis 1 (the time steps) of a ``TimeDistributed`` call's input; None when unknown."""
+    tensors = [t for t in tf.nest.flatten(inputs) if getattr(t, "shape", None) is not None]
+    if not tensors or len(tensors[0].shape) < 2 or tensors[0].shape[1] is None:
+        return None
+    return int(tensors[0].shape[1])
+
+
+def _step_values(inputs):
+    """The most values one time step of a ``TimeDistributed`` call's ``inputs`` holds; None without one."""
+    sizes = []
+    for tensor in tf.nest.flatten(inputs):
+        shape = getattr(tensor, "shape", None)
+        if shape is None or len(shape) < 2:
+            continue
+        dims = list(shape)[2:]
+        sizes.append(math.inf if any(d is None for d in dims) else int(np.prod(dims, dtype=np.int64)))
+    return max(sizes) if sizes else None
+
+
+def _wrapped_calls(model, layer, seen=None):
+    """The per-step values of each call of a ``TimeDistributed(layer)`` in ``model``'s graph (nested too).
+
+    The wrapper calls ``layer`` inside its own call: ``layer`` has no symbolic call of its own there.
+    """
+    seen = set() if seen is None else seen
+    if id(model) in seen:
+        return []
+    seen.add(id(model))
+    sizes = []
+    for called, inputs in _private_api.graph_calls(model) or ():
+        if isinstance(called, tf.keras.layers.TimeDistributed) and called.layer is layer:
+            values = _step_values(inputs)
+            sizes.append(math.inf if values is None else values)
+        elif isinstance(called, tf.keras.layers.Layer):
+            nested = called.layer if isinstance(called, tf.keras.layers.TimeDistributed) else called
+            if _private_api.graph_calls(nested) is not None:
+                sizes.extend(_wrapped_calls(nested, layer, seen))
+    return sizes
+
+
+def _per_step_values(wrapper, inputs, layer, largest, seen):
+    """The values one time step feeds ``layer`` through ``wrapper`` (a ``TimeDistributed``), and its calls.
+
+    The wrapped layer is ``layer`` itself (one call of the step's input), a model with a graph (its calls
+    of ``layer``), or another layer holding it (one call of ``largest`` values).
+    """
+    inner = wrapper.layer
+    if inner is layer:
+        values = _step_values(inputs)
+        return (largest if values is None else values), 1
+    if _private_api.graph_calls(inner) is not None:
+        return _values_within(inner, layer, largest, seen)
+    return largest, 1
+
+
 def _values_per_example(model, layer):
     """How many values one example of ``model`` feeds ``layer``, and over how many calls.
 
-    Read from the symbolic calls of the layer (a functional model, a ``Sequential`` with an ``Input``): the
-    sum over its calls within ``model``'s graph (nested models included: every call of the layer adds rows
-    of the same release for the same example), and never less than its largest single call anywhere;
+    Read from the symbolic calls of the layer (a functional model, a ``Sequential`` with an ``Input``; a
+    ``TimeDistributed`` wrapping it, one call per time step): the sum over its calls within ``model``'s graph
+    (nested models included: every call of the layer adds rows of the same release for the same example),
+    and never less than its largest single call anywhere;
     ``math.inf`` for an axis of unknown length; None when the layer has no such call.
     """
     sizes = [size for inputs in _private_api.symbolic_call_inputs(layer)
-             if (size := _call_values(inputs)) is not None]
+             if (size := _call_values(inputs)) is not None] or _wrapped_calls(model, layer)
     if not sizes:
         return None, 0
     largest = max(sizes)
@@ -264,13 +329,16 @@ def _check_rows(model, layer, record) -> None:
         raise ValueError(
             f"model: the preprocessing layer {layer.name!r} ({type(layer).__name__}) holds a DP release "
             f"whose rows were {per_row} value(s) of the layer's input each, but tfdpbnn cannot tell how many "
-            "values one training example feeds it (the layer has no symbolic call: a subclassed model, or a "
-            "Sequential without an Input). Build the model with tf.keras.Input(shape) (functional or "
-            "Sequential) so that the layer's per-example input shape is known")
+            "values one training example feeds it: the layer is called where its per-example input cannot be "
+            "read (inside the call of a subclassed model or layer, or in a Sequential without an Input). "
+            "Call it directly in a functional model or a Sequential built with tf.keras.Input(shape) (e.g. "
+            "normalize the inputs before the subclassed layer or model), so that the layer's per-example "
+            "input shape is known")
     if per_example > per_row:
         shown = "an unknown number of" if per_example == math.inf else str(per_example)
         over = (f" over its {calls} calls in the model (each call's values are rows of the same release; "
-                "e.g. one layer adapted on np.concatenate([x1, x2]) and applied to both inputs)" if calls > 1
+                "e.g. one layer adapted on np.concatenate([x1, x2]) and applied to both inputs, or a layer "
+                "inside TimeDistributed, called once per time step)" if calls > 1
                 else f" (more than one row: e.g. a sequence adapted on x.reshape(-1, {per_row}))")
         raise ValueError(
             f"model: the preprocessing layer {layer.name!r} ({type(layer).__name__}) was adapted privately "
