@@ -85,3 +85,41 @@ def test_a_float64_model_is_clipped_as_the_float32_one():
     for method in ("auto", "jacobian"):
         for a, b in zip(weights["float64", method], weights["float32", method], strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("order", [("float64", "float32"), ("float32", "float64")])
+def test_a_model_mixing_float64_and_float32_layers_is_clipped_as_the_float32_one(order):
+    # Sequential([Input((4,)), Dense(5, dtype="float64"), Dense(3)]) (or reversed) failed in the DP step with
+    # a TypeError: tf.add_n of the layers' squared norms, float64 and float32.
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 4)).astype("float32") * 10.0   # every example's gradient norm above C
+    y = rng.integers(0, 3, 16)
+    start = [rng.normal(size=(4, 5)), rng.normal(size=5), rng.normal(size=(5, 3)), rng.normal(size=3)]
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def build(dtypes):
+        model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(5, dtype=dtypes[0]),
+                                     tf.keras.layers.Dense(3, dtype=dtypes[1])])
+        model.set_weights([w.astype(dtypes[i // 2]) for i, w in enumerate(start)])
+        return model
+
+    for method in ("auto", "jacobian"):
+        weights = {}
+        for dtypes in (order, ("float32", "float32")):
+            model = build(dtypes)
+            opt = tfdpbnn.DPSGDOptimizer(0.05, 0.0, learning_rate=0.5, num_examples=16, batch_size=16,
+                                         clipping_method=method)
+            model.compile(optimizer=opt, loss=loss)
+            model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+            assert [w.dtype for w in model.get_weights()] == [np.dtype(dtypes[i // 2]) for i in range(4)]
+            weights[dtypes] = [w.astype("float64") for w in model.get_weights()]
+            moved = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(weights[dtypes], start, strict=True)))
+            assert 0.0 < moved <= 0.5 * 0.05 * (1 + 1e-4)   # learning rate x C: the mean of clipped gradients
+        for a, b in zip(weights[order], weights["float32", "float32"], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+        model = build(order)   # with noise: each variable's update in its own dtype
+        model.compile(optimizer=tfdpbnn.DPSGDOptimizer(0.05, 1.0, learning_rate=0.5, num_examples=16,
+                                                       batch_size=16, clipping_method=method), loss=loss)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+        assert all(np.isfinite(w).all() for w in model.get_weights())
+        assert [w.dtype for w in model.get_weights()] == [np.dtype(order[i // 2]) for i in range(4)]

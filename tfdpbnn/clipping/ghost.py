@@ -19,7 +19,7 @@ import dataclasses
 import tensorflow as tf
 
 from tfdpbnn import _private_api
-from tfdpbnn.clipping.jacobian import _regularization_loss, clip_factors, scaled_factors
+from tfdpbnn.clipping.jacobian import _regularization_loss, clip_factors, scaled_factors, widest_sum
 from tfdpbnn.clipping.registry import ClippingRule, rule_for, unsupported_reason_for
 from tfdpbnn.clipping.result import ClippedGradients
 
@@ -207,11 +207,14 @@ def ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_
                             strict=True):
             if flag and sq is not None:
                 squared.append(_one_row_per_example(sq, per_example_loss, r.entry.layer))
-    norms = tf.sqrt(tf.add_n(squared)) if squared else tf.zeros_like(per_example_loss)
+    norms = tf.sqrt(widest_sum(squared)) if squared else tf.zeros_like(per_example_loss)
     factors = scaled_factors(clip_factors(norms, l2_norm_clip), sum_scale)
     sums = {}
     for r, grads in zip(records, grads_per_record, strict=True):
-        results = r.entry.rule.clipped_sums(r.entry.layer, r.context, grads, factors)
+        # A model mixing float32 and float64 layers: each layer's sums in its own dtype.
+        dtypes = [g.dtype for g in grads if g is not None and g.dtype.is_floating]
+        own = tf.cast(factors, dtypes[0]) if dtypes else factors
+        results = r.entry.rule.clipped_sums(r.entry.layer, r.context, grads, own)
         for v, flag, s in zip(r.entry.variables, r.entry.wanted, results, strict=True):
             if flag and s is not None:
                 sums[id(v)] = tf.reshape(tf.cast(s, v.dtype), v.shape)

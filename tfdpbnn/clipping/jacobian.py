@@ -21,6 +21,15 @@ def _regularization_loss(model) -> tf.Tensor:
     return tf.add_n([tf.cast(loss, tf.float32) for loss in losses])
 
 
+def widest_sum(squared: list) -> tf.Tensor:
+    """``tf.add_n`` of per-example squared norms in the widest of their dtypes.
+
+    A model mixing float32 and float64 layers has squared norms of both dtypes, which ``tf.add_n`` refuses.
+    """
+    widest = max((t.dtype for t in squared), key=lambda d: d.size)
+    return tf.add_n([tf.cast(t, widest) for t in squared])
+
+
 def clip_factors(norms: tf.Tensor, l2_norm_clip) -> tf.Tensor:
     """``min(1, C / ||g_i||)`` per example (Abadi et al. 2016, Algorithm 1), safe at ``||g_i|| = 0``."""
     clip = tf.cast(l2_norm_clip, norms.dtype)
@@ -69,9 +78,9 @@ def jacobian_clipped_sum(per_example_loss, tape: tf.GradientTape, var_list, l2_n
     jacobians = tape.jacobian(per_example_loss, _private_api.tf_variables(var_list),
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
     squared = [tf.reduce_sum(tf.reshape(tf.square(j), [batch, -1]), axis=1) for j in jacobians]
-    norms = tf.sqrt(tf.add_n(squared))
+    norms = tf.sqrt(widest_sum(squared))
     factors = scaled_factors(clip_factors(norms, l2_norm_clip), sum_scale)
-    return [tf.tensordot(factors, j, axes=1) for j in jacobians], norms
+    return [tf.tensordot(tf.cast(factors, j.dtype), j, axes=1) for j in jacobians], norms
 
 
 def jacobian_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_norm_clip, var_list,
