@@ -189,17 +189,18 @@ def _scan(model, neighboring, submodules, held, refuse: bool) -> dict:
     return found
 
 
-def _call_values(inputs):
+def _call_values(inputs, leading: int = 1):
     """The most values one example feeds a layer in one symbolic call of ``inputs``; None without a shape.
 
-    ``math.inf`` for an axis of unknown length.
+    ``leading``: the axes before one example's values (1: the batch; 2: the batch and a ``TimeDistributed``
+    call's time steps, for one step's values). ``math.inf`` for an axis of unknown length.
     """
     sizes = []
     for tensor in tf.nest.flatten(inputs):
         shape = getattr(tensor, "shape", None)
-        if shape is None or len(shape) < 1:
+        if shape is None or len(shape) < leading:
             continue
-        dims = list(shape)[1:]
+        dims = list(shape)[leading:]
         sizes.append(math.inf if any(d is None for d in dims) else int(np.prod(dims, dtype=np.int64)))
     return max(sizes) if sizes else None
 
@@ -247,18 +248,6 @@ def _timesteps(inputs):
     return int(tensors[0].shape[1])
 
 
-def _step_values(inputs):
-    """The most values one time step of a ``TimeDistributed`` call's ``inputs`` holds; None without one."""
-    sizes = []
-    for tensor in tf.nest.flatten(inputs):
-        shape = getattr(tensor, "shape", None)
-        if shape is None or len(shape) < 2:
-            continue
-        dims = list(shape)[2:]
-        sizes.append(math.inf if any(d is None for d in dims) else int(np.prod(dims, dtype=np.int64)))
-    return max(sizes) if sizes else None
-
-
 def _wrapped_calls(model, layer, seen=None):
     """The per-step values of each call of a ``TimeDistributed(layer)`` in ``model``'s graph (nested too).
 
@@ -271,7 +260,7 @@ def _wrapped_calls(model, layer, seen=None):
     sizes = []
     for called, inputs in _private_api.graph_calls(model) or ():
         if isinstance(called, tf.keras.layers.TimeDistributed) and called.layer is layer:
-            values = _step_values(inputs)
+            values = _call_values(inputs, leading=2)
             sizes.append(math.inf if values is None else values)
         elif isinstance(called, tf.keras.layers.Layer):
             nested = called.layer if isinstance(called, tf.keras.layers.TimeDistributed) else called
@@ -288,7 +277,7 @@ def _per_step_values(wrapper, inputs, layer, largest, seen):
     """
     inner = wrapper.layer
     if inner is layer:
-        values = _step_values(inputs)
+        values = _call_values(inputs, leading=2)
         return (largest if values is None else values), 1
     if _private_api.graph_calls(inner) is not None:
         return _values_within(inner, layer, largest, seen)
