@@ -1232,7 +1232,7 @@ class RecordLedger:
                 return  # no budget to compose against, and every release on the records is of this relation
             histories = read_histories()
             if sampler is not None:
-                _check_sampler(histories, tuple(sampler), records, twins)
+                _check_sampler(histories, (sampler[0], sampler[1]), records, twins)
             for history in histories:
                 relations = history.relations if history.relations is not None else {
                     r.neighboring for r in history.releases}
