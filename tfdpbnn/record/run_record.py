@@ -297,7 +297,8 @@ class RunRecord:
         A layer adapted without ``labels``/``record_ids`` is in no history of the ledger: weights trained on
         its outputs and then taken out of the model (``set_weights`` into one without the layer) left it
         behind (4.73 quoted where the adapt and the pass hold 5.29). Taken to have read the records it first
-        feeds in DP training (an over-count when it read others), it is written once against them, before
+        feeds in DP training, it is written once against them (an over-count for those it did not read; the
+        records it read that no such run trains on are not charged), before
         the run's reservation (a per-record budget sees both), under the token of its state
         (``PreprocessingRecord.unnamed_token``: one per release wherever its layer goes, saved, loaded or
         cloned).
@@ -322,8 +323,8 @@ class RunRecord:
         meets that release in no history, and a later model trained on those rows without the layer
         composed none of it (7.08 quoted where the release and two passes hold 7.52). The release is
         written, under its own token, against this run's records whose histories lack it (an over-count
-        where they are other people), before the run's reservation: each record holds it once, and a
-        per-record budget sees it.
+        where they are other people; people it read that no run of a model holding it trains on are not
+        charged), before the run's reservation: each record holds it once, and a per-record budget sees it.
         """
         for record in releases:
             token = record.ledger_token
