@@ -90,18 +90,48 @@ def _planned_steps(model, x, arguments):
     return max(0, epochs) * int(per_epoch)
 
 
-def _recorded_training_records(keys, train_keys=None) -> int:
-    """How many records of ``keys`` are in ``train_keys`` or trained on by a run in the per-record ledger."""
+def _named_ways(keys) -> tuple:
+    """``(keys, content keys)``: records named by ids with their rows carry their content (``IdKeys``).
+
+    The content keys are None for records named by content, or by ids without their rows.
+    """
     import numpy as np
 
-    from tfdpbnn.record.record_ledger import default_ledger
+    content = getattr(keys, "content", None)
+    return np.asarray(keys, np.int64), (None if content is None else np.asarray(content, np.int64))
 
-    overlap = 0 if train_keys is None else int(np.isin(keys, train_keys).sum())
+
+def _recorded_training_records(keys, train_keys=None) -> int:
+    """How many records of ``keys`` are in ``train_keys`` or trained on by a run in the per-record ledger.
+
+    A row is compared under every key it may have been named by: its key, its content key where it came
+    with ids and rows, and that content's twin key (``content_twins``: the rows a release named by ids with
+    their rows). So rows named by content are found in a training named by ids with the same rows, in this
+    fit (``train_keys``) or in the ledger, and the other way round.
+    """
+    import numpy as np
+
+    from tfdpbnn.record.record_ledger import content_twins, default_ledger
+
+    keys, content = _named_ways(keys)
+    if not len(keys):
+        return 0
+    mine = [keys] if content is None else [keys, content]
+    overlap = 0
+    if train_keys is not None:
+        train, train_content = _named_ways(train_keys)
+        theirs = train if train_content is None else np.concatenate([train, train_content])
+        held = np.zeros(len(keys), bool)
+        for ours in mine:
+            held |= np.isin(ours, theirs)
+        overlap = int(held.sum())
     ledger = default_ledger()
     if not overlap and ledger is not None:
-        overlap = sum(h.records for h in ledger.histories(keys)
+        named = keys if content is None else np.concatenate([keys, content])
+        twins = content_twins(keys if content is None else content)
+        overlap = sum(h.records for h in ledger.histories(named, twins=twins)
                       if any(r.kind == "training" for r in h.releases))
-    return overlap
+    return min(overlap, len(np.unique(keys)))
 
 
 def _validation_keys(validation):

@@ -331,8 +331,11 @@ class LedgerBackend(abc.ABC):
         """Write what release ``release_id`` spent (an ``event_to_config`` dict) and the phases it covers."""
 
     @abc.abstractmethod
-    def histories(self, keys: np.ndarray | None = None) -> list[History]:
-        """The distinct histories of ``keys`` (of every record when None), with their record counts."""
+    def histories(self, keys: np.ndarray | None = None, twins: np.ndarray | None = None) -> list[History]:
+        """The distinct histories of ``keys`` (of every record when None), with their record counts.
+
+        ``twins``: twin keys (``content_twins``, distinct) whose histories are read too (with ``keys``).
+        """
 
     @abc.abstractmethod
     def set_budget(self, epsilon: float, delta: float, accountant: str) -> None:
@@ -850,13 +853,20 @@ class SQLiteLedger(LedgerBackend):
         new = len(keys) + (0 if twins is None else len(twins)) - sum(count for _, count in held)
         return ({None: new} if new else {}) | dict(held), text
 
-    def histories(self, keys=None) -> list[History]:
-        """The distinct histories of ``keys`` (of every record when None), with their record counts."""
+    def histories(self, keys=None, twins=None) -> list[History]:
+        """The distinct histories of ``keys`` (of every record when None), with their record counts.
+
+        ``twins``: twin keys (``content_twins``, distinct) whose histories are read too (with ``keys``).
+        """
         with self._transaction("DEFERRED") as conn:
-            if keys is None:
+            if keys is None and twins is None:
                 counts = dict(conn.execute("SELECT history, records FROM ledger_histories WHERE records > 0"))
-            else:
+            elif twins is None or not len(twins):
                 counts, _ = self._key_counts(conn, keys)
+            else:
+                keys = np.zeros([0], np.int64) if keys is None else keys
+                counts, _ = self._key_counts(conn, keys, twins=twins,
+                                             twins_text=str(np.asarray(twins, np.int64).tolist()))
             return self._histories(conn, counts)
 
     def releases(self, exclude_kind: str | None = None) -> list[Release]:
@@ -1308,9 +1318,16 @@ class RecordLedger:
         return [r for r in self.backend.releases(exclude_kind="training")
                 if r.kind != "training" and wanted.intersection(r.phase_ids)]
 
-    def histories(self, keys=None) -> list[History]:
-        """The distinct histories of ``keys`` (every record's when None)."""
-        return self.backend.histories(None if keys is None else np.unique(np.asarray(keys, np.int64)))
+    def histories(self, keys=None, twins=None) -> list[History]:
+        """The distinct histories of ``keys`` (every record's when None).
+
+        ``twins``: twin keys (``content_twins``) whose histories are read too: the histories of rows that
+        releases named by ids with their rows (a content key's twin), beside those of ``keys``.
+        """
+        if twins is None:
+            return self.backend.histories(None if keys is None else np.unique(np.asarray(keys, np.int64)))
+        return self.backend.histories(np.unique(np.asarray([] if keys is None else keys, np.int64)),
+                                      twins=np.unique(np.asarray(twins, np.int64)))
 
     def record_epsilons(self, keys, delta: float, accountant: str = "rdp") -> list[tuple[int, float]]:
         """(record count, composed epsilon) per distinct history of ``keys``."""
