@@ -516,6 +516,29 @@ def test_per_record_budget_refuses_a_fit_whose_records_are_unknown():
     assert opt.steps == 0
 
 
+def test_a_pipeline_tagged_with_fewer_keys_than_its_records_is_refused():
+    # A pipeline over 64 records tagged with the keys of 10 of them: its pass was written against those 10,
+    # so a later pass on rows 16..63 quoted 9.01 (their 2 passes and its own) where 10.73 holds (4 passes).
+    x, y = small_data()
+    _fit(x, y, epochs=2)
+    pipeline = tfdpbnn.data.assert_sampling(
+        tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N).batch(8), "shuffle", num_examples=N)
+    records.tag_record_keys(pipeline, records.content_keys(x[:10]))
+    model = small_model(seed=2)
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    with pytest.raises(ValueError, match="tag_record_keys: the pipeline is tagged with 10 record keys, but "
+                                         "its sampling is accounted over num_examples=64"):
+        model.fit(pipeline, epochs=1, verbose=0)
+    assert opt.steps == 0
+    records.tag_record_keys(pipeline, records.content_keys(x))   # one key per record: trained and counted
+    model.fit(pipeline, epochs=1, verbose=0)
+    _, later = _fit(x[16:], y[16:], epochs=1, seed=3)
+    truth = gaussians_epsilon(1.0, 4)   # rows 16..63: 2 + 1 + 1 passes, one Gaussian at sigma 1 each
+    assert later.privacy_statement()["quote"]["epsilon"] == pytest.approx(truth, rel=1e-6)
+    assert truth > gaussians_epsilon(1.0, 3) * 1.1   # what was quoted with 10 keys
+
+
 def test_calibration_release_counts_only_for_its_split():
     x, y = small_data()
     x_cal, y_cal = small_data(n=16, seed=7)

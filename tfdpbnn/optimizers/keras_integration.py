@@ -249,6 +249,25 @@ def _refuse_ids_not_naming_every_record(dataset, keys, description) -> None:
             "was tagged with.")
 
 
+def _refuse_tagged_keys_not_naming_every_record(keys, description) -> None:
+    """Refuse a pipeline tagged with another number of record keys than the records it is accounted over.
+
+    ``tag_record_keys`` names the records a pipeline draws from in the per-record ledger: a run on it is
+    written against those keys only, so a record without a key would get no release there, and a later run
+    on it (its budget, its ledger bound) would not count this one. One key per record is required, as for
+    ``record_ids`` (``_refuse_ids_not_naming_every_record``); ``num_examples`` is the n its sampling is
+    accounted over, checked against the pipeline's own n (``fit_checks.input_sampling``).
+    """
+    expected = None if description is None else description["num_examples"]
+    if expected is not None and len(keys) != expected:
+        raise ValueError(
+            f"tag_record_keys: the pipeline is tagged with {len(keys)} record keys, but its sampling is "
+            f"accounted over num_examples={expected} records; a record without a key would get no release "
+            "in the per-record ledger. Tag it with one key per record it can draw "
+            "(tfdpbnn.record.records.record_keys of all its rows), or pass fit(..., record_ids=...) with one "
+            "id per record.")
+
+
 #: The statement's ``asserted_by_user`` entry of a ``fit`` given ``record_ids`` for a pipeline.
 IDS_WITHOUT_ROWS = (
     "record_ids given to fit for a tf.data pipeline name the records it draws from, in any order: the ids "
@@ -380,6 +399,8 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=No
     if record_ids is not None and isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
         _refuse_ids_not_naming_every_record(x, keys, description)
         _note_ids_without_rows(optimizer)
+    elif keys is not None and isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
+        _refuse_tagged_keys_not_naming_every_record(keys, description)
     if arguments.get("validation_data") is not None:
         _refuse_validation_on_training_records(arguments["validation_data"], keys)
     _refuse_callbacks_acting_on_released_metrics(optimizer, arguments.get("callbacks"))
