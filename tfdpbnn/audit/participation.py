@@ -83,7 +83,8 @@ class ParticipationRecorder(tf.keras.callbacks.Callback):
         spec = find_spec(source)
         self.num_examples, self.sample_rate = n, float(spec.sample_rate)
         parts = [x] + [a for a in (y, sample_weight) if a is not None]
-        fingerprint = data_fingerprint([tf.convert_to_tensor(t).numpy() for p in parts
+        data = parts if sample_weight is None else parts[:-1]   # x and y: sample weights are not the data
+        fingerprint = data_fingerprint([tf.convert_to_tensor(t).numpy() for p in data
                                         for t in tf.nest.flatten(p)])
         return tag_data_fingerprint(tag(dataset, spec), fingerprint)
 

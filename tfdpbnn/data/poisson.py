@@ -133,8 +133,11 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
 
     dataset = seed_stream.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     source = "asserted_by_user" if asserted_secret else "poisson_batches"
-    dataset = tag_data_fingerprint(dataset, data_fingerprint([t.numpy() for p in parts
-                                                              for t in tf.nest.flatten(p)]))
+    # The data set's fingerprint is of x and y, as ``fit`` on the same arrays hashes them: sample weights are
+    # no part of the data set (a budget set on ``data_fingerprint(x, y)`` holds for weighted runs too).
+    data = parts if sample_weight is None else parts[:-1]
+    arrays = [t.numpy() for p in data for t in tf.nest.flatten(p)]
+    dataset = tag_data_fingerprint(dataset, data_fingerprint(arrays))
     labels = None if y is None else tf.nest.map_structure(lambda t: t.numpy(), parts[1])
     keys = record_keys(tf.nest.map_structure(lambda t: t.numpy(), parts[0]), labels, record_ids)
     dataset = tag_record_keys(dataset, keys)
