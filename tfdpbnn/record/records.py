@@ -97,9 +97,20 @@ def _check_rows(name: str, array: np.ndarray, n: int) -> None:
                          f"for {name or 'x'}")
 
 
+def _numeric_extension(array: np.ndarray) -> bool:
+    """Whether ``array`` holds numbers of a numpy extension type (ml_dtypes' bfloat16, float8, int4).
+
+    Their dtype's kind is "V", as a raw void's or a structured array's, whose scalar type is ``np.void``;
+    theirs is a number type that converts to float32 (the values TensorFlow's bfloat16 tensors give numpy).
+    """
+    return array.dtype.kind == "V" and array.dtype.names is None and array.dtype.type is not np.void
+
+
 def _canonical_words(name: str, array: np.ndarray, n: int) -> np.ndarray:
     """The array's rows as canonical words: float32 bits two per uint64, or one per string: (n, words)."""
     _check_rows(name, array, n)
+    if _numeric_extension(array):   # bfloat16, float8, int4 (ml_dtypes): numbers, rounded to float32 below
+        array = np.asarray(array, dtype=np.float32)
     if array.dtype == object or array.dtype.kind in "USV":
         return _text_words(name, array.reshape(n, -1))
     if array.dtype.kind == "c":
@@ -142,7 +153,7 @@ def _content_keys_v1(x, y=None) -> np.ndarray:
 def _rows_of(name: str, array: np.ndarray, n: int) -> np.ndarray:
     """The array's rows as canonical 32-bit units: float32 bits, or a string's two halves: (n, units)."""
     words = _canonical_words(name, array, n).view(np.uint32)
-    if array.dtype == object or array.dtype.kind in "USV":
+    if (array.dtype == object or array.dtype.kind in "USV") and not _numeric_extension(array):
         return words
     values = array.reshape(n, -1).shape[1] * (2 if array.dtype.kind == "c" else 1)
     return words[:, :values]   # without the padding unit of an odd count
