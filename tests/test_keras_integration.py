@@ -143,3 +143,26 @@ def test_mechanism_of_an_optimizer_refuses_to_clip_before_begin_training():
     x = np.zeros((4, 5), np.float32)
     with pytest.raises(ValueError, match="begin_training"):
         opt.mechanism.clip_model(model, x, np.zeros(4, np.int64))
+
+
+def test_pandas_inputs_train_as_keras_reads_them():
+    # Keras reads a DataFrame as its values and a Series as a column; tfdpbnn's checks read dtypes and
+    # failed on a DataFrame (AttributeError: no attribute 'dtype') in fit and train_on_batch.
+    pandas = pytest.importorskip("pandas")
+    from _small_runs import DELTA, LOSS, N, gaussians_epsilon, small_data, small_model
+
+    x, y = small_data()
+    model = small_model()
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    model.fit(pandas.DataFrame(x), pandas.Series(y), batch_size=8, epochs=2, verbose=0)
+    statement = optimizer.privacy_statement()
+    assert statement["guarantee"]
+    assert statement["quote"]["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 2), rel=1e-6)
+    model.train_on_batch(pandas.DataFrame(x[:8]), pandas.Series(y[:8]))
+    assert optimizer.privacy_statement()["quote"]["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 3),
+                                                                              rel=1e-6)
+    # The rows are records by content as arrays would be: validation on them is refused.
+    with pytest.raises(ValueError, match="validation_data: 8 of its 8 records are training records"):
+        model.fit(pandas.DataFrame(x), pandas.Series(y), batch_size=8, epochs=1, verbose=0,
+                  validation_data=(pandas.DataFrame(x[:8]), pandas.Series(y[:8])))

@@ -499,6 +499,35 @@ def _link_replaced_optimizer(model, previous) -> None:
     previous._hold_ledger_of(model)
 
 
+def _pandas_as_arrays(value):
+    """``value`` with every pandas ``DataFrame`` and ``Series`` in it as Keras's ``fit`` reads them (numpy).
+
+    Keras converts them itself (a ``DataFrame`` to its values, a ``Series`` to a column ``[n, 1]``), after
+    tfdpbnn's checks, which read arrays and tensors (a ``DataFrame`` has no single ``dtype``): given the
+    arrays Keras would make, they check what Keras trains on. Anything else is returned as it is.
+    """
+    import sys
+
+    import numpy as np
+
+    pandas = sys.modules.get("pandas")  # a pandas object exists only where pandas was imported
+    if pandas is None:
+        return value
+
+    def convert(item):
+        if isinstance(item, pandas.DataFrame):
+            return item.to_numpy()
+        if isinstance(item, pandas.Series):
+            return np.expand_dims(item.to_numpy(), axis=-1)
+        return item
+
+    if isinstance(value, pandas.DataFrame | pandas.Series):
+        return convert(value)
+    if isinstance(value, dict | list | tuple):
+        return tf.nest.map_structure(convert, value)
+    return value
+
+
 def installed() -> bool:
     """Whether ``install()`` has run in this process."""
     return bool(getattr(tf.keras.Model.train_step, "_tfdpbnn_hook", False))
@@ -549,6 +578,8 @@ def install() -> None:
         arguments = dict(bound.arguments)
         arguments.pop("self")
         extra = arguments.pop("kwargs", {}) or {}
+        for name in ("x", "y", "sample_weight", "validation_data"):
+            arguments[name] = _pandas_as_arrays(arguments.get(name))
         from tfdpbnn.record.store import wait_durable
 
         try:
@@ -580,6 +611,10 @@ def install() -> None:
         if optimizer is not None:
             record_ids = kwargs.pop("record_ids", None)
             bound = batch_signature.bind(self, *args, **kwargs)
+            for name in ("x", "y", "sample_weight"):
+                if name in bound.arguments:
+                    bound.arguments[name] = _pandas_as_arrays(bound.arguments[name])
+            args, kwargs = bound.args[1:], bound.kwargs
             optimizer.begin_batch_call(self, bound.arguments.get("x"), bound.arguments.get("y"),
                                        record_ids=record_ids, sample_weight=any(
                                            bound.arguments.get(k) is not None
