@@ -72,6 +72,19 @@ def test_non_private_training_of_a_dp_trained_model_on_its_records_is_refused():
     baseline.fit(x, y, batch_size=8, epochs=1, verbose=0)
 
 
+def test_non_private_training_on_records_trained_under_ids_is_refused():
+    # Records DP-trained under record_ids with their rows are in the ledger under the ids and, for their
+    # rows, under twin keys of their content: the same rows given by content to a plain optimizer's fit
+    # were not found (trained, and only the statement's guarantee fell afterwards).
+    x, y = small_data()
+    model, optimizer = _compiled()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, record_ids=[f"p{i}" for i in range(N)])
+    model.compile(optimizer="adam", loss=LOSS)
+    with pytest.raises(ValueError, match="optimizer: Adam is not a tfdpbnn DP optimizer.*64 of the records"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert optimizer.privacy_statement()["guarantee"]
+
+
 def test_non_private_training_of_loaded_dp_weights_is_refused(tmp_path):
     x, y = small_data()
     model, _ = _compiled()
