@@ -76,7 +76,8 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
     and the privacy statement says so.
 
     Args:
-      x: array (or nested structure of arrays) with n examples on axis 0.
+      x: array (or nested structure of arrays) with n examples on axis 0. Without ``y``, a tuple or list
+        of 2 or 3 arrays is what Keras reads it as in a batch: ``(x, y)`` or ``(x, y, sample_weight)``.
       y: optional targets: array (or nested structure of arrays) with n examples.
       sample_weight: optional per-example weights with n examples (array or nested structure); needs ``y``.
       sample_rate: q in (0, 1].
@@ -138,8 +139,14 @@ def poisson_batches(x, y=None, sample_rate=None, steps_per_epoch=None, seed=None
     data = parts if sample_weight is None else parts[:-1]
     arrays = [t.numpy() for p in data for t in tf.nest.flatten(p)]
     dataset = tag_data_fingerprint(dataset, data_fingerprint(arrays))
-    labels = None if y is None else tf.nest.map_structure(lambda t: t.numpy(), parts[1])
-    keys = record_keys(tf.nest.map_structure(lambda t: t.numpy(), parts[0]), labels, record_ids)
+    features, labels = parts[0], (None if y is None else parts[1])
+    if y is None and isinstance(x, tuple | list) and len(x) in (2, 3):
+        # Keras reads a batch that is a tuple (or list) of 2 or 3 as (x, y) or (x, y, sample_weight): the
+        # records' features are its first part, as in ``fit(x, y)`` on the same arrays (a content key holds
+        # the features alone, so the same records get the same keys however they are fed).
+        features, labels = parts[0][0], parts[0][1]
+    labels = None if labels is None else tf.nest.map_structure(lambda t: t.numpy(), labels)
+    keys = record_keys(tf.nest.map_structure(lambda t: t.numpy(), features), labels, record_ids)
     dataset = tag_record_keys(dataset, keys)
     # A run from the user's key is written in the per-record ledger with the key's digest and this object's
     # stream (``tfdpbnn.record.record_ledger``): another object from the same key draws the same batches.
