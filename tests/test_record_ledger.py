@@ -74,6 +74,17 @@ def test_bfloat16_inputs_have_content_keys_and_train():
     assert statement["quote"]["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 1), rel=1e-6)
 
 
+def test_record_ids_as_bytes_are_their_text():
+    # A string tensor's ids come as bytes (tf.constant(ids).numpy()): refused before ("got bytes").
+    ids = [f"p{i}" for i in range(N)] + ["7"]
+    as_bytes = tf.constant(ids).numpy()
+    np.testing.assert_array_equal(records.id_keys(as_bytes), records.id_keys(ids))
+    assert records.id_keys([b"7"])[0] == records.id_keys([7])[0]
+    x, y = small_data()
+    _, opt = _fit(x, y, epochs=1, record_ids=as_bytes[:N])
+    assert opt.privacy_statement()["quote"]["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 1), rel=1e-6)
+
+
 def test_content_keys_name_the_features_whatever_their_layout_and_labels():
     x, y = small_data()
     keys = records.content_keys(x, y)

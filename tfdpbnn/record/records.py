@@ -3,8 +3,9 @@
 A record is one example (one row on axis 0 of the training arrays). Its key is
 
 - with ``record_ids`` (one id per row, given by the user where the training data is declared): the id. An
-  id is an integer or a string; a string that ``int()`` reads as an integer is that integer ("7" and 7 are
-  the same record); floats are refused. Use ids when a record's features can change (an edited row stays
+  id is an integer or a string (bytes, as a string tensor's ``.numpy()`` gives them, are their UTF-8 text);
+  a string that ``int()`` reads as an integer is that integer ("7" and 7 are the same record); floats are
+  refused. Use ids when a record's features can change (an edited row stays
   the same record) or when different records can have equal features.
 - by default, a canonical content hash of the row's features (version 2, the one a new ledger file uses:
   ``tfdpbnn.record.record_ledger.CONTENT_KEY_VERSION``): every feature value of the row, rounded to
@@ -211,6 +212,8 @@ def id_keys(record_ids) -> np.ndarray:
     if ids.dtype.kind not in "iu":
         words = []
         for item in ids.tolist():
+            if isinstance(item, bytes):   # a string tensor's ids (``.numpy()``): their UTF-8 text
+                item = item.decode("utf-8", "surrogateescape")
             if isinstance(item, bool) or not isinstance(item, str | numbers.Integral):
                 raise ValueError(f"record_ids must be integers or strings, got {type(item).__name__} "
                                  f"{item!r}")
