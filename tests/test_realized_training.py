@@ -118,6 +118,31 @@ def test_asserted_pass_is_checked_with_steps_per_epoch_equal_to_its_cardinality(
     assert whole_opt.epsilon() == pytest.approx(gaussians_epsilon(1.0, 3), rel=0.01)
 
 
+@pytest.mark.parametrize("steps_per_epoch", [None, 7])
+def test_an_asserted_pass_that_drops_its_last_partial_batch_is_one_pass(steps_per_epoch):
+    # shuffle(60).batch(8, drop_remainder=True): each iteration 7 batches of 56 of the 60 records, each at
+    # most once. The pass check refused it (held 56 examples, asserted 60) and counted the steps taken as
+    # one participation each (15.18 for 7 steps); 3 iterations are 3 participations: 9.01 (dp-accounting).
+    x, y = small_data(n=60)
+    model = small_model()
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=60, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    dropped = tfdpbnn.data.assert_sampling(
+        tf.data.Dataset.from_tensor_slices((x, y)).shuffle(60).batch(8, drop_remainder=True), "shuffle",
+        num_examples=60)
+    model.fit(dropped, epochs=3, steps_per_epoch=steps_per_epoch, verbose=0)
+    assert opt.steps == 21
+    statement = opt.privacy_statement()
+    assert statement["guarantee"]
+    assert statement["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 3), rel=1e-6)
+    # A pass short by a batch or more is still refused (num_examples other than the data's).
+    short = tfdpbnn.data.assert_sampling(
+        tf.data.Dataset.from_tensor_slices((x[:52], y[:52])).shuffle(52).batch(8, drop_remainder=True),
+        "shuffle", num_examples=60)
+    with pytest.raises(ValueError, match="held 48 examples"):
+        model.fit(short, epochs=1, verbose=0)
+
+
 def test_full_batch_pipeline_counts_every_step_as_a_participation():
     x, y = small_data()
     model, opt = _compiled(batch_size=8)

@@ -113,8 +113,10 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
       amplification (every step as if every example took part) and training stops with ``ValueError``
       saying what was observed.
     - Passes over the data (``check_passes=True``: a dataset iterated whole each epoch): every epoch must
-      process exactly ``num_examples`` examples; otherwise the steps taken are re-accounted as one
-      participation each and training stops with ``ValueError`` naming both numbers.
+      process exactly ``num_examples`` examples, or fewer by less than the optimizer's ``batch_size`` (a
+      last partial batch dropped: ``batch(batch_size, drop_remainder=True)``, counted as a whole pass);
+      otherwise the steps taken are re-accounted as one participation each and training stops with
+      ``ValueError`` naming both numbers.
     - The privacy record store (``tfdpbnn.record.store``): a snapshot of the run at every epoch end and
       a final one at the end of training (a ``fit`` with no callback but tfdpbnn's writes its last epoch's
       snapshot as the final one: nothing can read the weights in between).
@@ -375,8 +377,15 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         n = description["num_examples"]
         if seen == n:
             return
+        if 0 < n - seen < (description.get("batch_size") or 0):
+            # The pass's last partial batch dropped (batch(B, drop_remainder=True), with the optimizer's B):
+            # each record at most once in it, as asserted, so one participation of each at most. Counted as
+            # a whole pass: the next epoch's iteration is another pass, never pooled with this one.
+            state.finish_partial_pass()
+            return
         consequence = ("; the steps taken are now accounted as one participation each. Assert the dataset's "
-                       "real size.")
+                       "real size (a pass may hold fewer examples only by less than the optimizer's "
+                       f"batch_size={description.get('batch_size')}: its last partial batch dropped).")
         if seen > n:
             # More examples than records: a record was drawn again within the pass, maybe within one batch,
             # whose clipped sum it then moves by more than the clip bound.
