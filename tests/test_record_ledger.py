@@ -583,6 +583,39 @@ def test_poisson_batches_of_an_x_y_tuple_name_the_records_by_their_features():
     assert truth > gaussians_epsilon(1.0, 3) * 1.05   # what was quoted
 
 
+def test_a_pipelines_reservation_counts_its_batches_not_the_optimizers_batch_size():
+    # A full-batch asserted pipeline (batch(64)) with an optimizer of batch_size 8: the reservation counted
+    # 6 steps of 8 examples (one participation, 4.73) and a per-record budget of 5 admitted a run that spent
+    # 6 participations (13.78).
+    x, y = small_data()
+    _ledger().set_budget(5.0, DELTA)
+    model = small_model()
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=opt, loss=LOSS)
+    full = tfdpbnn.data.assert_sampling(tf.data.Dataset.from_tensor_slices((x, y)).batch(N), "shuffle",
+                                        num_examples=N)
+    truth = gaussians_epsilon(1.0, 6)
+    assert truth > 13.0
+    with pytest.raises(record_ledger.BudgetExceededError, match="would reach epsilon 13.78"):
+        model.fit(full, epochs=6, verbose=0, record_ids=np.arange(N))
+    assert opt.steps == 0
+    model.fit(full, epochs=1, verbose=0, record_ids=np.arange(N))   # one pass fits: 4.73
+    assert opt.privacy_statement()["quote"]["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 1), rel=1e-6)
+    # Passes that drop their last partial batch (56 of 60 records): each epoch is one participation, 15 of
+    # them (the reservation of 15 x 56 examples counted 14).
+    x60, y60 = small_data(n=60)
+    _ledger().set_budget(gaussians_epsilon(1.0, 15) * 0.999, DELTA)
+    dropped = tfdpbnn.data.assert_sampling(
+        tf.data.Dataset.from_tensor_slices((x60, y60)).shuffle(60).batch(8, drop_remainder=True), "shuffle",
+        num_examples=60)
+    other = small_model(seed=4)
+    other_opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=60, batch_size=8, delta=DELTA)
+    other.compile(optimizer=other_opt, loss=LOSS)
+    with pytest.raises(record_ledger.BudgetExceededError):
+        other.fit(dropped, epochs=15, verbose=0, record_ids=np.arange(1000, 1060))
+    assert other_opt.steps == 0
+
+
 def test_calibration_release_counts_only_for_its_split():
     x, y = small_data()
     x_cal, y_cal = small_data(n=16, seed=7)

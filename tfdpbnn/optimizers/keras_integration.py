@@ -101,6 +101,30 @@ def _named_ways(keys) -> tuple:
     return np.asarray(keys, np.int64), (None if content is None else np.asarray(content, np.int64))
 
 
+def _planned_examples(x, arguments, planned, description, whole_passes) -> int | None:
+    """An upper bound of the examples a ``fit`` on a shuffled pipeline processes (None: steps x batch_size).
+
+    The run's reservation (the per-record and the data-set budgets) counts its planned participations from
+    the examples its planned steps process. A pipeline's batches are counted as they come, not as the
+    optimizer's ``batch_size``: a full-batch pipeline's step is a whole pass. Iterated whole each epoch
+    (``whole_passes``), an epoch is at most one pass (a pass of more examples is refused and voids the
+    guarantee): ``num_examples`` per epoch. Otherwise a step holds at most ``num_examples`` examples (each
+    record at most once in a pass, as asserted), or the batch dimension of the pipeline's elements where
+    it is fixed. Arrays (Keras's batches of ``batch_size``) and Poisson steps: None.
+    """
+    if planned is None or not isinstance(x, tf.data.Dataset) or description["kind"] != "shuffle":
+        return None
+    n = int(description["num_examples"])
+    if whole_passes:
+        epochs = int(arguments.get("epochs", 1)) - int(arguments.get("initial_epoch", 0))
+        return max(0, epochs) * n
+    element = x.element_spec[0] if isinstance(x.element_spec, tuple) else x.element_spec
+    rows = {getattr(s, "shape", tf.TensorShape(None)) for s in tf.nest.flatten(element)}
+    fixed = {int(shape[0]) for shape in rows if shape.rank and shape[0] is not None}
+    per_step = min(max(fixed), n) if fixed else n
+    return int(planned) * per_step
+
+
 def _recorded_training_records(keys, train_keys=None) -> int:
     """How many records of ``keys`` are in ``train_keys`` or trained on by a run in the per-record ledger.
 
@@ -404,11 +428,18 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=No
     if arguments.get("validation_data") is not None:
         _refuse_validation_on_training_records(arguments["validation_data"], keys)
     _refuse_callbacks_acting_on_released_metrics(optimizer, arguments.get("callbacks"))
+    # Each epoch iterates the dataset whole: without steps_per_epoch, or with its own (finite) cardinality,
+    # where Keras starts a new iteration at every epoch.
+    steps_per_epoch = arguments.get("steps_per_epoch")
+    whole_passes = (isinstance(x, tf.data.Dataset) and description["kind"] == "shuffle"
+                    and (steps_per_epoch is None or steps_per_epoch == _finite_cardinality(x)))
     # The reservation's wait for the disk runs beside the first steps: the monitor (the first callback)
     # joins it at the first batch's end, before any other callback can save what the run trained, and
     # fit joins it before it returns or raises.
     attributes.run_record(optimizer).begin(model, fingerprint, planned, record_keys=keys, identity=identity,
-                                           sync_on_worker=True, sampler=_sampler(x))
+                                           sync_on_worker=True, sampler=_sampler(x),
+                                           planned_examples=_planned_examples(x, arguments, planned,
+                                                                              description, whole_passes))
     optimizer.note_released_training_metrics()
     if arguments.get("validation_split"):
         optimizer.note_uncovered_release("validation_split")
@@ -420,11 +451,6 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=No
     callbacks = list(callbacks or [])
     privacy = [c for c in callbacks if isinstance(c, PrivacyCallback)]
     others = [c for c in callbacks if not isinstance(c, PrivacyCallback | DPTrainingMonitor)]
-    # Each epoch iterates the dataset whole: without steps_per_epoch, or with its own (finite) cardinality,
-    # where Keras starts a new iteration at every epoch.
-    steps_per_epoch = arguments.get("steps_per_epoch")
-    whole_passes = (isinstance(x, tf.data.Dataset) and description["kind"] == "shuffle"
-                    and (steps_per_epoch is None or steps_per_epoch == _finite_cardinality(x)))
     from tfdpbnn.optimizers.state_checks import StateWatch
 
     # Callbacks other than tfdpbnn's may restore weights or the optimizer in on_train_begin

@@ -150,7 +150,8 @@ class RunRecord:
         return {p.phase_id: p for p in self._optimizer.ledger.phases}
 
     def begin(self, model, dataset: str | None, planned_steps: int | None, record_keys=None,
-              identity=None, sync_on_worker: bool = False, sampler: tuple[str, str] | None = None) -> None:
+              identity=None, sync_on_worker: bool = False, sampler: tuple[str, str] | None = None,
+              planned_examples: int | None = None) -> None:
         """Inherit the weights' record, check the budgets, reserve in the ledger, write the run (module).
 
         ``record_keys``: the keys of the run's records (``tfdpbnn.record.records.input_keys``), or None when
@@ -162,13 +163,16 @@ class RunRecord:
         anything trained in the run can leave the process. ``sampler``: the input's ``SamplingSpec.sampler``
         (batches drawn from a user's ``secret_seed``), written with the run's ledger reservation, which is
         refused where the records were trained on from the same key by another dataset object
-        (``RecordLedger.reserve``).
+        (``RecordLedger.reserve``). ``planned_examples``: an upper bound of the examples the planned steps
+        process, where batches of the optimizer's ``batch_size`` would not bound them (a pipeline's
+        batches, counted as they come); else ``planned_steps`` times ``batch_size``.
         """
         with attributes.ledger_state(self._optimizer).reading_once():  # no step, no restore in between
-            self._begin(model, dataset, planned_steps, record_keys, identity, sync_on_worker, sampler)
+            self._begin(model, dataset, planned_steps, record_keys, identity, sync_on_worker, sampler,
+                        planned_examples)
 
     def _begin(self, model, dataset, planned_steps, record_keys, identity=None, sync_on_worker=False,
-               sampler=None) -> None:
+               sampler=None, planned_examples=None) -> None:
         self._model = weakref.ref(model)
         self.store = record_store.default_store()
         self.run_id = None
@@ -194,10 +198,11 @@ class RunRecord:
         # same data or weights are serialized, and share no stale read.
         with record_store.transaction(self.store.path, sync_on_worker=sync_on_worker):
             self._begin_in_transaction(weights, dataset, planned_steps, record_keys, variables,
-                                       legacy=record_store.legacy_lookup(model), sampler=sampler)
+                                       legacy=record_store.legacy_lookup(model), sampler=sampler,
+                                       planned_examples=planned_examples)
 
     def _begin_in_transaction(self, weights, dataset, planned_steps, record_keys, variables=(),
-                              legacy=None, sampler=None) -> None:
+                              legacy=None, sampler=None, planned_examples=None) -> None:
         optimizer = self._optimizer
         opened: list = []
 
@@ -213,7 +218,8 @@ class RunRecord:
         state = attributes.ledger_state(optimizer)
         steps, examples, _ = state.open_counters(squared=False)
         extra = 0 if planned_steps is None else int(planned_steps)
-        planned = state.current_phase(steps=steps + extra, examples=examples + extra * optimizer.batch_size)
+        more = extra * optimizer.batch_size if planned_examples is None else int(planned_examples)
+        planned = state.current_phase(steps=steps + extra, examples=examples + more)
         self.phase_id = planned.phase_id
         self._begin_weights = weights
         # The ledger as it stands now (nothing below changes it): the sizes the reservation's commit compares
