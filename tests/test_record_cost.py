@@ -789,6 +789,36 @@ def test_assign_now_writes_what_assign_writes():
     assert flags.numpy().tolist() == [0.0, 0.0, 0.0]
 
 
+def test_batched_reads_equal_reads_of_each_variable_in_order(monkeypatch):
+    """``read_tensors_and_views``: one ``_ReadVariablesOp`` of variables of several dtypes and shapes reads
+    what a read of each does, in order (a variable in copy-on-read mode after a sparse update and a
+    distributed one among them); so does its fallback, one read each; the views are read-only."""
+    import pytest
+    import tensorflow as tf
+
+    from tfdpbnn import _private_api
+
+    sparse = tf.Variable(np.arange(6, dtype=np.float32).reshape(3, 2))
+    sparse.scatter_update(tf.IndexedSlices(tf.constant([[7.0, 8.0]]), tf.constant([1])))  # copy-on-read now
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        mirrored = tf.Variable(np.array([1.5, -2.5], np.float32))
+    variables = [tf.Variable(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)), sparse,
+                 tf.Variable(np.array([0.1, -0.0, np.inf])), mirrored, tf.Variable(np.int64(-3)),
+                 tf.Variable(np.array([True, False]))]
+    expected = [v.numpy() for v in variables]
+    for batched in (True, False):
+        monkeypatch.setattr(_private_api, "_READ_TOGETHER", [batched])
+        reads = _private_api.read_tensors_and_views(variables)
+        assert _private_api._READ_TOGETHER == [batched]  # the batched operation ran without failing
+        assert len(reads) == len(variables)
+        for (tensor, view), want in zip(reads, expected, strict=True):
+            assert view.dtype == want.dtype and view.shape == want.shape
+            assert view.tobytes() == want.tobytes()  # every bit (-0.0 too)
+            assert np.asarray(tensor).tobytes() == want.tobytes()
+        with pytest.raises(ValueError):
+            reads[0][1][0, 0] = 5.0  # read-only
+
+
 def test_the_releases_other_than_training_are_read_by_index_in_order(tmp_path):
     """A fit's start reads the releases that are not training (``linked_releases``) through the kind index,
     so the training releases (one per fit) are not visited; the same releases as a full read, oldest first.

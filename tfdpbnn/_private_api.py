@@ -377,9 +377,8 @@ def read_numpy(variable):
     ``fit``. A Keras 3 ``keras.Variable`` is read through the ``tf.Variable`` it holds; a distributed variable
     (or anything but a ``tf.Variable``) by its own ``numpy()``.
     """
-    inner = variable if _keras3 is None else _keras3.tf_variable(variable)
-    if isinstance(inner, tf.Variable) and not isinstance(inner, tf.distribute.DistributedValues) \
-            and tf.executing_eagerly():
+    inner = _plain_eager(variable)
+    if inner is not None:
         return tf.raw_ops.ReadVariableOp(resource=inner.handle, dtype=inner.dtype).numpy()
     return variable.numpy()
 
@@ -421,17 +420,78 @@ def read_tensor_and_view(variable):
     comparison of the view and a hash of the tensor see one read. Anything else is read by ``read_numpy``
     and the tensor made from that array.
     """
+    inner = _plain_eager(variable)
+    if inner is not None:
+        return _with_view(tf.raw_ops.ReadVariableOp(resource=inner.handle, dtype=inner.dtype))
+    array = read_numpy(variable)
+    return tf.constant(array), array
+
+
+def read_tensors_and_views(variables) -> list:
+    """``read_tensor_and_view`` of each of ``variables``: the plain eager ones of a device in one operation.
+
+    TensorFlow's ``_ReadVariablesOp`` reads many variables as a ``ReadVariableOp`` each would, the same
+    values, but without the copy a ``ReadVariableOp`` makes of a variable that a sparse update has put in
+    copy-on-read mode (whose later sparse updates then write the buffer in place): use the views at once,
+    as a hash or a comparison does. TensorFlow keys an eager kernel by the shapes of the variables it
+    reads, and ``tf.keras.utils.set_random_seed`` clears the kernels: a read of each variable then makes one
+    kernel per shape anew (about 0.4 ms each on a 2-core machine), one read of all makes one (about
+    0.5 ms). Where the operation fails (a TensorFlow without it, a device without its kernel), each
+    variable is read alone, and the process does not try the operation again.
+    """
+    variables = list(variables)
+    reads: list = [None] * len(variables)
+    groups: dict = {}
+    for i, variable in enumerate(variables):
+        inner = _plain_eager(variable)
+        if inner is None:
+            reads[i] = read_tensor_and_view(variable)
+        else:
+            groups.setdefault(inner.device, []).append((i, inner))
+    for group in groups.values():
+        values = _read_together([inner for _, inner in group]) if len(group) > 1 else None
+        if values is None:
+            values = [tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=v.dtype) for _, v in group]
+        for (i, _), value in zip(group, values, strict=True):
+            reads[i] = _with_view(value)
+    return reads
+
+
+#: ``[False]`` once ``_ReadVariablesOp`` failed in this process (``read_tensors_and_views``).
+_READ_TOGETHER = [True]
+
+
+def _read_together(inner) -> list | None:
+    """One ``_ReadVariablesOp`` of the plain eager variables ``inner`` (one device); None where it fails."""
+    if not _READ_TOGETHER[0]:
+        return None
+    from tensorflow.python.eager import context, execute
+
+    try:
+        dtypes = [v.dtype.as_datatype_enum for v in inner]
+        return list(execute.execute(b"_ReadVariablesOp", len(inner), inputs=[v.handle for v in inner],
+                                    attrs=("N", len(inner), "dtypes", dtypes), ctx=context.context()))
+    except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
+        _READ_TOGETHER[0] = False
+        return None
+
+
+def _plain_eager(variable):
+    """The plain ``tf.Variable`` of ``variable`` (a Keras 3 one's), read eagerly; None for anything else."""
     inner = variable if _keras3 is None else _keras3.tf_variable(variable)
     if isinstance(inner, tf.Variable) and not isinstance(inner, tf.distribute.DistributedValues) \
             and tf.executing_eagerly():
-        value = tf.raw_ops.ReadVariableOp(resource=inner.handle, dtype=inner.dtype)
-        array = value._numpy() if hasattr(value, "_numpy") else value.numpy()
-        if isinstance(array, np.ndarray):
-            array = array.view()
-            array.flags.writeable = False
-        return value, array
-    array = read_numpy(variable)
-    return tf.constant(array), array
+        return inner
+    return None
+
+
+def _with_view(value):
+    """``(value, view)``: an eager tensor and a read-only numpy view of its buffer (``read_view``)."""
+    array = value._numpy() if hasattr(value, "_numpy") else value.numpy()
+    if isinstance(array, np.ndarray):
+        array = array.view()
+        array.flags.writeable = False
+    return value, array
 
 
 def is_variable(value) -> bool:

@@ -61,8 +61,8 @@ def _address(view) -> int | None:
 
 
 def _values(variables) -> list:
-    """A copy of each variable's value (one read, one copy: ``_private_api.read_view``)."""
-    return [np.array(_private_api.read_view(v), copy=True) for v in variables]
+    """A copy of each variable's value (one read, one copy: ``_private_api.read_tensors_and_views``)."""
+    return [np.array(view, copy=True) for _, view in _private_api.read_tensors_and_views(variables)]
 
 
 def same_value(a, b) -> bool:
@@ -269,7 +269,7 @@ def _unequal(variable, copy) -> tf.Tensor:
 
 def _arrays(variables) -> list:
     """The variables' values as read-only numpy views of one fresh read each (no copy), used at once."""
-    return [np.asarray(_private_api.read_view(v)) for v in variables]
+    return [np.asarray(view) for _, view in _private_api.read_tensors_and_views(variables)]
 
 
 def _changed(variables, copies) -> list:
@@ -281,15 +281,20 @@ def _changed(variables, copies) -> list:
 
 
 def _on_read(value, name, any_shape=False):
-    """The watch's variable, read on the first replica; ``any_shape``: made with no static shape.
-
-    Copies and flags whose shapes follow a model's weights are made with no static shape: TensorFlow keys
-    its eager kernels by a variable's shape, so their creation and reads share one kernel per dtype
-    (about 0.4 ms each to instantiate again after ``tf.keras.utils.set_random_seed`` clears the kernels).
-    """
+    """The watch's variable named ``name``, read on the first replica; ``any_shape``: no static shape."""
     return tf.Variable(value, trainable=False, name=name, synchronization=tf.VariableSynchronization.ON_READ,
                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
                        shape=tf.TensorShape(None) if any_shape else None)
+
+
+def _any_shape(value):
+    """The watch's variable for a copy or flags whose shape follows a model's weights: no static shape.
+
+    All named ``"dp_write_watch"``: TensorFlow keys its eager kernels by a variable's shape and the
+    creation's by its name too, so their creation and reads share one kernel per dtype (about 0.4 ms each
+    to instantiate again after ``tf.keras.utils.set_random_seed`` clears the kernels).
+    """
+    return _on_read(value, "dp_write_watch", any_shape=True)
 
 
 def is_public(variable, public) -> bool:
@@ -383,13 +388,10 @@ class WriteWatch:
                     self._retired.append((self._variables + self._constants, self._flags))
                 self._variables = variables
                 self._index = {id(v): i for i, v in enumerate(variables)}
-                self._copies = [self._copy_for(v, lambda v: tf.zeros(v.shape, v.dtype), "dp_write_watch_copy")
-                                for v in variables]
+                self._copies = [self._copy_for(v, lambda v: tf.zeros(v.shape, v.dtype)) for v in variables]
                 self._constants = constants
-                self._constant_copies = [_on_read(tf.convert_to_tensor(v), "dp_write_watch_constant", True)
-                                         for v in constants]
-                self._flags = _on_read(tf.zeros([len(variables) + len(constants)], tf.float32),
-                                       "dp_write_watch_flags", True)
+                self._constant_copies = [_any_shape(tf.convert_to_tensor(v)) for v in constants]
+                self._flags = _any_shape(tf.zeros([len(variables) + len(constants)], tf.float32))
             else:
                 for v, copy in zip(constants, self._constant_copies, strict=True):
                     copy.assign(v, read_value=False)
@@ -420,18 +422,16 @@ class WriteWatch:
             if self._state_flags is not None:
                 self._retired.append((self._state, self._state_flags))
             self._state = variables
-            self._state_copies = [self._copy_for(v, tf.convert_to_tensor, "dp_write_watch_state_copy")
-                                  for v in variables]
-            self._state_flags = _on_read(tf.zeros([len(variables)], tf.float32), "dp_write_watch_state_flags",
-                                         True)
+            self._state_copies = [self._copy_for(v, tf.convert_to_tensor) for v in variables]
+            self._state_flags = _any_shape(tf.zeros([len(variables)], tf.float32))
             if writes is not None:
                 _private_api.assign_now(self._state_step, np.int64(int(_private_api.read_numpy(writes))))
 
-    def _copy_for(self, variable, initial, name):
+    def _copy_for(self, variable, initial):
         """The watch's one copy of ``variable``, shared by the traced steps; made as ``initial(variable)``."""
         held = self._copy_of.get(id(variable))
         if held is None or held[0] is not variable:
-            held = self._copy_of[id(variable)] = (variable, _on_read(initial(variable), name, True))
+            held = self._copy_of[id(variable)] = (variable, _any_shape(initial(variable)))
         return held[1]
 
     def _flag_sets(self) -> list:

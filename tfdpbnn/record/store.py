@@ -458,8 +458,8 @@ def _legacy_identity_and_keys(values) -> tuple[str, list[str]]:
 def _held_identity(kind: str, variables, arrays=None) -> tuple[str, list[str]]:
     """``(identity, keys)`` of the variables' values, reusing those last computed for the same bytes.
 
-    The values are read once each (``_private_api.read_view``: a view of a fresh read's buffer; ``arrays``:
-    values already read, e.g. ``get_weights()`` of distributed variables) and their quick digests
+    The values are read once each (``_private_api.read_tensors_and_views``: views of fresh reads' buffers;
+    ``arrays``: values already read, e.g. ``get_weights()`` of distributed variables) and their quick digests
     (``_quick_digests``: one read at memory speed) looked up among those held (``_HELD_WEIGHTS``): the
     identity and the keys are functions of the bytes, dtypes and shapes alone, so any entry of equal digests
     gives them (the write check's key of a model's trainable weights at an epoch's end, then the record's
@@ -472,7 +472,7 @@ def _held_identity(kind: str, variables, arrays=None) -> tuple[str, list[str]]:
     from tfdpbnn import _private_api
 
     if arrays is None:
-        arrays = [_private_api.read_view(v) for v in variables]
+        arrays = [view for _, view in _private_api.read_tensors_and_views(variables)]
     arrays = [np.asarray(a) for a in arrays]
     holdable = _holdable(arrays)
     quick = _quick_digests(arrays) if holdable else None
@@ -548,7 +548,7 @@ def legacy_weights_fingerprints(model) -> tuple[list[str], list[str]]:
     weights = _private_api.weights(model)
     arrays = _weights_arrays(model, weights)
     if arrays is None:
-        reads = [_private_api.read_tensor_and_view(v) for v in weights]
+        reads = _private_api.read_tensors_and_views(weights)
         tensors, arrays = [tensor for tensor, _ in reads], [view for _, view in reads]
     else:
         tensors = [tf.constant(a) for a in arrays]
