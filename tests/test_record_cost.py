@@ -542,6 +542,21 @@ def test_fast_variable_reads_equal_numpy_and_reads_once_forget_every_write():
         assert state.open_description() is None
         assert [p.steps for p in state.closed_phases()] == [3]
 
+    # The ledger's variables, the step counter and the DP settings are read together at a block's first
+    # read: each value as read_numpy gives it (a scalar as a numpy scalar), kept until read_anew or a write.
+    variables = [state.table, state.count, state.open_desc, state.open_start, optimizer.iterations,
+                 optimizer._dp_noise_multiplier, optimizer._dp_batch_size]
+    with state.reading_once():
+        for v in variables:
+            got, want = state.read(v), _private_api.read_numpy(v)
+            assert type(got) is type(want) and np.shape(got) == np.shape(want)
+            np.testing.assert_array_equal(got, want)
+        optimizer.iterations.assign_add(2)  # code outside the record (a model's own, run by the checks)
+        assert int(state.read(optimizer.iterations)) == 3  # kept: read once per block
+        state.read_anew()
+        assert int(state.read(optimizer.iterations)) == 5
+        assert float(state.read(optimizer._dp_batch_size)) == 8.0
+
 
 def test_rdp_to_epsilon_on_arrays_equals_dp_accounting():
     """The ledger's RDP-to-epsilon conversion is dp-accounting's ``compute_epsilon``, case by case."""
@@ -807,9 +822,9 @@ def test_batched_reads_equal_reads_of_each_variable_in_order(monkeypatch):
                  tf.Variable(np.array([True, False]))]
     expected = [v.numpy() for v in variables]
     for batched in (True, False):
-        monkeypatch.setattr(_private_api, "_READ_TOGETHER", [batched])
+        monkeypatch.setattr(_private_api, "_batched_reads", [batched])
         reads = _private_api.read_tensors_and_views(variables)
-        assert _private_api._READ_TOGETHER == [batched]  # the batched operation ran without failing
+        assert _private_api._batched_reads == [batched]  # the batched operation ran without failing
         assert len(reads) == len(variables)
         for (tensor, view), want in zip(reads, expected, strict=True):
             assert view.dtype == want.dtype and view.shape == want.shape

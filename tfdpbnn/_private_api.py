@@ -458,12 +458,12 @@ def read_tensors_and_views(variables) -> list:
 
 
 #: ``[False]`` once ``_ReadVariablesOp`` failed in this process (``read_tensors_and_views``).
-_READ_TOGETHER = [True]
+_batched_reads = [True]
 
 
 def _read_together(inner) -> list | None:
     """One ``_ReadVariablesOp`` of the plain eager variables ``inner`` (one device); None where it fails."""
-    if not _READ_TOGETHER[0]:
+    if not _batched_reads[0]:
         return None
     from tensorflow.python.eager import context, execute
 
@@ -472,7 +472,7 @@ def _read_together(inner) -> list | None:
         return list(execute.execute(b"_ReadVariablesOp", len(inner), inputs=[v.handle for v in inner],
                                     attrs=("N", len(inner), "dtypes", dtypes), ctx=context.context()))
     except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
-        _READ_TOGETHER[0] = False
+        _batched_reads[0] = False
         return None
 
 

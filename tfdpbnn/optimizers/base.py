@@ -435,6 +435,7 @@ class DPOptimizerMixin:
                 initializer=tf.keras.initializers.Constant(float(initial_steps)),
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             attributes.set_ledger_state(self, LedgerState(self, privacy_ledger))
+            attributes.ledger_state(self).read_with([self._dp_noise_multiplier, self._dp_batch_size])
         keras_integration.install()
         self._dp_released = []
         self._dp_batch_call_limit = None
@@ -1206,6 +1207,9 @@ class DPOptimizerMixin:
         self._check_model(model, x, y, submodules, sample_weight=sample_weight, probe_at_traces=_fit)
         if not _fit:  # a custom loop: its own code runs before every trace
             self._user_code_before_first_trace(every_trace=True)
+        # Inside fit's block (keras_integration): what was read before the checks, which ran the model's own
+        # code (a forward pass, its train_step), is read anew.
+        attributes.ledger_state(self).read_anew()
         self._import_shared_training(model)  # built by the checks
         identity = self._refuse_written_between_runs(model, with_identity=_fit)
         # After the checks have built the model. A custom loop's steps also compare the state no DP step may
@@ -1216,9 +1220,6 @@ class DPOptimizerMixin:
         source = sampling["source"] if _fit else "custom_loop"
         state = attributes.ledger_state(self)
         with state.reading_once():  # opening the phase and finishing a partial pass: no step between
-            # Inside fit's block (keras_integration): what was read before the checks, which ran the
-            # model's own code (a forward pass, its train_step), is read anew.
-            state.read_anew()
             state.open_phase(
                 kind=sampling["kind"], noise_multiplier=self.noise_multiplier, neighboring=self.neighboring,
                 sample_rate=sampling["sample_rate"], num_examples=sampling["num_examples"],

@@ -29,7 +29,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tfdpbnn._private_api import read_numpy
+from tfdpbnn._private_api import read_numpy, read_tensors_and_views
 from tfdpbnn.record.ledger import Phase, PrivacyLedger, new_phase_id
 
 #: Phases one optimizer's table holds (a new phase beyond it raises: the record is never truncated).
@@ -88,6 +88,7 @@ class LedgerState:
         self._optimizer = optimizer
         self._memo = None  # variable id -> value read, inside ``reading_once`` (None outside)
         self._kept = None  # the reads a ``reading_once(keep=True)`` block left for a ``resume=True`` one
+        self._read_with: list = []  # the optimizer's variables read with the ledger's (``read_with``)
         self.closed_by = None  # why another optimizer closed the open phase (``close_open_phase``), if it did
         config = config or {}
         table = np.zeros([MAX_PHASES, len(_COLUMNS)])
@@ -160,9 +161,11 @@ class LedgerState:
     def read_anew(self) -> None:
         """Inside a ``reading_once`` block: the next reads see the variables anew.
 
-        For a block around code that may write them (a model's own code run by the checks).
+        For a block around code that may write them (a model's own code run by the checks). Outside a
+        block, nothing (a ``keep=True`` block's reads stay kept).
         """
-        self._forget()
+        if self._memo is not None:
+            self._forget()
 
     def read(self, variable):
         """``variable``'s value (numpy), read once inside a ``reading_once`` block.
@@ -172,13 +175,33 @@ class LedgerState:
         """
         return self._read(variable)
 
+    def read_with(self, variables) -> None:
+        """Variables of the optimizer that ``read`` serves with the ledger's: its DP settings.
+
+        Inside a block, the first read of any of the ledger's variables, the step counter or these reads
+        them all by one operation (``_private_api.read_tensors_and_views``): about a dozen eager reads per
+        ``fit`` become a few, and after ``tf.keras.utils.set_random_seed`` (which clears TensorFlow's
+        kernels) one kernel is made anew instead of one per shape and dtype.
+        """
+        self._read_with = list(variables)
+
+    def _together(self) -> list:
+        """The variables a block reads together (``read_with``)."""
+        return [self.table, self.count, self.open_desc, self.open_start, self.open_count, self.open_examples,
+                self.open_squared, self._optimizer.iterations, *self._read_with]
+
     def _read(self, variable):
         memo = self._memo
         if memo is None:
             return read_numpy(variable)
         key = id(variable)
         if key not in memo:
-            memo[key] = read_numpy(variable)
+            together = self._together()
+            if not any(v is variable for v in together):
+                memo[key] = read_numpy(variable)
+            else:  # values as numpy copies, as read_numpy gives them (a scalar as a numpy scalar)
+                for v, (_, view) in zip(together, read_tensors_and_views(together), strict=True):
+                    memo.setdefault(id(v), view[()] if np.ndim(view) == 0 else np.array(view, copy=True))
         return memo[key]
 
     def _forget(self) -> None:
