@@ -116,6 +116,39 @@ class _Keras3Base:
         load = super().load_own_variables
         self._dp_count_rewind(lambda: load(store))
 
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        """Keras 3's ``apply_gradients``, which calls ``apply``: that call is this one's (see ``apply``)."""
+        depth = self.__dict__.get("_dp_applying", 0)
+        self.__dict__["_dp_applying"] = depth + 1
+        try:
+            return super().apply_gradients(grads_and_vars, *args, **kwargs)
+        finally:
+            self.__dict__["_dp_applying"] = depth
+
+    def apply(self, grads, trainable_variables=None):
+        """Keras 3's ``apply(grads, trainable_variables)``, through the DP optimizer's ``apply_gradients``.
+
+        Keras 3's own ``apply_gradients`` calls ``apply``; called directly (a custom loop or a
+        ``train_step`` override in the Keras 3 idiom, ``optimizer.apply(grads, model.trainable_variables)``)
+        it would update the weights with whatever gradients it is given, past the DP optimizer's check that
+        they are the ones its mechanism released, and past the write watch. It takes the same path as
+        ``apply_gradients``: gradients the mechanism did not release are refused (``ValueError`` naming
+        ``grads_and_vars``), released ones are applied and counted as a DP write.
+        """
+        if self.__dict__.get("_dp_applying", 0):
+            return super().apply(grads, trainable_variables)
+        if trainable_variables is None:
+            trainable_variables = getattr(self, "_trainable_variables", None)
+            if not trainable_variables:
+                raise ValueError("trainable_variables: optimizer.apply(grads) without the variables needs an "
+                                 "optimizer built on them; pass optimizer.apply(grads, "
+                                 "model.trainable_variables)")
+        grads, trainable_variables = list(grads), list(trainable_variables)
+        if len(grads) != len(trainable_variables):
+            raise ValueError(f"grads: {len(grads)} gradients for {len(trainable_variables)} "
+                             "trainable_variables; pass one gradient per variable")
+        self.apply_gradients(list(zip(grads, trainable_variables, strict=True)))
+
     def minimize(self, loss, var_list, tape=None):
         """Keras 2's ``minimize``, which Keras 3 optimizers lack: ``_compute_gradients``, then apply them.
 
