@@ -166,6 +166,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         """Start the step counts and set the budget stop; raise if the optimizer's budget is already spent."""
         optimizer = _dp_optimizer(self.model)
         attributes.ledger_state(optimizer).drop_kept()  # an earlier fit's epoch end: not this fit's reads
+        attributes.ledger_state(optimizer).guard_disarm()  # armed at the first epoch's start, after restores
         with attributes.ledger_state(optimizer).reading_once():  # no step, no restore in this block
             self._train_begin(optimizer)
 
@@ -329,6 +330,9 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         """
         optimizer = self.model.optimizer
         state = attributes.ledger_state(optimizer)
+        # The privacy bookkeeping, written since the last epoch's end by code other than tfdpbnn's (armed
+        # from the first epoch's start: a restore in on_train_begin is counted by check_rewind below).
+        optimizer._dp_refuse_bookkeeping_written(self.model, f"found at the start of epoch {epoch}")
         state.drop_kept()  # the last epoch end's reads: steps run after this epoch's start
         if self._snapshot_due:  # the epoch before was taken for the last (see _epoch_end): its snapshot now
             self._snapshot_due = False
@@ -340,6 +344,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
             self._epoch_start_examples = float(_private_api.read_numpy(state.open_examples))
         self._epoch_start_writes = float(_private_api.read_numpy(optimizer._dp_write_count))
         self._epoch_steps = 0
+        state.guard_arm()  # compared at this epoch's end, the next one's start and the end of fit
 
     def _update_check(self, optimizer):
         """Refuse an epoch that made more DP updates than ``fit`` ran steps (see the class).
@@ -414,6 +419,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         record_store.wait_durable()
         self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
+        optimizer._dp_refuse_bookkeeping_written(self.model, f"found at the end of epoch {epoch}")
         # The checks, snapshot and epsilon: no step. With no callback but tfdpbnn's (which take no step and
         # restore nothing), nothing writes the ledger between here and on_train_end, or the next epoch's
         # start (which drops them): the reads are kept for on_train_end's snapshot.
@@ -456,6 +462,7 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         record_store.wait_durable()
         self._withhold_training_metrics(logs)
         optimizer = _dp_optimizer(self.model)
+        optimizer._dp_refuse_bookkeeping_written(self.model, "found at the end of fit")
         self._snapshot_due = False  # the last epoch's end: the same weights and ledger as this final snapshot
         # The snapshot and the checks: no step. It resumes from the last epoch end's reads when that block
         # kept them (no callback but tfdpbnn's, no epoch since; on_epoch_end).

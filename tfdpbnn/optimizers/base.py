@@ -436,6 +436,7 @@ class DPOptimizerMixin:
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             attributes.set_ledger_state(self, LedgerState(self, privacy_ledger))
             attributes.ledger_state(self).read_with([self._dp_noise_multiplier, self._dp_batch_size])
+            attributes.ledger_state(self).guard_variable(self._dp_write_count)
         keras_integration.install()
         self._dp_released = []
         self._dp_batch_call_limit = None
@@ -1123,11 +1124,54 @@ class DPOptimizerMixin:
         back ran, so they are counted again as "rewound" phases (``RunRecord.account_rewind``).
         """
         record = attributes.run_record(self)
+        state = attributes.ledger_state(self)
+        self._dp_bookkeeping_written("found at a restore of the optimizer's variables")  # set back first
         ran = int(_private_api.read_numpy(self.iterations)) > 0
         before = record.ledger_now() if record is not None and ran else None
         restore()
         if before:
             record.account_rewind(before)
+        if state is not None:
+            state.guard_sync()  # a restore seen and counted: the guard's copies take its values
+
+    def _dp_bookkeeping_written(self, when: str) -> list:
+        """Names of the privacy bookkeeping variables written outside tfdpbnn during a ``fit`` (``when``).
+
+        The privacy ledger's variables and the count of DP writes (``LedgerState.guard_changes``; Keras 3
+        lists them in ``optimizer.variables``). Found written, they are set back to what the DP steps and
+        tfdpbnn wrote (every step that ran is counted), the statement's ``guarantee`` is false (a count of
+        DP writes set back lets a weight written from the data pass for a restore) and the run's records
+        get a non-private release in the per-record ledger.
+        """
+        state = attributes.ledger_state(self)
+        if state is None:
+            return []
+        changed = state.guard_changes()
+        if not changed:
+            return []
+        state.guard_set_back()
+        reason = (f"the privacy bookkeeping {changed} (the ledger's counts, the count of DP writes) written "
+                  f"outside tfdpbnn during fit, {when}")
+        self._dp_write_watch.taint([reason])
+        record = attributes.run_record(self)
+        if record is not None:
+            record.mark_unbounded_batches(reason)
+        return changed
+
+    def _dp_refuse_bookkeeping_written(self, model, when: str) -> None:
+        """Refuse a ``fit`` whose privacy bookkeeping was written outside tfdpbnn (see the method above)."""
+        changed = self._dp_bookkeeping_written(when)
+        if not changed:
+            return
+        model.stop_training = True
+        raise ValueError(
+            f"optimizer.variables: the privacy bookkeeping variable(s) {changed} were written during fit "
+            f"({when}) by code other than tfdpbnn's: a callback or a train_step writing the optimizer's "
+            "variables, or an optimizer checkpoint restored mid-run (tf.train.Checkpoint). The steps the "
+            "ledger counted were not the steps that ran, and a count of DP writes set back would let a "
+            "weight written from the data pass for a restore: they are set back to what ran, and the privacy "
+            "statement now holds no guarantee. Leave the optimizer's dp_* variables to tfdpbnn; restore an "
+            "optimizer only between runs, with BackupAndRestore, or (Keras 3) with model.load_weights.")
 
     def _dp_statement_extras(self) -> dict:
         return {}
@@ -2108,6 +2152,7 @@ class DPOptimizerMixin:
             result = super().apply_gradients(grads_and_vars, *args, **kwargs)
             # Counted only when the update ran (a refused step fails before it, as Keras's iterations do).
             self._dp_write_count.assign_add(tf.constant(1.0, tf.float64))
+            attributes.ledger_state(self).shadow_add(self._dp_write_count, tf.constant(1.0, tf.float64))
         self._dp_write_watch.after_write(written, self._dp_write_count)
         return result
 

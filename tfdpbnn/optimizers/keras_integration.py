@@ -617,11 +617,14 @@ def install() -> None:
                 with _private_api.fit_build_context(self):
                     return _original_fit(self, **arguments, **extra)
             except BaseException:
-                # Keras calls no on_train_end on an error: what ran up to it (a crash mid-epoch) is recorded.
+                # Keras calls no on_train_end on an error: what ran up to it (a crash mid-epoch) is recorded,
+                # with the privacy bookkeeping set back first if code other than tfdpbnn's wrote it.
+                optimizer._dp_bookkeeping_written("found when fit raised")
                 attributes.run_record(optimizer).snapshot(self, final=True)
                 raise
             finally:
                 optimizer._dp_in_fit -= 1
+                attributes.ledger_state(optimizer).guard_disarm()  # between runs: a restore is the start's
         finally:
             wait_durable()  # the run's reservation is on the disk before fit returns or raises
 

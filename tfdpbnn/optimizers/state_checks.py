@@ -854,6 +854,12 @@ class StateWatch(tf.keras.callbacks.Callback):
         Run by ``self.end`` after every other callback's ``on_train_end``.
         """
         self._refuse_outside("found at the end of fit, after every callback's on_train_end")
+        refuse_bookkeeping = getattr(self.model.optimizer, "_dp_refuse_bookkeeping_written", None)
+        if refuse_bookkeeping is not None:
+            try:
+                refuse_bookkeeping(self.model, "found at the end of fit, after every callback's on_train_end")
+            finally:
+                attributes.ledger_state(self.model.optimizer).guard_disarm()
         watch = self._watch()
         if watch is None or not self._done or self._unchanged_since_epoch_end():
             return

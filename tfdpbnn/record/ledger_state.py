@@ -71,6 +71,11 @@ _DESC = ("phase_id", "kind", "noise_multiplier", "neighboring", "sample_rate", "
 _D = {name: i for i, name in enumerate(_DESC)}
 
 
+def _variable_name(variable) -> str:
+    """A bookkeeping variable's own name (``dp_ledger_open_examples``), without scopes or ``:0``."""
+    return str(getattr(variable, "name", variable)).split("/")[-1].split(":")[0]
+
+
 def describe_source(source: str) -> str:
     """The privacy statement's line for a sampling source code."""
     return _SOURCE_TEXT[source]
@@ -116,6 +121,71 @@ class LedgerState:
             self.open_examples = weight("dp_ledger_open_examples", float(open_config.get("examples", 0)))
             self.open_squared = weight("dp_ledger_open_squared_deviation",
                                        float(open_config.get("squared_deviation", 0.0)))
+        # The guard (``guard_changes``): a copy of each bookkeeping variable that only tfdpbnn writes.
+        self._shadows = {}
+        self.guard_armed = False
+        for variable in (self.table, self.count, self.open_desc, self.open_start, self.open_count,
+                         self.open_examples, self.open_squared):
+            self.guard_variable(variable)
+
+    # ------------------------------------------------------------------------------------ the guard
+    # Keras 3 lists these variables (and the optimizer's count of DP writes) in ``optimizer.variables``,
+    # where a callback or a ``train_step`` override can write them during ``fit``: the passes counted set
+    # back (4 passes stated as 1), the count of DP writes set back with a weight written from the data
+    # (taken for a restore by the write watch), an optimizer checkpoint restored mid-run (the steps it took
+    # off forgotten). Each has a copy that only tfdpbnn writes: the DP step adds to both (``shadow_add``),
+    # tfdpbnn's own writes copy the variables after them (``guard_sync``), and a ``fit`` compares them at
+    # every epoch's start and end and at its end (``DPOptimizerMixin._dp_refuse_bookkeeping_written``).
+    # A restore tfdpbnn sees (Keras 3's ``load_weights``, counted as a rewind) is copied too.
+    def guard_variable(self, variable) -> None:
+        """Guard ``variable`` (a bookkeeping variable of the optimizer) with a copy only tfdpbnn writes."""
+        with tf.init_scope():
+            shadow = tf.Variable(tf.convert_to_tensor(variable), trainable=False,
+                                 name="dp_guard_" + _variable_name(variable),
+                                 synchronization=tf.VariableSynchronization.ON_READ,
+                                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self._shadows[id(variable)] = (variable, shadow)
+
+    def shadow_add(self, variable, delta) -> None:
+        """Inside the DP step: add ``delta`` to ``variable``'s copy (the step adds it to ``variable``)."""
+        held = self._shadows.get(id(variable))
+        if held is not None:
+            held[1].assign_add(tf.cast(delta, held[1].dtype))
+
+    def guard_sync(self, *variables) -> None:
+        """Eager: the copies of ``variables`` (default: every guarded one) take the variables' values.
+
+        After tfdpbnn wrote them, or a restore it counted.
+        """
+        if not tf.executing_eagerly():
+            return
+        held = self._shadows.values() if not variables else \
+            [self._shadows[id(v)] for v in variables if id(v) in self._shadows]
+        for variable, shadow in held:
+            shadow.assign(read_numpy(variable), read_value=False)
+
+    def guard_arm(self) -> None:
+        """Eager: copy the variables and compare them from now on (``guard_changes``) until disarmed."""
+        self.guard_sync()
+        self.guard_armed = True
+
+    def guard_disarm(self) -> None:
+        """Stop comparing (between runs, a restore of the optimizer is counted by the run's start)."""
+        self.guard_armed = False
+
+    def guard_changes(self) -> list:
+        """Eager: names of the guarded variables written since tfdpbnn last wrote them (armed only)."""
+        if not self.guard_armed:
+            return []
+        return [_variable_name(variable) for variable, shadow in self._shadows.values()
+                if not np.array_equal(read_numpy(variable), read_numpy(shadow))]
+
+    def guard_set_back(self) -> None:
+        """Eager: set the guarded variables back to their copies (what the steps and tfdpbnn wrote)."""
+        self._forget()
+        for variable, shadow in self._shadows.values():
+            variable.assign(read_numpy(shadow))
+        self._forget()
 
     # ------------------------------------------------------------------------------------ graph side
     def record_batch(self, batch_size: tf.Tensor) -> None:
@@ -125,9 +195,13 @@ class LedgerState:
         if context is not None and context.num_replicas_in_sync > 1:
             b = context.all_reduce(tf.distribute.ReduceOp.SUM, b)
         expected = self.open_desc[_D["batch_size"]]
-        self.open_count.assign_add(tf.constant(1.0, tf.float64))
+        one = tf.constant(1.0, tf.float64)
+        self.open_count.assign_add(one)
         self.open_examples.assign_add(b)
         self.open_squared.assign_add(tf.square(b - expected))
+        self.shadow_add(self.open_count, one)
+        self.shadow_add(self.open_examples, b)
+        self.shadow_add(self.open_squared, tf.square(b - expected))
 
     # ----------------------------------------------------------------------------------- python side
     @contextlib.contextmanager
@@ -275,6 +349,8 @@ class LedgerState:
         self.open_examples.assign(0.0)
         self.open_squared.assign(0.0)
         self._forget()
+        self.guard_sync(self.open_desc, self.open_start, self.open_count, self.open_examples,
+                        self.open_squared)
         self.closed_by = None
 
     def finish_partial_pass(self) -> None:
@@ -294,6 +370,7 @@ class LedgerState:
             self._forget()
             self.open_examples.assign(float(whole))
             self._forget()
+            self.guard_sync(self.open_examples)
 
     def extend_open_phase(self, steps: int, examples: float) -> None:
         """Count ``steps`` and ``examples`` more in the open phase.
@@ -307,6 +384,7 @@ class LedgerState:
         if examples > 0:
             self.open_examples.assign_add(float(examples))
         self._forget()
+        self.guard_sync(self.open_start, self.open_count, self.open_examples)
 
     def current_phase(self, override_source=None, steps=None, examples=None) -> Phase | None:
         """The open phase as a ``Phase`` (optionally with hypothetical ``steps``/``examples``)."""
@@ -341,6 +419,7 @@ class LedgerState:
         self.open_examples.assign(0.0)
         self.open_squared.assign(0.0)
         self._forget()
+        self.guard_sync(self.open_desc, self.open_examples, self.open_squared)
 
     def append(self, phase: Phase, source: str) -> None:
         """Add a closed phase (phases already in the table, by id, are skipped)."""
@@ -357,6 +436,7 @@ class LedgerState:
         self.table.assign(table)
         self.count.assign(float(count + 1))
         self._forget()
+        self.guard_sync(self.table, self.count)
 
     def closed_phases(self) -> list[Phase]:
         """The closed phases, oldest first (decoded once per ``reading_once`` block, as its reads are)."""
