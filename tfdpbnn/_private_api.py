@@ -211,6 +211,12 @@ def in_symbolic_call() -> bool:
     return "scratch_graph" in getattr(tf.compat.v1.get_default_graph(), "name", "")
 
 
+def exact_ema_swaps(callbacks) -> None:
+    """Keras 3's ``SwapEMAWeights`` among ``callbacks`` swap exactly (``keras3.exact_ema_swaps``)."""
+    if _keras3 is not None:
+        _keras3.exact_ema_swaps(callbacks)
+
+
 def steps_per_execution(model) -> int:
     """Steps run by one call of ``model``'s train function (Keras's ``steps_per_execution``), at least 1."""
     value = getattr(model, "_steps_per_execution", None)

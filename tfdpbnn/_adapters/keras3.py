@@ -21,8 +21,9 @@ values and sample weights), ``Optimizer._get_variable_index`` with Adam's ``_mom
 ``_distribute_strategy`` and ``_maybe_symbolic_build`` (``fit``'s build of the model from its first batch
 under a ``tf.distribute`` strategy, ``build_from_one_replica``) and the trainer module's
 ``_collective_all_reduce_multi_worker`` (when ``fit`` reduces a step's logs across workers, ``step_logs``),
-and ``ModelCheckpoint``'s and ``BackupAndRestore``'s ``_should_save_on_batch`` (the batches where they save
-the weights, ``saves_after_batch``).
+``ModelCheckpoint``'s and ``BackupAndRestore``'s ``_should_save_on_batch`` (the batches where they save
+the weights, ``saves_after_batch``), and ``SwapEMAWeights``'s ``_tf_swap_variables`` and
+``_backend_swap_variables`` (an exact swap, ``exact_ema_swaps``).
 """
 
 from __future__ import annotations
@@ -407,6 +408,19 @@ def saves_after_batch(callback, batch) -> bool:
     return True
 
 
+def exact_ema_swaps(callbacks) -> None:
+    """Make each ``keras.callbacks.SwapEMAWeights`` of a DP ``fit`` swap the weights and averages exactly.
+
+    On the TensorFlow backend it swaps them by additions (``a += b; b = a - b; a -= b``), which rounds: the
+    weights it swaps back are not the bits the last DP step wrote, and the write watch refuses the next
+    step. Its other backends' swap (``_backend_swap_variables``: through a copy) is exact, and is used
+    instead (for these callback objects only).
+    """
+    for callback in callbacks:
+        if isinstance(callback, keras.callbacks.SwapEMAWeights):
+            callback._tf_swap_variables = callback._backend_swap_variables
+
+
 def check() -> None:
     """Raise ``RuntimeError`` naming the Keras 3 internal that the installed Keras no longer provides."""
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
@@ -433,6 +447,11 @@ def check() -> None:
     if len(state) != 1 or state[0] is not noted.momentums[0]:
         raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s optimizers no longer make their state per "
                            "variable through add_variable_from_reference; update tfdpbnn/_adapters/keras3.py")
+    swap = keras.callbacks.SwapEMAWeights()
+    if not (callable(getattr(swap, "_tf_swap_variables", None))
+            and callable(getattr(swap, "_backend_swap_variables", None))):
+        raise RuntimeError(f"tfdpbnn: Keras {keras.__version__}'s SwapEMAWeights._tf_swap_variables or "
+                           "_backend_swap_variables changed; update tfdpbnn/_adapters/keras3.py")
     from tfdpbnn._adapters import keras_batch_save_decision
 
     for base, path in ((keras.callbacks.ModelCheckpoint, "unused.weights.h5"),

@@ -451,6 +451,7 @@ def _prepared_fit_arguments(model, optimizer, arguments, record_ids, identity=No
     callbacks = list(callbacks or [])
     privacy = [c for c in callbacks if isinstance(c, PrivacyCallback)]
     others = [c for c in callbacks if not isinstance(c, PrivacyCallback | DPTrainingMonitor)]
+    _private_api.exact_ema_swaps(others)  # Keras 3's SwapEMAWeights: the weights back bit for bit
     from tfdpbnn.optimizers.state_checks import StateWatch
 
     # Callbacks other than tfdpbnn's may restore weights or the optimizer in on_train_begin
