@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
-from _small_runs import DELTA, LOSS, N, gaussians_epsilon, small_data, small_model
+from _small_runs import DELTA, LOSS, N, custom_loop_step, gaussians_epsilon, small_data, small_model
 
 import tfdpbnn
 from tfdpbnn import _keras_version
@@ -183,3 +183,69 @@ def test_swap_ema_weights_around_validation_trains_and_states_the_passes(swap_on
     statement = optimizer.privacy_statement()
     assert statement["guarantee"] is True
     assert statement["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 3), rel=1e-6)
+
+
+def test_a_compute_loss_override_that_the_dp_step_would_ignore_is_refused():
+    x, y = small_data()
+
+    class OwnLoss(tf.keras.Sequential):  # Keras's hook for a loss of one's own; dp_train_step never calls it
+        def compute_loss(self, *args, **kwargs):
+            raise AssertionError("not reached")
+
+    model, optimizer = _compiled(OwnLoss([tf.keras.Input((x.shape[1],)), tf.keras.layers.Dense(3)]))
+    with pytest.raises(ValueError, match="compute_loss: OwnLoss overrides compute_loss, which a DP fit"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # trained the compiled loss silently before
+    with pytest.raises(ValueError, match="compute_loss: OwnLoss overrides compute_loss"):
+        model.train_on_batch(x[:8], y[:8])
+    assert optimizer.ledger.steps == 0
+
+
+def test_pandas_data_trains_and_names_the_same_records_as_arrays():
+    pd = pytest.importorskip("pandas")
+    x, y = small_data()
+    model, optimizer = _compiled()
+    # A DataFrame and a Series (Keras takes them): the checks read .dtype of the data and crashed before.
+    model.fit(pd.DataFrame(x), pd.Series(y), batch_size=8, epochs=2, verbose=0)
+    assert optimizer.privacy_statement()["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 2), rel=1e-6)
+    model.train_on_batch(pd.DataFrame(x[:8]), pd.Series(y[:8]))
+    # The same rows as numpy arrays are the same records: one more pass composes the 2 passes and the call.
+    fresh, fresh_optimizer = _compiled()
+    fresh.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    bound = fresh_optimizer.privacy_statement()["ledger_bound"]["epsilon"]
+    assert bound == pytest.approx(gaussians_epsilon(1.0, 4), rel=1e-6)   # rows 0..7: 2 + 1 + 1
+
+
+def _set_optimizer_variable(optimizer, name, value):
+    for variable in optimizer.variables:
+        if variable.path.endswith("/" + name):
+            variable.assign(value(variable) if callable(value) else
+                            tf.cast(tf.fill(variable.shape, value), variable.dtype))
+
+
+@needs_keras3
+def test_the_ledger_written_between_runs_is_set_back():
+    x, y = small_data()
+    model, optimizer = _compiled()
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    _set_optimizer_variable(optimizer, "dp_ledger_open_examples", 0.0)   # 2 passes stated as none before:
+    _set_optimizer_variable(optimizer, "dp_ledger_open_steps", 0.0)      # epsilon 0.0, guarantee true
+    with pytest.warns(UserWarning, match="optimizer.variables: the privacy ledger's variable"):
+        statement = optimizer.privacy_statement()
+    assert statement["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 2), rel=1e-6)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert optimizer.privacy_statement()["quote"]["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 3),
+                                                                              rel=1e-6)
+
+
+@needs_keras3
+def test_a_custom_loops_weight_write_with_the_count_of_dp_writes_set_back_voids_the_guarantee():
+    x, y = small_data()
+    model, optimizer = _compiled()
+    step = custom_loop_step(model, x, y)
+    for i in range(4):
+        step(x[8 * i:8 * (i + 1)], y[8 * i:8 * (i + 1)])
+        if i == 1:  # the bias from the data, then the count set back: taken for a restore (10.73 printed)
+            model.layers[-1].bias.assign(tf.constant(x.mean(axis=0)[:3]))
+            _set_optimizer_variable(optimizer, "dp_write_count", lambda v: v - 1.0)
+    statement = optimizer.privacy_statement()
+    assert statement["guarantee"] is False and math.isinf(statement["quote"]["epsilon"])

@@ -54,7 +54,7 @@ from tfdpbnn.privacy.budget import NEIGHBORING, SAMPLINGS, steps_per_epoch
 from tfdpbnn.privacy.noise import check_debug_noise_seed
 from tfdpbnn.record import attributes
 from tfdpbnn.record.ledger import Phase
-from tfdpbnn.record.ledger_state import LedgerState, describe_source, planned_phase
+from tfdpbnn.record.ledger_state import LedgerState, describe_source, planned_phase, variable_name
 from tfdpbnn.record.run_record import RunRecord
 from tfdpbnn.record.statement import build_statement
 
@@ -771,6 +771,7 @@ class DPOptimizerMixin:
         trained, or else the model compiled with it; a model given here, or compiled with it before any run,
         first inherits its weights' record from the privacy record store).
         """
+        self._dp_bookkeeping_written_between_runs("found by the privacy statement")
         return build_statement(self, self._resolve_delta(delta), model=self._import_weights_record(model))
 
     def _import_weights_record(self, model=None, adopt=False):
@@ -1158,6 +1159,36 @@ class DPOptimizerMixin:
             record.mark_unbounded_batches(reason)
         return changed
 
+    def _dp_bookkeeping_written_between_runs(self, when: str) -> None:
+        """Outside a ``fit``: the privacy bookkeeping written by code other than tfdpbnn's since it last ran.
+
+        A restore of the optimizer (its checkpoint: ``tf.train.Checkpoint``) sets the ledger's counts and
+        the count of DP writes back together, each DP write having counted a step in both: it is taken for a
+        restore, counted as restores are (the run's start, the privacy record store). One of them written
+        alone is no restore: a count of passes set to 0 through Keras 3's ``optimizer.variables`` (the
+        statement said epsilon 0 after 2 passes), or the count of DP writes set back after a weight was
+        written from the data (which the write watch then took for a restore). Those are set back to what
+        ran (with a warning); the count of DP writes written makes the statement's ``guarantee`` false.
+        """
+        state = attributes.ledger_state(self)
+        if state is None:
+            return
+        changed = state.guard_changes(always=True)
+        if not changed:
+            return
+        write = variable_name(self._dp_write_count)
+        if write in changed and len(changed) > 1:  # the optimizer's state restored: both went back
+            state.guard_sync()
+            return
+        state.guard_set_back()
+        if write in changed:  # a weight written with it would have passed for a restore
+            self._dp_write_watch.taint([f"the privacy bookkeeping {changed} (the count of DP writes) written "
+                                        f"outside tfdpbnn, {when}"])
+            return
+        warnings.warn(f"optimizer.variables: the privacy ledger's variable(s) {changed} were written "
+                      f"outside tfdpbnn ({when}), the count of DP writes unchanged (no restore of the "
+                      "optimizer): they are set back to what ran", stacklevel=3)
+
     def _dp_refuse_bookkeeping_written(self, model, when: str) -> None:
         """Refuse a ``fit`` whose privacy bookkeeping was written outside tfdpbnn (see the method above)."""
         changed = self._dp_bookkeeping_written(when)
@@ -1230,6 +1261,7 @@ class DPOptimizerMixin:
         """
         # One walk over the model's modules for the dtype and preprocessing checks: nothing between them
         # builds the model or changes its layers.
+        self._dp_bookkeeping_written_between_runs("found at the start of a run")
         submodules = _private_api.submodules(model)
         self._adopt_model_ledger(model, submodules)
         self.mechanism.new_run()  # this run's noise key: fresh from os.urandom (tfdpbnn.privacy.noise)
@@ -1442,6 +1474,7 @@ class DPOptimizerMixin:
         ``sample_weight`` or ``class_weight``). Raises ``ValueError`` when the optimizer's budget leaves no
         step.
         """
+        self._dp_bookkeeping_written_between_runs("found at the start of a train_on_batch call")
         # Trainable weights written since the last DP call's write (ValueError naming them; see WriteWatch)
         self._dp_write_watch.refuse_written_between_runs(self._dp_write_count,
                                                          attributes.run_record(self).recognises_weights)

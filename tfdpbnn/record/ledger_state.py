@@ -71,7 +71,7 @@ _DESC = ("phase_id", "kind", "noise_multiplier", "neighboring", "sample_rate", "
 _D = {name: i for i, name in enumerate(_DESC)}
 
 
-def _variable_name(variable) -> str:
+def variable_name(variable) -> str:
     """A bookkeeping variable's own name (``dp_ledger_open_examples``), without scopes or ``:0``."""
     return str(getattr(variable, "name", variable)).split("/")[-1].split(":")[0]
 
@@ -141,7 +141,7 @@ class LedgerState:
         """Guard ``variable`` (a bookkeeping variable of the optimizer) with a copy only tfdpbnn writes."""
         with tf.init_scope():
             shadow = tf.Variable(tf.convert_to_tensor(variable), trainable=False,
-                                 name="dp_guard_" + _variable_name(variable),
+                                 name="dp_guard_" + variable_name(variable),
                                  synchronization=tf.VariableSynchronization.ON_READ,
                                  aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self._shadows[id(variable)] = (variable, shadow)
@@ -173,11 +173,14 @@ class LedgerState:
         """Stop comparing (between runs, a restore of the optimizer is counted by the run's start)."""
         self.guard_armed = False
 
-    def guard_changes(self) -> list:
-        """Eager: names of the guarded variables written since tfdpbnn last wrote them (armed only)."""
-        if not self.guard_armed:
+    def guard_changes(self, always: bool = False) -> list:
+        """Eager: names of the guarded variables written since tfdpbnn last wrote them.
+
+        Armed only (during a ``fit``), unless ``always``.
+        """
+        if not (self.guard_armed or always):
             return []
-        return [_variable_name(variable) for variable, shadow in self._shadows.values()
+        return [variable_name(variable) for variable, shadow in self._shadows.values()
                 if not np.array_equal(read_numpy(variable), read_numpy(shadow))]
 
     def guard_set_back(self) -> None:
