@@ -249,3 +249,38 @@ def test_a_custom_loops_weight_write_with_the_count_of_dp_writes_set_back_voids_
             _set_optimizer_variable(optimizer, "dp_write_count", lambda v: v - 1.0)
     statement = optimizer.privacy_statement()
     assert statement["guarantee"] is False and math.isinf(statement["quote"]["epsilon"])
+
+
+@pytest.mark.parametrize("store", ["on", "off"])
+def test_an_optimizer_restored_between_runs_counts_every_step_that_ran(store, tmp_path, monkeypatch):
+    if store == "off":
+        monkeypatch.setenv("TFDPBNN_PRIVACY_STORE", "off")
+    x, y = small_data()
+    model, optimizer = _compiled()
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer).write(str(tmp_path / "ckpt"))
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    tf.train.Checkpoint(model=model, optimizer=optimizer).read(checkpoint)   # the third pass ran
+    statement = optimizer.privacy_statement()   # 7.08 before (store off: the quote too)
+    assert statement["guarantee"] is True
+    assert statement["quote"]["epsilon"] >= statement["run_epsilon"] >= gaussians_epsilon(1.0, 3) * (1 - 1e-6)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)   # store off: 9.01 before, 4 passes ran
+    statement = optimizer.privacy_statement()
+    assert statement["quote"]["epsilon"] >= statement["run_epsilon"] >= gaussians_epsilon(1.0, 4) * (1 - 1e-6)
+
+
+@needs_keras3
+def test_a_weight_written_with_the_counts_set_back_as_a_restore_sets_them_voids_the_guarantee(tmp_path):
+    x, y = small_data()
+    model, optimizer = _compiled()
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer).write(str(tmp_path / "ckpt"))
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    tf.train.Checkpoint(model=model, optimizer=optimizer).read(checkpoint)   # a real restore: accepted
+    assert optimizer.privacy_statement()["guarantee"] is True
+    # A forged one: a bias from the data, the count of DP writes and the ledger's steps set back by one.
+    model.layers[-1].bias.assign(tf.constant(x.mean(axis=0)[:3]))
+    _set_optimizer_variable(optimizer, "dp_write_count", lambda v: v - 1.0)
+    _set_optimizer_variable(optimizer, "dp_ledger_open_steps", lambda v: v - 1.0)
+    statement = optimizer.privacy_statement()   # 7.08 with guarantee true before
+    assert statement["guarantee"] is False and math.isinf(statement["quote"]["epsilon"])

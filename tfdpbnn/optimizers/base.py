@@ -1164,7 +1164,10 @@ class DPOptimizerMixin:
 
         A restore of the optimizer (its checkpoint: ``tf.train.Checkpoint``) sets the ledger's counts and
         the count of DP writes back together, each DP write having counted a step in both: it is taken for a
-        restore, counted as restores are (the run's start, the privacy record store). One of them written
+        restore, and the steps it took off are counted again as "rewound" phases (``account_rewind``, with
+        the ledger as tfdpbnn last left it: the statement right after the restore, and a run with the
+        privacy record store off, counted only the restored steps before); weights that a restore does not
+        bring back void the guarantee (``_dp_restored_weights_known``). One of them written
         alone is no restore: a count of passes set to 0 through Keras 3's ``optimizer.variables`` (the
         statement said epsilon 0 after 2 passes), or the count of DP writes set back after a weight was
         written from the data (which the write watch then took for a restore). Those are set back to what
@@ -1178,7 +1181,17 @@ class DPOptimizerMixin:
             return
         write = variable_name(self._dp_write_count)
         if write in changed and len(changed) > 1:  # the optimizer's state restored: both went back
+            # The steps it took off ran: counted again as rewound phases (the store finds the same parts,
+            # by the same ids, at the next run's start; with the store off nothing else would).
+            record = attributes.run_record(self)
+            if record is not None:
+                record.account_rewind(state.guarded(record.ledger_now))
             state.guard_sync()
+            if not self._dp_restored_weights_known():
+                self._dp_write_watch.taint([
+                    f"the privacy bookkeeping {changed} set back as a restore does, {when}, with weights "
+                    "that are neither the last DP write's, an epoch end's, nor weights the privacy record "
+                    "holds"])
             return
         state.guard_set_back()
         if write in changed:  # a weight written with it would have passed for a restore
@@ -1188,6 +1201,24 @@ class DPOptimizerMixin:
         warnings.warn(f"optimizer.variables: the privacy ledger's variable(s) {changed} were written "
                       f"outside tfdpbnn ({when}), the count of DP writes unchanged (no restore of the "
                       "optimizer): they are set back to what ran", stacklevel=3)
+
+    def _dp_restored_weights_known(self) -> bool:
+        """After a restore of this optimizer's state: whether the weights are ones a restore brings back.
+
+        The last DP write's (the optimizer's state restored alone), an epoch end's of this optimizer, or
+        weights the privacy record store holds (a checkpoint of model and optimizer that a recorded run
+        wrote). A restore sets the count of DP writes back, so the write watch no longer compares the
+        weights with the last DP write's: weights written from the data, with the counts set back as a
+        restore sets them (Keras 3's ``optimizer.variables``), would otherwise pass.
+        """
+        watch = self._dp_write_watch
+        if not watch._variables or not watch.last_written_state():
+            return True  # no DP write yet: nothing to compare
+        now = watch.state()
+        if now == watch.last_written_state() or now in watch._released:
+            return True
+        record = attributes.run_record(self)
+        return record is not None and record.recognises_weights()
 
     def _dp_refuse_bookkeeping_written(self, model, when: str) -> None:
         """Refuse a ``fit`` whose privacy bookkeeping was written outside tfdpbnn (see the method above)."""

@@ -183,6 +183,22 @@ class LedgerState:
         return [variable_name(variable) for variable, shadow in self._shadows.values()
                 if not np.array_equal(read_numpy(variable), read_numpy(shadow))]
 
+    def guarded(self, read):
+        """Eager: ``read()`` with the guarded variables as their copies hold them (then as they are again).
+
+        The ledger as the DP steps and tfdpbnn left it, before a write or restore it did not see
+        (``DPOptimizerMixin._dp_bookkeeping_written_between_runs`` counts what a restore took off).
+        """
+        now = [(variable, read_numpy(variable)) for variable, _ in self._shadows.values()]
+        self.guard_set_back()
+        try:
+            return read()
+        finally:
+            self._forget()
+            for variable, value in now:
+                variable.assign(value)
+            self._forget()
+
     def guard_set_back(self) -> None:
         """Eager: set the guarded variables back to their copies (what the steps and tfdpbnn wrote)."""
         self._forget()
