@@ -29,7 +29,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tfdpbnn._private_api import read_numpy, read_tensors_and_views
+from tfdpbnn._private_api import assign_now, read_numpy, read_tensors_and_views
 from tfdpbnn.record.ledger import Phase, PrivacyLedger, new_phase_id
 
 #: Phases one optimizer's table holds (a new phase beyond it raises: the record is never truncated).
@@ -159,10 +159,11 @@ class LedgerState:
         """
         if not tf.executing_eagerly():
             return
-        held = self._shadows.values() if not variables else \
+        held = list(self._shadows.values()) if not variables else \
             [self._shadows[id(v)] for v in variables if id(v) in self._shadows]
-        for variable, shadow in held:
-            shadow.assign(read_numpy(variable), read_value=False)
+        reads = read_tensors_and_views([variable for variable, _ in held])  # one operation
+        for (_, shadow), (_, value) in zip(held, reads, strict=True):
+            assign_now(shadow, np.array(value, copy=True))  # a copy of its own, not the variable's buffer
 
     def guard_arm(self) -> None:
         """Eager: copy the variables and compare them from now on (``guard_changes``) until disarmed."""
@@ -180,8 +181,11 @@ class LedgerState:
         """
         if not (self.guard_armed or always):
             return []
-        return [variable_name(variable) for variable, shadow in self._shadows.values()
-                if not np.array_equal(read_numpy(variable), read_numpy(shadow))]
+        held = list(self._shadows.values())
+        reads = read_tensors_and_views([v for v, _ in held] + [copy for _, copy in held])  # one operation
+        pairs = zip(held, reads[:len(held)], reads[len(held):], strict=True)
+        return [variable_name(variable) for (variable, _), (_, value), (_, copy) in pairs
+                if not np.array_equal(value, copy)]
 
     def guarded(self, read):
         """Eager: ``read()`` with the guarded variables as their copies hold them (then as they are again).
