@@ -1221,6 +1221,7 @@ class RecordLedger:
         # Rows named by ids whose content is known: the release is written on their content too (under its
         # twin key), so the same rows named by other ids in another release share that history.
         pairs = None
+        named: np.ndarray | None
         if isinstance(keys, TrainingKeys):   # read from the ledger: the twin keys the records were written on
             named = np.unique(content_twins(keys.twins))
         else:
