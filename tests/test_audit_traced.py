@@ -116,6 +116,44 @@ def test_hook_mutations_are_flagged_through_the_traced_step(bug, check):
         assert r.largest_contribution == pytest.approx(1.5, rel=2e-3)
 
 
+def _dense_model(optimizer):
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
+    model.compile(optimizer=optimizer, loss=LOSS)
+    return model, np.random.default_rng(0).normal(size=(1, 4)).astype(np.float32)
+
+
+def _contribution_in_batch(model, x, y, row):
+    """``||S(x) - S(x without row)|| / (C s)`` of the clipped sum at sigma 0 (the mechanism, eagerly)."""
+    mechanism = O.DPMechanism(1.0, 0.0, len(x))
+    keep = np.arange(len(x)) != row
+    with_row = mechanism.clip_model(model, x, y).clipped_sum
+    without = mechanism.clip_model(model, x[keep], y[keep]).clipped_sum
+    diff = np.sqrt(sum(float(tf.reduce_sum((a - b) ** 2)) for a, b in zip(with_row, without, strict=True)))
+    return diff * len(x)
+
+
+@slow_on_keras2   # an audit run (above)
+def test_clipping_that_couples_the_rows_of_a_batch_is_flagged(monkeypatch):
+    # A planted clipping bug: every example's clip factor from the batch's mean gradient norm. For a batch of
+    # one it is per-example clipping, which is all the sensitivity search used to try (a pass at 1.00).
+    from tfdpbnn.clipping import ghost, jacobian
+
+    honest = jacobian.clip_factors
+
+    def batch_mean_factors(norms, l2_norm_clip):
+        return honest(tf.broadcast_to(tf.reduce_mean(norms), tf.shape(norms)), l2_norm_clip)
+
+    monkeypatch.setattr(ghost, "clip_factors", batch_mean_factors)
+    model, x = _dense_model(O.DPSGDOptimizer(1.0, 1.0, num_examples=64, batch_size=8))
+    model.set_weights([np.zeros_like(w) for w in model.get_weights()])  # uniform predictions: no saturation
+    batch = np.random.default_rng(1).normal(size=(8, 4)).astype(np.float32) * 0.01
+    batch[7] = 1000.0
+    # The truth, measured on the mechanism: one example moves the clipped sum by about 8 C s in a batch of 8.
+    assert _contribution_in_batch(model, batch, np.zeros(8, np.int64), 7) > 7.5
+    r = traced_audit(model, x, np.array([1]), calls=64, candidates=40, ascent=10)
+    assert {f.check for f in r.flags} == {"sensitivity"} and r.largest_contribution > 2.0, r.summary()
+
+
 def test_refusals_name_the_argument():
     model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss=LOSS)

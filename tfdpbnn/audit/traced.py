@@ -30,9 +30,10 @@ Checks (``TracedAudit.run``), each with its false-alarm rate (the total is ``alp
    per-coordinate mean over calls (chi-square with d): noise that is not fresh at every call; the
    correlation of coordinates at every offset of the flattened draw (all offsets at once by FFT),
    power against a correlation 0.1 stated; the correlation between calls at lags 1..``max_lag``.
-2. **Sensitivity** (sigma 0): one example's contribution to the released sum, ``g({x}) - r``, for
-   crafted examples (inputs at scales from 0 to 1000 with every label, then a random-search ascent on the
-   contribution norm); flagged above ``C s`` by more than a float32 tolerance. The largest found per
+2. **Sensitivity** (sigma 0): one example's contribution to the released sum, ``g(D + {x}) - g(D)`` (the
+   same batch with x at weight 1 and at weight 0), for crafted examples (inputs at scales from 0 to 1000
+   with every label, then a random-search ascent on the contribution norm), alone (D empty) or among other
+   rows D (``CONTEXTS``); flagged above ``C s`` by more than a float32 tolerance. The largest found per
    variable is reported, and the variables no example reached.
 3. **Accounting**: ``optimizer.epsilon_after(T)`` against dp-accounting's epsilon computed here from the
    declared sigma, ``q = B / n``, sampling and T (an independent composition), flagged when the optimizer
@@ -60,9 +61,12 @@ SEES = {
               "dependence that is not a fixed offset in the draw (e.g. a permuted duplicate of a few "
               "coordinates); noise that depends on the data (the check feeds none); the sampling of batches"),
     "sensitivity": ("any crafted example whose contribution to the released sum exceeds C s, in every layer "
-                    "type of the model, through the traced step's clipping",
+                    "type of the model, through the traced step's clipping, alone in the batch and among "
+                    "other rows (of weight 0; of weight 1 where the step at sigma 0 is deterministic), so "
+                    "clipping that couples a batch's rows is seen",
                     "examples the search did not try: it is a search, not a proof; variables no crafted "
-                    "example reached are listed"),
+                    "example reached are listed; rows of weight 1 around the example when the step is "
+                    "random (stochastic layers)"),
     "accounting": ("whether the optimizer's planned epsilon matches an independent dp-accounting composition "
                    "of its declared sigma, q = B / n, sampling and steps",
                    "whether the declared q is the pipeline's real rate (the sampling audit, --mode sampling, "
@@ -99,6 +103,7 @@ class TracedAuditResult:
     powers: dict
     alpha: float
     seconds: float
+    notes: list = dataclasses.field(default_factory=list)
 
     @property
     def flagged(self) -> bool:
@@ -130,6 +135,7 @@ class TracedAuditResult:
             lines.append(f"power: {name}: {p:.3f}" if isinstance(p, float) else f"power: {name}: {p}")
         if self.unreached:
             lines.append("sensitivity: no crafted example reached " + ", ".join(self.unreached))
+        lines.extend(self.notes)
         for check, (can, cannot) in SEES.items():
             lines.append(f"{check} sees: {can}; cannot see: {cannot}")
         for f in self.flags:
@@ -206,8 +212,9 @@ class TracedStep:
         self.train_function = adapter.train_function(self.model)
         # One iterator for every call, reading the batch from variables: no read-ahead (every tf.data
         # optimization and autotuning off), so each call consumes the batch assigned just before it.
-        self._batch = [tf.Variable(a, trainable=False) for a in (self.x_example, self.y_example,
-                                                                  np.zeros(1, np.float32))]
+        # The batch axis left open: the sensitivity check puts a crafted example among other rows.
+        self._batch = [tf.Variable(a, trainable=False, shape=tf.TensorShape([None]).concatenate(a.shape[1:]))
+                       for a in (self.x_example, self.y_example, np.zeros(1, np.float32))]
         batch = self._batch
         options = tf.data.Options()
         options.autotune.enabled = False
@@ -422,14 +429,65 @@ def _inputs(model, x_example, rng, scales):
     return out
 
 
+#: The rows around a crafted example in the sensitivity check: alone in the batch; among rows of sample
+#: weight 0 (no data of theirs reaches the release, whatever the step draws, so the check holds for
+#: stochastic layers too); among rows of weight 1 (only where the step at sigma 0 is deterministic: the
+#: difference of two calls is then the example's contribution alone). A step whose clipping couples the rows
+#: of a batch (clip factors from the batch's mean norm, or from the norm of the batch's summed gradient) is
+#: per-example clipping for a batch of one.
+CONTEXTS = ("alone", "zero-weight rows", "weighted rows")
+
+
+@dataclasses.dataclass
+class _Context:
+    """A batch around one crafted example: other rows (inputs, labels, weights), the example at ``position``.
+
+    ``x`` None: the example alone.
+    """
+
+    name: str
+    x: np.ndarray | None = None
+    y: np.ndarray | None = None
+    w: np.ndarray | None = None
+    position: int = 0
+
+    def batch(self, x, y, w):
+        """The batch with the example ``(x, y)`` of weight ``w`` (arrays of batch 1) at its position."""
+        w = np.full(1, w, np.float32)
+        if self.x is None:
+            return x, y, w
+        p = self.position
+        return tuple(np.concatenate([a[:p], b, a[p:]]) for a, b in ((self.x, x), (self.y, y), (self.w, w)))
+
+
+def _rows(step, rng, labels, count, weight):
+    """A context of ``count`` crafted rows (unit-scale inputs, random labels) of sample weight ``weight``."""
+    x0 = step.x_example
+    xs = np.concatenate([_inputs(step.model, x0, rng, (1.0,))[0] for _ in range(count)])
+    ys = np.concatenate([labels[int(i)] for i in rng.integers(0, len(labels), count)])
+    name = "zero-weight rows" if weight == 0 else "weighted rows"
+    return _Context(name, xs, ys, np.full(count, weight, np.float32), int(rng.integers(0, count + 1)))
+
+
+def _deterministic(step, context, rtol=1e-5) -> bool:
+    """Whether two calls on the batch of ``context`` (the example at weight 0) release the same at sigma 0."""
+    batch = context.batch(step.x_example, step.y_example, 0.0)
+    a, b = step.released(*batch), step.released(*batch)
+    bound = step.clip * step.scale
+    return all(np.max(np.abs(u - v), initial=0.0) <= rtol * bound for u, v in zip(a, b, strict=True))
+
+
 def sensitivity_checks(step, rng, candidates=120, ascent=60, rtol=2e-3, weight_points=(0.3, 1.0)):
     """One-example contributions at sigma 0 (module docstring).
 
     The search runs from the model's weights, then from random weight points (every trainable variable
     drawn ``N(0, scale^2)``, one point per ``weight_points`` scale): the clip bound must hold at any weights,
     and parameters such as a variance's log that start far from 0 contribute next to nothing at their
-    initial values. Returns ``(findings, largest, by_variable, unreached)``: the largest contribution norm
-    over ``C s``, the largest per variable (same unit), and the variables no crafted example reached.
+    initial values. Each crafted example is put alone in the batch, or among other rows (``CONTEXTS``), and
+    its contribution is the difference between the call with it at weight 1 and the same call with it at
+    weight 0. Returns ``(findings, largest, by_variable, unreached, notes)``: the largest contribution norm
+    over ``C s``, the largest per variable (same unit), the variables no crafted example reached, and what
+    the search could not try.
     """
     step.set_noise(False)
     bound = step.clip * step.scale
@@ -439,10 +497,21 @@ def sensitivity_checks(step, rng, candidates=120, ascent=60, rtol=2e-3, weight_p
     inputs = _inputs(step.model, x0, rng, (0.0, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0, 1000.0))
     by_var = np.zeros(len(step.variables))
     overall = 0.0
+    rows = max(1, min(int(step.optimizer.batch_size) - 1, 15))
+    notes = []
     points = [None] + [[rng.normal(size=v.shape) * scale for v in step.variables] for scale in weight_points]
     for point in points:
         step.set_weights_point(point)
-        overall = max(overall, _search(step, rng, x0, y0, inputs, labels, by_var, candidates, ascent))
+        contexts = [_Context("alone"), _rows(step, rng, labels, rows, 0.0)]
+        weighted = _rows(step, rng, labels, rows, 1.0)
+        if _deterministic(step, weighted):
+            contexts.append(weighted)
+        elif not notes:
+            notes.append("sensitivity: the step at sigma 0 is random (stochastic layers), so crafted "
+                         "examples were not tried among rows of weight 1, only alone and among rows of "
+                         "weight 0")
+        found = _search(step, rng, inputs, labels, contexts, by_var, candidates, ascent)
+        overall = max(overall, found)
     step.set_weights_point(None)
     step.set_noise(True)
     ratio = overall / bound
@@ -450,36 +519,35 @@ def sensitivity_checks(step, rng, candidates=120, ascent=60, rtol=2e-3, weight_p
                         ratio > 1.0 + rtol, f"(C s = {bound:.4g})")]
     largest = {name: float(v / bound) for name, v in zip(step.names, by_var, strict=True)}
     unreached = [name for name, v in largest.items() if v <= 1e-6]
-    return findings, ratio, largest, unreached
+    return findings, ratio, largest, unreached, notes
 
 
-def _search(step, rng, x0, y0, inputs, labels, by_var, candidates, ascent) -> float:
+def _search(step, rng, inputs, labels, contexts, by_var, candidates, ascent) -> float:
     """The largest contribution norm found from the current weight point (updates ``by_var``)."""
-    base = step.released(x0, y0, np.zeros(1, np.float32))
-    one = np.ones(1, np.float32)
     pool = [(x, y) for x in inputs for y in labels]
     order = rng.permutation(len(pool))[:candidates]
     best, best_norm = None, -1.0
 
-    def contribution(x, y):
+    def contribution(x, y, context):
         nonlocal best, best_norm
-        g = step.released(x, y, one)
+        g = step.released(*context.batch(x, y, 1.0))
+        base = step.released(*context.batch(x, y, 0.0))
         norms = np.array([float(np.linalg.norm(a - b)) for a, b in zip(g, base, strict=True)])
         np.maximum(by_var, norms, out=by_var)
         total = float(np.sqrt(np.sum(norms ** 2)))
         if total > best_norm:
-            best, best_norm = (x, y), total
+            best, best_norm = (x, y, context), total
         return total
 
-    for i in order:
-        contribution(*pool[i])
-    if best is not None and not np.issubdtype(np.asarray(x0).dtype, np.integer):
+    for k, i in enumerate(order):
+        contribution(*pool[i], contexts[k % len(contexts)])
+    if best is not None and not np.issubdtype(np.asarray(step.x_example).dtype, np.integer):
         step_size = 0.5
         for _ in range(ascent):  # random search on the input around the best so far
-            x, y = best
+            x, y, context = best
             trial = (x * np.exp(rng.normal(size=x.shape) * step_size)
                      + rng.normal(size=x.shape) * step_size * (np.abs(x).mean() + 1e-3)).astype(x.dtype)
-            if contribution(trial, y) < best_norm:
+            if contribution(trial, y, context) < best_norm:
                 step_size *= 0.9
     return best_norm
 
@@ -564,14 +632,14 @@ def traced_audit(model, x_example, y_example, *, calls=None, alpha=1e-3, seed=0,
     else:
         findings.append(Finding("noise", "optimizer", "noise multiplier", 0.0, 0.0, True,
                                 "(sigma 0: no privacy; the noise check needs sigma > 0)"))
-    sf, largest, by_var, unreached = sensitivity_checks(step, rng, candidates, ascent)
+    sf, largest, by_var, unreached, notes = sensitivity_checks(step, rng, candidates, ascent)
     findings += sf
     findings += accounting_checks(step.original)
     return TracedAuditResult(
         optimizer=type(step.original).__name__, noise_multiplier=step.noise_multiplier,
         l2_norm_clip=step.clip, scale=step.scale, calls=step.calls, findings=findings,
         largest_contribution=largest, largest_by_variable=by_var, unreached=unreached, powers=powers,
-        alpha=alpha, seconds=time.perf_counter() - start)
+        alpha=alpha, seconds=time.perf_counter() - start, notes=notes)
 
 
 def example_batch(model):
