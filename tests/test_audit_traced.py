@@ -154,6 +154,34 @@ def test_clipping_that_couples_the_rows_of_a_batch_is_flagged(monkeypatch):
     assert {f.check for f in r.flags} == {"sensitivity"} and r.largest_contribution > 2.0, r.summary()
 
 
+@slow_on_keras2   # an audit run (above)
+def test_sample_weights_applied_after_clipping_are_flagged(monkeypatch):
+    # A planted bug: the batch clipped without its sample weights, the clipped sum then scaled by the batch's
+    # mean weight. At weight 1 it is the honest step (the search used only weights 0 and 1: a pass at 1.00).
+    import dataclasses
+
+    from tfdpbnn.optimizers import mechanism
+
+    honest = mechanism.clipped_gradients
+
+    def weighted_after_clipping(model, x, y, sample_weight, loss_fn, clip, **kwargs):
+        result = honest(model, x, y, None, loss_fn, clip, **kwargs)
+        if sample_weight is None:
+            return result
+        mean = tf.reduce_mean(tf.cast(sample_weight, tf.float32))
+        return dataclasses.replace(result, clipped_sum=[g * mean for g in result.clipped_sum])
+
+    monkeypatch.setattr(mechanism, "clipped_gradients", weighted_after_clipping)
+    model, x = _dense_model(O.DPSGDOptimizer(1.0, 1.0, num_examples=64, batch_size=8))
+    model.set_weights([np.zeros_like(w) for w in model.get_weights()])
+    # The truth, measured on the mechanism: an example of sample weight 10 moves the sum by 10 C s.
+    big = np.full((1, 4), 100.0, np.float32)
+    moved = O.DPMechanism(1.0, 0.0, 1).clip_model(model, big, np.array([0]), np.array([10.0])).clipped_sum
+    assert np.sqrt(sum(float(tf.reduce_sum(g ** 2)) for g in moved)) == pytest.approx(10.0, rel=1e-4)
+    r = traced_audit(model, x, np.array([1]), calls=64, candidates=40, ascent=10)
+    assert {f.check for f in r.flags} == {"sensitivity"} and r.largest_contribution > 9.9, r.summary()
+
+
 def test_refusals_name_the_argument():
     model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss=LOSS)

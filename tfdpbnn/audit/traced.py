@@ -31,10 +31,10 @@ Checks (``TracedAudit.run``), each with its false-alarm rate (the total is ``alp
    correlation of coordinates at every offset of the flattened draw (all offsets at once by FFT),
    power against a correlation 0.1 stated; the correlation between calls at lags 1..``max_lag``.
 2. **Sensitivity** (sigma 0): one example's contribution to the released sum, ``g(D + {x}) - g(D)`` (the
-   same batch with x at weight 1 and at weight 0), for crafted examples (inputs at scales from 0 to 1000
-   with every label, then a random-search ascent on the contribution norm), alone (D empty) or among other
-   rows D (``CONTEXTS``); flagged above ``C s`` by more than a float32 tolerance. The largest found per
-   variable is reported, and the variables no example reached.
+   same batch with x at sample weight w, of ``SAMPLE_WEIGHTS``, and at weight 0), for crafted examples
+   (inputs at scales from 0 to 1000 with every label, then a random-search ascent on the contribution
+   norm), alone (D empty) or among other rows D (``CONTEXTS``); flagged above ``C s`` by more than a
+   float32 tolerance. The largest found per variable is reported, and the variables no example reached.
 3. **Accounting**: ``optimizer.epsilon_after(T)`` against dp-accounting's epsilon computed here from the
    declared sigma, ``q = B / n``, sampling and T (an independent composition), flagged when the optimizer
    reports less.
@@ -63,7 +63,8 @@ SEES = {
     "sensitivity": ("any crafted example whose contribution to the released sum exceeds C s, in every layer "
                     "type of the model, through the traced step's clipping, alone in the batch and among "
                     "other rows (of weight 0; of weight 1 where the step at sigma 0 is deterministic), so "
-                    "clipping that couples a batch's rows is seen",
+                    "clipping that couples a batch's rows is seen, at sample weights 1, 10 and 1000 (a "
+                    "weight applied after clipping)",
                     "examples the search did not try: it is a search, not a proof; variables no crafted "
                     "example reached are listed; rows of weight 1 around the example when the step is "
                     "random (stochastic layers)"),
@@ -437,6 +438,11 @@ def _inputs(model, x_example, rng, scales):
 #: per-example clipping for a batch of one.
 CONTEXTS = ("alone", "zero-weight rows", "weighted rows")
 
+#: Sample weights of the crafted example: each example's loss times its weight is clipped to C, so no weight
+#: moves the sum by more than C s; weights applied after clipping (to the clipped gradients or their sum)
+#: would move it by w C s, which weight 1 alone does not show.
+SAMPLE_WEIGHTS = (1.0, 10.0, 1000.0)
+
 
 @dataclasses.dataclass
 class _Context:
@@ -483,11 +489,11 @@ def sensitivity_checks(step, rng, candidates=120, ascent=60, rtol=2e-3, weight_p
     The search runs from the model's weights, then from random weight points (every trainable variable
     drawn ``N(0, scale^2)``, one point per ``weight_points`` scale): the clip bound must hold at any weights,
     and parameters such as a variance's log that start far from 0 contribute next to nothing at their
-    initial values. Each crafted example is put alone in the batch, or among other rows (``CONTEXTS``), and
-    its contribution is the difference between the call with it at weight 1 and the same call with it at
-    weight 0. Returns ``(findings, largest, by_variable, unreached, notes)``: the largest contribution norm
-    over ``C s``, the largest per variable (same unit), the variables no crafted example reached, and what
-    the search could not try.
+    initial values. Each crafted example is put alone in the batch, or among other rows (``CONTEXTS``), at a
+    sample weight of ``SAMPLE_WEIGHTS``, and its contribution is the difference between the call with it at
+    that weight and the same call with it at weight 0. Returns ``(findings, largest, by_variable,
+    unreached, notes)``: the largest contribution norm over ``C s``, the largest per variable (same unit),
+    the variables no crafted example reached, and what the search could not try.
     """
     step.set_noise(False)
     bound = step.clip * step.scale
@@ -528,26 +534,27 @@ def _search(step, rng, inputs, labels, contexts, by_var, candidates, ascent) -> 
     order = rng.permutation(len(pool))[:candidates]
     best, best_norm = None, -1.0
 
-    def contribution(x, y, context):
+    def contribution(x, y, context, weight):
         nonlocal best, best_norm
-        g = step.released(*context.batch(x, y, 1.0))
+        g = step.released(*context.batch(x, y, weight))
         base = step.released(*context.batch(x, y, 0.0))
         norms = np.array([float(np.linalg.norm(a - b)) for a, b in zip(g, base, strict=True)])
         np.maximum(by_var, norms, out=by_var)
         total = float(np.sqrt(np.sum(norms ** 2)))
         if total > best_norm:
-            best, best_norm = (x, y, context), total
+            best, best_norm = (x, y, context, weight), total
         return total
 
-    for k, i in enumerate(order):
-        contribution(*pool[i], contexts[k % len(contexts)])
+    for k, i in enumerate(order):  # every context with every weight, in turn
+        context = contexts[k % len(contexts)]
+        contribution(*pool[i], context, SAMPLE_WEIGHTS[(k // len(contexts)) % len(SAMPLE_WEIGHTS)])
     if best is not None and not np.issubdtype(np.asarray(step.x_example).dtype, np.integer):
         step_size = 0.5
         for _ in range(ascent):  # random search on the input around the best so far
-            x, y, context = best
+            x, y, context, weight = best
             trial = (x * np.exp(rng.normal(size=x.shape) * step_size)
                      + rng.normal(size=x.shape) * step_size * (np.abs(x).mean() + 1e-3)).astype(x.dtype)
-            if contribution(trial, y, context) < best_norm:
+            if contribution(trial, y, context, weight) < best_norm:
                 step_size *= 0.9
     return best_norm
 
