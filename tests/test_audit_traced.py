@@ -182,6 +182,31 @@ def test_sample_weights_applied_after_clipping_are_flagged(monkeypatch):
     assert {f.check for f in r.flags} == {"sensitivity"} and r.largest_contribution > 9.9, r.summary()
 
 
+@tf.keras.utils.register_keras_serializable(package="test_audit_traced")   # Keras 3's clone_model
+class _LessNoiseLater(O.DPSGDOptimizer):
+    """A planted bug: half the noise from the optimizer's third step on (the accountant keeps sigma)."""
+
+    def _dp_gradients(self, clipped, var_list):
+        released = self.mechanism.release(clipped)
+        factor = tf.where(self.iterations >= 2, 0.5, 1.0)
+        return [s + factor * (g - s) for g, s in zip(released.gradients, clipped.clipped_sum, strict=True)]
+
+
+@slow_on_keras2   # an audit run (above)
+def test_noise_that_shrinks_after_some_step_is_flagged():
+    import dp_accounting
+
+    optimizer = _LessNoiseLater(1.0, 1.0, num_examples=64, batch_size=8, delta=1e-5)
+    model, x = _dense_model(optimizer)
+    # The truth for an example drawn into a step after the second: sigma 0.5, not the accounted 1.
+    truth = dp_accounting.rdp.RdpAccountant().compose(dp_accounting.GaussianDpEvent(0.5)).get_epsilon(1e-5)
+    assert optimizer.epsilon_after(8) < truth / 2
+    # Every call used to start from the snapshot's step counter (1): a pass, std ratio 1.00.
+    r = traced_audit(model, x, np.array([1]), calls=64, candidates=40, ascent=10)
+    assert "noise" in {f.check for f in r.flags}, r.summary()
+    assert min(f.value for f in r.findings if f.statistic == "std ratio") < 0.75
+
+
 def test_refusals_name_the_argument():
     model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss=LOSS)

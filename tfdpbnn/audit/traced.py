@@ -15,12 +15,14 @@ each call released from the weights and the optimizer's slots:
 * Adam family: the first-moment slot ``m``, zeroed before every call, holds ``(1 - beta_1) g``; so
   ``g = m / (1 - beta_1)`` (the second moment and the bias correction act after it: post-processing).
 
-Every call starts from the same snapshot (weights, non-trainable state, slots, step counter), so each call
-is one independent traced step from the same point; the noise seed is whatever the traced function draws
-at that call. ``g`` is then ``s (sum_i clip_C(g_i) + z) + r(w)``, with the method's declared scale ``s``
-(``1 / B``; DP-SGLD ``n / B``, Zhang et al. 2022, Algorithm 2), ``z ~ N(0, (sigma C)^2 I)`` (Abadi et al.
-2016, Algorithm 1) and ``r(w)`` the data-independent regularization (KL terms, priors), the same at every
-call from the snapshot. ``r`` is read from a call with sigma set to 0 on a zero-weight example.
+Every call starts from the same snapshot (weights, non-trainable state, slots), so each call is one
+independent traced step from the same point, at a step counter (``iterations``) drawn for it from 0 to
+``MAX_STEP`` (a release that changes after some step is seen at both); the noise seed is whatever the
+traced function draws at that call. ``g`` is then ``s (sum_i clip_C(g_i) + z) + r(w)``, with the method's
+declared scale ``s`` (``1 / B``; DP-SGLD ``n / B``, Zhang et al. 2022, Algorithm 2),
+``z ~ N(0, (sigma C)^2 I)`` (Abadi et al. 2016, Algorithm 1) and ``r(w)`` the data-independent
+regularization (KL terms, priors), the same at every call from the snapshot. ``r`` is read from a call
+with sigma set to 0 on a zero-weight example.
 
 Checks (``TracedAudit.run``), each with its false-alarm rate (the total is ``alpha``, Bonferroni) and power:
 
@@ -57,7 +59,8 @@ from tfdpbnn._private_api import sublayers
 SEES = {
     "noise": ("the noise of every trainable variable in the released update of fit's traced step: its "
               "standard deviation against the declared sigma C s, freshness at every call, correlation "
-              "between coordinates at any offset of the flattened draw and between calls",
+              "between coordinates at any offset of the flattened draw and between calls, at step "
+              "counters from 0 to 2^20",
               "dependence that is not a fixed offset in the draw (e.g. a permuted duplicate of a few "
               "coordinates); noise that depends on the data (the check feeds none); the sampling of batches"),
     "sensitivity": ("any crafted example whose contribution to the released sum exceeds C s, in every layer "
@@ -173,6 +176,10 @@ def _copy(model, optimizer):
     return copy, opt
 
 
+#: The largest step counter a call starts from (``TracedStep.draw_step``).
+MAX_STEP = 2 ** 20
+
+
 class TracedStep:
     """Calls of ``fit``'s traced train function on a copy of a compiled DP model, from one snapshot.
 
@@ -226,6 +233,8 @@ class TracedStep:
         self.variables = list(self.model.trainable_variables)
         self.names = [adapter.variable_name(v) for v in self.variables]
         self._rule = self._update_rule()
+        config = opt.get_config()
+        self.vary_steps = not (config.get("use_ema") and config.get("ema_overwrite_frequency"))
         self.calls = 0
         self._call(self.x_example, self.y_example, np.zeros(1, np.float32))  # traces, creates the slots
         slots = [adapter.optimizer_slot(opt, v, s) for v in self.variables
@@ -290,9 +299,27 @@ class TracedStep:
         self.train_function(self._iterator)
         self.calls += 1
 
-    def released(self, x, y, w):
-        """The released gradient of one traced call on the batch ``(x, y, w)``: list of float64 arrays."""
+    def draw_step(self, rng):
+        """A step counter for one call: 0 (one call in eight) or log-uniform in ``[1, MAX_STEP]``.
+
+        None (the snapshot's) for an optimizer that overwrites the weights with averages every so many
+        steps (Keras 3's ``use_ema`` with ``ema_overwrite_frequency``): its update is read from the weights.
+        """
+        if not self.vary_steps:
+            return None
+        if rng.random() < 0.125:
+            return 0
+        return int(math.exp(rng.uniform(0.0, math.log(MAX_STEP))))
+
+    def released(self, x, y, w, step=None):
+        """The released gradient of one traced call on the batch ``(x, y, w)``: list of float64 arrays.
+
+        ``step``: the optimizer's step counter (``iterations``) the call starts from (None: the snapshot's),
+        so that a release that depends on the step (less noise after some step) is seen.
+        """
         self._restore(self._snapshot)
+        if step is not None:
+            self.optimizer.iterations.assign(step)
         before = [v.numpy().astype(np.float64) for v in self.variables]
         self._call(x, y, np.asarray(w, np.float32))
         opt, slot = self.optimizer, _adapters.current().optimizer_slot
@@ -536,8 +563,9 @@ def _search(step, rng, inputs, labels, contexts, by_var, candidates, ascent) -> 
 
     def contribution(x, y, context, weight):
         nonlocal best, best_norm
-        g = step.released(*context.batch(x, y, weight))
-        base = step.released(*context.batch(x, y, 0.0))
+        at = step.draw_step(rng)  # both calls from one step counter
+        g = step.released(*context.batch(x, y, weight), at)
+        base = step.released(*context.batch(x, y, 0.0), at)
         norms = np.array([float(np.linalg.norm(a - b)) for a, b in zip(g, base, strict=True)])
         np.maximum(by_var, norms, out=by_var)
         total = float(np.sqrt(np.sum(norms ** 2)))
@@ -632,7 +660,7 @@ def traced_audit(model, x_example, y_example, *, calls=None, alpha=1e-3, seed=0,
         zero = np.zeros(1, np.float32)
         base = step.released(step.x_example, step.y_example, zero)
         step.set_noise(True)
-        runs = [step.released(step.x_example, step.y_example, zero) for _ in range(k)]
+        runs = [step.released(step.x_example, step.y_example, zero, step.draw_step(rng)) for _ in range(k)]
         noise = [np.stack([r[i] for r in runs]) - base[i] for i in range(len(base))]
         nf, powers = noise_checks(noise, step.names, stddev, alpha)
         findings += nf
