@@ -136,6 +136,34 @@ def test_train_step_override_is_counted_and_checked():
     assert opt.ledger.phases[-1].participations == 1  # 6 of 12 examples seen: one participation each
 
 
+class ScaledLossModel(SubclassedModel):
+    """A compute_loss override (the loss scaled): the DP step, clipping the compiled loss, never calls it."""
+
+    def compute_loss(self, *args, **kwargs):
+        return 1000.0 * super().compute_loss(*args, **kwargs)
+
+
+def test_compute_loss_override_is_refused_not_ignored():
+    # It used to train the compiled loss, the override silently ignored (epsilon printed, guarantee true).
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(12, 5)).astype(np.float32)
+    y = rng.integers(0, 2, size=12)
+    model = ScaledLossModel()
+    model(x[:1])
+    before = [w.copy() for w in model.get_weights()]
+    opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, batch_size=6, num_examples=12)
+    model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(ValueError, match="compute_loss: ScaledLossModel overrides Model.compute_loss"):
+        model.fit(x, y, batch_size=6, epochs=1, verbose=0)
+    with pytest.raises(ValueError, match="compute_loss"):
+        model.train_on_batch(x[:6], y[:6])
+    opt.begin_training(model, x, y, batch_size=6)   # a custom loop's dp_train_step is refused too
+    with pytest.raises(ValueError, match="compute_loss"):
+        opt.dp_train_step(model, (x[:6], y[:6]))
+    assert opt.steps == 0
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
+
+
 def test_mechanism_of_an_optimizer_refuses_to_clip_before_begin_training():
     opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, batch_size=4, num_examples=40)
     model = _sequential()

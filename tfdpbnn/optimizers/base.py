@@ -1710,6 +1710,8 @@ class DPOptimizerMixin:
         self._dp_check_every_trace = False
         eager = _runs_eagerly(model)
         overrides = fit_checks.overrides_train_step(model)
+        if probe_at_traces and not overrides:  # fit, train_on_batch: the step is dp_train_step
+            fit_checks.refuse_ignored_compute_loss(model, "the DP step of fit and train_on_batch")
         probed = False
         # A variable the model reads but does not own, changed since its check (between runs), changes what
         # the step computes: the model is checked again with its value now.
@@ -2070,6 +2072,7 @@ class DPOptimizerMixin:
         if self._dp_probe is not None:  # the compiled loss: fit_checks.check_per_example has checked it
             self._dp_probe.check_batch(tf.keras.utils.unpack_x_y_sample_weight(data)[0], "dp_train_step")
             raise fit_checks.ProbeReached("dp_train_step")
+        fit_checks.refuse_ignored_compute_loss(model, "dp_train_step")
         x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
         attributes.set_step_optimizer(model, self)  # the traced step calls this optimizer (retrace_for)
         self._require_open_phase()

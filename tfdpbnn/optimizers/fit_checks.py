@@ -570,6 +570,25 @@ class ProbeReached(Exception):  # noqa: N818 - not an error: the probed step rea
     """Raised inside a probed ``train_step`` once its per-example loss reached the mechanism and passed."""
 
 
+def refuse_ignored_compute_loss(model, where: str) -> None:
+    """Refuse a model whose class overrides ``compute_loss`` where the DP step would ignore it.
+
+    ``dp_train_step`` (what ``fit`` and ``train_on_batch`` run without a ``train_step`` override) clips the
+    per-example losses it rebuilds from ``model.compile(loss=...)``; it never calls ``compute_loss``, which
+    returns the batch's reduced loss. An override (a term added, the loss scaled or replaced) would train
+    another objective than the user's, silently.
+    """
+    base = getattr(tf.keras.Model, "compute_loss", None)
+    if base is None or getattr(type(model), "compute_loss", None) is base:
+        return
+    raise ValueError(
+        f"compute_loss: {type(model).__name__} overrides Model.compute_loss, which {where} does not call: "
+        "the DP step clips the per-example losses of the compiled loss (model.compile(loss=...)), so the "
+        "override would be ignored. Put the per-example loss in compile(loss=...) (a function of (y_true, "
+        "y_pred) with one value per example), or override train_step and hand the per-example loss vector "
+        "to optimizer.minimize(loss, var_list, tape=tape).")
+
+
 def overrides_train_step(model) -> bool:
     """Whether ``model``'s class has its own ``train_step`` (not Keras's, dispatched to ``dp_train_step``)."""
     return not getattr(type(model).train_step, "_tfdpbnn_hook", False)
@@ -732,4 +751,4 @@ def check_compute_dtype(model, submodules=None) -> None:
 
 
 __all__ = ["COUPLING_TOLERANCE", "LossProbe", "ProbeReached", "check_compute_dtype", "check_per_example",
-           "input_sampling", "overrides_train_step"]
+           "input_sampling", "overrides_train_step", "refuse_ignored_compute_loss"]
