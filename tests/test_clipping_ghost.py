@@ -246,6 +246,48 @@ def test_shared_layer_and_inference_branch_fall_back():
                                               method="ghost").per_example_norms, autograph=False)()
 
 
+class _TiedProjection(tf.keras.layers.Layer):
+    """Reads another layer's kernel (an output projection tied to it): no weights of its own."""
+
+    def __init__(self, dense, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = dense
+
+    def call(self, h):
+        return tf.matmul(h, self.dense.kernel, transpose_b=True)
+
+
+@pytest.mark.parametrize("where", ["layer", "model"])
+def test_a_weight_read_outside_its_layer_falls_back(where):
+    # The Dense rule saw only the kernel's own call: its other use was left out of the per-example norm and
+    # of the clipped sum (the step trained on part of the gradient, norms 0.42 where 0.89 held).
+    dense = tf.keras.layers.Dense(4, use_bias=False, name="tied")
+    inp = tf.keras.Input((6,))
+    h = tf.keras.layers.Activation("tanh")(dense(inp))
+    if where == "layer":
+        model = tf.keras.Model(inp, _TiedProjection(dense)(h)[:, :3])
+    else:
+        class Tied(tf.keras.Model):
+            def __init__(self):
+                super().__init__()
+                self.dense = dense
+
+            def call(self, x):
+                return tf.matmul(tf.tanh(self.dense(x)), self.dense.kernel, transpose_b=True)[:, :3]
+
+        model = Tied()
+        model(vec(6))
+    x = vec(6)
+    with pytest.raises(UnsupportedModelError, match="tied"):
+        run(model, x, Y, 0.5, "ghost")
+    ref = run(model, x, Y, 0.5, "jacobian")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = run(model, x, Y, 0.5, "auto")   # the jacobian path, which sees every use
+    np.testing.assert_allclose(got[3], ref[3], rtol=1e-5)
+    np.testing.assert_allclose(got[0][0], ref[0][0], rtol=1e-5, atol=1e-7)
+
+
 def test_carried_public_batch_norm_falls_back():
     public = rng.normal(size=(4, 6)).astype("float32")
     model = tf.keras.Sequential([

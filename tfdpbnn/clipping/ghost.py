@@ -93,8 +93,12 @@ def plan(model, var_list) -> list[_Entry]:
 
 
 @contextlib.contextmanager
-def _recording(entries, records, problems, tape):
-    """Replace each covered layer's ``call`` by its rule's ``forward`` (restored on exit)."""
+def _recording(entries, records, problems, tape, outside):
+    """Replace each covered layer's ``call`` by its rule's ``forward`` (restored on exit).
+
+    ``outside``: a tape that records the variables read outside the covered layers' calls (it stops
+    recording inside them).
+    """
     saved = []
     for entry in entries:
         layer = entry.layer
@@ -108,7 +112,8 @@ def _recording(entries, records, problems, tape):
             if reason is not None:
                 problems.append(f"{_entry.layer.name} ({type(_entry.layer).__name__}: {reason})")
                 return _original(inputs, *args, **kwargs)
-            outputs, taps, context = _entry.rule.forward(_entry.layer, _original, inputs, *args, **kwargs)
+            with outside.stop_recording():
+                outputs, taps, context = _entry.rule.forward(_entry.layer, _original, inputs, *args, **kwargs)
             for t in taps:
                 tape.watch(t)
             records.append(_Record(_entry, list(taps), context))
@@ -156,6 +161,26 @@ def _one_row_per_example(squared, per_example_loss, layer):
     return tf.reshape(squared, tf.shape(per_example_loss))
 
 
+def _refuse_variables_read_elsewhere(entries, outside) -> None:
+    """Refuse a covered variable that the forward pass also reads outside its layer's call.
+
+    A rule reads its layer's per-example gradients at the layer's taps, so a weight that another layer (or
+    the model's own ``call``) reads too, a kernel tied to an output projection, would have the gradient of
+    that other use left out of both its per-example norm and the clipped sum: the step would train on part
+    of the gradient. The jacobian path differentiates every use.
+    """
+    read = {id(v) for v in outside.watched_variables()}
+    names = []
+    for entry in entries:
+        variables = [v for v, flag in zip(entry.variables, entry.wanted, strict=True) if flag]
+        if any(id(v) in read for v in _private_api.tf_variables(variables)) and entry.layer.name not in names:
+            names.append(entry.layer.name)
+    if names:
+        raise UnsupportedModelError(
+            "weights of layer(s) " + ", ".join(names) + " are also read outside those layers' calls (tied "
+            "weights), whose gradient the layers' rules do not see", names)
+
+
 def ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_norm_clip, var_list,
                             training=True, entries=None, sum_scale=None) -> ClippedGradients:
     """The ``ClippedGradients`` of ``clipped_gradients`` by ghost norms and book-keeping.
@@ -171,7 +196,7 @@ def ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_
     records: list[_Record] = []
     problems: list[str] = []
     with tf.GradientTape(persistent=True) as tape:
-        with _recording(entries, records, problems, tape):
+        with tf.GradientTape() as outside, _recording(entries, records, problems, tape, outside):
             y_pred = model(x, training=training)
         per_example_loss = per_example_loss_fn(y, y_pred, sample_weight)
         regularization_loss = _regularization_loss(model)
@@ -179,6 +204,7 @@ def ghost_clipped_gradients(model, x, y, sample_weight, per_example_loss_fn, l2_
     if problems:
         raise UnsupportedModelError("no fast clipping rule for this call of layer(s): " + ", ".join(problems),
                                     problems)
+    _refuse_variables_read_elsewhere(entries, outside)
     seen = {}
     for r in records:
         seen[id(r.entry.layer)] = seen.get(id(r.entry.layer), 0) + 1
