@@ -207,6 +207,33 @@ def test_noise_that_shrinks_after_some_step_is_flagged():
     assert min(f.value for f in r.findings if f.statistic == "std ratio") < 0.75
 
 
+@tf.keras.utils.register_keras_serializable(package="test_audit_traced")   # Keras 3's clone_model
+class _LessNoiseUnderXla(O.DPSGDOptimizer):
+    """A planted bug: the step compiled by XLA adds a tenth of the noise (the accountant keeps sigma)."""
+
+    def _dp_gradients(self, clipped, var_list):
+        from tfdpbnn import _private_api
+
+        released = self.mechanism.release(clipped)
+        if not _private_api.in_xla_context():
+            return released.gradients
+        return [s + 0.1 * (g - s) for g, s in zip(released.gradients, clipped.clipped_sum, strict=True)]
+
+
+@slow_on_keras2   # an audit run (above)
+def test_the_step_of_a_jit_compiled_model_is_audited_under_xla():
+    # The copy was compiled without jit_compile: the audit ran another function than fit (a pass, 1.00).
+    model, x = _dense_model(O.DPSGDOptimizer(1.0, 1.0, num_examples=64, batch_size=8))
+    model.compile(optimizer=model.optimizer, loss=LOSS, jit_compile=True)
+    honest = traced_audit(model, x, np.array([1]), calls=64, candidates=30, ascent=5)
+    assert not honest.flagged, honest.summary()
+    model, x = _dense_model(_LessNoiseUnderXla(1.0, 1.0, num_examples=64, batch_size=8))
+    model.compile(optimizer=model.optimizer, loss=LOSS, jit_compile=True)
+    r = traced_audit(model, x, np.array([1]), calls=64, candidates=30, ascent=5)
+    assert "noise" in {f.check for f in r.flags}, r.summary()
+    assert min(f.value for f in r.findings if f.statistic == "std ratio") < 0.2
+
+
 def test_refusals_name_the_argument():
     model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss=LOSS)

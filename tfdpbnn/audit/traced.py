@@ -159,7 +159,10 @@ def _declared_scale(optimizer) -> float:
 
 
 def _copy(model, optimizer):
-    """A copy of ``model`` (same weights) compiled with a fresh copy of its DP optimizer (no ledger)."""
+    """A copy of ``model`` (same weights) compiled with a fresh copy of its DP optimizer (no ledger).
+
+    Compiled by XLA when ``model`` is (``jit_compile=True``), so the step audited is the one ``fit`` runs.
+    """
     try:
         copy = tf.keras.models.clone_model(model)
     except Exception as err:  # clone_model raises several types for models it cannot rebuild
@@ -172,7 +175,9 @@ def _copy(model, optimizer):
         config.pop(key, None)
     config.update(initial_steps=0, sampling="shuffle")  # the copy's input is arrays; the step is the same
     opt = type(optimizer).from_config(config)
-    copy.compile(optimizer=opt, loss=model.loss)
+    # The step fit runs: compiled by XLA when the model is (jit_compile=True); its code may take other paths.
+    jit = getattr(model, "jit_compile", False) is True
+    copy.compile(optimizer=opt, loss=model.loss, jit_compile=jit)
     return copy, opt
 
 
