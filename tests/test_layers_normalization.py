@@ -93,6 +93,23 @@ def test_set_public_batch_and_round_trip():
         layer.set_public_batch(PUBLIC[:8])
 
 
+def test_public_batch_set_after_a_model_with_an_input_is_built():
+    # The documented "num_public=M, later set_public_batch(x)": building a Sequential with an Input (or a
+    # functional model) runs the layer on symbolic inputs, which used to raise (no public batch yet).
+    import tfdpbnn
+
+    layer = PublicBatchNormalization(num_public=16)
+    model = tf.keras.Sequential([tf.keras.Input((5,)), layer, tf.keras.layers.Dense(3)])
+    x = RNG.normal(size=(32, 5)).astype("float32")
+    with pytest.raises(ValueError, match="no public batch yet"):
+        model(x)
+    layer.set_public_batch(PUBLIC)
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=32, batch_size=8, delta=1e-5)
+    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, RNG.integers(0, 3, 32), batch_size=8, epochs=1, verbose=0)
+    assert optimizer.steps == 4 and optimizer.privacy_statement()["guarantee"]
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="public_batch"):
         tf.keras.Sequential([tf.keras.Input((5,)), PublicBatchNormalization(public_batch=PUBLIC[:, :4])])

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tfdpbnn import _private_api
 from tfdpbnn._validation import check_positive_int, check_real
 from tfdpbnn.layers import _checks
 
@@ -97,7 +98,9 @@ class _PublicBatchStore:
         return None if self._pending is None else self._pending.tolist()
 
     def _require_assigned(self):
-        if not self._public_batch_assigned:
+        # A functional model's construction runs the layer on symbolic inputs for their shapes alone: the
+        # public batch may be set afterwards (set_public_batch), before the layer computes anything.
+        if not self._public_batch_assigned and not _private_api.in_symbolic_call():
             raise ValueError(f"public_batch: layer {self.name!r} has no public batch yet; pass public_batch= "
                              "to the constructor or call set_public_batch(x) first")
 
