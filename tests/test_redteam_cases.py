@@ -263,16 +263,42 @@ class _LowerNoise(tf.keras.callbacks.Callback):
             self.model.optimizer._dp_noise_multiplier.assign(0.5)  # Keras 3: one of optimizer.variables
 
 
-def test_a_noise_multiplier_lowered_during_fit_is_refused_and_voids_the_guarantee():
+class _LowerNoiseForOneBatch(tf.keras.callbacks.Callback):
+    """Sigma lowered for the fourth batch of the first epoch, set back after it (before the epoch's end)."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == 3:
+            self.model.optimizer._dp_noise_multiplier.assign(0.1)  # Keras 3: one of optimizer.variables
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 3:
+            self.model.optimizer._dp_noise_multiplier.assign(1.0)
+
+
+def test_a_noise_multiplier_lowered_during_fit_is_refused_before_a_step_runs_with_it():
     x, y = small_data()
     model, optimizer = _compiled()
     truth = rdp_epsilon(dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(1.0),
                                                         dp_accounting.GaussianDpEvent(0.5)]))
     assert truth > gaussians_epsilon(1.0, 2) + 5  # 12.30 against the 7.08 printed before
-    with pytest.raises(ValueError, match="noise_multiplier: the optimizer's noise multiplier was changed"):
+    # Found before the second epoch's first batch, after every callback's on_train_batch_begin: no step ran
+    # with sigma 0.5, and the statement holds for the pass that ran (it used to be found at the epoch's end,
+    # after the steps: guarantee false).
+    with pytest.raises(ValueError, match=r"noise_multiplier: .* changed during fit \(found before batch 0"):
         model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[_LowerNoise()])
     statement = optimizer.privacy_statement()
-    assert statement["guarantee"] is False and math.isinf(statement["quote"]["epsilon"])
+    assert statement["guarantee"] is True and statement["steps"] == 8
+    assert statement["run_epsilon"] == pytest.approx(gaussians_epsilon(1.0, 1), rel=1e-6)
+    # Lowered for one batch and set back before the epoch's end (where alone it was compared): 4.73 printed,
+    # guarantee true, where 96.1 held for the 8 records of that batch (sigma 0.1). Refused before that batch.
+    one_batch = rdp_epsilon(dp_accounting.GaussianDpEvent(0.1))
+    assert one_batch > 90
+    model, optimizer = _compiled()
+    with pytest.raises(ValueError, match=r"noise_multiplier: .* \(found before batch 3"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[_LowerNoiseForOneBatch()])
+    statement = optimizer.privacy_statement()
+    assert statement["guarantee"] is True and statement["steps"] == 3
+    assert statement["run_epsilon"] == pytest.approx(gaussians_epsilon(1.0, 1), rel=1e-6)
     # A new fit opens a phase with the noise multiplier it runs with.
     optimizer._dp_noise_multiplier.assign(1.0)
     fresh_model, fresh = _compiled()

@@ -748,6 +748,29 @@ def _numpy(variable):
     return np.asarray(_private_api.read_numpy(variable))
 
 
+def refuse_changed_noise(model, optimizer, when: str) -> None:
+    """Refuse a step about to run with a noise multiplier other than the open phase's (``when``: before it).
+
+    A callback may set the optimizer's noise multiplier (one of ``optimizer.variables`` on Keras 3) for a
+    batch and set it back before the epoch's end, where ``tfdpbnn.callbacks.DPTrainingMonitor`` compares
+    it: found before the batch (``StateWatch.before_batch``, after every callback's
+    ``on_train_batch_begin``), no step ran with it, and the step does not run.
+    """
+    description = attributes.ledger_state(optimizer).open_description()
+    if description is None:
+        return
+    sigma = optimizer.noise_multiplier
+    if abs(sigma - description["noise_multiplier"]) <= 1e-12 * max(1.0, abs(sigma)):
+        return
+    model.stop_training = True
+    raise ValueError(
+        f"noise_multiplier: the optimizer's noise multiplier was changed during fit ({when}), from "
+        f"{description['noise_multiplier']:g} (the privacy ledger's open phase) to {sigma:g} (a callback "
+        "or code writing the optimizer's variables); the next step would not be a step the ledger accounts, "
+        "and does not run. Change the noise between fits: each fit opens a phase with the optimizer's noise "
+        "multiplier.")
+
+
 class StateWatch(tf.keras.callbacks.Callback):
     """Refuses a DP ``fit`` in which a model variable changed outside the DP update, at any time of the run.
 
@@ -804,11 +827,16 @@ class StateWatch(tf.keras.callbacks.Callback):
     def before_batch(self, batch):
         """Before every batch, after every callback's ``on_train_batch_begin``: nothing changed since.
 
-        The variables outside the DP update (``_refuse_outside``: set back, named, ``guarantee`` false) and
-        the variables the model reads but does not own (``DPOptimizerMixin._dp_outside_reads_before_step``):
+        The variables outside the DP update (``_refuse_outside``: set back, named, ``guarantee`` false), the
+        optimizer's noise multiplier (``refuse_changed_noise``, where a callback other than tfdpbnn's runs)
+        and the variables the model reads but does not own
+        (``DPOptimizerMixin._dp_outside_reads_before_step``):
         no step runs with a value the run did not start with (a value set and undone around a batch too).
         """
         self._refuse_outside(f"found before batch {batch}, after every callback's on_train_batch_begin")
+        if self._others_may_write:  # a callback may set the noise multiplier for a batch and set it back
+            refuse_changed_noise(self.model, self.model.optimizer,
+                                 f"found before batch {batch}, after every callback's on_train_batch_begin")
         check = getattr(self.model.optimizer, "_dp_outside_reads_before_step", None)
         if check is not None:
             check(self.model, f"found before batch {batch}, after every callback's on_train_batch_begin")
@@ -915,5 +943,5 @@ class _StateWatchEnd(tf.keras.callbacks.Callback):
         self._state_watch.finish()
 
 
-__all__ = ["StateWatch", "VariableSnapshot", "WriteWatch", "check_declared_state", "is_public", "same_value",
-           "variables_outside_dp_update"]
+__all__ = ["StateWatch", "VariableSnapshot", "WriteWatch", "check_declared_state", "is_public",
+           "refuse_changed_noise", "same_value", "variables_outside_dp_update"]
