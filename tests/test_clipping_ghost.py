@@ -288,6 +288,31 @@ def test_a_weight_read_outside_its_layer_falls_back(where):
     np.testing.assert_allclose(got[0][0], ref[0][0], rtol=1e-5, atol=1e-7)
 
 
+class _StandardizedConv2D(tf.keras.layers.Conv2D):
+    """Keras's own weight-standardization example: keeps ``call``, overrides ``convolution_op``."""
+
+    def convolution_op(self, inputs, kernel):
+        mean, var = tf.nn.moments(kernel, axes=[0, 1, 2], keepdims=True)
+        return tf.nn.conv2d(inputs, (kernel - mean) / tf.sqrt(var + 1e-10), padding="VALID",
+                            strides=list(self.strides))
+
+
+def test_a_conv_subclass_overriding_convolution_op_falls_back():
+    # The Conv2D rule took the kernel as the convolution reads it, not the standardized one: norms 27.7
+    # where 37.2 held, and a clipped sum that was not the kernel's gradient.
+    model = tf.keras.Sequential([tf.keras.Input((5, 5, 2)), _StandardizedConv2D(3, 3, name="standardized"),
+                                 tf.keras.layers.Flatten(), tf.keras.layers.Dense(3)])
+    x = vec(5, 5, 2)
+    with pytest.raises(UnsupportedModelError, match="standardized"):
+        run(model, x, Y, 0.5, "ghost")
+    ref = run(model, x, Y, 0.5, "jacobian")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = run(model, x, Y, 0.5, "auto")
+    np.testing.assert_allclose(got[3], ref[3], rtol=1e-5)
+    np.testing.assert_allclose(got[0][0], ref[0][0], rtol=1e-5, atol=1e-7)
+
+
 def test_carried_public_batch_norm_falls_back():
     public = rng.normal(size=(4, 6)).astype("float32")
     model = tf.keras.Sequential([

@@ -28,8 +28,9 @@ Writing a rule for your own layer::
 
     tfdpbnn.clipping.register_rule(ScaleLayer, ScaleRule())
 
-A rule registered for a class also covers its subclasses that do not override ``call``; a subclass that
-overrides ``call`` needs its own rule (otherwise the engine falls back to the jacobian path with a warning).
+A rule registered for a class also covers its subclasses that do not override ``call`` (nor another of
+the rule's ``layer_methods``, such as a convolution's ``convolution_op``); a subclass that overrides one
+needs its own rule (otherwise the engine falls back to the jacobian path with a warning).
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ class ClippingRule:
     3. ``clipped_sums(layer, context, grads, factors)``: one tensor per variable, ``sum_i factors[i] *
        dL_i/dvariable``, shaped like the variable.
     """
+
+    #: The layer's methods the rule's derivation assumes: a subclass of the registered class that overrides
+    #: any of them computes something else and is not covered by this rule.
+    layer_methods: tuple = ("call",)
 
     def variables(self, layer) -> list:
         """The trainable variables this rule produces gradients for (default: the layer's own)."""
@@ -102,13 +107,18 @@ def registered_rules() -> dict:
 
 
 def rule_for(layer) -> ClippingRule | None:
-    """The rule covering ``layer``: registered for its class, or for a base class whose ``call`` it keeps."""
+    """The rule covering ``layer``: registered for its class, or for a base class whose methods it keeps.
+
+    Those methods are the rule's ``layer_methods`` (``call``; a convolution's ``convolution_op`` too).
+    """
     cls = type(layer)
     if cls in _RULES:
         return _RULES[cls]
     for base in cls.__mro__[1:]:
-        if base in _RULES and getattr(cls, "call", None) is getattr(base, "call", None):
-            return _RULES[base]
+        rule = _RULES.get(base)
+        if rule is not None and all(getattr(cls, name, None) is getattr(base, name, None)
+                                    for name in getattr(rule, "layer_methods", ("call",))):
+            return rule
     return None
 
 

@@ -46,7 +46,11 @@ class Conv2DRule(ClippingRule):
 
     When the per-example kernel gradients are materialized for the norms (cheaper than the Gram form for
     most convolutions), the clipped sum reuses them (``sum_i c_i G_i``) instead of a second filter gradient.
+    The derivation takes the kernel as the layer's convolution reads it: a subclass overriding
+    ``convolution_op`` (a weight-standardized kernel) is not covered.
     """
+
+    layer_methods = ("call", "convolution_op")
 
     def variables(self, layer):
         return [v for v in (layer.kernel, layer.bias) if v is not None]
