@@ -149,3 +149,37 @@ def test_use_ema_refuses_averages_written_after_the_last_step():
     with pytest.raises(ValueError, match="before use_ema set the averages into the weights"):
         model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[WriteAverage()])
     assert optimizer.privacy_statement()["guarantee"] is False
+
+
+class _NoiseScaleFromARecord(tf.keras.callbacks.Callback):
+    def __init__(self, layer, value):
+        super().__init__()
+        self.layer, self.value = layer, value
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.layer.noise_stddev.assign(self.value)  # a record's feature, saved with the model's weights
+
+
+def test_a_noisy_layers_noise_scale_written_from_the_data_is_refused_under_dp_sgd():
+    # The state a noisy layer names as managed was left out of the checks under any DP optimizer; only
+    # SI-DPSGD sets it. Under DP-SGD a callback's write of a record's value left with the model: 4.73 printed,
+    # guarantee true, the record's feature exported exactly.
+    x, y = small_data()
+    layer = tfdpbnn.NoisyDense(3)
+    model = tf.keras.Sequential([tf.keras.Input((x.shape[1],)), layer])
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    with pytest.raises(ValueError, match="noise_stddev"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0,
+                  callbacks=[_NoiseScaleFromARecord(layer, float(abs(x[0, 0])))])
+    assert float(layer.noise_stddev.numpy()) == 0.0  # set back
+    assert optimizer.privacy_statement()["guarantee"] is False
+    # SI-DPSGD sets it at every step: its own writes are its state, not a change outside the DP step.
+    layer = tfdpbnn.NoisyDense(3)
+    model = tf.keras.Sequential([tf.keras.Input((x.shape[1],)), layer])
+    optimizer = tfdpbnn.SIDPOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    statement = optimizer.privacy_statement()
+    assert statement["guarantee"] is True
+    assert statement["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 1), rel=1e-6)

@@ -1439,7 +1439,7 @@ class DPOptimizerMixin:
         "train_on_batch", not those asserted public (each call checks the model with their values then).
         """
         public = self._dp_public_variables if kind == "train_on_batch" else ()
-        constants = state_checks.variables_outside_dp_update(model, public)
+        constants = state_checks.variables_outside_dp_update(model, public, self)
         held = {id(v) for v in constants} | set(public)
         return constants + [v for v, _ in self._dp_foreign_variables.get(id(model), ()) if id(v) not in held]
 

@@ -59,6 +59,8 @@ class SIDPOptimizer(DPSGDOptimizer):
     """
 
     _dp_method = "SI-DPSGD"
+    #: Sets every noisy layer's ``noise_stddev`` at every step (the state checks leave it out).
+    _dp_sets_layer_state = True
 
     def __init__(self, l2_norm_clip, noise_multiplier=None, *, paper_mean_update=False, weight_noise=None,
                  target_epsilon=None, delta=None, num_examples=None, batch_size=None, epochs=None,

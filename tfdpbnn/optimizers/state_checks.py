@@ -182,12 +182,12 @@ class VariableSnapshot:
     ids ``public``); ``variables``: these instead (the model's metric objects' around a check's pass).
     """
 
-    def __init__(self, model, outside_dp_update: bool = False, variables=None, public=()):
+    def __init__(self, model, outside_dp_update: bool = False, variables=None, public=(), optimizer=None):
         self._model = model
         if variables is not None:
             self._variables = list(variables)
         elif outside_dp_update:  # the DP step updates the others; tfdpbnn layers' own state is the library's
-            self._variables = variables_outside_dp_update(model, public)
+            self._variables = variables_outside_dp_update(model, public, optimizer)
         else:  # weights, not variables: Keras 3's variables also hold the random-number state (SeedGenerator)
             self._variables = [v for v in _private_api.weights(model)
                                if _private_api.is_variable(v) and v.dtype != tf.resource]
@@ -302,15 +302,19 @@ def is_public(variable, public) -> bool:
     return id(variable) in public or id(getattr(variable, "_value", None)) in public
 
 
-def variables_outside_dp_update(model, public=()) -> list:
+def variables_outside_dp_update(model, public=(), optimizer=None) -> list:
     """The variables of ``model`` that no DP step may change (not trainable, not managed by tfdpbnn).
 
     Weights, not variables: Keras 3's variables also hold the random-number state (``SeedGenerator``).
     ``public``: ids of variables asserted public (``DPOptimizerMixin.assert_public_variable``), left out
-    (the optimizer checks the model again at each of their new values instead).
+    (the optimizer checks the model again at each of their new values instead). ``optimizer``: the DP
+    optimizer of the run; the state a tfdpbnn layer names as managed (a noisy layer's ``noise_stddev``) is
+    left out only where that optimizer sets it at every step (``_dp_sets_layer_state``: SI-DPSGD): under
+    another one nothing of tfdpbnn writes it, and a value set from the data would leave with the model.
     """
     skip = {id(v) for v in model.trainable_variables}
-    skip |= {id(v) for layer in _layers(model) for v in _managed_state(layer)}
+    if getattr(optimizer, "_dp_sets_layer_state", False):
+        skip |= {id(v) for layer in _layers(model) for v in _managed_state(layer)}
     return [v for v in model.weights
             if _private_api.is_variable(v) and v.dtype != tf.resource and id(v) not in skip
             and not is_public(v, public)]
@@ -822,7 +826,8 @@ class StateWatch(tf.keras.callbacks.Callback):
         public = getattr(self.model.optimizer, "_dp_public_variables", {})
         if self._others_may_write:
             check_declared_state(self.model, public)
-        self._outside = VariableSnapshot(self.model, outside_dp_update=True, public=public)
+        self._outside = VariableSnapshot(self.model, outside_dp_update=True, public=public,
+                                         optimizer=self.model.optimizer)
 
     def before_batch(self, batch):
         """Before every batch, after every callback's ``on_train_batch_begin``: nothing changed since.
