@@ -222,22 +222,19 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         epsilon too small: the write is then named in the statement (``guarantee`` false). A new ``fit``
         opens a phase with the optimizer's noise multiplier of that time.
         """
-        description = attributes.ledger_state(optimizer).open_description()
-        if description is None:
-            return
         sigma = optimizer.noise_multiplier
-        if abs(sigma - description["noise_multiplier"]) <= 1e-12 * max(1.0, abs(sigma)):
+        phase = attributes.ledger_state(optimizer).changed_noise(sigma)
+        if phase is None:
             return
         watch = getattr(optimizer, "_dp_write_watch", None)
-        if sigma < description["noise_multiplier"] and watch is not None:
+        if sigma < phase and watch is not None:
             watch.taint(["dp_noise_multiplier"])
         self.model.stop_training = True
         raise ValueError(
             f"noise_multiplier: the optimizer's noise multiplier was changed during fit, from "
-            f"{description['noise_multiplier']:g} (the privacy ledger's open phase) to {sigma:g} (a callback "
+            f"{phase:g} (the privacy ledger's open phase) to {sigma:g} (a callback "
             "or code writing the optimizer's variables); the steps that ran with it are not the steps the "
-            "ledger accounts" + (", so the privacy statement now holds no guarantee"
-                                 if sigma < description["noise_multiplier"] else "")
+            "ledger accounts" + (", so the privacy statement now holds no guarantee" if sigma < phase else "")
             + ". Change the noise between fits: each fit opens a phase with the optimizer's noise "
             "multiplier.")
 

@@ -760,16 +760,14 @@ def refuse_changed_noise(model, optimizer, when: str) -> None:
     it: found before the batch (``StateWatch.before_batch``, after every callback's
     ``on_train_batch_begin``), no step ran with it, and the step does not run.
     """
-    description = attributes.ledger_state(optimizer).open_description()
-    if description is None:
-        return
     sigma = optimizer.noise_multiplier
-    if abs(sigma - description["noise_multiplier"]) <= 1e-12 * max(1.0, abs(sigma)):
+    phase = attributes.ledger_state(optimizer).changed_noise(sigma)
+    if phase is None:
         return
     model.stop_training = True
     raise ValueError(
         f"noise_multiplier: the optimizer's noise multiplier was changed during fit ({when}), from "
-        f"{description['noise_multiplier']:g} (the privacy ledger's open phase) to {sigma:g} (a callback "
+        f"{phase:g} (the privacy ledger's open phase) to {sigma:g} (a callback "
         "or code writing the optimizer's variables); the next step would not be a step the ledger accounts, "
         "and does not run. Change the noise between fits: each fit opens a phase with the optimizer's noise "
         "multiplier.")

@@ -344,6 +344,17 @@ class LedgerState:
                 "sample_rate": d["sample_rate"] or None, "num_examples": int(d["num_examples"]),
                 "source": _SOURCES[int(d["source"])], "batch_size": d["batch_size"]}
 
+    def changed_noise(self, sigma: float) -> float | None:
+        """The open phase's noise multiplier where ``sigma`` (the optimizer's now) is another, else None.
+
+        None too with no phase open. Equal within 1e-12 relative (a float64 variable read back).
+        """
+        description = self.open_description()
+        if description is None:
+            return None
+        phase = description["noise_multiplier"]
+        return None if abs(sigma - phase) <= 1e-12 * max(1.0, abs(sigma)) else phase
+
     def open_phase(self, kind, noise_multiplier, neighboring, sample_rate, num_examples, source,
                    batch_size) -> None:
         """Start a phase described so (closing the open one when its description differs)."""
