@@ -193,9 +193,9 @@ def test_a_compute_loss_override_that_the_dp_step_would_ignore_is_refused():
             raise AssertionError("not reached")
 
     model, optimizer = _compiled(OwnLoss([tf.keras.Input((x.shape[1],)), tf.keras.layers.Dense(3)]))
-    with pytest.raises(ValueError, match="compute_loss: OwnLoss overrides compute_loss, which a DP fit"):
+    with pytest.raises(ValueError, match="compute_loss: OwnLoss overrides Model.compute_loss, which the DP"):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # trained the compiled loss silently before
-    with pytest.raises(ValueError, match="compute_loss: OwnLoss overrides compute_loss"):
+    with pytest.raises(ValueError, match="compute_loss: OwnLoss overrides Model.compute_loss"):
         model.train_on_batch(x[:8], y[:8])
     assert optimizer.ledger.steps == 0
 
