@@ -1239,3 +1239,119 @@ def test_replayable_noise_from_one_secret_seed_is_not_refused():
         model.fit(tfdpbnn.data.poisson_batches(x, y, sample_rate=Q, secret_seed=SECRET), epochs=1, verbose=0)
     assert optimizer.steps == 8
     assert [r.samplers for r in _ledger().backend.releases()] == [(), ()]   # nothing to compare them with
+
+
+# ----------------------------------------------------------------------------------------- custom loops
+def _loop_model(n=N):
+    model = small_model()
+    optimizer = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=n, batch_size=8, delta=DELTA)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    return model, optimizer
+
+
+def _later_pass(x, y, **kwargs):
+    """A new model's one shuffled pass over ``x`` (8 steps of 8): its statement."""
+    model, optimizer = _loop_model()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, **kwargs)
+    return optimizer.privacy_statement()
+
+
+def _loop_steps(model, optimizer, x, y, steps, start=0):
+    for i in range(start, start + steps):
+        b = i % (len(x) // 8)
+        optimizer.dp_train_step(model, (tf.constant(x[b * 8:(b + 1) * 8]), tf.constant(y[b * 8:(b + 1) * 8])))
+
+
+def test_a_custom_loop_is_in_a_later_models_ledger_bound():
+    # 8 dp_train_step calls on x (each one Gaussian on every record: the loop picks its batches), then a new
+    # model's fit on x, 1 pass (one Gaussian for each record). The fit quoted 4.73 (its own pass) while the
+    # loop's steps were in no per-record ledger release; the loop was not settled before the fit started.
+    x, y = small_data()
+    model, optimizer = _loop_model()
+    optimizer.begin_training(model, x, y, batch_size=8)
+    keys = records.content_keys(x, y)
+    assert _ledger().max_epsilon(keys, DELTA) == np.inf   # reserved before the first step, steps unknown
+    _loop_steps(model, optimizer, x, y, 8)
+    statement = _later_pass(x, y)
+    truth = rdp_epsilon(dp_accounting.ComposedDpEvent([_gaussians(1.0, 8), _gaussians(1.0, 1)]))
+    assert statement["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 1), rel=1e-6)
+    assert statement["quote"]["epsilon"] >= truth * (1 - 1e-9)
+    assert statement["quote"]["epsilon"] == pytest.approx(truth, rel=1e-6)   # 17.80
+    # The loop's own statement: its steps, the later pass on its records in its ledger bound, and the records
+    # of begin_training's x asserted by name.
+    own = optimizer.privacy_statement()
+    assert own["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 8), rel=1e-6)
+    assert own["ledger_bound"]["epsilon"] == pytest.approx(truth, rel=1e-6)
+    assert any("begin_training" in a and "nothing checks" in a for a in own["asserted_by_user"])
+
+
+def test_a_custom_loop_read_between_steps_counts_each_segment_once():
+    # A traced minimize loop named by record_ids: 3 steps, statement, 5 more steps, statement, then a new
+    # model's pass on the same ids. Each read commits what the loop spent and reserves its further steps.
+    x, y = small_data()
+    ids = np.arange(N)
+    model, optimizer = _loop_model()
+    optimizer.begin_training(model, x, y, batch_size=8, record_ids=ids,
+                             assert_per_example_loss="per-example cross-entropy")
+    per_example = LOSS.__class__(from_logits=True, reduction="none")
+
+    @tf.function
+    def step(xb, yb):
+        optimizer.minimize(lambda: per_example(yb, model(xb, training=True)), model.trainable_variables)
+    for i in range(3):
+        step(x[i * 8:(i + 1) * 8], y[i * 8:(i + 1) * 8])
+    first = optimizer.privacy_statement()
+    assert first["ledger_bound"]["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 3), rel=1e-6)
+    assert optimizer.epsilon() == pytest.approx(gaussians_epsilon(1.0, 3), rel=1e-6)
+    for i in range(3, 8):
+        step(x[i * 8:(i + 1) * 8], y[i * 8:(i + 1) * 8])
+    second = optimizer.privacy_statement()
+    assert second["ledger_bound"]["epsilon"] == pytest.approx(gaussians_epsilon(1.0, 8), rel=1e-6)
+    later = _later_pass(x, y, record_ids=ids)
+    truth = rdp_epsilon(dp_accounting.ComposedDpEvent([_gaussians(1.0, 8), _gaussians(1.0, 1)]))
+    assert later["quote"]["epsilon"] >= truth * (1 - 1e-9)
+    assert later["quote"]["epsilon"] == pytest.approx(truth, rel=1e-6)   # not 3 + 8 + 1
+    with pytest.raises(ValueError, match="record_ids"):
+        optimizer.begin_training(model, x, y, batch_size=8, record_ids=ids[:10])
+
+
+def test_a_custom_loop_ended_by_its_optimizers_next_run_or_the_process_exit(tmp_path):
+    # The loop's phase ends at the optimizer's next run (here train_on_batch on 8 rows): its final commit.
+    x, y = small_data()
+    model, optimizer = _loop_model()
+    optimizer.begin_training(model, x, y, batch_size=8)
+    _loop_steps(model, optimizer, x, y, 4)
+    model.train_on_batch(x[:8], y[:8])
+    keys = records.content_keys(x, y)
+    assert _ledger().max_epsilon(keys[8:], DELTA) == pytest.approx(gaussians_epsilon(1.0, 4), rel=1e-6)
+    assert _ledger().max_epsilon(keys[:8], DELTA) == pytest.approx(gaussians_epsilon(1.0, 5), rel=1e-6)
+    # A process that ends with its loop open, its statement never read: committed at exit (atexit).
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import sys\nsys.path.insert(0, 'tests')\nimport tensorflow as tf\n"
+        "from _small_runs import DELTA, LOSS, N, small_data, small_model\nimport tfdpbnn\n"
+        "x, y = small_data(seed=1)\nmodel = small_model()\n"
+        "opt = tfdpbnn.DPSGDOptimizer(1.0, 1.0, num_examples=N, batch_size=8, delta=DELTA)\n"
+        "model.compile(optimizer=opt, loss=LOSS)\nopt.begin_training(model, x, y, batch_size=8)\n"
+        "for i in range(6):\n    opt.dp_train_step(model, (tf.constant(x[:8]), tf.constant(y[:8])))\n"
+        "print('{}')\n")
+    from _fresh_process import run_script
+
+    run_script(str(script))
+    x1, y1 = small_data(seed=1)
+    assert _ledger().max_epsilon(records.content_keys(x1, y1), DELTA) == pytest.approx(
+        gaussians_epsilon(1.0, 6), rel=1e-6)
+
+
+def test_a_per_record_budget_refuses_a_custom_loop_before_its_first_step():
+    x, y = small_data()
+    _ledger().set_budget(epsilon=50.0, delta=DELTA)
+    model, optimizer = _loop_model()
+    with pytest.raises(ValueError, match="begin_training: the record ledger has a per-record privacy budget.*"
+                                         "custom loop's number of steps is unknown"):
+        optimizer.begin_training(model, x, y, batch_size=8)
+    assert optimizer.steps == 0
+    assert _ledger().backend.releases() == []
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)   # a fit of known steps is checked and admitted
+    assert _ledger().max_epsilon(records.content_keys(x, y), DELTA) == pytest.approx(
+        gaussians_epsilon(1.0, 1), rel=1e-6)

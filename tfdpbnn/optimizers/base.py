@@ -55,7 +55,7 @@ from tfdpbnn.privacy.noise import check_debug_noise_seed
 from tfdpbnn.record import attributes
 from tfdpbnn.record.ledger import Phase
 from tfdpbnn.record.ledger_state import LedgerState, describe_source, planned_phase, variable_name
-from tfdpbnn.record.run_record import RunRecord
+from tfdpbnn.record.run_record import RunRecord, settle_open_loops
 from tfdpbnn.record.statement import build_statement
 
 #: The statement's ``asserted_by_user`` entry of every custom loop (``begin_training``): the loop picks the
@@ -66,6 +66,11 @@ WEIGHTS_FIXED = (
     "private records (weights computed from them, such as balanced class weights from the private labels, "
     "change with one record and rescale the other records' gradients before clipping, which the epsilon "
     "does not cover)")
+#: The statement's ``asserted_by_user`` entry of a custom loop: the records its ledger release names.
+CUSTOM_LOOP_RECORDS = (
+    "custom training loop: the batches its steps hand the DP mechanism hold only records of the input given "
+    "to begin_training (x, or the records record_ids name), against which the per-record ledger counts every "
+    "step; nothing checks the loop's batches against them")
 CUSTOM_LOOP_ROWS = (
     "custom training loop: each example is in at most one row of the batch a step hands the DP mechanism, "
     "and under a tf.distribute strategy in one replica's batch only (rows of one example, such as augmented "
@@ -719,6 +724,7 @@ class DPOptimizerMixin:
         """
         from tfdpbnn.record.other_releases import composed_epsilon
 
+        settle_open_loops()  # what the custom loops of this process spent, in the per-record ledger
         compiled = self._compiled_model() if attributes.run_record(self).model() is None else None
         if compiled is not None:  # no run yet: what the weights of the model compiled with it carry
             attributes.run_record(self).adopt(compiled)
@@ -1256,7 +1262,7 @@ class DPOptimizerMixin:
 
     # ------------------------------------------------------------------------------- fit integration
     def begin_training(self, model, x, y=None, batch_size=None, validation_split=0.0, shuffle=True, *,
-                       assert_per_example_loss: str | None = None, _fit=False):
+                       assert_per_example_loss: str | None = None, record_ids=None, _fit=False):
         """Check ``x`` and ``model``, draw the run's noise key and open the ledger phase for the steps ahead.
 
         ``model.fit`` calls it; call it yourself before a custom training loop that uses
@@ -1270,6 +1276,15 @@ class DPOptimizerMixin:
         (it is computed from the loop's batch inside your closure); those calls are refused unless you assert,
         with this reason, that each example's loss depends on that example alone. The statement lists the
         assertion under ``asserted_by_user``. ``dp_train_step`` (the compiled loss, checked here) needs none.
+
+        For a custom loop, the per-record ledger (``tfdpbnn.record.record_ledger``) gets a release against the
+        records of ``x`` (their content keys as ``fit`` computes them, a pipeline's tagged keys, or
+        ``record_ids``, with ``fit``'s meaning and checks), reserved here with an unknown number of steps
+        (infinite epsilon until settled; refused under a per-record budget) and settled with what the loop
+        spent when a statement reads the ledger, when another run starts in the process, when this
+        optimizer's next run ends the loop's phase, and at interpreter exit (``RunRecord.settle_loop``).
+        Nothing checks that the loop's batches hold these records: the statement lists it under
+        ``asserted_by_user``.
         """
         if assert_per_example_loss is not None and (not isinstance(assert_per_example_loss, str)
                                                     or not assert_per_example_loss.strip()):
@@ -1278,8 +1293,37 @@ class DPOptimizerMixin:
                              f"{assert_per_example_loss!r}")
         if _fit and assert_per_example_loss is not None:
             raise ValueError("assert_per_example_loss: only for a custom loop (model.fit checks its loss)")
+        if _fit and record_ids is not None:
+            raise ValueError("record_ids: only for a custom loop (pass fit(..., record_ids=...))")
         self._begin_training(model, x, y, batch_size, validation_split, shuffle, assert_per_example_loss,
                              _fit)
+        if not _fit:
+            self._begin_loop_record(model, x, y, record_ids)
+
+    def _begin_loop_record(self, model, x, y, record_ids) -> None:
+        """Reserve a custom loop's release for the records of ``x`` in the per-record ledger (begin_training).
+
+        The keys are ``fit``'s (``tfdpbnn.record.records.input_keys``), ``record_ids`` checked as ``fit``
+        checks them; the release is reserved with its steps unknown (``RunRecord.begin(loop=True)``).
+        """
+        from tfdpbnn.record.records import input_keys
+        from tfdpbnn.record.store import default_path, input_fingerprint
+
+        if default_path() is None:
+            attributes.run_record(self).begin(model, None, None, loop=True)  # ends an earlier loop's release
+            return
+        fingerprint = input_fingerprint(x, y)
+        keys = input_keys(x, y, record_ids, fingerprint)
+        description = attributes.ledger_state(self).open_description()
+        if isinstance(x, tf.data.Dataset | tf.distribute.DistributedDataset):
+            if record_ids is not None:
+                keras_integration._refuse_ids_not_naming_every_record(x, keys, description)
+                keras_integration._note_ids_without_rows(self)
+            elif keys is not None:
+                keras_integration._refuse_tagged_keys_not_naming_every_record(keys, description)
+        if CUSTOM_LOOP_RECORDS not in attributes.loss_assertions(self):
+            attributes.loss_assertions(self).append(CUSTOM_LOOP_RECORDS)
+        attributes.run_record(self).begin(model, fingerprint, None, record_keys=keys, loop=True)
 
     def _begin_training(self, model, x, y, batch_size, validation_split, shuffle, assert_per_example_loss,
                         _fit, sample_weight=False) -> tuple | None:

@@ -1362,7 +1362,8 @@ class RecordLedger:
                       if any(r.kind == "training" and wanted.intersection(r.phase_ids) for r in h.releases))
         return int(touched), known
 
-    def bound_for(self, phases, delta: float, accountant: str = "rdp", extra=()) -> tuple[float | None, int]:
+    def bound_for(self, phases, delta: float, accountant: str = "rdp", extra=(),
+                  exclude=()) -> tuple[float | None, int]:
         """The ledger bound of a model trained in ``phases`` (``tfdpbnn.record.ledger.Phase`` objects).
 
         The largest composed epsilon over every record that a release covering one of those phases touched:
@@ -1374,12 +1375,20 @@ class RecordLedger:
         or ``(event, token)`` pairs for releases the ledger may hold too (``record(token=...)``): a history
         that holds the release with that token composes it once, from its own releases; every other history
         composes it as an extra (the release's records are not known to be others than that history's).
+        ``exclude``: ids of reservations left out (an open custom loop's of this process, reserved for steps
+        not taken yet: ``tfdpbnn.record.run_record.settle_open_loops``).
         Returns (bound, records); (None, 0) when no release covers any of the phases.
         """
         own = [Release(0, "training", p.neighboring, event_to_config(p.event()), None, int(p.phase_id), "",
                        (int(p.phase_id),)) for p in phases if p.released]
         wanted = {r.phase_id for r in own}
-        held = [h for h in self.histories() if any(
+        histories = self.histories()
+        if exclude:
+            left_out = {int(i) for i in exclude}
+            histories = [dataclasses.replace(h, releases=tuple(r for r in h.releases
+                                                               if r.release_id not in left_out))
+                         for h in histories]
+        held = [h for h in histories if any(
             r.kind in ("training", "search") and wanted.intersection(r.phase_ids) for r in h.releases)]
         extra = [(e, None) if isinstance(e, dp_accounting.DpEvent) else (e[0], e[1]) for e in extra]
         from tfdpbnn.record.ledger import largest_epsilon

@@ -15,10 +15,22 @@ Before a DP ``fit`` (or a ``train_on_batch`` call) takes its first step, ``RunRe
 The DP ``fit``'s monitor writes a snapshot at every epoch end and a final one at the end (one transaction
 each); the final one also commits to the ledger what the run really spent. Budget scheduling over shared
 private data follows Luo et al. (2021).
+
+A custom loop (``begin_training``, then ``dp_train_step`` or ``minimize`` steps) takes steps no one counts
+ahead: ``RunRecord.begin(..., loop=True)`` reserves for the records of ``begin_training``'s input a release
+of unknown size (infinite epsilon; refused under a per-record budget, as a ``fit`` of unknown steps is) and
+registers the loop in this process (``_OPEN_LOOPS``). ``settle_open_loops`` commits what each open loop
+spent (its phase as the optimizer counts it: every step one Gaussian on every record, so a cut between
+steps is exact) and, while its phase is still open, reserves again for its further steps; it runs before
+any run's reservation in the process, when a statement reads the ledger bound (which leaves out the open
+loops' reservations for steps not taken yet: none of their steps is uncommitted then), and at interpreter
+exit. The loop's phase ends with the optimizer's next run (``begin``): its final commit. A killed process
+leaves the infinite reservation (an over-count).
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import math
 import weakref
@@ -61,6 +73,48 @@ def _lost_part(ran: Phase, restored: Phase | None) -> Phase:
     return dataclasses.replace(ran, participations=participations, **common)
 
 
+#: The custom loops of this process whose reservation is open: ``RunRecord`` -> None (insertion order). A
+#: loop's record is held until its phase ends (a later run of its optimizer) or the process exits, where its
+#: final segment is committed; one whose optimizer is gone stays held (its commit needs the ledger).
+_OPEN_LOOPS: dict = {}
+
+
+def settle_open_loops() -> set:
+    """Commit what each open custom loop of this process on the store in use spent (``settle_loop``).
+
+    Returns the ledger ids of the open loops' reservations that now cover only steps not taken yet (every
+    step taken is committed): a statement read now leaves them out of its ledger bound. Loops on another
+    store file (``TFDPBNN_PRIVACY_STORE`` changed since) are settled at exit: their ids name that file's rows.
+    """
+    pending: set = set()
+    if not _OPEN_LOOPS:
+        return pending
+    path = record_store.default_path()
+    for record in list(_OPEN_LOOPS):
+        if record._loop is None or record._loop["path"] != path:
+            continue
+        try:
+            release = record.settle_loop()
+        except ValueError:  # a budget set since the loop began refuses its new reservation: the old one stays
+            release = None
+        except Exception:  # noqa: BLE001 - its state unreadable (gone): its open reservation over-counts
+            _OPEN_LOOPS.pop(record, None)
+            release = None
+        if release is not None:
+            pending.add(release)
+    return pending
+
+
+@atexit.register
+def _settle_loops_at_exit() -> None:
+    """At interpreter exit: commit each open custom loop's final segment (no reservation left open)."""
+    for record in list(_OPEN_LOOPS):
+        try:
+            record.settle_loop(final=True)
+        except Exception:  # noqa: BLE001 - nothing may fail at exit; the open reservation over-counts
+            _OPEN_LOOPS.pop(record, None)
+
+
 class RunRecord:
     """The store side of one optimizer's ledger (module docstring)."""
 
@@ -72,6 +126,7 @@ class RunRecord:
         self.phase_id = None
         self._model = None  # weak reference to the model this optimizer last trained or was shown
         self.reservation = None  # the run's release in the per-record ledger, until committed
+        self._loop = None  # a custom loop's keys and steps settled, while it is open (``settle_loop``)
         self.final_weights = None  # the weights' fingerprint in the last final snapshot, until a run begins
         self._begin_variables: set = set()  # the variables' keys at the run's start (``weights_identity``)
         self._final_variables: set = set()  # the variables' keys in the last final snapshot
@@ -151,7 +206,7 @@ class RunRecord:
 
     def begin(self, model, dataset: str | None, planned_steps: int | None, record_keys=None,
               identity=None, sync_on_worker: bool = False, sampler: tuple[str, str] | None = None,
-              planned_examples: int | None = None) -> None:
+              planned_examples: int | None = None, loop: bool = False) -> None:
         """Inherit the weights' record, check the budgets, reserve in the ledger, write the run (module).
 
         ``record_keys``: the keys of the run's records (``tfdpbnn.record.records.input_keys``), or None when
@@ -166,25 +221,35 @@ class RunRecord:
         (``RecordLedger.reserve``). ``planned_examples``: an upper bound of the examples the planned steps
         process, where batches of the optimizer's ``batch_size`` would not bound them (a pipeline's
         batches, counted as they come); else ``planned_steps`` times ``batch_size``.
+
+        ``loop``: a custom loop's start (``begin_training``): its steps are unknown, so its release is
+        reserved as unbounded (refused under a per-record budget) and settled as it goes
+        (``settle_open_loops``); no run row is written (``dataset`` and ``planned_steps`` are not used).
         """
         with attributes.ledger_state(self._optimizer).reading_once():  # no step, no restore in between
             self._begin(model, dataset, planned_steps, record_keys, identity, sync_on_worker, sampler,
-                        planned_examples)
+                        planned_examples, loop)
 
     def _begin(self, model, dataset, planned_steps, record_keys, identity=None, sync_on_worker=False,
-               sampler=None, planned_examples=None) -> None:
+               sampler=None, planned_examples=None, loop=False) -> None:
         self._model = weakref.ref(model)
         self.store = record_store.default_store()
         self.run_id = None
-        self.final_weights = None
+        if not loop:  # a custom loop writes no snapshot: the last run's final weights stay what it wrote
+            self.final_weights = None
         self.before_restore = None
+        _OPEN_LOOPS.pop(self, None)  # this optimizer's custom loop, if any, ends here: its final commit
         self.commit_reservation()  # a run that ended without its final snapshot
         self.reservation = None
         self.unbounded_batches = None
+        self._loop = None
         if self.store is None:
             self.before_restore = self.ledger_now()
             return
-        self.dataset = dataset or "data:unidentified"
+        # Other custom loops of this process on common records: what they spent is in the ledger first.
+        settle_open_loops()
+        if not loop:  # a custom loop writes no run row: the statement's data set stays the last fit's
+            self.dataset = dataset or "data:unidentified"
         # Outside the write transaction: the weights' identity and the keys of the model's variables (one
         # layer copied by value), in one call; inherit changes the ledger, not the weights.
         if identity is not None and len(identity[0]) == len(model.weights) and all(
@@ -197,12 +262,12 @@ class RunRecord:
         # set's budget check, the ledger's reservation and the run's row: two runs started together on the
         # same data or weights are serialized, and share no stale read.
         with record_store.transaction(self.store.path, sync_on_worker=sync_on_worker):
-            self._begin_in_transaction(weights, dataset, planned_steps, record_keys, variables,
-                                       legacy=record_store.legacy_lookup(model), sampler=sampler,
-                                       planned_examples=planned_examples)
+            self._begin_in_transaction(weights, None if loop else dataset, None if loop else planned_steps,
+                                       record_keys, variables, legacy=record_store.legacy_lookup(model),
+                                       sampler=sampler, planned_examples=planned_examples, loop=loop)
 
     def _begin_in_transaction(self, weights, dataset, planned_steps, record_keys, variables=(),
-                              legacy=None, sampler=None, planned_examples=None) -> None:
+                              legacy=None, sampler=None, planned_examples=None, loop=False) -> None:
         optimizer = self._optimizer
         opened: list = []
 
@@ -246,7 +311,7 @@ class RunRecord:
                     f"its budget {budget['epsilon']:g}. Nothing was run. Train fewer steps or with more "
                     "noise, or raise the budget with RunStore.set_budget.")
         if record_keys is not None:
-            self._reserve(record_keys, planned, planned_steps, ledger(), sampler)
+            self._reserve(record_keys, planned, planned_steps, ledger(), sampler, loop=loop)
         elif ledger().budget() is not None:
             self.store = None
             raise ValueError(
@@ -255,18 +320,33 @@ class RunRecord:
                 "tagged with tfdpbnn.record.records.tag_record_keys, a generator, or ragged or sparse rows), "
                 "so the budget cannot be checked for them. Nothing was run. Tag the pipeline with its "
                 "records' keys, or pass record_ids.")
+        if loop:  # no run row: the loop's steps are settled in the per-record ledger as they go
+            if self.reservation is not None:
+                self._loop = {"keys": record_keys, "settled": planned.steps,
+                              "path": record_store.default_path()}
+                _OPEN_LOOPS[self] = None
+            return
         self.run_id = self.store.begin_run(self.dataset, self._begin_weights, planned)
         self.before_restore = now
 
     def _reserve(self, keys, planned: Phase, planned_steps: int | None,
-                 ledger: record_ledger.RecordLedger, sampler: tuple[str, str] | None = None) -> None:
+                 ledger: record_ledger.RecordLedger, sampler: tuple[str, str] | None = None,
+                 loop: bool = False) -> None:
         """Reserve the run's planned phase for its records in the per-record ``ledger`` (one transaction).
 
         ``sampler``: as ``begin``'s; left out for replayable noise (the release is non-private: nothing
-        composed with it understates).
+        composed with it understates). ``loop``: a custom loop's (``begin``).
         """
         import dp_accounting
 
+        if loop and ledger.budget() is not None:
+            self.store = None
+            raise ValueError(
+                "begin_training: the record ledger has a per-record privacy budget, and a custom loop's "
+                "number of steps is unknown (its code picks them), so the budget cannot be checked before "
+                "its first step. Nothing was run. Train with model.fit (with a known number of steps) or "
+                "model.train_on_batch (each call reserves its step), or train these records without a "
+                "per-record budget.")
         if planned_steps is None and ledger.budget() is not None:
             self.store = None
             raise ValueError(
@@ -290,7 +370,9 @@ class RunRecord:
             self._write_preprocessing_named_by_ids_alone(keys, ledger, by_ids_alone)
             self.reservation = ledger.reserve(
                 keys, event, kind="training", neighboring=planned.neighboring, phase_id=planned.phase_id,
-                description=f"{type(self._optimizer).__name__}: {planned_steps} planned steps", extra=carried,
+                description=f"{type(self._optimizer).__name__}: "
+                            f"{'a custom loop, steps unknown' if loop else f'{planned_steps} planned steps'}",
+                extra=carried,
                 sampler=None if self._replayable() else sampler)
         except ValueError:
             self.store = None
@@ -347,6 +429,47 @@ class RunRecord:
                           description=f"{record.mechanism} of layer {record.layer!r}: its records named by "
                                       "ids without their rows, written against a DP run's records",
                           token=token)
+
+    def settle_loop(self, final: bool = False) -> int | None:
+        """Commit what this optimizer's open custom loop spent (``settle_open_loops``); returns a release id.
+
+        While the loop's phase is open (and not ``final``), what it spent is committed and its further steps
+        are reserved again as unbounded, in one transaction, under the same phase (a history composes only
+        its largest version, so each step counts once): the new reservation's id is returned, which covers
+        only steps not taken yet. Nothing is written while no step was taken since the last settle. A phase
+        ended (another run of the optimizer, another optimizer took the model) or ``final``: the last commit,
+        and the loop is no longer open (None).
+        """
+        import dp_accounting
+
+        loop, reservation = getattr(self, "_loop", None), self.reservation
+        if loop is None or reservation is None or reservation.committed:
+            _OPEN_LOOPS.pop(self, None)
+            return None
+        state = attributes.ledger_state(self._optimizer)
+        with state.reading_once():
+            phase = state.current_phase() if state.open_phase_id() == reservation.phase_id else None
+        if final or phase is None:
+            _OPEN_LOOPS.pop(self, None)
+            self._loop = None
+            self.commit_reservation()
+            return None
+        if phase.steps == loop["settled"]:
+            return reservation.release_id
+        ledger = reservation.ledger
+        with record_store.transaction(ledger.backend.path):
+            self.commit_reservation()
+            try:
+                self.reservation = ledger.reserve(
+                    loop["keys"], dp_accounting.NonPrivateDpEvent(), kind="training",
+                    neighboring=phase.neighboring, phase_id=reservation.phase_id,
+                    description=f"{type(self._optimizer).__name__}: a custom loop, further steps unknown")
+            except ValueError:  # the transaction is rolled back: the open reservation stays
+                self.reservation = reservation
+                reservation.committed = False
+                raise
+        loop["settled"] = phase.steps
+        return self.reservation.release_id
 
     def mark_unbounded_batches(self, reason: str) -> None:
         """The run's batches were found not to be the sampler's: a record's share of one is not bounded.
@@ -407,11 +530,14 @@ class RunRecord:
         if unavailable:
             entry["unavailable"] = unavailable
             return entry
+        # The custom loops of this process: what they spent is committed, their steps to come left out.
+        pending = settle_open_loops()
         if not any(p.released for p in self._optimizer.ledger.phases):
             entry["unavailable"] = "this model has no DP training step yet: it was trained on no record"
             return entry
         ledger = record_ledger.RecordLedger(path)
-        bound, records = ledger.bound_for(self._optimizer.ledger.phases, delta, accountant, extra)
+        bound, records = ledger.bound_for(self._optimizer.ledger.phases, delta, accountant, extra,
+                                          exclude=pending)
         if bound is None:
             entry["unavailable"] = (
                 "the per-record ledger holds no release of this model's training (its records were unknown: "
