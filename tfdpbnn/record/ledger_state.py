@@ -161,9 +161,9 @@ class LedgerState:
             return
         held = list(self._shadows.values()) if not variables else \
             [self._shadows[id(v)] for v in variables if id(v) in self._shadows]
-        reads = read_tensors_and_views([variable for variable, _ in held])  # one operation
-        for (_, shadow), (_, value) in zip(held, reads, strict=True):
-            assign_now(shadow, np.array(value, copy=True))  # a copy of its own, not the variable's buffer
+        values = self._read_together()  # one operation
+        for variable, shadow in held:
+            assign_now(shadow, values[id(variable)])
 
     def guard_arm(self) -> None:
         """Eager: copy the variables and compare them from now on (``guard_changes``) until disarmed."""
@@ -181,11 +181,9 @@ class LedgerState:
         """
         if not (self.guard_armed or always):
             return []
-        held = list(self._shadows.values())
-        reads = read_tensors_and_views([v for v, _ in held] + [copy for _, copy in held])  # one operation
-        pairs = zip(held, reads[:len(held)], reads[len(held):], strict=True)
-        return [variable_name(variable) for (variable, _), (_, value), (_, copy) in pairs
-                if not np.array_equal(value, copy)]
+        values = self._read_together()  # one operation
+        return [variable_name(variable) for variable, copy in self._shadows.values()
+                if not np.array_equal(values[id(variable)], values[id(copy)])]
 
     def guarded(self, read):
         """Eager: ``read()`` with the guarded variables as their copies hold them (then as they are again).
@@ -283,9 +281,25 @@ class LedgerState:
         self._read_with = list(variables)
 
     def _together(self) -> list:
-        """The variables a block reads together (``read_with``)."""
-        return [self.table, self.count, self.open_desc, self.open_start, self.open_count, self.open_examples,
-                self.open_squared, self._optimizer.iterations, *self._read_with]
+        """The variables read together, in a fixed order (one operation of one signature: one kernel).
+
+        The ledger's, the step counter, ``read_with``'s, the other guarded ones and the guard's copies.
+        """
+        own = [self.table, self.count, self.open_desc, self.open_start, self.open_count, self.open_examples,
+               self.open_squared]
+        mine = {id(v) for v in own}
+        guarded = [v for v, _ in self._shadows.values() if id(v) not in mine]
+        return [*own, self._optimizer.iterations, *self._read_with, *guarded,
+                *(copy for _, copy in self._shadows.values())]
+
+    def _read_together(self) -> dict:
+        """A fresh read of ``_together``'s variables: ``{id(variable): numpy copy}``.
+
+        A scalar as a numpy scalar, as ``read_numpy`` gives it.
+        """
+        together = self._together()
+        return {id(v): view[()] if np.ndim(view) == 0 else np.array(view, copy=True)
+                for v, (_, view) in zip(together, read_tensors_and_views(together), strict=True)}
 
     def _read(self, variable):
         memo = self._memo
@@ -293,12 +307,11 @@ class LedgerState:
             return read_numpy(variable)
         key = id(variable)
         if key not in memo:
-            together = self._together()
-            if not any(v is variable for v in together):
+            if not any(v is variable for v in self._together()):
                 memo[key] = read_numpy(variable)
-            else:  # values as numpy copies, as read_numpy gives them (a scalar as a numpy scalar)
-                for v, (_, view) in zip(together, read_tensors_and_views(together), strict=True):
-                    memo.setdefault(id(v), view[()] if np.ndim(view) == 0 else np.array(view, copy=True))
+            else:
+                for held, value in self._read_together().items():
+                    memo.setdefault(held, value)
         return memo[key]
 
     def _forget(self) -> None:
