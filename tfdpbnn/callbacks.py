@@ -328,8 +328,11 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
         optimizer = self.model.optimizer
         state = attributes.ledger_state(optimizer)
         # The privacy bookkeeping, written since the last epoch's end by code other than tfdpbnn's (armed
-        # from the first epoch's start: a restore in on_train_begin is counted by check_rewind below).
-        optimizer._dp_refuse_bookkeeping_written(self.model, f"found at the start of epoch {epoch}")
+        # from the first epoch's start: a restore in on_train_begin is counted by check_rewind below). Only
+        # callbacks run between an epoch's end (compared there) and the next one's start: with none but
+        # tfdpbnn's, nothing else could have written it.
+        if self.others_may_restore:
+            optimizer._dp_refuse_bookkeeping_written(self.model, f"found at the start of epoch {epoch}")
         state.drop_kept()  # the last epoch end's reads: steps run after this epoch's start
         if self._snapshot_due:  # the epoch before was taken for the last (see _epoch_end): its snapshot now
             self._snapshot_due = False
@@ -341,7 +344,11 @@ class DPTrainingMonitor(tf.keras.callbacks.Callback):
             self._epoch_start_examples = float(_private_api.read_numpy(state.open_examples))
         self._epoch_start_writes = float(_private_api.read_numpy(optimizer._dp_write_count))
         self._epoch_steps = 0
-        state.guard_arm()  # compared at this epoch's end, the next one's start and the end of fit
+        if not state.guard_armed:  # armed, its copies hold what the comparison above found: nothing to copy
+            # Compared from now on at every epoch's end (and the next one's start) and the end of fit. Its
+            # copies hold the variables as the run's start compared them and tfdpbnn wrote them since; with
+            # no callback but tfdpbnn's, nothing else ran in between: nothing to copy.
+            state.guard_arm(sync=self.others_may_restore)
 
     def _update_check(self, optimizer):
         """Refuse an epoch that made more DP updates than ``fit`` ran steps (see the class).

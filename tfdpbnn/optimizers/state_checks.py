@@ -888,7 +888,9 @@ class StateWatch(tf.keras.callbacks.Callback):
         refuse_bookkeeping = getattr(self.model.optimizer, "_dp_refuse_bookkeeping_written", None)
         if refuse_bookkeeping is not None:
             try:
-                refuse_bookkeeping(self.model, "found at the end of fit, after every callback's on_train_end")
+                if self._others_may_write:  # else tfdpbnn's monitor compared them last, at its on_train_end
+                    refuse_bookkeeping(self.model,
+                                       "found at the end of fit, after every callback's on_train_end")
             finally:
                 attributes.ledger_state(self.model.optimizer).guard_disarm()
         watch = self._watch()

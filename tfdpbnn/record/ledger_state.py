@@ -165,9 +165,13 @@ class LedgerState:
         for variable, shadow in held:
             assign_now(shadow, values[id(variable)])
 
-    def guard_arm(self) -> None:
-        """Eager: copy the variables and compare them from now on (``guard_changes``) until disarmed."""
-        self.guard_sync()
+    def guard_arm(self, sync: bool = True) -> None:
+        """Eager: copy the variables (``sync``), then compare them (``guard_changes``) until disarmed.
+
+        ``sync=False``: the copies already hold the variables (compared since and written only by tfdpbnn).
+        """
+        if sync:
+            self.guard_sync()
         self.guard_armed = True
 
     def guard_disarm(self) -> None:
